@@ -1,0 +1,45 @@
+// The loom command line: the command table and the options every command shares.
+#pragma once
+
+#include <loom/core/config.hpp>
+#include <loom/core/plugin_registry.hpp>
+
+#include <boost/program_options.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace loom::cli {
+
+namespace po = boost::program_options;
+
+/// What a command gets: its parsed options and its positional arguments.
+struct Invocation {
+  po::variables_map options;
+  std::vector<std::string> args;  ///< positional arguments after the command name
+};
+
+struct Command {
+  const char* name;
+  const char* summary;
+  const char* usage;  ///< "loom plugins [inspect FILE]"
+  bool takes_run_config;  ///< accepts --config, --set and the seed-style aliases
+  std::function<void(po::options_description&)> add_options;
+  std::function<int(const Invocation&)> run;
+};
+
+/// All commands, in the order `loom --help` lists them.
+const std::vector<Command>& commands();
+
+/// --config, --set and the aliases, applied in precedence order to a Config.
+core::Config config_from(const po::variables_map& options);
+
+/// A registry that has scanned the search path (plus --plugin-dir).
+void scan_plugins(core::PluginRegistry& registry, const po::variables_map& options,
+                  bool log_refusals = true);
+
+int cmd_plugins(const Invocation& invocation);
+int cmd_config(const Invocation& invocation);
+
+}  // namespace loom::cli

@@ -1,0 +1,115 @@
+// `loom plugins`: what loaded and what was refused; `loom plugins inspect FILE`: one file's
+// descriptor and options, as far as the loader could read it.
+#include "cli.hpp"
+
+#include <loom/core/error.hpp>
+#include <loom/core/text.hpp>
+#include <loom/sdk/options.hpp>
+
+#include <algorithm>
+#include <iomanip>
+#include <iostream>
+
+namespace loom::cli {
+
+namespace {
+
+std::string shorten(const std::filesystem::path& file) {
+  std::error_code ec;
+  const auto rel = std::filesystem::relative(file, std::filesystem::current_path(ec), ec);
+  if (!ec && !rel.empty() && rel.native().size() < file.native().size()) return rel.string();
+  return file.string();
+}
+
+void print_table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows)
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (width.size() <= i) width.push_back(0);
+      width[i] = std::max(width[i], row[i].size());
+    }
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      std::cout << row[i];
+      if (i + 1 < row.size()) std::cout << std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    std::cout << "\n";
+  }
+}
+
+void print_options(const core::ComponentInfo& c) {
+  if (c.options.empty()) {
+    std::cout << "    (no options)\n";
+    return;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& o : c.options) {
+    std::string type = sdk::type_name(o.type);
+    if (o.type == LOOM_OPTION_ENUM) type += " (" + o.choices + ")";
+    rows.push_back({"    " + o.key, type, o.default_value.empty() ? "-" : o.default_value, o.help});
+  }
+  print_table(rows);
+}
+
+int inspect(const Invocation& invocation) {
+  if (invocation.args.size() != 2)
+    throw Error("usage: loom plugins inspect FILE (a plugin's .so file)");
+  core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  const auto report = registry.load(invocation.args[1]);
+  std::cout << "file:      " << report.file.string() << "\n";
+  if (!report.plugin_name.empty())
+    std::cout << "plugin:    " << report.plugin_name << " " << report.plugin_version << "\n";
+  for (const auto& [field, value] : report.fingerprint)
+    std::cout << "  " << std::left << std::setw(16) << field << value << "\n";
+  std::cout << "status:    " << (report.accepted ? "accepted" : "refused") << "\n";
+  if (report.refusal) {
+    std::cout << "  stage:   " << report.refusal->stage << "\n  reason:  " << report.refusal->reason
+              << "\n";
+    if (!report.refusal->hint.empty()) std::cout << "  hint:    " << report.refusal->hint << "\n";
+  }
+  for (const auto& c : report.components) {
+    std::cout << "\n" << core::kind_name(c.kind) << " '" << c.name << "' (interface "
+              << c.interface_major << "." << c.interface_minor << "): " << c.summary << "\n";
+    print_options(c);
+  }
+  return report.accepted ? 0 : 1;
+}
+
+}  // namespace
+
+int cmd_plugins(const Invocation& invocation) {
+  if (!invocation.args.empty()) {
+    if (invocation.args[0] == "inspect") return inspect(invocation);
+    throw Error("loom plugins: unknown argument '" + invocation.args[0] +
+                "'; use `loom plugins` or `loom plugins inspect FILE`");
+  }
+  core::PluginRegistry registry;
+  scan_plugins(registry, invocation.options, /*log_refusals=*/false);
+
+  std::vector<std::vector<std::string>> rows = {{"KIND", "NAME", "VERSION", "FILE", "SUMMARY"}};
+  std::vector<const core::ComponentInfo*> sorted;
+  for (const auto& c : registry.components()) sorted.push_back(&c);
+  std::stable_sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) {
+    return a->kind != b->kind ? a->kind < b->kind : a->name < b->name;
+  });
+  for (const auto* c : sorted)
+    rows.push_back({core::kind_name(c->kind), c->name, c->plugin->version,
+                    c->plugin->file.filename().string(), c->summary});
+  print_table(rows);
+  std::cout << "\n" << sorted.size() << " component(s) from " << registry.plugins().size()
+            << " plugin file(s).";
+  std::vector<std::string> folders;
+  for (const auto& dir : core::PluginRegistry::search_path({})) folders.push_back(shorten(dir));
+  std::cout << " Searched: " << core::join(folders, ", ") << (invocation.options.count("plugin-dir") ? " and --plugin-dir" : "") << "\n";
+  if (!registry.refusals().empty()) {
+    std::cout << "\nRefused (" << registry.refusals().size() << "):\n";
+    for (const auto& r : registry.refusals()) {
+      std::cout << "  " << shorten(r.file) << "\n    [" << r.stage << "] " << r.reason << "\n";
+      if (!r.hint.empty()) std::cout << "    hint: " << r.hint << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace loom::cli

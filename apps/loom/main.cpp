@@ -1,0 +1,123 @@
+// loom: parse the command line, run the command, report errors. The commands live in cmd_*.cpp.
+#include "cli.hpp"
+
+#include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
+#include <loom/sdk/version.hpp>
+
+#include <cstring>
+#include <iostream>
+
+namespace po = boost::program_options;
+
+namespace {
+
+po::options_description global_options() {
+  po::options_description global("Options of every command");
+  global.add_options()
+      ("help,h", "show help (of the command, after its name)")
+      ("log-level", po::value<std::string>()->default_value("info"),
+       "trace, debug, info, warn, error or off")
+      ("plugin-dir", po::value<std::vector<std::string>>()->composing(),
+       "another folder (or file) of plugins; repeatable");
+  return global;
+}
+
+po::options_description run_config_options() {
+  po::options_description run("Run configuration");
+  run.add_options()
+      ("config,c", po::value<std::vector<std::string>>()->composing(),
+       "INI file (may name `base = other.ini`); repeatable, later wins")
+      ("set", po::value<std::vector<std::string>>()->composing(),
+       "section.key=value, applied last; repeatable");
+  po::options_description seeds("Seed-style flags (aliases of keys)");
+  for (const auto& alias : loom::core::aliases()) {
+    const std::string help = std::string(alias.help) + " [" + alias.key + "]";
+    if (alias.switch_to != nullptr)
+      seeds.add_options()(alias.flag, help.c_str());
+    else
+      seeds.add_options()(alias.flag, po::value<std::string>()->value_name("V"), help.c_str());
+  }
+  run.add(seeds);
+  return run;
+}
+
+void print_usage(std::ostream& out) {
+  out << "loom " LOOM_SDK_VERSION " - train models on LibTorch with run-time plugins\n\n"
+      << "Usage: loom <command> [options]\n\nCommands:\n";
+  for (const auto& c : loom::cli::commands())
+    out << "  " << c.name << std::string(10 - std::min<size_t>(9, std::strlen(c.name)), ' ')
+        << c.summary << "\n";
+  out << "\n" << global_options() << "\n`loom <command> --help` shows a command's options.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  // The command is the first argument that is not an option (or the value of --log-level /
+  // --plugin-dir given before it).
+  std::string command_name;
+  size_t command_at = args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--log-level" || args[i] == "--plugin-dir") { ++i; continue; }
+    if (!args[i].empty() && args[i][0] != '-') { command_name = args[i]; command_at = i; break; }
+  }
+  if (command_name.empty()) {
+    const bool version = std::find(args.begin(), args.end(), "--version") != args.end();
+    if (version) { std::cout << "loom " LOOM_SDK_VERSION "\n"; return 0; }
+    const bool help = args.empty() || std::find(args.begin(), args.end(), "--help") != args.end() ||
+                      std::find(args.begin(), args.end(), "-h") != args.end();
+    print_usage(help ? std::cout : std::cerr);
+    return help ? 0 : 2;
+  }
+  const loom::cli::Command* command = nullptr;
+  for (const auto& c : loom::cli::commands())
+    if (command_name == c.name) command = &c;
+  if (command == nullptr) {
+    std::vector<std::string> names;
+    for (const auto& c : loom::cli::commands()) names.emplace_back(c.name);
+    std::cerr << "loom: unknown command '" << command_name << "'";
+    if (auto close = loom::core::closest(command_name, names)) std::cerr << "; did you mean '" << *close << "'?";
+    std::cerr << "\nRun `loom --help` for the list of commands.\n";
+    return 2;
+  }
+
+  po::options_description described(std::string("Usage: ") + command->usage);
+  po::options_description own("Options");
+  if (command->add_options) command->add_options(own);
+  if (!own.options().empty()) described.add(own);
+  if (command->takes_run_config) described.add(run_config_options());
+  described.add(global_options());
+  po::options_description hidden;
+  hidden.add_options()("args", po::value<std::vector<std::string>>()->composing(), "");
+  po::options_description all;
+  all.add(described).add(hidden);
+  po::positional_options_description positional;
+  positional.add("args", -1);
+
+  args.erase(args.begin() + static_cast<std::ptrdiff_t>(command_at));
+  loom::cli::Invocation invocation;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(positional).run(), invocation.options);
+    po::notify(invocation.options);
+  } catch (const po::error& e) {
+    std::cerr << "loom " << command->name << ": " << e.what() << "\nRun `loom " << command->name
+              << " --help` for its options.\n";
+    return 2;
+  }
+  if (invocation.options.count("help")) {
+    std::cout << command->summary << "\n\n" << described << "\n";
+    return 0;
+  }
+  if (invocation.options.count("args"))
+    invocation.args = invocation.options["args"].as<std::vector<std::string>>();
+
+  try {
+    loom::core::init_logging(invocation.options["log-level"].as<std::string>());
+    return command->run(invocation);
+  } catch (const std::exception& e) {
+    loom::core::log::error(e.what());
+    return 1;
+  }
+}

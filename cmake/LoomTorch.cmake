@@ -1,0 +1,84 @@
+# Finds LibTorch and defines the imported target loom::torch (LibTorch plus what Loom needs on
+# top of it). Used by Loom's own build and, installed, by LoomSDKConfig.cmake.
+#
+# Where LibTorch comes from, in order:
+#   1. Torch_DIR, or a LibTorch on CMAKE_PREFIX_PATH (a CUDA or CPU LibTorch, a torch wheel's
+#      share/cmake folder, ...);
+#   2. the Python interpreter LOOM_PYTHON (cache variable or environment; default: the venv that
+#      scripts/setup.sh made, LOOM_VENV/bin/python, else python3): torch.utils.cmake_prefix_path.
+#
+# A CUDA build of LibTorch needs the CUDA toolkit at configure time even on a machine without a
+# GPU; see Note [CUDA LibTorch without a GPU] below.
+include_guard(GLOBAL)
+
+macro(loom_find_torch)
+  if(NOT TARGET loom::torch)
+    _loom_locate_torch()
+
+    # Note [CUDA LibTorch without a GPU]
+    # TorchConfig of a CUDA build enables the CUDA language with CMAKE_CUDA_STANDARD set to the
+    # C++ standard when it is unset, and CMake 3.25 knows no CUDA20 flags for nvcc; and with no
+    # TORCH_CUDA_ARCH_LIST it runs a program to ask the GPU for its architecture. Loom compiles
+    # no CUDA sources, so pin both to harmless values unless the user set them.
+    if(NOT DEFINED CMAKE_CUDA_STANDARD)
+      set(CMAKE_CUDA_STANDARD 17)
+    endif()
+    if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+      set(TORCH_CUDA_ARCH_LIST "8.0;9.0")
+    endif()
+    find_package(Torch REQUIRED CONFIG)
+
+    add_library(loom::torch INTERFACE IMPORTED GLOBAL)
+    target_link_libraries(loom::torch INTERFACE torch)
+    if(TORCH_CUDA_LIBRARIES)
+      set(LOOM_TORCH_CUDA 1)
+    else()
+      set(LOOM_TORCH_CUDA 0)
+    endif()
+    target_compile_definitions(loom::torch INTERFACE LOOM_TORCH_CUDA=${LOOM_TORCH_CUDA})
+
+    # A torch wheel keeps the CUDA libraries its libtorch_cuda.so needs (NCCL, cuDNN, cudart)
+    # in site-packages/nvidia/*/lib and finds them at run time through its own RUNPATH. The
+    # linker does not look there before the system's CUDA toolkit, whose older NCCL lacks
+    # symbols the wheel needs: point it at the wheel's folders first.
+    get_filename_component(_loom_torch_lib_dir "${TORCH_LIBRARY}" DIRECTORY)
+    file(GLOB _loom_nvidia_lib_dirs LIST_DIRECTORIES true "${_loom_torch_lib_dir}/../../nvidia/*/lib")
+    if(_loom_nvidia_lib_dirs)
+      list(JOIN _loom_nvidia_lib_dirs ":" _loom_rpath_link)
+      target_link_options(loom::torch INTERFACE "LINKER:-rpath-link,${_loom_rpath_link}")
+    endif()
+    message(STATUS "Loom: LibTorch ${Torch_VERSION} (${_loom_torch_lib_dir}), CUDA build: ${LOOM_TORCH_CUDA}")
+  endif()
+endmacro()
+
+macro(_loom_locate_torch)
+  if(NOT Torch_DIR)
+    find_path(_loom_torch_config_dir TorchConfig.cmake
+      PATH_SUFFIXES share/cmake/Torch Torch lib/cmake/Torch
+      NO_CACHE)
+    if(NOT _loom_torch_config_dir)
+      if(NOT LOOM_PYTHON)
+        if(DEFINED ENV{LOOM_PYTHON})
+          set(LOOM_PYTHON "$ENV{LOOM_PYTHON}")
+        elseif(DEFINED ENV{LOOM_VENV} AND EXISTS "$ENV{LOOM_VENV}/bin/python")
+          set(LOOM_PYTHON "$ENV{LOOM_VENV}/bin/python")
+        else()
+          set(LOOM_PYTHON python3)
+        endif()
+      endif()
+      execute_process(
+        COMMAND "${LOOM_PYTHON}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+        OUTPUT_VARIABLE _loom_torch_prefix
+        OUTPUT_STRIP_TRAILING_WHITESPACE
+        RESULT_VARIABLE _loom_python_result
+        ERROR_QUIET)
+      if(NOT _loom_python_result EQUAL 0 OR NOT _loom_torch_prefix)
+        message(FATAL_ERROR
+          "Loom: no LibTorch found. Either put one on CMAKE_PREFIX_PATH (or set Torch_DIR), "
+          "or set LOOM_PYTHON to a Python that has torch installed "
+          "(tried '${LOOM_PYTHON}'). scripts/setup.sh makes such a venv.")
+      endif()
+      list(APPEND CMAKE_PREFIX_PATH "${_loom_torch_prefix}")
+    endif()
+  endif()
+endmacro()

@@ -1,0 +1,126 @@
+// Run configuration: INI files with sections and `base = other.ini` inheritance, seed-style
+// command-line flags that are aliases of keys, and `--set section.key=value` overrides; then one
+// validation of the whole thing against the schema of the core and of every chosen component.
+//
+// Precedence, lowest first: schema defaults < files (each after its bases, in the order given)
+// < alias flags (--batch-size, ...) < --set. Every value remembers where it came from, so
+// errors and `loom config show` can say "configs/run.ini:12".
+#pragma once
+
+#include <loom/core/error.hpp>
+#include <loom/core/plugin_registry.hpp>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::core {
+
+/// Where a value came from.
+struct Origin {
+  std::string source;  ///< "file", "--set", "--batch-size" (an alias), "default"
+  std::filesystem::path file;
+  int line = 0;
+  std::string describe() const;  ///< "configs/run.ini:12", "--set", "--batch-size", "default"
+};
+
+struct ConfigValue {
+  std::string value;
+  Origin origin;
+};
+
+/// A seed-style flag that sets a key: `--batch-size 64` is `--set trainer.batch_size=64`.
+struct Alias {
+  const char* flag;       ///< without the leading dashes
+  const char* key;        ///< section.key
+  const char* switch_to;  ///< for flags without a value: the value they set; nullptr otherwise
+  const char* help;
+};
+const std::vector<Alias>& aliases();
+
+/// The merged, not yet validated configuration: "section.key" -> value and origin.
+class Config {
+ public:
+  /// Reads an INI file and, first, the files its `base` key names (relative to it; a
+  /// comma-separated list is applied in order). Throws loom::Error for a missing file, a line
+  /// that is not `key = value`, `[section]` or a comment, a key outside any section, or an
+  /// inheritance cycle (naming the chain).
+  void load_file(const std::filesystem::path& file);
+
+  /// Sets one key (later wins).
+  void set(const std::string& key, const std::string& value, Origin origin);
+
+  /// Applies "section.key=value" (from --set); throws loom::Error for any other shape.
+  void set_assignment(const std::string& assignment, const std::string& source = "--set");
+
+  const ConfigValue* find(const std::string& key) const;
+  std::optional<std::string> get(const std::string& key) const;
+  const std::map<std::string, ConfigValue>& values() const { return values_; }
+  /// Every file read, bases included, in the order read.
+  const std::vector<std::filesystem::path>& files() const { return files_; }
+
+ private:
+  void load_file(const std::filesystem::path& file, std::vector<std::filesystem::path>& chain,
+                 const std::string& included_from);
+
+  std::map<std::string, ConfigValue> values_;
+  std::vector<std::filesystem::path> files_;
+};
+
+/// One key the configuration may contain.
+struct KeySpec {
+  std::string key;    ///< section.key
+  OptionSpec option;  ///< type, default, help, choices
+  std::string owner;  ///< who defines it: "trainer", "model 'lightweight_transformer'"
+};
+
+/// The keys a run accepts: the core's sections plus the chosen components' options.
+class Schema {
+ public:
+  /// Adds `options` under `section` (a key already present is an error naming both owners).
+  void add(const std::string& section, const std::string& owner,
+           const std::vector<OptionSpec>& options);
+  const KeySpec* find(const std::string& key) const;
+  const std::map<std::string, KeySpec>& keys() const { return keys_; }
+  std::vector<std::string> sections() const;
+
+ private:
+  std::map<std::string, KeySpec> keys_;
+};
+
+/// The core's own sections and keys (trainer, data, model, precision, memory, parallel).
+Schema core_schema();
+
+/// Which component each section selects, read from a configuration (defaults applied).
+struct ComponentChoice {
+  uint32_t kind;
+  std::string section;  ///< where its options live
+  std::string name;
+  std::string selected_by;  ///< the key that chose it: "model.name", "memory.policies"
+};
+std::vector<ComponentChoice> chosen_components(const Config& config);
+
+/// The schema of a run: core_schema() plus the options of every chosen component, which must be
+/// loaded (otherwise loom::Error from PluginRegistry::require says which and why).
+Schema run_schema(const Config& config, const PluginRegistry& registry);
+
+/// Every key of the schema with its final value and origin.
+using Resolved = std::map<std::string, ConfigValue>;
+
+/// Validates the whole configuration against `schema` and returns every key's value. Throws one
+/// loom::Error listing each problem: an unknown section or key (with its file:line and the
+/// closest valid one), a value that is not of the key's type (key, value, what was expected), a
+/// required key without a value.
+Resolved validate(const Config& config, const Schema& schema);
+
+/// `loom config show`: the resolved configuration by section, with each value's origin.
+std::string format_resolved(const Resolved& resolved, const Schema& schema);
+
+/// The values of one section, for a component factory: key (without the section) -> value,
+/// restricted to `keys`.
+std::map<std::string, std::string> section_values(const Resolved& resolved, const std::string& section,
+                                                  const std::vector<OptionSpec>& keys);
+
+}  // namespace loom::core

@@ -1,0 +1,38 @@
+// Host logging. spdlog writes every line; this facade keeps spdlog (and the fmt it needs, which
+// clashes with the newer fmt inside LibTorch's headers) out of every translation unit but
+// log.cpp. Lines are built by streaming the arguments, as plugins do through the SDK:
+//
+//   log::info("plan: batch ", plan.global(), " = ", plan.micro_batch, " x ", plan.accumulation);
+//
+// Plugins log through the host_api table, which lands here with the plugin's name.
+#pragma once
+
+#include <loom/sdk/abi.h>
+#include <loom/sdk/log.hpp>
+
+#include <string>
+
+namespace loom::core {
+
+/// Sets up the process logger: stderr, coloured when it is a terminal. `level` is one of trace,
+/// debug, info, warn, error, off; anything else throws loom::Error naming the choices.
+void init_logging(const std::string& level = "info");
+
+/// The host_api table handed to every plugin's init.
+const loom_host_api* host_api();
+
+namespace log {
+
+bool enabled(loom_log_level level);
+void write(loom_log_level level, const std::string& message);
+/// Writes pending lines (before the process exits or hands the terminal to a progress line).
+void flush();
+
+template <class... Args> void trace(const Args&... a) { if (enabled(LOOM_LOG_TRACE)) write(LOOM_LOG_TRACE, sdk::log::concat(a...)); }
+template <class... Args> void debug(const Args&... a) { if (enabled(LOOM_LOG_DEBUG)) write(LOOM_LOG_DEBUG, sdk::log::concat(a...)); }
+template <class... Args> void info(const Args&... a) { if (enabled(LOOM_LOG_INFO)) write(LOOM_LOG_INFO, sdk::log::concat(a...)); }
+template <class... Args> void warn(const Args&... a) { if (enabled(LOOM_LOG_WARN)) write(LOOM_LOG_WARN, sdk::log::concat(a...)); }
+template <class... Args> void error(const Args&... a) { if (enabled(LOOM_LOG_ERROR)) write(LOOM_LOG_ERROR, sdk::log::concat(a...)); }
+
+}  // namespace log
+}  // namespace loom::core

@@ -1,0 +1,149 @@
+// The plugin registry: finds plugin files, checks and loads them (Boost.DLL), and creates
+// components from them.
+//
+// Per file: static check (ELF, entry symbol, without running any of its code) -> load
+// (RTLD_NOW | RTLD_LOCAL) -> descriptor validation -> fingerprint equality -> init -> register.
+// A file that fails a stage is refused with one log line (file, stage, reason, hint) and the
+// others still load; nothing a plugin does at load time aborts the host (short of a crash in
+// its own static constructors, which no in-process loader can stop). Libraries are never
+// unloaded: every component object keeps its library alive, and the registry keeps every
+// library until the process ends.
+#pragma once
+
+#include <loom/core/error.hpp>
+#include <loom/sdk/abi.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::core {
+
+/// "model", "dataset", ... for a loom_kind; "kind <n>" for an unknown one.
+std::string kind_name(uint32_t kind);
+/// The loom_kind of "model", "dataset", ...; nullopt for anything else.
+std::optional<uint32_t> kind_from_name(std::string_view name);
+/// All kinds, in loom_kind order.
+const std::vector<uint32_t>& all_kinds();
+
+/// A host-side copy of one loom_option_spec.
+struct OptionSpec {
+  std::string key;
+  uint32_t type = LOOM_OPTION_STRING;
+  std::string default_value;
+  std::string help;
+  std::string choices;  ///< enums: "a|b|c"
+};
+
+/// A loaded, accepted plugin library.
+struct LoadedPlugin {
+  std::filesystem::path file;
+  std::string name;
+  std::string version;
+  std::string sdk_version;
+  std::shared_ptr<void> library;  ///< the boost::dll::shared_library; never released early
+};
+
+/// One component of an accepted plugin.
+struct ComponentInfo {
+  uint32_t kind = 0;
+  std::string name;
+  std::string summary;
+  uint32_t interface_major = 0;
+  uint32_t interface_minor = 0;
+  std::vector<OptionSpec> options;
+  std::shared_ptr<LoadedPlugin> plugin;
+  const loom_component* raw = nullptr;  ///< in the plugin's memory, valid while it is loaded
+};
+
+/// Why a file was not accepted.
+struct PluginRefusal {
+  std::filesystem::path file;
+  std::string stage;   ///< static-check, load, descriptor, fingerprint, interface, init, register
+  std::string reason;
+  std::string hint;
+  std::vector<std::pair<uint32_t, std::string>> components;  ///< (kind, name) it declared, if read
+  std::string line() const;  ///< the one log line
+};
+
+/// What loading one file found: its descriptor's contents as far as they could be read, and
+/// the refusal, if any. Used by `loom plugins inspect`.
+struct LoadReport {
+  std::filesystem::path file;
+  bool accepted = false;
+  std::optional<PluginRefusal> refusal;
+  std::string plugin_name;
+  std::string plugin_version;
+  std::map<std::string, std::string> fingerprint;  ///< field -> value, when read
+  std::vector<ComponentInfo> components;           ///< when the descriptor was read
+};
+
+class PluginRegistry {
+ public:
+  PluginRegistry() = default;
+  PluginRegistry(const PluginRegistry&) = delete;
+  PluginRegistry& operator=(const PluginRegistry&) = delete;
+
+  /// The folders searched, in order: the plugin folder beside the executable
+  /// (<exe>/../lib/loom/plugins: the build tree and the install prefix have the same layout),
+  /// each folder of LOOM_PLUGIN_PATH (':'-separated), then `extra` (from --plugin-dir). Never
+  /// the current directory unless named.
+  static std::vector<std::filesystem::path> search_path(
+      const std::vector<std::filesystem::path>& extra = {});
+
+  /// Loads every *.so in each folder (a file named directly is loaded too), in name order. A
+  /// folder that does not exist is skipped (and logged at debug level).
+  void scan(const std::vector<std::filesystem::path>& folders);
+
+  /// Loads one file through all stages. Returns what it found; a refusal is also logged once
+  /// and kept in refusals(). Loading the same file twice is a no-op that reports it accepted.
+  LoadReport load(const std::filesystem::path& file);
+
+  /// Whether refusals are logged as warnings when they happen (default) or only kept.
+  void set_log_refusals(bool on) { log_refusals_ = on; }
+
+  const std::vector<ComponentInfo>& components() const { return components_; }
+  const std::vector<PluginRefusal>& refusals() const { return refusals_; }
+  const std::vector<std::shared_ptr<LoadedPlugin>>& plugins() const { return plugins_; }
+
+  /// The component (kind, name), or nullptr.
+  const ComponentInfo* find(uint32_t kind, std::string_view name) const;
+
+  /// The component (kind, name); throws loom::Error saying why it is not there: refused (with
+  /// the refusal), or not found (with the available names of that kind and the folders).
+  const ComponentInfo& require(uint32_t kind, std::string_view name) const;
+
+  /// Creates a component through its plugin's factory with `values` (key -> text, every key of
+  /// the schema; keys missing here get their defaults). The returned object keeps its plugin
+  /// loaded and is destroyed through the plugin. Throws loom::Error when the factory fails.
+  template <class Interface>
+  std::shared_ptr<Interface> create(std::string_view name,
+                                    const std::map<std::string, std::string>& values = {}) const {
+    const ComponentInfo& info = require(Interface::kKind, name);
+    check_interface(info, Interface::kInterfaceMajor);
+    void* object = create_raw(info, values);
+    auto plugin = info.plugin;
+    auto destroy = info.raw->destroy;
+    return std::shared_ptr<Interface>(static_cast<Interface*>(object),
+                                      [plugin, destroy](Interface* p) { destroy(p); });
+  }
+
+ private:
+  void* create_raw(const ComponentInfo& info,
+                   const std::map<std::string, std::string>& values) const;
+  void check_interface(const ComponentInfo& info, uint32_t host_major) const;
+  void refuse(LoadReport& report, std::string stage, std::string reason, std::string hint);
+
+  std::vector<std::filesystem::path> searched_;
+  std::vector<ComponentInfo> components_;
+  std::vector<PluginRefusal> refusals_;
+  std::vector<std::shared_ptr<LoadedPlugin>> plugins_;
+  std::vector<std::filesystem::path> seen_files_;
+  bool log_refusals_ = true;
+};
+
+}  // namespace loom::core

@@ -1,0 +1,23 @@
+// Small text helpers for messages: joining, and "did you mean" suggestions.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::core {
+
+std::string join(const std::vector<std::string>& items, std::string_view separator);
+
+/// Levenshtein distance (insertions, deletions, substitutions, and swaps of neighbours).
+size_t edit_distance(std::string_view a, std::string_view b);
+
+/// The candidate closest to `word`, if it is close enough to be what the user meant (at most a
+/// third of the word's letters differ, or one is a prefix of the other).
+std::optional<std::string> closest(const std::string& word, const std::vector<std::string>& candidates);
+
+/// "1.5 GiB", "512.0 MiB", "12 B".
+std::string format_bytes(int64_t bytes);
+
+}  // namespace loom::core

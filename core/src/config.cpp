@@ -1,0 +1,329 @@
+// Run configuration: reading INI files (Boost.Program_options), inheritance, overrides and
+// validation. See config.hpp.
+#include <loom/core/config.hpp>
+#include <loom/core/text.hpp>
+
+#include <loom/sdk/options.hpp>
+
+#include <boost/program_options/options_description.hpp>
+#include <boost/program_options/parsers.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace fs = std::filesystem;
+namespace po = boost::program_options;
+
+namespace loom::core {
+
+namespace {
+
+std::string section_of(const std::string& key) {
+  const auto dot = key.find('.');
+  return dot == std::string::npos ? std::string() : key.substr(0, dot);
+}
+
+std::string display(const fs::path& p) {
+  std::error_code ec;
+  const fs::path rel = fs::relative(p, fs::current_path(ec), ec);
+  if (!ec && !rel.empty() && rel.native().rfind("..", 0) != 0) return rel.string();
+  return p.string();
+}
+
+/// The line of each `key = value` entry, in file order, as Program_options' config parser reads
+/// them ('#' starts a comment anywhere; `[section]` sets a prefix). Program_options does the
+/// parsing; this only recovers line numbers for messages.
+std::vector<std::pair<std::string, int>> entry_lines(const std::string& text) {
+  std::vector<std::pair<std::string, int>> out;
+  std::istringstream in(text);
+  std::string line, prefix;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    const std::string s(sdk::trim(line));
+    if (s.empty()) continue;
+    if (s.front() == '[' && s.back() == ']') {
+      prefix = s.substr(1, s.size() - 2);
+      if (prefix.empty() || prefix.back() != '.') prefix += '.';
+    } else if (auto eq = s.find('='); eq != std::string::npos) {
+      out.emplace_back(prefix + std::string(sdk::trim(s.substr(0, eq))), number);
+    } else {
+      out.emplace_back("", -number);  // a bad line; Program_options rejects it
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string Origin::describe() const {
+  if (source == "file") return display(file) + ":" + std::to_string(line);
+  return source;
+}
+
+const std::vector<Alias>& aliases() {
+  static const std::vector<Alias> table = {
+      {"batch-size", "trainer.batch_size", nullptr, "global batch: samples per optimizer step"},
+      {"gradient-accumulation-steps", "trainer.gradient_accumulation_steps", nullptr,
+       "micro-batches per optimizer step"},
+      {"memory-fraction", "memory.fraction", nullptr,
+       "cap device memory at this fraction of the device (adds the fraction_cap policy)"},
+      {"allow-tf32", "precision.allow_tf32", "true", "TF32 matmuls and convolutions on CUDA"},
+      {"no-amp", "precision.amp", "false", "train in float32 (AMP is on by default on a GPU)"},
+      {"image-size", "model.image_size", nullptr, "resize images to this side length"},
+      {"num-layers", "model.num_layers", nullptr, "encoder layers"},
+      {"d-model", "model.d_model", nullptr, "model width"},
+      {"use-scheduler", "trainer.use_scheduler", "true", "linear warm-up then cosine decay"},
+      {"work-dir", "trainer.work_dir", nullptr, "where runs are written"},
+      {"resume-from", "trainer.resume_from", nullptr, "a checkpoint to resume from"},
+  };
+  return table;
+}
+
+// ---- Config ----------------------------------------------------------------------------------
+
+void Config::load_file(const fs::path& file) {
+  std::vector<fs::path> chain;
+  load_file(file, chain, "");
+}
+
+void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
+                       const std::string& included_from) {
+  std::error_code ec;
+  const fs::path canonical = fs::weakly_canonical(file, ec);
+  const fs::path path = ec ? file : canonical;
+  if (std::find(chain.begin(), chain.end(), path) != chain.end()) {
+    std::vector<std::string> names;
+    for (const auto& p : chain) names.push_back(display(p));
+    names.push_back(display(path));
+    throw Error("config inheritance cycle: " + join(names, " -> ") +
+                "; remove one of these `base =` lines");
+  }
+  std::ifstream in(path);
+  if (!fs::is_regular_file(path, ec) || !in) {
+    throw Error("config file " + display(file) + " not found" +
+                (included_from.empty() ? std::string() : " (named by `base` at " + included_from + ")"));
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  const auto lines = entry_lines(text);
+  for (const auto& [key, line] : lines) {
+    if (line < 0)
+      throw Error(display(path) + ":" + std::to_string(-line) +
+                  ": not a `key = value`, `[section]` or `# comment` line");
+  }
+
+  std::istringstream stream(text);
+  po::options_description nothing_registered;
+  po::parsed_options parsed(&nothing_registered);
+  try {
+    parsed = po::parse_config_file(stream, nothing_registered, /*allow_unregistered=*/true);
+  } catch (const po::error& e) {
+    throw Error(display(path) + ": " + e.what());
+  }
+
+  chain.push_back(path);
+  files_.push_back(path);
+  struct Entry {
+    std::string key, value;
+    int line;
+  };
+  std::vector<Entry> entries;
+  for (size_t i = 0; i < parsed.options.size(); ++i) {
+    const auto& option = parsed.options[i];
+    const int line = i < lines.size() && lines[i].first == option.string_key ? lines[i].second : 0;
+    entries.push_back({option.string_key, option.value.empty() ? "" : option.value.front(), line});
+  }
+  for (const auto& e : entries) {
+    if (e.key != "base") continue;
+    for (const auto& base : sdk::parse_list(e.value)) {
+      const fs::path base_path = fs::path(base).is_absolute() ? fs::path(base) : path.parent_path() / base;
+      load_file(base_path, chain, display(path) + ":" + std::to_string(e.line));
+    }
+  }
+  for (const auto& e : entries) {
+    if (e.key == "base") continue;
+    if (section_of(e.key).empty())
+      throw Error(display(path) + ":" + std::to_string(e.line) + ": key '" + e.key +
+                  "' is outside any section; put it under [trainer], [model], [data], ... "
+                  "(only `base` may come before the first section)");
+    set(e.key, e.value, Origin{"file", path, e.line});
+  }
+  chain.pop_back();
+}
+
+void Config::set(const std::string& key, const std::string& value, Origin origin) {
+  values_[key] = ConfigValue{value, std::move(origin)};
+}
+
+void Config::set_assignment(const std::string& assignment, const std::string& source) {
+  const auto eq = assignment.find('=');
+  const std::string key = eq == std::string::npos ? "" : std::string(sdk::trim(assignment.substr(0, eq)));
+  if (eq == std::string::npos || key.find('.') == std::string::npos || key.front() == '.' ||
+      key.back() == '.')
+    throw Error(source + " '" + assignment + "': expected section.key=value, e.g. " + source +
+                " trainer.max_steps=300");
+  set(key, std::string(sdk::trim(assignment.substr(eq + 1))), Origin{source, {}, 0});
+}
+
+const ConfigValue* Config::find(const std::string& key) const {
+  auto it = values_.find(key);
+  return it == values_.end() ? nullptr : &it->second;
+}
+
+std::optional<std::string> Config::get(const std::string& key) const {
+  if (const ConfigValue* v = find(key)) return v->value;
+  return std::nullopt;
+}
+
+// ---- Schema ----------------------------------------------------------------------------------
+
+void Schema::add(const std::string& section, const std::string& owner,
+                 const std::vector<OptionSpec>& options) {
+  for (const auto& option : options) {
+    const std::string key = section + "." + option.key;
+    if (auto it = keys_.find(key); it != keys_.end())
+      throw Error("key '" + key + "' is defined by both " + it->second.owner + " and " + owner +
+                  "; these two cannot be used together");
+    keys_[key] = KeySpec{key, option, owner};
+  }
+}
+
+const KeySpec* Schema::find(const std::string& key) const {
+  auto it = keys_.find(key);
+  return it == keys_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> Schema::sections() const {
+  std::vector<std::string> out;
+  for (const auto& [key, spec] : keys_) {
+    const std::string s = section_of(key);
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<ComponentChoice> chosen_components(const Config& config) {
+  const Schema core = core_schema();
+  auto value = [&](const std::string& key) {
+    if (auto v = config.get(key)) return *v;
+    const KeySpec* spec = core.find(key);
+    return spec ? spec->option.default_value : std::string();
+  };
+  std::vector<ComponentChoice> out = {
+      {LOOM_KIND_MODEL, "model", value("model.name"), "model.name"},
+      {LOOM_KIND_DATASET, "data", value("data.name"), "data.name"},
+      {LOOM_KIND_PRECISION, "precision", value("precision.name"), "precision.name"},
+      {LOOM_KIND_PARALLEL, "parallel", value("parallel.name"), "parallel.name"},
+  };
+  for (const auto& policy : sdk::parse_list(value("memory.policies")))
+    out.push_back({LOOM_KIND_MEMORY, "memory", policy, "memory.policies"});
+  return out;
+}
+
+Schema run_schema(const Config& config, const PluginRegistry& registry) {
+  Schema schema = core_schema();
+  for (const auto& choice : chosen_components(config)) {
+    if (choice.name.empty()) continue;
+    const ComponentInfo& info = registry.require(choice.kind, choice.name);
+    schema.add(choice.section, kind_name(choice.kind) + " '" + choice.name + "'", info.options);
+  }
+  return schema;
+}
+
+// ---- validation ------------------------------------------------------------------------------
+
+Resolved validate(const Config& config, const Schema& schema) {
+  std::vector<std::string> problems;
+  const auto sections = schema.sections();
+  std::vector<std::string> all_keys;
+  for (const auto& [key, spec] : schema.keys()) all_keys.push_back(key);
+
+  for (const auto& [key, value] : config.values()) {
+    const std::string where = value.origin.describe();
+    const KeySpec* spec = schema.find(key);
+    if (spec == nullptr) {
+      const std::string section = section_of(key);
+      if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
+        std::string message = where + ": unknown section [" + section + "] (key '" + key + "')";
+        if (auto close = closest(section, sections)) message += "; did you mean [" + *close + "]?";
+        else message += "; sections are " + join(sections, ", ");
+        problems.push_back(message);
+        continue;
+      }
+      std::vector<std::string> in_section;
+      for (const auto& k : all_keys)
+        if (section_of(k) == section) in_section.push_back(k);
+      std::string message = where + ": unknown key '" + key + "'";
+      if (auto close = closest(key, in_section)) message += "; did you mean '" + *close + "'?";
+      else message += "; [" + section + "] has " + join(in_section, ", ");
+      problems.push_back(message);
+      continue;
+    }
+    const OptionSpec& o = spec->option;
+    if (!sdk::is_valid_value(o.type, value.value, o.choices.c_str())) {
+      std::string expected = sdk::describe_type(o.type);
+      if (o.type == LOOM_OPTION_ENUM) expected = "one of " + join(sdk::enum_choices(o.choices.c_str()), ", ");
+      problems.push_back(where + ": " + key + " = '" + value.value + "' is not valid: expected " + expected);
+    }
+  }
+
+  Resolved resolved;
+  for (const auto& [key, spec] : schema.keys()) {
+    if (const ConfigValue* v = config.find(key)) {
+      resolved[key] = *v;
+    } else {
+      if (spec.option.default_value.empty() && spec.option.type != LOOM_OPTION_STRING &&
+          spec.option.type != LOOM_OPTION_LIST)
+        problems.push_back("key '" + key + "' (" + spec.owner + ") needs a value: " + spec.option.help);
+      resolved[key] = ConfigValue{spec.option.default_value, Origin{"default", {}, 0}};
+    }
+  }
+  if (!problems.empty()) {
+    std::string message = problems.size() == 1 ? "invalid configuration: " : "invalid configuration:";
+    if (problems.size() == 1) message += problems.front();
+    else
+      for (const auto& p : problems) message += "\n  " + p;
+    throw Error(message);
+  }
+  return resolved;
+}
+
+std::string format_resolved(const Resolved& resolved, const Schema& schema) {
+  std::ostringstream out;
+  std::string current;
+  size_t width = 0;
+  for (const auto& [key, value] : resolved)
+    width = std::max(width, key.size() - section_of(key).size() - 1 + 3 + value.value.size());
+  for (const auto& [key, value] : resolved) {
+    const std::string section = section_of(key);
+    if (section != current) {
+      if (!current.empty()) out << "\n";
+      out << "[" << section << "]\n";
+      current = section;
+    }
+    std::string line = key.substr(section.size() + 1) + " = " + value.value;
+    out << line << std::string(width + 2 - std::min(width + 1, line.size()), ' ') << "# "
+        << value.origin.describe();
+    if (const KeySpec* spec = schema.find(key); spec && spec->owner.find('\'') != std::string::npos)
+      out << " (" << spec->owner << ")";
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::map<std::string, std::string> section_values(const Resolved& resolved, const std::string& section,
+                                                  const std::vector<OptionSpec>& keys) {
+  std::map<std::string, std::string> out;
+  for (const auto& option : keys) {
+    auto it = resolved.find(section + "." + option.key);
+    out[option.key] = it != resolved.end() ? it->second.value : option.default_value;
+  }
+  return out;
+}
+
+}  // namespace loom::core

@@ -1,0 +1,72 @@
+// The core's configuration keys: every section and key that is not a component's option.
+// Components add their own keys to the section that selects them ([model], [data], ...).
+#include <loom/core/config.hpp>
+
+namespace loom::core {
+
+namespace {
+
+OptionSpec key(uint32_t type, const char* name, const char* def, const char* help,
+               const char* choices = "") {
+  return OptionSpec{name, type, def, help, choices};
+}
+
+}  // namespace
+
+Schema core_schema() {
+  Schema s;
+  s.add("trainer", "trainer",
+        {
+            key(LOOM_OPTION_STRING, "name", "", "run name; the run goes to <work_dir>/<name> (default: from the time)"),
+            key(LOOM_OPTION_STRING, "work_dir", "runs", "folder of runs"),
+            key(LOOM_OPTION_STRING, "device", "auto", "auto (first GPU, else CPU), cpu, cuda, cuda:N"),
+            key(LOOM_OPTION_INT, "seed", "0", "seed of every random number generator"),
+            key(LOOM_OPTION_INT, "epochs", "1", "passes over the training data (when max_steps is 0)"),
+            key(LOOM_OPTION_INT, "max_steps", "0", "optimizer steps to train; 0: as many as `epochs` take"),
+            key(LOOM_OPTION_INT, "batch_size", "128", "global batch: samples per optimizer step"),
+            key(LOOM_OPTION_INT, "gradient_accumulation_steps", "1", "micro-batches per optimizer step"),
+            key(LOOM_OPTION_ENUM, "optimizer", "adamw", "optimizer", "adamw|sgd"),
+            key(LOOM_OPTION_FLOAT, "lr", "0.001", "peak learning rate"),
+            key(LOOM_OPTION_FLOAT, "weight_decay", "0.05", "decoupled weight decay (not on biases and norms)"),
+            key(LOOM_OPTION_FLOAT, "momentum", "0.9", "SGD momentum"),
+            key(LOOM_OPTION_FLOAT, "beta1", "0.9", "AdamW beta1"),
+            key(LOOM_OPTION_FLOAT, "beta2", "0.999", "AdamW beta2"),
+            key(LOOM_OPTION_FLOAT, "clip_grad_norm", "1.0", "clip gradients to this global norm; 0 turns clipping off"),
+            key(LOOM_OPTION_BOOL, "use_scheduler", "false", "linear warm-up then cosine decay (else constant LR)"),
+            key(LOOM_OPTION_FLOAT, "warmup_ratio", "0.05", "share of the steps spent warming up"),
+            key(LOOM_OPTION_FLOAT, "min_lr_ratio", "0.0", "cosine decays to lr x this"),
+            key(LOOM_OPTION_INT, "reference_batch", "0", "linear LR scaling: lr x batch_size / reference_batch; 0 turns it off"),
+            key(LOOM_OPTION_INT, "eval_every", "0", "evaluate every N steps; 0: at the end of each epoch"),
+            key(LOOM_OPTION_INT, "log_every", "10", "write metrics every N steps"),
+            key(LOOM_OPTION_INT, "checkpoint_every", "0", "save every N steps; 0: at each evaluation"),
+            key(LOOM_OPTION_INT, "keep_last", "3", "checkpoints kept besides the best"),
+            key(LOOM_OPTION_STRING, "best_metric", "accuracy", "metric that picks the best checkpoint (higher is better)"),
+            key(LOOM_OPTION_ENUM, "resume", "none", "auto: resume from the latest checkpoint in the run folder", "none|auto"),
+            key(LOOM_OPTION_STRING, "resume_from", "", "a checkpoint folder to resume from"),
+        });
+  s.add("model", "model", {key(LOOM_OPTION_STRING, "name", "lightweight_transformer", "model plugin")});
+  s.add("data", "data",
+        {
+            key(LOOM_OPTION_STRING, "name", "fashion_mnist", "dataset plugin"),
+            key(LOOM_OPTION_INT, "num_workers", "2", "loader threads"),
+            key(LOOM_OPTION_INT, "prefetch", "2", "batches each loader thread prepares ahead"),
+            key(LOOM_OPTION_BOOL, "pin_memory", "true", "page-locked host batches and non-blocking copies (CUDA)"),
+            key(LOOM_OPTION_BOOL, "shuffle", "true", "reshuffle the training data each epoch"),
+        });
+  s.add("precision", "precision",
+        {
+            key(LOOM_OPTION_STRING, "name", "auto", "precision plugin; auto: AMP on a GPU, fp32 on CPU"),
+            key(LOOM_OPTION_BOOL, "amp", "true", "with name=auto: mixed precision on a GPU (false: fp32)"),
+            key(LOOM_OPTION_BOOL, "allow_tf32", "false", "with name=auto: TF32 matmuls on CUDA"),
+            key(LOOM_OPTION_BOOL, "allow_precision_change", "false", "resume under a different precision"),
+        });
+  s.add("memory", "memory",
+        {
+            key(LOOM_OPTION_LIST, "policies", "", "memory policies, applied in order"),
+            key(LOOM_OPTION_BYTES, "device_memory_limit", "0", "on CPU: behave as a device with this much memory; 0: no limit"),
+        });
+  s.add("parallel", "parallel", {key(LOOM_OPTION_STRING, "name", "single", "parallel strategy plugin")});
+  return s;
+}
+
+}  // namespace loom::core

@@ -1,0 +1,505 @@
+// The plugin registry: the loading stages of plugin_registry.hpp, and component creation.
+#include <loom/core/log.hpp>
+#include <loom/core/plugin_registry.hpp>
+#include <loom/core/text.hpp>
+
+#include <loom/sdk/dataset.hpp>
+#include <loom/sdk/fingerprint.hpp>
+#include <loom/sdk/memory_policy.hpp>
+#include <loom/sdk/model.hpp>
+#include <loom/sdk/options.hpp>
+#include <loom/sdk/parallel.hpp>
+#include <loom/sdk/precision.hpp>
+
+// Boost 1.74's library_info.hpp uses std::vector and std::string without including them.
+#include <string>
+#include <vector>
+#ifndef BOOST_DLL_USE_STD_FS
+#define BOOST_DLL_USE_STD_FS
+#endif
+#include <boost/dll/library_info.hpp>
+#include <boost/dll/shared_library.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <sstream>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace loom::core {
+
+namespace {
+
+const std::vector<std::pair<uint32_t, const char*>>& kind_names() {
+  static const std::vector<std::pair<uint32_t, const char*>> names = {
+      {LOOM_KIND_MODEL, "model"},         {LOOM_KIND_DATASET, "dataset"},
+      {LOOM_KIND_PRECISION, "precision"}, {LOOM_KIND_MEMORY, "memory"},
+      {LOOM_KIND_PARALLEL, "parallel"}};
+  return names;
+}
+
+/// The host's Tier-1 interface major version for a kind.
+std::optional<uint32_t> host_interface_major(uint32_t kind) {
+  switch (kind) {
+    case LOOM_KIND_MODEL: return sdk::Model::kInterfaceMajor;
+    case LOOM_KIND_DATASET: return sdk::Dataset::kInterfaceMajor;
+    case LOOM_KIND_PRECISION: return sdk::PrecisionStrategy::kInterfaceMajor;
+    case LOOM_KIND_MEMORY: return sdk::MemoryPolicy::kInterfaceMajor;
+    case LOOM_KIND_PARALLEL: return sdk::ParallelStrategy::kInterfaceMajor;
+    default: return std::nullopt;
+  }
+}
+
+/// A string from a plugin's memory: non-null, NUL-terminated within `max` bytes.
+std::optional<std::string> bounded(const char* s, size_t max) {
+  if (s == nullptr) return std::nullopt;
+  const size_t n = ::strnlen(s, max + 1);
+  if (n > max) return std::nullopt;
+  return std::string(s, n);
+}
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || !(s[0] >= 'a' && s[0] <= 'z')) return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+std::string version_string(uint32_t major, uint32_t minor, uint32_t patch) {
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+std::string cxx11_abi_string(uint32_t v) {
+  return v == 2 ? std::string("not libstdc++") : "_GLIBCXX_USE_CXX11_ABI=" + std::to_string(v);
+}
+
+/// Thrown by a stage to refuse the file; caught in load().
+struct Refused {
+  std::string stage, reason, hint;
+};
+
+[[noreturn]] void refuse_now(std::string stage, std::string reason, std::string hint = {}) {
+  throw Refused{std::move(stage), std::move(reason), std::move(hint)};
+}
+
+/// Where this executable lives (for the plugin folder beside it).
+std::optional<fs::path> executable_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return std::nullopt;
+  return exe.parent_path();
+}
+
+std::map<std::string, std::string> fingerprint_fields(const loom_build_fingerprint& f) {
+  return {{"libtorch", version_string(f.torch_major, f.torch_minor, f.torch_patch)},
+          {"libtorch_build", f.torch_cuda ? "cuda" : "cpu"},
+          {"cxx_abi", cxx11_abi_string(f.cxx11_abi)},
+          {"cxx_standard", std::to_string(f.cxx_standard)},
+          {"compiler", bounded(f.compiler, LOOM_MAX_NAME).value_or("?")},
+          {"sdk_version", bounded(f.sdk_version, LOOM_MAX_NAME).value_or("?")}};
+}
+
+constexpr const char* kRebuildHint = "rebuild the plugin against this Loom's SDK (find_package(LoomSDK))";
+
+/// Stage 4: Tier 1 is used only when the plugin's toolchain equals the host's.
+void check_fingerprint(const loom_build_fingerprint* f) {
+  const loom_build_fingerprint& host = sdk::kBuildFingerprint;
+  if (f == nullptr) refuse_now("fingerprint", "the descriptor has no build fingerprint", kRebuildHint);
+  if (f->struct_size < sizeof(loom_build_fingerprint))
+    refuse_now("fingerprint",
+               "the fingerprint's struct_size is " + std::to_string(f->struct_size) +
+                   ", smaller than " + std::to_string(sizeof(loom_build_fingerprint)),
+               kRebuildHint);
+  const std::string plugin_torch = version_string(f->torch_major, f->torch_minor, f->torch_patch);
+  const std::string host_torch = version_string(host.torch_major, host.torch_minor, host.torch_patch);
+  if (plugin_torch != host_torch)
+    refuse_now("fingerprint", "built against LibTorch " + plugin_torch + ", host has " + host_torch,
+               kRebuildHint);
+  if (f->torch_cuda != host.torch_cuda)
+    refuse_now("fingerprint",
+               std::string("built against a ") + (f->torch_cuda ? "CUDA" : "CPU") +
+                   " build of LibTorch, host uses a " + (host.torch_cuda ? "CUDA" : "CPU") +
+                   " build",
+               kRebuildHint);
+  if (f->cxx11_abi != host.cxx11_abi)
+    refuse_now("fingerprint",
+               "built with " + cxx11_abi_string(f->cxx11_abi) + ", host uses " +
+                   cxx11_abi_string(host.cxx11_abi),
+               "rebuild the plugin without overriding _GLIBCXX_USE_CXX11_ABI (LibTorch's setting "
+               "comes with the SDK target)");
+  const auto compiler = bounded(f->compiler, LOOM_MAX_NAME);
+  if (!compiler || *compiler != host.compiler)
+    refuse_now("fingerprint",
+               "built with compiler '" + compiler.value_or("?") + "', host with '" +
+                   host.compiler + "'",
+               std::string("rebuild the plugin with ") + host.compiler);
+}
+
+}  // namespace
+
+std::string kind_name(uint32_t kind) {
+  for (const auto& [k, name] : kind_names())
+    if (k == kind) return name;
+  return "kind " + std::to_string(kind);
+}
+
+std::optional<uint32_t> kind_from_name(std::string_view name) {
+  for (const auto& [k, n] : kind_names())
+    if (name == n) return k;
+  return std::nullopt;
+}
+
+const std::vector<uint32_t>& all_kinds() {
+  static const std::vector<uint32_t> kinds = {LOOM_KIND_MODEL, LOOM_KIND_DATASET,
+                                              LOOM_KIND_PRECISION, LOOM_KIND_MEMORY,
+                                              LOOM_KIND_PARALLEL};
+  return kinds;
+}
+
+std::string PluginRefusal::line() const {
+  std::string out = "plugin refused: " + file.string() + " [" + stage + "] " + reason;
+  if (!hint.empty()) out += "; " + hint;
+  return out;
+}
+
+std::vector<fs::path> PluginRegistry::search_path(const std::vector<fs::path>& extra) {
+  std::vector<fs::path> dirs;
+  if (auto exe = executable_dir()) dirs.push_back((*exe / ".." / "lib" / "loom" / "plugins").lexically_normal());
+  if (const char* env = std::getenv("LOOM_PLUGIN_PATH")) {
+    std::stringstream ss(env);
+    std::string item;
+    while (std::getline(ss, item, ':'))
+      if (!item.empty()) dirs.emplace_back(item);
+  }
+  dirs.insert(dirs.end(), extra.begin(), extra.end());
+  return dirs;
+}
+
+void PluginRegistry::scan(const std::vector<fs::path>& folders) {
+  for (const fs::path& folder : folders) {
+    std::error_code ec;
+    searched_.push_back(folder);
+    if (fs::is_regular_file(folder, ec)) {
+      load(folder);
+      continue;
+    }
+    if (!fs::is_directory(folder, ec)) {
+      log::debug("plugin folder ", folder.string(), " does not exist; skipped");
+      continue;
+    }
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(folder, ec)) {
+      if (entry.path().extension() == ".so" && entry.is_regular_file(ec)) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+    for (const auto& file : files) load(file);
+  }
+}
+
+void PluginRegistry::refuse(LoadReport& report, std::string stage, std::string reason,
+                            std::string hint) {
+  PluginRefusal refusal{report.file, std::move(stage), std::move(reason), std::move(hint), {}};
+  for (const auto& c : report.components) refusal.components.emplace_back(c.kind, c.name);
+  if (log_refusals_) log::warn(refusal.line());
+  else log::debug(refusal.line());
+  report.refusal = refusal;
+  report.accepted = false;
+  refusals_.push_back(std::move(refusal));
+}
+
+LoadReport PluginRegistry::load(const fs::path& file_in) {
+  LoadReport report;
+  std::error_code ec;
+  fs::path file = fs::weakly_canonical(file_in, ec);
+  if (ec) file = file_in;
+  report.file = file;
+  if (std::find(seen_files_.begin(), seen_files_.end(), file) != seen_files_.end()) {
+    for (const auto& c : components_)
+      if (c.plugin->file == file) report.components.push_back(c);
+    report.accepted = std::any_of(plugins_.begin(), plugins_.end(),
+                                  [&](const auto& p) { return p->file == file; });
+    return report;
+  }
+  seen_files_.push_back(file);
+
+  try {
+    // Stage 1: a static read of the file, without running any of its code.
+    try {
+      boost::dll::library_info info(file, /*throw_if_not_native_format=*/true);
+      const auto in_section = info.symbols(LOOM_ENTRY_SECTION);
+      const bool sectioned =
+          std::find(in_section.begin(), in_section.end(), LOOM_ENTRY_SYMBOL) != in_section.end();
+      if (!sectioned) {
+        const auto all = info.symbols();
+        const bool exported = std::find(all.begin(), all.end(), LOOM_ENTRY_SYMBOL) != all.end();
+        // A stripped library has no static symbol table to read; the load stage decides then.
+        if (!exported && !all.empty())
+          refuse_now("static-check", "no entry symbol " LOOM_ENTRY_SYMBOL,
+                     "a Loom plugin ends with LOOM_PLUGIN(...) and is built with "
+                     "loom_add_plugin(); is this a Loom plugin?");
+      }
+    } catch (const Refused&) {
+      throw;
+    } catch (const std::exception& e) {
+      refuse_now("static-check", std::string("not a shared library of this platform (") + e.what() + ")",
+                 "only Loom plugins (ELF shared libraries built with loom_add_plugin) belong in "
+                 "a plugin folder");
+    }
+
+    // Stage 2: load, resolving every symbol now, keeping the plugin's symbols to itself.
+    auto library = std::make_shared<boost::dll::shared_library>();
+    try {
+      library->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+    } catch (const std::exception& e) {
+      refuse_now("load", e.what(),
+                 "an undefined symbol usually means the plugin was built against another "
+                 "LibTorch: " + std::string(kRebuildHint));
+    }
+    if (!library->has(LOOM_ENTRY_SYMBOL))
+      refuse_now("load", "no entry symbol " LOOM_ENTRY_SYMBOL " is exported",
+                 "a Loom plugin ends with LOOM_PLUGIN(...) and is built with loom_add_plugin()");
+    auto entry = library->get<const loom_plugin_descriptor*()>(LOOM_ENTRY_SYMBOL);
+
+    // Stage 3: the descriptor.
+    const loom_plugin_descriptor* d = entry();
+    if (d == nullptr) refuse_now("descriptor", "the entry point returned no descriptor", kRebuildHint);
+    if (d->magic != LOOM_ABI_MAGIC) {
+      std::ostringstream m;
+      m << "bad magic 0x" << std::hex << d->magic << " (expected 0x" << LOOM_ABI_MAGIC << ")";
+      refuse_now("descriptor", m.str(), "the descriptor is not a Loom descriptor; " + std::string(kRebuildHint));
+    }
+    if (d->struct_size < sizeof(loom_plugin_descriptor))
+      refuse_now("descriptor",
+                 "descriptor struct_size " + std::to_string(d->struct_size) + " is smaller than " +
+                     std::to_string(sizeof(loom_plugin_descriptor)) + ", the size of ABI " +
+                     std::to_string(LOOM_ABI_MAJOR) + ".0",
+                 kRebuildHint);
+    if (d->abi_major != LOOM_ABI_MAJOR)
+      refuse_now("descriptor",
+                 "plugin ABI " + std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) +
+                     ", host ABI " + std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR) +
+                     ": the major versions differ",
+                 d->abi_major > LOOM_ABI_MAJOR ? "the plugin needs a newer Loom: upgrade Loom, or "
+                                                 "rebuild the plugin against this Loom's SDK"
+                                               : kRebuildHint);
+    if (d->abi_minor > LOOM_ABI_MINOR)
+      refuse_now("descriptor",
+                 "plugin ABI " + std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) +
+                     " is newer than the host's " + std::to_string(LOOM_ABI_MAJOR) + "." +
+                     std::to_string(LOOM_ABI_MINOR),
+                 "upgrade Loom, or rebuild the plugin against this Loom's SDK");
+    const auto name = bounded(d->name, LOOM_MAX_NAME);
+    if (!name || !is_identifier(*name))
+      refuse_now("descriptor", "the plugin name is missing, too long or not lower_snake_case", kRebuildHint);
+    report.plugin_name = *name;
+    const auto version = bounded(d->version, LOOM_MAX_NAME);
+    if (!version) refuse_now("descriptor", "the plugin version is missing or too long", kRebuildHint);
+    report.plugin_version = *version;
+    if (d->fingerprint != nullptr && d->fingerprint->struct_size >= sizeof(loom_build_fingerprint))
+      report.fingerprint = fingerprint_fields(*d->fingerprint);
+    if (d->component_count == 0 || d->component_count > LOOM_MAX_COMPONENTS || d->components == nullptr)
+      refuse_now("descriptor",
+                 "component table of " + std::to_string(d->component_count) +
+                     " entries (expected 1 to " + std::to_string(LOOM_MAX_COMPONENTS) + ")",
+                 kRebuildHint);
+    std::set<std::pair<uint32_t, std::string>> own;
+    for (uint32_t i = 0; i < d->component_count; ++i) {
+      const loom_component& c = d->components[i];
+      const std::string where = "component #" + std::to_string(i);
+      if (c.struct_size < sizeof(loom_component))
+        refuse_now("descriptor", where + ": struct_size " + std::to_string(c.struct_size) + " is too small", kRebuildHint);
+      const auto cname = bounded(c.name, LOOM_MAX_NAME);
+      if (!cname || !is_identifier(*cname))
+        refuse_now("descriptor", where + ": name missing, too long or not lower_snake_case", kRebuildHint);
+      if (!host_interface_major(c.kind))
+        refuse_now("descriptor", "component '" + *cname + "': unknown kind " + std::to_string(c.kind), kRebuildHint);
+      if (!own.insert({c.kind, *cname}).second)
+        refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "' is listed twice in the plugin",
+                   "give each component of a plugin its own name");
+      if (c.create == nullptr || c.destroy == nullptr)
+        refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "' has no create or destroy function", kRebuildHint);
+      ComponentInfo info;
+      info.kind = c.kind;
+      info.name = *cname;
+      info.summary = bounded(c.summary, LOOM_MAX_TEXT).value_or("");
+      info.interface_major = c.interface_major;
+      info.interface_minor = c.interface_minor;
+      info.raw = &c;
+      if (c.option_count > LOOM_MAX_OPTIONS || (c.option_count > 0 && c.options == nullptr))
+        refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "': bad options table", kRebuildHint);
+      std::set<std::string> keys;
+      for (uint32_t k = 0; k < c.option_count; ++k) {
+        const loom_option_spec& o = c.options[k];
+        OptionSpec spec;
+        const auto key = bounded(o.key, LOOM_MAX_NAME);
+        const std::string owhere = kind_name(c.kind) + " '" + *cname + "' option #" + std::to_string(k);
+        if (o.struct_size < sizeof(loom_option_spec) || !key || !is_identifier(*key))
+          refuse_now("descriptor", owhere + ": struct_size too small, or key missing or not lower_snake_case", kRebuildHint);
+        if (!keys.insert(*key).second)
+          refuse_now("descriptor", owhere + ": key '" + *key + "' appears twice", kRebuildHint);
+        if (o.type < LOOM_OPTION_BOOL || o.type > LOOM_OPTION_LIST)
+          refuse_now("descriptor", owhere + " '" + *key + "': unknown type " + std::to_string(o.type), kRebuildHint);
+        spec.key = *key;
+        spec.type = o.type;
+        spec.default_value = bounded(o.default_value, LOOM_MAX_TEXT).value_or("");
+        spec.help = bounded(o.help, LOOM_MAX_TEXT).value_or("");
+        if (o.type == LOOM_OPTION_ENUM) {
+          const auto choices = bounded(o.choices, LOOM_MAX_TEXT);
+          if (!choices || sdk::enum_choices(choices->c_str()).empty())
+            refuse_now("descriptor", owhere + " '" + *key + "': an enum without choices", kRebuildHint);
+          spec.choices = *choices;
+        }
+        if (!spec.default_value.empty() &&
+            !sdk::is_valid_value(spec.type, spec.default_value, spec.choices.c_str()))
+          refuse_now("descriptor",
+                     owhere + " '" + *key + "': default '" + spec.default_value + "' is not " +
+                         sdk::describe_type(spec.type),
+                     kRebuildHint);
+        info.options.push_back(std::move(spec));
+      }
+      report.components.push_back(std::move(info));
+    }
+
+    // Stage 4: the fingerprint. Past this point the plugin's C++ is trusted.
+    check_fingerprint(d->fingerprint);
+
+    for (const auto& c : report.components) {
+      const uint32_t host_major = *host_interface_major(c.kind);
+      if (c.interface_major != host_major)
+        refuse_now("interface",
+                   kind_name(c.kind) + " '" + c.name + "' implements " + kind_name(c.kind) +
+                       " interface " + std::to_string(c.interface_major) + ".x, host has " +
+                       std::to_string(host_major) + ".x",
+                   kRebuildHint);
+    }
+
+    // Stage 5: init.
+    if (d->init != nullptr) {
+      loom_error error{};
+      error.struct_size = sizeof(loom_error);
+      error.capacity = LOOM_ERROR_CAPACITY;
+      int32_t rc = 0;
+      try {
+        rc = d->init(host_api(), &error);
+      } catch (const std::exception& e) {
+        refuse_now("init", std::string("init threw an exception: ") + e.what(),
+                   "a plugin's init must return an error code, not throw across the C boundary");
+      } catch (...) {
+        refuse_now("init", "init threw an exception",
+                   "a plugin's init must return an error code, not throw across the C boundary");
+      }
+      if (rc != 0) {
+        error.message[LOOM_ERROR_CAPACITY - 1] = '\0';
+        refuse_now("init",
+                   "init failed (code " + std::to_string(rc) + ")" +
+                       (error.message[0] ? std::string(": ") + error.message : std::string()),
+                   "see the plugin's documentation for what its init needs");
+      }
+    }
+
+    // Stage 6: register; a (kind, name) another plugin already provides is refused.
+    for (const auto& c : report.components) {
+      if (const ComponentInfo* other = find(c.kind, c.name))
+        refuse_now("register",
+                   kind_name(c.kind) + " '" + c.name + "' is already provided by " +
+                       other->plugin->file.string(),
+                   "remove one of the two files from the plugin folders, or rename the component");
+    }
+    auto plugin = std::make_shared<LoadedPlugin>();
+    plugin->file = file;
+    plugin->name = report.plugin_name;
+    plugin->version = report.plugin_version;
+    plugin->sdk_version = report.fingerprint.count("sdk_version") ? report.fingerprint["sdk_version"] : "";
+    plugin->library = library;
+    plugins_.push_back(plugin);
+    for (auto& c : report.components) {
+      c.plugin = plugin;
+      components_.push_back(c);
+    }
+    report.accepted = true;
+    log::debug("plugin ", plugin->name, " ", plugin->version, " loaded from ", file.string(), " (",
+               report.components.size(), " component(s))");
+  } catch (const Refused& r) {
+    refuse(report, r.stage, r.reason, r.hint);
+  }
+  return report;
+}
+
+const ComponentInfo* PluginRegistry::find(uint32_t kind, std::string_view name) const {
+  for (const auto& c : components_)
+    if (c.kind == kind && c.name == name) return &c;
+  return nullptr;
+}
+
+const ComponentInfo& PluginRegistry::require(uint32_t kind, std::string_view name) const {
+  if (const ComponentInfo* c = find(kind, name)) return *c;
+  const std::string what = kind_name(kind) + " '" + std::string(name) + "'";
+  // Refused? Either it declared the component, or its file is named after it.
+  const std::string expected_file = "libloom_" + kind_name(kind) + "_" + std::string(name) + ".so";
+  for (const auto& r : refusals_) {
+    const bool declared = std::find(r.components.begin(), r.components.end(),
+                                    std::make_pair(kind, std::string(name))) != r.components.end();
+    if (declared || r.file.filename() == expected_file)
+      throw Error(what + " is not available: its plugin was refused. " + r.line());
+  }
+  std::vector<std::string> names;
+  for (const auto& c : components_)
+    if (c.kind == kind) names.push_back(c.name);
+  std::string message = "no " + what + " in the loaded plugins.";
+  if (auto close = closest(std::string(name), names)) message += " Did you mean '" + *close + "'?";
+  message += names.empty() ? " No " + kind_name(kind) + " plugin is loaded."
+                           : " Available: " + join(names, ", ") + ".";
+  std::vector<std::string> dirs;
+  for (const auto& d : searched_) dirs.push_back(d.string());
+  if (!dirs.empty()) message += " Searched: " + join(dirs, ", ") + ".";
+  message += " Add a folder with --plugin-dir or LOOM_PLUGIN_PATH; `loom plugins` lists what loaded.";
+  throw Error(message);
+}
+
+void PluginRegistry::check_interface(const ComponentInfo& info, uint32_t host_major) const {
+  if (info.interface_major != host_major)
+    throw Error(kind_name(info.kind) + " '" + info.name + "' implements interface " +
+                std::to_string(info.interface_major) + ".x, the host needs " +
+                std::to_string(host_major) + ".x");
+}
+
+void* PluginRegistry::create_raw(const ComponentInfo& info,
+                                 const std::map<std::string, std::string>& values) const {
+  std::vector<std::string> keys, texts;
+  for (const auto& spec : info.options) {
+    auto it = values.find(spec.key);
+    keys.push_back(spec.key);
+    texts.push_back(it != values.end() ? it->second : spec.default_value);
+  }
+  for (const auto& [key, value] : values) {
+    if (std::none_of(info.options.begin(), info.options.end(),
+                     [&](const OptionSpec& s) { return s.key == key; }))
+      throw Error(kind_name(info.kind) + " '" + info.name + "' has no option '" + key + "'");
+  }
+  std::vector<loom_option_value> raw;
+  for (size_t i = 0; i < keys.size(); ++i) raw.push_back({keys[i].c_str(), texts[i].c_str()});
+  loom_create_args args{sizeof(loom_create_args), static_cast<uint32_t>(raw.size()), raw.data()};
+  loom_error error{};
+  error.struct_size = sizeof(loom_error);
+  error.capacity = LOOM_ERROR_CAPACITY;
+  void* object = nullptr;
+  try {
+    object = info.raw->create(&args, &error);
+  } catch (...) {
+    throw Error(kind_name(info.kind) + " '" + info.name + "' (" + info.plugin->file.string() +
+                "): its factory threw across the C boundary; the plugin must be rebuilt with "
+                "LOOM_PLUGIN");
+  }
+  if (object == nullptr) {
+    error.message[LOOM_ERROR_CAPACITY - 1] = '\0';
+    throw Error(kind_name(info.kind) + " '" + info.name + "' could not be created: " +
+                (error.message[0] ? error.message : "its factory gave no reason") + " (plugin " +
+                info.plugin->file.string() + ")");
+  }
+  return object;
+}
+
+}  // namespace loom::core

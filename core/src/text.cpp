@@ -1,0 +1,69 @@
+// Text helpers for messages.
+#include <loom/core/text.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+namespace loom::core {
+
+std::string join(const std::vector<std::string>& items, std::string_view separator) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += separator;
+    out += items[i];
+  }
+  return out;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  // Optimal string alignment distance, three rows.
+  std::vector<size_t> prev2(b.size() + 1), prev(b.size() + 1), cur(b.size() + 1);
+  std::iota(prev.begin(), prev.end(), 0);
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        cur[j] = std::min(cur[j], prev2[j - 2] + 1);
+    }
+    prev2 = prev;
+    prev = cur;
+  }
+  return prev[b.size()];
+}
+
+std::optional<std::string> closest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::optional<std::string> best;
+  size_t best_distance = 0;
+  for (const auto& c : candidates) {
+    const size_t d = edit_distance(word, c);
+    if (!best || d < best_distance) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  if (!best) return std::nullopt;
+  const bool prefix = !word.empty() && (best->rfind(word, 0) == 0 || word.rfind(*best, 0) == 0);
+  const size_t allowed = std::max<size_t>(1, word.size() / 3);
+  if (best_distance <= allowed || prefix) return best;
+  return std::nullopt;
+}
+
+std::string format_bytes(int64_t bytes) {
+  if (bytes < 0) return "n/a";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buffer[32];
+  if (unit == 0) std::snprintf(buffer, sizeof buffer, "%lld B", static_cast<long long>(bytes));
+  else std::snprintf(buffer, sizeof buffer, "%.1f %s", value, units[unit]);
+  return buffer;
+}
+
+}  // namespace loom::core

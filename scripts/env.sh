@@ -1,0 +1,12 @@
+# Sourced by Loom's scripts: where the cache, the venv and the build live.
+# LOOM_CACHE moves the cache (default ~/.cache/loom); LOOM_BUILD_DIR the build tree.
+LOOM_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOOM_CACHE="${LOOM_CACHE:-$HOME/.cache/loom}"
+LOOM_PYTHON="${LOOM_PYTHON:-python3}"
+_loom_torch="$(sed -n 's/^torch==//p' "$LOOM_ROOT/scripts/requirements.txt")"
+_loom_py="$("$LOOM_PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+LOOM_VENV="${LOOM_VENV:-$LOOM_CACHE/venv-torch$_loom_torch-py$_loom_py}"
+LOOM_BUILD_DIR="${LOOM_BUILD_DIR:-$LOOM_ROOT/build}"
+export CCACHE_DIR="${CCACHE_DIR:-$LOOM_CACHE/ccache}"
+export LOOM_ROOT LOOM_CACHE LOOM_PYTHON LOOM_VENV LOOM_BUILD_DIR
+unset _loom_torch _loom_py

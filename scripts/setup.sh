@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Installs everything Loom needs to build, test and run, and nothing by hand.
+#
+#   - Debian packages (compilers and build tools, Boost, spdlog, GoogleTest, nlohmann-json,
+#     zlib, the Fashion-MNIST dataset, Python venv support), through apt-get;
+#   - the pinned PyTorch wheel (LibTorch for the build, Python PyTorch for the side-by-side
+#     benchmarks) and the Python readers the tests use, into a venv cached outside the
+#     checkout: $LOOM_CACHE (default ~/.cache/loom), so clones and CI runs share it.
+#
+# Idempotent: on a machine where everything is present it only checks, in a few seconds.
+# Prints the venv's path as its last line when called with --print-venv.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=scripts/env.sh
+source "$here/env.sh"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+apt_packages=(
+  build-essential cmake ninja-build ccache git pkg-config binutils
+  libboost-dev libboost-program-options-dev
+  libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev
+  nlohmann-json3-dev zlib1g-dev
+  dataset-fashion-mnist
+  python3 python3-venv python3-pip
+)
+
+install_debian_packages() {
+  local missing=()
+  for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing Debian packages: ${missing[*]}"
+  local sudo=()
+  [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  if ! "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"; then
+    "${sudo[@]}" apt-get update
+    "${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
+  fi
+}
+
+install_venv() {
+  local req="$here/requirements.txt"
+  local want
+  want="$(sha256sum "$req" | cut -c1-16)"
+  if [ -f "$LOOM_VENV/.loom-requirements" ] && [ "$(cat "$LOOM_VENV/.loom-requirements")" = "$want" ] \
+     && "$LOOM_VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    return 0
+  fi
+  log "creating the Python venv $LOOM_VENV (torch and the test readers; a few minutes once)"
+  mkdir -p "$LOOM_CACHE"
+  # The stamp is written last, so an interrupted install is redone from scratch next time.
+  rm -rf "$LOOM_VENV"
+  "$LOOM_PYTHON" -m venv "$LOOM_VENV"
+  "$LOOM_VENV/bin/python" -m pip install -q --upgrade pip
+  "$LOOM_VENV/bin/python" -m pip install -q --cache-dir "$LOOM_CACHE/pip" -r "$req"
+  echo "$want" > "$LOOM_VENV/.loom-requirements"
+}
+
+install_debian_packages
+install_venv
+mkdir -p "$CCACHE_DIR"
+if [ "${1:-}" = "--print-venv" ]; then
+  echo "$LOOM_VENV"
+fi

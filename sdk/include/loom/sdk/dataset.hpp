@@ -1,0 +1,39 @@
+// Tier-1 interface of a dataset plugin: batched random access to samples.
+//
+// The host's loader owns the order (seeded shuffling, sharding across ranks, prefetching on
+// worker threads, pinned memory): a dataset only answers "give me these samples".
+#pragma once
+
+#include <loom/sdk/abi.h>
+#include <loom/sdk/types.hpp>
+
+#include <vector>
+
+namespace loom::sdk {
+
+class LOOM_SDK_API Dataset {
+ public:
+  using Interface = Dataset;
+  static constexpr uint32_t kKind = LOOM_KIND_DATASET;
+  static constexpr uint32_t kInterfaceMajor = 1;
+  static constexpr uint32_t kInterfaceMinor = 0;
+
+  virtual ~Dataset() = default;
+
+  /// Opens and checks the data. Called once, on the main thread, before any other method. A
+  /// missing, truncated or corrupt file throws Error naming the file and what is wrong.
+  virtual void setup() = 0;
+
+  /// The fields of a sample. Valid after setup; constant afterwards.
+  virtual DataSpec spec() const = 0;
+
+  /// Number of samples of a split (0 when the dataset has no such split).
+  virtual int64_t size(Split split) const = 0;
+
+  /// The samples at `indices` (each in [0, size(split))), stacked: every tensor's first
+  /// dimension is indices.size(). CPU tensors, contiguous. Thread-safe: the loader calls it from
+  /// several worker threads at once, so it must not modify shared state without a lock.
+  virtual Batch get_batch(Split split, const std::vector<int64_t>& indices) const = 0;
+};
+
+}  // namespace loom::sdk

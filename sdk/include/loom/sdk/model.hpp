@@ -1,0 +1,59 @@
+// Tier-1 interface of a model plugin: the network, its loss and its metrics.
+#pragma once
+
+#include <loom/sdk/abi.h>
+#include <loom/sdk/types.hpp>
+
+#include <torch/nn/module.h>
+
+#include <map>
+#include <string>
+
+namespace loom::sdk {
+
+/// What one forward of a micro-batch returns. The loss is a sum over the micro-batch with its
+/// count, never a mean: the trainer normalizes once by the global count of the optimizer step,
+/// so k micro-batches of b give the same update as one batch of k*b.
+struct ModelOutput {
+  at::Tensor loss_sum;                         ///< scalar, sum of per-sample (or per-token) losses
+  at::Tensor count;                            ///< scalar, how many terms loss_sum adds up
+  std::map<std::string, at::Tensor> metrics;   ///< scalar sums, e.g. "correct"; reported / count
+};
+
+/// A model. Created by its plugin's factory from the [model] options; owned by the host, which
+/// destroys it through the plugin before the process ends.
+class LOOM_SDK_API Model {
+ public:
+  using Interface = Model;
+  static constexpr uint32_t kKind = LOOM_KIND_MODEL;
+  static constexpr uint32_t kInterfaceMajor = 1;
+  static constexpr uint32_t kInterfaceMinor = 0;
+
+  virtual ~Model() = default;
+
+  /// Builds the network for the dataset's samples (image size, classes, ...). Called once, on the
+  /// main thread, after the dataset's setup and before module(). Throws Error when the data does
+  /// not fit the model (naming the field and the shape).
+  virtual void setup(const DataSpec& data) = 0;
+
+  /// The trainable module, owned by the model and valid after setup. The host moves it to the
+  /// device, hands its parameters to the optimizer and saves and loads its state through it.
+  virtual torch::nn::Module& module() = 0;
+
+  /// Forward and loss of one micro-batch whose tensors are already on the module's device.
+  /// Called on the main thread inside the precision strategy's forward guard; `train` says
+  /// whether a backward follows (the host sets train/eval mode on module() itself).
+  virtual ModelOutput forward(const Batch& batch, bool train) = 0;
+
+  /// Whether a parameter gets weight decay. Default: matrices and higher; biases, norms and
+  /// scalars do not. Called once, when the optimizer is built.
+  virtual bool decays(const std::string& name, const at::Tensor& parameter) const {
+    (void)name;
+    return parameter.dim() >= 2;
+  }
+
+  /// A one-line description for the start-up report ("ViT 6x256, patch 4, 28x28 -> 10").
+  virtual std::string describe() const { return {}; }
+};
+
+}  // namespace loom::sdk

@@ -1,0 +1,66 @@
+// Tier-1 interface of a precision strategy: the numeric format of forward, backward and step
+// (autocast, loss scaling, TF32 switches).
+#pragma once
+
+#include <loom/sdk/abi.h>
+#include <loom/sdk/types.hpp>
+
+#include <memory>
+#include <vector>
+
+namespace loom::sdk {
+
+/// An RAII scope: whatever it set up is undone when it is destroyed.
+class LOOM_SDK_API Guard {
+ public:
+  virtual ~Guard() = default;
+};
+
+/// How a training step is computed numerically. The host calls, per optimizer step:
+///   for each micro-batch: { auto g = forward_guard(); out = model.forward(...); }
+///                         backward(scale_loss(loss))
+///   finite = unscale_gradients(grads)   // once, after the last micro-batch, before clipping
+///   if (finite) optimizer.step();       // else the step is skipped and the LR does not move
+///   update(!finite)
+class LOOM_SDK_API PrecisionStrategy {
+ public:
+  using Interface = PrecisionStrategy;
+  static constexpr uint32_t kKind = LOOM_KIND_PRECISION;
+  static constexpr uint32_t kInterfaceMajor = 1;
+  static constexpr uint32_t kInterfaceMinor = 0;
+
+  virtual ~PrecisionStrategy() = default;
+
+  /// Prepares for training on `device` (process-wide switches such as TF32). Called once, on
+  /// the main thread, before the model is built. Throws Error when the device cannot compute in
+  /// this precision, saying which precision would work.
+  virtual void setup(const c10::Device& device) = 0;
+
+  /// The scope forward runs in (autocast); backward runs outside it. Thread-local state: call
+  /// on the thread that runs forward.
+  virtual std::unique_ptr<Guard> forward_guard() = 0;
+
+  /// The loss to call backward on: `loss` times the current loss scale (or `loss` itself).
+  virtual at::Tensor scale_loss(const at::Tensor& loss) { return loss; }
+
+  /// Divides the gradients by the loss scale in place and returns whether all are finite.
+  /// Called once per optimizer step, after gradient synchronization and before clipping.
+  virtual bool unscale_gradients(const std::vector<at::Tensor>& gradients) {
+    (void)gradients;
+    return true;
+  }
+
+  /// Updates the loss scale after a step that was taken (`found_non_finite` false) or skipped.
+  virtual void update(bool found_non_finite) { (void)found_non_finite; }
+
+  /// What this precision does (autocast dtype, TF32 switches, scaler policy and parameters):
+  /// printed at start-up and stored in every checkpoint; resuming under a different manifest
+  /// is refused unless the user allows it.
+  virtual TextMap manifest() const = 0;
+
+  /// Checkpointable state (loss scale, growth tracker, skip count) and its restore.
+  virtual State state_dict() const { return {}; }
+  virtual void load_state_dict(const State& state) { (void)state; }
+};
+
+}  // namespace loom::sdk

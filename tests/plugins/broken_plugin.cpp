@@ -1,0 +1,99 @@
+// Deliberately broken test plugins, one shared library per case, selected by a BROKEN_* macro
+// (see tests/plugins/CMakeLists.txt). Each must be refused by the loader with its own reason
+// while the good plugin in the same folder loads. Most cases write the Tier-0 descriptor by
+// hand, as a plugin built with a buggy or foreign toolchain would.
+#if defined(BROKEN_CXX11_ABI)
+// What -D_GLIBCXX_USE_CXX11_ABI=0 on the command line does, set here so that no flag of the
+// LibTorch target (which sets it to 1) comes after it.
+#undef _GLIBCXX_USE_CXX11_ABI
+#define _GLIBCXX_USE_CXX11_ABI 0
+#endif
+#include <loom/sdk/sdk.hpp>
+
+#include <stdexcept>
+
+namespace {
+
+class Dummy final : public loom::sdk::Dataset {
+ public:
+  explicit Dummy(const loom::sdk::Options&) {
+#if defined(BROKEN_FACTORY_THROWS)
+    throw loom::sdk::Error("dataset 'exploding' cannot be built: the planted failure of this test plugin");
+#endif
+  }
+  void setup() override {}
+  loom::sdk::DataSpec spec() const override { return {}; }
+  int64_t size(loom::sdk::Split) const override { return 0; }
+  loom::sdk::Batch get_batch(loom::sdk::Split, const std::vector<int64_t>&) const override { return {}; }
+};
+
+#if defined(BROKEN_DUPLICATE)
+// The good plugin already provides dataset 'counting'.
+constexpr const char* kComponentName = "counting";
+#elif defined(BROKEN_FACTORY_THROWS)
+constexpr const char* kComponentName = "exploding";
+#else
+constexpr const char* kComponentName = BROKEN_NAME;
+#endif
+
+constexpr loom_component kComponents[] = {loom::sdk::component<Dummy>(kComponentName, "a test component")};
+
+int32_t init_fails(const loom_host_api*, loom_error* error) {
+  loom::sdk::detail::write_error(error, "the GPU this plugin was told to use does not exist");
+  return 7;
+}
+
+// Not noexcept on purpose: an init that lets an exception out.
+int32_t init_throws(const loom_host_api*, loom_error*) { throw std::runtime_error("boom from init"); }
+
+loom_build_fingerprint make_fingerprint() {
+  loom_build_fingerprint f = loom::sdk::kBuildFingerprint;
+#if defined(BROKEN_TORCH_VERSION)
+  f.torch_minor = 11;  // "built against LibTorch 2.11.x"
+  f.torch_patch = 0;
+#endif
+  return f;
+}
+
+const loom_build_fingerprint kFingerprint = make_fingerprint();
+
+loom_plugin_descriptor make_descriptor() {
+  loom_plugin_descriptor d{LOOM_ABI_MAGIC, sizeof(loom_plugin_descriptor), LOOM_ABI_MAJOR, LOOM_ABI_MINOR,
+                           1, BROKEN_NAME, "0.0.1", &kFingerprint, kComponents, nullptr};
+#if defined(BROKEN_BAD_MAGIC)
+  d.magic = 0xDEADBEEF;
+#elif defined(BROKEN_SMALL_STRUCT)
+  d.struct_size = 24;
+#elif defined(BROKEN_ABI_MAJOR)
+  d.abi_major = LOOM_ABI_MAJOR + 1;
+#elif defined(BROKEN_ABI_MINOR)
+  d.abi_minor = LOOM_ABI_MINOR + 1;
+#elif defined(BROKEN_INIT_FAILS)
+  d.init = &init_fails;
+#elif defined(BROKEN_INIT_THROWS)
+  d.init = &init_throws;
+#endif
+  return d;
+}
+
+const loom_plugin_descriptor kDescriptor = make_descriptor();
+
+}  // namespace
+
+#if defined(BROKEN_NO_ENTRY)
+// Exports a function, but not the entry point.
+extern "C" __attribute__((visibility("default"))) int loom_not_the_entry(void) { return kDescriptor.magic != 0; }
+#elif defined(BROKEN_CXX11_ABI) || defined(BROKEN_FACTORY_THROWS)
+// Built by the SDK's macro; what is wrong is the compiler flag (-D_GLIBCXX_USE_CXX11_ABI=0) or
+// the factory.
+LOOM_PLUGIN(BROKEN_NAME, "0.0.1", loom::sdk::component<Dummy>(kComponentName, "a test component"))
+#else
+extern "C" __attribute__((visibility("default"), used, section(LOOM_ENTRY_SECTION)))
+const loom_plugin_descriptor* loom_plugin_entry_v1(void) noexcept {
+#if defined(BROKEN_NULL_ENTRY)
+  return nullptr;
+#else
+  return &kDescriptor;
+#endif
+}
+#endif

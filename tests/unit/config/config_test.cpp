@@ -1,0 +1,217 @@
+// Configuration: INI inheritance, precedence, cycles, unknown-key suggestions, type errors.
+#include <loom/core/config.hpp>
+#include <loom/core/plugin_registry.hpp>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+using namespace loom::core;
+
+namespace {
+
+class ConfigTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("loom_config_test_" + std::to_string(::getpid()) + "_" +
+                                        testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path write(const std::string& name, const std::string& text) {
+    const fs::path p = dir_ / name;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+    return p;
+  }
+
+  static std::string error_of(const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const loom::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+
+  fs::path dir_;
+};
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
+TEST_F(ConfigTest, ChildOverridesItsBaseAndRemembersWhereEachValueCameFrom) {
+  write("base.ini", "# shared defaults\n[trainer]\nbatch_size = 64\nlr = 0.1\n");
+  const auto child = write("exp/child.ini", "base = ../base.ini\n\n[trainer]\nbatch_size = 32  # smaller\n");
+  Config config;
+  config.load_file(child);
+  EXPECT_EQ(config.get("trainer.batch_size"), "32");
+  EXPECT_EQ(config.get("trainer.lr"), "0.1");
+  EXPECT_EQ(config.find("trainer.batch_size")->origin.line, 4);
+  EXPECT_EQ(config.find("trainer.lr")->origin.line, 4);
+  EXPECT_EQ(config.find("trainer.lr")->origin.file.filename(), "base.ini");
+  EXPECT_CONTAINS(config.find("trainer.batch_size")->origin.describe(), "child.ini:4");
+  ASSERT_EQ(config.files().size(), 2u);
+  EXPECT_EQ(config.files()[0].filename(), "child.ini");
+  EXPECT_EQ(config.files()[1].filename(), "base.ini");
+}
+
+TEST_F(ConfigTest, SeveralBasesApplyInOrderAndBasesChain) {
+  write("a.ini", "[trainer]\nlr = 1\nseed = 1\n");
+  write("b.ini", "base = a.ini\n[trainer]\nlr = 2\n");
+  write("c.ini", "[trainer]\nepochs = 3\nlr = 3\n");
+  const auto top = write("top.ini", "base = b.ini, c.ini\n[trainer]\nseed = 4\n");
+  Config config;
+  config.load_file(top);
+  EXPECT_EQ(config.get("trainer.lr"), "3");      // c after b
+  EXPECT_EQ(config.get("trainer.seed"), "4");    // the file itself after its bases
+  EXPECT_EQ(config.get("trainer.epochs"), "3");
+}
+
+TEST_F(ConfigTest, LaterFilesThenAliasesThenSetWin) {
+  const auto one = write("one.ini", "[trainer]\nbatch_size = 8\nlr = 0.5\nseed = 1\n");
+  const auto two = write("two.ini", "[trainer]\nbatch_size = 16\n");
+  Config config;
+  config.load_file(one);
+  config.load_file(two);
+  EXPECT_EQ(config.get("trainer.batch_size"), "16");
+  config.set("trainer.batch_size", "64", Origin{"--batch-size", {}, 0});
+  config.set_assignment("trainer.batch_size=128");
+  EXPECT_EQ(config.get("trainer.batch_size"), "128");
+  EXPECT_EQ(config.find("trainer.batch_size")->origin.describe(), "--set");
+  EXPECT_EQ(config.get("trainer.lr"), "0.5");
+}
+
+TEST_F(ConfigTest, InheritanceCycleIsReportedWithTheChain) {
+  write("a.ini", "base = b.ini\n[trainer]\nlr = 1\n");
+  write("b.ini", "base = a.ini\n");
+  Config config;
+  const std::string message = error_of([&] { config.load_file(dir_ / "a.ini"); });
+  EXPECT_CONTAINS(message, "config inheritance cycle");
+  EXPECT_CONTAINS(message, "a.ini -> ");
+  EXPECT_CONTAINS(message, "b.ini -> ");
+  const auto self = write("self.ini", "base = self.ini\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(self); }), "cycle");
+}
+
+TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {
+  const auto child = write("child.ini", "\nbase = nowhere.ini\n");
+  const std::string message = error_of([&] { Config c; c.load_file(child); });
+  EXPECT_CONTAINS(message, "nowhere.ini not found");
+  EXPECT_CONTAINS(message, "child.ini:2");
+}
+
+TEST_F(ConfigTest, MalformedLinesAndKeysOutsideSectionsAreErrors) {
+  const auto bad = write("bad.ini", "[trainer]\nlr = 1\nthis line has no equals sign\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(bad); }), "bad.ini:3: not a `key = value`");
+  const auto loose = write("loose.ini", "lr = 1\n[trainer]\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(loose); }), "loose.ini:1: key 'lr' is outside any section");
+  Config config;
+  EXPECT_CONTAINS(error_of([&] { config.set_assignment("batch_size=3"); }), "expected section.key=value");
+  EXPECT_CONTAINS(error_of([&] { config.set_assignment("trainer.lr"); }), "expected section.key=value");
+}
+
+TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
+  const auto file = write("run.ini", "[trainer]\nlr = 0.1\n\nbatch_szie = 32\n");
+  Config config;
+  config.load_file(file);
+  const std::string message = error_of([&] { validate(config, core_schema()); });
+  EXPECT_CONTAINS(message, "run.ini:4: unknown key 'trainer.batch_szie'; did you mean 'trainer.batch_size'?");
+}
+
+TEST_F(ConfigTest, UnknownSectionSuggestsTheClosestSection) {
+  Config config;
+  config.set_assignment("trainr.lr=0.1");
+  EXPECT_CONTAINS(error_of([&] { validate(config, core_schema()); }),
+                  "--set: unknown section [trainr] (key 'trainr.lr'); did you mean [trainer]?");
+}
+
+TEST_F(ConfigTest, FarOffKeyListsTheSectionsKeys) {
+  Config config;
+  config.set_assignment("parallel.zzzzzzzz=1");
+  EXPECT_CONTAINS(error_of([&] { validate(config, core_schema()); }), "[parallel] has parallel.name");
+}
+
+TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
+  const auto file = write("run.ini",
+                          "[trainer]\nbatch_size = big\noptimizer = adam\nuse_scheduler = maybe\nlr = 1e-3\n"
+                          "[memory]\ndevice_memory_limit = 2 GiB\n");
+  Config config;
+  config.load_file(file);
+  const std::string message = error_of([&] { validate(config, core_schema()); });
+  // All problems at once, each with its place.
+  EXPECT_CONTAINS(message, "run.ini:2: trainer.batch_size = 'big' is not valid: expected an integer");
+  EXPECT_CONTAINS(message, "run.ini:3: trainer.optimizer = 'adam' is not valid: expected one of adamw, sgd");
+  EXPECT_CONTAINS(message, "run.ini:4: trainer.use_scheduler = 'maybe' is not valid: expected a boolean");
+  EXPECT_EQ(message.find("trainer.lr"), std::string::npos) << message;
+  EXPECT_EQ(message.find("device_memory_limit"), std::string::npos) << message;
+}
+
+TEST_F(ConfigTest, ResolvedConfigurationHasEveryKeyWithItsOrigin) {
+  const auto file = write("run.ini", "[trainer]\nmax_steps = 300\n");
+  Config config;
+  config.load_file(file);
+  config.set("trainer.batch_size", "64", Origin{"--batch-size", {}, 0});
+  const Schema schema = core_schema();
+  const Resolved resolved = validate(config, schema);
+  EXPECT_EQ(resolved.size(), schema.keys().size());
+  EXPECT_EQ(resolved.at("trainer.max_steps").value, "300");
+  EXPECT_EQ(resolved.at("trainer.lr").origin.describe(), "default");
+  const std::string shown = format_resolved(resolved, schema);
+  EXPECT_CONTAINS(shown, "[trainer]");
+  EXPECT_CONTAINS(shown, "batch_size = 64");
+  EXPECT_CONTAINS(shown, "# --batch-size");
+  EXPECT_CONTAINS(shown, "run.ini:2");
+}
+
+TEST_F(ConfigTest, ComponentKeysComeFromThePluginsSchema) {
+  PluginRegistry registry;
+  registry.load(fs::path(LOOM_TEST_PLUGIN_DIR) / "libloom_dataset_basic_counting.so");
+  const auto* counting = registry.find(LOOM_KIND_DATASET, "counting");
+  ASSERT_NE(counting, nullptr);
+  Schema schema = core_schema();
+  schema.add("data", "dataset 'counting'", counting->options);
+
+  Config config;
+  config.set_assignment("data.name=counting");
+  config.set_assignment("data.size=12");
+  config.set_assignment("data.layout=square");
+  const Resolved resolved = validate(config, schema);
+  EXPECT_EQ(section_values(resolved, "data", counting->options).at("size"), "12");
+  EXPECT_EQ(section_values(resolved, "data", counting->options).at("budget"), "1MiB");
+
+  config.set_assignment("data.siz=3");
+  config.set_assignment("data.layout=round");
+  const std::string message = error_of([&] { validate(config, schema); });
+  EXPECT_CONTAINS(message, "unknown key 'data.siz'; did you mean 'data.size'?");
+  EXPECT_CONTAINS(message, "data.layout = 'round' is not valid: expected one of flat, square");
+}
+
+TEST_F(ConfigTest, RunSchemaSaysWhichComponentIsMissing) {
+  PluginRegistry registry;
+  Config config;
+  config.set_assignment("model.name=vit_giant");
+  EXPECT_CONTAINS(error_of([&] { run_schema(config, registry); }), "no model 'vit_giant'");
+}
+
+TEST_F(ConfigTest, SeedFlagsAreAliasesOfKeys) {
+  std::map<std::string, std::string> keys;
+  for (const auto& alias : aliases()) keys[alias.flag] = alias.key;
+  EXPECT_EQ(keys["batch-size"], "trainer.batch_size");
+  EXPECT_EQ(keys["memory-fraction"], "memory.fraction");
+  EXPECT_EQ(keys["allow-tf32"], "precision.allow_tf32");
+  EXPECT_EQ(keys["no-amp"], "precision.amp");
+  EXPECT_EQ(keys["gradient-accumulation-steps"], "trainer.gradient_accumulation_steps");
+  EXPECT_EQ(keys["image-size"], "model.image_size");
+  EXPECT_EQ(keys["num-layers"], "model.num_layers");
+  EXPECT_EQ(keys["d-model"], "model.d_model");
+  EXPECT_EQ(keys["use-scheduler"], "trainer.use_scheduler");
+  EXPECT_EQ(keys["work-dir"], "trainer.work_dir");
+  EXPECT_EQ(keys["resume-from"], "trainer.resume_from");
+}
+
+}  // namespace

@@ -1,0 +1,222 @@
+// The plugin loader against real shared libraries: one good plugin and a suite of broken ones
+// in the same folder. Every broken file is refused at its own stage with its own reason, the
+// good plugin loads, and the process keeps running.
+#include <loom/core/plugin_registry.hpp>
+#include <loom/sdk/dataset.hpp>
+
+#include <string>
+#include <vector>
+#define BOOST_DLL_USE_STD_FS
+#include <boost/dll/library_info.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+using loom::core::PluginRegistry;
+
+namespace {
+
+const fs::path kDir = LOOM_TEST_PLUGIN_DIR;
+
+PluginRegistry& shared_registry() {
+  static PluginRegistry* registry = [] {
+    auto* r = new PluginRegistry();
+    r->set_log_refusals(false);
+    r->scan({kDir});
+    return r;
+  }();
+  return *registry;
+}
+
+const loom::core::PluginRefusal* refusal_of(const std::string& file) {
+  for (const auto& r : shared_registry().refusals())
+    if (r.file.filename() == file) return &r;
+  return nullptr;
+}
+
+struct BrokenCase {
+  const char* file;
+  const char* stage;
+  const char* reason;  // a part of the reason
+};
+
+std::ostream& operator<<(std::ostream& out, const BrokenCase& c) { return out << c.file; }
+
+class BrokenPlugin : public testing::TestWithParam<BrokenCase> {};
+
+TEST_P(BrokenPlugin, IsRefusedWithItsOwnReason) {
+  const BrokenCase& c = GetParam();
+  ASSERT_TRUE(fs::exists(kDir / c.file)) << "test plugin not built: " << c.file;
+  const auto* refusal = refusal_of(c.file);
+  ASSERT_NE(refusal, nullptr) << c.file << " was not refused";
+  EXPECT_EQ(refusal->stage, c.stage) << refusal->line();
+  EXPECT_NE(refusal->reason.find(c.reason), std::string::npos) << refusal->line();
+  EXPECT_FALSE(refusal->hint.empty()) << refusal->line();
+  // One line, naming the file, the stage and the reason.
+  const std::string line = refusal->line();
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_NE(line.find(c.file), std::string::npos);
+  EXPECT_NE(line.find(std::string("[") + c.stage + "]"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Loader, BrokenPlugin,
+    testing::Values(
+        BrokenCase{"libloom_dataset_broken_not_elf.so", "static-check", "not a shared library"},
+        BrokenCase{"libloom_dataset_broken_no_entry.so", "static-check", "no entry symbol loom_plugin_entry_v1"},
+        BrokenCase{"libloom_dataset_broken_null_entry.so", "descriptor", "returned no descriptor"},
+        BrokenCase{"libloom_dataset_broken_bad_magic.so", "descriptor", "bad magic 0xdeadbeef"},
+        BrokenCase{"libloom_dataset_broken_small_struct.so", "descriptor", "struct_size 24 is smaller than 56"},
+        BrokenCase{"libloom_dataset_broken_abi_major.so", "descriptor", "plugin ABI 2.0, host ABI 1.0: the major versions differ"},
+        BrokenCase{"libloom_dataset_broken_abi_minor.so", "descriptor", "plugin ABI 1.1 is newer than the host's 1.0"},
+        BrokenCase{"libloom_dataset_broken_torch_version.so", "fingerprint", "built against LibTorch 2.11.0, host has"},
+        BrokenCase{"libloom_dataset_broken_cxx11_abi.so", "fingerprint", "built with _GLIBCXX_USE_CXX11_ABI=0, host uses _GLIBCXX_USE_CXX11_ABI=1"},
+        BrokenCase{"libloom_dataset_broken_duplicate.so", "register", "dataset 'counting' is already provided by"},
+        BrokenCase{"libloom_dataset_broken_init_fails.so", "init", "init failed (code 7): the GPU this plugin was told to use does not exist"},
+        BrokenCase{"libloom_dataset_broken_init_throws.so", "init", "init threw an exception: boom from init"}),
+    [](const testing::TestParamInfo<BrokenCase>& info) {
+      std::string name = info.param.file;
+      name = name.substr(std::string("libloom_dataset_broken_").size());
+      return name.substr(0, name.size() - 3);
+    });
+
+TEST(Loader, RefusesExactlyTheBrokenFilesAndLoadsTheRest) {
+  auto& registry = shared_registry();
+  EXPECT_EQ(registry.refusals().size(), 12u);
+  std::vector<std::string> loaded;
+  for (const auto& p : registry.plugins()) loaded.push_back(p->name);
+  std::sort(loaded.begin(), loaded.end());
+  // factory_throws is a well-formed plugin: its failure comes when its component is created.
+  EXPECT_EQ(loaded, (std::vector<std::string>{"basic_counting", "broken_factory_throws"}));
+}
+
+TEST(Loader, GoodPluginDescribesItself) {
+  const auto* c = shared_registry().find(LOOM_KIND_DATASET, "counting");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->plugin->name, "basic_counting");
+  EXPECT_EQ(c->plugin->version, "1.2.3");
+  EXPECT_EQ(c->summary, "samples [i, i+1, i+2], label i % 3");
+  ASSERT_EQ(c->options.size(), 3u);
+  EXPECT_EQ(c->options[0].key, "size");
+  EXPECT_EQ(c->options[0].type, static_cast<uint32_t>(LOOM_OPTION_INT));
+  EXPECT_EQ(c->options[0].default_value, "10");
+  EXPECT_EQ(c->options[1].choices, "flat|square");
+}
+
+TEST(Loader, EntryPointSitsInTheLoomSection) {
+  boost::dll::library_info info(kDir / "libloom_dataset_basic_counting.so");
+  const auto symbols = info.symbols("loom");
+  EXPECT_NE(std::find(symbols.begin(), symbols.end(), "loom_plugin_entry_v1"), symbols.end());
+}
+
+TEST(Loader, CreatesAComponentAndCallsItAcrossTheBoundary) {
+  auto dataset = shared_registry().create<loom::sdk::Dataset>("counting", {{"size", "5"}});
+  ASSERT_NE(dataset, nullptr);
+  dataset->setup();
+  EXPECT_EQ(dataset->size(loom::sdk::Split::kTrain), 5);
+  const auto batch = dataset->get_batch(loom::sdk::Split::kTrain, {1, 4});
+  ASSERT_EQ(batch.count("input"), 1u);
+  EXPECT_EQ(batch.at("input").sizes(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(batch.at("input")[1][2].item<float>(), 6.0f);
+  EXPECT_EQ(batch.at("target")[0].item<int64_t>(), 1);
+  EXPECT_EQ(batch.at("target")[1].item<int64_t>(), 1);
+  // An exception a component throws reaches the host as what it is.
+  EXPECT_THROW(dataset->get_batch(loom::sdk::Split::kTrain, {5}), loom::Error);
+}
+
+TEST(Loader, FactoryErrorsBecomeOneClearError) {
+  try {
+    shared_registry().create<loom::sdk::Dataset>("exploding");
+    FAIL() << "expected loom::Error";
+  } catch (const loom::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("dataset 'exploding' could not be created"), std::string::npos) << message;
+    EXPECT_NE(message.find("the planted failure of this test plugin"), std::string::npos) << message;
+    EXPECT_NE(message.find("libloom_dataset_broken_factory_throws.so"), std::string::npos) << message;
+  }
+  try {
+    shared_registry().create<loom::sdk::Dataset>("counting", {{"size", "-1"}});
+    FAIL() << "expected loom::Error";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("size must be positive, got -1"), std::string::npos) << e.what();
+  }
+  // The registry is unharmed.
+  EXPECT_NE(shared_registry().create<loom::sdk::Dataset>("counting"), nullptr);
+}
+
+TEST(Loader, UnknownOptionIsRefusedBeforeTheFactoryRuns) {
+  EXPECT_THROW(shared_registry().create<loom::sdk::Dataset>("counting", {{"sise", "3"}}), loom::Error);
+}
+
+TEST(Loader, NamingARefusedComponentSaysWhy) {
+  try {
+    shared_registry().require(LOOM_KIND_DATASET, "broken_torch_version");
+    FAIL();
+  } catch (const loom::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("its plugin was refused"), std::string::npos) << message;
+    EXPECT_NE(message.find("LibTorch 2.11.0"), std::string::npos) << message;
+  }
+  // A file refused before its descriptor could be read is found by its name.
+  try {
+    shared_registry().require(LOOM_KIND_DATASET, "broken_not_elf");
+    FAIL();
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[static-check]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Loader, NamingAMissingComponentListsWhatThereIs) {
+  try {
+    shared_registry().require(LOOM_KIND_DATASET, "countin");
+    FAIL();
+  } catch (const loom::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("Did you mean 'counting'?"), std::string::npos) << message;
+    EXPECT_NE(message.find(kDir.string()), std::string::npos) << message;
+  }
+  try {
+    shared_registry().require(LOOM_KIND_MODEL, "gpt5");
+    FAIL();
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("No model plugin is loaded"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Loader, ComponentsKeepTheirLibraryAliveAfterTheRegistryIsGone) {
+  std::shared_ptr<loom::sdk::Dataset> dataset;
+  {
+    PluginRegistry registry;
+    registry.set_log_refusals(false);
+    registry.load(kDir / "libloom_dataset_basic_counting.so");
+    dataset = registry.create<loom::sdk::Dataset>("counting", {{"size", "3"}});
+  }
+  EXPECT_EQ(dataset->get_batch(loom::sdk::Split::kTrain, {2}).at("input")[0][0].item<float>(), 2.0f);
+}
+
+TEST(Loader, LoadingAFileTwiceIsHarmless) {
+  PluginRegistry registry;
+  const auto first = registry.load(kDir / "libloom_dataset_basic_counting.so");
+  const auto second = registry.load(kDir / "libloom_dataset_basic_counting.so");
+  EXPECT_TRUE(first.accepted);
+  EXPECT_TRUE(second.accepted);
+  EXPECT_EQ(registry.components().size(), 1u);
+  EXPECT_TRUE(registry.refusals().empty());
+}
+
+TEST(Loader, SearchPathHasThePluginFolderBesideTheExecutableThenTheEnvironment) {
+  ::setenv("LOOM_PLUGIN_PATH", "/tmp/a:/tmp/b", 1);
+  const auto dirs = PluginRegistry::search_path({"/tmp/c"});
+  ::unsetenv("LOOM_PLUGIN_PATH");
+  ASSERT_EQ(dirs.size(), 4u);
+  EXPECT_EQ(dirs[0].filename(), "plugins");
+  EXPECT_EQ(dirs[1], "/tmp/a");
+  EXPECT_EQ(dirs[2], "/tmp/b");
+  EXPECT_EQ(dirs[3], "/tmp/c");
+  for (const auto& d : dirs) EXPECT_NE(d, fs::current_path());
+}
+
+}  // namespace

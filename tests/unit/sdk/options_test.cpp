@@ -1,0 +1,49 @@
+// The SDK's option parsing, shared by the host's validation and the plugins' factories.
+#include <loom/sdk/options.hpp>
+
+#include <gtest/gtest.h>
+
+using namespace loom::sdk;
+
+TEST(Options, Bytes) {
+  EXPECT_EQ(parse_bytes("4096"), 4096);
+  EXPECT_EQ(parse_bytes("512MiB"), 512LL << 20);
+  EXPECT_EQ(parse_bytes("2GiB"), 2LL << 30);
+  EXPECT_EQ(parse_bytes("2 gib"), 2LL << 30);
+  EXPECT_EQ(parse_bytes("1.5GB"), 1500000000LL);
+  EXPECT_EQ(parse_bytes("64k"), 65536);
+  EXPECT_FALSE(parse_bytes("lots"));
+  EXPECT_FALSE(parse_bytes("-1GiB"));
+  EXPECT_FALSE(parse_bytes("3 parsecs"));
+}
+
+TEST(Options, ScalarsAndLists) {
+  EXPECT_EQ(parse_bool("Yes"), true);
+  EXPECT_EQ(parse_bool("off"), false);
+  EXPECT_FALSE(parse_bool("maybe"));
+  EXPECT_EQ(parse_int(" 42 "), 42);
+  EXPECT_EQ(parse_int("+7"), 7);
+  EXPECT_FALSE(parse_int("4.2"));
+  EXPECT_FALSE(parse_int("12abc"));
+  EXPECT_DOUBLE_EQ(*parse_float("1e-3"), 1e-3);
+  EXPECT_FALSE(parse_float("nan"));
+  EXPECT_FALSE(parse_float("inf"));
+  EXPECT_EQ(parse_list(" a, b ,,c "), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_TRUE(parse_list("").empty());
+  EXPECT_TRUE(is_valid_value(LOOM_OPTION_ENUM, "sgd", "adamw|sgd"));
+  EXPECT_FALSE(is_valid_value(LOOM_OPTION_ENUM, "adam", "adamw|sgd"));
+}
+
+TEST(Options, TypedAccessNamesTheKey) {
+  const Options options({{"n", "3"}, {"flag", "true"}, {"size", "1KiB"}});
+  EXPECT_EQ(options.get_int("n"), 3);
+  EXPECT_TRUE(options.get_bool("flag"));
+  EXPECT_EQ(options.get_bytes("size"), 1024);
+  try {
+    options.get_int("missing");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'missing'"), std::string::npos);
+  }
+  EXPECT_THROW(options.get_bool("n"), Error);
+}
