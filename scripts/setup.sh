@@ -7,8 +7,8 @@
 #     benchmarks) and the Python readers the tests use, into a venv cached outside the
 #     checkout: $LOOM_CACHE (default ~/.cache/loom), so clones and CI runs share it.
 #
-# Idempotent: on a machine where everything is present it only checks, in a few seconds.
-# Prints the venv's path as its last line when called with --print-venv.
+# Idempotent: a second run on the same machine compares a stamp and returns at once; --check
+# looks at every package again. Prints the venv's path as its last line with --print-venv.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -61,9 +61,19 @@ install_venv() {
   echo "$want" > "$LOOM_VENV/.loom-requirements"
 }
 
+# Fast path: nothing changed since the last complete run on this machine.
+stamp="$LOOM_CACHE/setup.stamp"
+want_stamp="$(cat "$here/setup.sh" "$here/requirements.txt" | sha256sum | cut -c1-16) $LOOM_VENV"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ] && [ -x "$LOOM_VENV/bin/python" ] \
+   && [ "${1:-}" != "--check" ]; then
+  [ "${1:-}" = "--print-venv" ] && echo "$LOOM_VENV"
+  exit 0
+fi
+
 install_debian_packages
 install_venv
 mkdir -p "$CCACHE_DIR"
+echo "$want_stamp" > "$stamp"
 if [ "${1:-}" = "--print-venv" ]; then
   echo "$LOOM_VENV"
 fi

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The SDK package, as a plugin author uses it: install the SDK to a temporary prefix, build
+# examples/third_party_plugin there with find_package(LoomSDK), load it with the CLI, and check
+# that the plugin exports only its entry point and needs nothing of the host.
+#   package_test.sh <build dir> <source dir> <loom executable> <Torch_DIR of the build>
+set -euo pipefail
+build="$1" source="$2" loom="$3" torch_dir="$4"
+work="$(mktemp -d "${TMPDIR:-/tmp}/loom-package.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+
+step() { echo "--- $*"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+step "install the SDK to $work/prefix"
+cmake --install "$build" --component sdk --prefix "$work/prefix" >/dev/null
+test -f "$work/prefix/lib/cmake/LoomSDK/LoomSDKConfig.cmake" || fail "no LoomSDKConfig.cmake installed"
+test -f "$work/prefix/include/loom/sdk/abi.h" || fail "no abi.h installed"
+if grep -rlE '#include <(boost|spdlog|fmt|nlohmann)/' "$work/prefix/include"; then
+  fail "an installed SDK header includes Boost, spdlog, fmt or nlohmann-json"
+fi
+
+step "abi.h is plain C"
+echo '#include <loom/sdk/abi.h>
+int main(void) { loom_plugin_descriptor d; (void)d; return 0; }' > "$work/c_check.c"
+cc -std=c11 -Wall -Werror -pedantic -fsyntax-only -I"$work/prefix/include" "$work/c_check.c" || fail "abi.h does not compile as C11"
+
+step "configure and build the example against the installed SDK"
+cmake -S "$source/examples/third_party_plugin" -B "$work/example" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DTorch_DIR="$torch_dir" \
+  -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >"$work/configure.log" 2>&1 \
+  || { cat "$work/configure.log"; fail "configure failed"; }
+cmake --build "$work/example" >"$work/build.log" 2>&1 || { cat "$work/build.log"; fail "build failed"; }
+plugin="$work/example/libloom_model_mlp_classifier.so"
+test -f "$plugin" || fail "no $plugin"
+
+step "the plugin exports only its entry point"
+exported="$(nm -D --defined-only "$plugin" | awk '{print $3}' | sort -u)"
+echo "$exported"
+[ "$exported" = "loom_plugin_entry_v1" ] || fail "exports more than loom_plugin_entry_v1"
+if nm -DC --undefined-only "$plugin" | grep -E 'boost::|spdlog::|fmt::'; then
+  fail "the plugin needs Boost, spdlog or fmt symbols"
+fi
+if readelf -d "$plugin" | grep NEEDED | grep -iE 'boost|spdlog|fmt|loom'; then
+  fail "the plugin links a host library"
+fi
+
+step "the CLI loads and lists it"
+out="$("$loom" plugins --plugin-dir "$work/example")"
+echo "$out"
+echo "$out" | grep -E '^model +mlp_classifier +1\.0\.0 +libloom_model_mlp_classifier\.so' >/dev/null \
+  || fail "loom plugins does not list mlp_classifier"
+"$loom" plugins inspect "$plugin" | grep -q "status: *accepted" || fail "inspect does not accept it"
+echo "package test passed"
