@@ -10,3 +10,7 @@ LOOM_BUILD_DIR="${LOOM_BUILD_DIR:-$LOOM_ROOT/build}"
 export CCACHE_DIR="${CCACHE_DIR:-$LOOM_CACHE/ccache}"
 export LOOM_ROOT LOOM_CACHE LOOM_PYTHON LOOM_VENV LOOM_BUILD_DIR
 unset _loom_torch _loom_py
+# Clones in different folders share the compiler cache: paths under the checkout are hashed
+# relative to it.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$LOOM_ROOT}"
+export CCACHE_NOHASHDIR=1
