@@ -7,6 +7,19 @@ namespace loom::cli {
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
+      {"train", "train a model (default: the lightweight transformer on Fashion-MNIST)",
+       "loom train [-c FILE]... [--set section.key=value]... [--resume auto]", true,
+       [](po::options_description& d) {
+         d.add_options()("resume", po::value<std::string>()->value_name("auto"),
+                         "auto: continue the newest checkpoint of the run (of the newest run without --set trainer.name)");
+       },
+       cmd_train},
+      {"eval", "evaluate a checkpoint on the test split", "loom eval --checkpoint PATH [-c FILE] [--set ...]", true,
+       [](po::options_description& d) {
+         d.add_options()("checkpoint", po::value<std::string>()->value_name("PATH"),
+                         "a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
+       },
+       cmd_eval},
       {"plugins", "list the loaded components and the refused plugin files",
        "loom plugins [inspect FILE]", false, nullptr, cmd_plugins},
       {"config", "show the merged run configuration and where each value comes from",

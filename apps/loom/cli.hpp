@@ -41,5 +41,7 @@ void scan_plugins(core::PluginRegistry& registry, const po::variables_map& optio
 
 int cmd_plugins(const Invocation& invocation);
 int cmd_config(const Invocation& invocation);
+int cmd_train(const Invocation& invocation);
+int cmd_eval(const Invocation& invocation);
 
 }  // namespace loom::cli

@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/core/trainer.hpp>
 
 #include <iostream>
 
@@ -13,8 +14,10 @@ int cmd_config(const Invocation& invocation) {
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   const core::Config config = config_from(invocation.options);
-  const core::Schema schema = core::run_schema(config, registry);
-  const core::Resolved resolved = core::validate(config, schema);
+  const core::Resolved resolved = core::resolve_run(config, registry);
+  core::Config resolved_config;
+  for (const auto& [key, value] : resolved) resolved_config.set(key, value.value, value.origin);
+  const core::Schema schema = core::run_schema(resolved_config, registry);
   std::cout << core::format_resolved(resolved, schema);
   return 0;
 }

@@ -5,6 +5,8 @@
 #include <loom/core/text.hpp>
 #include <loom/sdk/version.hpp>
 
+#include <c10/util/Exception.h>
+
 #include <cstring>
 #include <iostream>
 
@@ -116,6 +118,10 @@ int main(int argc, char** argv) {
   try {
     loom::core::init_logging(invocation.options["log-level"].as<std::string>());
     return command->run(invocation);
+  } catch (const c10::Error& e) {
+    // LibTorch's own errors carry a C++ backtrace in what(); the message is what users need.
+    loom::core::log::error(e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     loom::core::log::error(e.what());
     return 1;

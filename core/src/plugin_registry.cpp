@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <cstring>
 #include <set>
 #include <sstream>
@@ -83,6 +84,17 @@ struct Refused {
 
 [[noreturn]] void refuse_now(std::string stage, std::string reason, std::string hint = {}) {
   throw Refused{std::move(stage), std::move(reason), std::move(hint)};
+}
+
+/// Every library the loader opened, kept until the process ends. Exceptions, tensors (their
+/// deleters), autograd nodes and LibTorch registrations may point into a plugin long after the
+/// registry and every component are gone, so nothing is ever unloaded. Deliberately leaked:
+/// no destructor runs at exit, so no dlclose either.
+void keep_loaded(std::shared_ptr<boost::dll::shared_library> library) {
+  static auto* libraries = new std::vector<std::shared_ptr<boost::dll::shared_library>>();
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  libraries->push_back(std::move(library));
 }
 
 /// Where this executable lives (for the plugin folder beside it).
@@ -258,6 +270,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
                  "an undefined symbol usually means the plugin was built against another "
                  "LibTorch: " + std::string(kRebuildHint));
     }
+    keep_loaded(library);
     if (!library->has(LOOM_ENTRY_SYMBOL))
       refuse_now("load", "no entry symbol " LOOM_ENTRY_SYMBOL " is exported",
                  "a Loom plugin ends with LOOM_PLUGIN(...) and is built with loom_add_plugin()");

@@ -21,6 +21,8 @@
 #include <loom/sdk/log.hpp>
 #include <loom/sdk/options.hpp>
 
+#include <c10/util/Exception.h>
+
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -44,6 +46,8 @@ void* create(const loom_create_args* args, loom_error* error) noexcept {
     const Options options(args);
     Interface* object = new T(options);
     return static_cast<void*>(object);
+  } catch (const c10::Error& e) {
+    write_error(error, e.what_without_backtrace());
   } catch (const std::exception& e) {
     write_error(error, e.what());
   } catch (...) {

@@ -1,0 +1,81 @@
+// `loom train`: build the run from its configuration and train it; `loom eval`: evaluate a
+// checkpoint on the test split.
+#include "cli.hpp"
+
+#include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/metrics.hpp>
+#include <loom/core/text.hpp>
+#include <loom/core/trainer.hpp>
+
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace loom::cli {
+
+namespace {
+
+std::string percent(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f %%", 100.0 * v);
+  return b;
+}
+
+std::string eval_line(const core::EvalResult& e) {
+  std::string line;
+  for (const auto& [k, v] : e.metrics) line += k + " " + (k == "accuracy" ? percent(v) : std::to_string(v)) + ", ";
+  char loss[48];
+  std::snprintf(loss, sizeof loss, "loss %.4f", e.loss);
+  return line + loss + " on " + std::to_string(e.samples) + " test samples";
+}
+
+}  // namespace
+
+int cmd_train(const Invocation& invocation) {
+  if (!invocation.args.empty())
+    throw Error("loom train takes no positional arguments (got '" + invocation.args[0] +
+                "'); configuration files go after -c");
+  core::PluginRegistry registry;
+  scan_plugins(registry, invocation.options);
+  core::Config config = config_from(invocation.options);
+  if (invocation.options.count("resume")) config.set("trainer.resume", invocation.options["resume"].as<std::string>(), {"--resume", {}, 0});
+  const core::Resolved resolved = core::resolve_run(config, registry);
+  core::Trainer trainer(resolved, registry);
+  trainer.setup();
+  const core::TrainSummary s = trainer.train();
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);
+  core::log::info("done      ", s.steps, " steps in ", core::format_duration(s.seconds), " of training, ", rate,
+                  s.final_eval ? "; " + eval_line(*s.final_eval) : std::string());
+  core::log::info("memory    peak ", core::format_bytes(s.peak_memory), trainer.device().is_cpu() ? " resident" : " allocated on the device");
+  const fs::path run = s.run_dir;
+  core::log::info("files     ", (run / "checkpoints").string(), " (step folders, best_", trainer.options().best_metric,
+                  ".safetensors), ", (run / "metrics.jsonl").string(), ", ", (run / "tensorboard").string(),
+                  " (tensorboard --logdir ", run.string(), ")");
+  return 0;
+}
+
+int cmd_eval(const Invocation& invocation) {
+  if (!invocation.options.count("checkpoint"))
+    throw Error("loom eval needs --checkpoint PATH: a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
+  const fs::path checkpoint = invocation.options["checkpoint"].as<std::string>();
+  if (!fs::exists(checkpoint)) throw Error("--checkpoint " + checkpoint.string() + ": no such file or folder");
+  core::PluginRegistry registry;
+  scan_plugins(registry, invocation.options);
+  // The model and data the checkpoint was trained with, then the user's files and flags.
+  core::Config config;
+  for (const auto& [key, value] : core::checkpoint_run_config(checkpoint))
+    config.set(key, value, core::Origin{"checkpoint", {}, 0});
+  const core::Config user = config_from(invocation.options);
+  for (const auto& [key, value] : user.values()) config.set(key, value.value, value.origin);
+  const core::Resolved resolved = core::resolve_run(config, registry);
+  core::Trainer trainer(resolved, registry);
+  trainer.setup_for_evaluation();
+  trainer.load_weights(checkpoint);
+  const core::EvalResult e = trainer.evaluate();
+  core::log::info(checkpoint.string(), ": ", eval_line(e), " (", core::format_duration(e.seconds), ")");
+  return 0;
+}
+
+}  // namespace loom::cli

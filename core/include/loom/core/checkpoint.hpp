@@ -1,0 +1,58 @@
+// Checkpoints: one folder per saved step, <run>/checkpoints/step_00000300/, holding
+//   model.safetensors      the module's parameters and buffers
+//   optimizer.safetensors  optimizer state, precision state (loss scale), RNG states
+//   state.json             step, loader position, plan, schedule, precision manifest, the model's
+//                          and data's configuration, metrics
+// A folder is written as .step_00000300.tmp, every file fsynced, then renamed into place, so a
+// folder named step_* is always complete: a run killed at any moment loses only the step in
+// progress. The best model by a chosen metric is kept beside them as best_<metric>.safetensors.
+#pragma once
+
+#include <loom/sdk/types.hpp>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::core {
+
+struct Checkpoint {
+  std::filesystem::path dir;
+  sdk::TensorMap model;
+  sdk::TensorMap extra;  ///< optimizer.safetensors
+  std::string state_json;
+};
+
+class CheckpointStore {
+ public:
+  explicit CheckpointStore(std::filesystem::path run_dir);
+
+  const std::filesystem::path& dir() const { return dir_; }
+
+  /// Writes step `step` atomically; then keeps only the newest `keep_last` step folders.
+  std::filesystem::path save(int64_t step, const sdk::TensorMap& model, const sdk::TensorMap& extra,
+                             const std::string& state_json, int64_t keep_last);
+
+  /// Writes best_<metric>.safetensors: model tensors, with the step, the value and `metadata`
+  /// (the model's and data's configuration) in the file's metadata.
+  std::filesystem::path save_best(const std::string& metric, double value, int64_t step, const sdk::TensorMap& model,
+                                  sdk::TextMap metadata);
+
+  /// The value of the best checkpoint so far, if any.
+  std::optional<double> best_value(const std::string& metric) const;
+
+  /// Complete step folders, oldest first.
+  std::vector<std::filesystem::path> list() const;
+
+  /// Reads a checkpoint folder. Throws loom::Error naming the file and the problem.
+  static Checkpoint load(const std::filesystem::path& dir);
+
+ private:
+  std::filesystem::path dir_;
+};
+
+/// The step folder name for a step: step_00000300.
+std::string step_dir_name(int64_t step);
+
+}  // namespace loom::core

@@ -1,0 +1,191 @@
+// The trainer: builds a run from its validated configuration and the loaded plugins, then runs
+// the step loop (data flow in DESIGN.md, "The run").
+//
+// Build steps, in order, each a method so tests can run a part: parallel strategy (device) ->
+// dataset -> model -> precision -> plan -> optimizer -> loaders -> run folder and resume. Then
+// per optimizer step:
+//   for each of `accumulation` micro-batches: forward (precision guard) -> loss sum -> backward
+//   -> sync gradients and counts across ranks -> divide by the global count -> unscale -> clip
+//   -> step (skipped on non-finite gradients) -> schedule -> metrics
+// The step's state (loader position, RNG, step counter) is explicit (StepState), so a step can
+// be replayed from where it started and a checkpoint restores it exactly.
+#pragma once
+
+#include <loom/core/config.hpp>
+#include <loom/core/loader.hpp>
+#include <loom/core/plugin_registry.hpp>
+
+#include <loom/sdk/dataset.hpp>
+#include <loom/sdk/memory_policy.hpp>
+#include <loom/sdk/model.hpp>
+#include <loom/sdk/parallel.hpp>
+#include <loom/sdk/precision.hpp>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::core {
+
+class CheckpointStore;
+class MetricsWriter;
+class Optimizer;
+
+/// The [trainer] and [data] loader settings, read once from the resolved configuration.
+struct TrainerOptions {
+  std::string name, work_dir, device;
+  int64_t seed = 0, epochs = 1, max_steps = 0, batch_size = 128, accumulation = 1;
+  std::string optimizer = "adamw";
+  double lr = 1e-3, weight_decay = 0.05, momentum = 0.9, beta1 = 0.9, beta2 = 0.999, clip_grad_norm = 1.0;
+  bool use_scheduler = false;
+  double warmup_ratio = 0.05, min_lr_ratio = 0.0;
+  int64_t reference_batch = 0;
+  int64_t eval_every = 0, log_every = 10, checkpoint_every = 0, keep_last = 3;
+  std::string best_metric = "accuracy";
+  std::string resume = "none", resume_from;
+  bool allow_precision_change = false;
+  int64_t num_workers = 2, prefetch = 2;
+  bool pin_memory = true, shuffle = true;
+
+  static TrainerOptions from(const Resolved& config);
+};
+
+struct StepResult {
+  int64_t step = 0;      ///< the step just taken (1-based)
+  double loss = 0;       ///< mean loss over the global batch
+  double lr = 0;
+  double grad_norm = 0;
+  bool skipped = false;  ///< non-finite gradients: no update
+  int64_t samples = 0;
+  std::map<std::string, double> metrics;  ///< e.g. accuracy of the batch
+};
+
+struct EvalResult {
+  double loss = 0;
+  std::map<std::string, double> metrics;  ///< accuracy, ...
+  int64_t samples = 0;
+  double seconds = 0;
+};
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double seconds = 0;             ///< training time, evaluation excluded
+  double samples_per_second = 0;
+  std::optional<EvalResult> final_eval;
+  int64_t peak_memory = -1;       ///< bytes: device peak on CUDA, peak resident set on CPU
+  std::filesystem::path run_dir;
+};
+
+/// Where a step starts: enough to replay it, or to resume there.
+struct StepState {
+  int64_t step = 0;
+  Loader::Position loader;
+  at::Tensor cpu_rng;
+  at::Tensor device_rng;
+};
+
+class Trainer {
+ public:
+  /// `config` is the validated configuration (validate(run_schema(...))); `registry` provides
+  /// the components and must outlive the trainer.
+  Trainer(Resolved config, const PluginRegistry& registry);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// Runs every build step and the resume, and logs the start-up report.
+  void setup();
+
+  /// The build steps evaluation needs (no optimizer, no run folder).
+  void setup_for_evaluation();
+
+  /// Loads only the model's weights from a checkpoint folder or a best_<metric>.safetensors file.
+  void load_weights(const std::filesystem::path& checkpoint);
+
+  /// Trains to the end (max_steps or epochs), evaluating, checkpointing and reporting.
+  TrainSummary train();
+
+  /// One optimizer step.
+  StepResult train_step();
+
+  /// Evaluates on the test split.
+  EvalResult evaluate();
+
+  /// Saves a checkpoint of the current step; returns its folder.
+  std::filesystem::path save_checkpoint();
+
+  /// Restores a checkpoint folder (model, optimizer, precision, RNG, loader, step), after
+  /// checking that it fits this run (model configuration, precision manifest).
+  void load_checkpoint(const std::filesystem::path& dir);
+
+  StepState capture() const;
+  void restore(const StepState& state);
+
+  int64_t step() const { return step_; }
+  int64_t total_steps() const { return total_steps_; }
+  const sdk::BatchPlan& plan() const { return plan_; }
+  c10::Device device() const { return device_; }
+  sdk::Model& model() { return *model_; }
+  const std::filesystem::path& run_dir() const { return run_dir_; }
+  const TrainerOptions& options() const { return options_; }
+
+ private:
+  void build_parallel();
+  void build_data();
+  void build_model();
+  void build_precision();
+  void build_plan();
+  void build_optimizer();
+  void build_loaders();
+  void open_run();
+
+  double current_lr() const;
+  std::string state_json(const std::map<std::string, double>& metrics) const;
+  sdk::TensorMap model_tensors() const;
+  void restore_model(const sdk::TensorMap& tensors, const std::string& what);
+  void check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved_config,
+                          const std::string& what) const;
+  std::map<std::string, std::string> section(const std::string& name) const;
+  void report_startup() const;
+
+  Resolved config_;
+  const PluginRegistry& registry_;
+  TrainerOptions options_;
+
+  std::shared_ptr<sdk::ParallelStrategy> parallel_;
+  std::shared_ptr<sdk::Dataset> dataset_;
+  std::shared_ptr<sdk::Model> model_;
+  std::shared_ptr<sdk::PrecisionStrategy> precision_;
+  std::vector<std::shared_ptr<sdk::MemoryPolicy>> memory_policies_;
+  sdk::DataSpec data_spec_;
+  c10::Device device_{c10::kCPU};
+
+  sdk::BatchPlan plan_;
+  double base_lr_ = 0;
+  int64_t total_steps_ = 0;
+  int64_t step_ = 0;
+  int64_t skipped_steps_ = 0;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Loader> train_loader_, eval_loader_;
+  std::filesystem::path run_dir_;
+  std::unique_ptr<CheckpointStore> checkpoints_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  int64_t resumed_at_ = -1;
+};
+
+/// Reads the run's configuration into its final form: resolves automatic choices
+/// (precision.name = auto: AMP on a GPU, fp32 on CPU; --memory-fraction adds the fraction_cap
+/// policy) and validates every key against the core's and the chosen components' schemas.
+Resolved resolve_run(Config config, const PluginRegistry& registry);
+
+/// The model's and data's configuration a checkpoint was trained with (from a step folder's
+/// state.json or a best_<metric>.safetensors file's metadata), as config keys ("model.d_model").
+std::map<std::string, std::string> checkpoint_run_config(const std::filesystem::path& checkpoint);
+
+/// Peak resident memory of this process, in bytes.
+int64_t peak_resident_bytes();
+
+}  // namespace loom::core

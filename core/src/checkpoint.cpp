@@ -1,0 +1,99 @@
+// Checkpoint folders. See checkpoint.hpp.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/safetensors.hpp>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace fs = std::filesystem;
+
+namespace loom::core {
+
+std::string step_dir_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+CheckpointStore::CheckpointStore(fs::path run_dir) : dir_(std::move(run_dir) / "checkpoints") {
+  fs::create_directories(dir_);
+  // Leftovers of a save that was interrupted.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec))
+    if (entry.path().filename().string().rfind(".step_", 0) == 0) fs::remove_all(entry.path(), ec);
+}
+
+std::vector<fs::path> CheckpointStore::list() const {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0 && fs::exists(entry.path() / "state.json"))
+      out.push_back(entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const sdk::TensorMap& extra,
+                               const std::string& state_json, int64_t keep_last) {
+  const fs::path final_dir = dir_ / step_dir_name(step);
+  const fs::path tmp = dir_ / ("." + step_dir_name(step) + ".tmp");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  save_safetensors(tmp / "model.safetensors", model);
+  save_safetensors(tmp / "optimizer.safetensors", extra);
+  write_file_atomic(tmp / "state.json", state_json);
+  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again (a replayed run)
+  rename_durable(tmp, final_dir);
+  const auto all = list();
+  if (keep_last > 0 && static_cast<int64_t>(all.size()) > keep_last)
+    for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {
+      std::error_code ec;
+      fs::remove_all(all[i], ec);
+    }
+  return final_dir;
+}
+
+fs::path CheckpointStore::save_best(const std::string& metric, double value, int64_t step, const sdk::TensorMap& model,
+                                   sdk::TextMap metadata) {
+  const fs::path path = dir_ / ("best_" + metric + ".safetensors");
+  metadata["metric"] = metric;
+  metadata["value"] = std::to_string(value);
+  metadata["step"] = std::to_string(step);
+  save_safetensors(path, model, metadata);
+  return path;
+}
+
+std::optional<double> CheckpointStore::best_value(const std::string& metric) const {
+  const fs::path path = dir_ / ("best_" + metric + ".safetensors");
+  if (!fs::exists(path)) return std::nullopt;
+  try {
+    // Only the header is needed, but the files are small.
+    sdk::TextMap metadata;
+    load_safetensors(path, &metadata);
+    return std::stod(metadata.at("value"));
+  } catch (const std::exception& e) {
+    log::warn("ignoring ", path.string(), ": ", e.what());
+    return std::nullopt;
+  }
+}
+
+Checkpoint CheckpointStore::load(const fs::path& dir) {
+  if (!fs::is_directory(dir))
+    throw Error("checkpoint " + dir.string() + " is not a folder; pass a step folder such as runs/<name>/checkpoints/step_00000300");
+  for (const char* file : {"state.json", "model.safetensors", "optimizer.safetensors"})
+    if (!fs::exists(dir / file))
+      throw Error("checkpoint " + dir.string() + " has no " + file + "; it is incomplete or not a Loom checkpoint");
+  Checkpoint c;
+  c.dir = dir;
+  c.model = load_safetensors(dir / "model.safetensors");
+  c.extra = load_safetensors(dir / "optimizer.safetensors");
+  c.state_json = read_file(dir / "state.json");
+  return c;
+}
+
+}  // namespace loom::core

@@ -1,0 +1,177 @@
+// The data loader. See loader.hpp.
+#include <loom/core/error.hpp>
+#include <loom/core/loader.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <ATen/ops/randperm.h>
+
+#include <numeric>
+
+namespace loom::core {
+
+Loader::Loader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options options)
+    : dataset_(std::move(dataset)), split_(split), options_(options) {
+  if (options_.micro_batch < 1) throw Error("loader: micro-batch must be at least 1");
+  if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
+    throw Error("loader: rank " + std::to_string(options_.rank) + " outside world of " + std::to_string(options_.world_size));
+  size_ = dataset_->size(split_);
+  if (samples_per_epoch() < (options_.drop_last ? options_.micro_batch : 1))
+    throw Error(std::string("the ") + sdk::split_name(split_) + " split has " + std::to_string(size_) +
+                " samples, too few for one micro-batch of " + std::to_string(options_.micro_batch) +
+                (options_.world_size > 1 ? " on each of " + std::to_string(options_.world_size) + " ranks" : std::string()) +
+                "; lower the batch size");
+  for (int64_t i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_ready_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+int64_t Loader::samples_per_epoch() const { return size_ / options_.world_size; }
+
+int64_t Loader::batches_per_epoch() const {
+  const int64_t n = samples_per_epoch();
+  return options_.drop_last ? n / options_.micro_batch : (n + options_.micro_batch - 1) / options_.micro_batch;
+}
+
+const std::vector<int64_t>& Loader::order(int64_t epoch) {
+  auto it = orders_.find(epoch);
+  if (it != orders_.end()) return it->second;
+  std::vector<int64_t> all(static_cast<size_t>(size_));
+  if (options_.shuffle) {
+    // A permutation that depends on (seed, epoch) only.
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(options_.seed * 1000003ULL + static_cast<uint64_t>(epoch));
+    const at::Tensor perm = at::randperm(size_, gen, at::TensorOptions().dtype(at::kLong));
+    std::memcpy(all.data(), perm.data_ptr<int64_t>(), all.size() * sizeof(int64_t));
+  } else {
+    std::iota(all.begin(), all.end(), int64_t{0});
+  }
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(samples_per_epoch()));
+  for (int64_t i = options_.rank; i < samples_per_epoch() * options_.world_size; i += options_.world_size)
+    mine.push_back(all[static_cast<size_t>(i)]);
+  while (orders_.size() >= 2) orders_.erase(orders_.begin());
+  return orders_[epoch] = std::move(mine);
+}
+
+void Loader::restart() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++generation_;
+  jobs_.clear();
+  results_.clear();
+  errors_.clear();
+  position_after_.clear();
+  planned_ = position_;
+  next_sequence_ = next_to_hand_ = 0;
+}
+
+void Loader::seek(Position position) {
+  position_ = position;
+  restart();
+}
+
+void Loader::set_micro_batch(int64_t micro_batch) {
+  if (micro_batch < 1) throw Error("loader: micro-batch must be at least 1");
+  options_.micro_batch = micro_batch;
+  restart();
+}
+
+void Loader::schedule() {
+  const uint64_t depth = static_cast<uint64_t>(std::max<int64_t>(1, options_.workers * options_.prefetch));
+  const int64_t spe = samples_per_epoch();
+  std::unique_lock<std::mutex> lock(mutex_);
+  bool added = false;
+  while (next_sequence_ - next_to_hand_ < depth) {
+    const int64_t need = options_.drop_last ? options_.micro_batch : 1;
+    if (planned_.offset + need > spe) planned_ = {planned_.epoch + 1, 0};
+    lock.unlock();
+    const std::vector<int64_t>& ord = order(planned_.epoch);
+    const int64_t end = std::min(spe, planned_.offset + options_.micro_batch);
+    std::vector<int64_t> indices(ord.begin() + planned_.offset, ord.begin() + end);
+    lock.lock();
+    planned_.offset = end;
+    position_after_[next_sequence_] = planned_;
+    jobs_.push_back(Job{generation_, next_sequence_, std::move(indices)});
+    ++next_sequence_;
+    added = true;
+    if (threads_.empty()) break;  // synchronous: one at a time
+  }
+  if (added) work_ready_.notify_all();
+}
+
+sdk::Batch Loader::fetch(const std::vector<int64_t>& indices) const {
+  sdk::Batch batch = dataset_->get_batch(split_, indices);
+  if (options_.pin_memory && options_.device.is_cuda())
+    for (auto& [name, t] : batch) t = t.pin_memory();
+  return batch;
+}
+
+sdk::Batch Loader::to_device(sdk::Batch batch) const {
+  if (options_.device.is_cpu()) return batch;
+  const bool non_blocking = options_.pin_memory;
+  for (auto& [name, t] : batch) t = t.to(options_.device, /*non_blocking=*/non_blocking);
+  return batch;
+}
+
+void Loader::worker_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    work_ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (stopping_) return;
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    sdk::Batch batch;
+    std::exception_ptr error;
+    try {
+      batch = fetch(job.indices);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    if (job.generation != generation_) continue;  // planned before a seek: nobody wants it
+    if (error) errors_[job.sequence] = error;
+    else results_[job.sequence] = std::move(batch);
+    result_ready_.notify_all();
+  }
+}
+
+sdk::Batch Loader::next() {
+  schedule();
+  sdk::Batch batch;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t want = next_to_hand_;
+    if (threads_.empty()) {
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      batch = fetch(job.indices);  // an exception propagates as is
+      lock.lock();
+    } else {
+      result_ready_.wait(lock, [&] { return results_.count(want) || errors_.count(want); });
+      if (auto e = errors_.find(want); e != errors_.end()) {
+        const std::exception_ptr error = e->second;
+        errors_.erase(e);
+        lock.unlock();
+        restart();  // the batch is not consumed: a retry fetches it again
+        std::rethrow_exception(error);
+      }
+      batch = std::move(results_[want]);
+      results_.erase(want);
+    }
+    position_ = position_after_[want];
+    position_after_.erase(want);
+    ++next_to_hand_;
+  }
+  schedule();
+  return to_device(std::move(batch));
+}
+
+}  // namespace loom::core

@@ -1,0 +1,205 @@
+// Metrics: JSON lines, TensorBoard event files (TFRecord framing, hand-encoded protobuf), and the
+// progress line. See metrics.hpp; the event format is in research/libtorch-api.md section 13.
+#include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/metrics.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace loom::core {
+
+namespace {
+
+const std::array<uint32_t, 256>& crc_table() {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  return table;
+}
+
+uint32_t masked_crc(const void* data, size_t size) {
+  const uint32_t crc = crc32c(data, size);
+  return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+template <class T>
+void put_le(std::string& out, T v) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &v, sizeof(T));
+  out.append(bytes, sizeof(T));
+}
+
+void put_bytes_field(std::string& out, int field, const std::string& bytes) {
+  put_varint(out, static_cast<uint64_t>(field) << 3 | 2);
+  put_varint(out, bytes.size());
+  out += bytes;
+}
+
+std::string event_header(int64_t step) {
+  std::string e;
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  e.push_back(0x09);  // wall_time, field 1, fixed64
+  put_le(e, now);
+  e.push_back(0x10);  // step, field 2, varint
+  put_varint(e, static_cast<uint64_t>(step));
+  return e;
+}
+
+std::string hostname() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
+  const auto& table = crc_table();
+  crc = ~crc;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+EventFileWriter::EventFileWriter(const fs::path& dir) {
+  fs::create_directories(dir);
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::system_clock::now().time_since_epoch()).count();
+  // Unique even when two writers start within the same second (a resumed run).
+  fs::path p;
+  for (int i = 0;; ++i) {
+    p = dir / ("events.out.tfevents." + std::to_string(seconds) + "." + hostname() + (i ? "." + std::to_string(i) : ""));
+    if (!fs::exists(p)) break;
+  }
+  path_ = p;
+  out_.open(path_, std::ios::binary | std::ios::app);
+  if (!out_) throw Error("cannot create the TensorBoard file " + path_.string());
+  std::string e = event_header(0);
+  put_bytes_field(e, 3, "brain.Event:2");  // file_version
+  write_event(e);
+}
+
+void EventFileWriter::write_event(const std::string& event) {
+  std::string record;
+  const uint64_t length = event.size();
+  put_le(record, length);
+  put_le(record, masked_crc(&length, sizeof length));
+  record += event;
+  put_le(record, masked_crc(event.data(), event.size()));
+  out_.write(record.data(), static_cast<std::streamsize>(record.size()));
+  out_.flush();
+}
+
+void EventFileWriter::purge_from(int64_t step) {
+  std::string e = event_header(step);
+  std::string session_log;
+  session_log.push_back(0x08);  // status, field 1, varint
+  put_varint(session_log, 1);   // START
+  put_bytes_field(e, 6, session_log);
+  write_event(e);
+}
+
+void EventFileWriter::scalar(const std::string& tag, int64_t step, double value) {
+  std::string v;
+  put_bytes_field(v, 1, tag);  // Value.tag
+  v.push_back(0x15);           // Value.simple_value, field 2, fixed32
+  put_le(v, static_cast<float>(value));
+  std::string summary;
+  put_bytes_field(summary, 1, v);  // Summary.value
+  std::string e = event_header(step);
+  put_bytes_field(e, 5, summary);  // Event.summary
+  write_event(e);
+}
+
+void EventFileWriter::flush() { out_.flush(); }
+
+MetricsWriter::MetricsWriter(const fs::path& run_dir, int64_t resume_step)
+    : jsonl_path_(run_dir / "metrics.jsonl"), tb_dir_(run_dir / "tensorboard"), events_(tb_dir_) {
+  if (resume_step >= 0 && fs::exists(jsonl_path_)) {
+    // Keep what the interrupted run wrote up to the checkpoint; a torn last line is dropped.
+    std::istringstream in(read_file(jsonl_path_));
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      try {
+        const auto j = nlohmann::json::parse(line);
+        if (j.value("step", int64_t{0}) <= resume_step) kept += line + "\n";
+      } catch (const std::exception&) {
+      }
+    }
+    write_file_atomic(jsonl_path_, kept);
+    events_.purge_from(resume_step + 1);
+  }
+  jsonl_.open(jsonl_path_, std::ios::app);
+  if (!jsonl_) throw Error("cannot write " + jsonl_path_.string());
+}
+
+void MetricsWriter::write(int64_t step, const std::map<std::string, double>& values) {
+  nlohmann::ordered_json j;
+  j["step"] = step;
+  for (const auto& [k, v] : values) {
+    j[k] = std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+    events_.scalar(k, step, v);
+  }
+  jsonl_ << j.dump() << "\n";
+  jsonl_.flush();
+}
+
+Progress::Progress(int64_t total_steps) : total_(total_steps), tty_(::isatty(STDERR_FILENO) != 0) {}
+
+void Progress::update(int64_t step, const std::string& fields) {
+  const std::string width = std::to_string(std::to_string(total_).size());
+  char head[64];
+  std::snprintf(head, sizeof head, ("step %" + width + "lld/%lld").c_str(), static_cast<long long>(step),
+                static_cast<long long>(total_));
+  if (tty_) {
+    std::cerr << "\r\033[2K" << head << " | " << fields << std::flush;
+    live_ = true;
+    return;
+  }
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (now - last_plain_ < 5.0 && step != total_) return;
+  last_plain_ = now;
+  std::cerr << head << " | " << fields << "\n" << std::flush;
+}
+
+void Progress::finish() {
+  if (live_) std::cerr << "\n" << std::flush;
+  live_ = false;
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  char buffer[32];
+  if (s >= 3600) std::snprintf(buffer, sizeof buffer, "%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s / 60 % 60));
+  else if (s >= 60) std::snprintf(buffer, sizeof buffer, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  else std::snprintf(buffer, sizeof buffer, "%llds", static_cast<long long>(s));
+  return buffer;
+}
+
+}  // namespace loom::core

@@ -1,0 +1,844 @@
+// The trainer. See trainer.hpp for the shape of a run and of a step.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/metrics.hpp>
+#include <loom/core/optimizer.hpp>
+#include <loom/core/safetensors.hpp>
+#include <loom/core/text.hpp>
+#include <loom/core/trainer.hpp>
+
+#include <loom/sdk/compat.hpp>
+#include <loom/sdk/options.hpp>
+#include <loom/sdk/version.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <torch/cuda.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace loom::core {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+const std::string& value_of(const Resolved& config, const std::string& key) {
+  auto it = config.find(key);
+  if (it == config.end()) throw Error("internal: configuration key '" + key + "' was not resolved");
+  return it->second.value;
+}
+
+int64_t int_of(const Resolved& c, const std::string& key) { return *sdk::parse_int(value_of(c, key)); }
+double float_of(const Resolved& c, const std::string& key) { return *sdk::parse_float(value_of(c, key)); }
+bool bool_of(const Resolved& c, const std::string& key) { return *sdk::parse_bool(value_of(c, key)); }
+
+int64_t resident_bytes() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE);
+}
+
+/// Memory the run uses now, for the progress line: allocated device memory on CUDA, the
+/// resident set on CPU.
+int64_t memory_in_use(const c10::Device& device) {
+  if (device.is_cuda()) return static_cast<int64_t>(at::accelerator::getDeviceStats(device.index()).allocated_bytes[0].current);
+  return resident_bytes();
+}
+
+int64_t memory_peak(const c10::Device& device) {
+  if (device.is_cuda()) return static_cast<int64_t>(at::accelerator::getDeviceStats(device.index()).allocated_bytes[0].peak);
+  return peak_resident_bytes();
+}
+
+std::string default_run_name() {
+  const std::time_t now = std::time(nullptr);
+  char buffer[32];
+  std::strftime(buffer, sizeof buffer, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return buffer;
+}
+
+std::string format_count(int64_t n) {
+  std::string s = std::to_string(n), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s.empty() ? "scalar" : s;
+}
+
+/// The default generators are handles: a copy shares the generator's state.
+at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
+at::Generator device_generator(const c10::Device& device) { return at::accelerator::getDefaultGenerator(device.index()); }
+
+}  // namespace
+
+int64_t peak_resident_bytes() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+TrainerOptions TrainerOptions::from(const Resolved& c) {
+  TrainerOptions o;
+  o.name = value_of(c, "trainer.name");
+  o.work_dir = value_of(c, "trainer.work_dir");
+  o.device = value_of(c, "trainer.device");
+  o.seed = int_of(c, "trainer.seed");
+  o.epochs = int_of(c, "trainer.epochs");
+  o.max_steps = int_of(c, "trainer.max_steps");
+  o.batch_size = int_of(c, "trainer.batch_size");
+  o.accumulation = int_of(c, "trainer.gradient_accumulation_steps");
+  o.optimizer = value_of(c, "trainer.optimizer");
+  o.lr = float_of(c, "trainer.lr");
+  o.weight_decay = float_of(c, "trainer.weight_decay");
+  o.momentum = float_of(c, "trainer.momentum");
+  o.beta1 = float_of(c, "trainer.beta1");
+  o.beta2 = float_of(c, "trainer.beta2");
+  o.clip_grad_norm = float_of(c, "trainer.clip_grad_norm");
+  o.use_scheduler = bool_of(c, "trainer.use_scheduler");
+  o.warmup_ratio = float_of(c, "trainer.warmup_ratio");
+  o.min_lr_ratio = float_of(c, "trainer.min_lr_ratio");
+  o.reference_batch = int_of(c, "trainer.reference_batch");
+  o.eval_every = int_of(c, "trainer.eval_every");
+  o.log_every = int_of(c, "trainer.log_every");
+  o.checkpoint_every = int_of(c, "trainer.checkpoint_every");
+  o.keep_last = int_of(c, "trainer.keep_last");
+  o.best_metric = value_of(c, "trainer.best_metric");
+  o.resume = value_of(c, "trainer.resume");
+  o.resume_from = value_of(c, "trainer.resume_from");
+  o.allow_precision_change = bool_of(c, "precision.allow_precision_change");
+  o.num_workers = int_of(c, "data.num_workers");
+  o.prefetch = int_of(c, "data.prefetch");
+  o.pin_memory = bool_of(c, "data.pin_memory");
+  o.shuffle = bool_of(c, "data.shuffle");
+
+  auto positive = [](const char* key, int64_t v) {
+    if (v < 1) throw Error(std::string(key) + " = " + std::to_string(v) + " must be at least 1");
+  };
+  positive("trainer.batch_size", o.batch_size);
+  positive("trainer.gradient_accumulation_steps", o.accumulation);
+  positive("trainer.log_every", o.log_every);
+  if (o.max_steps < 0 || o.epochs < 0 || o.eval_every < 0 || o.checkpoint_every < 0 || o.keep_last < 0 ||
+      o.num_workers < 0 || o.prefetch < 1 || o.reference_batch < 0)
+    throw Error("trainer.max_steps, epochs, eval_every, checkpoint_every, keep_last, reference_batch and "
+                "data.num_workers must be >= 0, data.prefetch >= 1");
+  if (o.max_steps == 0 && o.epochs == 0) throw Error("set trainer.max_steps or trainer.epochs (both are 0)");
+  if (o.lr <= 0) throw Error("trainer.lr = " + std::to_string(o.lr) + " must be positive");
+  if (o.clip_grad_norm < 0) throw Error("trainer.clip_grad_norm must be >= 0 (0 turns clipping off)");
+  if (o.warmup_ratio < 0 || o.warmup_ratio >= 1) throw Error("trainer.warmup_ratio must be in [0, 1)");
+  if (!o.resume_from.empty() && o.resume == "auto")
+    throw Error("trainer.resume = auto and trainer.resume_from are both set; choose one");
+  return o;
+}
+
+// ---- resolving the configuration -------------------------------------------------------------
+
+Resolved resolve_run(Config config, const PluginRegistry& registry) {
+  const Schema core = core_schema();
+  auto get = [&](const std::string& key) {
+    if (auto v = config.get(key)) return *v;
+    return core.find(key)->option.default_value;
+  };
+
+  // precision.name = auto, as the seeds: AMP on by default on a GPU, --no-amp gives fp32.
+  if (get("precision.name") == "auto") {
+    const std::string device = get("trainer.device");
+    const bool cuda = device.rfind("cuda", 0) == 0 || (device == "auto" && torch::cuda::is_available());
+    const bool amp = sdk::parse_bool(get("precision.amp")).value_or(true);
+    const bool tf32 = sdk::parse_bool(get("precision.allow_tf32")).value_or(false);
+    std::string choice = "fp32", why = cuda ? "CUDA device" : "CPU";
+    if (cuda && amp) {
+      choice = "fp16_amp";
+      why += ", AMP on by default (precision.amp=false or --no-amp for float32)";
+    } else if (tf32) {
+      choice = "tf32";
+      why += ", allow_tf32";
+    }
+    if (!registry.find(LOOM_KIND_PRECISION, choice)) {
+      log::warn("precision '", choice, "' is not loaded; using fp32");
+      choice = "fp32";
+    }
+    config.set("precision.name", choice, Origin{"auto (" + why + ")", {}, 0});
+  }
+
+  // --memory-fraction / memory.fraction asks for the fraction_cap policy.
+  if (config.find("memory.fraction")) {
+    auto policies = sdk::parse_list(get("memory.policies"));
+    if (std::find(policies.begin(), policies.end(), "fraction_cap") == policies.end()) {
+      policies.insert(policies.begin(), "fraction_cap");
+      config.set("memory.policies", join(policies, ", "), Origin{"auto (memory.fraction is set)", {}, 0});
+    }
+  }
+
+  return validate(config, run_schema(config, registry));
+}
+
+// ---- building --------------------------------------------------------------------------------
+
+Trainer::Trainer(Resolved config, const PluginRegistry& registry)
+    : config_(std::move(config)), registry_(registry), options_(TrainerOptions::from(config_)) {}
+
+Trainer::~Trainer() {
+  train_loader_.reset();
+  eval_loader_.reset();
+  if (parallel_) {
+    try {
+      parallel_->teardown();
+    } catch (const std::exception& e) {
+      log::warn("parallel teardown: ", e.what());
+    }
+  }
+}
+
+std::map<std::string, std::string> Trainer::section(const std::string& name) const {
+  std::map<std::string, std::string> out;
+  const std::string prefix = name + ".";
+  for (const auto& [key, value] : config_)
+    if (key.rfind(prefix, 0) == 0) out[key.substr(prefix.size())] = value.value;
+  return out;
+}
+
+namespace {
+/// A component's own options from its section (the section also holds core keys such as name).
+std::map<std::string, std::string> component_values(const Resolved& config, const std::string& section,
+                                                    const ComponentInfo& info) {
+  return section_values(config, section, info.options);
+}
+}  // namespace
+
+void Trainer::setup() {
+  at::manual_seed(static_cast<uint64_t>(options_.seed));
+  build_parallel();
+  build_data();
+  build_model();
+  build_precision();
+  build_plan();
+  build_optimizer();
+  build_loaders();
+  open_run();
+  report_startup();
+}
+
+void Trainer::build_parallel() {
+  const std::string name = value_of(config_, "parallel.name");
+  const auto& info = registry_.require(LOOM_KIND_PARALLEL, name);
+  parallel_ = registry_.create<sdk::ParallelStrategy>(name, component_values(config_, "parallel", info));
+  parallel_->setup(options_.device);
+  device_ = parallel_->device();
+  for (const auto& policy : sdk::parse_list(value_of(config_, "memory.policies"))) {
+    const auto& policy_info = registry_.require(LOOM_KIND_MEMORY, policy);
+    memory_policies_.push_back(registry_.create<sdk::MemoryPolicy>(policy, component_values(config_, "memory", policy_info)));
+  }
+}
+
+void Trainer::build_data() {
+  const std::string name = value_of(config_, "data.name");
+  const auto& info = registry_.require(LOOM_KIND_DATASET, name);
+  dataset_ = registry_.create<sdk::Dataset>(name, component_values(config_, "data", info));
+  dataset_->setup();
+  data_spec_ = dataset_->spec();
+}
+
+void Trainer::build_model() {
+  const std::string name = value_of(config_, "model.name");
+  const auto& info = registry_.require(LOOM_KIND_MODEL, name);
+  model_ = registry_.create<sdk::Model>(name, component_values(config_, "model", info));
+  model_->setup(data_spec_);
+  model_->module().to(device_);
+}
+
+void Trainer::build_precision() {
+  const std::string name = value_of(config_, "precision.name");
+  const auto& info = registry_.require(LOOM_KIND_PRECISION, name);
+  precision_ = registry_.create<sdk::PrecisionStrategy>(name, component_values(config_, "precision", info));
+  precision_->setup(device_);
+}
+
+void Trainer::build_plan() {
+  const int64_t world = parallel_->world_size();
+  const int64_t per_step = options_.accumulation * world;
+  if (options_.batch_size % per_step != 0)
+    throw Error("trainer.batch_size " + std::to_string(options_.batch_size) + " is not divisible by " +
+                "gradient_accumulation_steps " + std::to_string(options_.accumulation) + " x world size " +
+                std::to_string(world) + "; the global batch must split evenly into micro-batches");
+  plan_ = sdk::BatchPlan{options_.batch_size / per_step, options_.accumulation, world};
+  // Memory policies may choose or change the micro-batch; the global batch stays.
+  for (auto& policy : memory_policies_) {
+    sdk::PlanContext context;
+    context.plan = plan_;
+    context.global_batch = options_.batch_size;
+    context.global_batch_given = config_.at("trainer.batch_size").origin.source != "default";
+    policy->plan(context);
+    if (context.plan.global() != options_.batch_size)
+      throw Error("memory policy changed the global batch from " + std::to_string(options_.batch_size) + " to " +
+                  std::to_string(context.plan.global()) + "; a policy may only re-split it");
+    if (!(context.plan == plan_))
+      log::info("plan: ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ", plan_.world_size,
+                " -> ", context.plan.micro_batch, " x ", context.plan.accumulation, " x ", context.plan.world_size,
+                " (", policy->describe(), ")");
+    plan_ = context.plan;
+  }
+  base_lr_ = options_.lr;
+  if (options_.reference_batch > 0) {
+    base_lr_ = options_.lr * static_cast<double>(plan_.global()) / static_cast<double>(options_.reference_batch);
+    log::info("linear LR scaling: lr ", options_.lr, " x batch ", plan_.global(), " / reference ", options_.reference_batch,
+              " = ", base_lr_);
+  }
+}
+
+void Trainer::build_optimizer() {
+  ParameterGroup decay, no_decay;
+  decay.weight_decay = options_.weight_decay;
+  for (const auto& item : model_->module().named_parameters()) {
+    if (!item.value().requires_grad()) continue;  // frozen: no gradient, no optimizer state
+    ParameterGroup& g = model_->decays(item.key(), item.value()) ? decay : no_decay;
+    g.names.push_back(item.key());
+    g.params.push_back(item.value());
+  }
+  Optimizer::Options o;
+  o.kind = options_.optimizer;
+  o.lr = base_lr_;
+  o.beta1 = options_.beta1;
+  o.beta2 = options_.beta2;
+  o.momentum = options_.momentum;
+  optimizer_ = std::make_unique<Optimizer>(std::vector<ParameterGroup>{decay, no_decay}, o);
+}
+
+void Trainer::build_loaders() {
+  Loader::Options train;
+  train.micro_batch = plan_.micro_batch;
+  train.shuffle = options_.shuffle;
+  train.drop_last = true;
+  train.seed = static_cast<uint64_t>(options_.seed);
+  train.rank = parallel_->rank();
+  train.world_size = parallel_->world_size();
+  train.workers = options_.num_workers;
+  train.prefetch = options_.prefetch;
+  train.pin_memory = options_.pin_memory;
+  train.device = device_;
+  train_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTrain, train);
+  const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;
+  if (per_epoch < 1 && options_.max_steps == 0)
+    throw Error("one epoch has fewer micro-batches than one optimizer step needs; lower the batch or set trainer.max_steps");
+  total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
+
+  if (dataset_->size(sdk::Split::kTest) > 0) {
+    Loader::Options eval = train;
+    eval.shuffle = false;
+    eval.drop_last = false;
+    eval.workers = std::min<int64_t>(options_.num_workers, 1);
+    eval_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTest, eval);
+  }
+}
+
+void Trainer::open_run() {
+  fs::path work_dir = options_.work_dir;
+  fs::path checkpoint;
+  std::string name = options_.name;
+  if (!options_.resume_from.empty()) {
+    checkpoint = options_.resume_from;
+    if (!fs::exists(checkpoint)) throw Error("trainer.resume_from = " + options_.resume_from + ": no such checkpoint");
+    if (fs::exists(checkpoint / "checkpoints")) {  // a run folder: its newest checkpoint
+      const auto all = CheckpointStore(checkpoint).list();
+      if (all.empty()) throw Error(options_.resume_from + " holds no checkpoint to resume from");
+      checkpoint = all.back();
+    }
+    if (name.empty()) name = checkpoint.parent_path().parent_path().filename().string();
+  } else if (options_.resume == "auto") {
+    if (name.empty() && fs::is_directory(work_dir)) {
+      // The most recent run in the work folder that has a checkpoint.
+      fs::file_time_type newest{};
+      for (const auto& entry : fs::directory_iterator(work_dir)) {
+        const fs::path cp = entry.path() / "checkpoints";
+        if (!fs::is_directory(cp)) continue;
+        const auto all = CheckpointStore(entry.path()).list();
+        if (all.empty()) continue;
+        const auto t = fs::last_write_time(all.back());
+        if (name.empty() || t > newest) {
+          newest = t;
+          name = entry.path().filename().string();
+        }
+      }
+    }
+  }
+  if (name.empty()) name = default_run_name();
+  run_dir_ = work_dir / name;
+  fs::create_directories(run_dir_);
+  checkpoints_ = std::make_unique<CheckpointStore>(run_dir_);
+
+  if (checkpoint.empty() && options_.resume == "auto") {
+    // Newest first; a damaged checkpoint (a disk that filled up, a file edited by hand) is
+    // skipped with a warning in favour of the one before it.
+    auto all = checkpoints_->list();
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      try {
+        load_checkpoint(*it);
+        checkpoint = *it;
+        break;
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("refusing to") != std::string::npos) throw;
+        log::warn("cannot resume from ", it->string(), ": ", e.what(), "; trying an older checkpoint");
+      }
+    }
+    if (checkpoint.empty()) log::info("resume = auto: no checkpoint in ", run_dir_.string(), "; starting fresh");
+  } else if (!checkpoint.empty()) {
+    load_checkpoint(checkpoint);
+  }
+  metrics_ = std::make_unique<MetricsWriter>(run_dir_, resumed_at_);
+  json manifest;
+  for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
+  write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
+}
+
+// ---- checkpoints -----------------------------------------------------------------------------
+
+sdk::TensorMap Trainer::model_tensors() const {
+  sdk::TensorMap out;
+  for (const auto& item : model_->module().named_parameters()) out["param." + item.key()] = item.value();
+  for (const auto& item : model_->module().named_buffers()) out["buffer." + item.key()] = item.value();
+  return out;
+}
+
+std::string Trainer::state_json(const std::map<std::string, double>& metrics) const {
+  json s;
+  s["format"] = 1;
+  s["loom_version"] = LOOM_SDK_VERSION;
+  s["step"] = step_;
+  s["total_steps"] = total_steps_;
+  s["skipped_steps"] = skipped_steps_;
+  const auto position = train_loader_->position();
+  s["loader"] = {{"epoch", position.epoch}, {"offset", position.offset}, {"seed", options_.seed}};
+  s["plan"] = {{"micro_batch", plan_.micro_batch}, {"accumulation", plan_.accumulation}, {"world_size", plan_.world_size}};
+  s["schedule"] = {{"base_lr", base_lr_}, {"cosine", options_.use_scheduler}, {"warmup_ratio", options_.warmup_ratio},
+                   {"min_lr_ratio", options_.min_lr_ratio}, {"step", step_}};
+  const sdk::State optimizer = optimizer_->state_dict();
+  s["optimizer"] = optimizer.text;
+  const sdk::State precision = precision_->state_dict();
+  s["precision"] = {{"name", value_of(config_, "precision.name")}, {"manifest", precision_->manifest()},
+                    {"state", precision.text}};
+  s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
+  s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}};
+  json m = json::object();
+  for (const auto& [k, v] : metrics)
+    if (std::isfinite(v)) m[k] = v;
+  s["metrics"] = m;
+  return s.dump(2) + "\n";
+}
+
+fs::path Trainer::save_checkpoint() {
+  sdk::TensorMap extra;
+  const sdk::State optimizer = optimizer_->state_dict();
+  for (const auto& [k, t] : optimizer.tensors) extra["optimizer." + k] = t;
+  const sdk::State precision = precision_->state_dict();
+  for (const auto& [k, t] : precision.tensors) extra["precision." + k] = t;
+  extra["rng.cpu"] = cpu_generator().get_state();
+  if (device_.is_cuda()) extra["rng.device"] = device_generator(device_).get_state();
+  return checkpoints_->save(step_, model_tensors(), extra, state_json({}), options_.keep_last);
+}
+
+void Trainer::load_checkpoint(const fs::path& dir) {
+  const Checkpoint c = CheckpointStore::load(dir);
+  json s;
+  try {
+    s = json::parse(c.state_json);
+  } catch (const std::exception& e) {
+    throw Error((dir / "state.json").string() + " is not valid JSON (" + e.what() + "); the checkpoint is damaged");
+  }
+  // The checkpoint must fit this run: same model configuration, same precision unless allowed.
+  std::map<std::string, std::string> saved_config;
+  for (const auto& [key, value] : s["model"]["config"].items()) saved_config[key] = value.get<std::string>();
+  check_model_config(s["model"].value("name", ""), saved_config, dir.string());
+  const auto manifest = precision_->manifest();
+  std::vector<std::string> precision_diff;
+  for (const auto& [key, value] : s["precision"]["manifest"].items()) {
+    auto it = manifest.find(key);
+    const std::string mine = it == manifest.end() ? "(none)" : it->second;
+    if (mine != value.get<std::string>())
+      precision_diff.push_back(key + ": checkpoint " + value.get<std::string>() + ", this run " + mine);
+  }
+  if (!precision_diff.empty()) {
+    const std::string what = "the precision differs from the checkpoint's (" + join(precision_diff, "; ") + ")";
+    if (!options_.allow_precision_change)
+      throw Error("refusing to resume from " + dir.string() + ": " + what +
+                  ". Use the checkpoint's precision, or --set precision.allow_precision_change=true");
+    log::warn(what, "; continuing because precision.allow_precision_change is set");
+  }
+
+  restore_model(c.model, dir.string());
+
+  sdk::State optimizer;
+  for (const auto& [k, v] : s["optimizer"].items()) optimizer.text[k] = v.get<std::string>();
+  sdk::State precision;
+  for (const auto& [k, v] : s["precision"]["state"].items()) precision.text[k] = v.get<std::string>();
+  for (const auto& [k, t] : c.extra) {
+    if (k.rfind("optimizer.", 0) == 0) optimizer.tensors[k.substr(10)] = t;
+    else if (k.rfind("precision.", 0) == 0) precision.tensors[k.substr(10)] = t;
+  }
+  optimizer_->load_state_dict(optimizer);
+  precision_->load_state_dict(precision);
+  if (auto it = c.extra.find("rng.cpu"); it != c.extra.end()) cpu_generator().set_state(it->second);
+  if (auto it = c.extra.find("rng.device"); it != c.extra.end() && device_.is_cuda()) device_generator(device_).set_state(it->second);
+
+  step_ = s.value("step", int64_t{0});
+  skipped_steps_ = s.value("skipped_steps", int64_t{0});
+  const sdk::BatchPlan saved{s["plan"].value("micro_batch", int64_t{1}), s["plan"].value("accumulation", int64_t{1}),
+                             s["plan"].value("world_size", int64_t{1})};
+  if (saved.global() != plan_.global())
+    log::warn("the checkpoint was trained with global batch ", saved.global(), ", this run uses ", plan_.global());
+  train_loader_->seek(Loader::Position{s["loader"].value("epoch", int64_t{0}), s["loader"].value("offset", int64_t{0})});
+  resumed_at_ = step_;
+  log::info("resumed from ", dir.string(), " at step ", step_);
+}
+
+void Trainer::check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved,
+                                 const std::string& what) const {
+  std::vector<std::string> differences;
+  const auto mine_all = section("model");
+  if (saved_name != value_of(config_, "model.name")) {
+    differences.push_back("model.name: checkpoint '" + saved_name + "', this run '" + value_of(config_, "model.name") + "'");
+  } else {
+    for (const auto& [key, value] : saved) {
+      auto it = mine_all.find(key);
+      const std::string mine = it == mine_all.end() ? "(unset)" : it->second;
+      if (mine != value) differences.push_back("model." + key + ": checkpoint " + value + ", this run " + mine);
+    }
+  }
+  if (!differences.empty())
+    throw Error("refusing to resume from " + what + ": the model configuration differs (" + join(differences, "; ") +
+                "). Use the checkpoint's model settings, or start a new run");
+}
+
+void Trainer::restore_model(const sdk::TensorMap& tensors, const std::string& what) {
+  at::NoGradGuard no_grad;
+  auto restore_into = [&](const std::string& key, at::Tensor into) {
+    auto it = tensors.find(key);
+    if (it == tensors.end()) throw Error("refusing to load " + what + ": it has no tensor '" + key + "'");
+    if (it->second.sizes() != into.sizes())
+      throw Error("refusing to load " + what + ": tensor '" + key + "' has shape " + c10::str(it->second.sizes()) +
+                  " in the checkpoint, " + c10::str(into.sizes()) + " in this model");
+    into.copy_(it->second);
+  };
+  for (const auto& item : model_->module().named_parameters()) restore_into("param." + item.key(), item.value());
+  for (const auto& item : model_->module().named_buffers()) restore_into("buffer." + item.key(), item.value());
+}
+
+std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpoint) {
+  std::map<std::string, std::string> out;
+  json model, data;
+  if (fs::is_directory(checkpoint)) {
+    const json s = json::parse(read_file(checkpoint / "state.json"));
+    model = s.at("model");
+    data = s.at("data");
+  } else {
+    sdk::TextMap metadata;
+    load_safetensors(checkpoint, &metadata);
+    if (!metadata.count("model") || !metadata.count("data"))
+      throw Error(checkpoint.string() + " carries no model configuration; pass a checkpoint folder or a best_*.safetensors Loom wrote");
+    model = json::parse(metadata.at("model"));
+    data = json::parse(metadata.at("data"));
+  }
+  for (const auto& [key, value] : model.at("config").items()) out["model." + key] = value.get<std::string>();
+  for (const auto& [key, value] : data.at("config").items()) out["data." + key] = value.get<std::string>();
+  return out;
+}
+
+void Trainer::setup_for_evaluation() {
+  at::manual_seed(static_cast<uint64_t>(options_.seed));
+  build_parallel();
+  build_data();
+  build_model();
+  build_precision();
+  build_plan();
+  build_loaders();
+}
+
+void Trainer::load_weights(const fs::path& checkpoint) {
+  if (fs::is_directory(checkpoint)) {
+    const Checkpoint c = CheckpointStore::load(checkpoint);
+    restore_model(c.model, checkpoint.string());
+  } else {
+    restore_model(load_safetensors(checkpoint), checkpoint.string());
+  }
+}
+
+// ---- the step --------------------------------------------------------------------------------
+
+StepState Trainer::capture() const {
+  StepState s;
+  s.step = step_;
+  s.loader = train_loader_->position();
+  s.cpu_rng = cpu_generator().get_state();
+  if (device_.is_cuda()) s.device_rng = device_generator(device_).get_state();
+  return s;
+}
+
+void Trainer::restore(const StepState& s) {
+  step_ = s.step;
+  train_loader_->seek(s.loader);
+  cpu_generator().set_state(s.cpu_rng);
+  if (s.device_rng.defined()) device_generator(device_).set_state(s.device_rng);
+  optimizer_->zero_grad();
+}
+
+double Trainer::current_lr() const {
+  // Skipped steps (non-finite gradients) do not advance the schedule.
+  return learning_rate(base_lr_, step_ - skipped_steps_, total_steps_, options_.use_scheduler, options_.warmup_ratio,
+                       options_.min_lr_ratio);
+}
+
+StepResult Trainer::train_step() {
+  auto& module = model_->module();
+  module.train();
+  optimizer_->zero_grad();
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  std::map<std::string, at::Tensor> metric_sums;
+  for (int64_t micro = 0; micro < plan_.accumulation; ++micro) {
+    const sdk::Batch batch = train_loader_->next();
+    sdk::ModelOutput out;
+    {
+      auto guard = precision_->forward_guard();
+      out = model_->forward(batch, /*train=*/true);
+    }
+    precision_->scale_loss(out.loss_sum).backward();
+    loss_sum.add_(out.loss_sum.detach().to(at::kFloat));
+    count.add_(out.count.detach().to(at::kFloat));
+    for (const auto& [name, value] : out.metrics) {
+      auto& sum = metric_sums[name];
+      sum = sum.defined() ? sum + value.detach().to(at::kFloat) : value.detach().to(at::kFloat);
+    }
+  }
+  // Gradients hold sums over this rank's samples: add up the ranks, then divide by the global
+  // count once, so the update does not depend on how the global batch was split.
+  std::vector<at::Tensor> grads = optimizer_->gradients();
+  std::vector<at::Tensor> totals{loss_sum, count};
+  parallel_->all_reduce_sum(totals);
+  parallel_->all_reduce_sum(grads);
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor inverse = count.clamp_min(1).reciprocal();
+    for (auto& g : grads) g.mul_(inverse);
+  }
+  const bool finite = precision_->unscale_gradients(grads);
+  StepResult result;
+  result.lr = current_lr();
+  if (finite) {
+    result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
+    optimizer_->step(result.lr);
+    ++step_;
+  } else {
+    ++skipped_steps_;
+    result.skipped = true;
+    log::warn("step ", step_ + 1, ": non-finite gradients, update skipped (", skipped_steps_, " skipped so far)");
+    ++step_;
+  }
+  precision_->update(!finite);
+  const double n = count.item<double>();
+  result.step = step_;
+  result.samples = static_cast<int64_t>(n);
+  result.loss = loss_sum.item<double>() / std::max(1.0, n);
+  for (auto& [name, sum] : metric_sums) {
+    std::vector<at::Tensor> one{sum};
+    parallel_->all_reduce_sum(one);
+    const std::string reported = name == "correct" ? "accuracy" : name;
+    result.metrics[reported] = sum.item<double>() / std::max(1.0, n);
+  }
+  return result;
+}
+
+EvalResult Trainer::evaluate() {
+  EvalResult result;
+  if (!eval_loader_) return result;
+  const auto start = Clock::now();
+  auto& module = model_->module();
+  module.eval();
+  at::NoGradGuard no_grad;
+  eval_loader_->seek({0, 0});
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  std::map<std::string, at::Tensor> sums;
+  for (int64_t i = 0; i < eval_loader_->batches_per_epoch(); ++i) {
+    const sdk::Batch batch = eval_loader_->next();
+    sdk::ModelOutput out;
+    {
+      auto guard = precision_->forward_guard();
+      out = model_->forward(batch, /*train=*/false);
+    }
+    loss_sum.add_(out.loss_sum.to(at::kFloat));
+    count.add_(out.count.to(at::kFloat));
+    for (const auto& [name, value] : out.metrics) {
+      auto& sum = sums[name];
+      sum = sum.defined() ? sum + value.to(at::kFloat) : value.to(at::kFloat);
+    }
+  }
+  std::vector<at::Tensor> totals{loss_sum, count};
+  for (auto& [name, sum] : sums) totals.push_back(sum);
+  parallel_->all_reduce_sum(totals);
+  const double n = std::max(1.0, count.item<double>());
+  result.samples = static_cast<int64_t>(count.item<double>());
+  result.loss = loss_sum.item<double>() / n;
+  for (auto& [name, sum] : sums) result.metrics[name == "correct" ? "accuracy" : name] = sum.item<double>() / n;
+  result.seconds = seconds_since(start);
+  module.train();
+  return result;
+}
+
+// ---- the loop --------------------------------------------------------------------------------
+
+TrainSummary Trainer::train() {
+  TrainSummary summary;
+  summary.run_dir = run_dir_;
+  const int64_t per_epoch = std::max<int64_t>(1, train_loader_->batches_per_epoch() / plan_.accumulation);
+  const int64_t eval_every = options_.eval_every > 0 ? options_.eval_every : per_epoch;
+  const int64_t checkpoint_every = options_.checkpoint_every > 0 ? options_.checkpoint_every : eval_every;
+  std::optional<double> best = checkpoints_->best_value(options_.best_metric);
+  Progress progress(total_steps_);
+  const int64_t first_step = step_;
+  double train_seconds = 0;
+  double window_seconds = 0, window_loss = 0;
+  int64_t window_steps = 0, window_samples = 0;
+  std::map<std::string, double> window_metrics;
+  std::optional<EvalResult> last_eval;
+
+  auto checkpoint = [&](const std::map<std::string, double>& metrics) {
+    progress.finish();
+    const auto dir = save_checkpoint();
+    log::debug("checkpoint ", dir.string());
+    (void)metrics;
+  };
+
+  while (step_ < total_steps_) {
+    const auto start = Clock::now();
+    const StepResult r = train_step();
+    const double dt = seconds_since(start);
+    train_seconds += dt;
+    window_seconds += dt;
+    window_loss += r.loss;
+    window_samples += r.samples;
+    ++window_steps;
+    for (const auto& [k, v] : r.metrics) window_metrics[k] += v;
+
+    const double rate = window_samples / std::max(1e-9, window_seconds);
+    const double eta = (total_steps_ - step_) * (train_seconds / std::max<int64_t>(1, step_ - first_step));
+    if (step_ % options_.log_every == 0 || step_ == total_steps_) {
+      std::map<std::string, double> m{{"train/loss", window_loss / window_steps},
+                                      {"train/lr", r.lr},
+                                      {"train/samples_per_s", rate},
+                                      {"train/grad_norm", r.grad_norm},
+                                      {"train/epoch", static_cast<double>(train_loader_->position().epoch)},
+                                      {"train/skipped_steps", static_cast<double>(skipped_steps_)},
+                                      {"memory/in_use_bytes", static_cast<double>(memory_in_use(device_))},
+                                      {"memory/peak_bytes", static_cast<double>(memory_peak(device_))}};
+      for (const auto& [k, v] : window_metrics) m["train/" + k] = v / window_steps;
+      metrics_->write(step_, m);
+      char fields[256];
+      std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.0f samples/s | ETA %s | mem %s",
+                    window_loss / window_steps, r.lr, rate, format_duration(eta).c_str(),
+                    format_bytes(memory_in_use(device_)).c_str());
+      progress.update(step_, fields);
+      window_seconds = window_loss = 0;
+      window_steps = window_samples = 0;
+      window_metrics.clear();
+    }
+
+    const bool last = step_ == total_steps_;
+    if (step_ % eval_every == 0 || last) {
+      if (eval_loader_) {
+        const EvalResult e = evaluate();
+        last_eval = e;
+        std::map<std::string, double> m{{"eval/loss", e.loss}};
+        for (const auto& [k, v] : e.metrics) m["eval/" + k] = v;
+        metrics_->write(step_, m);
+        progress.finish();
+        std::string line = "eval step " + std::to_string(step_) + ": loss " + std::to_string(e.loss);
+        for (const auto& [k, v] : e.metrics) line += ", " + k + " " + std::to_string(v);
+        log::info(line, " (", format_duration(e.seconds), ")");
+        if (auto it = e.metrics.find(options_.best_metric); it != e.metrics.end() && (!best || it->second > *best)) {
+          best = it->second;
+          const json state = json::parse(state_json({}));
+          checkpoints_->save_best(options_.best_metric, it->second, step_, model_tensors(),
+                                  {{"model", state["model"].dump()}, {"data", state["data"].dump()}});
+        }
+      }
+    }
+    if (step_ % checkpoint_every == 0 || last) checkpoint({});
+  }
+  progress.finish();
+  summary.steps = step_;
+  summary.seconds = train_seconds;
+  summary.samples_per_second = (step_ - first_step) * plan_.global() / std::max(1e-9, train_seconds);
+  summary.final_eval = last_eval;
+  summary.peak_memory = memory_peak(device_);
+  return summary;
+}
+
+void Trainer::report_startup() const {
+  std::string device = device_.str();
+  if (device_.is_cpu()) {
+    const int64_t pages = ::sysconf(_SC_PHYS_PAGES), free_pages = ::sysconf(_SC_AVPHYS_PAGES);
+    device += ", " + std::to_string(at::get_num_threads()) + " threads, " +
+              format_bytes(pages * ::sysconf(_SC_PAGESIZE)) + " RAM (" +
+              format_bytes(free_pages * ::sysconf(_SC_PAGESIZE)) + " free)";
+  } else {
+    const auto [free, total] = at::accelerator::getMemoryInfo(device_.index());
+    device += ", " + format_bytes(static_cast<int64_t>(total)) + " (" + format_bytes(static_cast<int64_t>(free)) + " free)";
+  }
+  int64_t params = 0, trainable = 0, bytes = 0;
+  for (const auto& p : model_->module().parameters()) {
+    params += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+    bytes += p.numel() * p.element_size();
+  }
+  std::string fields;
+  for (const auto& [name, f] : data_spec_.fields)
+    fields += (fields.empty() ? "" : ", ") + name + " " + shape_string(f.shape) + " " + c10::toString(f.dtype);
+  std::string manifest;
+  for (const auto& [k, v] : precision_->manifest()) manifest += (manifest.empty() ? "" : ", ") + k + " " + v;
+  const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;
+
+  log::info("Loom ", LOOM_SDK_VERSION, ", LibTorch ", TORCH_VERSION, LOOM_TORCH_CUDA ? " (CUDA build)" : " (CPU build)",
+            "; run folder ", run_dir_.string());
+  log::info("device    ", device);
+  log::info("data      ", value_of(config_, "data.name"), ": ", dataset_->size(sdk::Split::kTrain), " train, ",
+            dataset_->size(sdk::Split::kTest), " test; ", fields,
+            data_spec_.num_classes ? "; " + std::to_string(data_spec_.num_classes) + " classes" : std::string());
+  log::info("model     ", value_of(config_, "model.name"), ": ", model_->describe(), "; ", format_count(params),
+            " parameters (", format_count(trainable), " trainable, ", format_bytes(bytes), ")");
+  log::info("plan      batch ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ",
+            plan_.world_size, " (micro-batch x accumulation x world); ", per_epoch, " steps/epoch, ", total_steps_,
+            " steps", options_.max_steps == 0 ? " (" + std::to_string(options_.epochs) + " epochs)" : std::string());
+  log::info("optimizer ", options_.optimizer, ", lr ", base_lr_, options_.use_scheduler ? " (warm-up + cosine)" : " (constant)",
+            ", weight decay ", options_.weight_decay, ", clip ", options_.clip_grad_norm);
+  log::info("precision ", value_of(config_, "precision.name"), ": ", manifest);
+  for (const auto& policy : memory_policies_) log::info("memory    ", policy->describe());
+}
+
+}  // namespace loom::core

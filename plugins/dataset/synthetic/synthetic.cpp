@@ -1,0 +1,96 @@
+// synthetic: classification data with a planted rule, for fast tests and benchmarks. A sample is
+// a sequence of `seq_len` feature vectors (or, with `image_size` > 0, a 1-channel image); its
+// label is the argmax of a fixed random linear map of the sample's mean feature vector (of its
+// pixels' row means, for images), so a model can learn it and accuracy means something. The
+// whole dataset follows from `seed`.
+#include <loom/sdk/sdk.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
+
+namespace {
+
+class Synthetic final : public loom::sdk::Dataset {
+ public:
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_int("train_size", "4096", "training samples"),
+      loom::sdk::option_int("test_size", "1024", "test samples"),
+      loom::sdk::option_int("seq_len", "8", "feature vectors per sample"),
+      loom::sdk::option_int("features", "16", "size of each feature vector"),
+      loom::sdk::option_int("image_size", "0", "if > 0: samples are 1 x N x N images instead of sequences"),
+      loom::sdk::option_int("classes", "4", "number of classes"),
+      loom::sdk::option_float("noise", "0.5", "standard deviation of the noise around each sample's class signal"),
+      loom::sdk::option_int("seed", "1234", "seed of the data (independent of the trainer's seed)"),
+  };
+
+  explicit Synthetic(const loom::sdk::Options& o)
+      : train_size_(o.get_int("train_size")),
+        test_size_(o.get_int("test_size")),
+        seq_len_(o.get_int("seq_len")),
+        features_(o.get_int("features")),
+        image_size_(o.get_int("image_size")),
+        classes_(o.get_int("classes")),
+        noise_(o.get_float("noise")),
+        seed_(static_cast<uint64_t>(o.get_int("seed"))) {
+    if (train_size_ < 1 || test_size_ < 0 || seq_len_ < 1 || features_ < 1 || classes_ < 2 || image_size_ < 0)
+      throw loom::sdk::Error("synthetic: sizes must be positive and classes at least 2");
+    if (noise_ < 0) throw loom::sdk::Error("synthetic: noise must be >= 0");
+  }
+
+  void setup() override {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed_);
+    const bool image = image_size_ > 0;
+    const int64_t rows = image ? image_size_ : seq_len_;
+    const int64_t cols = image ? image_size_ : features_;
+    const at::Tensor rule = at::randn({cols, classes_}, gen, at::TensorOptions().dtype(at::kFloat));
+    auto make = [&](int64_t n, at::Tensor& x, at::Tensor& y) {
+      // Each sample: a class-free base pattern plus noise; the label follows the planted rule.
+      x = at::randn({n, rows, cols}, gen, at::TensorOptions().dtype(at::kFloat)).mul_(noise_);
+      const at::Tensor signal = at::randn({n, 1, cols}, gen, at::TensorOptions().dtype(at::kFloat));
+      x.add_(signal);
+      y = at::argmax(at::matmul(x.mean(1), rule), 1);
+      if (image) x = x.unsqueeze(1);
+    };
+    make(train_size_, train_x_, train_y_);
+    make(test_size_, test_x_, test_y_);
+  }
+
+  loom::sdk::DataSpec spec() const override {
+    loom::sdk::DataSpec spec;
+    if (image_size_ > 0) spec.fields["input"] = {{1, image_size_, image_size_}, c10::ScalarType::Float};
+    else spec.fields["input"] = {{seq_len_, features_}, c10::ScalarType::Float};
+    spec.fields["target"] = {{}, c10::ScalarType::Long};
+    spec.num_classes = classes_;
+    return spec;
+  }
+
+  int64_t size(loom::sdk::Split split) const override {
+    return split == loom::sdk::Split::kTrain ? train_size_ : test_size_;
+  }
+
+  loom::sdk::Batch get_batch(loom::sdk::Split split, const std::vector<int64_t>& indices) const override {
+    const bool train = split == loom::sdk::Split::kTrain;
+    const int64_t n = train ? train_size_ : test_size_;
+    for (int64_t i : indices)
+      if (i < 0 || i >= n) throw loom::sdk::Error("synthetic: index " + std::to_string(i) + " out of range");
+    const at::Tensor index = at::tensor(indices, at::TensorOptions().dtype(at::kLong));
+    return {{"input", at::index_select(train ? train_x_ : test_x_, 0, index)},
+            {"target", at::index_select(train ? train_y_ : test_y_, 0, index)}};
+  }
+
+ private:
+  int64_t train_size_, test_size_, seq_len_, features_, image_size_, classes_;
+  double noise_;
+  uint64_t seed_;
+  at::Tensor train_x_, train_y_, test_x_, test_y_;
+};
+
+}  // namespace
+
+LOOM_PLUGIN("synthetic", "1.0.0",
+            loom::sdk::component<Synthetic>("synthetic", "classification data with a planted rule (for tests)"))

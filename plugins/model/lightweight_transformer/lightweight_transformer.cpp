@@ -1,0 +1,265 @@
+// lightweight_transformer: a small ViT-style encoder. Images are cut into patches (a strided
+// convolution), feature sequences are projected token by token; then pre-norm encoder blocks
+// (multi-head self-attention through at::scaled_dot_product_attention, and a GELU MLP), mean
+// pooling (or a class token) and a linear head. Options follow the seeds' flags: num_layers,
+// d_model, image_size (resize, as `--image_size 160`).
+#include <loom/sdk/sdk.hpp>
+
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/upsample_bilinear2d.h>
+#include <torch/nn/init.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cmath>
+
+namespace {
+
+using loom::sdk::Error;
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(int64_t d_model, int64_t heads, double dropout)
+      : heads_(heads), dropout_(dropout),
+        qkv_(register_module("qkv", torch::nn::Linear(d_model, 3 * d_model))),
+        proj_(register_module("proj", torch::nn::Linear(d_model, d_model))) {}
+
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), n = x.size(1), d = x.size(2);
+    // [B, N, 3, H, hd] -> [3, B, H, N, hd]
+    const auto qkv = qkv_->forward(x).view({b, n, 3, heads_, d / heads_}).permute({2, 0, 3, 1, 4});
+    const at::Tensor out = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
+                                                            is_training() ? dropout_ : 0.0);
+    return proj_->forward(out.transpose(1, 2).reshape({b, n, d}));
+  }
+
+ private:
+  int64_t heads_;
+  double dropout_;
+  torch::nn::Linear qkv_, proj_;
+};
+TORCH_MODULE(Attention);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(int64_t d_model, int64_t heads, int64_t hidden, double dropout)
+      : dropout_(dropout),
+        norm1_(register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
+        attn_(register_module("attn", Attention(d_model, heads, dropout))),
+        norm2_(register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
+        fc1_(register_module("fc1", torch::nn::Linear(d_model, hidden))),
+        fc2_(register_module("fc2", torch::nn::Linear(hidden, d_model))) {}
+
+  at::Tensor forward(at::Tensor x) {
+    const bool train = is_training();
+    x = x + at::dropout(attn_->forward(norm1_->forward(x)), dropout_, train);
+    at::Tensor h = at::gelu(fc1_->forward(norm2_->forward(x)));
+    return x + at::dropout(fc2_->forward(at::dropout(h, dropout_, train)), dropout_, train);
+  }
+
+ private:
+  double dropout_;
+  torch::nn::LayerNorm norm1_;
+  Attention attn_;
+  torch::nn::LayerNorm norm2_;
+  torch::nn::Linear fc1_, fc2_;
+};
+TORCH_MODULE(Block);
+
+struct Shape {
+  bool image = false;
+  int64_t channels = 0, side = 0;       // images
+  int64_t tokens = 0, features = 0;     // sequences
+};
+
+class VitImpl : public torch::nn::Module {
+ public:
+  VitImpl(const Shape& shape, int64_t classes, int64_t layers, int64_t d_model, int64_t heads,
+          double mlp_ratio, double dropout, int64_t patch, bool cls_token)
+      : shape_(shape), dropout_(dropout), cls_(cls_token) {
+    int64_t tokens = 0;
+    if (shape.image) {
+      patch_embed_ = register_module(
+          "patch_embed", torch::nn::Conv2d(torch::nn::Conv2dOptions(shape.channels, d_model, patch).stride(patch)));
+      tokens = (shape.side / patch) * (shape.side / patch);
+    } else {
+      token_embed_ = register_module("token_embed", torch::nn::Linear(shape.features, d_model));
+      tokens = shape.tokens;
+    }
+    if (cls_) {
+      cls_token_ = register_parameter("cls_token", at::zeros({1, 1, d_model}));
+      ++tokens;
+    }
+    pos_embed_ = register_parameter("pos_embed", at::zeros({1, tokens, d_model}));
+    torch::nn::init::normal_(pos_embed_, 0.0, 0.02);
+    const auto hidden = static_cast<int64_t>(std::lround(mlp_ratio * static_cast<double>(d_model)));
+    blocks_ = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < layers; ++i) blocks_->push_back(Block(d_model, heads, hidden, dropout));
+    norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
+    head_ = register_module("head", torch::nn::Linear(d_model, classes));
+  }
+
+  at::Tensor forward(const at::Tensor& input) {
+    at::Tensor x;
+    if (shape_.image) {
+      x = patch_embed_->forward(input).flatten(2).transpose(1, 2);  // [B, N, d]
+    } else {
+      x = token_embed_->forward(input);
+    }
+    if (cls_) x = at::cat({cls_token_.expand({x.size(0), 1, x.size(2)}), x}, 1);
+    x = at::dropout(x + pos_embed_, dropout_, is_training());
+    for (const auto& block : *blocks_) x = block->as<BlockImpl>()->forward(x);
+    x = norm_->forward(x);
+    x = cls_ ? x.select(1, 0) : x.mean(1);
+    return head_->forward(x);
+  }
+
+ private:
+  Shape shape_;
+  double dropout_;
+  bool cls_;
+  torch::nn::Conv2d patch_embed_{nullptr};
+  torch::nn::Linear token_embed_{nullptr};
+  at::Tensor cls_token_, pos_embed_;
+  torch::nn::ModuleList blocks_{nullptr};
+  torch::nn::LayerNorm norm_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+TORCH_MODULE(Vit);
+
+class LightweightTransformer final : public loom::sdk::Model {
+ public:
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_enum("flavour", "standard", "standard|debug",
+                             "debug: a tiny model for tests (1 layer, d_model 32, 2 heads, patch 7)"),
+      loom::sdk::option_int("num_layers", "4", "encoder blocks"),
+      loom::sdk::option_int("d_model", "64", "width of the tokens"),
+      loom::sdk::option_int("num_heads", "4", "attention heads (must divide d_model)"),
+      loom::sdk::option_float("mlp_ratio", "2.0", "MLP hidden width / d_model"),
+      loom::sdk::option_float("dropout", "0.0", "dropout on attention, MLP and embeddings"),
+      loom::sdk::option_int("patch_size", "4", "side of the square image patches"),
+      loom::sdk::option_int("image_size", "0", "resize images to this side first (0: keep the data's size)"),
+      loom::sdk::option_enum("pool", "mean", "mean|cls", "mean of the tokens, or a class token"),
+      loom::sdk::option_int("num_classes", "0", "output classes (0: from the dataset)"),
+  };
+
+  explicit LightweightTransformer(const loom::sdk::Options& o)
+      : layers_(o.get_int("num_layers")), d_model_(o.get_int("d_model")), heads_(o.get_int("num_heads")),
+        mlp_ratio_(o.get_float("mlp_ratio")), dropout_(o.get_float("dropout")), patch_(o.get_int("patch_size")),
+        image_size_(o.get_int("image_size")), classes_(o.get_int("num_classes")),
+        cls_token_(o.get_string("pool") == "cls") {
+    if (o.get_string("flavour") == "debug") {
+      layers_ = 1;
+      d_model_ = 32;
+      heads_ = 2;
+      patch_ = 7;
+    }
+    if (layers_ < 1 || d_model_ < 1 || heads_ < 1 || patch_ < 1 || mlp_ratio_ <= 0)
+      throw Error("lightweight_transformer: num_layers, d_model, num_heads, patch_size and mlp_ratio must be positive");
+    if (d_model_ % heads_ != 0)
+      throw Error("lightweight_transformer: num_heads " + std::to_string(heads_) + " does not divide d_model " +
+                  std::to_string(d_model_));
+    if (dropout_ < 0 || dropout_ >= 1) throw Error("lightweight_transformer: dropout must be in [0, 1)");
+    if (image_size_ < 0 || classes_ < 0) throw Error("lightweight_transformer: image_size and num_classes must be >= 0");
+  }
+
+  void setup(const loom::sdk::DataSpec& data) override {
+    auto field = data.fields.find(data.input_key);
+    if (field == data.fields.end())
+      throw Error("lightweight_transformer: the dataset has no input field '" + data.input_key + "'");
+    input_key_ = data.input_key;
+    target_key_ = data.target_key;
+    const auto& s = field->second.shape;
+    Shape shape;
+    if (s.size() == 3) {
+      if (s[1] != s[2])
+        throw Error("lightweight_transformer: images must be square, the data has " + std::to_string(s[1]) + "x" +
+                    std::to_string(s[2]));
+      shape.image = true;
+      shape.channels = s[0];
+      shape.side = image_size_ > 0 ? image_size_ : s[1];
+      resize_ = image_size_ > 0 && image_size_ != s[1];
+      if (shape.side % patch_ != 0)
+        throw Error("lightweight_transformer: image side " + std::to_string(shape.side) +
+                    " is not a multiple of patch_size " + std::to_string(patch_) +
+                    "; choose a patch_size that divides it or set model.image_size");
+      if (data.attributes.count("mean") && data.attributes.count("std")) {
+        mean_ = std::stod(data.attributes.at("mean"));
+        std_ = std::stod(data.attributes.at("std"));
+      }
+    } else if (s.size() == 2) {
+      shape.tokens = s[0];
+      shape.features = s[1];
+    } else {
+      throw Error("lightweight_transformer: input '" + data.input_key +
+                  "' must be an image (C x H x W) or a sequence (T x F), got " + std::to_string(s.size()) +
+                  " dimensions");
+    }
+    if (classes_ == 0) classes_ = data.num_classes;
+    if (classes_ < 2) throw Error("lightweight_transformer: needs at least 2 classes (set model.num_classes)");
+    net_ = Vit(shape, classes_, layers_, d_model_, heads_, mlp_ratio_, dropout_, patch_, cls_token_);
+    shape_ = shape;
+  }
+
+  torch::nn::Module& module() override { return *net_; }
+
+  loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool) override {
+    at::Tensor x = batch.at(input_key_);
+    if (shape_.image) {
+      if (x.scalar_type() == at::kByte) x = x.to(at::kFloat).mul_(1.0 / 255.0);
+      else if (x.scalar_type() != at::kFloat) x = x.to(at::kFloat);
+      if (std_ > 0) x = x.sub(mean_).div_(std_);
+      if (resize_) x = at::upsample_bilinear2d(x, {shape_.side, shape_.side}, /*align_corners=*/false);
+    } else if (x.scalar_type() != at::kFloat) {
+      x = x.to(at::kFloat);
+    }
+    const at::Tensor logits = net_->forward(x);
+    const at::Tensor& target = batch.at(target_key_);
+    const at::Tensor loss_sum =
+        at::cross_entropy_loss(logits.to(at::kFloat), target, /*weight=*/{}, at::Reduction::Sum);
+    const at::Tensor correct = at::argmax(logits, 1).eq(target).sum();
+    return {loss_sum, at::scalar_tensor(static_cast<double>(target.size(0)), logits.options().dtype(at::kFloat)),
+            {{"correct", correct}}};
+  }
+
+  bool decays(const std::string& name, const at::Tensor& parameter) const override {
+    return parameter.dim() >= 2 && name.find("pos_embed") == std::string::npos &&
+           name.find("cls_token") == std::string::npos;
+  }
+
+  std::string describe() const override {
+    std::string what = "ViT " + std::to_string(layers_) + " layers x d_model " + std::to_string(d_model_) + ", " +
+                       std::to_string(heads_) + " heads, ";
+    if (shape_.image)
+      what += "patch " + std::to_string(patch_) + " on " + std::to_string(shape_.side) + "x" +
+              std::to_string(shape_.side);
+    else
+      what += std::to_string(shape_.tokens) + " tokens of " + std::to_string(shape_.features);
+    return what + " -> " + std::to_string(classes_) + " classes";
+  }
+
+ private:
+  int64_t layers_, d_model_, heads_;
+  double mlp_ratio_, dropout_;
+  int64_t patch_, image_size_, classes_;
+  bool cls_token_;
+  bool resize_ = false;
+  double mean_ = 0, std_ = 0;
+  Shape shape_;
+  std::string input_key_, target_key_;
+  Vit net_{nullptr};
+};
+
+}  // namespace
+
+LOOM_PLUGIN("lightweight_transformer", "1.0.0",
+            loom::sdk::component<LightweightTransformer>("lightweight_transformer",
+                                                         "ViT-style encoder over image patches or feature sequences"))

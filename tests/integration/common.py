@@ -1,0 +1,42 @@
+"""Helpers of the integration tests: run the loom CLI on a small, fast configuration."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77  # ctest's SKIP_RETURN_CODE for these tests
+
+SMALL = [
+    "--set", "model.name=lightweight_transformer", "--set", "model.flavour=debug",
+    "--set", "model.dropout=0.1",
+    "--set", "data.name=synthetic", "--set", "data.train_size=2048", "--set", "data.test_size=256",
+    "--set", "trainer.batch_size=32", "--set", "trainer.seed=11", "--set", "trainer.device=cpu",
+    "--set", "trainer.log_every=1", "--set", "precision.name=fp32",
+]
+
+
+def require(*modules):
+    for name in modules:
+        try:
+            __import__(name)
+        except ImportError:
+            print(f"SKIP: Python module {name} is not installed here (scripts/setup.sh puts it in the venv)")
+            sys.exit(SKIP)
+
+
+def loom(exe, *args, check=True, **kwargs):
+    result = subprocess.run([exe, *args], capture_output=True, text=True, **kwargs)
+    if check and result.returncode != 0:
+        print(result.stdout, result.stderr, sep="\n")
+        raise SystemExit(f"loom {' '.join(args)} failed with {result.returncode}")
+    return result
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def workdir():
+    return tempfile.mkdtemp(prefix="loom-it-")

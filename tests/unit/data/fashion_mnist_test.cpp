@@ -1,0 +1,149 @@
+// The fashion_mnist dataset plugin against the real files and against damaged copies: every
+// problem is one error naming the file and what is wrong.
+#include <loom/core/plugin_registry.hpp>
+#include <loom/sdk/dataset.hpp>
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+namespace fs = std::filesystem;
+using loom::core::PluginRegistry;
+
+namespace {
+
+const PluginRegistry& registry() {
+  static PluginRegistry* r = [] {
+    auto* reg = new PluginRegistry();
+    reg->load(fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins" / "libloom_dataset_fashion_mnist.so");
+    return reg;
+  }();
+  return *r;
+}
+
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+std::string images(uint32_t magic, uint32_t count, uint32_t stored) {
+  std::string s = be32(magic) + be32(count) + be32(28) + be32(28);
+  for (uint32_t i = 0; i < stored * 28 * 28; ++i) s.push_back(static_cast<char>(i % 251));
+  return s;
+}
+
+std::string labels(uint32_t count, uint8_t bad_at = 255, uint8_t bad_value = 0) {
+  std::string s = be32(0x801) + be32(count);
+  for (uint32_t i = 0; i < count; ++i) s.push_back(static_cast<char>(i == bad_at ? bad_value : i % 10));
+  return s;
+}
+
+class FashionMnistFiles : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("loom_fmnist_" + std::to_string(::getpid()) + "_" +
+                                        testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    write("train-images-idx3-ubyte", images(0x803, 20, 20));
+    write("train-labels-idx1-ubyte", labels(20));
+    write_gz("t10k-images-idx3-ubyte.gz", images(0x803, 10, 10));
+    write_gz("t10k-labels-idx1-ubyte.gz", labels(10));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void write(const std::string& name, const std::string& bytes) {
+    std::ofstream(dir_ / name, std::ios::binary) << bytes;
+  }
+  void write_gz(const std::string& name, const std::string& bytes) {
+    gzFile f = gzopen((dir_ / name).c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
+  }
+
+  std::shared_ptr<loom::sdk::Dataset> open() {
+    auto d = registry().create<loom::sdk::Dataset>("fashion_mnist", {{"path", dir_.string()}});
+    d->setup();
+    return d;
+  }
+
+  std::string error() {
+    try {
+      open();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+
+  fs::path dir_;
+};
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
+TEST_F(FashionMnistFiles, ReadsPlainAndGzippedFiles) {
+  auto d = open();
+  EXPECT_EQ(d->size(loom::sdk::Split::kTrain), 20);
+  EXPECT_EQ(d->size(loom::sdk::Split::kTest), 10);
+  const auto batch = d->get_batch(loom::sdk::Split::kTest, {3, 7});
+  EXPECT_EQ(batch.at("image").sizes(), (std::vector<int64_t>{2, 1, 28, 28}));
+  EXPECT_EQ(batch.at("label")[1].item<int64_t>(), 7);
+}
+
+TEST_F(FashionMnistFiles, TruncatedImageFile) {
+  std::string bytes = images(0x803, 20, 20);
+  write("train-images-idx3-ubyte", bytes.substr(0, bytes.size() - 300));
+  const std::string e = error();
+  EXPECT_CONTAINS(e, (dir_ / "train-images-idx3-ubyte").string());
+  EXPECT_CONTAINS(e, "is truncated: its header promises 20 images");
+}
+
+TEST_F(FashionMnistFiles, TruncatedGzipStream) {
+  const fs::path gz = dir_ / "t10k-images-idx3-ubyte.gz";
+  fs::resize_file(gz, fs::file_size(gz) / 2);
+  const std::string e = error();
+  EXPECT_CONTAINS(e, gz.string());
+  EXPECT_TRUE(e.find("is corrupt") != std::string::npos || e.find("is truncated") != std::string::npos) << e;
+}
+
+TEST_F(FashionMnistFiles, WrongMagicNumber) {
+  write("train-images-idx3-ubyte", images(0x801, 20, 20));
+  EXPECT_CONTAINS(error(), "train-images-idx3-ubyte is not an IDX image file: magic number 2049, expected 2051");
+}
+
+TEST_F(FashionMnistFiles, LabelCountDiffersFromImageCount) {
+  write("train-labels-idx1-ubyte", labels(19));
+  EXPECT_CONTAINS(error(), "train-labels-idx1-ubyte has 19 labels but train-images-idx3-ubyte has 20 images");
+}
+
+TEST_F(FashionMnistFiles, TrailingBytes) {
+  write("train-labels-idx1-ubyte", labels(20) + "garbage");
+  EXPECT_CONTAINS(error(), "train-labels-idx1-ubyte has unexpected bytes after its data");
+}
+
+TEST_F(FashionMnistFiles, LabelOutOfRange) {
+  write("train-labels-idx1-ubyte", labels(20, 3, 12));
+  EXPECT_CONTAINS(error(), "label 12 of image 3 is not a class");
+}
+
+TEST_F(FashionMnistFiles, MissingFile) {
+  fs::remove(dir_ / "t10k-labels-idx1-ubyte.gz");
+  const std::string e = error();
+  EXPECT_CONTAINS(e, "t10k-labels-idx1-ubyte[.gz] not found");
+  EXPECT_CONTAINS(e, "data.path");
+}
+
+TEST(FashionMnist, ReadsDebiansFiles) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";
+  auto d = registry().create<loom::sdk::Dataset>("fashion_mnist");
+  d->setup();
+  EXPECT_EQ(d->size(loom::sdk::Split::kTrain), 60000);
+  EXPECT_EQ(d->size(loom::sdk::Split::kTest), 10000);
+  EXPECT_EQ(d->spec().num_classes, 10);
+}
+
+}  // namespace

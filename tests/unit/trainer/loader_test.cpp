@@ -1,0 +1,157 @@
+// The data loader: a seed fixes the order, a position resumes it exactly (also across a change
+// of micro-batch), ranks get disjoint shares, worker threads change nothing but speed.
+#include <loom/core/loader.hpp>
+#include <loom/core/optimizer.hpp>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/tensor.h>
+#include <gtest/gtest.h>
+
+#include <set>
+
+using namespace loom::core;
+
+namespace {
+
+/// Sample i is the number i.
+class Numbers final : public loom::sdk::Dataset {
+ public:
+  explicit Numbers(int64_t n) : n_(n) {}
+  void setup() override {}
+  loom::sdk::DataSpec spec() const override { return {}; }
+  int64_t size(loom::sdk::Split) const override { return n_; }
+  loom::sdk::Batch get_batch(loom::sdk::Split, const std::vector<int64_t>& indices) const override {
+    return {{"x", at::tensor(indices, at::TensorOptions().dtype(at::kLong))}};
+  }
+
+ private:
+  int64_t n_;
+};
+
+std::vector<int64_t> take(Loader& loader, int batches) {
+  std::vector<int64_t> out;
+  for (int i = 0; i < batches; ++i) {
+    const auto b = loader.next().at("x");
+    for (int64_t j = 0; j < b.size(0); ++j) out.push_back(b[j].item<int64_t>());
+  }
+  return out;
+}
+
+Loader::Options options(int64_t micro, int64_t workers, uint64_t seed = 3) {
+  Loader::Options o;
+  o.micro_batch = micro;
+  o.workers = workers;
+  o.seed = seed;
+  return o;
+}
+
+TEST(Loader, SeedFixesTheOrderAndWorkersDoNotChangeIt) {
+  auto data = std::make_shared<Numbers>(100);
+  Loader sync(data, loom::sdk::Split::kTrain, options(10, 0));
+  Loader threaded(data, loom::sdk::Split::kTrain, options(10, 3));
+  const auto a = take(sync, 25), b = take(threaded, 25);  // two and a half epochs
+  EXPECT_EQ(a, b);
+  // Each epoch is a permutation, and the next epoch is a different one.
+  std::set<int64_t> first(a.begin(), a.begin() + 100);
+  EXPECT_EQ(first.size(), 100u);
+  EXPECT_NE(std::vector<int64_t>(a.begin(), a.begin() + 100), std::vector<int64_t>(a.begin() + 100, a.begin() + 200));
+  Loader other_seed(data, loom::sdk::Split::kTrain, options(10, 0, 4));
+  EXPECT_NE(take(other_seed, 10), std::vector<int64_t>(a.begin(), a.begin() + 100));
+}
+
+TEST(Loader, PositionResumesExactlyEvenWithAnotherMicroBatch) {
+  auto data = std::make_shared<Numbers>(96);
+  Loader a(data, loom::sdk::Split::kTrain, options(8, 2));
+  take(a, 5);
+  const Loader::Position at = a.position();
+  EXPECT_EQ(at.epoch, 0);
+  EXPECT_EQ(at.offset, 40);
+  const auto rest = take(a, 12);  // crosses into epoch 1
+
+  Loader b(data, loom::sdk::Split::kTrain, options(8, 2));
+  b.seek(at);
+  EXPECT_EQ(take(b, 12), rest);
+
+  Loader c(data, loom::sdk::Split::kTrain, options(8, 2));
+  c.seek(at);
+  c.set_micro_batch(4);  // OOM recovery halves the micro-batch: the same samples follow
+  const auto halves = take(c, 14);
+  EXPECT_EQ(std::vector<int64_t>(halves.begin(), halves.begin() + 56), std::vector<int64_t>(rest.begin(), rest.begin() + 56));
+}
+
+TEST(Loader, RanksTakeDisjointShares) {
+  auto data = std::make_shared<Numbers>(103);
+  std::set<int64_t> seen;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    auto o = options(5, 1);
+    o.rank = rank;
+    o.world_size = 4;
+    Loader l(data, loom::sdk::Split::kTrain, o);
+    EXPECT_EQ(l.samples_per_epoch(), 25);
+    EXPECT_EQ(l.batches_per_epoch(), 5);
+    for (int64_t v : take(l, 5)) EXPECT_TRUE(seen.insert(v).second) << v << " given to two ranks";
+  }
+  EXPECT_EQ(seen.size(), 100u);  // 3 samples of the tail dropped so every rank steps alike
+}
+
+TEST(Loader, EvaluationOrderCoversEverySampleOnce) {
+  auto data = std::make_shared<Numbers>(23);
+  auto o = options(5, 1);
+  o.shuffle = false;
+  o.drop_last = false;
+  Loader l(data, loom::sdk::Split::kTest, o);
+  EXPECT_EQ(l.batches_per_epoch(), 5);
+  const auto all = take(l, 5);
+  ASSERT_EQ(all.size(), 23u);
+  for (int64_t i = 0; i < 23; ++i) EXPECT_EQ(all[i], i);
+}
+
+TEST(Loader, TooFewSamplesForOneBatchIsAClearError) {
+  auto data = std::make_shared<Numbers>(10);
+  try {
+    Loader l(data, loom::sdk::Split::kTrain, options(16, 0));
+    FAIL();
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("too few for one micro-batch of 16"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Schedule, WarmupThenCosine) {
+  EXPECT_DOUBLE_EQ(learning_rate(1.0, 5, 100, false, 0.1, 0.0), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(1.0, 0, 100, true, 0.1, 0.0), 0.1);
+  EXPECT_DOUBLE_EQ(learning_rate(1.0, 9, 100, true, 0.1, 0.0), 1.0);
+  EXPECT_NEAR(learning_rate(1.0, 55, 100, true, 0.1, 0.0), 0.5, 1e-12);
+  EXPECT_NEAR(learning_rate(1.0, 100, 100, true, 0.1, 0.1), 0.1, 1e-12);
+}
+
+TEST(Optimizer, StateRoundTripsAndContinuesIdentically) {
+  auto make_param = [] {
+    at::Tensor p = at::arange(6, at::TensorOptions().dtype(at::kFloat)).reshape({2, 3}).set_requires_grad(true);
+    return p;
+  };
+  at::Tensor p1 = make_param(), p2 = make_param();
+  Optimizer a({ParameterGroup{{"w"}, {p1}, 0.01}}, {});
+  auto step = [](Optimizer& o, at::Tensor& p, double lr) {
+    p.mutable_grad() = p.detach().sin();
+    o.step(lr);
+  };
+  step(a, p1, 0.1);
+  step(a, p1, 0.1);
+  Optimizer b({ParameterGroup{{"w"}, {p2}, 0.01}}, {});
+  {
+    at::NoGradGuard g;
+    p2.copy_(p1);
+  }
+  b.load_state_dict(a.state_dict());
+  EXPECT_EQ(b.steps_taken(), 2);
+  step(a, p1, 0.1);
+  step(b, p2, 0.1);
+  EXPECT_TRUE(at::equal(p1, p2));
+  Optimizer sgd({ParameterGroup{{"w"}, {make_param()}, 0.0}}, Optimizer::Options{"sgd"});
+  EXPECT_THROW(sgd.load_state_dict(a.state_dict()), std::exception);
+}
+
+}  // namespace
