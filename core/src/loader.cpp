@@ -5,6 +5,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 #include <ATen/ops/randperm.h>
+#include <c10/util/ParallelGuard.h>
 
 #include <numeric>
 
@@ -120,6 +121,14 @@ sdk::Batch Loader::to_device(sdk::Batch batch) const {
 }
 
 void Loader::worker_loop() {
+  // Note [Loader threads run operators serially]
+  // An ATen operator called from a thread that is not in a parallel region may start its own
+  // team of intra-op threads (with OpenMP, one team per calling thread, whose threads spin after
+  // each region). On a machine with as many cores as intra-op threads that steals time from the
+  // training step: measured at batch 128 on 2 cores, 927 samples/s with 2 loader threads against
+  // 1142 with none. Marking the thread as inside a parallel region makes every operator it calls
+  // run serially on it.
+  c10::ParallelGuard serial(true);
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     work_ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });

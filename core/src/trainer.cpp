@@ -112,6 +112,7 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.work_dir = value_of(c, "trainer.work_dir");
   o.device = value_of(c, "trainer.device");
   o.seed = int_of(c, "trainer.seed");
+  o.threads = int_of(c, "trainer.threads");
   o.epochs = int_of(c, "trainer.epochs");
   o.max_steps = int_of(c, "trainer.max_steps");
   o.batch_size = int_of(c, "trainer.batch_size");
@@ -147,9 +148,9 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   positive("trainer.gradient_accumulation_steps", o.accumulation);
   positive("trainer.log_every", o.log_every);
   if (o.max_steps < 0 || o.epochs < 0 || o.eval_every < 0 || o.checkpoint_every < 0 || o.keep_last < 0 ||
-      o.num_workers < 0 || o.prefetch < 1 || o.reference_batch < 0)
-    throw Error("trainer.max_steps, epochs, eval_every, checkpoint_every, keep_last, reference_batch and "
-                "data.num_workers must be >= 0, data.prefetch >= 1");
+      o.num_workers < -1 || o.prefetch < 1 || o.reference_batch < 0 || o.threads < 0)
+    throw Error("trainer.max_steps, epochs, eval_every, checkpoint_every, keep_last, reference_batch and threads "
+                "must be >= 0, data.num_workers >= -1, data.prefetch >= 1");
   if (o.max_steps == 0 && o.epochs == 0) throw Error("set trainer.max_steps or trainer.epochs (both are 0)");
   if (o.lr <= 0) throw Error("trainer.lr = " + std::to_string(o.lr) + " must be positive");
   if (o.clip_grad_norm < 0) throw Error("trainer.clip_grad_norm must be >= 0 (0 turns clipping off)");
@@ -235,6 +236,7 @@ std::map<std::string, std::string> component_values(const Resolved& config, cons
 }  // namespace
 
 void Trainer::setup() {
+  if (options_.threads > 0) at::set_num_threads(static_cast<int>(options_.threads));
   at::manual_seed(static_cast<uint64_t>(options_.seed));
   build_parallel();
   build_data();
@@ -340,7 +342,10 @@ void Trainer::build_loaders() {
   train.seed = static_cast<uint64_t>(options_.seed);
   train.rank = parallel_->rank();
   train.world_size = parallel_->world_size();
-  train.workers = options_.num_workers;
+  // See Note [Loader threads run operators serially]: on CPU the training step's operators
+  // already use every core, and a loader thread only preempts them; the in-memory datasets cost
+  // little to index on the training thread.
+  train.workers = options_.num_workers >= 0 ? options_.num_workers : (device_.is_cpu() ? 0 : 2);
   train.prefetch = options_.prefetch;
   train.pin_memory = options_.pin_memory;
   train.device = device_;
@@ -354,7 +359,7 @@ void Trainer::build_loaders() {
     Loader::Options eval = train;
     eval.shuffle = false;
     eval.drop_last = false;
-    eval.workers = std::min<int64_t>(options_.num_workers, 1);
+    eval.workers = std::min<int64_t>(train.workers, 1);
     eval_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTest, eval);
   }
 }
@@ -571,6 +576,7 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
 }
 
 void Trainer::setup_for_evaluation() {
+  if (options_.threads > 0) at::set_num_threads(static_cast<int>(options_.threads));
   at::manual_seed(static_cast<uint64_t>(options_.seed));
   build_parallel();
   build_data();

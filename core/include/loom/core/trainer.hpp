@@ -37,7 +37,7 @@ class Optimizer;
 /// The [trainer] and [data] loader settings, read once from the resolved configuration.
 struct TrainerOptions {
   std::string name, work_dir, device;
-  int64_t seed = 0, epochs = 1, max_steps = 0, batch_size = 128, accumulation = 1;
+  int64_t seed = 0, threads = 0, epochs = 1, max_steps = 0, batch_size = 128, accumulation = 1;
   std::string optimizer = "adamw";
   double lr = 1e-3, weight_decay = 0.05, momentum = 0.9, beta1 = 0.9, beta2 = 0.999, clip_grad_norm = 1.0;
   bool use_scheduler = false;

@@ -1,0 +1,112 @@
+"""Loom against the same model in plain Python PyTorch (same wheel, same thread count), side by
+side: training samples/s and peak resident memory at micro-batch 8 and 128.
+
+    build/bin/loom must exist (./loom builds it); run with the venv's Python:
+    $(scripts/setup.sh --print-venv)/bin/python bench/compare_fashion_mnist.py [--steps 400]
+
+Both train the lightweight transformer (3x3 conv stem of 16 channels, patch 7, d_model 96,
+3 layers, 4 heads) on
+Fashion-MNIST with AdamW, warm-up + cosine, clipping at 1.0. Throughput is measured over windows
+of steps after the first (warm-up) window, training steps only; peak memory is the process's
+maximum resident set (wait4). Each side runs --repeats times, interleaved; the table shows
+medians and the Loom / PyTorch ratios.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run(cmd):
+    """Runs cmd; returns (stdout, stderr, peak RSS in bytes)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+        if os.waitstatus_to_exitcode(status) != 0:
+            sys.exit(f"{' '.join(cmd)} failed:\n{stdout}\n{stderr}")
+        return stdout, stderr, usage.ru_maxrss * 1024
+
+
+def rate(windows):
+    """Samples/s over the windows after the first (equal windows: harmonic mean)."""
+    w = windows[1:] or windows
+    return len(w) / sum(1.0 / r for r in w)
+
+
+def loom(exe, batch, steps, window, threads, work):
+    name = f"bench_b{batch}"
+    args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
+            "--set", "model.patch_size=7", "--set", "model.d_model=96", "--set", "model.num_layers=3",
+            "--set", "model.num_heads=4", "--set", "model.dropout=0.0", "--set", "model.stem_channels=16",
+            "--set", f"trainer.batch_size={batch}", "--set", f"trainer.max_steps={steps}",
+            "--set", f"trainer.log_every={window}", "--set", "trainer.use_scheduler=true",
+            "--set", "trainer.lr=2e-3", "--set", f"trainer.threads={threads}", "--set", "trainer.device=cpu",
+            "--set", "precision.name=fp32"]
+    _, _, rss = run(args)
+    with open(os.path.join(work, name, "metrics.jsonl")) as f:
+        lines = [json.loads(l) for l in f]
+    train = [l for l in lines if "train/samples_per_s" in l]
+    return rate([l["train/samples_per_s"] for l in train]), train[-1]["train/loss"], rss
+
+
+def pytorch(batch, steps, window, threads):
+    out, _, rss = run([sys.executable, os.path.join(HERE, "pytorch_vit.py"), "--batch-size", str(batch),
+                       "--steps", str(steps), "--window", str(window), "--threads", str(threads)])
+    result = json.loads(out.strip().splitlines()[-1])
+    return rate(result["windows"]), result["final_loss"], rss, result
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--loom", default=os.path.join(ROOT, "build", "bin", "loom"))
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--window", type=int, default=50)
+    p.add_argument("--batches", default="8,128")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--repeats", type=int, default=3, help="runs of each side, interleaved; medians are reported")
+    a = p.parse_args()
+    import torch  # the same wheel Loom's LibTorch comes from
+
+    cpu = platform.processor() or "cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print(f"machine: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; {a.threads} threads each; "
+          f"{a.steps} steps, throughput over steps {a.window + 1}..{a.steps}")
+    work = tempfile.mkdtemp(prefix="loom-bench-")
+    rows = []
+    try:
+        for batch in [int(b) for b in a.batches.split(",")]:
+            runs = []
+            for _ in range(a.repeats):  # interleaved, so a noisy neighbour hits both sides alike
+                l_rate, l_loss, l_rss = loom(a.loom, batch, a.steps, a.window, a.threads, work)
+                p_rate, p_loss, p_rss, _ = pytorch(batch, a.steps, a.window, a.threads)
+                runs.append((l_rate, p_rate, l_rss, p_rss, l_loss, p_loss))
+                print(f"  batch {batch}: Loom {l_rate:.0f} samples/s, PyTorch {p_rate:.0f} samples/s", flush=True)
+            med = [statistics.median(r[i] for r in runs) for i in range(4)]
+            rows.append((batch, *med, runs[0][4], runs[0][5]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(f"{'micro-batch':>11} | {'Loom samples/s':>14} | {'PyTorch samples/s':>17} | {'Loom/PyTorch':>12} | "
+          f"{'Loom peak RSS':>13} | {'PyTorch peak RSS':>16} | {'RSS ratio':>9} | final loss Loom / PyTorch")
+    for batch, lr_, pr, lm, pm, ll, pl in rows:
+        print(f"{batch:>11} | {lr_:>14.0f} | {pr:>17.0f} | {lr_ / pr:>11.2f}x | {lm / 2**20:>10.0f} MiB | "
+              f"{pm / 2**20:>13.0f} MiB | {lm / pm:>8.2f}x | {ll:.3f} / {pl:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The loom command line as a user meets it: help, suggestions for typos, `config show` with
+origins, one clear error for a bad configuration (and the exit status), `eval` of a checkpoint."""
+import os
+import shutil
+import sys
+
+from common import SMALL, loom, workdir
+
+exe, source = sys.argv[1], sys.argv[2]
+configs = os.path.join(source, "configs")
+
+
+def expect(cond, what, result=None):
+    if not cond:
+        detail = f"\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}" if result is not None else ""
+        raise SystemExit(f"FAIL: {what}{detail}")
+
+
+r = loom(exe, "--help")
+for command in ("train", "eval", "plugins", "config"):
+    expect(f"  {command} " in r.stdout, f"--help lists {command}", r)
+r = loom(exe, "train", "--help")
+expect("--batch-size" in r.stdout and "[trainer.batch_size]" in r.stdout, "train --help shows the seed flags", r)
+
+r = loom(exe, "trian", check=False)
+expect(r.returncode == 2 and "did you mean 'train'?" in r.stderr, "a mistyped command gets a suggestion", r)
+
+r = loom(exe, "config", "show", "-c", os.path.join(configs, "debug.ini"), "--batch-size", "16",
+         "--set", "trainer.lr=0.01")
+expect("batch_size = 16" in r.stdout and "# --batch-size" in r.stdout, "config show: alias origin", r)
+expect("lr = 0.01" in r.stdout and "# --set" in r.stdout, "config show: --set origin", r)
+expect("debug.ini:" in r.stdout and "fashion_mnist.ini:" in r.stdout, "config show: file:line origins", r)
+expect("flavour = debug" in r.stdout and "(model 'lightweight_transformer')" in r.stdout, "plugin keys", r)
+
+work = workdir()
+try:
+    bad = os.path.join(work, "bad.ini")
+    with open(bad, "w") as f:
+        f.write(f"base = {os.path.join(configs, 'debug.ini')}\n[trainer]\nbatch_szie = 64\n[model]\nnum_layers = two\n")
+    r = loom(exe, "train", "-c", bad, check=False)
+    expect(r.returncode == 1, "a bad configuration exits with 1", r)
+    expect("bad.ini:3: unknown key 'trainer.batch_szie'; did you mean 'trainer.batch_size'?" in r.stderr,
+           "unknown key with file:line and suggestion", r)
+    expect("bad.ini:5: model.num_layers = 'two' is not valid: expected an integer" in r.stderr, "bad value", r)
+    expect(not os.path.exists(os.path.join(work, "runs")), "nothing is built or written before validation", r)
+
+    loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev",
+         "--set", "trainer.max_steps=10", "--set", "trainer.eval_every=5")
+    best = os.path.join(work, "ev", "checkpoints", "best_accuracy.safetensors")
+    r = loom(exe, "eval", "--checkpoint", best, "--set", "data.test_size=256")
+    expect("accuracy" in r.stderr and "on 256 test samples" in r.stderr, "eval of the best checkpoint", r)
+    r = loom(exe, "eval", "--checkpoint", os.path.join(work, "ev", "checkpoints", "step_00000010"))
+    expect("accuracy" in r.stderr, "eval of a step folder", r)
+    r = loom(exe, "eval", "--checkpoint", best, "--set", "model.flavour=standard", check=False)
+    expect(r.returncode == 1 and "refusing to load" in r.stderr, "eval refuses weights of another model", r)
+finally:
+    shutil.rmtree(work, ignore_errors=True)
+print("cli test passed")
