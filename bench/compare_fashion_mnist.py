@@ -44,27 +44,30 @@ def rate(windows):
     return len(w) / sum(1.0 / r for r in w)
 
 
-def loom(exe, batch, steps, window, threads, work):
-    name = f"bench_b{batch}"
+def loom(exe, batch, steps, window, threads, work, precision, device):
+    name = f"bench_b{batch}_{precision}"
     args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
             "--set", "model.patch_size=7", "--set", "model.d_model=96", "--set", "model.num_layers=3",
             "--set", "model.num_heads=4", "--set", "model.dropout=0.0", "--set", "model.stem_channels=16",
             "--set", f"trainer.batch_size={batch}", "--set", f"trainer.max_steps={steps}",
             "--set", f"trainer.log_every={window}", "--set", "trainer.use_scheduler=true",
-            "--set", "trainer.lr=2e-3", "--set", f"trainer.threads={threads}", "--set", "trainer.device=cpu",
-            "--set", "precision.name=fp32"]
+            "--set", "trainer.lr=2e-3", "--set", f"trainer.threads={threads}", "--set", f"trainer.device={device}",
+            "--set", f"precision.name={precision}"]
     _, _, rss = run(args)
     with open(os.path.join(work, name, "metrics.jsonl")) as f:
         lines = [json.loads(l) for l in f]
     train = [l for l in lines if "train/samples_per_s" in l]
-    return rate([l["train/samples_per_s"] for l in train]), train[-1]["train/loss"], rss
+    peak = rss if device == "cpu" else max(l["memory/peak_bytes"] for l in train)
+    return rate([l["train/samples_per_s"] for l in train]), train[-1]["train/loss"], peak
 
 
-def pytorch(batch, steps, window, threads):
+def pytorch(batch, steps, window, threads, precision, device):
     out, _, rss = run([sys.executable, os.path.join(HERE, "pytorch_vit.py"), "--batch-size", str(batch),
-                       "--steps", str(steps), "--window", str(window), "--threads", str(threads)])
+                       "--steps", str(steps), "--window", str(window), "--threads", str(threads),
+                       "--precision", precision, "--device", device])
     result = json.loads(out.strip().splitlines()[-1])
-    return rate(result["windows"]), result["final_loss"], rss, result
+    peak = rss if device == "cpu" else result["device_peak"]
+    return rate(result["windows"]), result["final_loss"], peak, result
 
 
 def main():
@@ -75,6 +78,9 @@ def main():
     p.add_argument("--batches", default="8,128")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=3, help="runs of each side, interleaved; medians are reported")
+    p.add_argument("--precisions", default="fp32", help="comma-separated: fp32, tf32, fp16_amp, bf16_amp")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (memory: peak resident set on CPU, peak "
+                   "allocated device memory on CUDA)")
     a = p.parse_args()
     import torch  # the same wheel Loom's LibTorch comes from
 
@@ -89,23 +95,27 @@ def main():
     work = tempfile.mkdtemp(prefix="loom-bench-")
     rows = []
     try:
-        for batch in [int(b) for b in a.batches.split(",")]:
-            runs = []
-            for _ in range(a.repeats):  # interleaved, so a noisy neighbour hits both sides alike
-                l_rate, l_loss, l_rss = loom(a.loom, batch, a.steps, a.window, a.threads, work)
-                p_rate, p_loss, p_rss, _ = pytorch(batch, a.steps, a.window, a.threads)
-                runs.append((l_rate, p_rate, l_rss, p_rss, l_loss, p_loss))
-                print(f"  batch {batch}: Loom {l_rate:.0f} samples/s, PyTorch {p_rate:.0f} samples/s", flush=True)
-            med = [statistics.median(r[i] for r in runs) for i in range(4)]
-            rows.append((batch, *med, runs[0][4], runs[0][5]))
+        for precision in a.precisions.split(","):
+            for batch in [int(b) for b in a.batches.split(",")]:
+                runs = []
+                for _ in range(a.repeats):  # interleaved, so a noisy neighbour hits both sides alike
+                    l_rate, l_loss, l_mem = loom(a.loom, batch, a.steps, a.window, a.threads, work, precision, a.device)
+                    p_rate, p_loss, p_mem, _ = pytorch(batch, a.steps, a.window, a.threads, precision, a.device)
+                    runs.append((l_rate, p_rate, l_mem, p_mem, l_loss, p_loss))
+                    print(f"  {precision} batch {batch}: Loom {l_rate:.0f} samples/s, PyTorch {p_rate:.0f} samples/s",
+                          flush=True)
+                med = [statistics.median(r[i] for r in runs) for i in range(4)]
+                rows.append((precision, batch, *med, runs[0][4], runs[0][5]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
-    print(f"{'micro-batch':>11} | {'Loom samples/s':>14} | {'PyTorch samples/s':>17} | {'Loom/PyTorch':>12} | "
-          f"{'Loom peak RSS':>13} | {'PyTorch peak RSS':>16} | {'RSS ratio':>9} | final loss Loom / PyTorch")
-    for batch, lr_, pr, lm, pm, ll, pl in rows:
-        print(f"{batch:>11} | {lr_:>14.0f} | {pr:>17.0f} | {lr_ / pr:>11.2f}x | {lm / 2**20:>10.0f} MiB | "
-              f"{pm / 2**20:>13.0f} MiB | {lm / pm:>8.2f}x | {ll:.3f} / {pl:.3f}")
+    mem = "peak RSS" if a.device == "cpu" else "peak alloc"
+    print(f"{'precision':>9} | {'micro-batch':>11} | {'Loom samples/s':>14} | {'PyTorch samples/s':>17} | "
+          f"{'Loom/PyTorch':>12} | {'Loom ' + mem:>15} | {'PyTorch ' + mem:>18} | {'mem ratio':>9} | "
+          f"final loss Loom / PyTorch")
+    for precision, batch, lr_, pr, lm, pm, ll, pl in rows:
+        print(f"{precision:>9} | {batch:>11} | {lr_:>14.0f} | {pr:>17.0f} | {lr_ / pr:>11.2f}x | "
+              f"{lm / 2**20:>11.0f} MiB | {pm / 2**20:>14.0f} MiB | {lm / pm:>8.2f}x | {ll:.3f} / {pl:.3f}")
 
 
 if __name__ == "__main__":

@@ -93,13 +93,24 @@ def main():
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16_amp", "bf16_amp"])
+    p.add_argument("--device", default="cpu")
     a = p.parse_args()
+    device = torch.device(a.device)
+    # The same settings as Loom's precision plugins.
+    tf32 = a.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    autocast_dtype = {"fp16_amp": torch.float16, "bf16_amp": torch.bfloat16}.get(a.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=a.precision == "fp16_amp")
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     images = read_idx(os.path.join(FMNIST, "train-images-idx3-ubyte.gz"))
     labels = read_idx(os.path.join(FMNIST, "train-labels-idx1-ubyte.gz"))
-    model = Vit(a.layers, a.d_model, a.heads, a.mlp_ratio, a.dropout, a.patch, a.stem_channels)
+    if device.type == "cuda":
+        images, labels = images.pin_memory(), labels.pin_memory()
+    model = Vit(a.layers, a.d_model, a.heads, a.mlp_ratio, a.dropout, a.patch, a.stem_channels).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "pos_embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "pos_embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
@@ -120,23 +131,27 @@ def main():
     for step in range(a.steps):
         start = (step * a.batch_size) % (len(images) - a.batch_size)
         idx = order[start:start + a.batch_size]
-        x = (images[idx].float() / 255.0 - mean) / std
-        y = labels[idx]
+        x = (images[idx].to(device, non_blocking=True).float() / 255.0 - mean) / std
+        y = labels[idx].to(device, non_blocking=True)
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=False)
-        logits = model(x)
-        loss_sum = F.cross_entropy(logits, y, reduction="sum")
-        (loss_sum / len(y)).backward()
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = model(x)
+        loss_sum = F.cross_entropy(logits.float(), y, reduction="sum")
+        scaler.scale(loss_sum / len(y)).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         losses.append(loss_sum.item() / len(y))
         if (step + 1) % a.window == 0:
             t1 = time.perf_counter()
             windows.append(a.window * a.batch_size / (t1 - t0))
             t0 = t1
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     print(json.dumps({"windows": windows, "final_loss": sum(losses[-a.window:]) / a.window,
-                      "threads": torch.get_num_threads(), "torch": torch.__version__}))
+                      "threads": torch.get_num_threads(), "torch": torch.__version__, "device_peak": peak}))
 
 
 if __name__ == "__main__":

@@ -79,6 +79,8 @@ const std::vector<Alias>& aliases() {
       {"use-scheduler", "trainer.use_scheduler", "true", "linear warm-up then cosine decay"},
       {"work-dir", "trainer.work_dir", nullptr, "where runs are written"},
       {"resume-from", "trainer.resume_from", nullptr, "a checkpoint to resume from"},
+      {"allow-precision-change", "precision.allow_precision_change", "true",
+       "resume a checkpoint trained under another precision"},
   };
   return table;
 }

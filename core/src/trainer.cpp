@@ -21,6 +21,10 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <torch/cuda.h>
+#include <torch/nn/module.h>
+#if LOOM_TORCH_CUDA
+#include <ATen/cuda/CUDAContextLight.h>
+#endif
 
 #include <nlohmann/json.hpp>
 
@@ -98,6 +102,24 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
 at::Generator device_generator(const c10::Device& device) { return at::accelerator::getDefaultGenerator(device.index()); }
 
+// Note [Default precision]
+// On a GPU the seeds turn AMP on by default. Loom picks bfloat16 autocast where the GPU has
+// bfloat16 tensor cores (compute capability 8.0, Ampere, and newer): the same tensor-core rate
+// as float16, but float32's exponent range, so no loss scaling, no skipped steps and no scale
+// warm-up; on older GPUs it picks float16 autocast with the dynamic loss scaler. Both are
+// explicit choices too (precision.name = fp16_amp / bf16_amp).
+int cuda_capability(const c10::Device& device) {
+#if LOOM_TORCH_CUDA
+  if (device.is_cuda() && torch::cuda::is_available()) {
+    const auto* p = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
+    return p->major * 10 + p->minor;
+  }
+#else
+  (void)device;
+#endif
+  return 0;
+}
+
 }  // namespace
 
 int64_t peak_resident_bytes() {
@@ -169,25 +191,39 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
     return core.find(key)->option.default_value;
   };
 
-  // precision.name = auto, as the seeds: AMP on by default on a GPU, --no-amp gives fp32.
+  // precision.name = auto, as the seeds: AMP on by default on a GPU, --no-amp gives float32,
+  // --allow-tf32 adds TF32. See Note [Default precision].
+  const bool tf32 = sdk::parse_bool(get("precision.allow_tf32")).value_or(false);
   if (get("precision.name") == "auto") {
     const std::string device = get("trainer.device");
     const bool cuda = device.rfind("cuda", 0) == 0 || (device == "auto" && torch::cuda::is_available());
     const bool amp = sdk::parse_bool(get("precision.amp")).value_or(true);
-    const bool tf32 = sdk::parse_bool(get("precision.allow_tf32")).value_or(false);
     std::string choice = "fp32", why = cuda ? "CUDA device" : "CPU";
     if (cuda && amp) {
-      choice = "fp16_amp";
-      why += ", AMP on by default (precision.amp=false or --no-amp for float32)";
+      const int cc = cuda_capability(device == "auto" ? c10::Device(c10::kCUDA, 0) : c10::Device(device));
+      choice = cc >= 80 ? "bf16_amp" : "fp16_amp";
+      why += std::string(cc >= 80 ? " with bfloat16 (compute capability >= 8.0)" : " without bfloat16") +
+             ", AMP on by default; --no-amp for float32";
     } else if (tf32) {
       choice = "tf32";
-      why += ", allow_tf32";
+      why += ", --allow-tf32";
     }
     if (!registry.find(LOOM_KIND_PRECISION, choice)) {
       log::warn("precision '", choice, "' is not loaded; using fp32");
       choice = "fp32";
     }
     config.set("precision.name", choice, Origin{"auto (" + why + ")", {}, 0});
+  }
+  if (tf32) {
+    const std::string name = get("precision.name");
+    if (name == "fp32")
+      throw Error("precision fp32 keeps TF32 off, but precision.allow_tf32 (--allow-tf32) is set: use "
+                  "precision.name=tf32 (or auto)");
+    const ComponentInfo* info = registry.find(LOOM_KIND_PRECISION, name);
+    const bool has_option = info && std::any_of(info->options.begin(), info->options.end(),
+                                                [](const OptionSpec& o) { return o.key == "tf32"; });
+    if (has_option && !config.find("precision.tf32"))
+      config.set("precision.tf32", "true", Origin{"auto (--allow-tf32)", {}, 0});
   }
 
   // --memory-fraction / memory.fraction asks for the fraction_cap policy.
@@ -653,6 +689,7 @@ StepResult Trainer::train_step() {
     const at::Tensor inverse = count.clamp_min(1).reciprocal();
     for (auto& g : grads) g.mul_(inverse);
   }
+  if (gradient_hook_) gradient_hook_(grads);
   const bool finite = precision_->unscale_gradients(grads);
   StepResult result;
   result.lr = current_lr();
@@ -761,6 +798,7 @@ TrainSummary Trainer::train() {
                                       {"train/grad_norm", r.grad_norm},
                                       {"train/epoch", static_cast<double>(train_loader_->position().epoch)},
                                       {"train/skipped_steps", static_cast<double>(skipped_steps_)},
+                                      {"train/skipped_rate", static_cast<double>(skipped_steps_) / std::max<int64_t>(1, step_)},
                                       {"memory/in_use_bytes", static_cast<double>(memory_in_use(device_))},
                                       {"memory/peak_bytes", static_cast<double>(memory_peak(device_))}};
       for (const auto& [k, v] : window_metrics) m["train/" + k] = v / window_steps;

@@ -10,6 +10,7 @@
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
 #include <gtest/gtest.h>
+#include <torch/nn/module.h>
 
 #include <filesystem>
 #include <fstream>

@@ -22,6 +22,7 @@
 #include <loom/sdk/precision.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -124,6 +125,14 @@ class Trainer {
   StepState capture() const;
   void restore(const StepState& state);
 
+  /// Called every step with the gradients once they are summed over ranks and divided by the
+  /// global count, before unscaling and clipping: for gradient inspection, and for tests that
+  /// inject faults (an inf or a NaN).
+  void set_gradient_hook(std::function<void(const std::vector<at::Tensor>&)> hook) { gradient_hook_ = std::move(hook); }
+
+  sdk::PrecisionStrategy& precision() { return *precision_; }
+  int64_t skipped_steps() const { return skipped_steps_; }
+
   int64_t step() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
   const sdk::BatchPlan& plan() const { return plan_; }
@@ -174,6 +183,7 @@ class Trainer {
   std::unique_ptr<CheckpointStore> checkpoints_;
   std::unique_ptr<MetricsWriter> metrics_;
   int64_t resumed_at_ = -1;
+  std::function<void(const std::vector<at::Tensor>&)> gradient_hook_;
 };
 
 /// Reads the run's configuration into its final form: resolves automatic choices

@@ -4,10 +4,14 @@
 #include <loom/sdk/abi.h>
 #include <loom/sdk/types.hpp>
 
-#include <torch/nn/module.h>
-
 #include <map>
 #include <string>
+
+// Declared, not included: <torch/nn/module.h> costs ~25 s of compile time per translation unit,
+// and only code that builds or walks a module needs it (model plugins include it themselves).
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace loom::sdk {
 

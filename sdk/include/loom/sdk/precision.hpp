@@ -3,6 +3,7 @@
 #pragma once
 
 #include <loom/sdk/abi.h>
+#include <loom/sdk/amp.hpp>
 #include <loom/sdk/types.hpp>
 
 #include <memory>
@@ -43,12 +44,10 @@ class LOOM_SDK_API PrecisionStrategy {
   /// The loss to call backward on: `loss` times the current loss scale (or `loss` itself).
   virtual at::Tensor scale_loss(const at::Tensor& loss) { return loss; }
 
-  /// Divides the gradients by the loss scale in place and returns whether all are finite.
-  /// Called once per optimizer step, after gradient synchronization and before clipping.
-  virtual bool unscale_gradients(const std::vector<at::Tensor>& gradients) {
-    (void)gradients;
-    return true;
-  }
+  /// Divides the gradients by the loss scale in place and returns whether all are finite; the
+  /// host skips the optimizer step when they are not. Called once per optimizer step, after
+  /// gradient synchronization and before clipping. The default (no scaling) only checks.
+  virtual bool unscale_gradients(const std::vector<at::Tensor>& gradients) { return all_finite(gradients); }
 
   /// Updates the loss scale after a step that was taken (`found_non_finite` false) or skipped.
   virtual void update(bool found_non_finite) { (void)found_non_finite; }

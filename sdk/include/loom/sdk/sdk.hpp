@@ -2,6 +2,7 @@
 #pragma once
 
 #include <loom/sdk/abi.h>
+#include <loom/sdk/amp.hpp>
 #include <loom/sdk/compat.hpp>
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/error.hpp>
