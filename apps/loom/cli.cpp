@@ -20,6 +20,23 @@ const std::vector<Command>& commands() {
                          "a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
        },
        cmd_eval},
+      {"memory", "estimate a run's memory per device, or suggest the batch that fits a target",
+       "loom memory estimate [-c FILE] [--devices N] [--batch B] | loom memory suggest --target 8GiB [--devices N]",
+       true,
+       [](po::options_description& d) {
+         d.add_options()("devices", po::value<int64_t>()->default_value(1), "devices the batch is spread over")(
+             "batch", po::value<int64_t>(), "global batch (default: trainer.batch_size)")(
+             "target", po::value<std::string>()->value_name("SIZE"), "suggest: memory per device, e.g. 8GiB");
+       },
+       cmd_memory},
+      {"bench", "run configurations for a few steps each and compare batch, memory and speed",
+       "loom bench configs A.ini B.ini ... [--steps 100]", true,
+       [](po::options_description& d) {
+         d.add_options()("steps", po::value<int64_t>()->default_value(100), "steps per configuration");
+       },
+       cmd_bench},
+      {"doctor", "what this machine offers: devices, memory, versions, TF32/bf16 support", "loom doctor", false,
+       nullptr, cmd_doctor},
       {"plugins", "list the loaded components and the refused plugin files",
        "loom plugins [inspect FILE]", false, nullptr, cmd_plugins},
       {"config", "show the merged run configuration and where each value comes from",

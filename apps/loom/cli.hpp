@@ -43,5 +43,8 @@ int cmd_plugins(const Invocation& invocation);
 int cmd_config(const Invocation& invocation);
 int cmd_train(const Invocation& invocation);
 int cmd_eval(const Invocation& invocation);
+int cmd_memory(const Invocation& invocation);
+int cmd_doctor(const Invocation& invocation);
+int cmd_bench(const Invocation& invocation);
 
 }  // namespace loom::cli

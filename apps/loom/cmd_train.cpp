@@ -48,7 +48,10 @@ int cmd_train(const Invocation& invocation) {
   std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);
   core::log::info("done      ", s.steps, " steps in ", core::format_duration(s.seconds), " of training, ", rate,
                   s.final_eval ? "; " + eval_line(*s.final_eval) : std::string());
-  core::log::info("memory    peak ", core::format_bytes(s.peak_memory), trainer.device().is_cpu() ? " resident" : " allocated on the device");
+  core::log::info("memory    peak ", core::format_bytes(s.peak_memory), " allocated",
+                  trainer.device().is_cpu() ? " (Loom's CPU allocator), " : " on the device, ",
+                  core::format_bytes(s.peak_resident), " resident",
+                  s.oom_recoveries ? "; " + std::to_string(s.oom_recoveries) + " out-of-memory recoveries" : std::string());
   const fs::path run = s.run_dir;
   core::log::info("files     ", (run / "checkpoints").string(), " (step folders, best_", trainer.options().best_metric,
                   ".safetensors), ", (run / "metrics.jsonl").string(), ", ", (run / "tensorboard").string(),

@@ -79,6 +79,9 @@ const std::vector<Alias>& aliases() {
       {"use-scheduler", "trainer.use_scheduler", "true", "linear warm-up then cosine decay"},
       {"work-dir", "trainer.work_dir", nullptr, "where runs are written"},
       {"resume-from", "trainer.resume_from", nullptr, "a checkpoint to resume from"},
+      {"device-memory-limit", "memory.device_memory_limit", nullptr,
+       "cap device memory at this size (on CPU: act as a device of that size), e.g. 2GiB"},
+      {"memory-snapshot", "memory.snapshot", nullptr, "CUDA: write a memory snapshot for pytorch.org/memory_viz"},
       {"allow-precision-change", "precision.allow_precision_change", "true",
        "resume a checkpoint trained under another precision"},
   };

@@ -65,7 +65,11 @@ Schema core_schema() {
   s.add("memory", "memory",
         {
             key(LOOM_OPTION_LIST, "policies", "", "memory policies, applied in order"),
-            key(LOOM_OPTION_BYTES, "device_memory_limit", "0", "on CPU: behave as a device with this much memory; 0: no limit"),
+            key(LOOM_OPTION_BYTES, "device_memory_limit", "0",
+                "cap the device's memory at this size; on CPU the CPU then behaves as a device of that size (0: no cap)"),
+            key(LOOM_OPTION_STRING, "snapshot", "", "CUDA: write a memory snapshot (pytorch.org/memory_viz) here at the end"),
+            key(LOOM_OPTION_BOOL, "snapshot_on_oom", "false", "CUDA: write <run>/oom_snapshot.pickle when out of memory cannot be recovered"),
+            key(LOOM_OPTION_BOOL, "estimate", "true", "probe twice at start and report the estimate's error against the measured peak"),
         });
   s.add("parallel", "parallel", {key(LOOM_OPTION_STRING, "name", "single", "parallel strategy plugin")});
   return s;

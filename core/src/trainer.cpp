@@ -1,5 +1,7 @@
 // The trainer. See trainer.hpp for the shape of a run and of a step.
 #include <loom/core/checkpoint.hpp>
+#include <loom/core/device_memory.hpp>
+#include <loom/core/estimator.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
@@ -62,18 +64,6 @@ int64_t resident_bytes() {
     std::fclose(f);
   }
   return static_cast<int64_t>(resident) * ::sysconf(_SC_PAGESIZE);
-}
-
-/// Memory the run uses now, for the progress line: allocated device memory on CUDA, the
-/// resident set on CPU.
-int64_t memory_in_use(const c10::Device& device) {
-  if (device.is_cuda()) return static_cast<int64_t>(at::accelerator::getDeviceStats(device.index()).allocated_bytes[0].current);
-  return resident_bytes();
-}
-
-int64_t memory_peak(const c10::Device& device) {
-  if (device.is_cuda()) return static_cast<int64_t>(at::accelerator::getDeviceStats(device.index()).allocated_bytes[0].peak);
-  return peak_resident_bytes();
 }
 
 std::string default_run_name() {
@@ -158,6 +148,10 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.resume = value_of(c, "trainer.resume");
   o.resume_from = value_of(c, "trainer.resume_from");
   o.allow_precision_change = bool_of(c, "precision.allow_precision_change");
+  o.device_memory_limit = *sdk::parse_bytes(value_of(c, "memory.device_memory_limit"));
+  o.memory_snapshot = value_of(c, "memory.snapshot");
+  o.snapshot_on_oom = bool_of(c, "memory.snapshot_on_oom");
+  o.estimate_memory = bool_of(c, "memory.estimate");
   o.num_workers = int_of(c, "data.num_workers");
   o.prefetch = int_of(c, "data.prefetch");
   o.pin_memory = bool_of(c, "data.pin_memory");
@@ -276,10 +270,11 @@ void Trainer::setup() {
   at::manual_seed(static_cast<uint64_t>(options_.seed));
   build_parallel();
   build_data();
+  build_memory();
   build_model();
   build_precision();
-  build_plan();
   build_optimizer();
+  build_plan();
   build_loaders();
   open_run();
   report_startup();
@@ -291,9 +286,18 @@ void Trainer::build_parallel() {
   parallel_ = registry_.create<sdk::ParallelStrategy>(name, component_values(config_, "parallel", info));
   parallel_->setup(options_.device);
   device_ = parallel_->device();
+}
+
+void Trainer::build_memory() {
+  // On CPU this installs the counting allocator: from here on, CPU tensors are the emulated
+  // device's memory (the dataset, built before, stays host memory). See Note [CPU budget allocator].
+  memory_ = make_device_memory(device_, options_.device_memory_limit);
+  if (device_.is_cuda() && options_.device_memory_limit > 0) memory_->set_limit(options_.device_memory_limit);
+  if (device_.is_cuda() && !options_.memory_snapshot.empty()) start_memory_history(device_);
   for (const auto& policy : sdk::parse_list(value_of(config_, "memory.policies"))) {
     const auto& policy_info = registry_.require(LOOM_KIND_MEMORY, policy);
     memory_policies_.push_back(registry_.create<sdk::MemoryPolicy>(policy, component_values(config_, "memory", policy_info)));
+    memory_policies_.back()->setup(*memory_);
   }
 }
 
@@ -301,6 +305,7 @@ void Trainer::build_data() {
   const std::string name = value_of(config_, "data.name");
   const auto& info = registry_.require(LOOM_KIND_DATASET, name);
   dataset_ = registry_.create<sdk::Dataset>(name, component_values(config_, "data", info));
+  HostMemoryScope host;  // the data set lives in host memory, whatever the device
   dataset_->setup();
   data_spec_ = dataset_->spec();
 }
@@ -328,21 +333,34 @@ void Trainer::build_plan() {
                 "gradient_accumulation_steps " + std::to_string(options_.accumulation) + " x world size " +
                 std::to_string(world) + "; the global batch must split evenly into micro-batches");
   plan_ = sdk::BatchPlan{options_.batch_size / per_step, options_.accumulation, world};
-  // Memory policies may choose or change the micro-batch; the global batch stays.
+  // Memory policies may choose or change the micro-batch; a global batch the user gave stays.
+  const bool given = config_.at("trainer.batch_size").origin.source != "default";
   for (auto& policy : memory_policies_) {
     sdk::PlanContext context;
+    context.memory = memory_.get();
     context.plan = plan_;
-    context.global_batch = options_.batch_size;
-    context.global_batch_given = config_.at("trainer.batch_size").origin.source != "default";
+    context.global_batch = plan_.global();
+    context.global_batch_given = given;
+    context.probe = [this](int64_t b) { return probe_peak(b); };
+    context.config_key = config_key();
+    context.device_name = device_.str();
+    context.max_micro_batch = dataset_->size(sdk::Split::kTrain) / world;
     policy->plan(context);
-    if (context.plan.global() != options_.batch_size)
+    if (context.plan.micro_batch < 1 || context.plan.accumulation < 1 || context.plan.world_size != world)
+      throw Error("memory policy '" + policy->describe() + "' made an invalid plan");
+    if (given && context.plan.global() != options_.batch_size)
       throw Error("memory policy changed the global batch from " + std::to_string(options_.batch_size) + " to " +
-                  std::to_string(context.plan.global()) + "; a policy may only re-split it");
+                  std::to_string(context.plan.global()) + "; a policy may only re-split a batch the user chose");
     if (!(context.plan == plan_))
       log::info("plan: ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ", plan_.world_size,
                 " -> ", context.plan.micro_batch, " x ", context.plan.accumulation, " x ", context.plan.world_size,
                 " (", policy->describe(), ")");
     plan_ = context.plan;
+  }
+  if (options_.estimate_memory && plan_.micro_batch >= 2) {
+    // Probes now, so the end of the run can say how far the estimate was off.
+    fit_ = activation_fit(plan_.micro_batch);
+    if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).total();
   }
   base_lr_ = options_.lr;
   if (options_.reference_batch > 0) {
@@ -368,6 +386,8 @@ void Trainer::build_optimizer() {
   o.beta2 = options_.beta2;
   o.momentum = options_.momentum;
   optimizer_ = std::make_unique<Optimizer>(std::vector<ParameterGroup>{decay, no_decay}, o);
+  // Optimizer state exists from the start, so memory planning measures the steady state.
+  optimizer_->materialize();
 }
 
 void Trainer::build_loaders() {
@@ -616,10 +636,22 @@ void Trainer::setup_for_evaluation() {
   at::manual_seed(static_cast<uint64_t>(options_.seed));
   build_parallel();
   build_data();
+  build_memory();
   build_model();
   build_precision();
-  build_plan();
+  plan_ = sdk::BatchPlan{std::max<int64_t>(1, options_.batch_size / parallel_->world_size()), 1, parallel_->world_size()};
   build_loaders();
+}
+
+void Trainer::setup_for_estimate() {
+  if (options_.threads > 0) at::set_num_threads(static_cast<int>(options_.threads));
+  at::manual_seed(static_cast<uint64_t>(options_.seed));
+  build_parallel();
+  build_data();
+  build_memory();
+  build_model();
+  build_precision();
+  build_optimizer();
 }
 
 void Trainer::load_weights(const fs::path& checkpoint) {
@@ -694,8 +726,10 @@ StepResult Trainer::train_step() {
   StepResult result;
   result.lr = current_lr();
   if (finite) {
+    in_update_ = true;
     result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
     optimizer_->step(result.lr);
+    in_update_ = false;
     ++step_;
   } else {
     ++skipped_steps_;
@@ -754,6 +788,154 @@ EvalResult Trainer::evaluate() {
   return result;
 }
 
+// ---- memory --------------------------------------------------------------------------------
+
+ModelStates Trainer::model_states() const {
+  ModelStates m;
+  for (const auto& p : model_->module().parameters()) {
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    m.parameters += bytes;
+    if (!p.requires_grad()) {
+      m.frozen += p.numel();
+      continue;
+    }
+    m.trainable += p.numel();
+    m.gradients += bytes;
+    // AdamW: exp_avg and exp_avg_sq like the parameter, and a float step; SGD: a momentum buffer.
+    m.optimizer_states += options_.optimizer == "adamw" ? 2 * bytes + 4 : bytes;
+  }
+  return m;
+}
+
+std::optional<ActivationFit> Trainer::activation_fit(int64_t micro) {
+  const int64_t limit = std::max<int64_t>(2, dataset_->size(sdk::Split::kTrain) / parallel_->world_size());
+  for (int64_t large = std::clamp<int64_t>(micro, 2, limit); large >= 2; large /= 2) {
+    try {
+      return fit_activations([this](int64_t b) { return probe_peak(b); }, std::max<int64_t>(1, large / 2), large);
+    } catch (const c10::OutOfMemoryError&) {
+      memory_->empty_cache();
+      log::debug("memory estimate: probe at ", large, " ran out of memory; probing smaller");
+    }
+  }
+  return std::nullopt;
+}
+
+std::string Trainer::config_key() const {
+  std::string key;
+  for (const auto& section : {"model", "data", "precision"})
+    for (const auto& [k, v] : this->section(section)) key += std::string(section) + "." + k + "=" + v + ";";
+  return key + "optimizer=" + options_.optimizer;
+}
+
+int64_t Trainer::probe_peak(int64_t b) {
+  ++probes_run_;
+  at::Generator cpu = cpu_generator();
+  const at::Tensor cpu_state = cpu.get_state();
+  at::Tensor device_state;
+  if (device_.is_cuda()) device_state = device_generator(device_).get_state();
+  auto restore_state = [&] {
+    optimizer_->zero_grad();
+    cpu.set_state(cpu_state);
+    if (device_state.defined()) device_generator(device_).set_state(device_state);
+  };
+  optimizer_->zero_grad();
+  memory_->empty_cache();
+  memory_->reset_peak();
+  int64_t peak = 0;
+  try {
+    const int64_t n = dataset_->size(sdk::Split::kTrain);
+    std::vector<int64_t> indices(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) indices[static_cast<size_t>(i)] = i % n;
+    sdk::Batch batch = dataset_->get_batch(sdk::Split::kTrain, indices);
+    for (auto& [name, t] : batch) t = t.to(device_);
+    model_->module().train();
+    sdk::ModelOutput out;
+    {
+      auto guard = precision_->forward_guard();
+      out = model_->forward(batch, /*train=*/true);
+    }
+    precision_->scale_loss(out.loss_sum).backward();
+    peak = memory_->stats().peak;
+  } catch (...) {
+    restore_state();
+    throw;
+  }
+  restore_state();
+  log::debug("probe at micro-batch ", b, ": peak ", peak, " bytes");
+  return peak;
+}
+
+std::string Trainer::oom_advice(const std::string& message) const {
+  const auto stats = memory_->stats();
+  const ModelStates states = model_states();
+  const int64_t cap = stats.limit > 0 ? stats.limit : stats.total;
+  std::string text = "out of memory at micro-batch " + std::to_string(plan_.micro_batch) + " (step " +
+                     std::to_string(step_ + 1) + " of " + std::to_string(total_steps_) + " on " + device_.str() +
+                     "): " + message;
+  text += "\nWhat would help, in order:";
+  text += "\n  1. a smaller batch: --batch-size (now " + std::to_string(plan_.global()) + ")";
+  text += "\n  2. gradient accumulation: --gradient-accumulation-steps (memory.policies = oom_recovery does it for you)";
+  text += "\n  3. mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)";
+  text += "\n  4. the memory fraction: a cap (--memory-fraction) below what the device has also limits this run;"
+          " lower it only to leave room for other processes";
+  text += "\n  5. a smaller input: --image-size";
+  text += "\nThe estimator: the model states alone need " + format_bytes(states.total()) + " (parameters " +
+          format_bytes(states.parameters) + ", gradients " + format_bytes(states.gradients) + ", optimizer " +
+          format_bytes(states.optimizer_states) + ") of the " + format_bytes(cap) + " this run may use";
+  text += states.total() >= cap ? std::string(": no batch fits; use a smaller model, AMP, or more memory.")
+                                : "; `loom memory suggest --target " + format_bytes(cap) + "` says which batch fits.";
+  return text;
+}
+
+StepResult Trainer::step_with_recovery() {
+  const StepState start = capture();
+  while (true) {
+    try {
+      return train_step();
+    } catch (const c10::OutOfMemoryError& e) {
+      const auto t0 = Clock::now();
+      const std::string message = e.what_without_backtrace();
+      if (in_update_) {
+        in_update_ = false;
+        throw Error("out of memory inside the optimizer update of step " + std::to_string(step_ + 1) +
+                    "; the update may be partial, so the step cannot be replayed: " + message);
+      }
+      // Unwind: nothing of the step was applied; drop its gradients, return cached blocks, and
+      // put the data position and the RNG back where the step began.
+      restore(start);
+      memory_->empty_cache();
+      sdk::OomContext context;
+      context.memory = memory_.get();
+      context.plan = plan_;
+      context.message = message;
+      context.step = step_;
+      bool replanned = false;
+      for (auto& policy : memory_policies_)
+        if (policy->on_oom(context)) {
+          replanned = true;
+          break;
+        }
+      if (replanned && context.plan.global() != plan_.global())
+        throw Error("memory policy changed the global batch while recovering from out-of-memory; refusing");
+      if (!replanned) {
+        if (options_.snapshot_on_oom && device_.is_cuda()) {
+          const auto path = run_dir_ / "oom_snapshot.pickle";
+          write_memory_snapshot(device_, path);
+          log::error("memory snapshot of the failure: ", path.string(), " (https://pytorch.org/memory_viz)");
+        }
+        throw Error(oom_advice(message));
+      }
+      log::info("plan: ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ", plan_.world_size,
+                " -> ", context.plan.micro_batch, " x ", context.plan.accumulation, " x ", context.plan.world_size,
+                " after running out of memory at step ", step_ + 1);
+      plan_ = context.plan;
+      train_loader_->set_micro_batch(plan_.micro_batch);
+      ++oom_recoveries_;
+      recovery_seconds_ += seconds_since(t0);
+    }
+  }
+}
+
 // ---- the loop --------------------------------------------------------------------------------
 
 TrainSummary Trainer::train() {
@@ -765,6 +947,7 @@ TrainSummary Trainer::train() {
   std::optional<double> best = checkpoints_->best_value(options_.best_metric);
   Progress progress(total_steps_);
   const int64_t first_step = step_;
+  memory_->reset_peak();
   double train_seconds = 0;
   double window_seconds = 0, window_loss = 0;
   int64_t window_steps = 0, window_samples = 0;
@@ -780,7 +963,7 @@ TrainSummary Trainer::train() {
 
   while (step_ < total_steps_) {
     const auto start = Clock::now();
-    const StepResult r = train_step();
+    const StepResult r = step_with_recovery();
     const double dt = seconds_since(start);
     train_seconds += dt;
     window_seconds += dt;
@@ -792,6 +975,7 @@ TrainSummary Trainer::train() {
     const double rate = window_samples / std::max(1e-9, window_seconds);
     const double eta = (total_steps_ - step_) * (train_seconds / std::max<int64_t>(1, step_ - first_step));
     if (step_ % options_.log_every == 0 || step_ == total_steps_) {
+      const sdk::MemoryStats mem = memory_->stats();
       std::map<std::string, double> m{{"train/loss", window_loss / window_steps},
                                       {"train/lr", r.lr},
                                       {"train/samples_per_s", rate},
@@ -799,14 +983,15 @@ TrainSummary Trainer::train() {
                                       {"train/epoch", static_cast<double>(train_loader_->position().epoch)},
                                       {"train/skipped_steps", static_cast<double>(skipped_steps_)},
                                       {"train/skipped_rate", static_cast<double>(skipped_steps_) / std::max<int64_t>(1, step_)},
-                                      {"memory/in_use_bytes", static_cast<double>(memory_in_use(device_))},
-                                      {"memory/peak_bytes", static_cast<double>(memory_peak(device_))}};
+                                      {"memory/allocated_bytes", static_cast<double>(mem.allocated)},
+                                      {"memory/reserved_bytes", static_cast<double>(mem.reserved)},
+                                      {"memory/peak_bytes", static_cast<double>(mem.peak)}};
       for (const auto& [k, v] : window_metrics) m["train/" + k] = v / window_steps;
       metrics_->write(step_, m);
       char fields[256];
-      std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.0f samples/s | ETA %s | mem %s",
+      std::snprintf(fields, sizeof fields, "loss %.4f | lr %.2e | %.0f samples/s | ETA %s | mem %s (peak %s)",
                     window_loss / window_steps, r.lr, rate, format_duration(eta).c_str(),
-                    format_bytes(memory_in_use(device_)).c_str());
+                    format_bytes(mem.allocated).c_str(), format_bytes(mem.peak).c_str());
       progress.update(step_, fields);
       window_seconds = window_loss = 0;
       window_steps = window_samples = 0;
@@ -840,7 +1025,24 @@ TrainSummary Trainer::train() {
   summary.seconds = train_seconds;
   summary.samples_per_second = (step_ - first_step) * plan_.global() / std::max(1e-9, train_seconds);
   summary.final_eval = last_eval;
-  summary.peak_memory = memory_peak(device_);
+  summary.peak_memory = memory_->stats().peak;
+  summary.peak_resident = peak_resident_bytes();
+  if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).total();  // the final plan
+  summary.predicted_peak = predicted_peak_;
+  summary.oom_recoveries = oom_recoveries_;
+  summary.recovery_seconds = recovery_seconds_;
+  if (predicted_peak_ > 0 && summary.peak_memory > 0) {
+    const double error = 100.0 * static_cast<double>(predicted_peak_ - summary.peak_memory) / static_cast<double>(summary.peak_memory);
+    char line[160];
+    std::snprintf(line, sizeof line, "memory estimate: predicted peak %s at micro-batch %lld, measured %s (error %+.1f %%)",
+                  format_bytes(predicted_peak_).c_str(), static_cast<long long>(plan_.micro_batch),
+                  format_bytes(summary.peak_memory).c_str(), error);
+    log::info(line);
+  }
+  if (!options_.memory_snapshot.empty() && device_.is_cuda()) {
+    write_memory_snapshot(device_, options_.memory_snapshot);
+    log::info("memory snapshot written to ", options_.memory_snapshot, " (open it at https://pytorch.org/memory_viz)");
+  }
   return summary;
 }
 
@@ -882,7 +1084,12 @@ void Trainer::report_startup() const {
   log::info("optimizer ", options_.optimizer, ", lr ", base_lr_, options_.use_scheduler ? " (warm-up + cosine)" : " (constant)",
             ", weight decay ", options_.weight_decay, ", clip ", options_.clip_grad_norm);
   log::info("precision ", value_of(config_, "precision.name"), ": ", manifest);
+  const auto mem = memory_->stats();
+  if (mem.limit > 0)
+    log::info("memory    ", device_.str(), " may use ", format_bytes(mem.limit), " of ", format_bytes(device_.is_cpu() && options_.device_memory_limit > 0 ? options_.device_memory_limit : mem.total),
+              device_.is_cpu() && options_.device_memory_limit > 0 ? " (--device-memory-limit: the CPU acts as a device of that size)" : "");
   for (const auto& policy : memory_policies_) log::info("memory    ", policy->describe());
+  if (predicted_peak_ > 0) log::info("memory    estimated peak ", format_bytes(predicted_peak_), " at micro-batch ", plan_.micro_batch);
 }
 
 }  // namespace loom::core

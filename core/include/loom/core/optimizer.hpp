@@ -37,6 +37,10 @@ class Optimizer {
   /// Sets every gradient to zero (keeps the buffers).
   void zero_grad();
 
+  /// Allocates the optimizer state now rather than at the first step (so memory planning sees
+  /// the steady state). Idempotent.
+  void materialize() { ensure_state(); }
+
   /// Every parameter's gradient, in a fixed order (created as zeros where missing).
   std::vector<at::Tensor> gradients();
   const std::vector<ParameterGroup>& groups() const { return groups_; }

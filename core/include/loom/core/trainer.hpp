@@ -12,6 +12,8 @@
 #pragma once
 
 #include <loom/core/config.hpp>
+#include <loom/core/device_memory.hpp>
+#include <loom/core/estimator.hpp>
 #include <loom/core/loader.hpp>
 #include <loom/core/plugin_registry.hpp>
 
@@ -48,6 +50,10 @@ struct TrainerOptions {
   std::string best_metric = "accuracy";
   std::string resume = "none", resume_from;
   bool allow_precision_change = false;
+  int64_t device_memory_limit = 0;  ///< bytes; 0: none
+  std::string memory_snapshot;      ///< CUDA: write a snapshot here at the end (or at a fatal OOM)
+  bool snapshot_on_oom = false;
+  bool estimate_memory = true;
   int64_t num_workers = 2, prefetch = 2;
   bool pin_memory = true, shuffle = true;
 
@@ -76,7 +82,11 @@ struct TrainSummary {
   double seconds = 0;             ///< training time, evaluation excluded
   double samples_per_second = 0;
   std::optional<EvalResult> final_eval;
-  int64_t peak_memory = -1;       ///< bytes: device peak on CUDA, peak resident set on CPU
+  int64_t peak_memory = -1;       ///< bytes: peak allocated on the device (CPU: Loom's allocator)
+  int64_t peak_resident = -1;     ///< bytes: peak resident set of the process
+  int64_t predicted_peak = -1;    ///< the estimator's prediction at the final plan, if it ran
+  int64_t oom_recoveries = 0;
+  double recovery_seconds = 0;    ///< time spent unwinding and re-planning (replays excluded)
   std::filesystem::path run_dir;
 };
 
@@ -112,6 +122,27 @@ class Trainer {
   /// One optimizer step.
   StepResult train_step();
 
+  /// One optimizer step that survives running out of memory: the step unwinds (no update is
+  /// applied), memory is freed, the memory policies re-plan (oom_recovery halves the
+  /// micro-batch), and the step replays from its saved state. When no policy can help, throws
+  /// loom::Error with advice.
+  StepResult step_with_recovery();
+
+  /// Peak memory of a forward and backward at micro-batch `b` (model states included), with no
+  /// trace left: gradients zeroed, RNG restored, weights and optimizer untouched. Throws
+  /// c10::OutOfMemoryError past the cap. See sdk::PlanContext::probe.
+  int64_t probe_peak(int64_t b);
+
+  /// Parameter, gradient and optimizer-state bytes of this run.
+  ModelStates model_states() const;
+
+  /// Activation fit for predicting micro-batch `micro`: probes at micro/2 and micro, or, when
+  /// those run out of memory, at halves of them (extrapolating). nullopt when even 1 and 2 fail.
+  std::optional<ActivationFit> activation_fit(int64_t micro);
+
+  /// Builds what the estimator needs (device, memory, data, model, precision, optimizer).
+  void setup_for_estimate();
+
   /// Evaluates on the test split.
   EvalResult evaluate();
 
@@ -132,6 +163,9 @@ class Trainer {
 
   sdk::PrecisionStrategy& precision() { return *precision_; }
   int64_t skipped_steps() const { return skipped_steps_; }
+  sdk::DeviceMemory& memory() { return *memory_; }
+  int64_t probes_run() const { return probes_run_; }
+  int64_t oom_recoveries() const { return oom_recoveries_; }
 
   int64_t step() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
@@ -143,6 +177,7 @@ class Trainer {
 
  private:
   void build_parallel();
+  void build_memory();
   void build_data();
   void build_model();
   void build_precision();
@@ -184,6 +219,15 @@ class Trainer {
   std::unique_ptr<MetricsWriter> metrics_;
   int64_t resumed_at_ = -1;
   std::function<void(const std::vector<at::Tensor>&)> gradient_hook_;
+  std::unique_ptr<sdk::DeviceMemory> memory_;
+  int64_t probes_run_ = 0;
+  int64_t oom_recoveries_ = 0;
+  double recovery_seconds_ = 0;
+  bool in_update_ = false;
+  int64_t predicted_peak_ = -1;
+  std::optional<ActivationFit> fit_;
+  std::string oom_advice(const std::string& message) const;
+  std::string config_key() const;
 };
 
 /// Reads the run's configuration into its final form: resolves automatic choices

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace loom::sdk {
 
@@ -33,15 +34,25 @@ struct PlanContext {
   BatchPlan plan;                  ///< in: the plan so far; out: this policy's plan
   int64_t global_batch = 0;        ///< the configured global batch; a policy keeps it
   bool global_batch_given = false; ///< whether the user chose it (else a policy may choose)
-  /// Runs one training step at micro-batch `b` without side effects on weights, optimizer or
-  /// RNG and returns the peak memory it took; throws c10::OutOfMemoryError past the cap.
+  /// Runs forward and backward of one micro-batch of `b` samples (the largest samples the data
+  /// has) without side effects on weights, optimizer or RNG, and returns the peak memory the
+  /// run then holds (parameters, gradients and optimizer state included); throws
+  /// c10::OutOfMemoryError past the cap.
   std::function<int64_t(int64_t b)> probe;
+  /// Identifies what a probe measures (model, data, precision, optimizer configuration): equal
+  /// keys give equal probes on equal devices, so a policy may cache its answer under it.
+  std::string config_key;
+  /// The device's name ("NVIDIA H100 80GB HBM3", "cpu"), for caches and messages.
+  std::string device_name;
+  /// How many samples one micro-batch may take at most (the split's size on this rank).
+  int64_t max_micro_batch = 0;
 };
 
 /// What on_oom() sees and may change.
 struct OomContext {
   DeviceMemory* memory = nullptr;
   BatchPlan plan;          ///< in: the plan that ran out of memory; out: the plan to replay with
+                           ///< (the same global batch: a policy may only re-split it)
   std::string message;     ///< the allocator's message
   int64_t step = 0;        ///< the optimizer step that ran out of memory
 };

@@ -1,0 +1,98 @@
+// `loom doctor`: what this machine offers a training run (seed 002's check_gpu_memory, and more):
+// devices and their memory, allocator settings, LibTorch and CUDA versions, TF32 and bfloat16
+// support, threads, the plugins and the default data set.
+#include "cli.hpp"
+
+#include <loom/core/device_memory.hpp>
+#include <loom/core/text.hpp>
+#include <loom/sdk/fingerprint.hpp>
+#include <loom/sdk/version.hpp>
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#if LOOM_TORCH_CUDA
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/cuda/CUDAContextLight.h>
+#endif
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+namespace loom::cli {
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+void row(const std::string& what, const std::string& value) {
+  std::cout << "  " << what << std::string(what.size() < 22 ? 22 - what.size() : 1, ' ') << value << "\n";
+}
+
+}  // namespace
+
+int cmd_doctor(const Invocation& invocation) {
+  const auto& f = sdk::kBuildFingerprint;
+  std::cout << "Loom " << LOOM_SDK_VERSION << " (plugin ABI " << LOOM_ABI_MAJOR << "." << LOOM_ABI_MINOR << ")\n";
+  row("LibTorch", std::to_string(f.torch_major) + "." + std::to_string(f.torch_minor) + "." +
+                      std::to_string(f.torch_patch) + (f.torch_cuda ? " (CUDA build)" : " (CPU build)"));
+  row("compiler", std::string(f.compiler) + ", C++" + std::to_string(f.cxx_standard % 100) +
+                      ", _GLIBCXX_USE_CXX11_ABI=" + std::to_string(f.cxx11_abi));
+
+  std::cout << "\nCPU\n";
+  row("model", cpu_model());
+  row("cores", std::to_string(std::thread::hardware_concurrency()) + " (LibTorch uses " +
+                   std::to_string(at::get_num_threads()) + " threads; trainer.threads changes it)");
+  row("memory", core::format_bytes(core::physical_memory()) + " (" + core::format_bytes(core::available_memory()) +
+                    " available)");
+
+  std::cout << "\nCUDA\n";
+  const bool cuda = torch::cuda::is_available();
+  if (!cuda) {
+    row("devices", "none visible: training runs on the CPU (precision fp32 or bf16_amp)");
+  } else {
+#if LOOM_TORCH_CUDA
+    const auto count = static_cast<int>(torch::cuda::device_count());
+    row("devices", std::to_string(count));
+    for (int i = 0; i < count; ++i) {
+      const auto* p = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(i));
+      const auto [free, total] = at::accelerator::getMemoryInfo(static_cast<c10::DeviceIndex>(i));
+      const int cc = p->major * 10 + p->minor;
+      std::cout << "  cuda:" << i << "  " << p->name << "\n";
+      row("  memory", core::format_bytes(static_cast<int64_t>(total)) + " (" +
+                          core::format_bytes(static_cast<int64_t>(free)) + " free)");
+      row("  compute capability", std::to_string(p->major) + "." + std::to_string(p->minor));
+      row("  TF32", cc >= 80 ? "yes (precision tf32, --allow-tf32)" : "no (needs compute capability 8.0)");
+      row("  bfloat16", cc >= 80 ? "yes: the default AMP is bf16_amp" : "no: the default AMP is fp16_amp");
+    }
+#else
+    row("devices", "visible, but this LibTorch has no CUDA");
+#endif
+  }
+  for (const char* var : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_VISIBLE_DEVICES"}) {
+    const char* v = std::getenv(var);
+    row(var, v ? v : "(unset)");
+  }
+
+  std::cout << "\nPlugins\n";
+  core::PluginRegistry registry;
+  scan_plugins(registry, invocation.options, /*log_refusals=*/false);
+  row("loaded", std::to_string(registry.components().size()) + " components from " +
+                    std::to_string(registry.plugins().size()) + " files");
+  row("refused", std::to_string(registry.refusals().size()) + (registry.refusals().empty() ? "" : " (loom plugins says why)"));
+
+  std::cout << "\nData\n";
+  const bool fmnist = std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  row("Fashion-MNIST", fmnist ? "/usr/share/datasets/fashion-mnist" : "missing: scripts/setup.sh installs dataset-fashion-mnist");
+  return 0;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,78 @@
+// `loom memory estimate`: what a run's memory is made of, per device; `loom memory suggest`: the
+// largest batch that fits a target. Both measure activations with two probes on the real device
+// (on CPU under Loom's counting allocator) and take model states from parameter counts.
+#include "cli.hpp"
+
+#include <loom/core/error.hpp>
+#include <loom/core/estimator.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
+#include <loom/core/trainer.hpp>
+#include <loom/sdk/options.hpp>
+
+#include <iostream>
+
+namespace loom::cli {
+
+namespace {
+
+int64_t devices_of(const Invocation& invocation) {
+  const int64_t n = invocation.options["devices"].as<int64_t>();
+  if (n < 1) throw Error("--devices must be at least 1");
+  return n;
+}
+
+}  // namespace
+
+int cmd_memory(const Invocation& invocation) {
+  const std::string what = invocation.args.empty() ? "" : invocation.args[0];
+  if (what != "estimate" && what != "suggest")
+    throw Error("usage: loom memory estimate [-c FILE] [--devices N] [--batch B]  |  loom memory suggest --target 8GiB [--devices N]");
+  core::PluginRegistry registry;
+  scan_plugins(registry, invocation.options);
+  core::Config config = config_from(invocation.options);
+  if (invocation.options.count("batch"))
+    config.set("trainer.batch_size", std::to_string(invocation.options["batch"].as<int64_t>()), {"--batch", {}, 0});
+  const core::Resolved resolved = core::resolve_run(config, registry);
+  core::Trainer trainer(resolved, registry);
+  trainer.setup_for_estimate();
+  const int64_t devices = devices_of(invocation);
+  const core::ModelStates states = trainer.model_states();
+  const int64_t samples = trainer.options().batch_size;
+
+  if (what == "estimate") {
+    const int64_t micro = std::max<int64_t>(1, samples / devices / trainer.options().accumulation);
+    const auto measured = trainer.activation_fit(micro);
+    if (!measured) throw Error("even a micro-batch of 2 runs out of memory on " + trainer.device().str());
+    const core::ActivationFit& fit = *measured;
+    const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
+    std::cout << "batch " << samples << " on " << devices << " device(s): micro-batch " << micro << " x accumulation "
+              << trainer.options().accumulation << " per device\n"
+              << core::format_estimate(e, trainer.device().str())
+              << "(activations from probes at micro-batch " << fit.probe_small << " and " << fit.probe_large << ": "
+              << core::format_bytes(static_cast<int64_t>(fit.per_sample)) << " per sample)\n";
+    return 0;
+  }
+
+  if (!invocation.options.count("target")) throw Error("loom memory suggest needs --target SIZE, e.g. --target 8GiB");
+  const std::string target_text = invocation.options["target"].as<std::string>();
+  const auto target = sdk::parse_bytes(target_text);
+  if (!target) throw Error("--target '" + target_text + "' is not a size; e.g. 8GiB, 512MiB, 16GB");
+  const auto measured = trainer.activation_fit(std::max<int64_t>(2, samples / devices));
+  if (!measured) throw Error("even a micro-batch of 2 runs out of memory on " + trainer.device().str());
+  const core::ActivationFit& fit = *measured;
+  const int64_t micro = core::largest_micro_batch(states, fit, *target);
+  if (micro < 1) {
+    std::cout << "nothing fits in " << core::format_bytes(*target) << ": the model states alone need "
+              << core::format_bytes(states.total()) << " and the workspace "
+              << core::format_bytes(std::max<int64_t>(0, static_cast<int64_t>(fit.fixed) - states.total())) << "\n";
+    return 1;
+  }
+  const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
+  std::cout << "largest micro-batch under " << core::format_bytes(*target) << " per device: " << micro
+            << " (global batch " << micro * devices << " on " << devices << " device(s) without accumulation)\n"
+            << core::format_estimate(e, trainer.device().str());
+  return 0;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,51 @@
+// Device memory: one interface (sdk::DeviceMemory) over CUDA and CPU.
+//
+// CUDA: the caching allocator's statistics, cudaMemGetInfo, setMemoryFraction, emptyCache, and
+// memory snapshots for pytorch.org/memory_viz.
+//
+// CPU: a budget allocator installed with c10::SetCPUAllocator counts the live bytes of every
+// CPU tensor allocated after it is installed, keeps the peak, and throws c10::OutOfMemoryError
+// past a byte budget, exactly where the CUDA allocator would. `--device-memory-limit 2GiB` makes
+// the CPU behave as a device with 2 GiB, which is how every memory policy is tested in CI. What
+// it cannot see: tensors made before it is installed, and memory libraries allocate on their
+// own (oneDNN scratch, OpenMP stacks); see docs/memory.md.
+#pragma once
+
+#include <loom/sdk/memory_policy.hpp>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace loom::core {
+
+/// The DeviceMemory of `device` (CPU or CUDA). On CPU the first call installs the counting
+/// allocator (process-wide, for the rest of the process); `cpu_limit` > 0 makes it a budget.
+std::unique_ptr<sdk::DeviceMemory> make_device_memory(const c10::Device& device, int64_t cpu_limit = 0);
+
+/// Installs the CPU counting allocator if it is not yet installed; safe to call repeatedly.
+void install_cpu_allocator();
+
+/// While alive, CPU tensors this thread allocates are host memory (a dataset held in RAM), not
+/// the emulated device's: the CPU budget neither counts nor limits them. On a GPU such data
+/// lives in host memory too, so this keeps CPU emulation honest.
+class HostMemoryScope {
+ public:
+  HostMemoryScope();
+  ~HostMemoryScope();
+  HostMemoryScope(const HostMemoryScope&) = delete;
+  HostMemoryScope& operator=(const HostMemoryScope&) = delete;
+};
+
+/// Starts recording allocation history on a CUDA device (for memory snapshots). No-op elsewhere.
+void start_memory_history(const c10::Device& device);
+
+/// Writes a memory snapshot (a pickle for https://pytorch.org/memory_viz) of a CUDA device.
+/// Throws loom::Error on CPU, or when the build has no CUDA.
+void write_memory_snapshot(const c10::Device& device, const std::filesystem::path& path);
+
+/// Physical memory of this machine and what the kernel reports available, in bytes.
+int64_t physical_memory();
+int64_t available_memory();
+
+}  // namespace loom::core

@@ -1,0 +1,57 @@
+// The memory estimator: per device, what a run's memory is made of.
+//
+//   parameters, gradients, optimizer states   from parameter counts, dtypes and the optimizer
+//                                             (frozen parameters have no gradient or state)
+//   activations                               measured: two probes of small micro-batches on
+//   workspace                                 the real device (or the CPU under the budget
+//                                             allocator) fit peak = fixed + per_sample * b; the
+//                                             fixed part beyond the model states is workspace
+//
+// and the peak it predicts for any micro-batch, the largest micro-batch under a target, and, at
+// the end of a run, its error against the measured peak.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace loom::core {
+
+struct ModelStates {
+  int64_t parameters = 0;        ///< bytes of all parameters
+  int64_t gradients = 0;         ///< bytes of the gradients of trainable parameters
+  int64_t optimizer_states = 0;  ///< AdamW: two moments and a step per trainable parameter; SGD: momentum
+  int64_t trainable = 0, frozen = 0;  ///< parameter counts
+  int64_t total() const { return parameters + gradients + optimizer_states; }
+};
+
+struct ActivationFit {
+  int64_t probe_small = 0, probe_large = 0;  ///< micro-batches probed
+  int64_t peak_small = 0, peak_large = 0;    ///< their measured peaks
+  double per_sample = 0;                     ///< activation bytes per sample
+  double fixed = 0;                          ///< peak at batch 0: model states + workspace
+};
+
+struct MemoryEstimate {
+  int64_t devices = 1;
+  int64_t micro_batch = 0;  ///< per device
+  ModelStates states;
+  int64_t activations = 0;
+  int64_t workspace = 0;
+  int64_t total() const { return states.total() + activations + workspace; }
+};
+
+/// Fits activations from two probes (probe(b) returns the peak bytes of a forward and backward
+/// at micro-batch b, model states included).
+ActivationFit fit_activations(const std::function<int64_t(int64_t)>& probe, int64_t small, int64_t large);
+
+/// The estimate for a micro-batch per device.
+MemoryEstimate estimate(const ModelStates& states, const ActivationFit& fit, int64_t micro_batch, int64_t devices = 1);
+
+/// The largest micro-batch whose estimate fits under `target` bytes, or 0 when none does.
+int64_t largest_micro_batch(const ModelStates& states, const ActivationFit& fit, int64_t target);
+
+/// The per-device table, as seed 002 lays it out.
+std::string format_estimate(const MemoryEstimate& e, const std::string& device);
+
+}  // namespace loom::core

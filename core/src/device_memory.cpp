@@ -1,0 +1,232 @@
+// Device memory for CUDA and CPU. See device_memory.hpp.
+#include <loom/core/device_memory.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
+
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+#if LOOM_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/csrc/cuda/memory_snapshot.h>
+#endif
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <unistd.h>
+#include <unordered_map>
+
+namespace loom::core {
+
+namespace {
+
+std::string bytes_text(int64_t bytes) {
+  std::ostringstream out;
+  if (bytes >= (1LL << 30)) out << static_cast<double>(bytes) / (1LL << 30) << " GiB";
+  else out << static_cast<double>(bytes) / (1LL << 20) << " MiB";
+  return out.str();
+}
+
+// Note [CPU budget allocator]
+// Every CPU tensor's storage goes through c10::GetCPUAllocator(). This allocator replaces it
+// (c10::SetCPUAllocator, priority 1): it allocates with c10::alloc_cpu like the default one,
+// remembers each block's size in a side table (data == context, so LibTorch's copy-on-write
+// still sees a simple data pointer), counts live bytes and their peak, and throws
+// c10::OutOfMemoryError when a budget would be exceeded, as the CUDA caching allocator does.
+// It lives for the whole process (deleters may run at exit); a block allocated before it was
+// installed keeps the default allocator's deleter and is never counted.
+class BudgetAllocator final : public c10::Allocator {
+ public:
+  static BudgetAllocator& instance() {
+    static BudgetAllocator* allocator = [] {
+      auto* a = new BudgetAllocator();  // never destroyed: deleters may run during exit
+      c10::SetCPUAllocator(a, /*priority=*/1);
+      return a;
+    }();
+    return *allocator;
+  }
+
+  c10::DataPtr allocate(size_t n) override {
+    if (host_scope_depth > 0) {
+      // Host memory (a dataset held in RAM): not the emulated device's, not counted.
+      void* p = n ? c10::alloc_cpu(n) : nullptr;
+      return {p, p, &c10::free_cpu, c10::Device(c10::kCPU)};
+    }
+    const int64_t bytes = static_cast<int64_t>(n);
+    const int64_t now = allocated_.fetch_add(bytes) + bytes;
+    const int64_t budget = budget_.load();
+    if (budget > 0 && now > budget) {
+      allocated_.fetch_sub(bytes);
+      ooms_.fetch_add(1);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU device out of memory (Loom's --device-memory-limit): tried to allocate ",
+                       bytes_text(bytes), "; ", bytes_text(now - bytes), " of the ", bytes_text(budget),
+                       " budget already in use");
+    }
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    void* p = n ? c10::alloc_cpu(n) : nullptr;
+    if (p != nullptr) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sizes_[p] = n;
+    } else {
+      allocated_.fetch_sub(bytes);
+    }
+    return {p, p, &release, c10::Device(c10::kCPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+
+  static inline thread_local int host_scope_depth = 0;
+
+  int64_t allocated() const { return allocated_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  int64_t budget() const { return budget_.load(); }
+  int64_t ooms() const { return ooms_.load(); }
+  void set_budget(int64_t bytes) { budget_.store(bytes); }
+  void reset_peak() { peak_.store(allocated_.load()); }
+
+ private:
+  static void release(void* p) {
+    if (p == nullptr) return;
+    BudgetAllocator& self = instance();
+    size_t n = 0;
+    {
+      std::lock_guard<std::mutex> lock(self.mutex_);
+      auto it = self.sizes_.find(p);
+      if (it != self.sizes_.end()) {
+        n = it->second;
+        self.sizes_.erase(it);
+      }
+    }
+    self.allocated_.fetch_sub(static_cast<int64_t>(n));
+    c10::free_cpu(p);
+  }
+
+  std::atomic<int64_t> allocated_{0}, peak_{0}, budget_{0}, ooms_{0};
+  std::mutex mutex_;
+  std::unordered_map<void*, size_t> sizes_;
+};
+
+int64_t meminfo(const char* field) {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == field) return kib * 1024;
+  return -1;
+}
+
+class CpuMemory final : public sdk::DeviceMemory {
+ public:
+  c10::Device device() const override { return c10::Device(c10::kCPU); }
+  sdk::MemoryStats stats() const override {
+    const BudgetAllocator& a = BudgetAllocator::instance();
+    sdk::MemoryStats s;
+    const int64_t budget = a.budget();
+    s.total = budget > 0 ? budget : physical_memory();
+    s.free = budget > 0 ? budget - a.allocated() : available_memory();
+    s.allocated = a.allocated();
+    s.reserved = a.allocated();  // no cache: what is allocated is what is held
+    s.peak = a.peak();
+    s.limit = budget > 0 ? budget : -1;
+    s.ooms = a.ooms();
+    return s;
+  }
+  void reset_peak() override { BudgetAllocator::instance().reset_peak(); }
+  void set_limit(int64_t bytes) override { BudgetAllocator::instance().set_budget(bytes > 0 ? bytes : 0); }
+  void empty_cache() override {}
+};
+
+#if LOOM_TORCH_CUDA
+class CudaMemory final : public sdk::DeviceMemory {
+ public:
+  explicit CudaMemory(c10::Device device) : device_(device) {}
+  c10::Device device() const override { return device_; }
+  sdk::MemoryStats stats() const override {
+    sdk::MemoryStats s;
+    const auto [free, total] = at::accelerator::getMemoryInfo(device_.index());
+    const auto d = at::accelerator::getDeviceStats(device_.index());
+    s.total = static_cast<int64_t>(total);
+    s.free = static_cast<int64_t>(free);
+    s.allocated = static_cast<int64_t>(d.allocated_bytes[0].current);
+    s.reserved = static_cast<int64_t>(d.reserved_bytes[0].current);
+    s.peak = static_cast<int64_t>(d.allocated_bytes[0].peak);
+    s.alloc_retries = static_cast<int64_t>(d.num_alloc_retries);
+    s.ooms = static_cast<int64_t>(d.num_ooms);
+    const double fraction = c10::cuda::CUDACachingAllocator::getMemoryFraction(device_.index());
+    s.limit = fraction > 0 && fraction < 1 ? static_cast<int64_t>(fraction * static_cast<double>(total)) : -1;
+    return s;
+  }
+  void reset_peak() override { at::accelerator::resetPeakStats(device_.index()); }
+  void set_limit(int64_t bytes) override {
+    const auto [free, total] = at::accelerator::getMemoryInfo(device_.index());
+    (void)free;
+    const double fraction = bytes > 0 ? std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total)) : 1.0;
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device_.index());
+  }
+  void empty_cache() override { at::accelerator::emptyCache(); }
+
+ private:
+  c10::Device device_;
+};
+#endif
+
+}  // namespace
+
+int64_t physical_memory() { return static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE); }
+
+int64_t available_memory() {
+  const int64_t v = meminfo("MemAvailable:");
+  return v > 0 ? v : static_cast<int64_t>(::sysconf(_SC_AVPHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+}
+
+void install_cpu_allocator() { BudgetAllocator::instance(); }
+
+HostMemoryScope::HostMemoryScope() { ++BudgetAllocator::host_scope_depth; }
+HostMemoryScope::~HostMemoryScope() { --BudgetAllocator::host_scope_depth; }
+
+std::unique_ptr<sdk::DeviceMemory> make_device_memory(const c10::Device& device, int64_t cpu_limit) {
+  if (device.is_cpu()) {
+    install_cpu_allocator();
+    auto memory = std::make_unique<CpuMemory>();
+    if (cpu_limit > 0) memory->set_limit(cpu_limit);
+    return memory;
+  }
+#if LOOM_TORCH_CUDA
+  if (device.is_cuda()) return std::make_unique<CudaMemory>(device.has_index() ? device : c10::Device(c10::kCUDA, 0));
+#endif
+  throw Error("no memory accounting for device " + device.str());
+}
+
+void start_memory_history(const c10::Device& device) {
+#if LOOM_TORCH_CUDA
+  if (device.is_cuda()) {
+    // Strings, not literals: a const char* would pick the bool overload (research/libtorch-api.md).
+    torch::cuda::_record_memory_history(std::string("all"), std::string("all"), std::string("all"), 100000);
+  }
+#else
+  (void)device;
+#endif
+}
+
+void write_memory_snapshot(const c10::Device& device, const std::filesystem::path& path) {
+#if LOOM_TORCH_CUDA
+  if (device.is_cuda()) {
+    write_file_atomic(path, torch::cuda::_memory_snapshot_pickled());
+    return;
+  }
+#endif
+  throw Error("memory snapshots are CUDA allocator snapshots (for pytorch.org/memory_viz); " + device.str() +
+              " has none");
+}
+
+}  // namespace loom::core

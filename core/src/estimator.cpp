@@ -1,0 +1,68 @@
+// The memory estimator. See estimator.hpp.
+#include <loom/core/error.hpp>
+#include <loom/core/estimator.hpp>
+#include <loom/core/text.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace loom::core {
+
+ActivationFit fit_activations(const std::function<int64_t(int64_t)>& probe, int64_t small, int64_t large) {
+  if (small < 1 || large <= small) throw Error("estimator: probe sizes must satisfy 1 <= small < large");
+  ActivationFit f;
+  f.probe_small = small;
+  f.probe_large = large;
+  f.peak_small = probe(small);
+  f.peak_large = probe(large);
+  f.per_sample = std::max(0.0, static_cast<double>(f.peak_large - f.peak_small) / static_cast<double>(large - small));
+  f.fixed = static_cast<double>(f.peak_small) - f.per_sample * static_cast<double>(small);
+  return f;
+}
+
+MemoryEstimate estimate(const ModelStates& states, const ActivationFit& fit, int64_t micro_batch, int64_t devices) {
+  MemoryEstimate e;
+  e.devices = devices;
+  e.micro_batch = micro_batch;
+  e.states = states;
+  // The prediction is the measured line, fixed + per_sample * b; the breakdown splits it into the
+  // model states (counted), workspace (what the line's fixed part holds beyond them) and
+  // activations (the rest).
+  const int64_t total = std::max<int64_t>(
+      states.total(), static_cast<int64_t>(std::llround(fit.fixed + fit.per_sample * static_cast<double>(micro_batch))));
+  e.workspace = std::max<int64_t>(0, static_cast<int64_t>(std::llround(fit.fixed)) - states.total());
+  e.activations = total - states.total() - e.workspace;
+  return e;
+}
+
+int64_t largest_micro_batch(const ModelStates& states, const ActivationFit& fit, int64_t target) {
+  if (states.total() >= target) return 0;
+  const double room = static_cast<double>(target) - fit.fixed;
+  if (room <= 0) return 0;
+  if (fit.per_sample <= 0) return INT64_MAX;
+  return static_cast<int64_t>(std::floor(room / fit.per_sample));
+}
+
+std::string format_estimate(const MemoryEstimate& e, const std::string& device) {
+  std::ostringstream out;
+  char line[160];
+  auto row = [&](const char* what, int64_t bytes, const std::string& note) {
+    std::snprintf(line, sizeof line, "  %-18s %12s   %s\n", what, format_bytes(bytes).c_str(), note.c_str());
+    out << line;
+  };
+  out << "per device (" << e.devices << " device" << (e.devices > 1 ? "s, each" : "") << " on " << device
+      << "), micro-batch " << e.micro_batch << ":\n";
+  row("parameters", e.states.parameters,
+      std::to_string(e.states.trainable + e.states.frozen) + " parameters (" + std::to_string(e.states.frozen) + " frozen)");
+  row("gradients", e.states.gradients, "trainable parameters only");
+  row("optimizer states", e.states.optimizer_states, "from the optimizer and the parameters' dtypes");
+  row("activations", e.activations, "measured per sample, times the micro-batch");
+  row("workspace", e.workspace, "what the probes held beyond model states and activations");
+  out << "  " << std::string(60, '-') << "\n";
+  row("total", e.total(), "");
+  return out.str();
+}
+
+}  // namespace loom::core

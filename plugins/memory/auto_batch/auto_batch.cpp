@@ -1,0 +1,193 @@
+// auto_batch: finds the largest micro-batch that fits under the device's cap, by measurement.
+//
+// Note [auto_batch search]
+// Peak memory is close to linear in the micro-batch: peak(b) = a + k*b, where a holds the
+// parameters, gradients, optimizer state and workspaces, and k the activations of one sample.
+// Two probes (b = 2 and 8) fit a and k; the largest batch the fit allows under the cap is
+// b_max = (cap - a) / k. The policy aims at b_max * (1 - margin/2): within `margin` of the
+// largest batch (b * (1 + margin) does not fit), with headroom for what probes do not see
+// (fragmentation, allocator rounding). One probe verifies the choice; if it fails or lands
+// above the cap, the fit is redone with that point and the aim lowered, at most 6 probes in
+// all. The answer is cached per (device, cap, configuration) in $LOOM_CACHE/auto_batch.json.
+// Probes run forward and backward only, restore the RNG and zero the gradients: weights,
+// optimizer and data order are as if no search had happened.
+#include "../batch_split.hpp"
+
+#include <loom/sdk/sdk.hpp>
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kMaxProbes = 6;
+
+fs::path default_cache() {
+  if (const char* c = std::getenv("LOOM_CACHE")) return fs::path(c) / "auto_batch.tsv";
+  if (const char* h = std::getenv("HOME")) return fs::path(h) / ".cache" / "loom" / "auto_batch.tsv";
+  return {};
+}
+
+/// The cache: one "key<TAB>micro-batch" line per answer.
+std::map<std::string, int64_t> read_cache(const fs::path& path) {
+  std::map<std::string, int64_t> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto tab = line.rfind('\t');
+    if (tab == std::string::npos) continue;
+    if (auto v = loom::sdk::parse_int(line.substr(tab + 1)); v && *v > 0) out[line.substr(0, tab)] = *v;
+  }
+  return out;
+}
+
+void write_cache(const fs::path& path, const std::map<std::string, int64_t>& entries) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    for (const auto& [k, v] : entries) out << k << '\t' << v << '\n';
+  }
+  fs::rename(tmp, path, ec);
+}
+
+class AutoBatch final : public loom::sdk::MemoryPolicy {
+ public:
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_float("margin", "0.05",
+                              "aim at (1 - margin/2) of the largest batch that fits; b x (1 + margin) does not fit"),
+      loom::sdk::option_int("max_batch", "4096", "never choose a micro-batch above this"),
+      loom::sdk::option_string("cache", "", "answer cache (default $LOOM_CACHE/auto_batch.tsv); 'off' disables it"),
+  };
+
+  explicit AutoBatch(const loom::sdk::Options& o)
+      : margin_(o.get_float("margin")), max_batch_(o.get_int("max_batch")), cache_(o.get_string("cache")) {
+    if (!(margin_ >= 0 && margin_ < 0.5)) throw loom::sdk::Error("memory.margin must be in [0, 0.5)");
+    if (max_batch_ < 1) throw loom::sdk::Error("memory.max_batch must be at least 1");
+    if (cache_.empty()) cache_ = default_cache().string();
+  }
+
+  void plan(loom::sdk::PlanContext& context) override {
+    if (!context.probe) throw loom::sdk::Error("auto_batch: the host offers no probe");
+    const auto stats = context.memory->stats();
+    const int64_t cap = stats.limit > 0 ? stats.limit : stats.total;
+    const int64_t limit = std::min(max_batch_, context.max_micro_batch > 0 ? context.max_micro_batch : max_batch_);
+    const std::string key = context.device_name + "|cap=" + std::to_string(cap) + "|margin=" + std::to_string(margin_) +
+                            "|max=" + std::to_string(limit) + "|" + context.config_key;
+    int64_t chosen = 0;
+    if (cache_ != "off") {
+      auto entries = read_cache(cache_);
+      if (auto it = entries.find(key); it != entries.end()) {
+        chosen = it->second;
+        loom::sdk::log::info("auto_batch: micro-batch ", chosen, " from the cache ", cache_);
+        description_ = "auto_batch: micro-batch " + std::to_string(chosen) + " (cached)";
+      }
+    }
+    if (chosen == 0) {
+      chosen = search(context, cap, limit);
+      if (cache_ != "off") {
+        auto entries = read_cache(cache_);
+        entries[key] = chosen;
+        write_cache(cache_, entries);
+      }
+    }
+    const int64_t world = context.plan.world_size;
+    if (context.global_batch_given)
+      context.plan = loom::plugins::split_global_batch(context.global_batch, world, chosen);
+    else
+      context.plan = loom::sdk::BatchPlan{chosen, 1, world};
+    loom::sdk::log::info("auto_batch: ", loom::plugins::plan_text(context.plan));
+  }
+
+  std::string describe() const override { return description_.empty() ? "auto_batch" : description_; }
+
+
+ private:
+  /// Peak of a probe at b, or -1 when it runs out of memory.
+  int64_t probe(loom::sdk::PlanContext& context, int64_t b) {
+    ++probes_;
+    try {
+      const int64_t peak = context.probe(b);
+      loom::sdk::log::debug("auto_batch: probe ", probes_, " at ", b, ": peak ", peak, " bytes");
+      return peak;
+    } catch (const c10::OutOfMemoryError&) {
+      loom::sdk::log::debug("auto_batch: probe ", probes_, " at ", b, ": out of memory");
+      context.memory->empty_cache();
+      return -1;
+    }
+  }
+
+  int64_t search(loom::sdk::PlanContext& context, int64_t cap, int64_t limit) {
+    probes_ = 0;
+    int64_t b1 = std::min<int64_t>(2, limit), b2 = std::min<int64_t>(8, limit);
+    int64_t p1 = probe(context, b1);
+    if (p1 < 0 || p1 > cap)
+      throw loom::sdk::Error("auto_batch: even a micro-batch of " + std::to_string(b1) + " does not fit under the cap of " +
+                             loom::plugins::gib(cap) + "; lower the model size, use AMP, or raise the cap");
+    if (b2 == b1) return b1;
+    int64_t p2 = probe(context, b2);
+    if (p2 < 0 || p2 > cap) {  // between b1 and b2: bisect the few candidates left
+      int64_t lo = b1, hi = b2;
+      while (hi - lo > 1 && probes_ < kMaxProbes) {
+        const int64_t mid = (lo + hi) / 2;
+        const int64_t p = probe(context, mid);
+        (p >= 0 && p <= cap ? lo : hi) = mid;
+      }
+      description_ = "auto_batch: micro-batch " + std::to_string(lo) + " (" + std::to_string(probes_) + " probes)";
+      return lo;
+    }
+    double aim = 1.0 - margin_ / 2.0;
+    int64_t best = b2;  // the largest batch seen to fit
+    int64_t chosen = b2;
+    while (probes_ < kMaxProbes) {
+      const double k = static_cast<double>(p2 - p1) / static_cast<double>(b2 - b1);
+      const double a = static_cast<double>(p1) - k * static_cast<double>(b1);
+      const double b_max = k > 0 ? (static_cast<double>(cap) - a) / k : static_cast<double>(limit);
+      int64_t target = std::clamp<int64_t>(static_cast<int64_t>(std::floor(b_max * aim)), best, limit);
+      if (target == best) {
+        chosen = best;
+        break;
+      }
+      const int64_t p = probe(context, target);
+      if (p >= 0 && p <= cap) {
+        chosen = target;
+        loom::sdk::log::info("auto_batch: micro-batch ", target, " fits (peak ", loom::plugins::gib(p), " of ",
+                             loom::plugins::gib(cap), ", fit a = ", loom::plugins::gib(static_cast<int64_t>(a)),
+                             ", k = ", static_cast<int64_t>(k), " bytes/sample; ", probes_, " probes)");
+        break;
+      }
+      // Too big: the fit was optimistic. Refit through the failing point when it was measured,
+      // aim lower, try again.
+      if (p > cap) {
+        b1 = b2;
+        p1 = p2;
+        b2 = target;
+        p2 = p;
+      }
+      aim *= 1.0 - margin_;
+      chosen = best;
+    }
+    description_ = "auto_batch: micro-batch " + std::to_string(chosen) + " (" + std::to_string(probes_) + " probes)";
+    return chosen;
+  }
+
+  double margin_;
+  int64_t max_batch_;
+  std::string cache_;
+  std::string description_;
+  int probes_ = 0;
+};
+
+}  // namespace
+
+LOOM_PLUGIN("auto_batch", "1.0.0",
+            loom::sdk::component<AutoBatch>("auto_batch", "largest micro-batch under the cap, found by probing"))

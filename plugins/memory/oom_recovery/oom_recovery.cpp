@@ -1,0 +1,42 @@
+// oom_recovery: when a step runs out of memory, halve the micro-batch and double the
+// accumulation (the global batch stays), and let the host replay the step from its saved
+// state. At micro-batch 1 it gives up and the host reports the error with advice.
+#include "../batch_split.hpp"
+
+#include <loom/sdk/sdk.hpp>
+
+namespace {
+
+class OomRecovery final : public loom::sdk::MemoryPolicy {
+ public:
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_int("max_replans", "16", "re-plans allowed in one run before giving up"),
+  };
+
+  explicit OomRecovery(const loom::sdk::Options& o) : max_replans_(o.get_int("max_replans")) {
+    if (max_replans_ < 1) throw loom::sdk::Error("memory.max_replans must be at least 1");
+  }
+
+  bool on_oom(loom::sdk::OomContext& context) override {
+    const auto old = context.plan;
+    if (old.micro_batch <= 1 || replans_ >= max_replans_) return false;
+    context.plan = loom::plugins::split_global_batch(old.global(), old.world_size, old.micro_batch / 2);
+    ++replans_;
+    loom::sdk::log::warn("out of memory at step ", context.step + 1, ": re-planning ", loom::plugins::plan_text(old), " -> ",
+                         loom::plugins::plan_text(context.plan), " and replaying the step");
+    return true;
+  }
+
+  std::string describe() const override {
+    return "oom_recovery: on out-of-memory, halve the micro-batch, keep the global batch, replay the step";
+  }
+
+ private:
+  int64_t max_replans_;
+  int64_t replans_ = 0;
+};
+
+}  // namespace
+
+LOOM_PLUGIN("oom_recovery", "1.0.0",
+            loom::sdk::component<OomRecovery>("oom_recovery", "on out-of-memory: halve the micro-batch and replay"))

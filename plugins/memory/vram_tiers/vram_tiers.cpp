@@ -1,0 +1,73 @@
+// vram_tiers: the seeds' table, device memory -> micro-batch (>= 20 GB: 128, 10-20 GB: 64,
+// < 10 GB: 32), configurable. With a global batch configured it keeps it and chooses the
+// accumulation; without one the tier's batch becomes the global batch, as the seeds do.
+#include "../batch_split.hpp"
+
+#include <loom/sdk/sdk.hpp>
+
+#include <algorithm>
+
+namespace {
+
+struct Tier {
+  int64_t min_bytes;
+  int64_t micro_batch;
+};
+
+std::vector<Tier> parse_tiers(const std::string& text) {
+  std::vector<Tier> tiers;
+  for (const auto& item : loom::sdk::parse_list(text)) {
+    const auto colon = item.find(':');
+    const auto bytes = colon == std::string::npos ? std::nullopt : loom::sdk::parse_bytes(item.substr(0, colon));
+    const auto batch = colon == std::string::npos ? std::nullopt : loom::sdk::parse_int(item.substr(colon + 1));
+    if (!bytes || !batch || *batch < 1)
+      throw loom::sdk::Error("memory.tiers: '" + item + "' is not MEMORY:BATCH (e.g. 20GB:128)");
+    tiers.push_back({*bytes, *batch});
+  }
+  if (tiers.empty()) throw loom::sdk::Error("memory.tiers is empty; e.g. 20GB:128, 10GB:64, 0:32");
+  std::sort(tiers.begin(), tiers.end(), [](const Tier& a, const Tier& b) { return a.min_bytes > b.min_bytes; });
+  return tiers;
+}
+
+class VramTiers final : public loom::sdk::MemoryPolicy {
+ public:
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_string("tiers", "20GB:128, 10GB:64, 0:32",
+                               "MEMORY:MICRO_BATCH pairs; the first tier the device's memory reaches applies"),
+  };
+
+  explicit VramTiers(const loom::sdk::Options& o) : tiers_(parse_tiers(o.get_string("tiers"))) {}
+
+  void plan(loom::sdk::PlanContext& context) override {
+    const auto stats = context.memory->stats();
+    const int64_t memory = stats.limit > 0 ? std::min(stats.limit, stats.total) : stats.total;
+    int64_t tier_batch = tiers_.back().micro_batch;
+    for (const auto& t : tiers_)
+      if (memory >= t.min_bytes) {
+        tier_batch = t.micro_batch;
+        break;
+      }
+    const int64_t world = context.plan.world_size;
+    if (context.global_batch_given) {
+      context.plan = loom::plugins::split_global_batch(context.global_batch, world, tier_batch);
+    } else {
+      context.plan = loom::sdk::BatchPlan{tier_batch, 1, world};
+    }
+    char memory_text[32];
+    std::snprintf(memory_text, sizeof memory_text, "%.1f GB", static_cast<double>(memory) / 1e9);
+    description_ = std::string("vram_tiers: device memory ") + memory_text + " -> " +
+                   loom::plugins::plan_text(context.plan);
+    loom::sdk::log::info(description_);
+  }
+
+  std::string describe() const override { return description_.empty() ? "vram_tiers" : description_; }
+
+ private:
+  std::vector<Tier> tiers_;
+  std::string description_;
+};
+
+}  // namespace
+
+LOOM_PLUGIN("vram_tiers", "1.0.0",
+            loom::sdk::component<VramTiers>("vram_tiers", "micro-batch by device memory tier (the seeds' table)"))
