@@ -40,7 +40,7 @@ try:
     acc = EventAccumulator(os.path.join(run, "tensorboard"))
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    for tag in ("train/loss", "train/lr", "train/samples_per_s", "memory/in_use_bytes", "eval/accuracy", "eval/loss"):
+    for tag in ("train/loss", "train/lr", "train/samples_per_s", "memory/allocated_bytes", "memory/peak_bytes", "eval/accuracy", "eval/loss"):
         assert tag in tags, (tag, tags)
     loss = acc.Scalars("train/loss")
     assert [e.step for e in loss] == list(range(1, 13)), [e.step for e in loss]
