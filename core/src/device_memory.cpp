@@ -197,8 +197,9 @@ HostMemoryScope::~HostMemoryScope() { --BudgetAllocator::host_scope_depth; }
 std::unique_ptr<sdk::DeviceMemory> make_device_memory(const c10::Device& device, int64_t cpu_limit) {
   if (device.is_cpu()) {
     install_cpu_allocator();
+    // The budget is process-wide, like the allocator: the newest run's limit (or none) holds.
     auto memory = std::make_unique<CpuMemory>();
-    if (cpu_limit > 0) memory->set_limit(cpu_limit);
+    memory->set_limit(cpu_limit);
     return memory;
   }
 #if LOOM_TORCH_CUDA

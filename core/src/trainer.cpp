@@ -271,9 +271,16 @@ void Trainer::setup() {
   build_parallel();
   build_data();
   build_memory();
-  build_model();
-  build_precision();
-  build_optimizer();
+  try {
+    build_model();
+    build_precision();
+    build_optimizer();
+  } catch (const c10::OutOfMemoryError& e) {
+    const auto stats = memory_->stats();
+    throw Error("out of memory while building the model and its optimizer on " + device_.str() + ": " +
+                e.what_without_backtrace() + "; the run may use " + format_bytes(stats.limit > 0 ? stats.limit : stats.total) +
+                " (a cap from --memory-fraction or --device-memory-limit?). Use a smaller model or more memory");
+  }
   build_plan();
   build_loaders();
   open_run();
@@ -386,8 +393,13 @@ void Trainer::build_optimizer() {
   o.beta2 = options_.beta2;
   o.momentum = options_.momentum;
   optimizer_ = std::make_unique<Optimizer>(std::vector<ParameterGroup>{decay, no_decay}, o);
-  // Optimizer state exists from the start, so memory planning measures the steady state.
+  // Optimizer state and gradients exist from the start, so memory planning measures the steady
+  // state. (Before its gradient exists, backward hands a parameter the incoming buffer; after,
+  // it adds into it through a temporary: probes taken across that change disagree by a
+  // parameter-sized buffer per parameter, which the activation fit would read as per-sample
+  // memory.)
   optimizer_->materialize();
+  optimizer_->gradients();
 }
 
 void Trainer::build_loaders() {
@@ -722,14 +734,17 @@ StepResult Trainer::train_step() {
     for (auto& g : grads) g.mul_(inverse);
   }
   if (gradient_hook_) gradient_hook_(grads);
+  if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after backward: ", memory_->stats().peak);
   const bool finite = precision_->unscale_gradients(grads);
   StepResult result;
   result.lr = current_lr();
   if (finite) {
     in_update_ = true;
     result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
+    if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after clipping: ", memory_->stats().peak);
     optimizer_->step(result.lr);
     in_update_ = false;
+    if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
     ++step_;
   } else {
     ++skipped_steps_;
@@ -808,8 +823,12 @@ ModelStates Trainer::model_states() const {
 }
 
 std::optional<ActivationFit> Trainer::activation_fit(int64_t micro) {
+  // Two probes, a quarter and half of the micro-batch, extrapolated. Not smaller: a backward's
+  // peak is the larger of two lines in the batch (the activations early in the backward, or the
+  // largest weight's gradient buffer late in it, when the activations are mostly freed), and
+  // probes far below the micro-batch can sit on the flat one (bench/memory_figures.cpp).
   const int64_t limit = std::max<int64_t>(2, dataset_->size(sdk::Split::kTrain) / parallel_->world_size());
-  for (int64_t large = std::clamp<int64_t>(micro, 2, limit); large >= 2; large /= 2) {
+  for (int64_t large = std::clamp<int64_t>(micro / 2, 2, limit); large >= 2; large /= 2) {
     try {
       return fit_activations([this](int64_t b) { return probe_peak(b); }, std::max<int64_t>(1, large / 2), large);
     } catch (const c10::OutOfMemoryError&) {

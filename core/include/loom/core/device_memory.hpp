@@ -20,7 +20,8 @@
 namespace loom::core {
 
 /// The DeviceMemory of `device` (CPU or CUDA). On CPU the first call installs the counting
-/// allocator (process-wide, for the rest of the process); `cpu_limit` > 0 makes it a budget.
+/// allocator (process-wide, for the rest of the process), and every call sets its budget to
+/// `cpu_limit` (0: none): one budget per process, the newest run's.
 std::unique_ptr<sdk::DeviceMemory> make_device_memory(const c10::Device& device, int64_t cpu_limit = 0);
 
 /// Installs the CPU counting allocator if it is not yet installed; safe to call repeatedly.

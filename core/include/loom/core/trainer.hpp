@@ -136,8 +136,8 @@ class Trainer {
   /// Parameter, gradient and optimizer-state bytes of this run.
   ModelStates model_states() const;
 
-  /// Activation fit for predicting micro-batch `micro`: probes at micro/2 and micro, or, when
-  /// those run out of memory, at halves of them (extrapolating). nullopt when even 1 and 2 fail.
+  /// Activation fit for predicting micro-batch `micro`: probes at micro/4 and micro/2 (at least
+  /// 1 and 2), halved while they run out of memory. nullopt when even 1 and 2 fail.
   std::optional<ActivationFit> activation_fit(int64_t micro);
 
   /// Builds what the estimator needs (device, memory, data, model, precision, optimizer).
@@ -165,6 +165,7 @@ class Trainer {
   int64_t skipped_steps() const { return skipped_steps_; }
   sdk::DeviceMemory& memory() { return *memory_; }
   int64_t probes_run() const { return probes_run_; }
+  int64_t predicted_peak() const { return predicted_peak_; }
   int64_t oom_recoveries() const { return oom_recoveries_; }
 
   int64_t step() const { return step_; }

@@ -1,0 +1,70 @@
+"""The memory tools from the command line, on CPU under --device-memory-limit: `memory
+estimate` and `memory suggest`, a run that re-plans after running out of memory (and says so),
+`doctor`, and `bench`."""
+import os
+import re
+import shutil
+import sys
+
+from common import loom, workdir
+
+exe, source = sys.argv[1], sys.argv[2]
+RUN = ["--set", "model.flavour=standard", "--set", "model.num_layers=2", "--set", "model.d_model=32",
+       "--set", "model.num_heads=2", "--set", "model.patch_size=4", "--set", "model.stem_channels=8",
+       "--set", "data.name=synthetic", "--set", "data.image_size=28", "--set", "data.train_size=1024",
+       "--set", "data.test_size=64", "--set", "trainer.device=cpu", "--set", "precision.name=fp32"]
+
+
+def expect(cond, what, result=None):
+    if not cond:
+        detail = f"\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}" if result is not None else ""
+        raise SystemExit(f"FAIL: {what}{detail}")
+
+
+def total_bytes(out):
+    m = re.search(r"total\s+([\d.]+) (MiB|KiB|GiB)", out)
+    scale = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+r = loom(exe, "memory", "estimate", *RUN, "--batch", "64")
+for part in ("parameters", "gradients", "optimizer states", "activations", "workspace", "total"):
+    expect(part in r.stdout, f"estimate shows {part}", r)
+at64 = total_bytes(r.stdout)
+r4 = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--devices", "4")
+expect("4 devices, each" in r4.stdout and "micro-batch 16" in r4.stdout, "estimate per device for 4 devices", r4)
+at32 = total_bytes(loom(exe, "memory", "estimate", *RUN, "--batch", "32").stdout)
+budget = int((at64 + at32) / 2)
+
+r = loom(exe, "memory", "suggest", *RUN, "--target", str(budget))
+m = re.search(r"per device: (\d+)", r.stdout)
+expect(m and 32 <= int(m.group(1)) < 64, f"suggest for {budget} bytes lies between 32 and 64", r)
+
+work = workdir()
+try:
+    r = loom(exe, "train", *RUN, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=oom",
+             "--batch-size", "64", "--set", "trainer.max_steps=4", "--device-memory-limit", str(budget),
+             "--set", "memory.policies=oom_recovery")
+    expect("plan: 64 = 64 x 1 x 1 -> 32 x 2 x 1 after running out of memory at step 1" in r.stderr,
+           "the log shows the re-plan", r)
+    expect("1 out-of-memory recoveries" in r.stderr, "the summary counts the recovery", r)
+
+    r = loom(exe, "train", *RUN, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=fails",
+             "--batch-size", "64", "--set", "trainer.max_steps=4", "--device-memory-limit", str(budget), check=False)
+    expect(r.returncode == 1 and "What would help, in order:" in r.stderr, "without oom_recovery: one clear error", r)
+
+    r = loom(exe, "doctor")
+    expect("CPU" in r.stdout and "Plugins" in r.stdout and "LibTorch" in r.stdout, "doctor reports", r)
+
+    a, b = os.path.join(work, "a.ini"), os.path.join(work, "b.ini")
+    with open(a, "w") as f:
+        f.write("[trainer]\nbatch_size = 32\n")
+    with open(b, "w") as f:
+        f.write("[trainer]\nbatch_size = 64\ngradient_accumulation_steps = 2\n")
+    r = loom(exe, "bench", "configs", a, b, "--steps", "4", *RUN)
+    rows = [l for l in r.stdout.splitlines() if l.startswith(("a.ini", "b.ini"))]
+    expect(len(rows) == 2, "bench prints a row per configuration", r)
+    expect(rows[1].split()[1:4] == ["32", "2", "64"], "bench shows micro-batch, accumulation, global batch", r)
+finally:
+    shutil.rmtree(work, ignore_errors=True)
+print("memory cli test passed")

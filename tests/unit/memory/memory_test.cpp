@@ -1,0 +1,352 @@
+// Memory on CPU, for real, under Loom's budget allocator (--device-memory-limit): the cap holds,
+// vram_tiers picks the seeds' batches, auto_batch finds the largest batch without leaving a
+// trace, oom_recovery gives the run that never ran out of memory, and the estimator's
+// prediction matches the measured peak.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/config.hpp>
+#include <loom/core/device_memory.hpp>
+#include <loom/core/plugin_registry.hpp>
+#include <loom/core/trainer.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+
+#include <cmath>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+using namespace loom::core;
+
+namespace {
+
+const PluginRegistry& registry() {
+  static PluginRegistry* r = [] {
+    auto* reg = new PluginRegistry();
+    reg->scan({fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins", fs::path(LOOM_BINARY_DIR) / "tests" / "models"});
+    return reg;
+  }();
+  return *r;
+}
+
+class MemoryTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("loom_memory_test_" + std::to_string(::getpid()) + "_" +
+                                        testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    make_device_memory(c10::Device(c10::kCPU))->set_limit(0);  // the allocator is process-wide
+    fs::remove_all(dir_);
+  }
+
+  /// Synthetic 1x28x28 images and a small transformer: activations dominate its memory.
+  Config config(const std::string& name) const {
+    Config c;
+    for (const auto& kv : {"model.name=lightweight_transformer", "model.num_layers=2", "model.d_model=32",
+                           "model.num_heads=2", "model.patch_size=4", "model.stem_channels=8", "model.dropout=0.0",
+                           "data.name=synthetic", "data.image_size=28", "data.train_size=1024", "data.test_size=64",
+                           "trainer.batch_size=64", "trainer.max_steps=6", "trainer.seed=3", "trainer.device=cpu",
+                           "trainer.log_every=1000", "trainer.eval_every=1000", "precision.name=fp32",
+                           "memory.estimate=false"})
+      c.set_assignment(kv);
+    c.set_assignment("trainer.work_dir=" + dir_.string());
+    c.set_assignment("trainer.name=" + name);
+    return c;
+  }
+
+  static std::unique_ptr<Trainer> make(const Config& c) {
+    auto t = std::make_unique<Trainer>(resolve_run(c, registry()), registry());
+    t->setup();
+    return t;
+  }
+
+  static std::vector<at::Tensor> parameters(Trainer& t) {
+    std::vector<at::Tensor> out;
+    for (const auto& p : t.model().module().parameters()) out.push_back(p.detach().clone());
+    return out;
+  }
+
+  /// Peaks of a probe at the full micro-batch and at half of it, unconstrained.
+  std::pair<int64_t, int64_t> peaks(int64_t micro) {
+    auto t = make(config("peaks"));
+    return {t->probe_peak(micro), t->probe_peak(micro / 2)};
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(MemoryTest, BudgetAllocatorCountsLimitsAndThrowsTheDevicesError) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 8 << 20);
+  const int64_t before = memory->stats().allocated;
+  at::Tensor a = at::empty({1 << 20}, at::TensorOptions().dtype(at::kFloat));  // 4 MiB
+  EXPECT_EQ(memory->stats().allocated - before, 4 << 20);
+  EXPECT_GE(memory->stats().peak, before + (4 << 20));
+  EXPECT_EQ(memory->stats().limit, 8 << 20);
+  EXPECT_EQ(memory->stats().total, 8 << 20);  // the CPU acts as a device of the budget's size
+  try {
+    at::Tensor b = at::empty({2 << 20}, at::TensorOptions().dtype(at::kFloat));  // 8 MiB more
+    FAIL() << "the budget did not hold";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("--device-memory-limit"), std::string::npos);
+  }
+  a = at::Tensor();
+  EXPECT_EQ(memory->stats().allocated, before);
+  {
+    HostMemoryScope host;  // host memory is neither counted nor limited
+    at::Tensor data = at::empty({4 << 20}, at::TensorOptions().dtype(at::kFloat));  // 16 MiB
+    EXPECT_EQ(memory->stats().allocated, before);
+  }
+}
+
+TEST_F(MemoryTest, ARunThatNeedsMoreThanTheCapFailsClearlyOrAdaptsButNeverExceedsIt) {
+  const auto [full, half] = peaks(64);
+  const int64_t cap = (full + half) / 2;
+  Config failing = config("fails");
+  failing.set_assignment("memory.device_memory_limit=" + std::to_string(cap));
+  auto t = make(failing);
+  try {
+    t->step_with_recovery();
+    FAIL() << "expected out of memory";
+  } catch (const loom::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("out of memory at micro-batch 64"), std::string::npos) << message;
+    EXPECT_NE(message.find("What would help, in order:\n  1. a smaller batch"), std::string::npos) << message;
+  }
+  EXPECT_LE(t->memory().stats().peak, cap);
+
+  Config adapting = config("adapts");
+  adapting.set_assignment("memory.device_memory_limit=" + std::to_string(cap));
+  adapting.set_assignment("memory.policies=oom_recovery");
+  auto a = make(adapting);
+  for (int i = 0; i < 3; ++i) a->step_with_recovery();
+  EXPECT_EQ(a->plan().micro_batch, 32);
+  EXPECT_EQ(a->plan().global(), 64);
+  EXPECT_LE(a->memory().stats().peak, cap);
+}
+
+TEST_F(MemoryTest, FractionCapCapsAShareOfTheDevice) {
+  Config c = config("fraction");
+  c.set_assignment("memory.device_memory_limit=1GiB");
+  c.set_assignment("memory.fraction=0.25");
+  auto t = make(c);
+  EXPECT_EQ(t->memory().stats().limit, 256 << 20);
+}
+
+/// A device whose memory is whatever the test says.
+class FakeDevice final : public loom::sdk::DeviceMemory {
+ public:
+  explicit FakeDevice(int64_t total) : total_(total) {}
+  c10::Device device() const override { return c10::Device(c10::kCUDA, 0); }
+  loom::sdk::MemoryStats stats() const override {
+    loom::sdk::MemoryStats s;
+    s.total = s.free = total_;
+    return s;
+  }
+  void reset_peak() override {}
+  void set_limit(int64_t) override {}
+  void empty_cache() override {}
+
+ private:
+  int64_t total_;
+};
+
+TEST_F(MemoryTest, VramTiersPicksTheSeedsBatchForEachTier) {
+  auto tiers = registry().create<loom::sdk::MemoryPolicy>("vram_tiers");
+  const std::vector<std::pair<int64_t, int64_t>> cases = {
+      {24'000'000'000, 128}, {20'000'000'000, 128}, {16'000'000'000, 64}, {10'000'000'000, 64}, {8'000'000'000, 32}};
+  for (const auto& [memory, batch] : cases) {
+    FakeDevice device(memory);
+    loom::sdk::PlanContext c;
+    c.memory = &device;
+    c.plan = {128, 1, 1};
+    c.global_batch = 128;
+    c.global_batch_given = false;
+    tiers->plan(c);
+    EXPECT_EQ(c.plan.micro_batch, batch) << memory;
+    EXPECT_EQ(c.plan.global(), batch) << memory;
+  }
+  // A global batch the user gave holds; the accumulation follows.
+  FakeDevice gpu(8'000'000'000);
+  loom::sdk::PlanContext given;
+  given.memory = &gpu;
+  given.plan = {256, 1, 1};
+  given.global_batch = 256;
+  given.global_batch_given = true;
+  tiers->plan(given);
+  EXPECT_EQ(given.plan, (loom::sdk::BatchPlan{32, 8, 1}));
+  auto custom = registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "40GB:256, 0:16"}});
+  FakeDevice big(80'000'000'000);
+  loom::sdk::PlanContext c;
+  c.memory = &big;
+  c.plan = {128, 1, 1};
+  custom->plan(c);
+  EXPECT_EQ(c.plan.micro_batch, 256);
+}
+
+TEST_F(MemoryTest, AutoBatchFindsTheLargestBatchInAtMostSixProbesAndLeavesNoTrace) {
+  const auto [full, half] = peaks(64);
+  const int64_t cap = full + (full - half);  // room for about 96 samples
+  Config c = config("auto");
+  c.set_assignment("memory.device_memory_limit=" + std::to_string(cap));
+  auto t = make(c);
+  const auto params = parameters(*t);
+  const auto optimizer_before = t->save_checkpoint();  // optimizer state and RNG, to compare with
+  const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+
+  auto policy = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", "off"}});
+  int probes = 0;
+  loom::sdk::PlanContext context;
+  context.memory = &t->memory();
+  context.plan = t->plan();
+  context.global_batch = 64;
+  context.global_batch_given = false;
+  context.max_micro_batch = 1024;
+  context.probe = [&](int64_t b) {
+    ++probes;
+    return t->probe_peak(b);
+  };
+  policy->plan(context);
+  const int64_t b = context.plan.micro_batch;
+  EXPECT_LE(probes, 6);
+  EXPECT_GT(b, 64);
+
+  // The chosen batch runs under the budget; b x (1 + margin) does not.
+  EXPECT_LE(t->probe_peak(b), cap);
+  const int64_t bigger = static_cast<int64_t>(std::ceil(b * 1.05));
+  try {
+    EXPECT_GT(t->probe_peak(bigger), cap) << "micro-batch " << bigger << " fits too: auto_batch left room unused";
+  } catch (const c10::OutOfMemoryError&) {
+  }
+
+  // No trace: weights, optimizer state and RNG are as before the search.
+  const auto after = parameters(*t);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i], after[i])) << "parameter " << i;
+  for (const auto& p : t->model().module().parameters())
+    EXPECT_TRUE(!p.grad().defined() || p.grad().abs().sum().item<double>() == 0);
+  EXPECT_TRUE(at::equal(rng, at::detail::getDefaultCPUGenerator().get_state()));
+  const auto now = t->save_checkpoint();
+  EXPECT_EQ(CheckpointStore::load(optimizer_before).extra.size(), CheckpointStore::load(now).extra.size());
+  for (const auto& [k, v] : CheckpointStore::load(optimizer_before).extra)
+    if (k.rfind("optimizer.", 0) == 0) EXPECT_TRUE(at::equal(v, CheckpointStore::load(now).extra.at(k))) << k;
+}
+
+TEST_F(MemoryTest, AutoBatchCachesItsAnswer) {
+  const auto [full, half] = peaks(64);
+  Config c = config("cached");
+  c.set_assignment("memory.device_memory_limit=" + std::to_string(full + (full - half)));
+  c.set_assignment("memory.policies=auto_batch");
+  c.set_assignment("memory.cache=" + (dir_ / "cache.tsv").string());
+  auto first = make(c);
+  EXPECT_GT(first->probes_run(), 0);
+  c.set_assignment("trainer.name=cached_again");
+  auto second = make(c);
+  EXPECT_EQ(second->probes_run(), 0);
+  EXPECT_EQ(second->plan(), first->plan());
+}
+
+TEST_F(MemoryTest, OomRecoveryGivesTheRunThatNeverRanOutOfMemory) {
+  // With SGD the update is linear in the gradient: the weights agree to float rounding. AdamW
+  // divides by sqrt(v), which turns rounding in near-zero gradients into ~1e-5 differences after
+  // a few steps (the same happens between any two ways of summing the batch), so its weights
+  // are compared at 1e-4.
+  const auto [full, half] = peaks(64);
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    Config tight = config("tight_" + optimizer);
+    tight.set_assignment("trainer.optimizer=" + optimizer);
+    tight.set_assignment("memory.device_memory_limit=" + std::to_string((full + half) / 2));
+    tight.set_assignment("memory.policies=oom_recovery");
+    Config free = config("free_" + optimizer);
+    free.set_assignment("trainer.optimizer=" + optimizer);
+    // One after the other: the CPU budget is process-wide, the newest run's.
+    std::vector<double> tight_losses, free_losses;
+    auto a = make(tight);
+    for (int i = 0; i < 6; ++i) tight_losses.push_back(a->step_with_recovery().loss);
+    EXPECT_EQ(a->oom_recoveries(), 1);
+    EXPECT_EQ(a->plan(), (loom::sdk::BatchPlan{32, 2, 1}));
+    const auto pa = parameters(*a);
+    auto b = make(free);
+    for (int i = 0; i < 6; ++i) free_losses.push_back(b->step_with_recovery().loss);
+    EXPECT_EQ(b->plan(), (loom::sdk::BatchPlan{64, 1, 1}));
+    for (int i = 0; i < 6; ++i)
+      EXPECT_LE(std::abs(tight_losses[i] - free_losses[i]), 1e-5 * std::abs(free_losses[i]))
+          << optimizer << " step " << i + 1;
+    const auto pb = parameters(*b);
+    const double atol = optimizer == "sgd" ? 1e-7 : 1e-4;
+    for (size_t i = 0; i < pa.size(); ++i)
+      EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-5, atol))
+          << optimizer << " parameter " << i << ": max difference " << (pa[i] - pb[i]).abs().max().item<double>();
+  }
+}
+
+TEST_F(MemoryTest, AModelThatCannotEvenBeBuiltIsOneClearError) {
+  Config c = config("too_small");
+  c.set_assignment("memory.device_memory_limit=16KiB");
+  try {
+    make(c);
+    FAIL();
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory while building the model"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(MemoryTest, AtMicroBatchOneTheErrorSaysWhatWouldHelp) {
+  int64_t states = 0, one = 0;
+  {
+    auto probe = make(config("probe"));
+    states = probe->model_states().total();
+    one = probe->probe_peak(1);
+  }
+  Config c = config("hopeless");
+  c.set_assignment("memory.device_memory_limit=" + std::to_string(states + (one - states) / 2));
+  c.set_assignment("memory.policies=oom_recovery");
+  auto t = make(c);
+  try {
+    t->step_with_recovery();
+    FAIL();
+  } catch (const loom::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("out of memory at micro-batch 1 "), std::string::npos) << m;
+    for (const char* advice : {"1. a smaller batch", "2. gradient accumulation", "3. mixed precision",
+                               "4. the memory fraction", "5. a smaller input", "The estimator: the model states alone need"})
+      EXPECT_NE(m.find(advice), std::string::npos) << advice << " missing from: " << m;
+  }
+}
+
+TEST_F(MemoryTest, EstimatorPredictsThePeakOfTwoDifferentModels) {
+  for (const std::string model : {"lightweight_transformer", "mlp_classifier"}) {
+    Config c = config("estimate_" + model);
+    c.set_assignment("model.name=" + model);
+    if (model == "mlp_classifier") {
+      c = Config();
+      for (const auto& kv : {"model.name=mlp_classifier", "model.hidden=512", "model.layers=3",
+                             "data.name=synthetic", "data.image_size=28", "data.train_size=1024", "data.test_size=64",
+                             "trainer.batch_size=128", "trainer.max_steps=6", "trainer.device=cpu",
+                             "precision.name=fp32", "trainer.eval_every=1000"})
+        c.set_assignment(kv);
+      c.set_assignment("trainer.work_dir=" + dir_.string());
+      c.set_assignment("trainer.name=estimate_mlp");
+    }
+    c.set_assignment("memory.estimate=true");
+    auto t = make(c);
+    const int64_t predicted = t->predicted_peak();
+    ASSERT_GT(predicted, 0) << model;
+    t->memory().reset_peak();
+    for (int i = 0; i < 3; ++i) t->train_step();
+    const int64_t measured = t->memory().stats().peak;
+    const double error = std::abs(static_cast<double>(predicted - measured)) / static_cast<double>(measured);
+    EXPECT_LE(error, 0.10) << model << ": predicted " << predicted << ", measured " << measured;
+    std::printf("[ estimate ] %s: predicted %lld, measured %lld bytes, error %+.2f %%\n", model.c_str(),
+                static_cast<long long>(predicted), static_cast<long long>(measured),
+                100.0 * static_cast<double>(predicted - measured) / static_cast<double>(measured));
+  }
+}
+
+}  // namespace
