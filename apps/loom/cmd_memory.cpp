@@ -58,10 +58,26 @@ int cmd_memory(const Invocation& invocation) {
   const std::string target_text = invocation.options["target"].as<std::string>();
   const auto target = sdk::parse_bytes(target_text);
   if (!target) throw Error("--target '" + target_text + "' is not a size; e.g. 8GiB, 512MiB, 16GB");
-  const auto measured = trainer.activation_fit(std::max<int64_t>(2, samples / devices));
+  auto measured = trainer.activation_fit(std::max<int64_t>(2, samples / devices));
   if (!measured) throw Error("even a micro-batch of 2 runs out of memory on " + trainer.device().str());
+  int64_t micro = core::largest_micro_batch(states, *measured, *target);
+  // Per-sample memory drifts with the batch (kernels pick other algorithms, buffers round), so
+  // a candidate far above the probes is measured again nearer to it: probes at a quarter and half
+  // of it, as long as the larger one fits in half of what the device has free now.
+  const int64_t free_now = trainer.memory().stats().free;
+  if (micro != INT64_MAX && micro > 4 * measured->probe_large) {
+    int64_t refine = micro;
+    while (refine > 4 * measured->probe_large &&
+           core::estimate(states, *measured, refine / 2).total() > free_now / 2)
+      refine /= 2;
+    if (refine > 4 * measured->probe_large) {
+      if (auto nearer = trainer.activation_fit(refine)) {
+        measured = nearer;
+        micro = core::largest_micro_batch(states, *measured, *target);
+      }
+    }
+  }
   const core::ActivationFit& fit = *measured;
-  const int64_t micro = core::largest_micro_batch(states, fit, *target);
   if (micro < 1) {
     std::cout << "nothing fits in " << core::format_bytes(*target) << ": the model states alone need "
               << core::format_bytes(states.total()) << " and the workspace "
@@ -71,7 +87,10 @@ int cmd_memory(const Invocation& invocation) {
   const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
   std::cout << "largest micro-batch under " << core::format_bytes(*target) << " per device: " << micro
             << " (global batch " << micro * devices << " on " << devices << " device(s) without accumulation)\n"
-            << core::format_estimate(e, trainer.device().str());
+            << core::format_estimate(e, trainer.device().str())
+            << "(activations from probes at micro-batch " << fit.probe_small << " and " << fit.probe_large << ": "
+            << core::format_bytes(static_cast<int64_t>(fit.per_sample))
+            << " per sample; memory.policies = auto_batch finds the batch by measurement on the device itself)\n";
   return 0;
 }
 

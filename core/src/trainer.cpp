@@ -32,6 +32,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -301,6 +302,9 @@ void Trainer::build_memory() {
   memory_ = make_device_memory(device_, options_.device_memory_limit);
   if (device_.is_cuda() && options_.device_memory_limit > 0) memory_->set_limit(options_.device_memory_limit);
   if (device_.is_cuda() && !options_.memory_snapshot.empty()) start_memory_history(device_);
+  if (!device_.is_cuda() && (!options_.memory_snapshot.empty() || options_.snapshot_on_oom))
+    log::warn("memory snapshots are the CUDA allocator's (for pytorch.org/memory_viz); on ", device_.str(),
+              " none is written. The run's memory is in metrics.jsonl (memory/allocated_bytes, memory/peak_bytes)");
   for (const auto& policy : sdk::parse_list(value_of(config_, "memory.policies"))) {
     const auto& policy_info = registry_.require(LOOM_KIND_MEMORY, policy);
     memory_policies_.push_back(registry_.create<sdk::MemoryPolicy>(policy, component_values(config_, "memory", policy_info)));
@@ -884,6 +888,18 @@ int64_t Trainer::probe_peak(int64_t b) {
   return peak;
 }
 
+namespace {
+// A size as one command-line word ("2.0GiB"), rounded down so the suggestion stays under the cap.
+std::string target_arg(int64_t bytes) {
+  char text[32];
+  if (bytes >= (int64_t{1} << 30))
+    std::snprintf(text, sizeof text, "%.2fGiB", std::floor(static_cast<double>(bytes) / (1 << 30) * 100) / 100);
+  else
+    std::snprintf(text, sizeof text, "%lldMiB", static_cast<long long>(bytes >> 20));
+  return text;
+}
+}  // namespace
+
 std::string Trainer::oom_advice(const std::string& message) const {
   const auto stats = memory_->stats();
   const ModelStates states = model_states();
@@ -902,7 +918,7 @@ std::string Trainer::oom_advice(const std::string& message) const {
           format_bytes(states.parameters) + ", gradients " + format_bytes(states.gradients) + ", optimizer " +
           format_bytes(states.optimizer_states) + ") of the " + format_bytes(cap) + " this run may use";
   text += states.total() >= cap ? std::string(": no batch fits; use a smaller model, AMP, or more memory.")
-                                : "; `loom memory suggest --target " + format_bytes(cap) + "` says which batch fits.";
+                                : "; `loom memory suggest --target " + target_arg(cap) + "` says which batch fits.";
   return text;
 }
 
