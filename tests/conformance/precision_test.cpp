@@ -6,6 +6,8 @@
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/trainer.hpp>
 
+#include "trainer_testing.hpp"
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
@@ -23,14 +25,7 @@ using namespace loom::core;
 
 namespace {
 
-const PluginRegistry& registry() {
-  static PluginRegistry* r = [] {
-    auto* reg = new PluginRegistry();
-    reg->scan({fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins"});
-    return reg;
-  }();
-  return *r;
-}
+using loom::testing::registry;
 
 // Note [Conformance over the registry]
 // The parameters are the precision plugins the registry loaded from the build's plugin folder,
@@ -51,10 +46,7 @@ bool has_option(const std::string& plugin, const std::string& key) {
 class PrecisionConformance : public testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_precision_" + std::to_string(::getpid()) + "_" + GetParam() + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = loom::testing::fresh_test_dir("loom_precision_" + GetParam());
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -72,17 +64,9 @@ class PrecisionConformance : public testing::TestWithParam<std::string> {
     return c;
   }
 
-  static std::unique_ptr<Trainer> make(const Config& c) {
-    auto t = std::make_unique<Trainer>(resolve_run(c, registry()), registry());
-    t->setup();
-    return t;
-  }
+  static std::unique_ptr<Trainer> make(const Config& c) { return loom::testing::make_trainer(c); }
 
-  static std::vector<at::Tensor> parameters(Trainer& t) {
-    std::vector<at::Tensor> out;
-    for (const auto& p : t.model().module().parameters()) out.push_back(p.detach().clone());
-    return out;
-  }
+  static std::vector<at::Tensor> parameters(Trainer& t) { return loom::testing::parameters_of(t); }
 
   static std::optional<double> scale_of(Trainer& t) {
     const auto state = t.precision().state_dict();
@@ -133,8 +117,11 @@ TEST_P(PrecisionConformance, NonFiniteGradientsSkipTheStepWithoutTouchingTheWeig
       EXPECT_TRUE(at::equal(before[i], after[i])) << GetParam() << ": parameter " << i << " changed in a skipped step";
     const auto scale_after = scale_of(*t);
     const bool dynamic = t->precision().manifest().at("loss_scale").rfind("dynamic", 0) == 0;
-    if (dynamic) EXPECT_DOUBLE_EQ(*scale_after, *scale_before * 0.5) << GetParam();
-    else if (scale_before) EXPECT_DOUBLE_EQ(*scale_after, *scale_before) << GetParam();
+    if (dynamic) {
+      EXPECT_DOUBLE_EQ(*scale_after, *scale_before * 0.5) << GetParam();
+    } else if (scale_before) {
+      EXPECT_DOUBLE_EQ(*scale_after, *scale_before) << GetParam();
+    }
     // The schedule did not move: the next step uses the learning rate the skipped one would have.
     const StepResult next = t->train_step();
     EXPECT_FALSE(next.skipped);

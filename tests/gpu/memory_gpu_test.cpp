@@ -5,6 +5,8 @@
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/trainer.hpp>
 
+#include "trainer_testing.hpp"
+
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -18,20 +20,10 @@ using namespace loom::core;
 
 namespace {
 
-const PluginRegistry& registry() {
-  static PluginRegistry* r = [] {
-    auto* reg = new PluginRegistry();
-    reg->scan({fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins"});
-    return reg;
-  }();
-  return *r;
-}
-
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible"
+using loom::testing::registry;
 
 TEST(MemoryGpu, TheCapHoldsThroughTheCachingAllocator) {
-  REQUIRE_CUDA();
+  LOOM_REQUIRE_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
   auto memory = make_device_memory(cuda);
   memory->empty_cache();
@@ -46,7 +38,7 @@ TEST(MemoryGpu, TheCapHoldsThroughTheCachingAllocator) {
 }
 
 TEST(MemoryGpu, OutOfMemoryIsRecoveredOnTheDevice) {
-  REQUIRE_CUDA();
+  LOOM_REQUIRE_CUDA();
   const fs::path dir = fs::temp_directory_path() / ("loom_memory_gpu_" + std::to_string(::getpid()));
   Config c;
   for (const auto& kv : {"model.name=lightweight_transformer", "model.num_layers=4", "model.d_model=256",
@@ -76,7 +68,7 @@ TEST(MemoryGpu, OutOfMemoryIsRecoveredOnTheDevice) {
 }
 
 TEST(MemoryGpu, SnapshotFileIsWritten) {
-  REQUIRE_CUDA();
+  LOOM_REQUIRE_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
   start_memory_history(cuda);
   at::Tensor t = at::empty({16LL << 20}, at::TensorOptions().device(cuda));

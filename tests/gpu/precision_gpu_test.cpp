@@ -4,6 +4,8 @@
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/trainer.hpp>
 
+#include "trainer_testing.hpp"
+
 #include <ATen/Context.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/randn.h>
@@ -17,20 +19,10 @@ using namespace loom::core;
 
 namespace {
 
-const PluginRegistry& registry() {
-  static PluginRegistry* r = [] {
-    auto* reg = new PluginRegistry();
-    reg->scan({fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins"});
-    return reg;
-  }();
-  return *r;
-}
-
-#define REQUIRE_CUDA() \
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible"
+using loom::testing::registry;
 
 TEST(PrecisionGpu, AutocastDtypesOnCuda) {
-  REQUIRE_CUDA();
+  LOOM_REQUIRE_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
   const at::Tensor x = at::randn({64, 64}, at::TensorOptions().device(cuda));
   for (const auto& [name, dtype] : std::vector<std::pair<std::string, at::ScalarType>>{
@@ -48,7 +40,7 @@ TEST(PrecisionGpu, AutocastDtypesOnCuda) {
 }
 
 TEST(PrecisionGpu, Tf32SwitchesFollowThePlugin) {
-  REQUIRE_CUDA();
+  LOOM_REQUIRE_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
   registry().create<loom::sdk::PrecisionStrategy>("tf32")->setup(cuda);
   EXPECT_TRUE(at::globalContext().allowTF32CuBLAS());
@@ -61,7 +53,7 @@ TEST(PrecisionGpu, Tf32SwitchesFollowThePlugin) {
 }
 
 TEST(PrecisionGpu, EveryPrecisionTrainsOnCuda) {
-  REQUIRE_CUDA();
+  LOOM_REQUIRE_CUDA();
   const fs::path dir = fs::temp_directory_path() / ("loom_precision_gpu_" + std::to_string(::getpid()));
   for (const std::string name : {"fp32", "tf32", "fp16_amp", "bf16_amp"}) {
     Config c;
@@ -74,8 +66,7 @@ TEST(PrecisionGpu, EveryPrecisionTrainsOnCuda) {
     c.set_assignment("trainer.name=" + name);
     std::unique_ptr<Trainer> t;
     try {
-      t = std::make_unique<Trainer>(resolve_run(c, registry()), registry());
-      t->setup();
+      t = loom::testing::make_trainer(c);
     } catch (const loom::Error& e) {
       ASSERT_EQ(name, "bf16_amp") << e.what();
       continue;

@@ -8,6 +8,8 @@
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/trainer.hpp>
 
+#include "trainer_testing.hpp"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/allclose.h>
@@ -25,22 +27,12 @@ using namespace loom::core;
 
 namespace {
 
-const PluginRegistry& registry() {
-  static PluginRegistry* r = [] {
-    auto* reg = new PluginRegistry();
-    reg->scan({fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins", fs::path(LOOM_BINARY_DIR) / "tests" / "models"});
-    return reg;
-  }();
-  return *r;
-}
+using loom::testing::registry;
 
 class MemoryTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_memory_test_" + std::to_string(::getpid()) + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = loom::testing::fresh_test_dir("loom_memory_test");
   }
   void TearDown() override {
     make_device_memory(c10::Device(c10::kCPU))->set_limit(0);  // the allocator is process-wide
@@ -62,17 +54,9 @@ class MemoryTest : public testing::Test {
     return c;
   }
 
-  static std::unique_ptr<Trainer> make(const Config& c) {
-    auto t = std::make_unique<Trainer>(resolve_run(c, registry()), registry());
-    t->setup();
-    return t;
-  }
+  static std::unique_ptr<Trainer> make(const Config& c) { return loom::testing::make_trainer(c); }
 
-  static std::vector<at::Tensor> parameters(Trainer& t) {
-    std::vector<at::Tensor> out;
-    for (const auto& p : t.model().module().parameters()) out.push_back(p.detach().clone());
-    return out;
-  }
+  static std::vector<at::Tensor> parameters(Trainer& t) { return loom::testing::parameters_of(t); }
 
   /// Peaks of a probe at the full micro-batch and at half of it, unconstrained.
   std::pair<int64_t, int64_t> peaks(int64_t micro) {
@@ -235,7 +219,9 @@ TEST_F(MemoryTest, AutoBatchFindsTheLargestBatchInAtMostSixProbesAndLeavesNoTrac
   const auto now = t->save_checkpoint();
   EXPECT_EQ(CheckpointStore::load(optimizer_before).extra.size(), CheckpointStore::load(now).extra.size());
   for (const auto& [k, v] : CheckpointStore::load(optimizer_before).extra)
-    if (k.rfind("optimizer.", 0) == 0) EXPECT_TRUE(at::equal(v, CheckpointStore::load(now).extra.at(k))) << k;
+    if (k.rfind("optimizer.", 0) == 0) {
+      EXPECT_TRUE(at::equal(v, CheckpointStore::load(now).extra.at(k))) << k;
+    }
 }
 
 TEST_F(MemoryTest, AutoBatchCachesItsAnswer) {

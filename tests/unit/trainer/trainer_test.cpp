@@ -6,6 +6,8 @@
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/trainer.hpp>
 
+#include "trainer_testing.hpp"
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
@@ -20,22 +22,12 @@ using namespace loom::core;
 
 namespace {
 
-const PluginRegistry& registry() {
-  static PluginRegistry* r = [] {
-    auto* reg = new PluginRegistry();
-    reg->scan({fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins"});
-    return reg;
-  }();
-  return *r;
-}
+using loom::testing::registry;
 
 class TrainerTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_trainer_test_" + std::to_string(::getpid()) + "_" +
-                                        testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = loom::testing::fresh_test_dir("loom_trainer_test");
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -53,17 +45,9 @@ class TrainerTest : public testing::Test {
     return c;
   }
 
-  static std::unique_ptr<Trainer> make(const Config& c) {
-    auto t = std::make_unique<Trainer>(resolve_run(c, registry()), registry());
-    t->setup();
-    return t;
-  }
+  static std::unique_ptr<Trainer> make(const Config& c) { return loom::testing::make_trainer(c); }
 
-  static std::vector<at::Tensor> parameters(Trainer& t) {
-    std::vector<at::Tensor> out;
-    for (const auto& p : t.model().module().parameters()) out.push_back(p.detach().clone());
-    return out;
-  }
+  static std::vector<at::Tensor> parameters(Trainer& t) { return loom::testing::parameters_of(t); }
 
   fs::path dir_;
 };
