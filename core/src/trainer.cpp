@@ -267,6 +267,14 @@ std::map<std::string, std::string> component_values(const Resolved& config, cons
 }  // namespace
 
 void Trainer::setup() {
+  build_components(/*with_optimizer=*/true);
+  build_plan();
+  build_loaders();
+  open_run();
+  report_startup();
+}
+
+void Trainer::build_components(bool with_optimizer) {
   if (options_.threads > 0) at::set_num_threads(static_cast<int>(options_.threads));
   at::manual_seed(static_cast<uint64_t>(options_.seed));
   build_parallel();
@@ -275,17 +283,14 @@ void Trainer::setup() {
   try {
     build_model();
     build_precision();
-    build_optimizer();
+    if (with_optimizer) build_optimizer();
   } catch (const c10::OutOfMemoryError& e) {
     const auto stats = memory_->stats();
-    throw Error("out of memory while building the model and its optimizer on " + device_.str() + ": " +
-                e.what_without_backtrace() + "; the run may use " + format_bytes(stats.limit > 0 ? stats.limit : stats.total) +
+    throw Error("out of memory while building the model" + std::string(with_optimizer ? " and its optimizer" : "") +
+                " on " + device_.str() + ": " + e.what_without_backtrace() + "; the run may use " +
+                format_bytes(stats.limit > 0 ? stats.limit : stats.total) +
                 " (a cap from --memory-fraction or --device-memory-limit?). Use a smaller model or more memory");
   }
-  build_plan();
-  build_loaders();
-  open_run();
-  report_startup();
 }
 
 void Trainer::build_parallel() {
@@ -648,27 +653,12 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
 }
 
 void Trainer::setup_for_evaluation() {
-  if (options_.threads > 0) at::set_num_threads(static_cast<int>(options_.threads));
-  at::manual_seed(static_cast<uint64_t>(options_.seed));
-  build_parallel();
-  build_data();
-  build_memory();
-  build_model();
-  build_precision();
+  build_components(/*with_optimizer=*/false);
   plan_ = sdk::BatchPlan{std::max<int64_t>(1, options_.batch_size / parallel_->world_size()), 1, parallel_->world_size()};
   build_loaders();
 }
 
-void Trainer::setup_for_estimate() {
-  if (options_.threads > 0) at::set_num_threads(static_cast<int>(options_.threads));
-  at::manual_seed(static_cast<uint64_t>(options_.seed));
-  build_parallel();
-  build_data();
-  build_memory();
-  build_model();
-  build_precision();
-  build_optimizer();
-}
+void Trainer::setup_for_estimate() { build_components(/*with_optimizer=*/true); }
 
 void Trainer::load_weights(const fs::path& checkpoint) {
   if (fs::is_directory(checkpoint)) {

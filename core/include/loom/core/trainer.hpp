@@ -177,6 +177,8 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
 
  private:
+  /// Threads, seed, parallel strategy, data, device memory, model, precision (and optimizer).
+  void build_components(bool with_optimizer);
   void build_parallel();
   void build_memory();
   void build_data();
