@@ -360,7 +360,10 @@ void Trainer::build_plan() {
     context.probe = [this](int64_t b) { return probe_peak(b); };
     context.config_key = config_key();
     context.device_name = device_.str();
+    // A micro-batch above the global batch could not be used: when the user gave one, it bounds
+    // a search too.
     context.max_micro_batch = dataset_->size(sdk::Split::kTrain) / world;
+    if (given) context.max_micro_batch = std::min(context.max_micro_batch, plan_.global() / world);
     policy->plan(context);
     if (context.plan.micro_batch < 1 || context.plan.accumulation < 1 || context.plan.world_size != world)
       throw Error("memory policy '" + policy->describe() + "' made an invalid plan");

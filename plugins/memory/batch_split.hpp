@@ -22,9 +22,13 @@ inline std::string plan_text(const sdk::BatchPlan& p) {
          std::to_string(p.global());
 }
 
-inline std::string gib(int64_t bytes) {
+/// "1.5 GiB", "96.0 MiB", "512.0 KiB": a size for log lines.
+inline std::string bytes_text(int64_t bytes) {
   char b[32];
-  std::snprintf(b, sizeof b, "%.1f GiB", static_cast<double>(bytes) / (1LL << 30));
+  const double v = static_cast<double>(bytes);
+  if (bytes >= (1LL << 30)) std::snprintf(b, sizeof b, "%.1f GiB", v / (1LL << 30));
+  else if (bytes >= (1LL << 20)) std::snprintf(b, sizeof b, "%.1f MiB", v / (1LL << 20));
+  else std::snprintf(b, sizeof b, "%.1f KiB", v / 1024);
   return b;
 }
 

@@ -91,7 +91,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
       auto entries = read_cache(cache_);
       if (auto it = entries.find(key); it != entries.end()) {
         chosen = it->second;
-        loom::sdk::log::info("auto_batch: micro-batch ", chosen, " from the cache ", cache_);
+        loom::sdk::log::info("micro-batch ", chosen, " from the cache ", cache_);
         description_ = "auto_batch: micro-batch " + std::to_string(chosen) + " (cached)";
       }
     }
@@ -108,7 +108,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
       context.plan = loom::plugins::split_global_batch(context.global_batch, world, chosen);
     else
       context.plan = loom::sdk::BatchPlan{chosen, 1, world};
-    loom::sdk::log::info("auto_batch: ", loom::plugins::plan_text(context.plan));
+    loom::sdk::log::info("plan ", loom::plugins::plan_text(context.plan));
   }
 
   std::string describe() const override { return description_.empty() ? "auto_batch" : description_; }
@@ -120,10 +120,10 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     ++probes_;
     try {
       const int64_t peak = context.probe(b);
-      loom::sdk::log::debug("auto_batch: probe ", probes_, " at ", b, ": peak ", peak, " bytes");
+      loom::sdk::log::debug("probe ", probes_, " at ", b, ": peak ", peak, " bytes");
       return peak;
     } catch (const c10::OutOfMemoryError&) {
-      loom::sdk::log::debug("auto_batch: probe ", probes_, " at ", b, ": out of memory");
+      loom::sdk::log::debug("probe ", probes_, " at ", b, ": out of memory");
       context.memory->empty_cache();
       return -1;
     }
@@ -135,7 +135,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     int64_t p1 = probe(context, b1);
     if (p1 < 0 || p1 > cap)
       throw loom::sdk::Error("auto_batch: even a micro-batch of " + std::to_string(b1) + " does not fit under the cap of " +
-                             loom::plugins::gib(cap) + "; lower the model size, use AMP, or raise the cap");
+                             loom::plugins::bytes_text(cap) + "; lower the model size, use AMP, or raise the cap");
     if (b2 == b1) return b1;
     int64_t p2 = probe(context, b2);
     if (p2 < 0 || p2 > cap) {  // between b1 and b2: bisect the few candidates left
@@ -166,14 +166,14 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
         prev_peak = best_peak;
         best = target;
         best_peak = p;
-        loom::sdk::log::debug("auto_batch: micro-batch ", target, " fits (peak ", p, " of ", cap, " bytes)");
+        loom::sdk::log::debug("micro-batch ", target, " fits (peak ", p, " of ", cap, " bytes)");
       } else {
         fails_at = target;
       }
     }
     const int64_t chosen = best;
-    loom::sdk::log::info("auto_batch: micro-batch ", chosen, " fits (peak ", loom::plugins::gib(best_peak), " of ",
-                         loom::plugins::gib(cap), "; ", probes_, " probes)");
+    loom::sdk::log::info("micro-batch ", chosen, " fits (peak ", loom::plugins::bytes_text(best_peak), " of ",
+                         loom::plugins::bytes_text(cap), "; ", probes_, " probes)");
     description_ = "auto_batch: micro-batch " + std::to_string(chosen) + " (" + std::to_string(probes_) + " probes)";
     return chosen;
   }

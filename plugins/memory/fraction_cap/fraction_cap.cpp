@@ -32,8 +32,8 @@ class FractionCap final : public loom::sdk::MemoryPolicy {
   std::string describe() const override {
     char line[256];
     std::snprintf(line, sizeof line, "fraction_cap: %.0f %% of %s = %s; %s left for the system and other processes",
-                  100 * fraction_, loom::plugins::gib(total_).c_str(), loom::plugins::gib(cap_).c_str(),
-                  loom::plugins::gib(total_ - cap_).c_str());
+                  100 * fraction_, loom::plugins::bytes_text(total_).c_str(), loom::plugins::bytes_text(cap_).c_str(),
+                  loom::plugins::bytes_text(total_ - cap_).c_str());
     return line;
   }
 

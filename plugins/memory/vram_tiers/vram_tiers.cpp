@@ -56,8 +56,7 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
     char memory_text[32];
     std::snprintf(memory_text, sizeof memory_text, "%.1f GB", static_cast<double>(memory) / 1e9);
     description_ = std::string("vram_tiers: device memory ") + memory_text + " -> " +
-                   loom::plugins::plan_text(context.plan);
-    loom::sdk::log::info(description_);
+                   loom::plugins::plan_text(context.plan);  // the host logs it with the plan
   }
 
   std::string describe() const override { return description_.empty() ? "vram_tiers" : description_; }
