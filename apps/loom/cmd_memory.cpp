@@ -65,7 +65,7 @@ int cmd_memory(const Invocation& invocation) {
   // a candidate far above the probes is measured again nearer to it: probes at a quarter and half
   // of it, as long as the larger one fits in half of what the device has free now.
   const int64_t free_now = trainer.memory().stats().free;
-  if (micro != INT64_MAX && micro > 4 * measured->probe_large) {
+  if (measured->per_sample > 0 && micro > 4 * measured->probe_large) {
     int64_t refine = micro;
     while (refine > 4 * measured->probe_large &&
            core::estimate(states, *measured, refine / 2).total() > free_now / 2)
@@ -78,6 +78,12 @@ int cmd_memory(const Invocation& invocation) {
     }
   }
   const core::ActivationFit& fit = *measured;
+  if (fit.per_sample <= 0) {
+    std::cout << "the probes at micro-batch " << fit.probe_small << " and " << fit.probe_large
+              << " measured the same peak: no memory per sample to extrapolate from. Give a larger --batch-size so"
+                 " the probes are larger, or let memory.policies = auto_batch measure on the device\n";
+    return 1;
+  }
   if (micro < 1) {
     std::cout << "nothing fits in " << core::format_bytes(*target) << ": the model states alone need "
               << core::format_bytes(states.total()) << " and the workspace "

@@ -9,11 +9,13 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 #if LOOM_TORCH_CUDA
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 #endif
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -26,10 +28,12 @@ namespace loom::core {
 namespace {
 
 std::string bytes_text(int64_t bytes) {
-  std::ostringstream out;
-  if (bytes >= (1LL << 30)) out << static_cast<double>(bytes) / (1LL << 30) << " GiB";
-  else out << static_cast<double>(bytes) / (1LL << 20) << " MiB";
-  return out.str();
+  char text[32];
+  const double v = static_cast<double>(bytes);
+  if (bytes >= (1LL << 30)) std::snprintf(text, sizeof text, "%.2f GiB", v / (1LL << 30));
+  else if (bytes >= (1LL << 20)) std::snprintf(text, sizeof text, "%.2f MiB", v / (1LL << 20));
+  else std::snprintf(text, sizeof text, "%.1f KiB", v / 1024);
+  return text;
 }
 
 // Note [CPU budget allocator]
@@ -57,25 +61,34 @@ class BudgetAllocator final : public c10::Allocator {
       void* p = n ? c10::alloc_cpu(n) : nullptr;
       return {p, p, &c10::free_cpu, c10::Device(c10::kCPU)};
     }
+    if (n == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
     const int64_t bytes = static_cast<int64_t>(n);
-    const int64_t now = allocated_.fetch_add(bytes) + bytes;
-    const int64_t budget = budget_.load();
-    if (budget > 0 && now > budget) {
-      allocated_.fetch_sub(bytes);
-      ooms_.fetch_add(1);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU device out of memory (Loom's --device-memory-limit): tried to allocate ",
-                       bytes_text(bytes), "; ", bytes_text(now - bytes), " of the ", bytes_text(budget),
-                       " budget already in use");
-    }
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    void* p = n ? c10::alloc_cpu(n) : nullptr;
-    if (p != nullptr) {
+    // Reserve the bytes only if they fit: a compare-and-swap, so an attempt that fails never
+    // shows in the count another thread checks against the budget.
+    int64_t before = allocated_.load();
+    int64_t budget = 0;
+    do {
+      budget = budget_.load();
+      if (budget > 0 && before + bytes > budget) {
+        ooms_.fetch_add(1);
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU device out of memory (Loom's --device-memory-limit): tried to allocate ",
+                         bytes_text(bytes), "; ", bytes_text(before), " of the ", bytes_text(budget),
+                         " budget already in use");
+      }
+    } while (!allocated_.compare_exchange_weak(before, before + bytes));
+    void* p = nullptr;
+    try {
+      p = c10::alloc_cpu(n);
       std::lock_guard<std::mutex> lock(mutex_);
       sizes_[p] = n;
-    } else {
+    } catch (...) {  // the host itself is out of memory: give the reservation back
+      if (p != nullptr) c10::free_cpu(p);
       allocated_.fetch_sub(bytes);
+      throw;
+    }
+    const int64_t now = before + bytes;
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
     return {p, p, &release, c10::Device(c10::kCPU)};
   }
@@ -181,6 +194,16 @@ class CudaMemory final : public sdk::DeviceMemory {
 #endif
 
 }  // namespace
+
+std::string device_description(const c10::Device& device) {
+#if LOOM_TORCH_CUDA
+  if (device.is_cuda()) {
+    const auto* p = at::cuda::getDeviceProperties(device.index() < 0 ? 0 : device.index());
+    return device.str() + " (" + p->name + ", " + std::to_string(p->totalGlobalMem) + " bytes)";
+  }
+#endif
+  return device.str();
+}
 
 int64_t physical_memory() { return static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE); }
 

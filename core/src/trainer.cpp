@@ -359,7 +359,7 @@ void Trainer::build_plan() {
     context.global_batch_given = given;
     context.probe = [this](int64_t b) { return probe_peak(b); };
     context.config_key = config_key();
-    context.device_name = device_.str();
+    context.device_name = device_description(device_);
     // A micro-batch above the global batch could not be used: when the user gave one, it bounds
     // a search too.
     context.max_micro_batch = dataset_->size(sdk::Split::kTrain) / world;
@@ -680,7 +680,23 @@ StepState Trainer::capture() const {
   s.loader = train_loader_->position();
   s.cpu_rng = cpu_generator().get_state();
   if (device_.is_cuda()) s.device_rng = device_generator(device_).get_state();
+  s.buffers = save_buffers();
   return s;
+}
+
+std::vector<at::Tensor> Trainer::save_buffers() const {
+  // Buffers a forward in training mode updates (BatchNorm's running statistics): a replayed or
+  // probed forward must not count twice.
+  std::vector<at::Tensor> out;
+  for (const auto& item : model_->module().named_buffers()) out.push_back(item.value().detach().clone());
+  return out;
+}
+
+void Trainer::restore_buffers(const std::vector<at::Tensor>& saved) {
+  at::NoGradGuard no_grad;
+  size_t i = 0;
+  for (const auto& item : model_->module().named_buffers())
+    if (i < saved.size()) item.value().copy_(saved[i++]);
 }
 
 void Trainer::restore(const StepState& s) {
@@ -689,6 +705,7 @@ void Trainer::restore(const StepState& s) {
   cpu_generator().set_state(s.cpu_rng);
   if (s.device_rng.defined()) device_generator(device_).set_state(s.device_rng);
   optimizer_->zero_grad();
+  restore_buffers(s.buffers);
 }
 
 double Trainer::current_lr() const {
@@ -698,6 +715,7 @@ double Trainer::current_lr() const {
 }
 
 StepResult Trainer::train_step() {
+  committed_ = false;
   auto& module = model_->module();
   module.train();
   optimizer_->zero_grad();
@@ -732,26 +750,10 @@ StepResult Trainer::train_step() {
   }
   if (gradient_hook_) gradient_hook_(grads);
   if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after backward: ", memory_->stats().peak);
-  const bool finite = precision_->unscale_gradients(grads);
+  // What the step reports does not depend on the update: computed first, so that nothing after
+  // the update allocates more than the scaler's few bytes.
   StepResult result;
-  result.lr = current_lr();
-  if (finite) {
-    in_update_ = true;
-    result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
-    if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after clipping: ", memory_->stats().peak);
-    optimizer_->step(result.lr);
-    in_update_ = false;
-    if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
-    ++step_;
-  } else {
-    ++skipped_steps_;
-    result.skipped = true;
-    log::warn("step ", step_ + 1, ": non-finite gradients, update skipped (", skipped_steps_, " skipped so far)");
-    ++step_;
-  }
-  precision_->update(!finite);
   const double n = count.item<double>();
-  result.step = step_;
   result.samples = static_cast<int64_t>(n);
   result.loss = loss_sum.item<double>() / std::max(1.0, n);
   for (auto& [name, sum] : metric_sums) {
@@ -760,6 +762,23 @@ StepResult Trainer::train_step() {
     const std::string reported = name == "correct" ? "accuracy" : name;
     result.metrics[reported] = sum.item<double>() / std::max(1.0, n);
   }
+  result.lr = current_lr();
+  // Unscaling and clipping change only the gradients, which a replay zeroes: up to here an
+  // out-of-memory can be replayed. From the commit on, the step changes the run's state.
+  const bool finite = precision_->unscale_gradients(grads);
+  if (finite) result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
+  committed_ = true;
+  if (finite) {
+    optimizer_->step(result.lr);
+    if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
+  } else {
+    ++skipped_steps_;
+    result.skipped = true;
+    log::warn("step ", step_ + 1, ": non-finite gradients, update skipped (", skipped_steps_, " skipped so far)");
+  }
+  ++step_;
+  precision_->update(!finite);
+  result.step = step_;
   return result;
 }
 
@@ -840,7 +859,7 @@ std::string Trainer::config_key() const {
   std::string key;
   for (const auto& section : {"model", "data", "precision"})
     for (const auto& [k, v] : this->section(section)) key += std::string(section) + "." + k + "=" + v + ";";
-  return key + "optimizer=" + options_.optimizer;
+  return key + "optimizer=" + options_.optimizer + ";libtorch=" + TORCH_VERSION;
 }
 
 int64_t Trainer::probe_peak(int64_t b) {
@@ -849,10 +868,12 @@ int64_t Trainer::probe_peak(int64_t b) {
   const at::Tensor cpu_state = cpu.get_state();
   at::Tensor device_state;
   if (device_.is_cuda()) device_state = device_generator(device_).get_state();
+  const std::vector<at::Tensor> buffers = save_buffers();
   auto restore_state = [&] {
     optimizer_->zero_grad();
     cpu.set_state(cpu_state);
     if (device_state.defined()) device_generator(device_).set_state(device_state);
+    restore_buffers(buffers);
   };
   optimizer_->zero_grad();
   memory_->empty_cache();
@@ -902,11 +923,17 @@ std::string Trainer::oom_advice(const std::string& message) const {
                      "): " + message;
   text += "\nWhat would help, in order:";
   text += "\n  1. a smaller batch: --batch-size (now " + std::to_string(plan_.global()) + ")";
-  text += "\n  2. gradient accumulation: --gradient-accumulation-steps (memory.policies = oom_recovery does it for you)";
+  const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
+  const bool recovering = std::find(policies.begin(), policies.end(), "oom_recovery") != policies.end();
+  text += recovering ? "\n  2. gradient accumulation: oom_recovery re-planned to micro-batch " +
+                           std::to_string(plan_.micro_batch) + " x accumulation " + std::to_string(plan_.accumulation) +
+                           " and stopped there (micro-batch 1, or memory.max_replans re-plans)"
+                     : std::string("\n  2. gradient accumulation: --gradient-accumulation-steps (memory.policies ="
+                                   " oom_recovery does it for you)");
   text += "\n  3. mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)";
   text += "\n  4. the memory fraction: a cap (--memory-fraction) below what the device has also limits this run;"
           " lower it only to leave room for other processes";
-  text += "\n  5. a smaller input: --image-size";
+  if (config_.count("model.image_size")) text += "\n  5. a smaller input: --image-size";
   text += "\nThe estimator: the model states alone need " + format_bytes(states.total()) + " (parameters " +
           format_bytes(states.parameters) + ", gradients " + format_bytes(states.gradients) + ", optimizer " +
           format_bytes(states.optimizer_states) + ") of the " + format_bytes(cap) + " this run may use";
@@ -923,10 +950,12 @@ StepResult Trainer::step_with_recovery() {
     } catch (const c10::OutOfMemoryError& e) {
       const auto t0 = Clock::now();
       const std::string message = e.what_without_backtrace();
-      if (in_update_) {
-        in_update_ = false;
-        throw Error("out of memory inside the optimizer update of step " + std::to_string(step_ + 1) +
-                    "; the update may be partial, so the step cannot be replayed: " + message);
+      if (committed_) {
+        committed_ = false;
+        throw Error("out of memory in the update of step " + std::to_string(start.step + 1) +
+                    ", after it began to change the weights, so it cannot be replayed: " + message +
+                    "\nLeave more room (a smaller batch, or a cap further below the device's memory) and continue"
+                    " with --resume auto from the last checkpoint");
       }
       // Unwind: nothing of the step was applied; drop its gradients, return cached blocks, and
       // put the data position and the RNG back where the step began.

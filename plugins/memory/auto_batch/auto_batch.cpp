@@ -26,6 +26,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -55,7 +56,7 @@ std::map<std::string, int64_t> read_cache(const fs::path& path) {
 void write_cache(const fs::path& path, const std::map<std::string, int64_t>& entries) {
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
-  const fs::path tmp = path.string() + ".tmp";
+  const fs::path tmp = path.string() + "." + std::to_string(::getpid()) + ".tmp";  // runs may share the cache
   {
     std::ofstream out(tmp);
     for (const auto& [k, v] : entries) out << k << '\t' << v << '\n';
@@ -97,7 +98,10 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     }
     if (chosen == 0) {
       chosen = search(context, cap, limit);
-      if (cache_ != "off") {
+      if (!converged_)
+        loom::sdk::log::warn("the search used its ", kMaxProbes, " probes before it settled: micro-batch ", chosen,
+                             " fits, a larger one may too; the answer is not cached");
+      if (cache_ != "off" && converged_) {
         auto entries = read_cache(cache_);
         entries[key] = chosen;
         write_cache(cache_, entries);
@@ -133,10 +137,22 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     probes_ = 0;
     int64_t b1 = std::min<int64_t>(2, limit), b2 = std::min<int64_t>(8, limit);
     int64_t p1 = probe(context, b1);
+    if ((p1 < 0 || p1 > cap) && b1 > 1) {  // the last chance: a micro-batch of 1
+      const int64_t p = probe(context, 1);
+      if (p >= 0 && p <= cap) {
+        converged_ = true;
+        description_ = "auto_batch: micro-batch 1 (" + std::to_string(probes_) + " probes)";
+        return 1;
+      }
+      b1 = 1;
+    }
     if (p1 < 0 || p1 > cap)
       throw loom::sdk::Error("auto_batch: even a micro-batch of " + std::to_string(b1) + " does not fit under the cap of " +
                              loom::plugins::bytes_text(cap) + "; lower the model size, use AMP, or raise the cap");
-    if (b2 == b1) return b1;
+    if (b2 == b1) {
+      converged_ = true;
+      return b1;
+    }
     int64_t p2 = probe(context, b2);
     if (p2 < 0 || p2 > cap) {  // between b1 and b2: bisect the few candidates left
       int64_t lo = b1, hi = b2;
@@ -145,6 +161,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
         const int64_t p = probe(context, mid);
         (p >= 0 && p <= cap ? lo : hi) = mid;
       }
+      converged_ = hi - lo <= 1;
       description_ = "auto_batch: micro-batch " + std::to_string(lo) + " (" + std::to_string(probes_) + " probes)";
       return lo;
     }
@@ -154,12 +171,24 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     int64_t best = b2, best_peak = p2;     // the largest batch measured to fit
     int64_t prev = b1, prev_peak = p1;     // the one before it
     int64_t fails_at = limit + 1;          // the smallest batch known not to fit
-    while (probes_ < kMaxProbes) {
+    converged_ = false;
+    while (true) {
       const double k = static_cast<double>(best_peak - prev_peak) / static_cast<double>(best - prev);
       const double a = static_cast<double>(best_peak) - k * static_cast<double>(best);
       const double b_max = k > 0 ? (static_cast<double>(cap) - a) / k : static_cast<double>(limit);
-      const int64_t target = std::min<int64_t>({static_cast<int64_t>(std::floor(b_max * aim)), limit, fails_at - 1});
-      if (target <= best) break;
+      int64_t target = std::min<int64_t>(static_cast<int64_t>(std::floor(b_max * aim)), limit);
+      // Where the line aims at or past a batch that failed, the line is wrong up there (it was
+      // fitted on a flatter stretch): bisect between what fits and what failed instead, at the
+      // geometric mean, since the two can be orders of magnitude apart.
+      if (target >= fails_at) {
+        target = static_cast<int64_t>(std::sqrt(static_cast<double>(best) * static_cast<double>(fails_at)));
+        if (target <= best) target = best + 1 < fails_at ? best + 1 : best;
+      }
+      if (target <= best) {
+        converged_ = true;
+        break;
+      }
+      if (probes_ >= kMaxProbes) break;
       const int64_t p = probe(context, target);
       if (p >= 0 && p <= cap) {
         prev = best;
@@ -183,6 +212,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
   std::string cache_;
   std::string description_;
   int probes_ = 0;
+  bool converged_ = false;  ///< the search ended on its own, not for want of probes
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <loom/sdk/sdk.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace {
@@ -23,9 +24,11 @@ class FractionCap final : public loom::sdk::MemoryPolicy {
   }
 
   void setup(loom::sdk::DeviceMemory& memory) override {
+    // A fraction of what the run may use: the device, or a limit set before (--device-memory-limit),
+    // the same on CUDA as on the CPU.
     const auto stats = memory.stats();
-    total_ = stats.total;
-    cap_ = static_cast<int64_t>(fraction_ * static_cast<double>(stats.total));
+    total_ = stats.limit > 0 ? std::min(stats.limit, stats.total) : stats.total;
+    cap_ = static_cast<int64_t>(fraction_ * static_cast<double>(total_));
     memory.set_limit(cap_);
   }
 

@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 namespace fs = std::filesystem;
 using namespace loom::core;
@@ -236,6 +237,66 @@ TEST_F(MemoryTest, AutoBatchCachesItsAnswer) {
   auto second = make(c);
   EXPECT_EQ(second->probes_run(), 0);
   EXPECT_EQ(second->plan(), first->plan());
+}
+
+// The search's edge cases, on peaks given as functions of the batch (the probes a device would
+// measure); the search on real probes is the test above.
+struct ProbedDevice {
+  std::function<int64_t(int64_t)> peak;
+  int64_t cap;
+  int probes = 0;
+  FakeDevice memory{cap};  // a device of `cap` bytes
+  loom::sdk::PlanContext context(int64_t max_micro_batch) {
+    loom::sdk::PlanContext c;
+    c.memory = &memory;
+    c.plan = loom::sdk::BatchPlan{32, 1, 1};
+    c.global_batch = 32;
+    c.global_batch_given = false;
+    c.max_micro_batch = max_micro_batch;
+    c.device_name = "fake";
+    c.config_key = "fake";
+    c.probe = [this](int64_t b) {
+      ++probes;
+      const int64_t p = peak(b);
+      if (p > cap) throw c10::OutOfMemoryError({__func__, __FILE__, __LINE__}, "fake device out of memory");
+      return p;
+    };
+    return c;
+  }
+};
+
+TEST_F(MemoryTest, AutoBatchTriesMicroBatchOneBeforeGivingUp) {
+  ProbedDevice device{[](int64_t b) { return int64_t{1000} * b; }, 1500};
+  auto policy = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", "off"}});
+  auto context = device.context(1024);
+  policy->plan(context);
+  EXPECT_EQ(context.plan.micro_batch, 1);
+  EXPECT_EQ(device.probes, 2);  // 2 failed, 1 fits
+}
+
+TEST_F(MemoryTest, AutoBatchBisectsWhereItsLineIsWrongAndDoesNotCacheAnUnsettledAnswer) {
+  // Flat up to 100 samples, then steep: the probes at 2 and 8 see the flat part, so the line
+  // aims far too high. The search must fall back to bisection, answer a batch that fits, and
+  // not cache an answer it did not settle within its probes.
+  ProbedDevice device{[](int64_t b) { return b <= 100 ? 1000 + b : 1000 * b; }, 60000};
+  const fs::path cache = dir_ / "cache.tsv";
+  auto policy = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", cache.string()}});
+  auto context = device.context(4096);
+  policy->plan(context);
+  const int64_t b = context.plan.micro_batch;
+  EXPECT_LE(device.probes, 6);
+  EXPECT_LE(device.peak(b), device.cap);
+  EXPECT_GE(b, 50) << "bisection should get within a factor of two of the largest batch that fits (100)";
+  EXPECT_FALSE(fs::exists(cache)) << "an answer found before the search settled was cached";
+
+  // Nearer the answer (the largest batch that fits is 100, the limit 128) it gets closer.
+  ProbedDevice near{[](int64_t b) { return b <= 100 ? 1000 + b : 1000 * b; }, 60000};
+  auto settled = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", cache.string()}});
+  auto c2 = near.context(128);
+  settled->plan(c2);
+  EXPECT_LE(near.probes, 6);
+  EXPECT_LE(near.peak(c2.plan.micro_batch), near.cap);
+  EXPECT_GE(c2.plan.micro_batch, 80);
 }
 
 TEST_F(MemoryTest, OomRecoveryGivesTheRunThatNeverRanOutOfMemory) {

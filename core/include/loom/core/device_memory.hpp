@@ -46,6 +46,9 @@ void start_memory_history(const c10::Device& device);
 void write_memory_snapshot(const c10::Device& device, const std::filesystem::path& path);
 
 /// Physical memory of this machine and what the kernel reports available, in bytes.
+/// "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3, 85029158912 bytes)": names a device model, for caches.
+std::string device_description(const c10::Device& device);
+
 int64_t physical_memory();
 int64_t available_memory();
 

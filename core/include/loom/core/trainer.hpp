@@ -96,6 +96,7 @@ struct StepState {
   Loader::Position loader;
   at::Tensor cpu_rng;
   at::Tensor device_rng;
+  std::vector<at::Tensor> buffers;  ///< the model's buffers, in named_buffers() order
 };
 
 class Trainer {
@@ -155,6 +156,10 @@ class Trainer {
 
   StepState capture() const;
   void restore(const StepState& state);
+  /// Copies of the model's buffers (BatchNorm statistics, ...), and putting them back: probes
+  /// and replayed steps leave them as they were.
+  std::vector<at::Tensor> save_buffers() const;
+  void restore_buffers(const std::vector<at::Tensor>& saved);
 
   /// Called every step with the gradients once they are summed over ranks and divided by the
   /// global count, before unscaling and clipping: for gradient inspection, and for tests that
@@ -226,7 +231,7 @@ class Trainer {
   int64_t probes_run_ = 0;
   int64_t oom_recoveries_ = 0;
   double recovery_seconds_ = 0;
-  bool in_update_ = false;
+  bool committed_ = false;  ///< the running step has begun to change the run's state (no replay)
   int64_t predicted_peak_ = -1;
   std::optional<ActivationFit> fit_;
   std::string oom_advice(const std::string& message) const;
