@@ -2,6 +2,7 @@
 #include <loom/core/device_memory.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/files.hpp>
+#include <loom/core/text.hpp>
 
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/Allocator.h>
@@ -26,15 +27,6 @@
 namespace loom::core {
 
 namespace {
-
-std::string bytes_text(int64_t bytes) {
-  char text[32];
-  const double v = static_cast<double>(bytes);
-  if (bytes >= (1LL << 30)) std::snprintf(text, sizeof text, "%.2f GiB", v / (1LL << 30));
-  else if (bytes >= (1LL << 20)) std::snprintf(text, sizeof text, "%.2f MiB", v / (1LL << 20));
-  else std::snprintf(text, sizeof text, "%.1f KiB", v / 1024);
-  return text;
-}
 
 // Note [CPU budget allocator]
 // Every CPU tensor's storage goes through c10::GetCPUAllocator(). This allocator replaces it
@@ -72,7 +64,7 @@ class BudgetAllocator final : public c10::Allocator {
       if (budget > 0 && before + bytes > budget) {
         ooms_.fetch_add(1);
         TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU device out of memory (Loom's --device-memory-limit): tried to allocate ",
-                         bytes_text(bytes), "; ", bytes_text(before), " of the ", bytes_text(budget),
+                         format_bytes(bytes), "; ", format_bytes(before), " of the ", format_bytes(budget),
                          " budget already in use");
       }
     } while (!allocated_.compare_exchange_weak(before, before + bytes));
