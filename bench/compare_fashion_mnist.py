@@ -44,9 +44,10 @@ def rate(windows):
     return len(w) / sum(1.0 / r for r in w)
 
 
-def loom(exe, batch, steps, window, threads, work, precision, device):
+def loom(exe, batch, steps, window, threads, work, precision, device, data):
     name = f"bench_b{batch}_{precision}"
     args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
+            "--set", f"data.path={data}",
             "--set", "model.patch_size=7", "--set", "model.d_model=96", "--set", "model.num_layers=3",
             "--set", "model.num_heads=4", "--set", "model.dropout=0.0", "--set", "model.stem_channels=16",
             "--set", f"trainer.batch_size={batch}", "--set", f"trainer.max_steps={steps}",
@@ -61,8 +62,9 @@ def loom(exe, batch, steps, window, threads, work, precision, device):
     return rate([l["train/samples_per_s"] for l in train]), train[-1]["train/loss"], peak
 
 
-def pytorch(batch, steps, window, threads, precision, device):
+def pytorch(batch, steps, window, threads, precision, device, data):
     out, _, rss = run([sys.executable, os.path.join(HERE, "pytorch_vit.py"), "--batch-size", str(batch),
+                       "--data", data,
                        "--steps", str(steps), "--window", str(window), "--threads", str(threads),
                        "--precision", precision, "--device", device])
     result = json.loads(out.strip().splitlines()[-1])
@@ -81,6 +83,8 @@ def main():
     p.add_argument("--precisions", default="fp32", help="comma-separated: fp32, tf32, fp16_amp, bf16_amp")
     p.add_argument("--device", default="cpu", help="cpu or cuda (memory: peak resident set on CPU, peak "
                    "allocated device memory on CUDA)")
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist",
+                   help="folder of the Fashion-MNIST IDX files, for both sides (default %(default)s)")
     a = p.parse_args()
     import torch  # the same wheel Loom's LibTorch comes from
 
@@ -99,8 +103,9 @@ def main():
             for batch in [int(b) for b in a.batches.split(",")]:
                 runs = []
                 for _ in range(a.repeats):  # interleaved, so a noisy neighbour hits both sides alike
-                    l_rate, l_loss, l_mem = loom(a.loom, batch, a.steps, a.window, a.threads, work, precision, a.device)
-                    p_rate, p_loss, p_mem, _ = pytorch(batch, a.steps, a.window, a.threads, precision, a.device)
+                    l_rate, l_loss, l_mem = loom(a.loom, batch, a.steps, a.window, a.threads, work, precision, a.device,
+                                                  a.data)
+                    p_rate, p_loss, p_mem, _ = pytorch(batch, a.steps, a.window, a.threads, precision, a.device, a.data)
                     runs.append((l_rate, p_rate, l_mem, p_mem, l_loss, p_loss))
                     print(f"  {precision} batch {batch}: Loom {l_rate:.0f} samples/s, PyTorch {p_rate:.0f} samples/s",
                           flush=True)

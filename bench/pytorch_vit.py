@@ -95,6 +95,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16_amp", "bf16_amp"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--data", default=FMNIST, help="folder of the Fashion-MNIST IDX files (default %(default)s)")
     a = p.parse_args()
     device = torch.device(a.device)
     # The same settings as Loom's precision plugins.
@@ -106,8 +107,8 @@ def main():
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    images = read_idx(os.path.join(FMNIST, "train-images-idx3-ubyte.gz"))
-    labels = read_idx(os.path.join(FMNIST, "train-labels-idx1-ubyte.gz"))
+    images = read_idx(os.path.join(a.data, "train-images-idx3-ubyte.gz"))
+    labels = read_idx(os.path.join(a.data, "train-labels-idx1-ubyte.gz"))
     if device.type == "cuda":
         images, labels = images.pin_memory(), labels.pin_memory()
     model = Vit(a.layers, a.d_model, a.heads, a.mlp_ratio, a.dropout, a.patch, a.stem_channels).to(device)

@@ -5,7 +5,10 @@
 #     zlib, the Fashion-MNIST dataset, Python venv support), through apt-get;
 #   - the pinned PyTorch wheel (LibTorch for the build, Python PyTorch for the side-by-side
 #     benchmarks) and the Python readers the tests use, into a venv cached outside the
-#     checkout: $LOOM_CACHE (default ~/.cache/loom), so clones and CI runs share it.
+#     checkout: $LOOM_CACHE (default ~/.cache/loom), so clones and CI runs share it;
+#   - the headers of the GPU machine's torch release (2.11), for the check that Loom still
+#     compiles against it (scripts/torch_compat.py; the wheel is downloaded, its headers kept,
+#     nothing installed).
 #
 # Idempotent: a second run on the same machine compares a stamp and returns at once; --check
 # looks at every package again. Prints the venv's path as its last line with --print-venv.
@@ -72,6 +75,7 @@ fi
 
 install_debian_packages
 install_venv
+"$LOOM_VENV/bin/python" "$here/torch_compat.py" --fetch --python "$LOOM_VENV/bin/python"
 mkdir -p "$CCACHE_DIR"
 echo "$want_stamp" > "$stamp"
 if [ "${1:-}" = "--print-venv" ]; then

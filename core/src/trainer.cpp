@@ -15,7 +15,6 @@
 #include <loom/sdk/options.hpp>
 #include <loom/sdk/version.hpp>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
@@ -89,9 +88,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return s.empty() ? "scalar" : s;
 }
 
-/// The default generators are handles: a copy shares the generator's state.
-at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
-at::Generator device_generator(const c10::Device& device) { return at::accelerator::getDefaultGenerator(device.index()); }
+at::Generator cpu_generator() { return sdk::compat::default_generator(c10::Device(c10::kCPU)); }
+at::Generator device_generator(const c10::Device& device) { return sdk::compat::default_generator(device); }
 
 // Note [Default precision]
 // On a GPU the seeds turn AMP on by default. Loom picks bfloat16 autocast where the GPU has

@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# The one command for the GPU test machine (docs/gpu.md): from the project's root, after
+# `bash ../shared/gpu/stage-deps.sh` filled .gpu/ here and .gpu/ travelled with the tree,
+#
+#   bash scripts/gpu-suite.sh --budget 540
+#
+# unpacks the staged packages, configures and builds Loom against the machine's own torch with
+# every core, runs `ctest -L gpu`, then the rest of the suite, then every GPU benchmark, and
+# writes logs, JUnit XML and summary.md (card, driver, torch, every figure) under $OUT (or
+# --out). It stops at the budget (seconds, counted from its start) and always leaves a summary
+# of what ran, what failed and what the budget cut.
+#
+#   --dry-run        the same steps on this (CPU) machine against the pinned wheel and the
+#                    existing build tree: the CUDA tests skip, the benchmarks run short on CPU.
+#                    CI runs it so that the script cannot rot.
+#   --budget S       seconds for everything (default 540: the device tool's 600 s per command,
+#                    less room to copy $OUT back)
+#   --out DIR        where logs, JUnit XML and summary.md go (default $OUT, else ./gpu-suite-out)
+#   --build-dir DIR  the build tree (default build-gpu; with --dry-run, $LOOM_BUILD_DIR or build)
+#   --jobs N         build and test parallelism (default: every core)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+dry_run=0
+budget=540
+out="${OUT:-$root/gpu-suite-out}"
+build_dir=""
+jobs="$(nproc)"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) dry_run=1 ;;
+    --budget) budget="$2"; shift ;;
+    --out) out="$2"; shift ;;
+    --build-dir) build_dir="$2"; shift ;;
+    --jobs) jobs="$2"; shift ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-suite: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$budget" in ''|*[!0-9]*) echo "gpu-suite: --budget '$budget' is not a number of seconds" >&2; exit 2 ;; esac
+
+start=$(date +%s)
+deadline=$((start + budget))
+mkdir -p "$out/logs" "$out/junit"
+out="$(cd "$out" && pwd)"
+summary="$out/summary.md"
+step_rows=()   # "| step | status | seconds | log |" rows, in order
+planned=(unpack setup configure build test-gpu test-rest bench-precision bench-memory)
+failures=0
+
+remaining() { echo $((deadline - $(date +%s))); }
+
+# run_step NAME MIN_SECONDS COMMAND...: runs COMMAND with its output in logs/NAME.log, cut at the
+# budget; not started when less than MIN_SECONDS remain. A step cut or not run counts as failed:
+# the suite did not complete.
+run_step() {
+  local name="$1" need="$2"
+  shift 2
+  local log="$out/logs/$name.log" left t0 rc status
+  left=$(remaining)
+  if [ "$left" -lt "$need" ]; then
+    step_rows+=("| $name | **not run**: ${left} s of the budget left, at least ${need} s needed | 0 | |")
+    echo "[gpu-suite] $name: not run (budget)" >&2
+    failures=$((failures + 1))
+    return 124
+  fi
+  echo "[gpu-suite] $name (${left} s of the budget left)" >&2
+  t0=$(date +%s)
+  timeout --kill-after=15 "$left" "$@" >"$log" 2>&1
+  rc=$?
+  case $rc in
+    0) status="ok" ;;
+    124|137) status="**cut by the budget** after $(( $(date +%s) - t0 )) s"; failures=$((failures + 1)) ;;
+    *) status="**failed** (exit $rc)"; failures=$((failures + 1)) ;;
+  esac
+  step_rows+=("| $name | $status | $(( $(date +%s) - t0 )) | logs/$name.log |")
+  echo "[gpu-suite] $name: $status" >&2
+  if [ $rc -ne 0 ]; then
+    tail -n 40 "$log" | sed "s/^/[gpu-suite]   /" >&2
+  fi
+  return $rc
+}
+
+# ---- the summary, written whatever happens ----------------------------------------------------
+ctest_result() {  # the closing lines of a ctest log: totals, then what failed or was skipped
+  local log="$1"
+  [ -f "$log" ] || { echo "(not run)"; return; }
+  grep -E "tests passed|tests failed out of" "$log" | tail -n 1
+  grep -E "^Total Test time" "$log" | tail -n 1
+  sed -n '/The following tests FAILED:/,/^$/p;/The following tests did not run:/,/^$/p' "$log"
+}
+
+write_summary() {
+  {
+    echo "# Loom GPU suite$([ $dry_run = 1 ] && echo ' (dry run on CPU)')"
+    echo
+    echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); budget ${budget} s, used $(( $(date +%s) - start )) s"
+    echo "- commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo 'unknown (no .git)')$(git -C "$root" status --porcelain 2>/dev/null | grep -q . && echo ' + uncommitted changes')"
+    if command -v nvidia-smi >/dev/null 2>&1; then
+      nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null |
+        sed 's/^/- GPU (name, driver, memory, capability): /'
+    else
+      echo "- GPU: none (no nvidia-smi)"
+    fi
+    echo "- torch: $("$py" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' 2>/dev/null || echo 'not importable')"
+    echo "- nvcc: $( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version 2>/dev/null) | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -n 1)"
+    echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
+    echo "- build: $build_dir"
+    echo
+    echo "| step | status | seconds | log |"
+    echo "| --- | --- | --- | --- |"
+    printf '%s\n' "${step_rows[@]}"
+    local step
+    for step in "${planned[@]}"; do
+      printf '%s\n' "${step_rows[@]}" | grep -q "^| $step |" ||
+        echo "| $step | **not reached**: an earlier step failed or the budget ran out | 0 | |"
+    done
+    echo
+    echo "## ctest -L gpu"
+    echo '```'
+    ctest_result "$out/logs/test-gpu.log"
+    grep -E "^ *[0-9]+/[0-9]+ Test +#[0-9]+: " "$out/logs/test-gpu.log" 2>/dev/null | sed 's/^ *//'
+    echo '```'
+    echo
+    echo "## The rest of the suite (ctest -LE gpu)"
+    echo '```'
+    ctest_result "$out/logs/test-rest.log"
+    echo '```'
+    for bench in "$out"/logs/bench-*.log; do
+      [ -f "$bench" ] || continue
+      echo
+      echo "## $(basename "$bench" .log)"
+      echo '```'
+      tail -n 60 "$bench"
+      echo '```'
+    done
+  } >"$summary"
+  echo "[gpu-suite] summary: $summary" >&2
+}
+trap write_summary EXIT
+
+# ---- set-up -------------------------------------------------------------------------------------
+if [ $dry_run = 1 ]; then
+  # shellcheck source=scripts/env.sh
+  source "$root/scripts/env.sh"
+  py="$LOOM_VENV/bin/python"
+  build_dir="${build_dir:-$LOOM_BUILD_DIR}"
+  step_rows+=("| unpack | not needed (dry run: this machine's packages and the pinned wheel) | 0 | |")
+  run_step setup 5 bash "$root/scripts/setup.sh" || exit 1
+  device=cpu
+else
+  py="$(command -v python3)"
+  build_dir="${build_dir:-$root/build-gpu}"
+  if [ -f "$root/.gpu/unpack.sh" ]; then
+    run_step unpack 10 bash "$root/.gpu/unpack.sh" || exit 1
+    # shellcheck disable=SC1091
+    source "$root/.gpu/env.sh"
+  else
+    step_rows+=("| unpack | no .gpu/ here: using the packages this machine has (see docs/gpu.md) | 0 | |")
+  fi
+  device=cuda
+fi
+export LOOM_PYTHON="$py"
+
+if [ $dry_run = 1 ]; then  # the settings scripts/build.sh uses, so that both share the tree
+  run_step configure 10 cmake --preset dev -B "$build_dir" -DLOOM_PYTHON="$py" || exit 1
+else
+  run_step configure 10 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DLOOM_PYTHON="$py" || exit 1
+fi
+run_step build 20 cmake --build "$build_dir" -j "$jobs" || exit 1
+
+# ---- tests --------------------------------------------------------------------------------------
+# GPU tests one at a time (one device); the rest in parallel.
+run_step test-gpu 20 ctest --test-dir "$build_dir" -L gpu --output-on-failure --timeout 600 \
+  --output-junit "$out/junit/ctest-gpu.xml"
+run_step test-rest 30 ctest --test-dir "$build_dir" -LE gpu --output-on-failure --timeout 900 -j "$jobs" \
+  --output-junit "$out/junit/ctest-rest.xml"
+
+# ---- benchmarks ---------------------------------------------------------------------------------
+# Each prints its figures (summary.md quotes them whole). On a GPU: the precision table (Loom against the same
+# model in PyTorch from the same torch, every precision) and the memory figures; the dry run
+# runs them short on the CPU.
+fmnist=""
+for d in /usr/share/datasets/fashion-mnist /opt/gpu-deps/usr/share/datasets/fashion-mnist; do
+  [ -f "$d/train-images-idx3-ubyte.gz" ] && { fmnist="$d"; break; }
+done
+if [ -z "$fmnist" ]; then
+  step_rows+=("| bench-precision | not run: no Fashion-MNIST (stage it: GPU_EXTRA_DEBS=dataset-fashion-mnist, docs/gpu.md) | 0 | |")
+elif [ $dry_run = 1 ]; then
+  run_step bench-precision 30 "$py" "$root/bench/compare_fashion_mnist.py" --loom "$build_dir/bin/loom" \
+    --data "$fmnist" --device cpu --precisions fp32 --batches 8 --steps 30 --window 10 --repeats 1
+else
+  run_step bench-precision 60 "$py" "$root/bench/compare_fashion_mnist.py" --loom "$build_dir/bin/loom" \
+    --data "$fmnist" --device cuda --precisions fp32,tf32,fp16_amp,bf16_amp --batches 128,1024 \
+    --steps 300 --window 50 --repeats 1
+fi
+if [ $dry_run = 1 ]; then
+  run_step bench-memory 30 "$build_dir/bin/loom_memory_figures" --device cpu
+else
+  run_step bench-memory 30 "$build_dir/bin/loom_memory_figures" --device cuda
+fi
+
+[ $failures -eq 0 ]
