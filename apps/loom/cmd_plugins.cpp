@@ -7,6 +7,7 @@
 #include <loom/sdk/options.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 
@@ -51,12 +52,33 @@ void print_options(const core::ComponentInfo& c) {
   print_table(rows);
 }
 
+/// The file `loom plugins inspect` reads: the argument when it names a file, else the plugin
+/// that provides a component of that name (`loom plugins inspect adamw`).
+std::filesystem::path inspected_file(const Invocation& invocation) {
+  const std::string& arg = invocation.args[1];
+  std::error_code ec;
+  if (std::filesystem::exists(arg, ec) || arg.find('/') != std::string::npos || arg.ends_with(".so")) return arg;
+  core::PluginRegistry registry;
+  scan_plugins(registry, invocation.options, /*log_refusals=*/false);
+  std::vector<std::filesystem::path> files;
+  for (const auto& c : registry.components())
+    if (c.name == arg && std::find(files.begin(), files.end(), c.plugin->file) == files.end())
+      files.push_back(c.plugin->file);
+  if (files.size() == 1) return files.front();
+  if (files.empty())
+    throw Error("loom plugins inspect: '" + arg + "' is neither a file nor the name of a loaded component; "
+                "`loom plugins` lists the components and their files");
+  throw Error("loom plugins inspect: several plugins provide a component '" + arg + "' (" + files[0].string() +
+              ", " + files[1].string() + "); give the file");
+}
+
 int inspect(const Invocation& invocation) {
   if (invocation.args.size() != 2)
-    throw Error("usage: loom plugins inspect FILE (a plugin's .so file)");
+    throw Error("usage: loom plugins inspect FILE|COMPONENT (a plugin's .so file, or a component's name)");
+  const std::filesystem::path file = inspected_file(invocation);
   core::PluginRegistry registry;
   registry.set_log_refusals(false);
-  const auto report = registry.load(invocation.args[1]);
+  const auto report = registry.load(file);
   std::cout << "file:      " << report.file.string() << "\n";
   if (!report.plugin_name.empty())
     std::cout << "plugin:    " << report.plugin_name << " " << report.plugin_version << "\n";

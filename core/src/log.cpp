@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstring>
+#include <mutex>
 
 namespace loom::core {
 
@@ -27,10 +28,22 @@ std::shared_ptr<spdlog::logger> logger() {
   return instance;
 }
 
+// See log::Capture.
+std::mutex capture_mutex;
+std::vector<std::string>* captured = nullptr;
+uint32_t capture_level = LOOM_LOG_INFO;
+
+void keep(uint32_t level, const std::string& line) {
+  std::lock_guard<std::mutex> lock(capture_mutex);
+  if (captured != nullptr && level >= capture_level) captured->push_back(line);
+}
+
 void plugin_log(void* /*context*/, uint32_t level, const char* plugin, const char* message) {
   if (message == nullptr) return;
   const std::string who = plugin != nullptr ? std::string(plugin, ::strnlen(plugin, LOOM_MAX_NAME)) : "plugin";
-  logger()->log(to_spdlog(level), "[{}] {}", who, std::string(message, ::strnlen(message, 64 * 1024)));
+  const std::string text(message, ::strnlen(message, 64 * 1024));
+  keep(level, "[" + who + "] " + text);
+  logger()->log(to_spdlog(level), "[{}] {}", who, text);
 }
 
 const loom_host_api kHostApi{sizeof(loom_host_api), LOOM_ABI_MAJOR, LOOM_ABI_MINOR, nullptr,
@@ -51,9 +64,36 @@ namespace log {
 
 bool enabled(loom_log_level level) { return logger()->should_log(to_spdlog(level)); }
 
-void write(loom_log_level level, const std::string& message) { logger()->log(to_spdlog(level), "{}", message); }
+void write(loom_log_level level, const std::string& message) {
+  keep(level, message);
+  logger()->log(to_spdlog(level), "{}", message);
+}
 
 void flush() { logger()->flush(); }
+
+Capture::Capture(loom_log_level level) {
+  std::lock_guard<std::mutex> lock(capture_mutex);
+  if (captured != nullptr) throw sdk::Error("internal: a log capture is already active");
+  captured = new std::vector<std::string>();
+  capture_level = level;
+}
+
+Capture::~Capture() {
+  std::lock_guard<std::mutex> lock(capture_mutex);
+  delete captured;
+  captured = nullptr;
+}
+
+std::vector<std::string> Capture::lines() const {
+  std::lock_guard<std::mutex> lock(capture_mutex);
+  return captured != nullptr ? *captured : std::vector<std::string>{};
+}
+
+bool Capture::contains(const std::string& text) const {
+  for (const auto& line : lines())
+    if (line.find(text) != std::string::npos) return true;
+  return false;
+}
 
 }  // namespace log
 }  // namespace loom::core

@@ -238,7 +238,14 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
   seen_files_.push_back(file);
 
   try {
-    // Stage 1: a static read of the file, without running any of its code.
+    // Stage 1: a static read of the file, without running any of its code. Only a regular
+    // file is read: a path that does not exist, a folder or a FIFO is refused by name.
+    const auto status = fs::status(file, ec);
+    if (ec || !fs::exists(status))
+      refuse_now("static-check", "no such file", "give the path of a plugin's .so file; `loom plugins` lists the loaded ones");
+    if (!fs::is_regular_file(status))
+      refuse_now("static-check", fs::is_directory(status) ? "a folder, not a plugin file" : "not a regular file",
+                 "give the path of a plugin's .so file (--plugin-dir takes folders)");
     try {
       boost::dll::library_info info(file, /*throw_if_not_native_format=*/true);
       const auto in_section = info.symbols(LOOM_ENTRY_SECTION);

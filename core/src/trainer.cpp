@@ -57,6 +57,19 @@ int64_t int_of(const Resolved& c, const std::string& key) { return *sdk::parse_i
 double float_of(const Resolved& c, const std::string& key) { return *sdk::parse_float(value_of(c, key)); }
 bool bool_of(const Resolved& c, const std::string& key) { return *sdk::parse_bool(value_of(c, key)); }
 
+/// Runs `f`, naming `phase` in any error it throws ("evaluation at step 40: ..."), so that a
+/// failure says where the run was. An out-of-memory error that nothing recovered from is one too.
+template <class F>
+auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw Error(phase + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw Error(phase + ": " + e.what());
+  }
+}
+
 int64_t resident_bytes() {
   long pages = 0, resident = 0;
   if (FILE* f = std::fopen("/proc/self/statm", "r")) {
@@ -265,10 +278,12 @@ std::map<std::string, std::string> component_values(const Resolved& config, cons
 }  // namespace
 
 void Trainer::setup() {
-  build_components(/*with_optimizer=*/true);
-  build_plan();
-  build_loaders();
-  open_run();
+  in_phase("set-up", [&] {
+    build_components(/*with_optimizer=*/true);
+    build_plan();
+    build_loaders();
+  });
+  in_phase("opening the run folder", [&] { open_run(); });
   report_startup();
 }
 
@@ -781,8 +796,39 @@ StepResult Trainer::train_step() {
 }
 
 EvalResult Trainer::evaluate() {
+  if (!eval_loader_) return {};
+  // Evaluation runs at the training plan's micro-batch (what training found fits), smaller when
+  // it runs out of memory itself: the memory policies re-plan it as they would a step, and the
+  // evaluation starts again (it changes nothing but its own sums).
+  int64_t micro = std::min(plan_.micro_batch, eval_micro_batch_cap_);
+  while (true) {
+    try {
+      eval_loader_->set_micro_batch(micro);
+      return evaluate_once();
+    } catch (const c10::OutOfMemoryError& e) {
+      model_->module().train();
+      memory_->empty_cache();
+      sdk::OomContext context;
+      context.memory = memory_.get();
+      context.plan = sdk::BatchPlan{micro, 1, plan_.world_size};
+      context.message = e.what_without_backtrace();
+      context.step = step_;
+      context.evaluation = true;
+      const bool replanned = std::any_of(memory_policies_.begin(), memory_policies_.end(),
+                                         [&](auto& policy) { return policy->on_oom(context); });
+      if (!replanned || context.plan.micro_batch >= micro)
+        throw Error("evaluation ran out of memory at micro-batch " + std::to_string(micro) + " on " + device_.str() +
+                    ": " + context.message +
+                    (memory_policies_.empty() ? "; memory.policies = oom_recovery evaluates in smaller micro-batches"
+                                              : "; no memory policy could make the micro-batch smaller"));
+      log::info("evaluation: micro-batch ", micro, " -> ", context.plan.micro_batch, " after running out of memory");
+      micro = eval_micro_batch_cap_ = context.plan.micro_batch;
+    }
+  }
+}
+
+EvalResult Trainer::evaluate_once() {
   EvalResult result;
-  if (!eval_loader_) return result;
   const auto start = Clock::now();
   auto& module = model_->module();
   module.eval();
@@ -963,7 +1009,7 @@ StepResult Trainer::step_with_recovery() {
       context.memory = memory_.get();
       context.plan = plan_;
       context.message = message;
-      context.step = step_;
+      context.step = step_ + 1;
       bool replanned = false;
       for (auto& policy : memory_policies_)
         if (policy->on_oom(context)) {
@@ -1018,7 +1064,7 @@ TrainSummary Trainer::train() {
 
   while (step_ < total_steps_) {
     const auto start = Clock::now();
-    const StepResult r = step_with_recovery();
+    const StepResult r = in_phase("training step " + std::to_string(step_ + 1), [&] { return step_with_recovery(); });
     const double dt = seconds_since(start);
     train_seconds += dt;
     window_seconds += dt;
@@ -1056,7 +1102,7 @@ TrainSummary Trainer::train() {
     const bool last = step_ == total_steps_;
     if (step_ % eval_every == 0 || last) {
       if (eval_loader_) {
-        const EvalResult e = evaluate();
+        const EvalResult e = in_phase("evaluation at step " + std::to_string(step_), [&] { return evaluate(); });
         last_eval = e;
         std::map<std::string, double> m{{"eval/loss", e.loss}};
         for (const auto& [k, v] : e.metrics) m["eval/" + k] = v;
@@ -1067,13 +1113,16 @@ TrainSummary Trainer::train() {
         log::info(line, " (", format_duration(e.seconds), ")");
         if (auto it = e.metrics.find(options_.best_metric); it != e.metrics.end() && (!best || it->second > *best)) {
           best = it->second;
-          const json state = json::parse(state_json({}));
-          checkpoints_->save_best(options_.best_metric, it->second, step_, model_tensors(),
-                                  {{"model", state["model"].dump()}, {"data", state["data"].dump()}});
+          in_phase("saving the best checkpoint at step " + std::to_string(step_), [&] {
+            const json state = json::parse(state_json({}));
+            checkpoints_->save_best(options_.best_metric, it->second, step_, model_tensors(),
+                                    {{"model", state["model"].dump()}, {"data", state["data"].dump()}});
+          });
         }
       }
     }
-    if (step_ % checkpoint_every == 0 || last) checkpoint({});
+    if (step_ % checkpoint_every == 0 || last)
+      in_phase("saving the checkpoint of step " + std::to_string(step_), [&] { checkpoint({}); });
   }
   progress.finish();
   summary.steps = step_;

@@ -32,6 +32,16 @@ expect("lr = 0.01" in r.stdout and "# --set" in r.stdout, "config show: --set or
 expect("debug.ini:" in r.stdout and "fashion_mnist.ini:" in r.stdout, "config show: file:line origins", r)
 expect("flavour = debug" in r.stdout and "(model 'lightweight_transformer')" in r.stdout, "plugin keys", r)
 
+r = loom(exe, "plugins", "inspect", "/no/such/libloom_plugin.so", check=False)
+expect(r.returncode == 1 and "no such file" in r.stdout and "iostream" not in r.stdout + r.stderr,
+       "inspect of a missing file says so", r)
+r = loom(exe, "plugins", "inspect", "oom_recovery")
+expect("memory 'oom_recovery'" in r.stdout and "libloom_memory_oom_recovery.so" in r.stdout,
+       "inspect by component name finds its file", r)
+r = loom(exe, "plugins", "inspect", "no_such_component", check=False)
+expect(r.returncode == 1 and "neither a file nor the name of a loaded component" in r.stderr,
+       "inspect of an unknown name", r)
+
 work = workdir()
 try:
     bad = os.path.join(work, "bad.ini")

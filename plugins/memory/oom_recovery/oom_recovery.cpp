@@ -22,8 +22,12 @@ class OomRecovery final : public loom::sdk::MemoryPolicy {
     if (old.micro_batch <= 1 || replans_ >= max_replans_) return false;
     context.plan = loom::plugins::split_global_batch(old.global(), old.world_size, old.micro_batch / 2);
     ++replans_;
-    loom::sdk::log::warn("out of memory at step ", context.step + 1, ": re-planning ", loom::plugins::plan_text(old), " -> ",
-                         loom::plugins::plan_text(context.plan), " and replaying the step");
+    if (context.evaluation)
+      loom::sdk::log::warn("out of memory in the evaluation after step ", context.step, ": micro-batch ", old.micro_batch,
+                           " -> ", context.plan.micro_batch, ", evaluating again");
+    else
+      loom::sdk::log::warn("out of memory at step ", context.step, ": re-planning ", loom::plugins::plan_text(old), " -> ",
+                           loom::plugins::plan_text(context.plan), " and replaying the step");
     return true;
   }
 

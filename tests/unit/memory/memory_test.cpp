@@ -4,8 +4,10 @@
 // prediction matches the measured peak.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/config.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/device_memory.hpp>
 #include <loom/core/plugin_registry.hpp>
+#include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 
 #include "trainer_testing.hpp"
@@ -330,6 +332,52 @@ TEST_F(MemoryTest, OomRecoveryGivesTheRunThatNeverRanOutOfMemory) {
     for (size_t i = 0; i < pa.size(); ++i)
       EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-5, atol))
           << optimizer << " parameter " << i << ": max difference " << (pa[i] - pb[i]).abs().max().item<double>();
+  }
+}
+
+TEST_F(MemoryTest, APolicyCountsStepsAsTheLogsDo) {
+  // OomContext.step is the step the logs name: the run's first step is "step 1" for the host and
+  // for every policy (record_oom logs the context as it gets it).
+  const auto [full, half] = peaks(64);
+  Config c = config("count");
+  c.set_assignment("memory.device_memory_limit=" + std::to_string((full + half) / 2));
+  c.set_assignment("memory.policies=record_oom");
+  auto t = make(c);
+  loom::core::log::Capture log(LOOM_LOG_INFO);
+  t->step_with_recovery();
+  EXPECT_TRUE(log.contains("[record_oom] record_oom: step 1, micro-batch 64")) << join(log.lines(), "\n");
+  EXPECT_TRUE(log.contains("after running out of memory at step 1")) << join(log.lines(), "\n");
+}
+
+TEST_F(MemoryTest, EvaluationThatRunsOutOfMemoryIsReplannedLikeAStepOrSaysItWasEvaluation) {
+  // Evaluation at micro-batch 64 needs more than the cap set below; at 32 it fits. With
+  // oom_recovery it evaluates in smaller micro-batches and gives the same figures; without a
+  // policy the error says that evaluation ran out of memory, and at which micro-batch.
+  for (const bool recover : {true, false}) {
+    Config c = config(recover ? "eval_recover" : "eval_plain");
+    c.set_assignment("memory.policies=" + std::string(recover ? "oom_recovery" : ""));
+    auto t = make(c);
+    t->memory().reset_peak();
+    const int64_t base = t->memory().stats().allocated;
+    const EvalResult free = t->evaluate();
+    const int64_t peak = t->memory().stats().peak;
+    ASSERT_EQ(free.samples, 64);
+    t->memory().set_limit(base + (peak - base) * 6 / 10);
+    if (recover) {
+      const EvalResult capped = t->evaluate();
+      EXPECT_EQ(capped.samples, 64);
+      EXPECT_NEAR(capped.loss, free.loss, 1e-5 * std::abs(free.loss));
+      EXPECT_EQ(capped.metrics, free.metrics);
+    } else {
+      try {
+        t->evaluate();
+        FAIL() << "evaluation above the cap did not fail";
+      } catch (const loom::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("evaluation ran out of memory at micro-batch 64"), std::string::npos)
+            << e.what();
+      }
+    }
+    t->memory().set_limit(0);
   }
 }
 

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 using loom::core::PluginRegistry;
@@ -217,6 +219,26 @@ TEST(Loader, SearchPathHasThePluginFolderBesideTheExecutableThenTheEnvironment) 
   EXPECT_EQ(dirs[2], "/tmp/b");
   EXPECT_EQ(dirs[3], "/tmp/c");
   for (const auto& d : dirs) EXPECT_NE(d, fs::current_path());
+}
+
+TEST(Loader, APathThatIsNoPluginFileIsRefusedByName) {
+  // A missing path says so (not "not a shared library (iostream error)"); a folder or a FIFO is
+  // refused before anything opens it, so reading it cannot hang.
+  const fs::path dir = fs::temp_directory_path() / ("loom_loader_paths_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path fifo = dir / "libloom_fifo.so";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  PluginRegistry registry;
+  registry.set_log_refusals(false);
+  for (const auto& [path, reason] : std::vector<std::pair<fs::path, std::string>>{
+           {dir / "libloom_missing.so", "no such file"}, {dir, "a folder, not a plugin file"}, {fifo, "not a regular file"}}) {
+    const auto report = registry.load(path);
+    EXPECT_FALSE(report.accepted) << path;
+    ASSERT_TRUE(report.refusal) << path;
+    EXPECT_EQ(report.refusal->stage, "static-check") << report.refusal->line();
+    EXPECT_EQ(report.refusal->reason, reason) << report.refusal->line();
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

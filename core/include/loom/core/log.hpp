@@ -11,6 +11,7 @@
 #include <loom/sdk/log.hpp>
 
 #include <string>
+#include <vector>
 
 namespace loom::core {
 
@@ -27,6 +28,21 @@ bool enabled(loom_log_level level);
 void write(loom_log_level level, const std::string& message);
 /// Writes pending lines (before the process exits or hands the terminal to a progress line).
 void flush();
+
+/// While alive, also keeps every line written at `level` or above (the host's lines that pass the
+/// logger's level, and every plugin's), for tests and for callers that quote a component.
+/// One capture at a time per process; not thread-safe to create concurrently.
+class Capture {
+ public:
+  explicit Capture(loom_log_level level = LOOM_LOG_INFO);
+  ~Capture();
+  Capture(const Capture&) = delete;
+  Capture& operator=(const Capture&) = delete;
+  /// The lines so far, in order ("[oom_recovery] out of memory at step 1: ...").
+  std::vector<std::string> lines() const;
+  /// Whether any line contains `text`.
+  bool contains(const std::string& text) const;
+};
 
 template <class... Args> void trace(const Args&... a) { if (enabled(LOOM_LOG_TRACE)) write(LOOM_LOG_TRACE, sdk::log::concat(a...)); }
 template <class... Args> void debug(const Args&... a) { if (enabled(LOOM_LOG_DEBUG)) write(LOOM_LOG_DEBUG, sdk::log::concat(a...)); }

@@ -25,6 +25,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -144,7 +145,8 @@ class Trainer {
   /// Builds what the estimator needs (device, memory, data, model, precision, optimizer).
   void setup_for_estimate();
 
-  /// Evaluates on the test split.
+  /// Evaluates on the test split, at the training plan's micro-batch (smaller where the memory
+  /// policies re-plan it after running out of memory; then it starts again).
   EvalResult evaluate();
 
   /// Saves a checkpoint of the current step; returns its folder.
@@ -194,6 +196,7 @@ class Trainer {
   void build_loaders();
   void open_run();
 
+  EvalResult evaluate_once();
   double current_lr() const;
   std::string state_json(const std::map<std::string, double>& metrics) const;
   sdk::TensorMap model_tensors() const;
@@ -233,6 +236,7 @@ class Trainer {
   double recovery_seconds_ = 0;
   bool committed_ = false;  ///< the running step has begun to change the run's state (no replay)
   int64_t predicted_peak_ = -1;
+  int64_t eval_micro_batch_cap_ = std::numeric_limits<int64_t>::max();  ///< lowered when evaluation ran out of memory
   std::optional<ActivationFit> fit_;
   std::string oom_advice(const std::string& message) const;
   std::string config_key() const;

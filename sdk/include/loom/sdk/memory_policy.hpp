@@ -54,14 +54,18 @@ struct OomContext {
   BatchPlan plan;          ///< in: the plan that ran out of memory; out: the plan to replay with
                            ///< (the same global batch: a policy may only re-split it)
   std::string message;     ///< the allocator's message
-  int64_t step = 0;        ///< the optimizer step that ran out of memory
+  int64_t step = 0;        ///< the optimizer step that ran out of memory, 1-based as the logs
+                           ///< count ("step 1" is the run's first step); in an evaluation, the
+                           ///< last step taken before it
+  bool evaluation = false; ///< an evaluation ran out of memory (no gradients; only the
+                           ///< micro-batch of `plan` matters, and the evaluation starts again)
 };
 
 class LOOM_SDK_API MemoryPolicy {
  public:
   using Interface = MemoryPolicy;
   static constexpr uint32_t kKind = LOOM_KIND_MEMORY;
-  static constexpr uint32_t kInterfaceMajor = 1;
+  static constexpr uint32_t kInterfaceMajor = 2;
   static constexpr uint32_t kInterfaceMinor = 0;
 
   virtual ~MemoryPolicy() = default;

@@ -1,0 +1,24 @@
+// A memory policy for tests: on out-of-memory it logs what its OomContext says, word for word
+// ("record_oom: step 1, micro-batch 64"), then halves the micro-batch like oom_recovery. Tests
+// read the line back to check what the host hands a policy.
+#include <loom/sdk/sdk.hpp>
+
+namespace {
+
+class RecordOom final : public loom::sdk::MemoryPolicy {
+ public:
+  explicit RecordOom(const loom::sdk::Options&) {}
+
+  bool on_oom(loom::sdk::OomContext& context) override {
+    loom::sdk::log::warn("record_oom: step ", context.step, ", micro-batch ", context.plan.micro_batch);
+    if (context.plan.micro_batch % 2 != 0) return false;
+    context.plan.micro_batch /= 2;
+    context.plan.accumulation *= 2;
+    return true;
+  }
+};
+
+}  // namespace
+
+LOOM_PLUGIN("record_oom", "1.0.0",
+            loom::sdk::component<RecordOom>("record_oom", "test: logs its OomContext, halves the micro-batch"))
