@@ -16,18 +16,10 @@ namespace loom::cli {
 
 namespace {
 
-std::string percent(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f %%", 100.0 * v);
-  return b;
-}
-
-std::string eval_line(const core::EvalResult& e) {
+std::string eval_line(const core::Trainer& trainer, const core::EvalResult& e) {
   std::string line;
-  for (const auto& [k, v] : e.metrics) line += k + " " + (k == "accuracy" ? percent(v) : std::to_string(v)) + ", ";
-  char loss[48];
-  std::snprintf(loss, sizeof loss, "loss %.4f", e.loss);
-  return line + loss + " on " + std::to_string(e.samples) + " test samples";
+  for (const auto& [k, v] : e.metrics) line += trainer.format_metric(k, v) + ", ";
+  return line + trainer.format_metric("loss", e.loss) + " on " + std::to_string(e.samples) + " test samples";
 }
 
 }  // namespace
@@ -47,14 +39,17 @@ int cmd_train(const Invocation& invocation) {
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);
   core::log::info("done      ", s.steps, " steps in ", core::format_duration(s.seconds), " of training, ", rate,
-                  s.final_eval ? "; " + eval_line(*s.final_eval) : std::string());
+                  s.final_eval ? "; " + eval_line(trainer, *s.final_eval) : std::string());
   core::log::info("memory    peak ", core::format_bytes(s.peak_memory), " allocated",
                   trainer.device().is_cpu() ? " (Loom's CPU allocator), " : " on the device, ",
                   core::format_bytes(s.peak_resident), " resident",
                   s.oom_recoveries ? "; " + std::to_string(s.oom_recoveries) + " out-of-memory recoveries" : std::string());
   const fs::path run = s.run_dir;
-  core::log::info("files     ", (run / "checkpoints").string(), " (step folders, best_", trainer.options().best_metric,
-                  ".safetensors), ", (run / "metrics.jsonl").string(), ", ", (run / "tensorboard").string(),
+  // Only files that exist: no best file is written when no evaluation measured the best metric.
+  const std::string best = "best_" + trainer.options().best_metric + ".safetensors";
+  core::log::info("files     ", (run / "checkpoints").string(), " (step folders",
+                  fs::exists(run / "checkpoints" / best) ? ", " + best : std::string(), "), ",
+                  (run / "metrics.jsonl").string(), ", ", (run / "tensorboard").string(),
                   " (tensorboard --logdir ", run.string(), ")");
   return 0;
 }
@@ -77,7 +72,7 @@ int cmd_eval(const Invocation& invocation) {
   trainer.setup_for_evaluation();
   trainer.load_weights(checkpoint);
   const core::EvalResult e = trainer.evaluate();
-  core::log::info(checkpoint.string(), ": ", eval_line(e), " (", core::format_duration(e.seconds), ")");
+  core::log::info(checkpoint.string(), ": ", eval_line(trainer, e), " (", core::format_duration(e.seconds), ")");
   return 0;
 }
 

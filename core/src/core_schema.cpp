@@ -41,7 +41,9 @@ Schema core_schema() {
             key(LOOM_OPTION_INT, "log_every", "10", "write metrics every N steps"),
             key(LOOM_OPTION_INT, "checkpoint_every", "0", "save every N steps; 0: at each evaluation"),
             key(LOOM_OPTION_INT, "keep_last", "3", "checkpoints kept besides the best"),
-            key(LOOM_OPTION_STRING, "best_metric", "accuracy", "metric that picks the best checkpoint (higher is better)"),
+            key(LOOM_OPTION_STRING, "best_metric", "auto",
+                "metric that picks the best checkpoint, in the direction the model declares for it (loss: lower is "
+                "better); auto: the model's first declared metric, else loss"),
             key(LOOM_OPTION_ENUM, "resume", "none", "auto: resume from the latest checkpoint in the run folder", "none|auto"),
             key(LOOM_OPTION_STRING, "resume_from", "", "a checkpoint folder to resume from"),
         });

@@ -345,6 +345,30 @@ void Trainer::build_model() {
   model_ = registry_.create<sdk::Model>(name, component_values(config_, "model", info));
   model_->setup(data_spec_);
   model_->module().to(device_);
+  metric_specs_.clear();
+  metric_specs_["loss"] = sdk::MetricSpec{"loss", "loss", sdk::Direction::kMinimize, false};
+  for (const auto& spec : model_->metrics()) {
+    const bool well_formed = !spec.name.empty() && spec.name.size() <= 64 &&
+                             std::all_of(spec.name.begin(), spec.name.end(), [](char ch) {
+                               return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
+                             });
+    if (!well_formed || metric_specs_.count(spec.name))
+      throw Error("model '" + name + "' declares a metric named '" + spec.name + "': " +
+                  (well_formed ? "the name is taken (\"loss\" is the host's, and each name is declared once)"
+                               : "a metric name is lower_snake_case (a-z, 0-9, _), at most 64 characters"));
+    metric_specs_[spec.name] = spec;
+  }
+  std::string& best = options_.best_metric;
+  if (best == "auto") {
+    const auto declared = model_->metrics();
+    best = declared.empty() ? "loss" : declared.front().name;
+  }
+  if (!metric_specs_.count(best)) {
+    const auto names = metric_names();
+    const auto close = closest(best, names);
+    throw Error("trainer.best_metric = '" + best + "' is not a metric of model '" + name + "', which reports " +
+                join(names, ", ") + (close ? "; did you mean '" + *close + "'?" : std::string()));
+  }
 }
 
 void Trainer::build_precision() {
@@ -727,6 +751,50 @@ double Trainer::current_lr() const {
                        options_.min_lr_ratio);
 }
 
+void Trainer::add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const {
+  for (const auto& [name, value] : out.metrics) {
+    if (!metric_specs_.count(name) || name == "loss")
+      throw Error("model '" + value_of(config_, "model.name") + "' reported a metric '" + name +
+                  "' that its metrics() does not declare (it declares " + join(metric_names(), ", ") +
+                  "); declare it with its direction, or stop reporting it");
+    auto& [sum, count] = sums[name];
+    const at::Tensor s = value.sum.detach().to(at::kFloat);
+    const at::Tensor c = value.count.defined() ? value.count.detach().to(at::kFloat) : out.count.detach().to(at::kFloat);
+    sum = sum.defined() ? sum + s : s;
+    count = count.defined() ? count + c : c;
+  }
+}
+
+std::map<std::string, double> Trainer::reduce_metrics(MetricSums& sums) const {
+  std::vector<at::Tensor> totals;
+  for (auto& [name, pair] : sums) {
+    totals.push_back(pair.first);
+    totals.push_back(pair.second);
+  }
+  if (!totals.empty()) parallel_->all_reduce_sum(totals);
+  std::map<std::string, double> out;
+  for (auto& [name, pair] : sums) {
+    const double count = pair.second.item<double>();
+    out[name] = count > 0 ? pair.first.item<double>() / count : std::nan("");
+  }
+  return out;
+}
+
+std::vector<std::string> Trainer::metric_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, spec] : metric_specs_) names.push_back(name);
+  return names;
+}
+
+std::string Trainer::format_metric(const std::string& name, double value) const {
+  char text[64];
+  auto it = metric_specs_.find(name);
+  if (it != metric_specs_.end() && it->second.percent) std::snprintf(text, sizeof text, "%.2f %%", 100.0 * value);
+  else std::snprintf(text, sizeof text, "%.4f", value);
+  const std::string shown = it != metric_specs_.end() && !it->second.display_name.empty() ? it->second.display_name : name;
+  return shown + " " + text;
+}
+
 StepResult Trainer::train_step() {
   committed_ = false;
   auto& module = model_->module();
@@ -734,7 +802,7 @@ StepResult Trainer::train_step() {
   optimizer_->zero_grad();
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  std::map<std::string, at::Tensor> metric_sums;
+  MetricSums metric_sums;
   for (int64_t micro = 0; micro < plan_.accumulation; ++micro) {
     const sdk::Batch batch = train_loader_->next();
     sdk::ModelOutput out;
@@ -745,10 +813,7 @@ StepResult Trainer::train_step() {
     precision_->scale_loss(out.loss_sum).backward();
     loss_sum.add_(out.loss_sum.detach().to(at::kFloat));
     count.add_(out.count.detach().to(at::kFloat));
-    for (const auto& [name, value] : out.metrics) {
-      auto& sum = metric_sums[name];
-      sum = sum.defined() ? sum + value.detach().to(at::kFloat) : value.detach().to(at::kFloat);
-    }
+    add_metrics(metric_sums, out);
   }
   // Gradients hold sums over this rank's samples: add up the ranks, then divide by the global
   // count once, so the update does not depend on how the global batch was split.
@@ -769,12 +834,7 @@ StepResult Trainer::train_step() {
   const double n = count.item<double>();
   result.samples = static_cast<int64_t>(n);
   result.loss = loss_sum.item<double>() / std::max(1.0, n);
-  for (auto& [name, sum] : metric_sums) {
-    std::vector<at::Tensor> one{sum};
-    parallel_->all_reduce_sum(one);
-    const std::string reported = name == "correct" ? "accuracy" : name;
-    result.metrics[reported] = sum.item<double>() / std::max(1.0, n);
-  }
+  result.metrics = reduce_metrics(metric_sums);
   result.lr = current_lr();
   // Unscaling and clipping change only the gradients, which a replay zeroes: up to here an
   // out-of-memory can be replayed. From the commit on, the step changes the run's state.
@@ -836,7 +896,7 @@ EvalResult Trainer::evaluate_once() {
   eval_loader_->seek({0, 0});
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  std::map<std::string, at::Tensor> sums;
+  MetricSums sums;
   for (int64_t i = 0; i < eval_loader_->batches_per_epoch(); ++i) {
     const sdk::Batch batch = eval_loader_->next();
     sdk::ModelOutput out;
@@ -846,18 +906,14 @@ EvalResult Trainer::evaluate_once() {
     }
     loss_sum.add_(out.loss_sum.to(at::kFloat));
     count.add_(out.count.to(at::kFloat));
-    for (const auto& [name, value] : out.metrics) {
-      auto& sum = sums[name];
-      sum = sum.defined() ? sum + value.to(at::kFloat) : value.to(at::kFloat);
-    }
+    add_metrics(sums, out);
   }
   std::vector<at::Tensor> totals{loss_sum, count};
-  for (auto& [name, sum] : sums) totals.push_back(sum);
   parallel_->all_reduce_sum(totals);
   const double n = std::max(1.0, count.item<double>());
   result.samples = static_cast<int64_t>(count.item<double>());
   result.loss = loss_sum.item<double>() / n;
-  for (auto& [name, sum] : sums) result.metrics[name == "correct" ? "accuracy" : name] = sum.item<double>() / n;
+  result.metrics = reduce_metrics(sums);
   result.seconds = seconds_since(start);
   module.train();
   return result;
@@ -1108,14 +1164,16 @@ TrainSummary Trainer::train() {
         for (const auto& [k, v] : e.metrics) m["eval/" + k] = v;
         metrics_->write(step_, m);
         progress.finish();
-        std::string line = "eval step " + std::to_string(step_) + ": loss " + std::to_string(e.loss);
-        for (const auto& [k, v] : e.metrics) line += ", " + k + " " + std::to_string(v);
+        std::string line = "eval step " + std::to_string(step_) + ": " + format_metric("loss", e.loss);
+        for (const auto& [k, v] : e.metrics) line += ", " + format_metric(k, v);
         log::info(line, " (", format_duration(e.seconds), ")");
-        if (auto it = e.metrics.find(options_.best_metric); it != e.metrics.end() && (!best || it->second > *best)) {
-          best = it->second;
+        const auto& best_spec = metric_specs_.at(options_.best_metric);
+        const std::optional<double> it = e.value(best_spec.name);
+        if (it && (!best || sdk::improves(best_spec.direction, *it, *best))) {
+          best = *it;
           in_phase("saving the best checkpoint at step " + std::to_string(step_), [&] {
             const json state = json::parse(state_json({}));
-            checkpoints_->save_best(options_.best_metric, it->second, step_, model_tensors(),
+            checkpoints_->save_best(options_.best_metric, *it, step_, model_tensors(),
                                     {{"model", state["model"].dump()}, {"data", state["data"].dump()}});
           });
         }

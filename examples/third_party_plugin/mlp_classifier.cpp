@@ -65,8 +65,13 @@ class MlpClassifier final : public loom::sdk::Model {
     namespace F = torch::nn::functional;
     const at::Tensor loss_sum =
         F::cross_entropy(logits.to(at::kFloat), target, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+    // Accuracy as a (sum, count) pair: correct predictions over the samples (the output's count).
     const at::Tensor correct = at::argmax(logits, 1).eq(target).sum();
-    return {loss_sum, at::scalar_tensor(static_cast<double>(target.size(0)), x.options()), {{"correct", correct}}};
+    return {loss_sum, at::scalar_tensor(static_cast<double>(target.size(0)), x.options()), {{"accuracy", {correct, {}}}}};
+  }
+
+  std::vector<loom::sdk::MetricSpec> metrics() const override {
+    return {{"accuracy", "accuracy", loom::sdk::Direction::kMaximize, /*percent=*/true}};
   }
 
   std::string describe() const override {

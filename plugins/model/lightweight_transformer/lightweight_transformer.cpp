@@ -240,7 +240,11 @@ class LightweightTransformer final : public loom::sdk::Model {
         at::cross_entropy_loss(logits.to(at::kFloat), target, /*weight=*/{}, at::Reduction::Sum);
     const at::Tensor correct = at::argmax(logits, 1).eq(target).sum();
     return {loss_sum, at::scalar_tensor(static_cast<double>(target.size(0)), logits.options().dtype(at::kFloat)),
-            {{"correct", correct}}};
+            {{"accuracy", {correct, {}}}}};
+  }
+
+  std::vector<loom::sdk::MetricSpec> metrics() const override {
+    return {{"accuracy", "accuracy", loom::sdk::Direction::kMaximize, /*percent=*/true}};
   }
 
   bool decays(const std::string& name, const at::Tensor& parameter) const override {

@@ -4,6 +4,7 @@
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/config.hpp>
 #include <loom/core/plugin_registry.hpp>
+#include <loom/core/safetensors.hpp>
 #include <loom/core/trainer.hpp>
 
 #include "trainer_testing.hpp"
@@ -16,6 +17,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
 
 namespace fs = std::filesystem;
 using namespace loom::core;
@@ -204,6 +207,84 @@ TEST_F(TrainerTest, ReplayingAStepFromItsCapturedStateGivesTheSameStep) {
   t->restore(before);
   const StepResult second = t->train_step();
   EXPECT_DOUBLE_EQ(first.loss, second.loss);
+}
+
+// ---- metrics -----------------------------------------------------------------------------------
+
+/// Per logged evaluation step, the value of `key` in metrics.jsonl.
+std::map<int64_t, double> eval_values(const fs::path& jsonl, const std::string& key) {
+  std::map<int64_t, double> out;
+  std::ifstream in(jsonl);
+  const std::regex step_re("\"step\": *([0-9]+)"), value_re("\"" + key + "\": *([-+0-9.eE]+)");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch step, value;
+    if (std::regex_search(line, step, step_re) && std::regex_search(line, value, value_re))
+      out[std::stoll(step[1])] = std::stod(value[1]);
+  }
+  return out;
+}
+
+/// The base run with the metric test model instead of the transformer.
+Config metric_run(const fs::path& dir, const std::string& name) {
+  return loom::testing::config_of({"model.name=metric_model", "data.name=synthetic", "data.train_size=512",
+                                   "data.test_size=128", "trainer.batch_size=32", "trainer.max_steps=8",
+                                   "trainer.seed=7", "trainer.log_every=1", "trainer.eval_every=4",
+                                   "trainer.device=cpu", "precision.name=fp32", "memory.estimate=false"},
+                                  dir, name);
+}
+
+TEST_F(TrainerTest, MetricsKeepTheirNamesAndTheirOwnDenominators) {
+  Config c = metric_run(dir_, "metrics");
+  auto t = make(c);
+  const StepResult step = t->train_step();
+  const EvalResult e = t->evaluate();
+  for (const auto* metrics : {&step.metrics, &e.metrics}) {
+    std::vector<std::string> names;
+    for (const auto& [name, value] : *metrics) names.push_back(name);
+    EXPECT_EQ(names, (std::vector<std::string>{"correct", "per_batch", "sq_error"}));  // nothing renamed
+    EXPECT_DOUBLE_EQ(metrics->at("per_batch"), 1.0);  // its own count, not the samples'
+    EXPECT_GE(metrics->at("correct"), 0.0);
+    EXPECT_LE(metrics->at("correct"), 1.0);
+  }
+  EXPECT_EQ(t->format_metric("sq_error", 0.25), "squared error 0.2500");
+  EXPECT_EQ(t->format_metric("correct", 0.5), "correct 50.00 %");
+}
+
+TEST_F(TrainerTest, TheBestCheckpointFollowsTheMetricsDirection) {
+  // Lower is better for the loss and sq_error, higher for correct: each best file holds the
+  // step whose evaluation was best in that direction.
+  for (const std::string metric : {"sq_error", "loss", "correct"}) {
+    Config c = metric_run(dir_, "best_" + metric);
+    c.set_assignment("trainer.eval_every=1");
+    c.set_assignment("trainer.best_metric=" + metric);
+    auto t = make(c);
+    t->train();
+    const auto values = eval_values(t->run_dir() / "metrics.jsonl", "eval/" + metric);
+    ASSERT_EQ(values.size(), 8u) << metric;
+    const bool lower = metric != "correct";
+    // The first step among equals: a later one that is only as good does not replace it.
+    auto best = values.begin();
+    for (auto it = values.begin(); it != values.end(); ++it)
+      if (lower ? it->second < best->second : it->second > best->second) best = it;
+    loom::sdk::TextMap metadata;
+    load_safetensors(t->run_dir() / "checkpoints" / ("best_" + metric + ".safetensors"), &metadata);
+    EXPECT_EQ(metadata.at("step"), std::to_string(best->first)) << metric;
+  }
+}
+
+TEST_F(TrainerTest, AnUnknownBestMetricIsAConfigurationErrorBeforeTheRunStarts) {
+  Config c = metric_run(dir_, "typo");
+  c.set_assignment("trainer.best_metric=sq_eror");
+  try {
+    make(c);
+    FAIL() << "a best metric the model does not report was accepted";
+  } catch (const loom::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("trainer.best_metric = 'sq_eror' is not a metric of model 'metric_model', which reports "
+                     "correct, loss, per_batch, sq_error; did you mean 'sq_error'?"),
+              std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "typo")) << "nothing is written before the run starts";
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <loom/sdk/parallel.hpp>
 #include <loom/sdk/precision.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -73,9 +74,15 @@ struct StepResult {
 
 struct EvalResult {
   double loss = 0;
-  std::map<std::string, double> metrics;  ///< accuracy, ...
+  std::map<std::string, double> metrics;  ///< by the model's metric names; NaN where a count was 0
   int64_t samples = 0;
   double seconds = 0;
+  /// The value of `name` ("loss" or a metric), if it was measured and is finite.
+  std::optional<double> value(const std::string& name) const {
+    if (name == "loss") return std::isfinite(loss) ? std::optional<double>(loss) : std::nullopt;
+    auto it = metrics.find(name);
+    return it != metrics.end() && std::isfinite(it->second) ? std::optional<double>(it->second) : std::nullopt;
+  }
 };
 
 struct TrainSummary {
@@ -182,6 +189,10 @@ class Trainer {
   sdk::Model& model() { return *model_; }
   const std::filesystem::path& run_dir() const { return run_dir_; }
   const TrainerOptions& options() const { return options_; }
+  /// The metrics of this run's model, "loss" included (after setup).
+  const std::map<std::string, sdk::MetricSpec>& metric_specs() const { return metric_specs_; }
+  /// "accuracy 88.89 %", "RMSE 0.8123": a metric's value as its spec says to show it.
+  std::string format_metric(const std::string& name, double value) const;
 
  private:
   /// Threads, seed, parallel strategy, data, device memory, model, precision (and optimizer).
@@ -197,6 +208,12 @@ class Trainer {
   void open_run();
 
   EvalResult evaluate_once();
+  /// Per metric: (sum, count) over the micro-batches so far.
+  using MetricSums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
+  void add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const;
+  /// sum / count of each metric over every rank.
+  std::map<std::string, double> reduce_metrics(MetricSums& sums) const;
+  std::vector<std::string> metric_names() const;
   double current_lr() const;
   std::string state_json(const std::map<std::string, double>& metrics) const;
   sdk::TensorMap model_tensors() const;
@@ -216,6 +233,7 @@ class Trainer {
   std::shared_ptr<sdk::PrecisionStrategy> precision_;
   std::vector<std::shared_ptr<sdk::MemoryPolicy>> memory_policies_;
   sdk::DataSpec data_spec_;
+  std::map<std::string, sdk::MetricSpec> metric_specs_;
   c10::Device device_{c10::kCPU};
 
   sdk::BatchPlan plan_;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 // Declared, not included: <torch/nn/module.h> costs ~25 s of compile time per translation unit,
 // and only code that builds or walks a module needs it (model plugins include it themselves).
@@ -15,13 +16,22 @@ class Module;
 
 namespace loom::sdk {
 
+/// One metric's share of a micro-batch: a sum and what it is divided by. The host adds sums and
+/// counts over micro-batches, ranks and a whole evaluation and reports sum / count, so a
+/// per-sample mean (count = samples), a per-user mean (count = users in the batch) or a
+/// per-token rate is each exact however the data is split.
+struct MetricValue {
+  at::Tensor sum;    ///< scalar
+  at::Tensor count;  ///< scalar; undefined: the output's `count` (per-sample, like the loss)
+};
+
 /// What one forward of a micro-batch returns. The loss is a sum over the micro-batch with its
 /// count, never a mean: the trainer normalizes once by the global count of the optimizer step,
 /// so k micro-batches of b give the same update as one batch of k*b.
 struct ModelOutput {
-  at::Tensor loss_sum;                         ///< scalar, sum of per-sample (or per-token) losses
-  at::Tensor count;                            ///< scalar, how many terms loss_sum adds up
-  std::map<std::string, at::Tensor> metrics;   ///< scalar sums, e.g. "correct"; reported / count
+  at::Tensor loss_sum;                          ///< scalar, sum of per-sample (or per-token) losses
+  at::Tensor count;                             ///< scalar, how many terms loss_sum adds up
+  std::map<std::string, MetricValue> metrics;   ///< by MetricSpec::name; only declared metrics
 };
 
 /// A model. Created by its plugin's factory from the [model] options; owned by the host, which
@@ -30,7 +40,7 @@ class LOOM_SDK_API Model {
  public:
   using Interface = Model;
   static constexpr uint32_t kKind = LOOM_KIND_MODEL;
-  static constexpr uint32_t kInterfaceMajor = 1;
+  static constexpr uint32_t kInterfaceMajor = 2;
   static constexpr uint32_t kInterfaceMinor = 0;
 
   virtual ~Model() = default;
@@ -55,6 +65,12 @@ class LOOM_SDK_API Model {
     (void)name;
     return parameter.dim() >= 2;
   }
+
+  /// The metrics forward() reports, besides the loss (which the host always reports as "loss",
+  /// lower is better). Called after setup; constant afterwards. The host renames nothing: a
+  /// metric is written, logged and compared (best checkpoint, early stopping) under its name, in
+  /// its declared direction.
+  virtual std::vector<MetricSpec> metrics() const { return {}; }
 
   /// A one-line description for the start-up report ("ViT 6x256, patch 4, 28x28 -> 10").
   virtual std::string describe() const { return {}; }

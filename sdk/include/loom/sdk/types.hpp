@@ -52,6 +52,25 @@ struct DataSpec {
   TextMap attributes;                       ///< anything else a model may want to know
 };
 
+/// Which way a metric improves.
+enum class Direction : int32_t { kMinimize = 0, kMaximize = 1 };
+
+inline const char* direction_name(Direction d) { return d == Direction::kMaximize ? "max" : "min"; }
+
+/// Whether `value` is better than `best` in direction `d` (by more than `min_delta`).
+inline bool improves(Direction d, double value, double best, double min_delta = 0.0) {
+  return d == Direction::kMaximize ? value > best + min_delta : value < best - min_delta;
+}
+
+/// A metric a model reports, declared once (Model::metrics()). Its value over an evaluation is
+/// the sum of its per-batch sums divided by the sum of its counts (see MetricValue).
+struct MetricSpec {
+  std::string name;          ///< the key in ModelOutput::metrics and in the run's files: "accuracy", "rmse", "hr_at_10"
+  std::string display_name;  ///< for people: "accuracy", "RMSE", "HR@10" (empty: `name`)
+  Direction direction = Direction::kMaximize;
+  bool percent = false;      ///< a fraction shown as a percentage
+};
+
 /// A batch plan: global batch = micro_batch x accumulation x world_size. The configured global
 /// batch never changes silently; a change of plan is logged from what to what.
 struct BatchPlan {

@@ -1,0 +1,61 @@
+// A model for tests of the host's metric handling: a linear classifier on the synthetic data
+// that reports metrics with their own names, directions and denominators:
+//   correct    correct predictions per sample (higher is better; the host must not rename it)
+//   sq_error   squared error of the predicted class index, per *two* terms a sample (lower)
+//   per_batch  1 per micro-batch over 1 per micro-batch: exactly 1 however the data is split
+#include <loom/sdk/sdk.hpp>
+
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+namespace {
+
+class MetricModel final : public loom::sdk::Model {
+ public:
+  explicit MetricModel(const loom::sdk::Options&) {}
+
+  void setup(const loom::sdk::DataSpec& data) override {
+    int64_t features = 1;
+    for (int64_t d : data.fields.at(data.input_key).shape) features *= d;
+    input_key_ = data.input_key;
+    target_key_ = data.target_key;
+    linear_ = root_->register_module("linear", torch::nn::Linear(features, data.num_classes));
+  }
+
+  torch::nn::Module& module() override { return *root_; }
+
+  loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool) override {
+    const at::Tensor x = batch.at(input_key_).flatten(1).to(at::kFloat);
+    const at::Tensor target = batch.at(target_key_);
+    const at::Tensor logits = linear_->forward(x);
+    const at::Tensor loss_sum = at::cross_entropy_loss(logits, target, {}, at::Reduction::Sum);
+    const at::Tensor predicted = at::argmax(logits, 1);
+    const auto f = logits.options();
+    const double n = static_cast<double>(target.size(0));
+    return {loss_sum,
+            at::scalar_tensor(n, f),
+            {{"correct", {predicted.eq(target).sum().to(at::kFloat), {}}},
+             {"sq_error", {(predicted - target).pow(2).sum().to(at::kFloat), at::scalar_tensor(2 * n, f)}},
+             {"per_batch", {at::scalar_tensor(1.0, f), at::scalar_tensor(1.0, f)}}}};
+  }
+
+  std::vector<loom::sdk::MetricSpec> metrics() const override {
+    using loom::sdk::Direction;
+    return {{"correct", "correct", Direction::kMaximize, true},
+            {"sq_error", "squared error", Direction::kMinimize, false},
+            {"per_batch", "", Direction::kMaximize, false}};
+  }
+
+ private:
+  std::string input_key_, target_key_;
+  std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
+  torch::nn::Linear linear_{nullptr};
+};
+
+}  // namespace
+
+LOOM_PLUGIN("metric_model", "1.0.0",
+            loom::sdk::component<MetricModel>("metric_model", "test: a linear classifier with its own metrics"))
