@@ -1,6 +1,8 @@
 // Run configuration: reading INI files (Boost.Program_options), inheritance, overrides and
 // validation. See config.hpp.
 #include <loom/core/config.hpp>
+#include <loom/core/kinds.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 
 #include <loom/sdk/options.hpp>
@@ -20,8 +22,9 @@ namespace loom::core {
 
 namespace {
 
+/// The section of "trainer.lr" is "trainer"; of "memory.auto_batch.cache", "memory.auto_batch".
 std::string section_of(const std::string& key) {
-  const auto dot = key.find('.');
+  const auto dot = key.rfind('.');
   return dot == std::string::npos ? std::string() : key.substr(0, dot);
 }
 
@@ -198,9 +201,26 @@ void Schema::add(const std::string& section, const std::string& owner,
   }
 }
 
+void Schema::add_shorthand(const std::string& key, const std::string& canonical) {
+  auto& targets = shorthands_[key];
+  if (std::find(targets.begin(), targets.end(), canonical) == targets.end()) targets.push_back(canonical);
+}
+
+void Schema::add_foreign(const std::string& key, const std::string& why) { foreign_.emplace(key, why); }
+
 const KeySpec* Schema::find(const std::string& key) const {
   auto it = keys_.find(key);
   return it == keys_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> Schema::shorthand(const std::string& key) const {
+  auto it = shorthands_.find(key);
+  return it == shorthands_.end() ? std::vector<std::string>{} : it->second;
+}
+
+const std::string* Schema::foreign(const std::string& key) const {
+  auto it = foreign_.find(key);
+  return it == foreign_.end() ? nullptr : &it->second;
 }
 
 std::vector<std::string> Schema::sections() const {
@@ -212,6 +232,11 @@ std::vector<std::string> Schema::sections() const {
   return out;
 }
 
+std::string component_section(uint32_t kind, const std::string& name) {
+  const KindInfo* k = find_kind(kind);
+  return (k ? std::string(k->section) : kind_name(kind)) + "." + name;
+}
+
 std::vector<ComponentChoice> chosen_components(const Config& config) {
   const Schema core = core_schema();
   auto value = [&](const std::string& key) {
@@ -219,23 +244,46 @@ std::vector<ComponentChoice> chosen_components(const Config& config) {
     const KeySpec* spec = core.find(key);
     return spec ? spec->option.default_value : std::string();
   };
-  std::vector<ComponentChoice> out = {
-      {LOOM_KIND_MODEL, "model", value("model.name"), "model.name"},
-      {LOOM_KIND_DATASET, "data", value("data.name"), "data.name"},
-      {LOOM_KIND_PRECISION, "precision", value("precision.name"), "precision.name"},
-      {LOOM_KIND_PARALLEL, "parallel", value("parallel.name"), "parallel.name"},
-  };
-  for (const auto& policy : sdk::parse_list(value("memory.policies")))
-    out.push_back({LOOM_KIND_MEMORY, "memory", policy, "memory.policies"});
+  std::vector<ComponentChoice> out;
+  for (const KindInfo& kind : kinds()) {
+    const std::string key(kind.select_key);
+    const std::vector<std::string> names = kind.many ? sdk::parse_list(value(key)) : std::vector<std::string>{value(key)};
+    for (const auto& name : names)
+      if (!name.empty()) out.push_back({kind.id, component_section(kind.id, name), name, key});
+  }
   return out;
 }
 
 Schema run_schema(const Config& config, const PluginRegistry& registry) {
   Schema schema = core_schema();
-  for (const auto& choice : chosen_components(config)) {
-    if (choice.name.empty()) continue;
+  const auto chosen = chosen_components(config);
+  auto owner = [](const ComponentInfo& c) { return std::string(find_kind(c.kind)->noun) + " '" + c.name + "'"; };
+  for (const auto& choice : chosen) {
     const ComponentInfo& info = registry.require(choice.kind, choice.name);
-    schema.add(choice.section, kind_name(choice.kind) + " '" + choice.name + "'", info.options);
+    schema.add(choice.section, owner(info), info.options);
+    const std::string kind_section(find_kind(choice.kind)->section);
+    for (const auto& option : info.options)
+      if (!schema.find(kind_section + "." + option.key))
+        schema.add_shorthand(kind_section + "." + option.key, choice.section + "." + option.key);
+  }
+  // The options of every loaded component the run does not select: ignored, with a warning.
+  for (const auto& info : registry.components()) {
+    const KindInfo* kind = find_kind(info.kind);
+    if (kind == nullptr) continue;
+    const bool selected = std::any_of(chosen.begin(), chosen.end(), [&](const ComponentChoice& c) {
+      return c.kind == info.kind && c.name == info.name;
+    });
+    if (selected) continue;
+    const std::string key(kind->select_key);
+    const std::string now = config.get(key).value_or(core_schema().find(key)->option.default_value);
+    const std::string why = owner(info) + ", which this run does not select (" + key + " = " +
+                            (now.empty() ? "(none)" : now) + ")";
+    const std::string section = component_section(info.kind, info.name);
+    for (const auto& option : info.options) {
+      schema.add_foreign(section + "." + option.key, why);
+      const std::string short_key = std::string(kind->section) + "." + option.key;
+      if (!schema.find(short_key) && schema.shorthand(short_key).empty()) schema.add_foreign(short_key, why);
+    }
   }
   return schema;
 }
@@ -248,7 +296,34 @@ Resolved validate(const Config& config, const Schema& schema) {
   std::vector<std::string> all_keys;
   for (const auto& [key, spec] : schema.keys()) all_keys.push_back(key);
 
+  // Shorthand keys (Note [Component sections]) become their canonical key; a value given under
+  // the canonical key itself wins.
+  Config canonical;
+  std::map<std::string, std::string> written_as;  // canonical key -> the shorthand the user wrote
   for (const auto& [key, value] : config.values()) {
+    const auto targets = schema.find(key) ? std::vector<std::string>{} : schema.shorthand(key);
+    if (targets.size() > 1) {
+      std::vector<std::string> sections;
+      for (const auto& t : targets) sections.push_back("[" + section_of(t) + "]");
+      problems.push_back(value.origin.describe() + ": '" + key + "' is an option of several selected components; "
+                         "set it in the section of the one you mean: " + join(sections, " or "));
+    } else if (targets.size() == 1) {
+      if (!config.find(targets.front())) {
+        canonical.set(targets.front(), value.value, value.origin);
+        written_as[targets.front()] = key;
+      }
+    } else if (const std::string* why = schema.foreign(key)) {
+      log::warn(value.origin.describe(), ": ", key, " is an option of ", *why, "; ignored");
+    } else {
+      canonical.set(key, value.value, value.origin);
+    }
+  }
+  std::vector<std::string> shorthand_keys;
+  for (const auto& [key, spec] : schema.keys())
+    if (const auto dot = key.find('.'); dot != key.rfind('.'))
+      shorthand_keys.push_back(key.substr(0, dot) + key.substr(key.rfind('.')));
+
+  for (const auto& [key, value] : canonical.values()) {
     const std::string where = value.origin.describe();
     const KeySpec* spec = schema.find(key);
     if (spec == nullptr) {
@@ -263,6 +338,9 @@ Resolved validate(const Config& config, const Schema& schema) {
       std::vector<std::string> in_section;
       for (const auto& k : all_keys)
         if (section_of(k) == section) in_section.push_back(k);
+      for (const auto& k : shorthand_keys)
+        if (section_of(k) == section && std::find(in_section.begin(), in_section.end(), k) == in_section.end())
+          in_section.push_back(k);
       std::string message = where + ": unknown key '" + key + "'";
       if (auto close = closest(key, in_section)) message += "; did you mean '" + *close + "'?";
       else message += "; [" + section + "] has " + join(in_section, ", ");
@@ -273,13 +351,14 @@ Resolved validate(const Config& config, const Schema& schema) {
     if (!sdk::is_valid_value(o.type, value.value, o.choices.c_str())) {
       std::string expected = sdk::describe_type(o.type);
       if (o.type == LOOM_OPTION_ENUM) expected = "one of " + join(sdk::enum_choices(o.choices.c_str()), ", ");
-      problems.push_back(where + ": " + key + " = '" + value.value + "' is not valid: expected " + expected);
+      const std::string shown = written_as.count(key) ? written_as.at(key) : key;
+      problems.push_back(where + ": " + shown + " = '" + value.value + "' is not valid: expected " + expected);
     }
   }
 
   Resolved resolved;
   for (const auto& [key, spec] : schema.keys()) {
-    if (const ConfigValue* v = config.find(key)) {
+    if (const ConfigValue* v = canonical.find(key)) {
       resolved[key] = *v;
     } else {
       if (spec.option.default_value.empty() && spec.option.type != LOOM_OPTION_STRING &&
@@ -304,7 +383,12 @@ std::string format_resolved(const Resolved& resolved, const Schema& schema) {
   size_t width = 0;
   for (const auto& [key, value] : resolved)
     width = std::max(width, key.size() - section_of(key).size() - 1 + 3 + value.value.size());
-  for (const auto& [key, value] : resolved) {
+  // By section ([memory] before [memory.auto_batch]), then by key.
+  std::map<std::string, std::vector<std::pair<std::string, ConfigValue>>> by_section;
+  for (const auto& [key, value] : resolved) by_section[section_of(key)].emplace_back(key, value);
+  std::vector<std::pair<std::string, ConfigValue>> ordered;
+  for (const auto& [section, entries] : by_section) ordered.insert(ordered.end(), entries.begin(), entries.end());
+  for (const auto& [key, value] : ordered) {
     const std::string section = section_of(key);
     if (section != current) {
       if (!current.empty()) out << "\n";

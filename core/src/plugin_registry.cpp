@@ -1,15 +1,11 @@
 // The plugin registry: the loading stages of plugin_registry.hpp, and component creation.
+#include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/text.hpp>
 
-#include <loom/sdk/dataset.hpp>
 #include <loom/sdk/fingerprint.hpp>
-#include <loom/sdk/memory_policy.hpp>
-#include <loom/sdk/model.hpp>
 #include <loom/sdk/options.hpp>
-#include <loom/sdk/parallel.hpp>
-#include <loom/sdk/precision.hpp>
 
 // Boost 1.74's library_info.hpp uses std::vector and std::string without including them.
 #include <string>
@@ -33,26 +29,6 @@ namespace fs = std::filesystem;
 namespace loom::core {
 
 namespace {
-
-const std::vector<std::pair<uint32_t, const char*>>& kind_names() {
-  static const std::vector<std::pair<uint32_t, const char*>> names = {
-      {LOOM_KIND_MODEL, "model"},         {LOOM_KIND_DATASET, "dataset"},
-      {LOOM_KIND_PRECISION, "precision"}, {LOOM_KIND_MEMORY, "memory"},
-      {LOOM_KIND_PARALLEL, "parallel"}};
-  return names;
-}
-
-/// The host's Tier-1 interface major version for a kind.
-std::optional<uint32_t> host_interface_major(uint32_t kind) {
-  switch (kind) {
-    case LOOM_KIND_MODEL: return sdk::Model::kInterfaceMajor;
-    case LOOM_KIND_DATASET: return sdk::Dataset::kInterfaceMajor;
-    case LOOM_KIND_PRECISION: return sdk::PrecisionStrategy::kInterfaceMajor;
-    case LOOM_KIND_MEMORY: return sdk::MemoryPolicy::kInterfaceMajor;
-    case LOOM_KIND_PARALLEL: return sdk::ParallelStrategy::kInterfaceMajor;
-    default: return std::nullopt;
-  }
-}
 
 /// A string from a plugin's memory: non-null, NUL-terminated within `max` bytes.
 std::optional<std::string> bounded(const char* s, size_t max) {
@@ -152,24 +128,6 @@ void check_fingerprint(const loom_build_fingerprint* f) {
 
 }  // namespace
 
-std::string kind_name(uint32_t kind) {
-  for (const auto& [k, name] : kind_names())
-    if (k == kind) return name;
-  return "kind " + std::to_string(kind);
-}
-
-std::optional<uint32_t> kind_from_name(std::string_view name) {
-  for (const auto& [k, n] : kind_names())
-    if (name == n) return k;
-  return std::nullopt;
-}
-
-const std::vector<uint32_t>& all_kinds() {
-  static const std::vector<uint32_t> kinds = {LOOM_KIND_MODEL, LOOM_KIND_DATASET,
-                                              LOOM_KIND_PRECISION, LOOM_KIND_MEMORY,
-                                              LOOM_KIND_PARALLEL};
-  return kinds;
-}
 
 std::string PluginRefusal::line() const {
   std::string out = "plugin refused: " + file.string() + " [" + stage + "] " + reason;
@@ -334,7 +292,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
       const auto cname = bounded(c.name, LOOM_MAX_NAME);
       if (!cname || !is_identifier(*cname))
         refuse_now("descriptor", where + ": name missing, too long or not lower_snake_case", kRebuildHint);
-      if (!host_interface_major(c.kind))
+      if (!find_kind(c.kind))
         refuse_now("descriptor", "component '" + *cname + "': unknown kind " + std::to_string(c.kind), kRebuildHint);
       if (!own.insert({c.kind, *cname}).second)
         refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "' is listed twice in the plugin",
@@ -387,7 +345,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     check_fingerprint(d->fingerprint);
 
     for (const auto& c : report.components) {
-      const uint32_t host_major = *host_interface_major(c.kind);
+      const uint32_t host_major = find_kind(c.kind)->interface_major;
       if (c.interface_major != host_major)
         refuse_now("interface",
                    kind_name(c.kind) + " '" + c.name + "' implements " + kind_name(c.kind) +

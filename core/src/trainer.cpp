@@ -228,7 +228,7 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
     const ComponentInfo* info = registry.find(LOOM_KIND_PRECISION, name);
     const bool has_option = info && std::any_of(info->options.begin(), info->options.end(),
                                                 [](const OptionSpec& o) { return o.key == "tf32"; });
-    if (has_option && !config.find("precision.tf32"))
+    if (has_option && !config.find("precision.tf32") && !config.find(component_section(LOOM_KIND_PRECISION, name) + ".tf32"))
       config.set("precision.tf32", "true", Origin{"auto (--allow-tf32)", {}, 0});
   }
 
@@ -262,18 +262,24 @@ Trainer::~Trainer() {
 }
 
 std::map<std::string, std::string> Trainer::section(const std::string& name) const {
+  // The kind section's own keys ("name") and the selected component's options, by their bare
+  // keys: what a checkpoint records of its model and data (the same shape as before component
+  // sections existed, so older checkpoints still compare).
   std::map<std::string, std::string> out;
   const std::string prefix = name + ".";
   for (const auto& [key, value] : config_)
-    if (key.rfind(prefix, 0) == 0) out[key.substr(prefix.size())] = value.value;
+    if (key.rfind(prefix, 0) == 0 && key.find('.', prefix.size()) == std::string::npos)
+      out[key.substr(prefix.size())] = value.value;
+  const std::string component = prefix + value_of(config_, prefix + "name") + ".";
+  for (const auto& [key, value] : config_)
+    if (key.rfind(component, 0) == 0) out[key.substr(component.size())] = value.value;
   return out;
 }
 
 namespace {
-/// A component's own options from its section (the section also holds core keys such as name).
-std::map<std::string, std::string> component_values(const Resolved& config, const std::string& section,
-                                                    const ComponentInfo& info) {
-  return section_values(config, section, info.options);
+/// A component's own options, from its section (Note [Component sections]).
+std::map<std::string, std::string> component_values(const Resolved& config, const ComponentInfo& info) {
+  return section_values(config, component_section(info.kind, info.name), info.options);
 }
 }  // namespace
 
@@ -309,7 +315,7 @@ void Trainer::build_components(bool with_optimizer) {
 void Trainer::build_parallel() {
   const std::string name = value_of(config_, "parallel.name");
   const auto& info = registry_.require(LOOM_KIND_PARALLEL, name);
-  parallel_ = registry_.create<sdk::ParallelStrategy>(name, component_values(config_, "parallel", info));
+  parallel_ = registry_.create<sdk::ParallelStrategy>(name, component_values(config_, info));
   parallel_->setup(options_.device);
   device_ = parallel_->device();
 }
@@ -325,7 +331,7 @@ void Trainer::build_memory() {
               " none is written. The run's memory is in metrics.jsonl (memory/allocated_bytes, memory/peak_bytes)");
   for (const auto& policy : sdk::parse_list(value_of(config_, "memory.policies"))) {
     const auto& policy_info = registry_.require(LOOM_KIND_MEMORY, policy);
-    memory_policies_.push_back(registry_.create<sdk::MemoryPolicy>(policy, component_values(config_, "memory", policy_info)));
+    memory_policies_.push_back(registry_.create<sdk::MemoryPolicy>(policy, component_values(config_, policy_info)));
     memory_policies_.back()->setup(*memory_);
   }
 }
@@ -333,7 +339,7 @@ void Trainer::build_memory() {
 void Trainer::build_data() {
   const std::string name = value_of(config_, "data.name");
   const auto& info = registry_.require(LOOM_KIND_DATASET, name);
-  dataset_ = registry_.create<sdk::Dataset>(name, component_values(config_, "data", info));
+  dataset_ = registry_.create<sdk::Dataset>(name, component_values(config_, info));
   HostMemoryScope host;  // the data set lives in host memory, whatever the device
   dataset_->setup();
   data_spec_ = dataset_->spec();
@@ -342,7 +348,7 @@ void Trainer::build_data() {
 void Trainer::build_model() {
   const std::string name = value_of(config_, "model.name");
   const auto& info = registry_.require(LOOM_KIND_MODEL, name);
-  model_ = registry_.create<sdk::Model>(name, component_values(config_, "model", info));
+  model_ = registry_.create<sdk::Model>(name, component_values(config_, info));
   model_->setup(data_spec_);
   model_->module().to(device_);
   metric_specs_.clear();
@@ -374,7 +380,7 @@ void Trainer::build_model() {
 void Trainer::build_precision() {
   const std::string name = value_of(config_, "precision.name");
   const auto& info = registry_.require(LOOM_KIND_PRECISION, name);
-  precision_ = registry_.create<sdk::PrecisionStrategy>(name, component_values(config_, "precision", info));
+  precision_ = registry_.create<sdk::PrecisionStrategy>(name, component_values(config_, info));
   precision_->setup(device_);
 }
 
@@ -1033,7 +1039,7 @@ std::string Trainer::oom_advice(const std::string& message) const {
   text += "\n  3. mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)";
   text += "\n  4. the memory fraction: a cap (--memory-fraction) below what the device has also limits this run;"
           " lower it only to leave room for other processes";
-  if (config_.count("model.image_size")) text += "\n  5. a smaller input: --image-size";
+  if (section("model").count("image_size")) text += "\n  5. a smaller input: --image-size";
   text += "\nThe estimator: the model states alone need " + format_bytes(states.total()) + " (parameters " +
           format_bytes(states.parameters) + ", gradients " + format_bytes(states.gradients) + ", optimizer " +
           format_bytes(states.optimizer_states) + ") of the " + format_bytes(cap) + " this run may use";

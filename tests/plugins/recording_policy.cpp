@@ -1,12 +1,16 @@
 // A memory policy for tests: on out-of-memory it logs what its OomContext says, word for word
 // ("record_oom: step 1, micro-batch 64"), then halves the micro-batch like oom_recovery. Tests
-// read the line back to check what the host hands a policy.
+// read the line back to check what the host hands a policy. Its option `margin` has the name of
+// an auto_batch option, for the tests of component sections.
 #include <loom/sdk/sdk.hpp>
 
 namespace {
 
 class RecordOom final : public loom::sdk::MemoryPolicy {
  public:
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_float("margin", "0.5", "unused; named like auto_batch's margin")};
+
   explicit RecordOom(const loom::sdk::Options&) {}
 
   bool on_oom(loom::sdk::OomContext& context) override {

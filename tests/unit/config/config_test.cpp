@@ -1,6 +1,10 @@
 // Configuration: INI inheritance, precedence, cycles, unknown-key suggestions, type errors.
 #include <loom/core/config.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
+#include <loom/core/text.hpp>
+
+#include "trainer_testing.hpp"
 
 #include <gtest/gtest.h>
 
@@ -212,6 +216,62 @@ TEST_F(ConfigTest, SeedFlagsAreAliasesOfKeys) {
   EXPECT_EQ(keys["use-scheduler"], "trainer.use_scheduler");
   EXPECT_EQ(keys["work-dir"], "trainer.work_dir");
   EXPECT_EQ(keys["resume-from"], "trainer.resume_from");
+}
+
+// ---- component sections (Note [Component sections]) ---------------------------------------------
+
+TEST_F(ConfigTest, TwoComponentsWithTheSameOptionEachHaveTheirOwnSection) {
+  const auto file = write("two.ini",
+                          "[memory]\npolicies = auto_batch, record_oom\n"
+                          "[memory.auto_batch]\nmargin = 0.1\n[memory.record_oom]\nmargin = 0.2\n");
+  Config config;
+  config.load_file(file);
+  config.set_assignment("precision.name=fp32");  // what resolve_run makes of `auto` here
+  const Resolved r = validate(config, run_schema(config, loom::testing::registry()));
+  EXPECT_EQ(r.at("memory.auto_batch.margin").value, "0.1");
+  EXPECT_EQ(r.at("memory.record_oom.margin").value, "0.2");
+  EXPECT_CONTAINS(r.at("memory.auto_batch.margin").origin.describe(), "two.ini:4");
+
+  // The kind's section as a shorthand is ambiguous here, and the error names both sections.
+  config.set_assignment("memory.margin=0.3");
+  EXPECT_CONTAINS(error_of([&] { validate(config, run_schema(config, loom::testing::registry())); }),
+                  "'memory.margin' is an option of several selected components; set it in the section of the one "
+                  "you mean: [memory.auto_batch] or [memory.record_oom]");
+}
+
+TEST_F(ConfigTest, TheKindsSectionIsAShorthandForTheOneSelectedComponent) {
+  Config config;
+  config.set_assignment("precision.name=fp32");
+  config.set_assignment("memory.policies=oom_recovery");
+  config.set_assignment("memory.max_replans=4");
+  config.set_assignment("model.d_model=48");
+  const Resolved r = validate(config, run_schema(config, loom::testing::registry()));
+  EXPECT_EQ(r.at("memory.oom_recovery.max_replans").value, "4");
+  EXPECT_EQ(r.at("model.lightweight_transformer.d_model").value, "48");
+  config.set_assignment("memory.max_replan=4");
+  EXPECT_CONTAINS(error_of([&] { validate(config, run_schema(config, loom::testing::registry())); }),
+                  "unknown key 'memory.max_replan'; did you mean 'memory.max_replans'?");
+}
+
+TEST_F(ConfigTest, KeysOfComponentsTheRunDoesNotSelectAreIgnoredWithAWarningThatSaysWhy) {
+  // One file for several policies; the command line picks one.
+  const auto file = write("many.ini",
+                          "[memory]\npolicies = vram_tiers, auto_batch\ntiers = 8GB:64, 0:16\n"
+                          "[memory.auto_batch]\ncache = off\n[model]\nnum_heads = 4\n");
+  Config config;
+  config.load_file(file);
+  config.set_assignment("precision.name=fp32");
+  config.set_assignment("memory.policies=oom_recovery");
+  config.set_assignment("model.name=mlp_classifier");
+  log::Capture log(LOOM_LOG_WARN);
+  const Resolved r = validate(config, run_schema(config, loom::testing::registry()));
+  EXPECT_EQ(r.count("memory.auto_batch.cache"), 0u);
+  const std::string lines = join(log.lines(), "\n");
+  EXPECT_CONTAINS(lines, "many.ini:5: memory.auto_batch.cache is an option of memory policy 'auto_batch', which this "
+                         "run does not select (memory.policies = oom_recovery); ignored");
+  EXPECT_CONTAINS(lines, "many.ini:3: memory.tiers is an option of memory policy 'vram_tiers'");
+  EXPECT_CONTAINS(lines, "many.ini:7: model.num_heads is an option of model 'lightweight_transformer', which this run "
+                         "does not select (model.name = mlp_classifier); ignored");
 }
 
 }  // namespace

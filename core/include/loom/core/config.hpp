@@ -76,27 +76,53 @@ struct KeySpec {
   std::string owner;  ///< who defines it: "trainer", "model 'lightweight_transformer'"
 };
 
+// Note [Component sections]
+// A component's options live in its own section, [<kind section>.<name>]: [model.
+// lightweight_transformer], [memory.auto_batch], [memory.oom_recovery]. Two components of one run
+// never share a key, so two memory policies may both have an option `margin`. The kind's section
+// is a shorthand: `model.d_model` (or [model] d_model = 96, or --d-model) is the selected model's
+// `d_model`, when exactly one selected component of that kind has the option; when two do, the
+// shorthand is an error that names both sections. A key of a component the run does not select
+// (a loaded one: [memory.auto_batch] cache when memory.policies = oom_recovery, or
+// model.num_heads when the model is an MLP) is ignored with a warning naming the component and
+// the key that did not select it, so one file can hold options for several components. A key
+// that belongs to no loaded component is an error with the closest valid key.
+
 /// The keys a run accepts: the core's sections plus the chosen components' options.
 class Schema {
  public:
   /// Adds `options` under `section` (a key already present is an error naming both owners).
   void add(const std::string& section, const std::string& owner,
            const std::vector<OptionSpec>& options);
+  /// `key` ("memory.margin") stands for `canonical` ("memory.auto_batch.margin"); added for two
+  /// different canonical keys, it is ambiguous. See Note [Component sections].
+  void add_shorthand(const std::string& key, const std::string& canonical);
+  /// `key` is an option of a component this run does not select; `why` says whose and why it is
+  /// ignored ("memory policy 'auto_batch', which this run does not select (memory.policies = ...)").
+  void add_foreign(const std::string& key, const std::string& why);
+
   const KeySpec* find(const std::string& key) const;
+  /// The canonical keys `key` is a shorthand for (one, or several when ambiguous; none).
+  std::vector<std::string> shorthand(const std::string& key) const;
+  /// Why `key` is ignored, if it is a foreign key.
+  const std::string* foreign(const std::string& key) const;
   const std::map<std::string, KeySpec>& keys() const { return keys_; }
   std::vector<std::string> sections() const;
 
  private:
   std::map<std::string, KeySpec> keys_;
+  std::map<std::string, std::vector<std::string>> shorthands_;
+  std::map<std::string, std::string> foreign_;
 };
 
 /// The core's own sections and keys (trainer, data, model, precision, memory, parallel).
 Schema core_schema();
 
-/// Which component each section selects, read from a configuration (defaults applied).
+/// Which components a configuration selects (defaults applied), in the order of kinds() and,
+/// within a kind, of its list.
 struct ComponentChoice {
   uint32_t kind;
-  std::string section;  ///< where its options live
+  std::string section;  ///< where its options live: "model.lightweight_transformer"
   std::string name;
   std::string selected_by;  ///< the key that chose it: "model.name", "memory.policies"
 };
@@ -122,5 +148,8 @@ std::string format_resolved(const Resolved& resolved, const Schema& schema);
 /// restricted to `keys`.
 std::map<std::string, std::string> section_values(const Resolved& resolved, const std::string& section,
                                                   const std::vector<OptionSpec>& keys);
+
+/// The section of a component's options: "memory.auto_batch" for memory policy auto_batch.
+std::string component_section(uint32_t kind, const std::string& name);
 
 }  // namespace loom::core

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <loom/core/error.hpp>
+#include <loom/core/kinds.hpp>
 #include <loom/sdk/abi.h>
 
 #include <filesystem>
@@ -23,12 +24,6 @@
 
 namespace loom::core {
 
-/// "model", "dataset", ... for a loom_kind; "kind <n>" for an unknown one.
-std::string kind_name(uint32_t kind);
-/// The loom_kind of "model", "dataset", ...; nullopt for anything else.
-std::optional<uint32_t> kind_from_name(std::string_view name);
-/// All kinds, in loom_kind order.
-const std::vector<uint32_t>& all_kinds();
 
 /// A host-side copy of one loom_option_spec.
 struct OptionSpec {

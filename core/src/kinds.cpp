@@ -1,0 +1,52 @@
+// The table of plugin kinds (kinds.hpp).
+#include <loom/core/kinds.hpp>
+
+#include <loom/sdk/abi.h>
+#include <loom/sdk/dataset.hpp>
+#include <loom/sdk/memory_policy.hpp>
+#include <loom/sdk/model.hpp>
+#include <loom/sdk/parallel.hpp>
+#include <loom/sdk/precision.hpp>
+
+namespace loom::core {
+
+namespace {
+
+template <class Interface>
+KindInfo row(std::string_view name, std::string_view noun, std::string_view select_key, bool many,
+             std::string_view section) {
+  return KindInfo{Interface::kKind, name, noun, select_key, many, section, Interface::kInterfaceMajor,
+                  Interface::kInterfaceMinor};
+}
+
+}  // namespace
+
+const std::vector<KindInfo>& kinds() {
+  static const std::vector<KindInfo> table = {
+      row<sdk::Model>("model", "model", "model.name", false, "model"),
+      row<sdk::Dataset>("dataset", "dataset", "data.name", false, "data"),
+      row<sdk::PrecisionStrategy>("precision", "precision", "precision.name", false, "precision"),
+      row<sdk::MemoryPolicy>("memory", "memory policy", "memory.policies", true, "memory"),
+      row<sdk::ParallelStrategy>("parallel", "parallel strategy", "parallel.name", false, "parallel"),
+  };
+  return table;
+}
+
+const KindInfo* find_kind(uint32_t id) {
+  for (const auto& k : kinds())
+    if (k.id == id) return &k;
+  return nullptr;
+}
+
+const KindInfo* find_kind(std::string_view name) {
+  for (const auto& k : kinds())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+std::string kind_name(uint32_t kind) {
+  const KindInfo* k = find_kind(kind);
+  return k ? std::string(k->name) : "kind " + std::to_string(kind);
+}
+
+}  // namespace loom::core
