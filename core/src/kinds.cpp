@@ -5,6 +5,7 @@
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/memory_policy.hpp>
 #include <loom/sdk/model.hpp>
+#include <loom/sdk/optimizer.hpp>
 #include <loom/sdk/parallel.hpp>
 #include <loom/sdk/precision.hpp>
 
@@ -28,6 +29,8 @@ const std::vector<KindInfo>& kinds() {
       row<sdk::PrecisionStrategy>("precision", "precision", "precision.name", false, "precision"),
       row<sdk::MemoryPolicy>("memory", "memory policy", "memory.policies", true, "memory"),
       row<sdk::ParallelStrategy>("parallel", "parallel strategy", "parallel.name", false, "parallel"),
+      row<sdk::Optimizer>("optimizer", "optimizer", "trainer.optimizer", false, "optimizer"),
+      row<sdk::Schedule>("schedule", "learning-rate schedule", "trainer.schedule", false, "schedule"),
   };
   return table;
 }

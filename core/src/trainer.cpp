@@ -6,7 +6,6 @@
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/metrics.hpp>
-#include <loom/core/optimizer.hpp>
 #include <loom/core/safetensors.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
@@ -142,15 +141,9 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.batch_size = int_of(c, "trainer.batch_size");
   o.accumulation = int_of(c, "trainer.gradient_accumulation_steps");
   o.optimizer = value_of(c, "trainer.optimizer");
+  o.schedule = value_of(c, "trainer.schedule");
   o.lr = float_of(c, "trainer.lr");
-  o.weight_decay = float_of(c, "trainer.weight_decay");
-  o.momentum = float_of(c, "trainer.momentum");
-  o.beta1 = float_of(c, "trainer.beta1");
-  o.beta2 = float_of(c, "trainer.beta2");
   o.clip_grad_norm = float_of(c, "trainer.clip_grad_norm");
-  o.use_scheduler = bool_of(c, "trainer.use_scheduler");
-  o.warmup_ratio = float_of(c, "trainer.warmup_ratio");
-  o.min_lr_ratio = float_of(c, "trainer.min_lr_ratio");
   o.reference_batch = int_of(c, "trainer.reference_batch");
   o.eval_every = int_of(c, "trainer.eval_every");
   o.log_every = int_of(c, "trainer.log_every");
@@ -182,7 +175,6 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   if (o.max_steps == 0 && o.epochs == 0) throw Error("set trainer.max_steps or trainer.epochs (both are 0)");
   if (o.lr <= 0) throw Error("trainer.lr = " + std::to_string(o.lr) + " must be positive");
   if (o.clip_grad_norm < 0) throw Error("trainer.clip_grad_norm must be >= 0 (0 turns clipping off)");
-  if (o.warmup_ratio < 0 || o.warmup_ratio >= 1) throw Error("trainer.warmup_ratio must be in [0, 1)");
   if (!o.resume_from.empty() && o.resume == "auto")
     throw Error("trainer.resume = auto and trainer.resume_from are both set; choose one");
   return o;
@@ -230,6 +222,13 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
                                                 [](const OptionSpec& o) { return o.key == "tf32"; });
     if (has_option && !config.find("precision.tf32") && !config.find(component_section(LOOM_KIND_PRECISION, name) + ".tf32"))
       config.set("precision.tf32", "true", Origin{"auto (--allow-tf32)", {}, 0});
+  }
+
+  // trainer.schedule = auto: the seeds' --use_scheduler (warm-up then cosine) or a constant rate.
+  if (get("trainer.schedule") == "auto") {
+    const bool cosine = sdk::parse_bool(get("trainer.use_scheduler")).value_or(true);
+    config.set("trainer.schedule", cosine ? "warmup_cosine" : "constant",
+               Origin{std::string("auto (trainer.use_scheduler = ") + (cosine ? "true" : "false") + ")", {}, 0});
   }
 
   // --memory-fraction / memory.fraction asks for the fraction_cap policy.
@@ -302,7 +301,10 @@ void Trainer::build_components(bool with_optimizer) {
   try {
     build_model();
     build_precision();
-    if (with_optimizer) build_optimizer();
+    if (with_optimizer) {
+      build_optimizer();
+      build_schedule();
+    }
   } catch (const c10::OutOfMemoryError& e) {
     const auto stats = memory_->stats();
     throw Error("out of memory while building the model" + std::string(with_optimizer ? " and its optimizer" : "") +
@@ -433,28 +435,22 @@ void Trainer::build_plan() {
 }
 
 void Trainer::build_optimizer() {
-  ParameterGroup decay, no_decay;
-  decay.weight_decay = options_.weight_decay;
-  for (const auto& item : model_->module().named_parameters()) {
-    if (!item.value().requires_grad()) continue;  // frozen: no gradient, no optimizer state
-    ParameterGroup& g = model_->decays(item.key(), item.value()) ? decay : no_decay;
-    g.names.push_back(item.key());
-    g.params.push_back(item.value());
-  }
-  Optimizer::Options o;
-  o.kind = options_.optimizer;
-  o.lr = base_lr_;
-  o.beta1 = options_.beta1;
-  o.beta2 = options_.beta2;
-  o.momentum = options_.momentum;
-  optimizer_ = std::make_unique<Optimizer>(std::vector<ParameterGroup>{decay, no_decay}, o);
+  parameters_ = Parameters::of(*model_);
+  const auto& info = registry_.require(LOOM_KIND_OPTIMIZER, options_.optimizer);
+  optimizer_ = registry_.create<sdk::Optimizer>(options_.optimizer, component_values(config_, info));
+  optimizer_->setup(parameters_.trainable());
   // Optimizer state and gradients exist from the start, so memory planning measures the steady
   // state. (Before its gradient exists, backward hands a parameter the incoming buffer; after,
   // it adds into it through a temporary: probes taken across that change disagree by a
   // parameter-sized buffer per parameter, which the activation fit would read as per-sample
   // memory.)
   optimizer_->materialize();
-  optimizer_->gradients();
+  parameters_.gradients();
+}
+
+void Trainer::build_schedule() {
+  const auto& info = registry_.require(LOOM_KIND_SCHEDULE, options_.schedule);
+  schedule_ = registry_.create<sdk::Schedule>(options_.schedule, component_values(config_, info));
 }
 
 void Trainer::build_loaders() {
@@ -565,8 +561,7 @@ std::string Trainer::state_json(const std::map<std::string, double>& metrics) co
   const auto position = train_loader_->position();
   s["loader"] = {{"epoch", position.epoch}, {"offset", position.offset}, {"seed", options_.seed}};
   s["plan"] = {{"micro_batch", plan_.micro_batch}, {"accumulation", plan_.accumulation}, {"world_size", plan_.world_size}};
-  s["schedule"] = {{"base_lr", base_lr_}, {"cosine", options_.use_scheduler}, {"warmup_ratio", options_.warmup_ratio},
-                   {"min_lr_ratio", options_.min_lr_ratio}, {"step", step_}};
+  s["schedule"] = {{"name", options_.schedule}, {"base_lr", base_lr_}, {"step", step_}, {"state", schedule_->state_dict().text}};
   const sdk::State optimizer = optimizer_->state_dict();
   s["optimizer"] = optimizer.text;
   const sdk::State precision = precision_->state_dict();
@@ -587,6 +582,7 @@ fs::path Trainer::save_checkpoint() {
   for (const auto& [k, t] : optimizer.tensors) extra["optimizer." + k] = t;
   const sdk::State precision = precision_->state_dict();
   for (const auto& [k, t] : precision.tensors) extra["precision." + k] = t;
+  for (const auto& [k, t] : schedule_->state_dict().tensors) extra["schedule." + k] = t;
   extra["rng.cpu"] = cpu_generator().get_state();
   if (device_.is_cuda()) extra["rng.device"] = device_generator(device_).get_state();
   return checkpoints_->save(step_, model_tensors(), extra, state_json({}), options_.keep_last);
@@ -624,14 +620,20 @@ void Trainer::load_checkpoint(const fs::path& dir) {
 
   sdk::State optimizer;
   for (const auto& [k, v] : s["optimizer"].items()) optimizer.text[k] = v.get<std::string>();
-  sdk::State precision;
+  sdk::State precision, schedule;
   for (const auto& [k, v] : s["precision"]["state"].items()) precision.text[k] = v.get<std::string>();
+  if (s["schedule"].contains("state"))
+    for (const auto& [k, v] : s["schedule"]["state"].items()) schedule.text[k] = v.get<std::string>();
   for (const auto& [k, t] : c.extra) {
     if (k.rfind("optimizer.", 0) == 0) optimizer.tensors[k.substr(10)] = t;
     else if (k.rfind("precision.", 0) == 0) precision.tensors[k.substr(10)] = t;
+    else if (k.rfind("schedule.", 0) == 0) schedule.tensors[k.substr(9)] = t;
   }
+  if (const std::string saved = s["schedule"].value("name", options_.schedule); saved != options_.schedule)
+    log::warn("the checkpoint was trained with schedule ", saved, ", this run uses ", options_.schedule);
   optimizer_->load_state_dict(optimizer);
   precision_->load_state_dict(precision);
+  schedule_->load_state_dict(schedule);
   if (auto it = c.extra.find("rng.cpu"); it != c.extra.end()) cpu_generator().set_state(it->second);
   if (auto it = c.extra.find("rng.device"); it != c.extra.end() && device_.is_cuda()) device_generator(device_).set_state(it->second);
 
@@ -747,14 +749,17 @@ void Trainer::restore(const StepState& s) {
   train_loader_->seek(s.loader);
   cpu_generator().set_state(s.cpu_rng);
   if (s.device_rng.defined()) device_generator(device_).set_state(s.device_rng);
-  optimizer_->zero_grad();
+  parameters_.zero_grad();
   restore_buffers(s.buffers);
 }
 
 double Trainer::current_lr() const {
   // Skipped steps (non-finite gradients) do not advance the schedule.
-  return learning_rate(base_lr_, step_ - skipped_steps_, total_steps_, options_.use_scheduler, options_.warmup_ratio,
-                       options_.min_lr_ratio);
+  const double factor = schedule_->factor(step_ - skipped_steps_, total_steps_);
+  if (!std::isfinite(factor) || factor < 0)
+    throw Error("schedule '" + options_.schedule + "' gave the learning-rate factor " + std::to_string(factor) +
+                " at step " + std::to_string(step_ + 1) + "; a factor is finite and >= 0");
+  return base_lr_ * factor;
 }
 
 void Trainer::add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const {
@@ -805,7 +810,7 @@ StepResult Trainer::train_step() {
   committed_ = false;
   auto& module = model_->module();
   module.train();
-  optimizer_->zero_grad();
+  parameters_.zero_grad();
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   MetricSums metric_sums;
@@ -823,7 +828,7 @@ StepResult Trainer::train_step() {
   }
   // Gradients hold sums over this rank's samples: add up the ranks, then divide by the global
   // count once, so the update does not depend on how the global batch was split.
-  std::vector<at::Tensor> grads = optimizer_->gradients();
+  std::vector<at::Tensor> grads = parameters_.gradients();
   std::vector<at::Tensor> totals{loss_sum, count};
   parallel_->all_reduce_sum(totals);
   parallel_->all_reduce_sum(grads);
@@ -929,7 +934,7 @@ EvalResult Trainer::evaluate_once() {
 
 ModelStates Trainer::model_states() const {
   ModelStates m;
-  for (const auto& p : model_->module().parameters()) {
+  for (const auto& p : parameters_.all()) {  // each tied parameter once
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
     m.parameters += bytes;
     if (!p.requires_grad()) {
@@ -938,8 +943,7 @@ ModelStates Trainer::model_states() const {
     }
     m.trainable += p.numel();
     m.gradients += bytes;
-    // AdamW: exp_avg and exp_avg_sq like the parameter, and a float step; SGD: a momentum buffer.
-    m.optimizer_states += options_.optimizer == "adamw" ? 2 * bytes + 4 : bytes;
+    m.optimizer_states += optimizer_->state_bytes(p);
   }
   return m;
 }
@@ -976,12 +980,12 @@ int64_t Trainer::probe_peak(int64_t b) {
   if (device_.is_cuda()) device_state = device_generator(device_).get_state();
   const std::vector<at::Tensor> buffers = save_buffers();
   auto restore_state = [&] {
-    optimizer_->zero_grad();
+    parameters_.zero_grad();
     cpu.set_state(cpu_state);
     if (device_state.defined()) device_generator(device_).set_state(device_state);
     restore_buffers(buffers);
   };
-  optimizer_->zero_grad();
+  parameters_.zero_grad();
   memory_->empty_cache();
   memory_->reset_peak();
   int64_t peak = 0;
@@ -1226,7 +1230,7 @@ void Trainer::report_startup() const {
     device += ", " + format_bytes(static_cast<int64_t>(total)) + " (" + format_bytes(static_cast<int64_t>(free)) + " free)";
   }
   int64_t params = 0, trainable = 0, bytes = 0;
-  for (const auto& p : model_->module().parameters()) {
+  for (const auto& p : parameters_.all()) {  // each tied parameter once
     params += p.numel();
     if (p.requires_grad()) trainable += p.numel();
     bytes += p.numel() * p.element_size();
@@ -1249,8 +1253,14 @@ void Trainer::report_startup() const {
   log::info("plan      batch ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ",
             plan_.world_size, " (micro-batch x accumulation x world); ", per_epoch, " steps/epoch, ", total_steps_,
             " steps", options_.max_steps == 0 ? " (" + std::to_string(options_.epochs) + " epochs)" : std::string());
-  log::info("optimizer ", options_.optimizer, ", lr ", base_lr_, options_.use_scheduler ? " (warm-up + cosine)" : " (constant)",
-            ", weight decay ", options_.weight_decay, ", clip ", options_.clip_grad_norm);
+  std::string groups;
+  for (const auto& g : parameters_.trainable())
+    groups += (groups.empty() ? "" : ", ") + g.name + " " + std::to_string(g.params.size()) +
+              (g.lr_scale != 1.0 ? " (lr x " + std::to_string(g.lr_scale).substr(0, 5) + ")" : std::string());
+  log::info("optimizer ", optimizer_->describe().empty() ? options_.optimizer : optimizer_->describe(), "; groups ",
+            groups, "; clip ", options_.clip_grad_norm);
+  log::info("schedule  ", options_.schedule, ": peak lr ", base_lr_,
+            schedule_->describe().empty() ? std::string() : ", " + schedule_->describe());
   log::info("precision ", value_of(config_, "precision.name"), ": ", manifest);
   const auto mem = memory_->stats();
   if (mem.limit > 0)

@@ -142,14 +142,14 @@ TEST_F(ConfigTest, FarOffKeyListsTheSectionsKeys) {
 
 TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
   const auto file = write("run.ini",
-                          "[trainer]\nbatch_size = big\noptimizer = adam\nuse_scheduler = maybe\nlr = 1e-3\n"
+                          "[trainer]\nbatch_size = big\nresume = later\nuse_scheduler = maybe\nlr = 1e-3\n"
                           "[memory]\ndevice_memory_limit = 2 GiB\n");
   Config config;
   config.load_file(file);
   const std::string message = error_of([&] { validate(config, core_schema()); });
   // All problems at once, each with its place.
   EXPECT_CONTAINS(message, "run.ini:2: trainer.batch_size = 'big' is not valid: expected an integer");
-  EXPECT_CONTAINS(message, "run.ini:3: trainer.optimizer = 'adam' is not valid: expected one of adamw, sgd");
+  EXPECT_CONTAINS(message, "run.ini:3: trainer.resume = 'later' is not valid: expected one of none, auto");
   EXPECT_CONTAINS(message, "run.ini:4: trainer.use_scheduler = 'maybe' is not valid: expected a boolean");
   EXPECT_EQ(message.find("trainer.lr"), std::string::npos) << message;
   EXPECT_EQ(message.find("device_memory_limit"), std::string::npos) << message;
@@ -227,6 +227,7 @@ TEST_F(ConfigTest, TwoComponentsWithTheSameOptionEachHaveTheirOwnSection) {
   Config config;
   config.load_file(file);
   config.set_assignment("precision.name=fp32");  // what resolve_run makes of `auto` here
+  config.set_assignment("trainer.schedule=constant");
   const Resolved r = validate(config, run_schema(config, loom::testing::registry()));
   EXPECT_EQ(r.at("memory.auto_batch.margin").value, "0.1");
   EXPECT_EQ(r.at("memory.record_oom.margin").value, "0.2");
@@ -242,6 +243,7 @@ TEST_F(ConfigTest, TwoComponentsWithTheSameOptionEachHaveTheirOwnSection) {
 TEST_F(ConfigTest, TheKindsSectionIsAShorthandForTheOneSelectedComponent) {
   Config config;
   config.set_assignment("precision.name=fp32");
+  config.set_assignment("trainer.schedule=constant");
   config.set_assignment("memory.policies=oom_recovery");
   config.set_assignment("memory.max_replans=4");
   config.set_assignment("model.d_model=48");
@@ -261,6 +263,7 @@ TEST_F(ConfigTest, KeysOfComponentsTheRunDoesNotSelectAreIgnoredWithAWarningThat
   Config config;
   config.load_file(file);
   config.set_assignment("precision.name=fp32");
+  config.set_assignment("trainer.schedule=constant");
   config.set_assignment("memory.policies=oom_recovery");
   config.set_assignment("model.name=mlp_classifier");
   log::Capture log(LOOM_LOG_WARN);

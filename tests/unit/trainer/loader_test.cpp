@@ -1,7 +1,6 @@
 // The data loader: a seed fixes the order, a position resumes it exactly (also across a change
 // of micro-batch), ranks get disjoint shares, worker threads change nothing but speed.
 #include <loom/core/loader.hpp>
-#include <loom/core/optimizer.hpp>
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
@@ -117,41 +116,6 @@ TEST(Loader, TooFewSamplesForOneBatchIsAClearError) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("too few for one micro-batch of 16"), std::string::npos) << e.what();
   }
-}
-
-TEST(Schedule, WarmupThenCosine) {
-  EXPECT_DOUBLE_EQ(learning_rate(1.0, 5, 100, false, 0.1, 0.0), 1.0);
-  EXPECT_DOUBLE_EQ(learning_rate(1.0, 0, 100, true, 0.1, 0.0), 0.1);
-  EXPECT_DOUBLE_EQ(learning_rate(1.0, 9, 100, true, 0.1, 0.0), 1.0);
-  EXPECT_NEAR(learning_rate(1.0, 55, 100, true, 0.1, 0.0), 0.5, 1e-12);
-  EXPECT_NEAR(learning_rate(1.0, 100, 100, true, 0.1, 0.1), 0.1, 1e-12);
-}
-
-TEST(Optimizer, StateRoundTripsAndContinuesIdentically) {
-  auto make_param = [] {
-    at::Tensor p = at::arange(6, at::TensorOptions().dtype(at::kFloat)).reshape({2, 3}).set_requires_grad(true);
-    return p;
-  };
-  at::Tensor p1 = make_param(), p2 = make_param();
-  Optimizer a({ParameterGroup{{"w"}, {p1}, 0.01}}, {});
-  auto step = [](Optimizer& o, at::Tensor& p, double lr) {
-    p.mutable_grad() = p.detach().sin();
-    o.step(lr);
-  };
-  step(a, p1, 0.1);
-  step(a, p1, 0.1);
-  Optimizer b({ParameterGroup{{"w"}, {p2}, 0.01}}, {});
-  {
-    at::NoGradGuard g;
-    p2.copy_(p1);
-  }
-  b.load_state_dict(a.state_dict());
-  EXPECT_EQ(b.steps_taken(), 2);
-  step(a, p1, 0.1);
-  step(b, p2, 0.1);
-  EXPECT_TRUE(at::equal(p1, p2));
-  Optimizer sgd({ParameterGroup{{"w"}, {make_param()}, 0.0}}, Optimizer::Options{"sgd"});
-  EXPECT_THROW(sgd.load_state_dict(a.state_dict()), std::exception);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -285,6 +286,59 @@ TEST_F(TrainerTest, AnUnknownBestMetricIsAConfigurationErrorBeforeTheRunStarts) 
               std::string::npos) << m;
   }
   EXPECT_FALSE(fs::exists(dir_ / "typo")) << "nothing is written before the run starts";
+}
+
+// ---- parameters ----------------------------------------------------------------------------------
+
+TEST_F(TrainerTest, ATiedParameterIsOneParameterEverywhere) {
+  // One square matrix serves two layers. It must get one gradient (the sum of both uses), one
+  // moment buffer, one update, one term in the clipping norm, and count once.
+  Config c = loom::testing::config_of({"model.name=tied_model", "data.name=synthetic", "data.train_size=256",
+                                       "data.test_size=32", "data.features=12", "trainer.batch_size=32",
+                                       "trainer.max_steps=4", "trainer.seed=5", "trainer.device=cpu",
+                                       "trainer.optimizer=sgd", "optimizer.momentum=0", "trainer.schedule=constant",
+                                       "trainer.lr=0.5", "trainer.clip_grad_norm=0", "precision.name=fp32",
+                                       "memory.estimate=false", "trainer.log_every=1000", "trainer.eval_every=1000"},
+                                      dir_, "tied");
+  auto t = make(c);
+  torch::nn::Module& m = t->model().module();
+  const auto named = m.named_parameters();
+  ASSERT_TRUE(named.contains("first.weight") && named.contains("second.weight"));
+  const at::Tensor w = named["first.weight"];
+  ASSERT_TRUE(w.is_same(named["second.weight"]));
+
+  // Counted once: the memory estimate's parameter bytes are the distinct tensors'.
+  int64_t distinct = 0;
+  for (const auto& [name, p] : named.pairs())
+    if (name != "second.weight") distinct += p.numel();
+  EXPECT_EQ(t->model_states().parameters, distinct * 4);
+  EXPECT_EQ(t->model_states().trainable, distinct);
+
+  // One update with plain SGD: w <- w - lr * grad, not twice that.
+  const at::Tensor before = w.detach().clone();
+  const StepResult r = t->train_step();
+  ASSERT_FALSE(r.skipped);
+  const at::Tensor grad = w.grad().detach().clone();
+  EXPECT_TRUE(at::allclose(w, before - 0.5 * grad, 1e-6, 1e-7)) << (w - (before - 0.5 * grad)).abs().max().item<double>();
+
+  // The clipping norm counts the tied gradient once.
+  double sq = 0;
+  for (const auto& [name, p] : named.pairs())
+    if (name != "second.weight") sq += p.grad().pow(2).sum().item<double>();
+  EXPECT_NEAR(r.grad_norm, std::sqrt(sq), 1e-5 * std::sqrt(sq));
+}
+
+TEST_F(TrainerTest, OptimizerStateHasOneMomentBufferForATiedParameter) {
+  Config c = loom::testing::config_of({"model.name=tied_model", "data.name=synthetic", "data.train_size=256",
+                                       "data.test_size=32", "trainer.batch_size=32", "trainer.max_steps=2",
+                                       "trainer.device=cpu", "precision.name=fp32", "memory.estimate=false",
+                                       "trainer.log_every=1000", "trainer.eval_every=1", "trainer.checkpoint_every=1"},
+                                      dir_, "tied_state");
+  auto t = make(c);
+  t->train();
+  const Checkpoint saved = CheckpointStore::load(t->run_dir() / "checkpoints" / "step_00000002");
+  EXPECT_TRUE(saved.extra.count("optimizer.exp_avg.first.weight"));
+  EXPECT_FALSE(saved.extra.count("optimizer.exp_avg.second.weight"));
 }
 
 }  // namespace

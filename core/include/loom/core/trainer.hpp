@@ -15,11 +15,13 @@
 #include <loom/core/device_memory.hpp>
 #include <loom/core/estimator.hpp>
 #include <loom/core/loader.hpp>
+#include <loom/core/parameters.hpp>
 #include <loom/core/plugin_registry.hpp>
 
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/memory_policy.hpp>
 #include <loom/sdk/model.hpp>
+#include <loom/sdk/optimizer.hpp>
 #include <loom/sdk/parallel.hpp>
 #include <loom/sdk/precision.hpp>
 
@@ -37,16 +39,13 @@ namespace loom::core {
 
 class CheckpointStore;
 class MetricsWriter;
-class Optimizer;
 
 /// The [trainer] and [data] loader settings, read once from the resolved configuration.
 struct TrainerOptions {
   std::string name, work_dir, device;
   int64_t seed = 0, threads = 0, epochs = 1, max_steps = 0, batch_size = 128, accumulation = 1;
-  std::string optimizer = "adamw";
-  double lr = 1e-3, weight_decay = 0.05, momentum = 0.9, beta1 = 0.9, beta2 = 0.999, clip_grad_norm = 1.0;
-  bool use_scheduler = false;
-  double warmup_ratio = 0.05, min_lr_ratio = 0.0;
+  std::string optimizer = "adamw", schedule = "constant";  ///< component names (schedule resolved from auto)
+  double lr = 1e-3, clip_grad_norm = 1.0;
   int64_t reference_batch = 0;
   int64_t eval_every = 0, log_every = 10, checkpoint_every = 0, keep_last = 3;
   std::string best_metric = "accuracy";
@@ -204,6 +203,7 @@ class Trainer {
   void build_precision();
   void build_plan();
   void build_optimizer();
+  void build_schedule();
   void build_loaders();
   void open_run();
 
@@ -241,7 +241,9 @@ class Trainer {
   int64_t total_steps_ = 0;
   int64_t step_ = 0;
   int64_t skipped_steps_ = 0;
-  std::unique_ptr<Optimizer> optimizer_;
+  Parameters parameters_;
+  std::shared_ptr<sdk::Optimizer> optimizer_;
+  std::shared_ptr<sdk::Schedule> schedule_;
   std::unique_ptr<Loader> train_loader_, eval_loader_;
   std::filesystem::path run_dir_;
   std::unique_ptr<CheckpointStore> checkpoints_;

@@ -5,8 +5,9 @@
  * returning a pointer to a constant `loom_plugin_descriptor`. The function lives in the ELF
  * section `loom`, so the host can find it with a static read of the file before loading it.
  * The descriptor names the plugin, carries the fingerprint of the toolchain it was built with
- * and lists its components (a model, a dataset, a precision strategy, a memory policy or a
- * parallel strategy), each with its options schema and a factory.
+ * and lists its components (a model, a dataset, a precision strategy, a memory policy, a
+ * parallel strategy, an optimizer or a learning-rate schedule), each with its options schema
+ * and a factory.
  *
  * This header is C, uses fixed-width types only, and is the part of the SDK that never
  * breaks within an ABI major version. See docs/abi.md for the evolution rules; in short:
@@ -33,7 +34,7 @@ extern "C" {
 /* 'LOOM' read as a little-endian 32-bit word. */
 #define LOOM_ABI_MAGIC 0x4D4F4F4Cu
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 0
+#define LOOM_ABI_MINOR 1
 
 /* The entry symbol's name and the ELF section it lives in. */
 #define LOOM_ENTRY_SYMBOL "loom_plugin_entry_v1"
@@ -52,7 +53,9 @@ typedef enum loom_kind {
   LOOM_KIND_DATASET = 2,
   LOOM_KIND_PRECISION = 3,
   LOOM_KIND_MEMORY = 4,
-  LOOM_KIND_PARALLEL = 5
+  LOOM_KIND_PARALLEL = 5,
+  LOOM_KIND_OPTIMIZER = 6, /* since ABI 1.1 */
+  LOOM_KIND_SCHEDULE = 7   /* since ABI 1.1 */
 } loom_kind;
 
 /* Types of option values. Values always travel as text; the type says how the host validates

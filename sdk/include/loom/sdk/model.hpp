@@ -2,6 +2,7 @@
 #pragma once
 
 #include <loom/sdk/abi.h>
+#include <loom/sdk/optimizer.hpp>
 #include <loom/sdk/types.hpp>
 
 #include <map>
@@ -41,7 +42,7 @@ class LOOM_SDK_API Model {
   using Interface = Model;
   static constexpr uint32_t kKind = LOOM_KIND_MODEL;
   static constexpr uint32_t kInterfaceMajor = 2;
-  static constexpr uint32_t kInterfaceMinor = 0;
+  static constexpr uint32_t kInterfaceMinor = 0;  // parameter_groups() arrived with 2.0
 
   virtual ~Model() = default;
 
@@ -60,11 +61,18 @@ class LOOM_SDK_API Model {
   virtual ModelOutput forward(const Batch& batch, bool train) = 0;
 
   /// Whether a parameter gets weight decay. Default: matrices and higher; biases, norms and
-  /// scalars do not. Called once, when the optimizer is built.
+  /// scalars do not. Called once, when the optimizer is built, for the parameters that
+  /// parameter_groups() leaves out.
   virtual bool decays(const std::string& name, const at::Tensor& parameter) const {
     (void)name;
     return parameter.dim() >= 2;
   }
+
+  /// The model's own parameter groups (learning-rate scale, weight decay, frozen), after setup
+  /// and after module() moved to the device. Default: none, and the host groups the parameters
+  /// by decays(). Parameters no group names go into the host's groups the same way. See
+  /// sdk::ParameterGroup.
+  virtual std::vector<ParameterGroup> parameter_groups() { return {}; }
 
   /// The metrics forward() reports, besides the loss (which the host always reports as "loss",
   /// lower is better). Called after setup; constant afterwards. The host renames nothing: a

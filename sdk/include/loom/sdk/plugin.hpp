@@ -10,7 +10,7 @@
 //   LOOM_PLUGIN("bf16_amp", "1.0.0",
 //               loom::sdk::component<Bf16Amp>("bf16_amp", "autocast to bfloat16, no loss scaling"))
 //
-// `component<T>` needs T to derive from one of the five SDK interfaces (which fixes the kind and
+// `component<T>` needs T to derive from one of the SDK interfaces (which fixes the kind and
 // the interface version), to be constructible from `const Options&`, and optionally to have a
 // static `kOptions` array (its schema). The factory it emits catches every exception and turns
 // it into the error the host reports; nothing throws across the C boundary.

@@ -10,6 +10,7 @@
 #include <loom/sdk/log.hpp>
 #include <loom/sdk/memory_policy.hpp>
 #include <loom/sdk/model.hpp>
+#include <loom/sdk/optimizer.hpp>
 #include <loom/sdk/options.hpp>
 #include <loom/sdk/parallel.hpp>
 #include <loom/sdk/plugin.hpp>

@@ -1,0 +1,49 @@
+// The trainable parameters of a run as the optimizer sees them: the model's parameter groups (or
+// groups by weight decay), each parameter once however often the module registers it (tied
+// weights), frozen groups turned off. The host owns their gradients: it creates, zeroes and clips
+// them here; an optimizer plugin (sdk::Optimizer) only turns them into updates.
+#pragma once
+
+#include <loom/sdk/model.hpp>
+#include <loom/sdk/optimizer.hpp>
+
+#include <string>
+#include <vector>
+
+namespace loom::core {
+
+class Parameters {
+ public:
+  Parameters() = default;
+
+  /// The groups of `model` (after its setup, on its device): its parameter_groups(), and for the
+  /// parameters those leave out, a "decay" and a "no_decay" group by Model::decays. A parameter
+  /// registered under two names (tied weights) is one parameter, under its first name. Throws
+  /// Error for a group that names a tensor that is not a parameter of the module, or for a
+  /// parameter in two groups. Turns requires_grad off in frozen groups.
+  static Parameters of(sdk::Model& model);
+
+  /// The groups the optimizer updates (frozen and empty groups left out).
+  const std::vector<sdk::ParameterGroup>& trainable() const { return trainable_; }
+  /// Every distinct parameter of the module, frozen ones included.
+  const std::vector<at::Tensor>& all() const { return all_; }
+
+  /// Every trainable parameter's gradient, in a fixed order, each once (created as zeros where
+  /// missing, so the first step allocates nothing new).
+  std::vector<at::Tensor> gradients();
+  /// Sets every gradient to zero (keeps the buffers).
+  void zero_grad();
+  /// Parameters (elements), all and trainable.
+  int64_t count() const;
+  int64_t trainable_count() const;
+
+ private:
+  std::vector<sdk::ParameterGroup> trainable_;
+  std::vector<at::Tensor> all_;
+};
+
+/// Clips the gradients' global L2 norm to max_norm (no-op when max_norm <= 0); returns the norm
+/// before clipping (a 0-dim tensor, on the gradients' device). Each gradient must appear once.
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& gradients, double max_norm);
+
+}  // namespace loom::core

@@ -1,0 +1,115 @@
+// Shared by the in-tree optimizers: parameter groups, per-parameter state tensors in named slots
+// ("exp_avg", "exp_avg_sq", "step"), their state_dict round trip, and one fused update call per
+// group. A concrete optimizer says which slots it keeps, how to make one, and how to update a
+// group; see adamw/ and sgd/.
+#pragma once
+
+#include <loom/sdk/sdk.hpp>
+
+#include <ATen/core/grad_mode.h>
+
+#include <string>
+#include <vector>
+
+namespace loom::plugins {
+
+class GroupedOptimizer : public sdk::Optimizer {
+ public:
+  GroupedOptimizer(std::string kind, std::vector<std::string> slots, double weight_decay)
+      : kind_(std::move(kind)), slots_(std::move(slots)), weight_decay_(weight_decay) {}
+
+  void setup(const std::vector<sdk::ParameterGroup>& groups) override {
+    for (const auto& g : groups)
+      if (!g.params.empty() && !g.frozen) groups_.push_back({g, g.weight_decay.value_or(weight_decay_), {}});
+  }
+
+  void materialize() override {
+    if (materialized_) return;
+    for (auto& g : groups_) {
+      g.state.assign(slots_.size(), {});
+      for (size_t s = 0; s < slots_.size(); ++s)
+        for (const auto& p : g.spec.params) g.state[s].push_back(make_state(s, p));
+    }
+    materialized_ = true;
+  }
+
+  void step(double lr) override {
+    materialize();
+    at::NoGradGuard no_grad;
+    for (auto& g : groups_) {
+      std::vector<at::Tensor> params, grads;
+      std::vector<std::vector<at::Tensor>> state(slots_.size());
+      for (size_t i = 0; i < g.spec.params.size(); ++i) {
+        const at::Tensor& p = g.spec.params[i];
+        if (!p.grad().defined()) continue;
+        params.push_back(p);
+        grads.push_back(p.grad());
+        for (size_t s = 0; s < slots_.size(); ++s) state[s].push_back(g.state[s][i]);
+      }
+      if (!params.empty()) update(params, grads, state, lr * g.spec.lr_scale, g.weight_decay);
+    }
+    ++steps_;
+  }
+
+  sdk::State state_dict() const override {
+    sdk::State out;
+    out.text["kind"] = kind_;
+    out.text["steps"] = std::to_string(steps_);
+    if (!materialized_) return out;
+    for (const auto& g : groups_)
+      for (size_t s = 0; s < slots_.size(); ++s)
+        for (size_t i = 0; i < g.spec.params.size(); ++i) out.tensors[slots_[s] + "." + g.spec.names[i]] = g.state[s][i];
+    return out;
+  }
+
+  void load_state_dict(const sdk::State& state) override {
+    auto kind = state.text.find("kind");
+    if (kind == state.text.end() || kind->second != kind_)
+      throw sdk::Error("the checkpoint's optimizer is '" + (kind == state.text.end() ? std::string("?") : kind->second) +
+                       "', this run's is '" + kind_ + "'; set trainer.optimizer to match");
+    auto steps = state.text.find("steps");
+    const auto parsed = steps == state.text.end() ? std::nullopt : sdk::parse_int(steps->second);
+    if (!parsed || *parsed < 0) throw sdk::Error("the checkpoint's optimizer state has no valid step count");
+    steps_ = *parsed;
+    materialized_ = false;
+    if (state.tensors.empty()) return;  // saved before the first step
+    materialize();
+    at::NoGradGuard no_grad;
+    for (auto& g : groups_)
+      for (size_t s = 0; s < slots_.size(); ++s)
+        for (size_t i = 0; i < g.spec.params.size(); ++i) {
+          const std::string key = slots_[s] + "." + g.spec.names[i];
+          auto it = state.tensors.find(key);
+          if (it == state.tensors.end()) throw sdk::Error("the checkpoint's optimizer state has no '" + key + "'");
+          if (it->second.sizes() != g.state[s][i].sizes())
+            throw sdk::Error("the checkpoint's optimizer state '" + key + "' has shape " + c10::str(it->second.sizes()) +
+                             ", this run's has " + c10::str(g.state[s][i].sizes()));
+          g.state[s][i].copy_(it->second);
+        }
+  }
+
+ protected:
+  /// A new state tensor of slot `slot` for parameter `p` (zeros, like it).
+  virtual at::Tensor make_state(size_t slot, const at::Tensor& p) const = 0;
+  /// Updates one group's parameters that have gradients; `state[s]` holds slot s's tensors in
+  /// the parameters' order. `steps_taken()` updates came before this one.
+  virtual void update(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
+                      std::vector<std::vector<at::Tensor>>& state, double lr, double weight_decay) = 0;
+  int64_t steps_taken() const { return steps_; }
+  double weight_decay() const { return weight_decay_; }
+
+ private:
+  struct Group {
+    sdk::ParameterGroup spec;
+    double weight_decay;
+    std::vector<std::vector<at::Tensor>> state;  // [slot][parameter]
+  };
+  std::string kind_;
+  std::vector<std::string> slots_;
+  double weight_decay_;
+  std::vector<Group> groups_;
+  int64_t steps_ = 0;
+  bool materialized_ = false;
+};
+
+}  // namespace loom::plugins

@@ -1,0 +1,92 @@
+// Tier-1 interfaces of the optimizer and the learning-rate schedule, and the parameter groups a
+// model may give the optimizer.
+//
+// The host owns the parameters' gradients: it sums them over micro-batches and ranks, divides
+// them by the global count, unscales and clips them, and zeroes them. An optimizer only turns
+// gradients into an update, and keeps its own state. A schedule only says which share of the
+// peak learning rate (trainer.lr) a step uses.
+#pragma once
+
+#include <loom/sdk/abi.h>
+#include <loom/sdk/types.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::sdk {
+
+/// Parameters that share optimizer settings. A model may return its own (Model::
+/// parameter_groups: another learning rate for a pretrained encoder, no weight decay for
+/// embeddings, a frozen part); otherwise the host makes two, with and without weight decay,
+/// from Model::decays.
+///
+/// Each parameter is in one group at most. A parameter that the module registers twice (tied
+/// input and output embeddings) is one parameter: the host hands it to the optimizer once, clips
+/// and counts it once.
+struct ParameterGroup {
+  std::string name;                    ///< "decay", "no_decay", "encoder": for messages and reports
+  std::vector<std::string> names;      ///< the parameters' names (keys of module().named_parameters())
+  std::vector<at::Tensor> params;      ///< the parameters, in the same order as `names`
+  double lr_scale = 1.0;               ///< this group's learning rate is the step's x lr_scale
+  std::optional<double> weight_decay;  ///< unset: the optimizer's configured weight decay
+  bool frozen = false;                 ///< no gradient, no optimizer state (the host turns
+                                       ///< requires_grad off and does not pass the group on)
+};
+
+class LOOM_SDK_API Optimizer {
+ public:
+  using Interface = Optimizer;
+  static constexpr uint32_t kKind = LOOM_KIND_OPTIMIZER;
+  static constexpr uint32_t kInterfaceMajor = 1;
+  static constexpr uint32_t kInterfaceMinor = 0;
+
+  virtual ~Optimizer() = default;
+
+  /// The groups it updates, each trainable parameter once, already on the device. Called once,
+  /// on the main thread, before any other method. The tensors stay valid for the optimizer's life.
+  virtual void setup(const std::vector<ParameterGroup>& groups) = 0;
+
+  /// Allocates the state now rather than at the first step, so memory planning measures the
+  /// steady state. Idempotent.
+  virtual void materialize() = 0;
+
+  /// One update from the parameters' gradients (final: averaged, unscaled, clipped) with learning
+  /// rate `lr` (a group's is lr x lr_scale). A parameter without a gradient is left alone.
+  virtual void step(double lr) = 0;
+
+  /// The bytes of state it keeps for `parameter` (for the memory estimate).
+  virtual int64_t state_bytes(const at::Tensor& parameter) const = 0;
+
+  /// Its state, named by parameter ("exp_avg.<parameter name>", ...), and its restore, which
+  /// throws Error naming a missing or misshapen tensor.
+  virtual State state_dict() const = 0;
+  virtual void load_state_dict(const State& state) = 0;
+
+  /// One line for the start-up report ("adamw: betas 0.9/0.999, eps 1e-08, weight decay 0.05").
+  virtual std::string describe() const { return {}; }
+};
+
+class LOOM_SDK_API Schedule {
+ public:
+  using Interface = Schedule;
+  static constexpr uint32_t kKind = LOOM_KIND_SCHEDULE;
+  static constexpr uint32_t kInterfaceMajor = 1;
+  static constexpr uint32_t kInterfaceMinor = 0;
+
+  virtual ~Schedule() = default;
+
+  /// The share of the peak learning rate for the update at `step` (updates taken before it, so
+  /// the first is 0; steps skipped for non-finite gradients do not count) of `total`. Called on
+  /// the main thread once per step and for reports; finite and >= 0, else the host stops the run.
+  virtual double factor(int64_t step, int64_t total) const = 0;
+
+  /// State, for schedules that keep any (the host saves the step itself).
+  virtual State state_dict() const { return {}; }
+  virtual void load_state_dict(const State& state) { (void)state; }
+
+  /// One line for the start-up report ("warm-up 5 % then cosine to 0").
+  virtual std::string describe() const { return {}; }
+};
+
+}  // namespace loom::sdk

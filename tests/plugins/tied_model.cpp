@@ -1,0 +1,54 @@
+// A model for tests of tied parameters: one square matrix registered twice, as the weight of the
+// first and of the second layer (as GPT-2 ties its token embedding and its output head):
+//   x -> mean over the sequence -> W -> tanh -> W (the same W) -> head -> logits
+// named_parameters() lists W as "first.weight" and "second.weight".
+#include <loom/sdk/sdk.hpp>
+
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/tanh.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+
+namespace {
+
+class TiedModel final : public loom::sdk::Model {
+ public:
+  explicit TiedModel(const loom::sdk::Options&) {}
+
+  void setup(const loom::sdk::DataSpec& data) override {
+    const auto& shape = data.fields.at(data.input_key).shape;
+    const int64_t features = shape.back();
+    input_key_ = data.input_key;
+    target_key_ = data.target_key;
+    first_ = root_->register_module("first", std::make_shared<torch::nn::Module>("First"));
+    second_ = root_->register_module("second", std::make_shared<torch::nn::Module>("Second"));
+    weight_ = first_->register_parameter("weight", at::randn({features, features}) * (1.0 / features));
+    second_->register_parameter("weight", weight_);  // the same tensor: tied
+    head_ = root_->register_module("head", torch::nn::Linear(features, data.num_classes));
+  }
+
+  torch::nn::Module& module() override { return *root_; }
+
+  loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool) override {
+    at::Tensor x = batch.at(input_key_).to(at::kFloat);
+    if (x.dim() > 2) x = x.flatten(1, -2).mean(1);
+    const at::Tensor h = at::linear(at::tanh(at::linear(x, weight_)), weight_);
+    const at::Tensor logits = head_->forward(h);
+    const at::Tensor target = batch.at(target_key_);
+    return {at::cross_entropy_loss(logits, target, {}, at::Reduction::Sum),
+            at::scalar_tensor(static_cast<double>(target.size(0)), logits.options()), {}};
+  }
+
+ private:
+  std::string input_key_, target_key_;
+  std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("TiedModel");
+  std::shared_ptr<torch::nn::Module> first_, second_;
+  at::Tensor weight_;
+  torch::nn::Linear head_{nullptr};
+};
+
+}  // namespace
+
+LOOM_PLUGIN("tied_model", "1.0.0", loom::sdk::component<TiedModel>("tied_model", "test: one weight used by two layers"))
