@@ -53,6 +53,10 @@ Schema core_schema() {
             key(LOOM_OPTION_INT, "prefetch", "2", "batches each loader thread prepares ahead"),
             key(LOOM_OPTION_BOOL, "pin_memory", "true", "page-locked host batches and non-blocking copies (CUDA)"),
             key(LOOM_OPTION_BOOL, "shuffle", "true", "reshuffle the training data each epoch"),
+            key(LOOM_OPTION_FLOAT, "validation_fraction", "0.1",
+                "share of the training split held out for validation (fixed by trainer.seed) when the dataset has "
+                "no validation split; it picks the best checkpoint and drives early stopping, the test split is "
+                "evaluated at the end. 0: evaluate on the test split during training"),
         });
   s.add("precision", "precision",
         {

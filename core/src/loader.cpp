@@ -16,7 +16,7 @@ Loader::Loader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options 
   if (options_.micro_batch < 1) throw Error("loader: micro-batch must be at least 1");
   if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
     throw Error("loader: rank " + std::to_string(options_.rank) + " outside world of " + std::to_string(options_.world_size));
-  size_ = dataset_->size(split_);
+  size_ = options_.subset.empty() ? dataset_->size(split_) : static_cast<int64_t>(options_.subset.size());
   if (samples_per_epoch() < (options_.drop_last ? options_.micro_batch : 1))
     throw Error(std::string("the ") + sdk::split_name(split_) + " split has " + std::to_string(size_) +
                 " samples, too few for one micro-batch of " + std::to_string(options_.micro_batch) +
@@ -55,8 +55,10 @@ const std::vector<int64_t>& Loader::order(int64_t epoch) {
   }
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(samples_per_epoch()));
-  for (int64_t i = options_.rank; i < samples_per_epoch() * options_.world_size; i += options_.world_size)
-    mine.push_back(all[static_cast<size_t>(i)]);
+  for (int64_t i = options_.rank; i < samples_per_epoch() * options_.world_size; i += options_.world_size) {
+    const int64_t position = all[static_cast<size_t>(i)];
+    mine.push_back(options_.subset.empty() ? position : options_.subset[static_cast<size_t>(position)]);
+  }
   while (orders_.size() >= 2) orders_.erase(orders_.begin());
   return orders_[epoch] = std::move(mine);
 }

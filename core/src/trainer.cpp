@@ -14,10 +14,12 @@
 #include <loom/sdk/options.hpp>
 #include <loom/sdk/version.hpp>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <torch/cuda.h>
@@ -161,6 +163,9 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.prefetch = int_of(c, "data.prefetch");
   o.pin_memory = bool_of(c, "data.pin_memory");
   o.shuffle = bool_of(c, "data.shuffle");
+  o.validation_fraction = float_of(c, "data.validation_fraction");
+  if (!(o.validation_fraction >= 0 && o.validation_fraction < 1))
+    throw Error("data.validation_fraction = " + std::to_string(o.validation_fraction) + " must be in [0, 1)");
 
   auto positive = [](const char* key, int64_t v) {
     if (v < 1) throw Error(std::string(key) + " = " + std::to_string(v) + " must be at least 1");
@@ -250,7 +255,8 @@ Trainer::Trainer(Resolved config, const PluginRegistry& registry)
 
 Trainer::~Trainer() {
   train_loader_.reset();
-  eval_loader_.reset();
+  val_loader_.reset();
+  test_loader_.reset();
   if (parallel_) {
     try {
       parallel_->teardown();
@@ -468,19 +474,47 @@ void Trainer::build_loaders() {
   train.prefetch = options_.prefetch;
   train.pin_memory = options_.pin_memory;
   train.device = device_;
+
+  // Validation: the dataset's own split (interface 1.1 and newer), else a share of train held
+  // out by a permutation that depends on the seed alone, so a resumed run holds out the same.
+  Loader::Options eval = train;
+  eval.shuffle = false;
+  eval.drop_last = false;
+  eval.workers = std::min<int64_t>(train.workers, 1);
+  const bool asks_validation = registry_.require(LOOM_KIND_DATASET, value_of(config_, "data.name")).interface_minor >= 1;
+  const int64_t native = asks_validation ? dataset_->size(sdk::Split::kValidation) : 0;
+  const int64_t train_size = dataset_->size(sdk::Split::kTrain);
+  held_out_ = 0;
+  if (native > 0) {
+    val_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kValidation, eval);
+  } else if (options_.validation_fraction > 0) {
+    held_out_ = std::clamp<int64_t>(static_cast<int64_t>(std::llround(options_.validation_fraction * static_cast<double>(train_size))),
+                                    1, std::max<int64_t>(1, train_size - 1));
+    HostMemoryScope host;  // bookkeeping in host memory, not the device's budget
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(options_.seed) * 7919ULL + 17ULL);
+    const at::Tensor perm = at::randperm(train_size, gen, at::TensorOptions().dtype(at::kLong));
+    const int64_t* p = perm.data_ptr<int64_t>();
+    std::vector<int64_t> held(p, p + held_out_), kept(p + held_out_, p + train_size);
+    std::sort(held.begin(), held.end());
+    std::sort(kept.begin(), kept.end());
+    eval.subset = std::move(held);
+    train.subset = std::move(kept);
+    val_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTrain, eval);
+    eval.subset.clear();
+  }
   train_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTrain, train);
   const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;
   if (per_epoch < 1 && options_.max_steps == 0)
     throw Error("one epoch has fewer micro-batches than one optimizer step needs; lower the batch or set trainer.max_steps");
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
 
-  if (dataset_->size(sdk::Split::kTest) > 0) {
-    Loader::Options eval = train;
-    eval.shuffle = false;
-    eval.drop_last = false;
-    eval.workers = std::min<int64_t>(train.workers, 1);
-    eval_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTest, eval);
-  }
+  if (dataset_->size(sdk::Split::kTest) > 0) test_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTest, eval);
+}
+
+Loader* Trainer::eval_loader(sdk::Split split) const {
+  if (split == sdk::Split::kValidation) return val_loader_.get();
+  if (split == sdk::Split::kTest) return test_loader_.get();
+  return nullptr;
 }
 
 void Trainer::open_run() {
@@ -753,6 +787,17 @@ void Trainer::restore(const StepState& s) {
   restore_buffers(s.buffers);
 }
 
+void Trainer::report_evaluation(const EvalResult& e) {
+  const std::string prefix = e.split == sdk::Split::kValidation ? "val/" : "test/";
+  std::map<std::string, double> m{{prefix + "loss", e.loss}};
+  for (const auto& [k, v] : e.metrics) m[prefix + k] = v;
+  metrics_->write(step_, m);
+  std::string line = std::string(e.split == sdk::Split::kValidation ? "validation" : "test") + " step " +
+                     std::to_string(step_) + ": " + format_metric("loss", e.loss);
+  for (const auto& [k, v] : e.metrics) line += ", " + format_metric(k, v);
+  log::info(line, " (", format_duration(e.seconds), ")");
+}
+
 double Trainer::current_lr() const {
   // Skipped steps (non-finite gradients) do not advance the schedule.
   const double factor = schedule_->factor(step_ - skipped_steps_, total_steps_);
@@ -866,16 +911,19 @@ StepResult Trainer::train_step() {
   return result;
 }
 
-EvalResult Trainer::evaluate() {
-  if (!eval_loader_) return {};
+EvalResult Trainer::evaluate(sdk::Split split) {
+  Loader* loader = eval_loader(split);
+  if (loader == nullptr) return {};
   // Evaluation runs at the training plan's micro-batch (what training found fits), smaller when
   // it runs out of memory itself: the memory policies re-plan it as they would a step, and the
   // evaluation starts again (it changes nothing but its own sums).
   int64_t micro = std::min(plan_.micro_batch, eval_micro_batch_cap_);
   while (true) {
     try {
-      eval_loader_->set_micro_batch(micro);
-      return evaluate_once();
+      loader->set_micro_batch(micro);
+      EvalResult result = evaluate_once(*loader);
+      result.split = split;
+      return result;
     } catch (const c10::OutOfMemoryError& e) {
       model_->module().train();
       memory_->empty_cache();
@@ -898,18 +946,18 @@ EvalResult Trainer::evaluate() {
   }
 }
 
-EvalResult Trainer::evaluate_once() {
+EvalResult Trainer::evaluate_once(Loader& loader) {
   EvalResult result;
   const auto start = Clock::now();
   auto& module = model_->module();
   module.eval();
   at::NoGradGuard no_grad;
-  eval_loader_->seek({0, 0});
+  loader.seek({0, 0});
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   MetricSums sums;
-  for (int64_t i = 0; i < eval_loader_->batches_per_epoch(); ++i) {
-    const sdk::Batch batch = eval_loader_->next();
+  for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+    const sdk::Batch batch = loader.next();
     sdk::ModelOutput out;
     {
       auto guard = precision_->forward_guard();
@@ -1167,16 +1215,13 @@ TrainSummary Trainer::train() {
 
     const bool last = step_ == total_steps_;
     if (step_ % eval_every == 0 || last) {
-      if (eval_loader_) {
-        const EvalResult e = in_phase("evaluation at step " + std::to_string(step_), [&] { return evaluate(); });
+      // Validation picks the best checkpoint; without a validation split, the test split does.
+      const sdk::Split split = val_loader_ ? sdk::Split::kValidation : sdk::Split::kTest;
+      if (eval_loader(split)) {
+        const EvalResult e = in_phase("evaluation at step " + std::to_string(step_), [&] { return evaluate(split); });
         last_eval = e;
-        std::map<std::string, double> m{{"eval/loss", e.loss}};
-        for (const auto& [k, v] : e.metrics) m["eval/" + k] = v;
-        metrics_->write(step_, m);
         progress.finish();
-        std::string line = "eval step " + std::to_string(step_) + ": " + format_metric("loss", e.loss);
-        for (const auto& [k, v] : e.metrics) line += ", " + format_metric(k, v);
-        log::info(line, " (", format_duration(e.seconds), ")");
+        report_evaluation(e);
         const auto& best_spec = metric_specs_.at(options_.best_metric);
         const std::optional<double> it = e.value(best_spec.name);
         if (it && (!best || sdk::improves(best_spec.direction, *it, *best))) {
@@ -1193,6 +1238,11 @@ TrainSummary Trainer::train() {
       in_phase("saving the checkpoint of step " + std::to_string(step_), [&] { checkpoint({}); });
   }
   progress.finish();
+  // The test split, once, at the end (when validation chose the best checkpoint).
+  if (val_loader_ && test_loader_ && step_ > first_step) {
+    last_eval = in_phase("the final test evaluation", [&] { return evaluate(sdk::Split::kTest); });
+    report_evaluation(*last_eval);
+  }
   summary.steps = step_;
   summary.seconds = train_seconds;
   summary.samples_per_second = (step_ - first_step) * plan_.global() / std::max(1e-9, train_seconds);
@@ -1245,8 +1295,12 @@ void Trainer::report_startup() const {
   log::info("Loom ", LOOM_SDK_VERSION, ", LibTorch ", TORCH_VERSION, LOOM_TORCH_CUDA ? " (CUDA build)" : " (CPU build)",
             "; run folder ", run_dir_.string());
   log::info("device    ", device);
-  log::info("data      ", value_of(config_, "data.name"), ": ", dataset_->size(sdk::Split::kTrain), " train, ",
-            dataset_->size(sdk::Split::kTest), " test; ", fields,
+  const std::string validation =
+      held_out_ > 0 ? " (" + std::to_string(held_out_) + " of them held out for validation)"
+                    : val_loader_ ? ", " + std::to_string(val_loader_->samples_per_epoch()) + " validation"
+                                  : " (no validation: the test split picks the best checkpoint)";
+  log::info("data      ", value_of(config_, "data.name"), ": ", dataset_->size(sdk::Split::kTrain), " train", validation,
+            ", ", dataset_->size(sdk::Split::kTest), " test; ", fields,
             data_spec_.num_classes ? "; " + std::to_string(data_spec_.num_classes) + " classes" : std::string());
   log::info("model     ", value_of(config_, "model.name"), ": ", model_->describe(), "; ", format_count(params),
             " parameters (", format_count(trainable), " trainable, ", format_bytes(bytes), ")");

@@ -40,14 +40,16 @@ try:
     acc = EventAccumulator(os.path.join(run, "tensorboard"))
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    for tag in ("train/loss", "train/lr", "train/samples_per_s", "memory/allocated_bytes", "memory/peak_bytes", "eval/accuracy", "eval/loss"):
+    for tag in ("train/loss", "train/lr", "train/samples_per_s", "memory/allocated_bytes", "memory/peak_bytes", "val/accuracy", "val/loss", "test/accuracy", "test/loss"):
         assert tag in tags, (tag, tags)
     loss = acc.Scalars("train/loss")
     assert [e.step for e in loss] == list(range(1, 13)), [e.step for e in loss]
     jsonl = [m for m in metrics(run) if "train/loss" in m]
     for event, line in zip(loss, jsonl):
         assert abs(event.value - line["train/loss"]) < 1e-5 * max(1.0, abs(line["train/loss"])), (event, line)
-    assert [e.step for e in acc.Scalars("eval/accuracy")] == [6, 12]
+    # Validation (held out of train) at each evaluation; the test split once, at the end.
+    assert [e.step for e in acc.Scalars("val/accuracy")] == [6, 12]
+    assert [e.step for e in acc.Scalars("test/accuracy")] == [12]
     print(f"tensorboard: {len(tags)} scalar tags, train/loss at steps 1..12 matches metrics.jsonl")
 finally:
     shutil.rmtree(work, ignore_errors=True)

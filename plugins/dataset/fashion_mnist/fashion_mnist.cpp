@@ -107,10 +107,12 @@ class FashionMnist final : public loom::sdk::Dataset {
   }
 
   int64_t size(loom::sdk::Split split) const override {
+    if (split == loom::sdk::Split::kValidation) return 0;  // none: the host holds out part of train
     return (split == loom::sdk::Split::kTrain ? train_images_ : test_images_).size(0);
   }
 
   loom::sdk::Batch get_batch(loom::sdk::Split split, const std::vector<int64_t>& indices) const override {
+    if (split == loom::sdk::Split::kValidation) throw loom::sdk::Error("fashion_mnist has no validation split");
     const bool train = split == loom::sdk::Split::kTrain;
     const at::Tensor& images = train ? train_images_ : test_images_;
     const at::Tensor& labels = train ? train_labels_ : test_labels_;

@@ -70,10 +70,12 @@ class Synthetic final : public loom::sdk::Dataset {
   }
 
   int64_t size(loom::sdk::Split split) const override {
+    if (split == loom::sdk::Split::kValidation) return 0;  // none: the host holds out part of train
     return split == loom::sdk::Split::kTrain ? train_size_ : test_size_;
   }
 
   loom::sdk::Batch get_batch(loom::sdk::Split split, const std::vector<int64_t>& indices) const override {
+    if (split == loom::sdk::Split::kValidation) throw loom::sdk::Error("synthetic has no validation split");
     const bool train = split == loom::sdk::Split::kTrain;
     const int64_t n = train ? train_size_ : test_size_;
     for (int64_t i : indices)

@@ -61,6 +61,21 @@ TEST(Loader, SeedFixesTheOrderAndWorkersDoNotChangeIt) {
   EXPECT_NE(take(other_seed, 10), std::vector<int64_t>(a.begin(), a.begin() + 100));
 }
 
+TEST(Loader, ASubsetDrawsOnlyItsOwnSamplesEachOncePerEpoch) {
+  // How a validation share is held out of train: the two loaders never see each other's samples.
+  auto data = std::make_shared<Numbers>(100);
+  Loader::Options held = options(5, 0), kept = options(10, 0);
+  for (int64_t i = 0; i < 100; ++i) (i % 4 == 0 ? held.subset : kept.subset).push_back(i);
+  Loader validation(data, loom::sdk::Split::kTrain, held), train(data, loom::sdk::Split::kTrain, kept);
+  EXPECT_EQ(validation.samples_per_epoch(), 25);
+  EXPECT_EQ(train.samples_per_epoch(), 75);
+  const auto v = take(validation, 5);
+  const auto t = take(train, 7);  // 70 of the 75
+  EXPECT_EQ(std::set<int64_t>(v.begin(), v.end()), std::set<int64_t>(held.subset.begin(), held.subset.end()));
+  for (int64_t x : t) EXPECT_NE(x % 4, 0) << x << " is held out, yet the training loader gave it";
+  EXPECT_EQ(std::set<int64_t>(t.begin(), t.end()).size(), t.size());
+}
+
 TEST(Loader, PositionResumesExactlyEvenWithAnotherMicroBatch) {
   auto data = std::make_shared<Numbers>(96);
   Loader a(data, loom::sdk::Split::kTrain, options(8, 2));

@@ -132,7 +132,8 @@ TEST_F(TrainerTest, TrainWritesCheckpointsBestModelAndMetrics) {
   std::ifstream in(run / "metrics.jsonl");
   int lines = 0;
   for (std::string line; std::getline(in, line);) ++lines;
-  EXPECT_EQ(lines, 8 + 2);  // a line per step, one per evaluation
+  EXPECT_EQ(lines, 8 + 2 + 1);  // a line per step, one per validation, the test split at the end
+  EXPECT_EQ(s.final_eval->split, loom::sdk::Split::kTest);
   EXPECT_FALSE(fs::is_empty(run / "tensorboard"));
 }
 
@@ -260,7 +261,7 @@ TEST_F(TrainerTest, TheBestCheckpointFollowsTheMetricsDirection) {
     c.set_assignment("trainer.best_metric=" + metric);
     auto t = make(c);
     t->train();
-    const auto values = eval_values(t->run_dir() / "metrics.jsonl", "eval/" + metric);
+    const auto values = eval_values(t->run_dir() / "metrics.jsonl", "val/" + metric);
     ASSERT_EQ(values.size(), 8u) << metric;
     const bool lower = metric != "correct";
     // The first step among equals: a later one that is only as good does not replace it.
@@ -339,6 +340,47 @@ TEST_F(TrainerTest, OptimizerStateHasOneMomentBufferForATiedParameter) {
   const Checkpoint saved = CheckpointStore::load(t->run_dir() / "checkpoints" / "step_00000002");
   EXPECT_TRUE(saved.extra.count("optimizer.exp_avg.first.weight"));
   EXPECT_FALSE(saved.extra.count("optimizer.exp_avg.second.weight"));
+}
+
+// ---- validation --------------------------------------------------------------------------------
+
+TEST_F(TrainerTest, AShareOfTrainIsHeldOutForValidationAndTheTestSplitIsEvaluatedAtTheEnd) {
+  // synthetic has no validation split: 10 % of its 512 training samples are held out, the same
+  // ones in every run with the seed. Validation picks the best checkpoint; the test split is
+  // evaluated once, at the end, and is what the summary reports.
+  Config c = metric_run(dir_, "validation");
+  c.set_assignment("data.validation_fraction=0.25");
+  auto t = make(c);
+  const EvalResult before = t->evaluate(loom::sdk::Split::kValidation);
+  EXPECT_EQ(before.split, loom::sdk::Split::kValidation);
+  EXPECT_EQ(before.samples, 128);  // 25 % of 512
+  EXPECT_EQ(t->evaluate(loom::sdk::Split::kTest).samples, 128);  // data.test_size
+  {
+    Config same = metric_run(dir_, "validation_again");
+    same.set_assignment("data.validation_fraction=0.25");
+    auto u = make(same);
+    const EvalResult again = u->evaluate(loom::sdk::Split::kValidation);
+    EXPECT_EQ(again.loss, before.loss) << "the held-out samples depend on the seed alone";
+  }
+  const TrainSummary s = t->train();
+  ASSERT_TRUE(s.final_eval);
+  EXPECT_EQ(s.final_eval->split, loom::sdk::Split::kTest);
+  const auto val = eval_values(t->run_dir() / "metrics.jsonl", "val/loss");
+  const auto test = eval_values(t->run_dir() / "metrics.jsonl", "test/loss");
+  EXPECT_EQ(val.size(), 2u);  // eval_every 4 of 8 steps
+  ASSERT_EQ(test.size(), 1u);
+  EXPECT_EQ(test.begin()->first, 8);
+  EXPECT_NEAR(test.begin()->second, s.final_eval->loss, 1e-4);
+}
+
+TEST_F(TrainerTest, WithoutValidationTheTestSplitIsEvaluatedDuringTraining) {
+  Config c = metric_run(dir_, "no_validation");
+  c.set_assignment("data.validation_fraction=0");
+  auto t = make(c);
+  EXPECT_EQ(t->evaluate(loom::sdk::Split::kValidation).samples, 0);
+  t->train();
+  EXPECT_EQ(eval_values(t->run_dir() / "metrics.jsonl", "test/loss").size(), 2u);
+  EXPECT_TRUE(eval_values(t->run_dir() / "metrics.jsonl", "val/loss").empty());
 }
 
 }  // namespace

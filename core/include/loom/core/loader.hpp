@@ -39,6 +39,9 @@ class Loader {
     int64_t prefetch = 2;    ///< batches each worker may prepare ahead
     bool pin_memory = true;  ///< only used when `device` is CUDA
     c10::Device device{c10::kCPU};
+    /// The split's samples this loader draws from, as dataset indices (a held-out validation
+    /// share of train, or the rest); empty: the whole split.
+    std::vector<int64_t> subset;
   };
 
   struct Position {

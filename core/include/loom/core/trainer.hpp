@@ -57,6 +57,7 @@ struct TrainerOptions {
   bool estimate_memory = true;
   int64_t num_workers = 2, prefetch = 2;
   bool pin_memory = true, shuffle = true;
+  double validation_fraction = 0.1;
 
   static TrainerOptions from(const Resolved& config);
 };
@@ -72,6 +73,7 @@ struct StepResult {
 };
 
 struct EvalResult {
+  sdk::Split split = sdk::Split::kTest;
   double loss = 0;
   std::map<std::string, double> metrics;  ///< by the model's metric names; NaN where a count was 0
   int64_t samples = 0;
@@ -151,9 +153,11 @@ class Trainer {
   /// Builds what the estimator needs (device, memory, data, model, precision, optimizer).
   void setup_for_estimate();
 
-  /// Evaluates on the test split, at the training plan's micro-batch (smaller where the memory
-  /// policies re-plan it after running out of memory; then it starts again).
-  EvalResult evaluate();
+  /// Evaluates on a split (kValidation: the dataset's own, or the share of train held out by
+  /// data.validation_fraction; kTest), at the training plan's micro-batch (smaller where the
+  /// memory policies re-plan it after running out of memory; then it starts again). An empty
+  /// result (0 samples) when the run has no such split.
+  EvalResult evaluate(sdk::Split split = sdk::Split::kTest);
 
   /// Saves a checkpoint of the current step; returns its folder.
   std::filesystem::path save_checkpoint();
@@ -207,7 +211,9 @@ class Trainer {
   void build_loaders();
   void open_run();
 
-  EvalResult evaluate_once();
+  EvalResult evaluate_once(Loader& loader);
+  Loader* eval_loader(sdk::Split split) const;
+  void report_evaluation(const EvalResult& e);
   /// Per metric: (sum, count) over the micro-batches so far.
   using MetricSums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
   void add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const;
@@ -244,7 +250,8 @@ class Trainer {
   Parameters parameters_;
   std::shared_ptr<sdk::Optimizer> optimizer_;
   std::shared_ptr<sdk::Schedule> schedule_;
-  std::unique_ptr<Loader> train_loader_, eval_loader_;
+  std::unique_ptr<Loader> train_loader_, val_loader_, test_loader_;
+  int64_t held_out_ = 0;  ///< training samples held out for validation
   std::filesystem::path run_dir_;
   std::unique_ptr<CheckpointStore> checkpoints_;
   std::unique_ptr<MetricsWriter> metrics_;

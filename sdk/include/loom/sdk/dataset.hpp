@@ -16,7 +16,7 @@ class LOOM_SDK_API Dataset {
   using Interface = Dataset;
   static constexpr uint32_t kKind = LOOM_KIND_DATASET;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 0;
+  static constexpr uint32_t kInterfaceMinor = 1;  // 1.1: Split::kValidation
 
   virtual ~Dataset() = default;
 
@@ -27,7 +27,9 @@ class LOOM_SDK_API Dataset {
   /// The fields of a sample. Valid after setup; constant afterwards.
   virtual DataSpec spec() const = 0;
 
-  /// Number of samples of a split (0 when the dataset has no such split).
+  /// Number of samples of a split (0 when the dataset has no such split). The host asks for
+  /// Split::kValidation only from datasets built against interface 1.1 or newer; one that has no
+  /// validation split returns 0, and the host holds out data.validation_fraction of train.
   virtual int64_t size(Split split) const = 0;
 
   /// The samples at `indices` (each in [0, size(split))), stacked: every tensor's first

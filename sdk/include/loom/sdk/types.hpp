@@ -33,9 +33,13 @@ struct State {
   TextMap text;
 };
 
-enum class Split : int32_t { kTrain = 0, kTest = 1 };
+/// A dataset's splits. kValidation since Dataset interface 1.1: a dataset without one returns
+/// size 0 for it, and the host holds out data.validation_fraction of the training split instead.
+enum class Split : int32_t { kTrain = 0, kTest = 1, kValidation = 2 };
 
-inline const char* split_name(Split split) { return split == Split::kTrain ? "train" : "test"; }
+inline const char* split_name(Split split) {
+  return split == Split::kTrain ? "train" : split == Split::kTest ? "test" : "validation";
+}
 
 /// One field of a dataset sample: its per-sample shape (without the batch dimension) and dtype.
 struct FieldSpec {
