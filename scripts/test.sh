@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Loom's test command: set-up, build, then every test through ctest. Prints ctest's summary and
-# exits with the tests' status. Extra arguments go to ctest (e.g. -L plugins, -R Loader).
+# exits with the tests' status. Extra arguments go to ctest (e.g. -L plugins, -R PluginLoader).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/env.sh"

@@ -1,5 +1,6 @@
 // Text helpers for messages.
 #include <loom/core/text.hpp>
+#include <loom/sdk/helpers.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -51,19 +52,6 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
   return std::nullopt;
 }
 
-std::string format_bytes(int64_t bytes) {
-  if (bytes < 0) return "n/a";
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 4) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char buffer[32];
-  if (unit == 0) std::snprintf(buffer, sizeof buffer, "%lld B", static_cast<long long>(bytes));
-  else std::snprintf(buffer, sizeof buffer, "%.1f %s", value, units[unit]);
-  return buffer;
-}
+std::string format_bytes(int64_t bytes) { return sdk::format_bytes(bytes); }
 
 }  // namespace loom::core

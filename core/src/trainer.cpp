@@ -11,6 +11,7 @@
 #include <loom/core/trainer.hpp>
 
 #include <loom/sdk/compat.hpp>
+#include <loom/sdk/helpers.hpp>
 #include <loom/sdk/options.hpp>
 #include <loom/sdk/version.hpp>
 
@@ -24,9 +25,6 @@
 #include <ATen/ops/zeros.h>
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
-#if LOOM_TORCH_CUDA
-#include <ATen/cuda/CUDAContextLight.h>
-#endif
 
 #include <nlohmann/json.hpp>
 
@@ -54,9 +52,18 @@ const std::string& value_of(const Resolved& config, const std::string& key) {
   return it->second.value;
 }
 
-int64_t int_of(const Resolved& c, const std::string& key) { return *sdk::parse_int(value_of(c, key)); }
-double float_of(const Resolved& c, const std::string& key) { return *sdk::parse_float(value_of(c, key)); }
-bool bool_of(const Resolved& c, const std::string& key) { return *sdk::parse_bool(value_of(c, key)); }
+/// A resolved value as its type. validate() checked it against the schema, so a failure here is
+/// a key read with the wrong type: an error naming it, never a dereferenced empty optional.
+template <class T>
+T checked(const Resolved& c, const std::string& key, std::optional<T> (*parse)(std::string_view), const char* type) {
+  const std::string& text = value_of(c, key);
+  if (auto v = parse(text)) return *v;
+  throw Error("internal: configuration key '" + key + "' = '" + text + "' read as " + type);
+}
+int64_t int_of(const Resolved& c, const std::string& key) { return checked<int64_t>(c, key, sdk::parse_int, "an integer"); }
+double float_of(const Resolved& c, const std::string& key) { return checked<double>(c, key, sdk::parse_float, "a number"); }
+bool bool_of(const Resolved& c, const std::string& key) { return checked<bool>(c, key, sdk::parse_bool, "a boolean"); }
+int64_t bytes_of(const Resolved& c, const std::string& key) { return checked<int64_t>(c, key, sdk::parse_bytes, "a size"); }
 
 /// Runs `f`, naming `phase` in any error it throws ("evaluation at step 40: ..."), so that a
 /// failure says where the run was. An out-of-memory error that nothing recovered from is one too.
@@ -111,17 +118,6 @@ at::Generator device_generator(const c10::Device& device) { return sdk::compat::
 // as float16, but float32's exponent range, so no loss scaling, no skipped steps and no scale
 // warm-up; on older GPUs it picks float16 autocast with the dynamic loss scaler. Both are
 // explicit choices too (precision.name = fp16_amp / bf16_amp).
-int cuda_capability(const c10::Device& device) {
-#if LOOM_TORCH_CUDA
-  if (device.is_cuda() && torch::cuda::is_available()) {
-    const auto* p = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
-    return p->major * 10 + p->minor;
-  }
-#else
-  (void)device;
-#endif
-  return 0;
-}
 
 }  // namespace
 
@@ -155,7 +151,7 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.resume = value_of(c, "trainer.resume");
   o.resume_from = value_of(c, "trainer.resume_from");
   o.allow_precision_change = bool_of(c, "precision.allow_precision_change");
-  o.device_memory_limit = *sdk::parse_bytes(value_of(c, "memory.device_memory_limit"));
+  o.device_memory_limit = bytes_of(c, "memory.device_memory_limit");
   o.memory_snapshot = value_of(c, "memory.snapshot");
   o.snapshot_on_oom = bool_of(c, "memory.snapshot_on_oom");
   o.estimate_memory = bool_of(c, "memory.estimate");
@@ -203,7 +199,7 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
     const bool amp = sdk::parse_bool(get("precision.amp")).value_or(true);
     std::string choice = "fp32", why = cuda ? "CUDA device" : "CPU";
     if (cuda && amp) {
-      const int cc = cuda_capability(device == "auto" ? c10::Device(c10::kCUDA, 0) : c10::Device(device));
+      const int cc = sdk::cuda_capability(device == "auto" ? c10::Device(c10::kCUDA, 0) : c10::Device(device));
       choice = cc >= 80 ? "bf16_amp" : "fp16_amp";
       why += std::string(cc >= 80 ? " with bfloat16 (compute capability >= 8.0)" : " without bfloat16") +
              ", AMP on by default; --no-amp for float32";
@@ -460,14 +456,14 @@ void Trainer::build_schedule() {
 }
 
 void Trainer::build_loaders() {
-  Loader::Options train;
+  DataLoader::Options train;
   train.micro_batch = plan_.micro_batch;
   train.shuffle = options_.shuffle;
   train.drop_last = true;
   train.seed = static_cast<uint64_t>(options_.seed);
   train.rank = parallel_->rank();
   train.world_size = parallel_->world_size();
-  // See Note [Loader threads run operators serially]: on CPU the training step's operators
+  // See Note [Data loader threads run operators serially]: on CPU the training step's operators
   // already use every core, and a loader thread only preempts them; the in-memory datasets cost
   // little to index on the training thread.
   train.workers = options_.num_workers >= 0 ? options_.num_workers : (device_.is_cpu() ? 0 : 2);
@@ -477,7 +473,7 @@ void Trainer::build_loaders() {
 
   // Validation: the dataset's own split (interface 1.1 and newer), else a share of train held
   // out by a permutation that depends on the seed alone, so a resumed run holds out the same.
-  Loader::Options eval = train;
+  DataLoader::Options eval = train;
   eval.shuffle = false;
   eval.drop_last = false;
   eval.workers = std::min<int64_t>(train.workers, 1);
@@ -486,7 +482,7 @@ void Trainer::build_loaders() {
   const int64_t train_size = dataset_->size(sdk::Split::kTrain);
   held_out_ = 0;
   if (native > 0) {
-    val_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kValidation, eval);
+    val_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kValidation, eval);
   } else if (options_.validation_fraction > 0) {
     held_out_ = std::clamp<int64_t>(static_cast<int64_t>(std::llround(options_.validation_fraction * static_cast<double>(train_size))),
                                     1, std::max<int64_t>(1, train_size - 1));
@@ -499,19 +495,19 @@ void Trainer::build_loaders() {
     std::sort(kept.begin(), kept.end());
     eval.subset = std::move(held);
     train.subset = std::move(kept);
-    val_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTrain, eval);
+    val_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, eval);
     eval.subset.clear();
   }
-  train_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTrain, train);
+  train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
   const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;
   if (per_epoch < 1 && options_.max_steps == 0)
     throw Error("one epoch has fewer micro-batches than one optimizer step needs; lower the batch or set trainer.max_steps");
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
 
-  if (dataset_->size(sdk::Split::kTest) > 0) test_loader_ = std::make_unique<Loader>(dataset_, sdk::Split::kTest, eval);
+  if (dataset_->size(sdk::Split::kTest) > 0) test_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTest, eval);
 }
 
-Loader* Trainer::eval_loader(sdk::Split split) const {
+DataLoader* Trainer::eval_loader(sdk::Split split) const {
   if (split == sdk::Split::kValidation) return val_loader_.get();
   if (split == sdk::Split::kTest) return test_loader_.get();
   return nullptr;
@@ -561,8 +557,9 @@ void Trainer::open_run() {
         load_checkpoint(*it);
         checkpoint = *it;
         break;
+      } catch (const ResumeRefused&) {
+        throw;
       } catch (const Error& e) {
-        if (std::string(e.what()).find("refusing to") != std::string::npos) throw;
         log::warn("cannot resume from ", it->string(), ": ", e.what(), "; trying an older checkpoint");
       }
     }
@@ -585,7 +582,7 @@ sdk::TensorMap Trainer::model_tensors() const {
   return out;
 }
 
-std::string Trainer::state_json(const std::map<std::string, double>& metrics) const {
+std::string Trainer::state_json() const {
   json s;
   s["format"] = 1;
   s["loom_version"] = LOOM_SDK_VERSION;
@@ -603,10 +600,6 @@ std::string Trainer::state_json(const std::map<std::string, double>& metrics) co
                     {"state", precision.text}};
   s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
   s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}};
-  json m = json::object();
-  for (const auto& [k, v] : metrics)
-    if (std::isfinite(v)) m[k] = v;
-  s["metrics"] = m;
   return s.dump(2) + "\n";
 }
 
@@ -619,7 +612,7 @@ fs::path Trainer::save_checkpoint() {
   for (const auto& [k, t] : schedule_->state_dict().tensors) extra["schedule." + k] = t;
   extra["rng.cpu"] = cpu_generator().get_state();
   if (device_.is_cuda()) extra["rng.device"] = device_generator(device_).get_state();
-  return checkpoints_->save(step_, model_tensors(), extra, state_json({}), options_.keep_last);
+  return checkpoints_->save(step_, model_tensors(), extra, state_json(), options_.keep_last);
 }
 
 void Trainer::load_checkpoint(const fs::path& dir) {
@@ -645,7 +638,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   if (!precision_diff.empty()) {
     const std::string what = "the precision differs from the checkpoint's (" + join(precision_diff, "; ") + ")";
     if (!options_.allow_precision_change)
-      throw Error("refusing to resume from " + dir.string() + ": " + what +
+      throw ResumeRefused("refusing to resume from " + dir.string() + ": " + what +
                   ". Use the checkpoint's precision, or --set precision.allow_precision_change=true");
     log::warn(what, "; continuing because precision.allow_precision_change is set");
   }
@@ -677,7 +670,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
                              s["plan"].value("world_size", int64_t{1})};
   if (saved.global() != plan_.global())
     log::warn("the checkpoint was trained with global batch ", saved.global(), ", this run uses ", plan_.global());
-  train_loader_->seek(Loader::Position{s["loader"].value("epoch", int64_t{0}), s["loader"].value("offset", int64_t{0})});
+  train_loader_->seek(DataLoader::Position{s["loader"].value("epoch", int64_t{0}), s["loader"].value("offset", int64_t{0})});
   resumed_at_ = step_;
   log::info("resumed from ", dir.string(), " at step ", step_);
 }
@@ -696,7 +689,7 @@ void Trainer::check_model_config(const std::string& saved_name, const std::map<s
     }
   }
   if (!differences.empty())
-    throw Error("refusing to resume from " + what + ": the model configuration differs (" + join(differences, "; ") +
+    throw ResumeRefused("refusing to resume from " + what + ": the model configuration differs (" + join(differences, "; ") +
                 "). Use the checkpoint's model settings, or start a new run");
 }
 
@@ -704,9 +697,9 @@ void Trainer::restore_model(const sdk::TensorMap& tensors, const std::string& wh
   at::NoGradGuard no_grad;
   auto restore_into = [&](const std::string& key, at::Tensor into) {
     auto it = tensors.find(key);
-    if (it == tensors.end()) throw Error("refusing to load " + what + ": it has no tensor '" + key + "'");
+    if (it == tensors.end()) throw ResumeRefused("refusing to load " + what + ": it has no tensor '" + key + "'");
     if (it->second.sizes() != into.sizes())
-      throw Error("refusing to load " + what + ": tensor '" + key + "' has shape " + c10::str(it->second.sizes()) +
+      throw ResumeRefused("refusing to load " + what + ": tensor '" + key + "' has shape " + c10::str(it->second.sizes()) +
                   " in the checkpoint, " + c10::str(into.sizes()) + " in this model");
     into.copy_(it->second);
   };
@@ -912,7 +905,7 @@ StepResult Trainer::train_step() {
 }
 
 EvalResult Trainer::evaluate(sdk::Split split) {
-  Loader* loader = eval_loader(split);
+  DataLoader* loader = eval_loader(split);
   if (loader == nullptr) return {};
   // Evaluation runs at the training plan's micro-batch (what training found fits), smaller when
   // it runs out of memory itself: the memory policies re-plan it as they would a step, and the
@@ -946,7 +939,7 @@ EvalResult Trainer::evaluate(sdk::Split split) {
   }
 }
 
-EvalResult Trainer::evaluate_once(Loader& loader) {
+EvalResult Trainer::evaluate_once(DataLoader& loader) {
   EvalResult result;
   const auto start = Clock::now();
   auto& module = model_->module();
@@ -1169,11 +1162,10 @@ TrainSummary Trainer::train() {
   std::map<std::string, double> window_metrics;
   std::optional<EvalResult> last_eval;
 
-  auto checkpoint = [&](const std::map<std::string, double>& metrics) {
+  auto checkpoint = [&] {
     progress.finish();
     const auto dir = save_checkpoint();
     log::debug("checkpoint ", dir.string());
-    (void)metrics;
   };
 
   while (step_ < total_steps_) {
@@ -1227,7 +1219,7 @@ TrainSummary Trainer::train() {
         if (it && (!best || sdk::improves(best_spec.direction, *it, *best))) {
           best = *it;
           in_phase("saving the best checkpoint at step " + std::to_string(step_), [&] {
-            const json state = json::parse(state_json({}));
+            const json state = json::parse(state_json());
             checkpoints_->save_best(options_.best_metric, *it, step_, model_tensors(),
                                     {{"model", state["model"].dump()}, {"data", state["data"].dump()}});
           });
@@ -1235,7 +1227,7 @@ TrainSummary Trainer::train() {
       }
     }
     if (step_ % checkpoint_every == 0 || last)
-      in_phase("saving the checkpoint of step " + std::to_string(step_), [&] { checkpoint({}); });
+      in_phase("saving the checkpoint of step " + std::to_string(step_), [&] { checkpoint(); });
   }
   progress.finish();
   // The test split, once, at the end (when validation chose the best checkpoint).

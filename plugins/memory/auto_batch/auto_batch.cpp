@@ -14,7 +14,7 @@
 // $LOOM_CACHE/auto_batch.tsv.
 // Probes run forward and backward only, restore the RNG and zero the gradients: weights,
 // optimizer and data order are as if no search had happened.
-#include "../batch_split.hpp"
+#include <loom/sdk/helpers.hpp>
 
 #include <loom/sdk/sdk.hpp>
 
@@ -109,10 +109,10 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     }
     const int64_t world = context.plan.world_size;
     if (context.global_batch_given)
-      context.plan = loom::plugins::split_global_batch(context.global_batch, world, chosen);
+      context.plan = loom::sdk::split_global_batch(context.global_batch, world, chosen);
     else
       context.plan = loom::sdk::BatchPlan{chosen, 1, world};
-    loom::sdk::log::info("plan ", loom::plugins::plan_text(context.plan));
+    loom::sdk::log::info("plan ", loom::sdk::plan_text(context.plan));
   }
 
   std::string describe() const override { return description_.empty() ? "auto_batch" : description_; }
@@ -148,7 +148,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     }
     if (p1 < 0 || p1 > cap)
       throw loom::sdk::Error("auto_batch: even a micro-batch of " + std::to_string(b1) + " does not fit under the cap of " +
-                             loom::plugins::bytes_text(cap) + "; lower the model size, use AMP, or raise the cap");
+                             loom::sdk::format_bytes(cap) + "; lower the model size, use AMP, or raise the cap");
     if (b2 == b1) {
       converged_ = true;
       return b1;
@@ -201,8 +201,8 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
       }
     }
     const int64_t chosen = best;
-    loom::sdk::log::info("micro-batch ", chosen, " fits (peak ", loom::plugins::bytes_text(best_peak), " of ",
-                         loom::plugins::bytes_text(cap), "; ", probes_, " probes)");
+    loom::sdk::log::info("micro-batch ", chosen, " fits (peak ", loom::sdk::format_bytes(best_peak), " of ",
+                         loom::sdk::format_bytes(cap), "; ", probes_, " probes)");
     description_ = "auto_batch: micro-batch " + std::to_string(chosen) + " (" + std::to_string(probes_) + " probes)";
     return chosen;
   }

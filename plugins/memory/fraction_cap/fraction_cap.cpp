@@ -3,7 +3,7 @@
 // Loom's budget allocator (of the --device-memory-limit, or of the machine's memory). Past the
 // cap an allocation fails with c10::OutOfMemoryError, which oom_recovery can handle, instead of
 // spilling into slow shared memory (Windows/WDDM) or starving other processes.
-#include "../batch_split.hpp"
+#include <loom/sdk/helpers.hpp>
 
 #include <loom/sdk/sdk.hpp>
 
@@ -35,8 +35,8 @@ class FractionCap final : public loom::sdk::MemoryPolicy {
   std::string describe() const override {
     char line[256];
     std::snprintf(line, sizeof line, "fraction_cap: %.0f %% of %s = %s; %s left for the system and other processes",
-                  100 * fraction_, loom::plugins::bytes_text(total_).c_str(), loom::plugins::bytes_text(cap_).c_str(),
-                  loom::plugins::bytes_text(total_ - cap_).c_str());
+                  100 * fraction_, loom::sdk::format_bytes(total_).c_str(), loom::sdk::format_bytes(cap_).c_str(),
+                  loom::sdk::format_bytes(total_ - cap_).c_str());
     return line;
   }
 

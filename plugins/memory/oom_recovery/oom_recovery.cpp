@@ -1,7 +1,7 @@
 // oom_recovery: when a step runs out of memory, halve the micro-batch and double the
 // accumulation (the global batch stays), and let the host replay the step from its saved
 // state. At micro-batch 1 it gives up and the host reports the error with advice.
-#include "../batch_split.hpp"
+#include <loom/sdk/helpers.hpp>
 
 #include <loom/sdk/sdk.hpp>
 
@@ -20,14 +20,14 @@ class OomRecovery final : public loom::sdk::MemoryPolicy {
   bool on_oom(loom::sdk::OomContext& context) override {
     const auto old = context.plan;
     if (old.micro_batch <= 1 || replans_ >= max_replans_) return false;
-    context.plan = loom::plugins::split_global_batch(old.global(), old.world_size, old.micro_batch / 2);
+    context.plan = loom::sdk::split_global_batch(old.global(), old.world_size, old.micro_batch / 2);
     ++replans_;
     if (context.evaluation)
       loom::sdk::log::warn("out of memory in the evaluation after step ", context.step, ": micro-batch ", old.micro_batch,
                            " -> ", context.plan.micro_batch, ", evaluating again");
     else
-      loom::sdk::log::warn("out of memory at step ", context.step, ": re-planning ", loom::plugins::plan_text(old), " -> ",
-                           loom::plugins::plan_text(context.plan), " and replaying the step");
+      loom::sdk::log::warn("out of memory at step ", context.step, ": re-planning ", loom::sdk::plan_text(old), " -> ",
+                           loom::sdk::plan_text(context.plan), " and replaying the step");
     return true;
   }
 

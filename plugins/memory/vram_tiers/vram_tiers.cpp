@@ -1,7 +1,7 @@
 // vram_tiers: the seeds' table, device memory -> micro-batch (>= 20 GB: 128, 10-20 GB: 64,
 // < 10 GB: 32), configurable. With a global batch configured it keeps it and chooses the
 // accumulation; without one the tier's batch becomes the global batch, as the seeds do.
-#include "../batch_split.hpp"
+#include <loom/sdk/helpers.hpp>
 
 #include <loom/sdk/sdk.hpp>
 
@@ -49,14 +49,14 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
       }
     const int64_t world = context.plan.world_size;
     if (context.global_batch_given) {
-      context.plan = loom::plugins::split_global_batch(context.global_batch, world, tier_batch);
+      context.plan = loom::sdk::split_global_batch(context.global_batch, world, tier_batch);
     } else {
       context.plan = loom::sdk::BatchPlan{tier_batch, 1, world};
     }
     char memory_text[32];
     std::snprintf(memory_text, sizeof memory_text, "%.1f GB", static_cast<double>(memory) / 1e9);
     description_ = std::string("vram_tiers: device memory ") + memory_text + " -> " +
-                   loom::plugins::plan_text(context.plan);  // the host logs it with the plan
+                   loom::sdk::plan_text(context.plan);  // the host logs it with the plan
   }
 
   std::string describe() const override { return description_.empty() ? "vram_tiers" : description_; }

@@ -1,6 +1,6 @@
 // bf16_amp: autocast to bfloat16, no loss scaling (bfloat16 has float32's exponent range). On
 // CUDA it needs compute capability 8.0 (Ampere) or newer; on CPU it works everywhere.
-#include "../precision_common.hpp"
+#include <loom/sdk/sdk.hpp>
 
 namespace {
 
@@ -15,7 +15,7 @@ class Bf16Amp final : public loom::sdk::PrecisionStrategy {
   void setup(const c10::Device& device) override {
     device_type_ = device.type();
     if (device.is_cuda()) {
-      const int cc = loom::plugins::cuda_capability(device);
+      const int cc = loom::sdk::cuda_capability(device);
       if (cc < 80)
         throw loom::sdk::Error("bf16_amp needs a GPU with bfloat16 tensor cores (compute capability 8.0, Ampere, or "
                                "newer); " + device.str() + " has " + std::to_string(cc / 10) + "." +
@@ -23,7 +23,7 @@ class Bf16Amp final : public loom::sdk::PrecisionStrategy {
     } else if (!device.is_cpu()) {
       throw loom::sdk::Error("bf16_amp runs on CUDA or CPU, not on " + device.str());
     }
-    loom::plugins::set_tf32(tf32_ && device.is_cuda());
+    loom::sdk::set_tf32(tf32_ && device.is_cuda());
   }
 
   std::unique_ptr<loom::sdk::Guard> forward_guard() override {

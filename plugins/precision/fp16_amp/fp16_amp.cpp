@@ -1,6 +1,6 @@
 // fp16_amp: autocast to float16 with loss scaling, dynamic (PyTorch's GradScaler policy) or
 // static (`loss_scale = 512`, mmcv's `fp16 = dict(loss_scale=512.0)`; any positive number).
-#include "../precision_common.hpp"
+#include <loom/sdk/sdk.hpp>
 
 namespace {
 
@@ -44,7 +44,7 @@ class Fp16Amp final : public loom::sdk::PrecisionStrategy {
     } else if (!device.is_cuda()) {
       throw loom::sdk::Error("fp16_amp runs on CUDA (or, slowly, CPU), not on " + device.str());
     }
-    loom::plugins::set_tf32(tf32_ && device.is_cuda());
+    loom::sdk::set_tf32(tf32_ && device.is_cuda());
   }
 
   std::unique_ptr<loom::sdk::Guard> forward_guard() override {

@@ -1,7 +1,7 @@
 // tf32: float32 parameters and activations, with TF32 tensor-core matmuls and cuDNN
 // convolutions on CUDA (Ampere and newer). On CPU TF32 does not exist: the run is plain float32,
 // and the plugin says so once.
-#include "../precision_common.hpp"
+#include <loom/sdk/sdk.hpp>
 
 namespace {
 
@@ -14,13 +14,13 @@ class Tf32 final : public loom::sdk::PrecisionStrategy {
     if (!on_gpu_) {
       loom::sdk::log::info("tf32: TF32 is a CUDA tensor-core mode and does not apply on ", device.str(),
                            "; training in plain float32");
-      loom::plugins::set_tf32(false);
+      loom::sdk::set_tf32(false);
       return;
     }
-    if (loom::plugins::cuda_capability(device) < 80)
+    if (loom::sdk::cuda_capability(device) < 80)
       loom::sdk::log::warn("tf32: ", device.str(), " has no TF32 tensor cores (compute capability < 8.0); "
                            "matmuls run in float32");
-    loom::plugins::set_tf32(true);
+    loom::sdk::set_tf32(true);
   }
 
   std::unique_ptr<loom::sdk::Guard> forward_guard() override { return std::make_unique<loom::sdk::Guard>(); }

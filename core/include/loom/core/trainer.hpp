@@ -14,7 +14,7 @@
 #include <loom/core/config.hpp>
 #include <loom/core/device_memory.hpp>
 #include <loom/core/estimator.hpp>
-#include <loom/core/loader.hpp>
+#include <loom/core/data_loader.hpp>
 #include <loom/core/parameters.hpp>
 #include <loom/core/plugin_registry.hpp>
 
@@ -102,7 +102,7 @@ struct TrainSummary {
 /// Where a step starts: enough to replay it, or to resume there.
 struct StepState {
   int64_t step = 0;
-  Loader::Position loader;
+  DataLoader::Position loader;
   at::Tensor cpu_rng;
   at::Tensor device_rng;
   std::vector<at::Tensor> buffers;  ///< the model's buffers, in named_buffers() order
@@ -211,8 +211,8 @@ class Trainer {
   void build_loaders();
   void open_run();
 
-  EvalResult evaluate_once(Loader& loader);
-  Loader* eval_loader(sdk::Split split) const;
+  EvalResult evaluate_once(DataLoader& loader);
+  DataLoader* eval_loader(sdk::Split split) const;
   void report_evaluation(const EvalResult& e);
   /// Per metric: (sum, count) over the micro-batches so far.
   using MetricSums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
@@ -221,7 +221,7 @@ class Trainer {
   std::map<std::string, double> reduce_metrics(MetricSums& sums) const;
   std::vector<std::string> metric_names() const;
   double current_lr() const;
-  std::string state_json(const std::map<std::string, double>& metrics) const;
+  std::string state_json() const;
   sdk::TensorMap model_tensors() const;
   void restore_model(const sdk::TensorMap& tensors, const std::string& what);
   void check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved_config,
@@ -250,7 +250,7 @@ class Trainer {
   Parameters parameters_;
   std::shared_ptr<sdk::Optimizer> optimizer_;
   std::shared_ptr<sdk::Schedule> schedule_;
-  std::unique_ptr<Loader> train_loader_, val_loader_, test_loader_;
+  std::unique_ptr<DataLoader> train_loader_, val_loader_, test_loader_;
   int64_t held_out_ = 0;  ///< training samples held out for validation
   std::filesystem::path run_dir_;
   std::unique_ptr<CheckpointStore> checkpoints_;

@@ -7,6 +7,7 @@
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/error.hpp>
 #include <loom/sdk/fingerprint.hpp>
+#include <loom/sdk/helpers.hpp>
 #include <loom/sdk/log.hpp>
 #include <loom/sdk/memory_policy.hpp>
 #include <loom/sdk/model.hpp>

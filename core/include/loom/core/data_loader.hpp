@@ -26,7 +26,7 @@
 
 namespace loom::core {
 
-class Loader {
+class DataLoader {
  public:
   struct Options {
     int64_t micro_batch = 32;
@@ -49,10 +49,10 @@ class Loader {
     int64_t offset = 0;  ///< samples of this rank's share of the epoch already handed out
   };
 
-  Loader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options options);
-  ~Loader();
-  Loader(const Loader&) = delete;
-  Loader& operator=(const Loader&) = delete;
+  DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
 
   /// The next micro-batch, on the device. Crosses into the next epoch when this one is used up.
   sdk::Batch next();

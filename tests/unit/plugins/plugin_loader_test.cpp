@@ -65,7 +65,7 @@ TEST_P(BrokenPlugin, IsRefusedWithItsOwnReason) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Loader, BrokenPlugin,
+    PluginLoader, BrokenPlugin,
     testing::Values(
         BrokenCase{"libloom_dataset_broken_not_elf.so", "static-check", "not a shared library"},
         BrokenCase{"libloom_dataset_broken_no_entry.so", "static-check", "no entry symbol loom_plugin_entry_v1"},
@@ -85,7 +85,7 @@ INSTANTIATE_TEST_SUITE_P(
       return name.substr(0, name.size() - 3);
     });
 
-TEST(Loader, RefusesExactlyTheBrokenFilesAndLoadsTheRest) {
+TEST(PluginLoader, RefusesExactlyTheBrokenFilesAndLoadsTheRest) {
   auto& registry = shared_registry();
   EXPECT_EQ(registry.refusals().size(), 12u);
   std::vector<std::string> loaded;
@@ -95,7 +95,7 @@ TEST(Loader, RefusesExactlyTheBrokenFilesAndLoadsTheRest) {
   EXPECT_EQ(loaded, (std::vector<std::string>{"basic_counting", "broken_factory_throws"}));
 }
 
-TEST(Loader, GoodPluginDescribesItself) {
+TEST(PluginLoader, GoodPluginDescribesItself) {
   const auto* c = shared_registry().find(LOOM_KIND_DATASET, "counting");
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->plugin->name, "basic_counting");
@@ -108,13 +108,13 @@ TEST(Loader, GoodPluginDescribesItself) {
   EXPECT_EQ(c->options[1].choices, "flat|square");
 }
 
-TEST(Loader, EntryPointSitsInTheLoomSection) {
+TEST(PluginLoader, EntryPointSitsInTheLoomSection) {
   boost::dll::library_info info(kDir / "libloom_dataset_basic_counting.so");
   const auto symbols = info.symbols("loom");
   EXPECT_NE(std::find(symbols.begin(), symbols.end(), "loom_plugin_entry_v1"), symbols.end());
 }
 
-TEST(Loader, CreatesAComponentAndCallsItAcrossTheBoundary) {
+TEST(PluginLoader, CreatesAComponentAndCallsItAcrossTheBoundary) {
   auto dataset = shared_registry().create<loom::sdk::Dataset>("counting", {{"size", "5"}});
   ASSERT_NE(dataset, nullptr);
   dataset->setup();
@@ -129,7 +129,7 @@ TEST(Loader, CreatesAComponentAndCallsItAcrossTheBoundary) {
   EXPECT_THROW(dataset->get_batch(loom::sdk::Split::kTrain, {5}), loom::Error);
 }
 
-TEST(Loader, FactoryErrorsBecomeOneClearError) {
+TEST(PluginLoader, FactoryErrorsBecomeOneClearError) {
   try {
     shared_registry().create<loom::sdk::Dataset>("exploding");
     FAIL() << "expected loom::Error";
@@ -149,11 +149,11 @@ TEST(Loader, FactoryErrorsBecomeOneClearError) {
   EXPECT_NE(shared_registry().create<loom::sdk::Dataset>("counting"), nullptr);
 }
 
-TEST(Loader, UnknownOptionIsRefusedBeforeTheFactoryRuns) {
+TEST(PluginLoader, UnknownOptionIsRefusedBeforeTheFactoryRuns) {
   EXPECT_THROW(shared_registry().create<loom::sdk::Dataset>("counting", {{"sise", "3"}}), loom::Error);
 }
 
-TEST(Loader, NamingARefusedComponentSaysWhy) {
+TEST(PluginLoader, NamingARefusedComponentSaysWhy) {
   try {
     shared_registry().require(LOOM_KIND_DATASET, "broken_torch_version");
     FAIL();
@@ -171,7 +171,7 @@ TEST(Loader, NamingARefusedComponentSaysWhy) {
   }
 }
 
-TEST(Loader, NamingAMissingComponentListsWhatThereIs) {
+TEST(PluginLoader, NamingAMissingComponentListsWhatThereIs) {
   try {
     shared_registry().require(LOOM_KIND_DATASET, "countin");
     FAIL();
@@ -188,7 +188,7 @@ TEST(Loader, NamingAMissingComponentListsWhatThereIs) {
   }
 }
 
-TEST(Loader, ComponentsKeepTheirLibraryAliveAfterTheRegistryIsGone) {
+TEST(PluginLoader, ComponentsKeepTheirLibraryAliveAfterTheRegistryIsGone) {
   std::shared_ptr<loom::sdk::Dataset> dataset;
   {
     PluginRegistry registry;
@@ -199,7 +199,7 @@ TEST(Loader, ComponentsKeepTheirLibraryAliveAfterTheRegistryIsGone) {
   EXPECT_EQ(dataset->get_batch(loom::sdk::Split::kTrain, {2}).at("input")[0][0].item<float>(), 2.0f);
 }
 
-TEST(Loader, LoadingAFileTwiceIsHarmless) {
+TEST(PluginLoader, LoadingAFileTwiceIsHarmless) {
   PluginRegistry registry;
   const auto first = registry.load(kDir / "libloom_dataset_basic_counting.so");
   const auto second = registry.load(kDir / "libloom_dataset_basic_counting.so");
@@ -209,7 +209,7 @@ TEST(Loader, LoadingAFileTwiceIsHarmless) {
   EXPECT_TRUE(registry.refusals().empty());
 }
 
-TEST(Loader, SearchPathHasThePluginFolderBesideTheExecutableThenTheEnvironment) {
+TEST(PluginLoader, SearchPathHasThePluginFolderBesideTheExecutableThenTheEnvironment) {
   ::setenv("LOOM_PLUGIN_PATH", "/tmp/a:/tmp/b", 1);
   const auto dirs = PluginRegistry::search_path({"/tmp/c"});
   ::unsetenv("LOOM_PLUGIN_PATH");
@@ -221,7 +221,7 @@ TEST(Loader, SearchPathHasThePluginFolderBesideTheExecutableThenTheEnvironment) 
   for (const auto& d : dirs) EXPECT_NE(d, fs::current_path());
 }
 
-TEST(Loader, APathThatIsNoPluginFileIsRefusedByName) {
+TEST(PluginLoader, APathThatIsNoPluginFileIsRefusedByName) {
   // A missing path says so (not "not a shared library (iostream error)"); a folder or a FIFO is
   // refused before anything opens it, so reading it cannot hang.
   const fs::path dir = fs::temp_directory_path() / ("loom_loader_paths_" + std::to_string(::getpid()));

@@ -1,6 +1,6 @@
 // The data loader. See loader.hpp.
 #include <loom/core/error.hpp>
-#include <loom/core/loader.hpp>
+#include <loom/core/data_loader.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
@@ -11,7 +11,7 @@
 
 namespace loom::core {
 
-Loader::Loader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options options)
+DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options options)
     : dataset_(std::move(dataset)), split_(split), options_(options) {
   if (options_.micro_batch < 1) throw Error("loader: micro-batch must be at least 1");
   if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
@@ -25,7 +25,7 @@ Loader::Loader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options 
   for (int64_t i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
 }
 
-Loader::~Loader() {
+DataLoader::~DataLoader() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -34,14 +34,14 @@ Loader::~Loader() {
   for (auto& t : threads_) t.join();
 }
 
-int64_t Loader::samples_per_epoch() const { return size_ / options_.world_size; }
+int64_t DataLoader::samples_per_epoch() const { return size_ / options_.world_size; }
 
-int64_t Loader::batches_per_epoch() const {
+int64_t DataLoader::batches_per_epoch() const {
   const int64_t n = samples_per_epoch();
   return options_.drop_last ? n / options_.micro_batch : (n + options_.micro_batch - 1) / options_.micro_batch;
 }
 
-const std::vector<int64_t>& Loader::order(int64_t epoch) {
+const std::vector<int64_t>& DataLoader::order(int64_t epoch) {
   auto it = orders_.find(epoch);
   if (it != orders_.end()) return it->second;
   std::vector<int64_t> all(static_cast<size_t>(size_));
@@ -63,7 +63,7 @@ const std::vector<int64_t>& Loader::order(int64_t epoch) {
   return orders_[epoch] = std::move(mine);
 }
 
-void Loader::restart() {
+void DataLoader::restart() {
   std::lock_guard<std::mutex> lock(mutex_);
   ++generation_;
   jobs_.clear();
@@ -74,18 +74,18 @@ void Loader::restart() {
   next_sequence_ = next_to_hand_ = 0;
 }
 
-void Loader::seek(Position position) {
+void DataLoader::seek(Position position) {
   position_ = position;
   restart();
 }
 
-void Loader::set_micro_batch(int64_t micro_batch) {
+void DataLoader::set_micro_batch(int64_t micro_batch) {
   if (micro_batch < 1) throw Error("loader: micro-batch must be at least 1");
   options_.micro_batch = micro_batch;
   restart();
 }
 
-void Loader::schedule() {
+void DataLoader::schedule() {
   const uint64_t depth = static_cast<uint64_t>(std::max<int64_t>(1, options_.workers * options_.prefetch));
   const int64_t spe = samples_per_epoch();
   std::unique_lock<std::mutex> lock(mutex_);
@@ -108,22 +108,22 @@ void Loader::schedule() {
   if (added) work_ready_.notify_all();
 }
 
-sdk::Batch Loader::fetch(const std::vector<int64_t>& indices) const {
+sdk::Batch DataLoader::fetch(const std::vector<int64_t>& indices) const {
   sdk::Batch batch = dataset_->get_batch(split_, indices);
   if (options_.pin_memory && options_.device.is_cuda())
     for (auto& [name, t] : batch) t = t.pin_memory();
   return batch;
 }
 
-sdk::Batch Loader::to_device(sdk::Batch batch) const {
+sdk::Batch DataLoader::to_device(sdk::Batch batch) const {
   if (options_.device.is_cpu()) return batch;
   const bool non_blocking = options_.pin_memory;
   for (auto& [name, t] : batch) t = t.to(options_.device, /*non_blocking=*/non_blocking);
   return batch;
 }
 
-void Loader::worker_loop() {
-  // Note [Loader threads run operators serially]
+void DataLoader::worker_loop() {
+  // Note [Data loader threads run operators serially]
   // An ATen operator called from a thread that is not in a parallel region may start its own
   // team of intra-op threads (with OpenMP, one team per calling thread, whose threads spin after
   // each region). On a machine with as many cores as intra-op threads that steals time from the
@@ -153,7 +153,7 @@ void Loader::worker_loop() {
   }
 }
 
-sdk::Batch Loader::next() {
+sdk::Batch DataLoader::next() {
   schedule();
   sdk::Batch batch;
   {

@@ -1,6 +1,6 @@
 // The data loader: a seed fixes the order, a position resumes it exactly (also across a change
 // of micro-batch), ranks get disjoint shares, worker threads change nothing but speed.
-#include <loom/core/loader.hpp>
+#include <loom/core/data_loader.hpp>
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
@@ -30,7 +30,7 @@ class Numbers final : public loom::sdk::Dataset {
   int64_t n_;
 };
 
-std::vector<int64_t> take(Loader& loader, int batches) {
+std::vector<int64_t> take(DataLoader& loader, int batches) {
   std::vector<int64_t> out;
   for (int i = 0; i < batches; ++i) {
     const auto b = loader.next().at("x");
@@ -39,34 +39,34 @@ std::vector<int64_t> take(Loader& loader, int batches) {
   return out;
 }
 
-Loader::Options options(int64_t micro, int64_t workers, uint64_t seed = 3) {
-  Loader::Options o;
+DataLoader::Options options(int64_t micro, int64_t workers, uint64_t seed = 3) {
+  DataLoader::Options o;
   o.micro_batch = micro;
   o.workers = workers;
   o.seed = seed;
   return o;
 }
 
-TEST(Loader, SeedFixesTheOrderAndWorkersDoNotChangeIt) {
+TEST(DataLoader, SeedFixesTheOrderAndWorkersDoNotChangeIt) {
   auto data = std::make_shared<Numbers>(100);
-  Loader sync(data, loom::sdk::Split::kTrain, options(10, 0));
-  Loader threaded(data, loom::sdk::Split::kTrain, options(10, 3));
+  DataLoader sync(data, loom::sdk::Split::kTrain, options(10, 0));
+  DataLoader threaded(data, loom::sdk::Split::kTrain, options(10, 3));
   const auto a = take(sync, 25), b = take(threaded, 25);  // two and a half epochs
   EXPECT_EQ(a, b);
   // Each epoch is a permutation, and the next epoch is a different one.
   std::set<int64_t> first(a.begin(), a.begin() + 100);
   EXPECT_EQ(first.size(), 100u);
   EXPECT_NE(std::vector<int64_t>(a.begin(), a.begin() + 100), std::vector<int64_t>(a.begin() + 100, a.begin() + 200));
-  Loader other_seed(data, loom::sdk::Split::kTrain, options(10, 0, 4));
+  DataLoader other_seed(data, loom::sdk::Split::kTrain, options(10, 0, 4));
   EXPECT_NE(take(other_seed, 10), std::vector<int64_t>(a.begin(), a.begin() + 100));
 }
 
-TEST(Loader, ASubsetDrawsOnlyItsOwnSamplesEachOncePerEpoch) {
+TEST(DataLoader, ASubsetDrawsOnlyItsOwnSamplesEachOncePerEpoch) {
   // How a validation share is held out of train: the two loaders never see each other's samples.
   auto data = std::make_shared<Numbers>(100);
-  Loader::Options held = options(5, 0), kept = options(10, 0);
+  DataLoader::Options held = options(5, 0), kept = options(10, 0);
   for (int64_t i = 0; i < 100; ++i) (i % 4 == 0 ? held.subset : kept.subset).push_back(i);
-  Loader validation(data, loom::sdk::Split::kTrain, held), train(data, loom::sdk::Split::kTrain, kept);
+  DataLoader validation(data, loom::sdk::Split::kTrain, held), train(data, loom::sdk::Split::kTrain, kept);
   EXPECT_EQ(validation.samples_per_epoch(), 25);
   EXPECT_EQ(train.samples_per_epoch(), 75);
   const auto v = take(validation, 5);
@@ -76,34 +76,34 @@ TEST(Loader, ASubsetDrawsOnlyItsOwnSamplesEachOncePerEpoch) {
   EXPECT_EQ(std::set<int64_t>(t.begin(), t.end()).size(), t.size());
 }
 
-TEST(Loader, PositionResumesExactlyEvenWithAnotherMicroBatch) {
+TEST(DataLoader, PositionResumesExactlyEvenWithAnotherMicroBatch) {
   auto data = std::make_shared<Numbers>(96);
-  Loader a(data, loom::sdk::Split::kTrain, options(8, 2));
+  DataLoader a(data, loom::sdk::Split::kTrain, options(8, 2));
   take(a, 5);
-  const Loader::Position at = a.position();
+  const DataLoader::Position at = a.position();
   EXPECT_EQ(at.epoch, 0);
   EXPECT_EQ(at.offset, 40);
   const auto rest = take(a, 12);  // crosses into epoch 1
 
-  Loader b(data, loom::sdk::Split::kTrain, options(8, 2));
+  DataLoader b(data, loom::sdk::Split::kTrain, options(8, 2));
   b.seek(at);
   EXPECT_EQ(take(b, 12), rest);
 
-  Loader c(data, loom::sdk::Split::kTrain, options(8, 2));
+  DataLoader c(data, loom::sdk::Split::kTrain, options(8, 2));
   c.seek(at);
   c.set_micro_batch(4);  // OOM recovery halves the micro-batch: the same samples follow
   const auto halves = take(c, 14);
   EXPECT_EQ(std::vector<int64_t>(halves.begin(), halves.begin() + 56), std::vector<int64_t>(rest.begin(), rest.begin() + 56));
 }
 
-TEST(Loader, RanksTakeDisjointShares) {
+TEST(DataLoader, RanksTakeDisjointShares) {
   auto data = std::make_shared<Numbers>(103);
   std::set<int64_t> seen;
   for (int64_t rank = 0; rank < 4; ++rank) {
     auto o = options(5, 1);
     o.rank = rank;
     o.world_size = 4;
-    Loader l(data, loom::sdk::Split::kTrain, o);
+    DataLoader l(data, loom::sdk::Split::kTrain, o);
     EXPECT_EQ(l.samples_per_epoch(), 25);
     EXPECT_EQ(l.batches_per_epoch(), 5);
     for (int64_t v : take(l, 5)) EXPECT_TRUE(seen.insert(v).second) << v << " given to two ranks";
@@ -111,22 +111,22 @@ TEST(Loader, RanksTakeDisjointShares) {
   EXPECT_EQ(seen.size(), 100u);  // 3 samples of the tail dropped so every rank steps alike
 }
 
-TEST(Loader, EvaluationOrderCoversEverySampleOnce) {
+TEST(DataLoader, EvaluationOrderCoversEverySampleOnce) {
   auto data = std::make_shared<Numbers>(23);
   auto o = options(5, 1);
   o.shuffle = false;
   o.drop_last = false;
-  Loader l(data, loom::sdk::Split::kTest, o);
+  DataLoader l(data, loom::sdk::Split::kTest, o);
   EXPECT_EQ(l.batches_per_epoch(), 5);
   const auto all = take(l, 5);
   ASSERT_EQ(all.size(), 23u);
   for (int64_t i = 0; i < 23; ++i) EXPECT_EQ(all[i], i);
 }
 
-TEST(Loader, TooFewSamplesForOneBatchIsAClearError) {
+TEST(DataLoader, TooFewSamplesForOneBatchIsAClearError) {
   auto data = std::make_shared<Numbers>(10);
   try {
-    Loader l(data, loom::sdk::Split::kTrain, options(16, 0));
+    DataLoader l(data, loom::sdk::Split::kTrain, options(16, 0));
     FAIL();
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("too few for one micro-batch of 16"), std::string::npos) << e.what();
