@@ -22,7 +22,7 @@ Schema core_schema() {
             key(LOOM_OPTION_STRING, "device", "auto", "auto (first GPU, else CPU), cpu, cuda, cuda:N"),
             key(LOOM_OPTION_INT, "seed", "0", "seed of every random number generator"),
             key(LOOM_OPTION_INT, "threads", "0", "CPU threads of LibTorch's operators (0: LibTorch's default, the physical cores)"),
-            key(LOOM_OPTION_INT, "epochs", "6", "passes over the training data (when max_steps is 0)"),
+            key(LOOM_OPTION_INT, "epochs", "7", "passes over the training data (when max_steps is 0)"),
             key(LOOM_OPTION_INT, "max_steps", "0", "optimizer steps to train; 0: as many as `epochs` take"),
             key(LOOM_OPTION_INT, "batch_size", "128", "global batch: samples per optimizer step"),
             key(LOOM_OPTION_INT, "gradient_accumulation_steps", "1", "micro-batches per optimizer step"),

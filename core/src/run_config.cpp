@@ -1,0 +1,173 @@
+// What a run's configuration resolves to: the trainer's own options (TrainerOptions::from,
+// range-checked) and the automatic choices (precision.name = auto, trainer.schedule = auto,
+// --memory-fraction adding fraction_cap) made before the whole configuration is validated.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/device_memory.hpp>
+#include <loom/core/estimator.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/metrics.hpp>
+#include <loom/core/safetensors.hpp>
+#include <loom/core/text.hpp>
+#include <loom/core/trainer.hpp>
+#include "trainer_internal.hpp"
+
+#include <loom/sdk/helpers.hpp>
+#include <loom/sdk/version.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/randperm.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <torch/cuda.h>
+#include <torch/nn/module.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace loom::core {
+
+using namespace detail;
+
+namespace {
+
+// Note [Default precision]
+// On a GPU the seeds turn AMP on by default. Loom picks bfloat16 autocast where the GPU has
+// bfloat16 tensor cores (compute capability 8.0, Ampere, and newer): the same tensor-core rate
+// as float16, but float32's exponent range, so no loss scaling, no skipped steps and no scale
+// warm-up; on older GPUs it picks float16 autocast with the dynamic loss scaler. Both are
+// explicit choices too (precision.name = fp16_amp / bf16_amp).
+
+}  // namespace
+
+TrainerOptions TrainerOptions::from(const Resolved& c) {
+  TrainerOptions o;
+  o.name = value_of(c, "trainer.name");
+  o.work_dir = value_of(c, "trainer.work_dir");
+  o.device = value_of(c, "trainer.device");
+  o.seed = int_of(c, "trainer.seed");
+  o.threads = int_of(c, "trainer.threads");
+  o.epochs = int_of(c, "trainer.epochs");
+  o.max_steps = int_of(c, "trainer.max_steps");
+  o.batch_size = int_of(c, "trainer.batch_size");
+  o.accumulation = int_of(c, "trainer.gradient_accumulation_steps");
+  o.optimizer = value_of(c, "trainer.optimizer");
+  o.schedule = value_of(c, "trainer.schedule");
+  o.lr = float_of(c, "trainer.lr");
+  o.clip_grad_norm = float_of(c, "trainer.clip_grad_norm");
+  o.reference_batch = int_of(c, "trainer.reference_batch");
+  o.eval_every = int_of(c, "trainer.eval_every");
+  o.log_every = int_of(c, "trainer.log_every");
+  o.checkpoint_every = int_of(c, "trainer.checkpoint_every");
+  o.keep_last = int_of(c, "trainer.keep_last");
+  o.best_metric = value_of(c, "trainer.best_metric");
+  o.resume = value_of(c, "trainer.resume");
+  o.resume_from = value_of(c, "trainer.resume_from");
+  o.allow_precision_change = bool_of(c, "precision.allow_precision_change");
+  o.device_memory_limit = bytes_of(c, "memory.device_memory_limit");
+  o.memory_snapshot = value_of(c, "memory.snapshot");
+  o.snapshot_on_oom = bool_of(c, "memory.snapshot_on_oom");
+  o.estimate_memory = bool_of(c, "memory.estimate");
+  o.num_workers = int_of(c, "data.num_workers");
+  o.prefetch = int_of(c, "data.prefetch");
+  o.pin_memory = bool_of(c, "data.pin_memory");
+  o.shuffle = bool_of(c, "data.shuffle");
+  o.validation_fraction = float_of(c, "data.validation_fraction");
+  if (!(o.validation_fraction >= 0 && o.validation_fraction < 1))
+    throw Error("data.validation_fraction = " + std::to_string(o.validation_fraction) + " must be in [0, 1)");
+
+  auto positive = [](const char* key, int64_t v) {
+    if (v < 1) throw Error(std::string(key) + " = " + std::to_string(v) + " must be at least 1");
+  };
+  positive("trainer.batch_size", o.batch_size);
+  positive("trainer.gradient_accumulation_steps", o.accumulation);
+  positive("trainer.log_every", o.log_every);
+  if (o.max_steps < 0 || o.epochs < 0 || o.eval_every < 0 || o.checkpoint_every < 0 || o.keep_last < 0 ||
+      o.num_workers < -1 || o.prefetch < 1 || o.reference_batch < 0 || o.threads < 0)
+    throw Error("trainer.max_steps, epochs, eval_every, checkpoint_every, keep_last, reference_batch and threads "
+                "must be >= 0, data.num_workers >= -1, data.prefetch >= 1");
+  if (o.max_steps == 0 && o.epochs == 0) throw Error("set trainer.max_steps or trainer.epochs (both are 0)");
+  if (o.lr <= 0) throw Error("trainer.lr = " + std::to_string(o.lr) + " must be positive");
+  if (o.clip_grad_norm < 0) throw Error("trainer.clip_grad_norm must be >= 0 (0 turns clipping off)");
+  if (!o.resume_from.empty() && o.resume == "auto")
+    throw Error("trainer.resume = auto and trainer.resume_from are both set; choose one");
+  return o;
+}
+
+Resolved resolve_run(Config config, const PluginRegistry& registry) {
+  const Schema core = core_schema();
+  auto get = [&](const std::string& key) {
+    if (auto v = config.get(key)) return *v;
+    return core.find(key)->option.default_value;
+  };
+
+  // precision.name = auto, as the seeds: AMP on by default on a GPU, --no-amp gives float32,
+  // --allow-tf32 adds TF32. See Note [Default precision].
+  const bool tf32 = sdk::parse_bool(get("precision.allow_tf32")).value_or(false);
+  if (get("precision.name") == "auto") {
+    const std::string device = get("trainer.device");
+    const bool cuda = device.rfind("cuda", 0) == 0 || (device == "auto" && torch::cuda::is_available());
+    const bool amp = sdk::parse_bool(get("precision.amp")).value_or(true);
+    std::string choice = "fp32", why = cuda ? "CUDA device" : "CPU";
+    if (cuda && amp) {
+      const int cc = sdk::cuda_capability(device == "auto" ? c10::Device(c10::kCUDA, 0) : c10::Device(device));
+      choice = cc >= 80 ? "bf16_amp" : "fp16_amp";
+      why += std::string(cc >= 80 ? " with bfloat16 (compute capability >= 8.0)" : " without bfloat16") +
+             ", AMP on by default; --no-amp for float32";
+    } else if (tf32) {
+      choice = "tf32";
+      why += ", --allow-tf32";
+    }
+    if (!registry.find(LOOM_KIND_PRECISION, choice)) {
+      log::warn("precision '", choice, "' is not loaded; using fp32");
+      choice = "fp32";
+    }
+    config.set("precision.name", choice, Origin{"auto (" + why + ")", {}, 0});
+  }
+  if (tf32) {
+    const std::string name = get("precision.name");
+    if (name == "fp32")
+      throw Error("precision fp32 keeps TF32 off, but precision.allow_tf32 (--allow-tf32) is set: use "
+                  "precision.name=tf32 (or auto)");
+    const ComponentInfo* info = registry.find(LOOM_KIND_PRECISION, name);
+    const bool has_option = info && std::any_of(info->options.begin(), info->options.end(),
+                                                [](const OptionSpec& o) { return o.key == "tf32"; });
+    if (has_option && !config.find("precision.tf32") && !config.find(component_section(LOOM_KIND_PRECISION, name) + ".tf32"))
+      config.set("precision.tf32", "true", Origin{"auto (--allow-tf32)", {}, 0});
+  }
+
+  // trainer.schedule = auto: the seeds' --use_scheduler (warm-up then cosine) or a constant rate.
+  if (get("trainer.schedule") == "auto") {
+    const bool cosine = sdk::parse_bool(get("trainer.use_scheduler")).value_or(true);
+    config.set("trainer.schedule", cosine ? "warmup_cosine" : "constant",
+               Origin{std::string("auto (trainer.use_scheduler = ") + (cosine ? "true" : "false") + ")", {}, 0});
+  }
+
+  // --memory-fraction / memory.fraction asks for the fraction_cap policy.
+  if (config.find("memory.fraction")) {
+    auto policies = sdk::parse_list(get("memory.policies"));
+    if (std::find(policies.begin(), policies.end(), "fraction_cap") == policies.end()) {
+      policies.insert(policies.begin(), "fraction_cap");
+      config.set("memory.policies", join(policies, ", "), Origin{"auto (memory.fraction is set)", {}, 0});
+    }
+  }
+
+  return validate(config, run_schema(config, registry));
+}
+
+}  // namespace loom::core

@@ -1,0 +1,121 @@
+// The start-up report: device, data, model, plan, optimizer, schedule, precision and memory,
+// one line each, before the first step.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/device_memory.hpp>
+#include <loom/core/estimator.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/metrics.hpp>
+#include <loom/core/safetensors.hpp>
+#include <loom/core/text.hpp>
+#include <loom/core/trainer.hpp>
+#include "trainer_internal.hpp"
+
+#include <loom/sdk/helpers.hpp>
+#include <loom/sdk/version.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/randperm.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <torch/cuda.h>
+#include <torch/nn/module.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace loom::core {
+
+using namespace detail;
+
+namespace {
+
+std::string format_count(int64_t n) {
+  std::string s = std::to_string(n), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  return s.empty() ? "scalar" : s;
+}
+
+}  // namespace
+
+void Trainer::report_startup() const {
+  std::string device = device_.str();
+  if (device_.is_cpu()) {
+    const int64_t pages = ::sysconf(_SC_PHYS_PAGES), free_pages = ::sysconf(_SC_AVPHYS_PAGES);
+    device += ", " + std::to_string(at::get_num_threads()) + " threads, " +
+              format_bytes(pages * ::sysconf(_SC_PAGESIZE)) + " RAM (" +
+              format_bytes(free_pages * ::sysconf(_SC_PAGESIZE)) + " free)";
+  } else {
+    const auto [free, total] = at::accelerator::getMemoryInfo(device_.index());
+    device += ", " + format_bytes(static_cast<int64_t>(total)) + " (" + format_bytes(static_cast<int64_t>(free)) + " free)";
+  }
+  int64_t params = 0, trainable = 0, bytes = 0;
+  for (const auto& p : parameters_.all()) {  // each tied parameter once
+    params += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+    bytes += p.numel() * p.element_size();
+  }
+  std::string fields;
+  for (const auto& [name, f] : data_spec_.fields)
+    fields += (fields.empty() ? "" : ", ") + name + " " + shape_string(f.shape) + " " + c10::toString(f.dtype);
+  std::string manifest;
+  for (const auto& [k, v] : precision_->manifest()) manifest += (manifest.empty() ? "" : ", ") + k + " " + v;
+  const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;
+
+  log::info("Loom ", LOOM_SDK_VERSION, ", LibTorch ", TORCH_VERSION, LOOM_TORCH_CUDA ? " (CUDA build)" : " (CPU build)",
+            "; run folder ", run_dir_.string());
+  log::info("device    ", device);
+  const std::string validation =
+      held_out_ > 0 ? " (" + std::to_string(held_out_) + " of them held out for validation)"
+                    : val_loader_ ? ", " + std::to_string(val_loader_->samples_per_epoch()) + " validation"
+                                  : " (no validation: the test split picks the best checkpoint)";
+  log::info("data      ", value_of(config_, "data.name"), ": ", dataset_->size(sdk::Split::kTrain), " train", validation,
+            ", ", dataset_->size(sdk::Split::kTest), " test; ", fields,
+            data_spec_.num_classes ? "; " + std::to_string(data_spec_.num_classes) + " classes" : std::string());
+  log::info("model     ", value_of(config_, "model.name"), ": ", model_->describe(), "; ", format_count(params),
+            " parameters (", format_count(trainable), " trainable, ", format_bytes(bytes), ")");
+  log::info("plan      batch ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ",
+            plan_.world_size, " (micro-batch x accumulation x world); ", per_epoch, " steps/epoch, ", total_steps_,
+            " steps", options_.max_steps == 0 ? " (" + std::to_string(options_.epochs) + " epochs)" : std::string());
+  std::string groups;
+  for (const auto& g : parameters_.trainable())
+    groups += (groups.empty() ? "" : ", ") + g.name + " " + std::to_string(g.params.size()) +
+              (g.lr_scale != 1.0 ? " (lr x " + std::to_string(g.lr_scale).substr(0, 5) + ")" : std::string());
+  log::info("optimizer ", optimizer_->describe().empty() ? options_.optimizer : optimizer_->describe(), "; groups ",
+            groups, "; clip ", options_.clip_grad_norm);
+  log::info("schedule  ", options_.schedule, ": peak lr ", base_lr_,
+            schedule_->describe().empty() ? std::string() : ", " + schedule_->describe());
+  log::info("precision ", value_of(config_, "precision.name"), ": ", manifest);
+  const auto mem = memory_->stats();
+  if (mem.limit > 0)
+    log::info("memory    ", device_.str(), " may use ", format_bytes(mem.limit), " of ", format_bytes(device_.is_cpu() && options_.device_memory_limit > 0 ? options_.device_memory_limit : mem.total),
+              device_.is_cpu() && options_.device_memory_limit > 0 ? " (--device-memory-limit: the CPU acts as a device of that size)" : "");
+  for (const auto& policy : memory_policies_) log::info("memory    ", policy->describe());
+  if (predicted_peak_ > 0) log::info("memory    estimated peak ", format_bytes(predicted_peak_), " at micro-batch ", plan_.micro_batch);
+}
+
+}  // namespace loom::core

@@ -1,0 +1,64 @@
+// Helpers shared by the trainer's translation units (private to the core): reading resolved
+// configuration values with their types, naming an error's phase, the default generators.
+#pragma once
+
+#include <loom/core/config.hpp>
+#include <loom/core/error.hpp>
+
+#include <loom/sdk/compat.hpp>
+#include <loom/sdk/options.hpp>
+
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace loom::core::detail {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+inline const std::string& value_of(const Resolved& config, const std::string& key) {
+  auto it = config.find(key);
+  if (it == config.end()) throw Error("internal: configuration key '" + key + "' was not resolved");
+  return it->second.value;
+}
+
+/// A resolved value as its type. validate() checked it against the schema, so a failure here is
+/// a key read with the wrong type: an error naming it, never a dereferenced empty optional.
+template <class T>
+T checked(const Resolved& c, const std::string& key, std::optional<T> (*parse)(std::string_view), const char* type) {
+  const std::string& text = value_of(c, key);
+  if (auto v = parse(text)) return *v;
+  throw Error("internal: configuration key '" + key + "' = '" + text + "' read as " + type);
+}
+inline int64_t int_of(const Resolved& c, const std::string& key) { return checked<int64_t>(c, key, sdk::parse_int, "an integer"); }
+inline double float_of(const Resolved& c, const std::string& key) { return checked<double>(c, key, sdk::parse_float, "a number"); }
+inline bool bool_of(const Resolved& c, const std::string& key) { return checked<bool>(c, key, sdk::parse_bool, "a boolean"); }
+inline int64_t bytes_of(const Resolved& c, const std::string& key) { return checked<int64_t>(c, key, sdk::parse_bytes, "a size"); }
+
+/// Runs `f`, naming `phase` in any error it throws ("evaluation at step 40: ..."), so that a
+/// failure says where the run was. An out-of-memory error that nothing recovered from is one too.
+template <class F>
+auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw Error(phase + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw Error(phase + ": " + e.what());
+  }
+}
+
+inline at::Generator cpu_generator() { return sdk::compat::default_generator(c10::Device(c10::kCPU)); }
+inline at::Generator device_generator(const c10::Device& device) { return sdk::compat::default_generator(device); }
+
+/// A component's own options, from its section (Note [Component sections]).
+inline std::map<std::string, std::string> component_values(const Resolved& config, const ComponentInfo& info) {
+  return section_values(config, component_section(info.kind, info.name), info.options);
+}
+
+}  // namespace loom::core::detail

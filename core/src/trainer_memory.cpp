@@ -1,0 +1,224 @@
+// Memory planning and recovery: model states for the estimator, probes of a micro-batch's
+// peak, the activation fit, replaying a step that ran out of memory under a new plan, and the
+// advice when nothing can help.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/device_memory.hpp>
+#include <loom/core/estimator.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/metrics.hpp>
+#include <loom/core/safetensors.hpp>
+#include <loom/core/text.hpp>
+#include <loom/core/trainer.hpp>
+#include "trainer_internal.hpp"
+
+#include <loom/sdk/helpers.hpp>
+#include <loom/sdk/version.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/randperm.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <torch/cuda.h>
+#include <torch/nn/module.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace loom::core {
+
+using namespace detail;
+
+ModelStates Trainer::model_states() const {
+  ModelStates m;
+  for (const auto& p : parameters_.all()) {  // each tied parameter once
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    m.parameters += bytes;
+    if (!p.requires_grad()) {
+      m.frozen += p.numel();
+      continue;
+    }
+    m.trainable += p.numel();
+    m.gradients += bytes;
+    m.optimizer_states += optimizer_->state_bytes(p);
+  }
+  return m;
+}
+
+std::optional<ActivationFit> Trainer::activation_fit(int64_t micro) {
+  // Two probes, a quarter and half of the micro-batch, extrapolated. Not smaller: a backward's
+  // peak is the larger of two lines in the batch (the activations early in the backward, or the
+  // largest weight's gradient buffer late in it, when the activations are mostly freed), and
+  // probes far below the micro-batch can sit on the flat one (bench/memory_figures.cpp).
+  const int64_t limit = std::max<int64_t>(2, dataset_->size(sdk::Split::kTrain) / parallel_->world_size());
+  for (int64_t large = std::clamp<int64_t>(micro / 2, 2, limit); large >= 2; large /= 2) {
+    try {
+      return fit_activations([this](int64_t b) { return probe_peak(b); }, std::max<int64_t>(1, large / 2), large);
+    } catch (const c10::OutOfMemoryError&) {
+      memory_->empty_cache();
+      log::debug("memory estimate: probe at ", large, " ran out of memory; probing smaller");
+    }
+  }
+  return std::nullopt;
+}
+
+std::string Trainer::config_key() const {
+  std::string key;
+  for (const auto& section : {"model", "data", "precision"})
+    for (const auto& [k, v] : this->section(section)) key += std::string(section) + "." + k + "=" + v + ";";
+  return key + "optimizer=" + options_.optimizer + ";libtorch=" + TORCH_VERSION;
+}
+
+int64_t Trainer::probe_peak(int64_t b) {
+  ++probes_run_;
+  at::Generator cpu = cpu_generator();
+  const at::Tensor cpu_state = cpu.get_state();
+  at::Tensor device_state;
+  if (device_.is_cuda()) device_state = device_generator(device_).get_state();
+  const std::vector<at::Tensor> buffers = save_buffers();
+  auto restore_state = [&] {
+    parameters_.zero_grad();
+    cpu.set_state(cpu_state);
+    if (device_state.defined()) device_generator(device_).set_state(device_state);
+    restore_buffers(buffers);
+  };
+  parameters_.zero_grad();
+  memory_->empty_cache();
+  memory_->reset_peak();
+  int64_t peak = 0;
+  try {
+    const int64_t n = dataset_->size(sdk::Split::kTrain);
+    std::vector<int64_t> indices(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) indices[static_cast<size_t>(i)] = i % n;
+    sdk::Batch batch = dataset_->get_batch(sdk::Split::kTrain, indices);
+    for (auto& [name, t] : batch) t = t.to(device_);
+    model_->module().train();
+    sdk::ModelOutput out;
+    {
+      auto guard = precision_->forward_guard();
+      out = model_->forward(batch, /*train=*/true);
+    }
+    precision_->scale_loss(out.loss_sum).backward();
+    peak = memory_->stats().peak;
+  } catch (...) {
+    restore_state();
+    throw;
+  }
+  restore_state();
+  log::debug("probe at micro-batch ", b, ": peak ", peak, " bytes");
+  return peak;
+}
+
+namespace {
+// A size as one command-line word ("2.0GiB"), rounded down so the suggestion stays under the cap.
+std::string target_arg(int64_t bytes) {
+  char text[32];
+  if (bytes >= (int64_t{1} << 30))
+    std::snprintf(text, sizeof text, "%.2fGiB", std::floor(static_cast<double>(bytes) / (1 << 30) * 100) / 100);
+  else
+    std::snprintf(text, sizeof text, "%lldMiB", static_cast<long long>(bytes >> 20));
+  return text;
+}
+}  // namespace
+
+std::string Trainer::oom_advice(const std::string& message) const {
+  const auto stats = memory_->stats();
+  const ModelStates states = model_states();
+  const int64_t cap = stats.limit > 0 ? stats.limit : stats.total;
+  std::string text = "out of memory at micro-batch " + std::to_string(plan_.micro_batch) + " (step " +
+                     std::to_string(step_ + 1) + " of " + std::to_string(total_steps_) + " on " + device_.str() +
+                     "): " + message;
+  text += "\nWhat would help, in order:";
+  text += "\n  1. a smaller batch: --batch-size (now " + std::to_string(plan_.global()) + ")";
+  const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
+  const bool recovering = std::find(policies.begin(), policies.end(), "oom_recovery") != policies.end();
+  text += recovering ? "\n  2. gradient accumulation: oom_recovery re-planned to micro-batch " +
+                           std::to_string(plan_.micro_batch) + " x accumulation " + std::to_string(plan_.accumulation) +
+                           " and stopped there (micro-batch 1, or memory.max_replans re-plans)"
+                     : std::string("\n  2. gradient accumulation: --gradient-accumulation-steps (memory.policies ="
+                                   " oom_recovery does it for you)");
+  text += "\n  3. mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)";
+  text += "\n  4. the memory fraction: a cap (--memory-fraction) below what the device has also limits this run;"
+          " lower it only to leave room for other processes";
+  if (section("model").count("image_size")) text += "\n  5. a smaller input: --image-size";
+  text += "\nThe estimator: the model states alone need " + format_bytes(states.total()) + " (parameters " +
+          format_bytes(states.parameters) + ", gradients " + format_bytes(states.gradients) + ", optimizer " +
+          format_bytes(states.optimizer_states) + ") of the " + format_bytes(cap) + " this run may use";
+  text += states.total() >= cap ? std::string(": no batch fits; use a smaller model, AMP, or more memory.")
+                                : "; `loom memory suggest --target " + target_arg(cap) + "` says which batch fits.";
+  return text;
+}
+
+StepResult Trainer::step_with_recovery() {
+  const StepState start = capture();
+  while (true) {
+    try {
+      return train_step();
+    } catch (const c10::OutOfMemoryError& e) {
+      const auto t0 = Clock::now();
+      const std::string message = e.what_without_backtrace();
+      if (committed_) {
+        committed_ = false;
+        throw Error("out of memory in the update of step " + std::to_string(start.step + 1) +
+                    ", after it began to change the weights, so it cannot be replayed: " + message +
+                    "\nLeave more room (a smaller batch, or a cap further below the device's memory) and continue"
+                    " with --resume auto from the last checkpoint");
+      }
+      // Unwind: nothing of the step was applied; drop its gradients, return cached blocks, and
+      // put the data position and the RNG back where the step began.
+      restore(start);
+      memory_->empty_cache();
+      sdk::OomContext context;
+      context.memory = memory_.get();
+      context.plan = plan_;
+      context.message = message;
+      context.step = step_ + 1;
+      bool replanned = false;
+      for (auto& policy : memory_policies_)
+        if (policy->on_oom(context)) {
+          replanned = true;
+          break;
+        }
+      if (replanned && context.plan.global() != plan_.global())
+        throw Error("memory policy changed the global batch while recovering from out-of-memory; refusing");
+      if (!replanned) {
+        if (options_.snapshot_on_oom && device_.is_cuda()) {
+          const auto path = run_dir_ / "oom_snapshot.pickle";
+          write_memory_snapshot(device_, path);
+          log::error("memory snapshot of the failure: ", path.string(), " (https://pytorch.org/memory_viz)");
+        }
+        throw Error(oom_advice(message));
+      }
+      log::info("plan: ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ", plan_.world_size,
+                " -> ", context.plan.micro_batch, " x ", context.plan.accumulation, " x ", context.plan.world_size,
+                " after running out of memory at step ", step_ + 1);
+      plan_ = context.plan;
+      train_loader_->set_micro_batch(plan_.micro_batch);
+      ++oom_recoveries_;
+      recovery_seconds_ += seconds_since(t0);
+    }
+  }
+}
+
+int64_t peak_resident_bytes() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+}  // namespace loom::core

@@ -1,0 +1,272 @@
+// One optimizer step and one evaluation: micro-batches under the precision strategy, the loss
+// and metrics as (sum, count) pairs, gradients summed over ranks and divided once, unscaling,
+// clipping, the update (skipped on non-finite gradients); the step's saved state for replays.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/device_memory.hpp>
+#include <loom/core/estimator.hpp>
+#include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/metrics.hpp>
+#include <loom/core/safetensors.hpp>
+#include <loom/core/text.hpp>
+#include <loom/core/trainer.hpp>
+#include "trainer_internal.hpp"
+
+#include <loom/sdk/helpers.hpp>
+#include <loom/sdk/version.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/randperm.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <torch/cuda.h>
+#include <torch/nn/module.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <sys/resource.h>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace loom::core {
+
+using namespace detail;
+
+StepState Trainer::capture() const {
+  StepState s;
+  s.step = step_;
+  s.loader = train_loader_->position();
+  s.cpu_rng = cpu_generator().get_state();
+  if (device_.is_cuda()) s.device_rng = device_generator(device_).get_state();
+  s.buffers = save_buffers();
+  return s;
+}
+
+std::vector<at::Tensor> Trainer::save_buffers() const {
+  // Buffers a forward in training mode updates (BatchNorm's running statistics): a replayed or
+  // probed forward must not count twice.
+  std::vector<at::Tensor> out;
+  for (const auto& item : model_->module().named_buffers()) out.push_back(item.value().detach().clone());
+  return out;
+}
+
+void Trainer::restore_buffers(const std::vector<at::Tensor>& saved) {
+  at::NoGradGuard no_grad;
+  size_t i = 0;
+  for (const auto& item : model_->module().named_buffers())
+    if (i < saved.size()) item.value().copy_(saved[i++]);
+}
+
+void Trainer::restore(const StepState& s) {
+  step_ = s.step;
+  train_loader_->seek(s.loader);
+  cpu_generator().set_state(s.cpu_rng);
+  if (s.device_rng.defined()) device_generator(device_).set_state(s.device_rng);
+  parameters_.zero_grad();
+  restore_buffers(s.buffers);
+}
+
+void Trainer::report_evaluation(const EvalResult& e) {
+  const std::string prefix = e.split == sdk::Split::kValidation ? "val/" : "test/";
+  std::map<std::string, double> m{{prefix + "loss", e.loss}};
+  for (const auto& [k, v] : e.metrics) m[prefix + k] = v;
+  metrics_->write(step_, m);
+  std::string line = std::string(e.split == sdk::Split::kValidation ? "validation" : "test") + " step " +
+                     std::to_string(step_) + ": " + format_metric("loss", e.loss);
+  for (const auto& [k, v] : e.metrics) line += ", " + format_metric(k, v);
+  log::info(line, " (", format_duration(e.seconds), ")");
+}
+
+double Trainer::current_lr() const {
+  // Skipped steps (non-finite gradients) do not advance the schedule.
+  const double factor = schedule_->factor(step_ - skipped_steps_, total_steps_);
+  if (!std::isfinite(factor) || factor < 0)
+    throw Error("schedule '" + options_.schedule + "' gave the learning-rate factor " + std::to_string(factor) +
+                " at step " + std::to_string(step_ + 1) + "; a factor is finite and >= 0");
+  return base_lr_ * factor;
+}
+
+void Trainer::add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const {
+  for (const auto& [name, value] : out.metrics) {
+    if (!metric_specs_.count(name) || name == "loss")
+      throw Error("model '" + value_of(config_, "model.name") + "' reported a metric '" + name +
+                  "' that its metrics() does not declare (it declares " + join(metric_names(), ", ") +
+                  "); declare it with its direction, or stop reporting it");
+    auto& [sum, count] = sums[name];
+    const at::Tensor s = value.sum.detach().to(at::kFloat);
+    const at::Tensor c = value.count.defined() ? value.count.detach().to(at::kFloat) : out.count.detach().to(at::kFloat);
+    sum = sum.defined() ? sum + s : s;
+    count = count.defined() ? count + c : c;
+  }
+}
+
+std::map<std::string, double> Trainer::reduce_metrics(MetricSums& sums) const {
+  std::vector<at::Tensor> totals;
+  for (auto& [name, pair] : sums) {
+    totals.push_back(pair.first);
+    totals.push_back(pair.second);
+  }
+  if (!totals.empty()) parallel_->all_reduce_sum(totals);
+  std::map<std::string, double> out;
+  for (auto& [name, pair] : sums) {
+    const double count = pair.second.item<double>();
+    out[name] = count > 0 ? pair.first.item<double>() / count : std::nan("");
+  }
+  return out;
+}
+
+std::vector<std::string> Trainer::metric_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, spec] : metric_specs_) names.push_back(name);
+  return names;
+}
+
+std::string Trainer::format_metric(const std::string& name, double value) const {
+  char text[64];
+  auto it = metric_specs_.find(name);
+  if (it != metric_specs_.end() && it->second.percent) std::snprintf(text, sizeof text, "%.2f %%", 100.0 * value);
+  else std::snprintf(text, sizeof text, "%.4f", value);
+  const std::string shown = it != metric_specs_.end() && !it->second.display_name.empty() ? it->second.display_name : name;
+  return shown + " " + text;
+}
+
+StepResult Trainer::train_step() {
+  committed_ = false;
+  auto& module = model_->module();
+  module.train();
+  parameters_.zero_grad();
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  MetricSums metric_sums;
+  for (int64_t micro = 0; micro < plan_.accumulation; ++micro) {
+    const sdk::Batch batch = train_loader_->next();
+    sdk::ModelOutput out;
+    {
+      auto guard = precision_->forward_guard();
+      out = model_->forward(batch, /*train=*/true);
+    }
+    precision_->scale_loss(out.loss_sum).backward();
+    loss_sum.add_(out.loss_sum.detach().to(at::kFloat));
+    count.add_(out.count.detach().to(at::kFloat));
+    add_metrics(metric_sums, out);
+  }
+  // Gradients hold sums over this rank's samples: add up the ranks, then divide by the global
+  // count once, so the update does not depend on how the global batch was split.
+  std::vector<at::Tensor> grads = parameters_.gradients();
+  std::vector<at::Tensor> totals{loss_sum, count};
+  parallel_->all_reduce_sum(totals);
+  parallel_->all_reduce_sum(grads);
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor inverse = count.clamp_min(1).reciprocal();
+    for (auto& g : grads) g.mul_(inverse);
+  }
+  if (gradient_hook_) gradient_hook_(grads);
+  if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after backward: ", memory_->stats().peak);
+  // What the step reports does not depend on the update: computed first, so that nothing after
+  // the update allocates more than the scaler's few bytes.
+  StepResult result;
+  const double n = count.item<double>();
+  result.samples = static_cast<int64_t>(n);
+  result.loss = loss_sum.item<double>() / std::max(1.0, n);
+  result.metrics = reduce_metrics(metric_sums);
+  result.lr = current_lr();
+  // Unscaling and clipping change only the gradients, which a replay zeroes: up to here an
+  // out-of-memory can be replayed. From the commit on, the step changes the run's state.
+  const bool finite = precision_->unscale_gradients(grads);
+  if (finite) result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
+  committed_ = true;
+  if (finite) {
+    optimizer_->step(result.lr);
+    if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
+  } else {
+    ++skipped_steps_;
+    result.skipped = true;
+    log::warn("step ", step_ + 1, ": non-finite gradients, update skipped (", skipped_steps_, " skipped so far)");
+  }
+  ++step_;
+  precision_->update(!finite);
+  result.step = step_;
+  return result;
+}
+
+EvalResult Trainer::evaluate(sdk::Split split) {
+  DataLoader* loader = eval_loader(split);
+  if (loader == nullptr) return {};
+  // Evaluation runs at the training plan's micro-batch (what training found fits), smaller when
+  // it runs out of memory itself: the memory policies re-plan it as they would a step, and the
+  // evaluation starts again (it changes nothing but its own sums).
+  int64_t micro = std::min(plan_.micro_batch, eval_micro_batch_cap_);
+  while (true) {
+    try {
+      loader->set_micro_batch(micro);
+      EvalResult result = evaluate_once(*loader);
+      result.split = split;
+      return result;
+    } catch (const c10::OutOfMemoryError& e) {
+      model_->module().train();
+      memory_->empty_cache();
+      sdk::OomContext context;
+      context.memory = memory_.get();
+      context.plan = sdk::BatchPlan{micro, 1, plan_.world_size};
+      context.message = e.what_without_backtrace();
+      context.step = step_;
+      context.evaluation = true;
+      const bool replanned = std::any_of(memory_policies_.begin(), memory_policies_.end(),
+                                         [&](auto& policy) { return policy->on_oom(context); });
+      if (!replanned || context.plan.micro_batch >= micro)
+        throw Error("evaluation ran out of memory at micro-batch " + std::to_string(micro) + " on " + device_.str() +
+                    ": " + context.message +
+                    (memory_policies_.empty() ? "; memory.policies = oom_recovery evaluates in smaller micro-batches"
+                                              : "; no memory policy could make the micro-batch smaller"));
+      log::info("evaluation: micro-batch ", micro, " -> ", context.plan.micro_batch, " after running out of memory");
+      micro = eval_micro_batch_cap_ = context.plan.micro_batch;
+    }
+  }
+}
+
+EvalResult Trainer::evaluate_once(DataLoader& loader) {
+  EvalResult result;
+  const auto start = Clock::now();
+  auto& module = model_->module();
+  module.eval();
+  at::NoGradGuard no_grad;
+  loader.seek({0, 0});
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  MetricSums sums;
+  for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+    const sdk::Batch batch = loader.next();
+    sdk::ModelOutput out;
+    {
+      auto guard = precision_->forward_guard();
+      out = model_->forward(batch, /*train=*/false);
+    }
+    loss_sum.add_(out.loss_sum.to(at::kFloat));
+    count.add_(out.count.to(at::kFloat));
+    add_metrics(sums, out);
+  }
+  std::vector<at::Tensor> totals{loss_sum, count};
+  parallel_->all_reduce_sum(totals);
+  const double n = std::max(1.0, count.item<double>());
+  result.samples = static_cast<int64_t>(count.item<double>());
+  result.loss = loss_sum.item<double>() / n;
+  result.metrics = reduce_metrics(sums);
+  result.seconds = seconds_since(start);
+  module.train();
+  return result;
+}
+
+}  // namespace loom::core
