@@ -47,7 +47,7 @@ def rate(windows):
 def loom(exe, batch, steps, window, threads, work, precision, device, data):
     name = f"bench_b{batch}_{precision}"
     args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
-            "--set", f"data.path={data}",
+            "--set", f"data.path={data}", "--set", "data.validation_fraction=0",  # all of train, as the Python side
             "--set", "model.patch_size=7", "--set", "model.d_model=96", "--set", "model.num_layers=3",
             "--set", "model.num_heads=4", "--set", "model.dropout=0.0", "--set", "model.stem_channels=16",
             "--set", f"trainer.batch_size={batch}", "--set", f"trainer.max_steps={steps}",

@@ -30,24 +30,39 @@ cmake -S "$source/examples/third_party_plugin" -B "$work/example" -G Ninja \
   -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >"$work/configure.log" 2>&1 \
   || { cat "$work/configure.log"; fail "configure failed"; }
 cmake --build "$work/example" >"$work/build.log" 2>&1 || { cat "$work/build.log"; fail "build failed"; }
-plugin="$work/example/libloom_model_mlp_classifier.so"
-test -f "$plugin" || fail "no $plugin"
+for plugin in libloom_model_mlp_classifier.so libloom_dataset_regression.so libloom_memory_micro_batch_cap.so; do
+  plugin="$work/example/$plugin"
+  test -f "$plugin" || fail "no $plugin"
+  step "$(basename "$plugin") exports only its entry point and needs nothing of the host"
+  exported="$(nm -D --defined-only "$plugin" | awk '{print $3}' | sort -u)"
+  echo "$exported"
+  [ "$exported" = "loom_plugin_entry_v1" ] || fail "exports more than loom_plugin_entry_v1"
+  if nm -DC --undefined-only "$plugin" | grep -E 'boost::|spdlog::|fmt::'; then
+    fail "the plugin needs Boost, spdlog or fmt symbols"
+  fi
+  if readelf -d "$plugin" | grep NEEDED | grep -iE 'boost|spdlog|fmt|loom'; then
+    fail "the plugin links a host library"
+  fi
+  "$loom" plugins inspect "$plugin" | grep -q "status: *accepted" || fail "inspect does not accept $plugin"
+done
 
-step "the plugin exports only its entry point"
-exported="$(nm -D --defined-only "$plugin" | awk '{print $3}' | sort -u)"
-echo "$exported"
-[ "$exported" = "loom_plugin_entry_v1" ] || fail "exports more than loom_plugin_entry_v1"
-if nm -DC --undefined-only "$plugin" | grep -E 'boost::|spdlog::|fmt::'; then
-  fail "the plugin needs Boost, spdlog or fmt symbols"
-fi
-if readelf -d "$plugin" | grep NEEDED | grep -iE 'boost|spdlog|fmt|loom'; then
-  fail "the plugin links a host library"
-fi
-
-step "the CLI loads and lists it"
+step "the CLI loads and lists them"
 out="$("$loom" plugins --plugin-dir "$work/example")"
 echo "$out"
-echo "$out" | grep -E '^model +mlp_classifier +1\.0\.0 +libloom_model_mlp_classifier\.so' >/dev/null \
-  || fail "loom plugins does not list mlp_classifier"
-"$loom" plugins inspect "$plugin" | grep -q "status: *accepted" || fail "inspect does not accept it"
+for row in 'model +mlp_classifier +1\.0\.0 +libloom_model_mlp_classifier\.so' \
+           'dataset +sine_regression +1\.0\.0 +libloom_dataset_regression\.so' \
+           'model +mlp_regressor +1\.0\.0 +libloom_dataset_regression\.so' \
+           'memory +micro_batch_cap +1\.0\.0 +libloom_memory_micro_batch_cap\.so'; do
+  echo "$out" | grep -E "^$row" >/dev/null || fail "loom plugins does not list: $row"
+done
+
+step "a run with the out-of-tree dataset, model and memory policy"
+out="$("$loom" train --plugin-dir "$work/example" --set data.name=sine_regression --set model.name=mlp_regressor \
+  --set memory.policies=micro_batch_cap --set memory.max=16 --set trainer.batch_size=64 \
+  --set trainer.max_steps=60 --set trainer.eval_every=30 --set trainer.device=cpu --set precision.name=fp32 \
+  --set trainer.work_dir="$work/runs" --set trainer.name=regression 2>&1)" || { echo "$out"; fail "the run failed"; }
+echo "$out" | grep -E "plan|validation step|test step|done"
+echo "$out" | grep -qE "plan: 64 = 64 x 1 x 1 -> 16 x 4 x 1 \(micro_batch_cap" || fail "the policy did not split the batch"
+echo "$out" | grep -qE "test step 60: loss [0-9.]+, MAE [0-9.]+, MSE [0-9.]+" || fail "no test evaluation with MSE and MAE"
+test -f "$work/runs/regression/checkpoints/best_mse.safetensors" || fail "no best_mse.safetensors (best_metric auto: the first metric)"
 echo "package test passed"

@@ -3,6 +3,7 @@
 // `path`. Every file is checked (magic number, counts, sizes, labels in range, no truncated or
 // trailing bytes); a bad one is one error that names the file and what is wrong.
 #include <loom/sdk/sdk.hpp>
+#include <loom/sdk/tensor_dataset.hpp>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_select.h>
@@ -70,7 +71,7 @@ struct GzFile {
   gzFile handle;
 };
 
-class FashionMnist final : public loom::sdk::Dataset {
+class FashionMnist final : public loom::sdk::TensorDataset {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_string("path", "/usr/share/datasets/fashion-mnist",
@@ -80,17 +81,20 @@ class FashionMnist final : public loom::sdk::Dataset {
   };
 
   explicit FashionMnist(const loom::sdk::Options& options)
-      : folder_(options.get_string("path")),
+      : TensorDataset("fashion_mnist"),
+        folder_(options.get_string("path")),
         limit_train_(options.get_int("limit_train")),
         limit_test_(options.get_int("limit_test")) {
     if (limit_train_ < 0 || limit_test_ < 0) throw loom::sdk::Error("fashion_mnist: limits must be >= 0");
   }
 
   void setup() override {
-    std::tie(train_images_, train_labels_) = read_split("train", limit_train_);
-    std::tie(test_images_, test_labels_) = read_split("t10k", limit_test_);
-    loom::sdk::log::info("Fashion-MNIST from ", folder_.string(), ": ", train_images_.size(0), " train, ",
-                         test_images_.size(0), " test images");
+    const auto [train_images, train_labels] = read_split("train", limit_train_);
+    const auto [test_images, test_labels] = read_split("t10k", limit_test_);
+    set_split(loom::sdk::Split::kTrain, {{"image", train_images}, {"label", train_labels}});
+    set_split(loom::sdk::Split::kTest, {{"image", test_images}, {"label", test_labels}});
+    loom::sdk::log::info("Fashion-MNIST from ", folder_.string(), ": ", train_images.size(0), " train, ",
+                         test_images.size(0), " test images");
   }
 
   loom::sdk::DataSpec spec() const override {
@@ -104,25 +108,6 @@ class FashionMnist final : public loom::sdk::Dataset {
     spec.attributes["mean"] = "0.2860";
     spec.attributes["std"] = "0.3530";
     return spec;
-  }
-
-  int64_t size(loom::sdk::Split split) const override {
-    if (split == loom::sdk::Split::kValidation) return 0;  // none: the host holds out part of train
-    return (split == loom::sdk::Split::kTrain ? train_images_ : test_images_).size(0);
-  }
-
-  loom::sdk::Batch get_batch(loom::sdk::Split split, const std::vector<int64_t>& indices) const override {
-    if (split == loom::sdk::Split::kValidation) throw loom::sdk::Error("fashion_mnist has no validation split");
-    const bool train = split == loom::sdk::Split::kTrain;
-    const at::Tensor& images = train ? train_images_ : test_images_;
-    const at::Tensor& labels = train ? train_labels_ : test_labels_;
-    const int64_t n = images.size(0);
-    for (int64_t i : indices)
-      if (i < 0 || i >= n)
-        throw loom::sdk::Error("fashion_mnist: index " + std::to_string(i) + " out of range [0, " +
-                               std::to_string(n) + ") of the " + loom::sdk::split_name(split) + " split");
-    const at::Tensor index = at::tensor(indices, at::TensorOptions().dtype(at::kLong));
-    return {{"image", at::index_select(images, 0, index)}, {"label", at::index_select(labels, 0, index)}};
   }
 
  private:
@@ -189,7 +174,6 @@ class FashionMnist final : public loom::sdk::Dataset {
 
   fs::path folder_;
   int64_t limit_train_, limit_test_;
-  at::Tensor train_images_, train_labels_, test_images_, test_labels_;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 // pixels' row means, for images), so a model can learn it and accuracy means something. The
 // whole dataset follows from `seed`.
 #include <loom/sdk/sdk.hpp>
+#include <loom/sdk/tensor_dataset.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
@@ -15,7 +16,7 @@
 
 namespace {
 
-class Synthetic final : public loom::sdk::Dataset {
+class Synthetic final : public loom::sdk::TensorDataset {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_int("train_size", "4096", "training samples"),
@@ -29,7 +30,8 @@ class Synthetic final : public loom::sdk::Dataset {
   };
 
   explicit Synthetic(const loom::sdk::Options& o)
-      : train_size_(o.get_int("train_size")),
+      : TensorDataset("synthetic"),
+        train_size_(o.get_int("train_size")),
         test_size_(o.get_int("test_size")),
         seq_len_(o.get_int("seq_len")),
         features_(o.get_int("features")),
@@ -48,16 +50,17 @@ class Synthetic final : public loom::sdk::Dataset {
     const int64_t rows = image ? image_size_ : seq_len_;
     const int64_t cols = image ? image_size_ : features_;
     const at::Tensor rule = at::randn({cols, classes_}, gen, at::TensorOptions().dtype(at::kFloat));
-    auto make = [&](int64_t n, at::Tensor& x, at::Tensor& y) {
+    auto make = [&](int64_t n) -> loom::sdk::Batch {
       // Each sample: a class-free base pattern plus noise; the label follows the planted rule.
-      x = at::randn({n, rows, cols}, gen, at::TensorOptions().dtype(at::kFloat)).mul_(noise_);
+      at::Tensor x = at::randn({n, rows, cols}, gen, at::TensorOptions().dtype(at::kFloat)).mul_(noise_);
       const at::Tensor signal = at::randn({n, 1, cols}, gen, at::TensorOptions().dtype(at::kFloat));
       x.add_(signal);
-      y = at::argmax(at::matmul(x.mean(1), rule), 1);
+      const at::Tensor y = at::argmax(at::matmul(x.mean(1), rule), 1);
       if (image) x = x.unsqueeze(1);
+      return {{"input", x}, {"target", y}};
     };
-    make(train_size_, train_x_, train_y_);
-    make(test_size_, test_x_, test_y_);
+    set_split(loom::sdk::Split::kTrain, make(train_size_));
+    set_split(loom::sdk::Split::kTest, make(test_size_));
   }
 
   loom::sdk::DataSpec spec() const override {
@@ -69,27 +72,10 @@ class Synthetic final : public loom::sdk::Dataset {
     return spec;
   }
 
-  int64_t size(loom::sdk::Split split) const override {
-    if (split == loom::sdk::Split::kValidation) return 0;  // none: the host holds out part of train
-    return split == loom::sdk::Split::kTrain ? train_size_ : test_size_;
-  }
-
-  loom::sdk::Batch get_batch(loom::sdk::Split split, const std::vector<int64_t>& indices) const override {
-    if (split == loom::sdk::Split::kValidation) throw loom::sdk::Error("synthetic has no validation split");
-    const bool train = split == loom::sdk::Split::kTrain;
-    const int64_t n = train ? train_size_ : test_size_;
-    for (int64_t i : indices)
-      if (i < 0 || i >= n) throw loom::sdk::Error("synthetic: index " + std::to_string(i) + " out of range");
-    const at::Tensor index = at::tensor(indices, at::TensorOptions().dtype(at::kLong));
-    return {{"input", at::index_select(train ? train_x_ : test_x_, 0, index)},
-            {"target", at::index_select(train ? train_y_ : test_y_, 0, index)}};
-  }
-
  private:
   int64_t train_size_, test_size_, seq_len_, features_, image_size_, classes_;
   double noise_;
   uint64_t seed_;
-  at::Tensor train_x_, train_y_, test_x_, test_y_;
 };
 
 }  // namespace

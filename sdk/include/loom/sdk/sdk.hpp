@@ -16,4 +16,5 @@
 #include <loom/sdk/parallel.hpp>
 #include <loom/sdk/plugin.hpp>
 #include <loom/sdk/precision.hpp>
+#include <loom/sdk/tensor_dataset.hpp>
 #include <loom/sdk/types.hpp>
