@@ -108,12 +108,7 @@ int64_t Trainer::probe_peak(int64_t b) {
     sdk::Batch batch = dataset_->get_batch(sdk::Split::kTrain, indices);
     for (auto& [name, t] : batch) t = t.to(device_);
     model_->module().train();
-    sdk::ModelOutput out;
-    {
-      auto guard = precision_->forward_guard();
-      out = model_->forward(batch, /*train=*/true);
-    }
-    precision_->scale_loss(out.loss_sum).backward();
+    run_micro_batch(batch, /*train=*/true);
     peak = memory_->stats().peak;
   } catch (...) {
     restore_state();

@@ -142,6 +142,16 @@ std::string Trainer::format_metric(const std::string& name, double value) const 
   return shown + " " + text;
 }
 
+sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
+  sdk::ModelOutput out;
+  {
+    auto guard = precision_->forward_guard();
+    out = model_->forward(batch, train);
+  }
+  if (train) precision_->scale_loss(out.loss_sum).backward();
+  return out;
+}
+
 StepResult Trainer::train_step() {
   committed_ = false;
   auto& module = model_->module();
@@ -151,13 +161,7 @@ StepResult Trainer::train_step() {
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   MetricSums metric_sums;
   for (int64_t micro = 0; micro < plan_.accumulation; ++micro) {
-    const sdk::Batch batch = train_loader_->next();
-    sdk::ModelOutput out;
-    {
-      auto guard = precision_->forward_guard();
-      out = model_->forward(batch, /*train=*/true);
-    }
-    precision_->scale_loss(out.loss_sum).backward();
+    const sdk::ModelOutput out = run_micro_batch(train_loader_->next(), /*train=*/true);
     loss_sum.add_(out.loss_sum.detach().to(at::kFloat));
     count.add_(out.count.detach().to(at::kFloat));
     add_metrics(metric_sums, out);
@@ -248,12 +252,7 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   MetricSums sums;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
-    const sdk::Batch batch = loader.next();
-    sdk::ModelOutput out;
-    {
-      auto guard = precision_->forward_guard();
-      out = model_->forward(batch, /*train=*/false);
-    }
+    const sdk::ModelOutput out = run_micro_batch(loader.next(), /*train=*/false);
     loss_sum.add_(out.loss_sum.to(at::kFloat));
     count.add_(out.count.to(at::kFloat));
     add_metrics(sums, out);

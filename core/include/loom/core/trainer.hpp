@@ -212,6 +212,9 @@ class Trainer {
   void open_run();
 
   EvalResult evaluate_once(DataLoader& loader);
+  /// One micro-batch, the same for a training step, an evaluation and a memory probe: forward
+  /// under the precision strategy's guard and, when `train`, the scaled loss's backward.
+  sdk::ModelOutput run_micro_batch(const sdk::Batch& batch, bool train);
   DataLoader* eval_loader(sdk::Split split) const;
   void report_evaluation(const EvalResult& e);
   /// Per metric: (sum, count) over the micro-batches so far.
