@@ -1,44 +1,21 @@
 // Memory planning and recovery: model states for the estimator, probes of a micro-batch's
 // peak, the activation fit, replaying a step that ran out of memory under a new plan, and the
 // advice when nothing can help.
-#include <loom/core/checkpoint.hpp>
 #include <loom/core/device_memory.hpp>
 #include <loom/core/estimator.hpp>
-#include <loom/core/error.hpp>
-#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
-#include <loom/core/metrics.hpp>
-#include <loom/core/safetensors.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include "trainer_internal.hpp"
 
-#include <loom/sdk/helpers.hpp>
-#include <loom/sdk/version.hpp>
-
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
-#include <ATen/DeviceAccelerator.h>
-#include <ATen/Parallel.h>
-#include <ATen/core/grad_mode.h>
-#include <ATen/ops/randperm.h>
-#include <ATen/ops/stack.h>
-#include <ATen/ops/zeros.h>
-#include <torch/cuda.h>
 #include <torch/nn/module.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <sys/resource.h>
-#include <unistd.h>
 
 namespace fs = std::filesystem;
-using json = nlohmann::ordered_json;
 
 namespace loom::core {
 

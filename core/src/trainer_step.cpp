@@ -1,44 +1,22 @@
 // One optimizer step and one evaluation: micro-batches under the precision strategy, the loss
 // and metrics as (sum, count) pairs, gradients summed over ranks and divided once, unscaling,
 // clipping, the update (skipped on non-finite gradients); the step's saved state for replays.
-#include <loom/core/checkpoint.hpp>
 #include <loom/core/device_memory.hpp>
-#include <loom/core/estimator.hpp>
-#include <loom/core/error.hpp>
-#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
-#include <loom/core/metrics.hpp>
-#include <loom/core/safetensors.hpp>
 #include <loom/core/text.hpp>
+#include <loom/core/metrics.hpp>
 #include <loom/core/trainer.hpp>
 #include "trainer_internal.hpp"
 
-#include <loom/sdk/helpers.hpp>
-#include <loom/sdk/version.hpp>
-
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
-#include <ATen/DeviceAccelerator.h>
-#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/ops/randperm.h>
-#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
-#include <torch/cuda.h>
 #include <torch/nn/module.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
-#include <sys/resource.h>
-#include <unistd.h>
 
 namespace fs = std::filesystem;
-using json = nlohmann::ordered_json;
 
 namespace loom::core {
 
