@@ -7,7 +7,7 @@
 # unresolved symbol fails the link instead of the load. The same function serves Loom's own
 # tree and plugins built out of tree after find_package(LoomSDK).
 #
-# KIND is one of model, dataset, precision, memory, parallel, optimizer, schedule. OUTPUT_DIRECTORY defaults to
+# KIND is one of model, dataset, precision, memory, parallel, optimizer, schedule, callback. OUTPUT_DIRECTORY defaults to
 # LOOM_PLUGIN_OUTPUT_DIRECTORY when set (Loom's tree sets it to its plugin folder).
 include_guard(GLOBAL)
 
@@ -18,7 +18,7 @@ function(loom_add_plugin)
   if(NOT ARG_NAME OR NOT ARG_KIND OR NOT ARG_SOURCES)
     message(FATAL_ERROR "loom_add_plugin: NAME, KIND and SOURCES are required")
   endif()
-  set(_kinds model dataset precision memory parallel optimizer schedule)
+  set(_kinds model dataset precision memory parallel optimizer schedule callback)
   if(NOT ARG_KIND IN_LIST _kinds)
     message(FATAL_ERROR "loom_add_plugin(${ARG_NAME}): KIND '${ARG_KIND}' is not one of ${_kinds}")
   endif()

@@ -37,8 +37,13 @@ const std::vector<Command>& commands() {
        cmd_bench},
       {"doctor", "what this machine offers: devices, memory, versions, TF32/bf16 support", "loom doctor", false,
        nullptr, cmd_doctor},
-      {"plugins", "list the loaded components and the refused plugin files",
-       "loom plugins [inspect FILE]", false, nullptr, cmd_plugins},
+      {"plugins", "list the loaded components and the refused plugin files; inspect or check one plugin",
+       "loom plugins [inspect FILE | check FILE [--dataset NAME]]", false,
+       [](po::options_description& d) {
+         d.add_options()("dataset", po::value<std::string>(),
+                         "check: the dataset a model is checked with (default: its plugin's own, else synthetic)");
+       },
+       cmd_plugins},
       {"config", "show the merged run configuration and where each value comes from",
        "loom config show [-c FILE] [--set section.key=value] ...", true, nullptr, cmd_config},
   };

@@ -1,7 +1,9 @@
 // `loom plugins`: what loaded and what was refused; `loom plugins inspect FILE`: one file's
-// descriptor and options, as far as the loader could read it.
+// descriptor and options, as far as the loader could read it; `loom plugins check FILE`: the
+// conformance suite of each of its components (core/conformance.hpp), pass or fail per check.
 #include "cli.hpp"
 
+#include <loom/core/conformance.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/text.hpp>
 #include <loom/sdk/options.hpp>
@@ -10,6 +12,8 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <stdlib.h>
+#include <unistd.h>
 
 namespace loom::cli {
 
@@ -56,6 +60,7 @@ void print_options(const core::ComponentInfo& c) {
 /// that provides a component of that name (`loom plugins inspect adamw`).
 std::filesystem::path inspected_file(const Invocation& invocation) {
   const std::string& arg = invocation.args[1];
+  const std::string verb = "loom plugins " + invocation.args[0];
   std::error_code ec;
   if (std::filesystem::exists(arg, ec) || arg.find('/') != std::string::npos || arg.ends_with(".so")) return arg;
   core::PluginRegistry registry;
@@ -66,9 +71,9 @@ std::filesystem::path inspected_file(const Invocation& invocation) {
       files.push_back(c.plugin->file);
   if (files.size() == 1) return files.front();
   if (files.empty())
-    throw Error("loom plugins inspect: '" + arg + "' is neither a file nor the name of a loaded component; "
+    throw Error(verb + ": '" + arg + "' is neither a file nor the name of a loaded component; "
                 "`loom plugins` lists the components and their files");
-  throw Error("loom plugins inspect: several plugins provide a component '" + arg + "' (" + files[0].string() +
+  throw Error(verb + ": several plugins provide a component '" + arg + "' (" + files[0].string() +
               ", " + files[1].string() + "); give the file");
 }
 
@@ -98,13 +103,54 @@ int inspect(const Invocation& invocation) {
   return report.accepted ? 0 : 1;
 }
 
+const char* outcome_word(core::ConformanceCheck::Outcome o) {
+  return o == core::ConformanceCheck::Outcome::kPass ? "pass" : o == core::ConformanceCheck::Outcome::kFail ? "FAIL" : "skip";
+}
+
+int check(const Invocation& invocation) {
+  if (invocation.args.size() != 2)
+    throw Error("usage: loom plugins check FILE|COMPONENT [--dataset NAME] (a plugin's .so file, or a component's name)");
+  const std::filesystem::path file = inspected_file(invocation);
+  core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  const auto loaded = registry.load(file);
+  if (!loaded.accepted) {
+    std::cout << file.string() << ": refused at stage " << loaded.refusal->stage << ": " << loaded.refusal->reason << "\n";
+    if (!loaded.refusal->hint.empty()) std::cout << "  hint: " << loaded.refusal->hint << "\n";
+    return 1;
+  }
+  scan_plugins(registry, invocation.options, /*log_refusals=*/false);  // the datasets a model is checked with
+  core::ConformanceOptions options;
+  if (invocation.options.count("dataset")) options.dataset = invocation.options["dataset"].as<std::string>();
+  // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache.
+  char scratch[] = "/tmp/loom-check-XXXXXX";
+  const bool own_cache = ::mkdtemp(scratch) != nullptr;
+  if (own_cache) ::setenv("LOOM_CACHE", scratch, 1);
+  std::cout << "plugin " << loaded.plugin_name << " " << loaded.plugin_version << " (" << file.string() << ")\n" << std::flush;
+  const auto reports = core::check_plugin(registry, file, options);
+  std::error_code ec;
+  if (own_cache) std::filesystem::remove_all(scratch, ec);
+  int passed = 0, failed = 0, skipped = 0;
+  for (const auto& r : reports) {
+    std::cout << "\n" << r.kind << " '" << r.component << "'" << (r.context.empty() ? "" : " (" + r.context + ")") << "\n";
+    for (const auto& c : r.checks) {
+      std::cout << "  " << outcome_word(c.outcome) << "  " << c.name << (c.reason.empty() ? "" : ": " + c.reason) << "\n";
+      (c.outcome == core::ConformanceCheck::Outcome::kPass ? passed : c.outcome == core::ConformanceCheck::Outcome::kFail ? failed : skipped)++;
+    }
+  }
+  std::cout << "\n" << passed + failed + skipped << " checks: " << passed << " passed, " << failed << " failed, " << skipped
+            << " skipped" << (failed ? "" : "; the plugin conforms") << "\n";
+  return failed ? 1 : 0;
+}
+
 }  // namespace
 
 int cmd_plugins(const Invocation& invocation) {
   if (!invocation.args.empty()) {
     if (invocation.args[0] == "inspect") return inspect(invocation);
+    if (invocation.args[0] == "check") return check(invocation);
     throw Error("loom plugins: unknown argument '" + invocation.args[0] +
-                "'; use `loom plugins` or `loom plugins inspect FILE`");
+                "'; use `loom plugins`, `loom plugins inspect FILE` or `loom plugins check FILE`");
   }
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options, /*log_refusals=*/false);

@@ -4,10 +4,12 @@
 
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
-#include <loom/core/metrics.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 
+#include <loom/sdk/helpers.hpp>
+
+#include <algorithm>
 #include <filesystem>
 
 namespace fs = std::filesystem;
@@ -38,19 +40,27 @@ int cmd_train(const Invocation& invocation) {
   const core::TrainSummary s = trainer.train();
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);
-  core::log::info("done      ", s.steps, " steps in ", core::format_duration(s.seconds), " of training, ", rate,
+  core::log::info("done      ", s.steps, " steps in ", sdk::format_duration(s.seconds), " of training, ", rate,
                   s.final_eval ? "; " + eval_line(trainer, *s.final_eval) : std::string());
   core::log::info("memory    peak ", core::format_bytes(s.peak_memory), " allocated",
                   trainer.device().is_cpu() ? " (Loom's CPU allocator), " : " on the device, ",
                   core::format_bytes(s.peak_resident), " resident",
                   s.oom_recoveries ? "; " + std::to_string(s.oom_recoveries) + " out-of-memory recoveries" : std::string());
+  if (!s.stop_reason.empty()) core::log::info("stopped   early at step ", s.steps, ": ", s.stop_reason);
+  // Only files that exist: the callbacks a run selects decide what it writes, and no best file
+  // is written when no evaluation measured the best metric.
   const fs::path run = s.run_dir;
-  // Only files that exist: no best file is written when no evaluation measured the best metric.
+  std::vector<std::string> files;
   const std::string best = "best_" + trainer.options().best_metric + ".safetensors";
-  core::log::info("files     ", (run / "checkpoints").string(), " (step folders",
-                  fs::exists(run / "checkpoints" / best) ? ", " + best : std::string(), "), ",
-                  (run / "metrics.jsonl").string(), ", ", (run / "tensorboard").string(),
-                  " (tensorboard --logdir ", run.string(), ")");
+  if (fs::exists(run / "checkpoints" / best)) files.push_back((run / "checkpoints" / best).string());
+  std::error_code ec;
+  const bool any_step = fs::is_directory(run / "checkpoints") &&
+                        std::any_of(fs::directory_iterator(run / "checkpoints", ec), fs::directory_iterator(),
+                                    [](const fs::directory_entry& e) { return e.path().filename().string().rfind("step_", 0) == 0; });
+  if (any_step) files.push_back((run / "checkpoints").string() + " (step folders)");
+  if (fs::exists(run / "metrics.jsonl")) files.push_back((run / "metrics.jsonl").string());
+  if (fs::exists(run / "tensorboard")) files.push_back((run / "tensorboard").string() + " (tensorboard --logdir " + run.string() + ")");
+  core::log::info("files     ", files.empty() ? std::string("none (trainer.callbacks selects no writer)") : core::join(files, ", "));
   return 0;
 }
 
@@ -72,7 +82,7 @@ int cmd_eval(const Invocation& invocation) {
   trainer.setup_for_evaluation();
   trainer.load_weights(checkpoint);
   const core::EvalResult e = trainer.evaluate();
-  core::log::info(checkpoint.string(), ": ", eval_line(trainer, e), " (", core::format_duration(e.seconds), ")");
+  core::log::info(checkpoint.string(), ": ", eval_line(trainer, e), " (", sdk::format_duration(e.seconds), ")");
   return 0;
 }
 

@@ -58,28 +58,16 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
   return final_dir;
 }
 
-fs::path CheckpointStore::save_best(const std::string& metric, double value, int64_t step, const sdk::TensorMap& model,
-                                   sdk::TextMap metadata) {
-  const fs::path path = dir_ / ("best_" + metric + ".safetensors");
-  metadata["metric"] = metric;
-  metadata["value"] = std::to_string(value);
-  metadata["step"] = std::to_string(step);
+fs::path CheckpointStore::save_weights(const std::string& file_name, const sdk::TensorMap& model,
+                                      const sdk::TextMap& metadata) {
+  const bool plain = !file_name.empty() && file_name.front() != '.' && file_name.find('/') == std::string::npos &&
+                     file_name.size() > 12 && file_name.ends_with(".safetensors") && file_name.rfind("step_", 0) != 0;
+  if (!plain)
+    throw Error("cannot save weights as '" + file_name + "': a weights file is a plain name ending in .safetensors, "
+                "not starting with '.' or 'step_', without '/'");
+  const fs::path path = dir_ / file_name;
   save_safetensors(path, model, metadata);
   return path;
-}
-
-std::optional<double> CheckpointStore::best_value(const std::string& metric) const {
-  const fs::path path = dir_ / ("best_" + metric + ".safetensors");
-  if (!fs::exists(path)) return std::nullopt;
-  try {
-    // Only the header is needed, but the files are small.
-    sdk::TextMap metadata;
-    load_safetensors(path, &metadata);
-    return std::stod(metadata.at("value"));
-  } catch (const std::exception& e) {
-    log::warn("ignoring ", path.string(), ": ", e.what());
-    return std::nullopt;
-  }
 }
 
 Checkpoint CheckpointStore::load(const fs::path& dir) {

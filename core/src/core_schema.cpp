@@ -34,6 +34,9 @@ Schema core_schema() {
             key(LOOM_OPTION_BOOL, "use_scheduler", "true", "with schedule = auto: warm-up then cosine decay (false: constant)"),
             key(LOOM_OPTION_FLOAT, "clip_grad_norm", "1.0", "clip gradients to this global norm; 0 turns clipping off"),
             key(LOOM_OPTION_INT, "reference_batch", "0", "linear LR scaling: lr x batch_size / reference_batch; 0 turns it off"),
+            key(LOOM_OPTION_LIST, "callbacks", "progress, jsonl, tensorboard, checkpoint, best, memory_summary",
+                "callback plugins, called in this order (their options in [callback.<name>]); add early_stopping "
+                "to stop when the validation metric stops improving"),
             key(LOOM_OPTION_INT, "eval_every", "0", "evaluate every N steps; 0: at the end of each epoch"),
             key(LOOM_OPTION_INT, "log_every", "10", "write metrics every N steps"),
             key(LOOM_OPTION_INT, "checkpoint_every", "0", "save every N steps; 0: at each evaluation"),

@@ -2,6 +2,7 @@
 #include <loom/core/kinds.hpp>
 
 #include <loom/sdk/abi.h>
+#include <loom/sdk/callback.hpp>
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/memory_policy.hpp>
 #include <loom/sdk/model.hpp>
@@ -31,6 +32,7 @@ const std::vector<KindInfo>& kinds() {
       row<sdk::ParallelStrategy>("parallel", "parallel strategy", "parallel.name", false, "parallel"),
       row<sdk::Optimizer>("optimizer", "optimizer", "trainer.optimizer", false, "optimizer"),
       row<sdk::Schedule>("schedule", "learning-rate schedule", "trainer.schedule", false, "schedule"),
+      row<sdk::Callback>("callback", "callback", "trainer.callbacks", true, "callback"),
   };
   return table;
 }

@@ -9,6 +9,8 @@
 
 #include <cstring>
 #include <mutex>
+#include <string>
+#include <unistd.h>
 
 namespace loom::core {
 
@@ -21,7 +23,9 @@ spdlog::level::level_enum to_spdlog(uint32_t level) {
 std::shared_ptr<spdlog::logger> logger() {
   static std::shared_ptr<spdlog::logger> instance = [] {
     auto l = spdlog::stderr_color_mt("loom");
-    l->set_pattern("%^[%H:%M:%S %L]%$ %v");
+    // On a terminal a line first clears the one it is written over: the progress callback's live
+    // line, redrawn at its next update.
+    l->set_pattern(std::string(::isatty(STDERR_FILENO) ? "\r\033[2K" : "") + "%^[%H:%M:%S %L]%$ %v");
     l->set_level(spdlog::level::info);
     return l;
   }();

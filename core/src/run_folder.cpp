@@ -3,7 +3,6 @@
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
-#include <loom/core/metrics.hpp>
 #include <loom/core/trainer.hpp>
 #include "trainer_internal.hpp"
 
@@ -83,7 +82,8 @@ void Trainer::open_run() {
   } else if (!checkpoint.empty()) {
     load_checkpoint(checkpoint);
   }
-  metrics_ = std::make_unique<MetricsWriter>(run_dir_, resumed_at_);
+  if (!checkpoint.empty() && resumed_at_ >= 0)
+    notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, checkpoint); });
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
   write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");

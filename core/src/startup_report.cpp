@@ -90,6 +90,14 @@ void Trainer::report_startup() const {
               device_.is_cpu() && options_.device_memory_limit > 0 ? " (--device-memory-limit: the CPU acts as a device of that size)" : "");
   for (const auto& policy : memory_policies_) log::info("memory    ", policy->describe());
   if (predicted_peak_ > 0) log::info("memory    estimated peak ", format_bytes(predicted_peak_), " at micro-batch ", plan_.micro_batch);
+  std::vector<std::string> names;
+  for (const auto& [name, callback] : callbacks_) {
+    names.push_back(name);
+    const std::string text = callback->describe();
+    if (log::enabled(LOOM_LOG_DEBUG) && !text.empty()) log::debug("callback  ", text);
+  }
+  log::info("callbacks ", names.empty() ? std::string("none") : join(names, ", "), "; evaluation every ", eval_every_,
+            " steps on the ", sdk::split_name(selection_split()), " split, best by ", options_.best_metric);
 }
 
 }  // namespace loom::core

@@ -7,8 +7,8 @@
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/checkpoint.hpp>
-#include <loom/core/metrics.hpp>
 #include <loom/core/trainer.hpp>
+#include "run_context.hpp"
 #include "trainer_internal.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -62,6 +62,7 @@ void Trainer::setup() {
     build_components(/*with_optimizer=*/true);
     build_plan();
     build_loaders();
+    build_callbacks();
   });
   in_phase("opening the run folder", [&] { open_run(); });
   report_startup();
@@ -276,6 +277,7 @@ void Trainer::build_loaders() {
   if (per_epoch < 1 && options_.max_steps == 0)
     throw Error("one epoch has fewer micro-batches than one optimizer step needs; lower the batch or set trainer.max_steps");
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
+  eval_every_ = options_.eval_every > 0 ? options_.eval_every : std::max<int64_t>(1, per_epoch);
 
   if (dataset_->size(sdk::Split::kTest) > 0) test_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTest, eval);
 }

@@ -1,6 +1,6 @@
-// Checkpoint IO of a run: what a checkpoint holds (model, optimizer, precision, schedule, RNG,
-// data position, plan; state.json), saving it, and loading it back after checking that it fits
-// this run (ResumeRefused when it does not). The files themselves: checkpoint.cpp.
+// Checkpoint IO of a run: what a checkpoint holds (model, optimizer, precision, schedule, each
+// callback's state, RNG, data position, plan; state.json), saving it, and loading it back after
+// checking that it fits this run (ResumeRefused when it does not). The files: checkpoint.cpp.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/safetensors.hpp>
@@ -20,6 +20,34 @@ using json = nlohmann::ordered_json;
 namespace loom::core {
 
 using namespace detail;
+
+namespace {
+
+/// Gives each callback of this run its state from a checkpoint. A callback the checkpoint has no
+/// state for (added on resume) starts fresh; the state of one this run does not select stays in
+/// the checkpoint.
+void load_callback_states(const std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>>& callbacks,
+                          const json& saved, const sdk::TensorMap& extra, const fs::path& dir) {
+  for (const auto& [name, callback] : callbacks) {
+    if (!saved.contains(name)) {
+      log::info("callback '", name, "' has no state in ", dir.string(), "; it starts fresh");
+      continue;
+    }
+    sdk::State state;
+    for (const auto& [k, v] : saved[name].items()) {
+      if (!v.is_string())
+        throw Error((dir / "state.json").string() + ": the state of callback '" + name + "' is damaged (key '" + k +
+                    "' is not text)");
+      state.text[k] = v.get<std::string>();
+    }
+    const std::string prefix = "callback." + name + ".";
+    for (const auto& [k, t] : extra)
+      if (k.rfind(prefix, 0) == 0) state.tensors[k.substr(prefix.size())] = t;
+    in_phase("restoring the state of callback '" + name + "' from " + dir.string(), [&] { callback->load_state_dict(state); });
+  }
+}
+
+}  // namespace
 
 sdk::TensorMap Trainer::model_tensors() const {
   sdk::TensorMap out;
@@ -46,6 +74,9 @@ std::string Trainer::state_json() const {
                     {"state", precision.text}};
   s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
   s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}};
+  json callbacks = json::object();
+  for (const auto& [name, callback] : callbacks_) callbacks[name] = callback->state_dict().text;
+  s["callbacks"] = callbacks;
   return s.dump(2) + "\n";
 }
 
@@ -56,9 +87,13 @@ fs::path Trainer::save_checkpoint() {
   const sdk::State precision = precision_->state_dict();
   for (const auto& [k, t] : precision.tensors) extra["precision." + k] = t;
   for (const auto& [k, t] : schedule_->state_dict().tensors) extra["schedule." + k] = t;
+  for (const auto& [name, callback] : callbacks_)
+    for (const auto& [k, t] : callback->state_dict().tensors) extra["callback." + name + "." + k] = t;
   extra["rng.cpu"] = cpu_generator().get_state();
   if (device_.is_cuda()) extra["rng.device"] = device_generator(device_).get_state();
-  return checkpoints_->save(step_, model_tensors(), extra, state_json(), options_.keep_last);
+  const fs::path dir = checkpoints_->save(step_, model_tensors(), extra, state_json(), options_.keep_last);
+  notify("on_checkpoint_saved", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_saved(run, dir); });
+  return dir;
 }
 
 void Trainer::load_checkpoint(const fs::path& dir) {
@@ -107,6 +142,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   optimizer_->load_state_dict(optimizer);
   precision_->load_state_dict(precision);
   schedule_->load_state_dict(schedule);
+  load_callback_states(callbacks_, s.contains("callbacks") ? s["callbacks"] : json::object(), c.extra, dir);
   if (auto it = c.extra.find("rng.cpu"); it != c.extra.end()) cpu_generator().set_state(it->second);
   if (auto it = c.extra.find("rng.device"); it != c.extra.end() && device_.is_cuda()) device_generator(device_).set_state(it->second);
 

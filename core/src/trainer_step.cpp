@@ -4,7 +4,6 @@
 #include <loom/core/device_memory.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
-#include <loom/core/metrics.hpp>
 #include <loom/core/trainer.hpp>
 #include "trainer_internal.hpp"
 
@@ -54,17 +53,6 @@ void Trainer::restore(const StepState& s) {
   if (s.device_rng.defined()) device_generator(device_).set_state(s.device_rng);
   parameters_.zero_grad();
   restore_buffers(s.buffers);
-}
-
-void Trainer::report_evaluation(const EvalResult& e) {
-  const std::string prefix = e.split == sdk::Split::kValidation ? "val/" : "test/";
-  std::map<std::string, double> m{{prefix + "loss", e.loss}};
-  for (const auto& [k, v] : e.metrics) m[prefix + k] = v;
-  metrics_->write(step_, m);
-  std::string line = std::string(e.split == sdk::Split::kValidation ? "validation" : "test") + " step " +
-                     std::to_string(step_) + ": " + format_metric("loss", e.loss);
-  for (const auto& [k, v] : e.metrics) line += ", " + format_metric(k, v);
-  log::info(line, " (", format_duration(e.seconds), ")");
 }
 
 double Trainer::current_lr() const {
@@ -156,6 +144,7 @@ StepResult Trainer::train_step() {
     for (auto& g : grads) g.mul_(inverse);
   }
   if (gradient_hook_) gradient_hook_(grads);
+  notify("on_after_backward", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_after_backward(run, grads); });
   if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after backward: ", memory_->stats().peak);
   // What the step reports does not depend on the update: computed first, so that nothing after
   // the update allocates more than the scaler's few bytes.
@@ -171,6 +160,7 @@ StepResult Trainer::train_step() {
   if (finite) result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
   committed_ = true;
   if (finite) {
+    notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
     optimizer_->step(result.lr);
     if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
   } else {

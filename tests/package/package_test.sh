@@ -30,7 +30,8 @@ cmake -S "$source/examples/third_party_plugin" -B "$work/example" -G Ninja \
   -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >"$work/configure.log" 2>&1 \
   || { cat "$work/configure.log"; fail "configure failed"; }
 cmake --build "$work/example" >"$work/build.log" 2>&1 || { cat "$work/build.log"; fail "build failed"; }
-for plugin in libloom_model_mlp_classifier.so libloom_dataset_regression.so libloom_memory_micro_batch_cap.so; do
+for plugin in libloom_model_mlp_classifier.so libloom_dataset_regression.so libloom_memory_micro_batch_cap.so \
+              libloom_callback_divergence_guard.so; do
   plugin="$work/example/$plugin"
   test -f "$plugin" || fail "no $plugin"
   step "$(basename "$plugin") exports only its entry point and needs nothing of the host"
@@ -44,6 +45,8 @@ for plugin in libloom_model_mlp_classifier.so libloom_dataset_regression.so libl
     fail "the plugin links a host library"
   fi
   "$loom" plugins inspect "$plugin" | grep -q "status: *accepted" || fail "inspect does not accept $plugin"
+  check="$("$loom" plugins check "$plugin" 2>&1)" || { echo "$check"; fail "$plugin does not pass loom plugins check"; }
+  echo "$check" | tail -1
 done
 
 step "the CLI loads and lists them"
@@ -52,7 +55,8 @@ echo "$out"
 for row in 'model +mlp_classifier +1\.0\.0 +libloom_model_mlp_classifier\.so' \
            'dataset +sine_regression +1\.0\.0 +libloom_dataset_regression\.so' \
            'model +mlp_regressor +1\.0\.0 +libloom_dataset_regression\.so' \
-           'memory +micro_batch_cap +1\.0\.0 +libloom_memory_micro_batch_cap\.so'; do
+           'memory +micro_batch_cap +1\.0\.0 +libloom_memory_micro_batch_cap\.so' \
+           'callback +divergence_guard +1\.0\.0 +libloom_callback_divergence_guard\.so'; do
   echo "$out" | grep -E "^$row" >/dev/null || fail "loom plugins does not list: $row"
 done
 
@@ -65,4 +69,15 @@ echo "$out" | grep -E "plan|validation step|test step|done"
 echo "$out" | grep -qE "plan: 64 = 64 x 1 x 1 -> 16 x 4 x 1 \(micro_batch_cap" || fail "the policy did not split the batch"
 echo "$out" | grep -qE "test step 60: loss [0-9.]+, MAE [0-9.]+, MSE [0-9.]+" || fail "no test evaluation with MSE and MAE"
 test -f "$work/runs/regression/checkpoints/best_mse.safetensors" || fail "no best_mse.safetensors (best_metric auto: the first metric)"
+step "a run that the out-of-tree callback stops"
+# factor 1: any logged loss above the lowest so far counts as diverging, so it stops early.
+out="$("$loom" train --plugin-dir "$work/example" --set data.name=sine_regression --set model.name=mlp_regressor \
+  --set trainer.callbacks="jsonl, checkpoint, divergence_guard" --set callback.divergence_guard.factor=1 \
+  --set callback.divergence_guard.grace=1 --set trainer.log_every=1 --set trainer.batch_size=64 \
+  --set trainer.max_steps=200 --set trainer.device=cpu --set precision.name=fp32 \
+  --set trainer.work_dir="$work/runs" --set trainer.name=guarded 2>&1)" || { echo "$out"; fail "the guarded run failed"; }
+echo "$out" | grep -E "divergence_guard|stopped|done"
+stop="$(echo "$out" | sed -nE 's/.*stopped +early at step ([0-9]+): divergence_guard: .*/\1/p')"
+[ -n "$stop" ] && [ "$stop" -lt 200 ] || fail "divergence_guard did not stop the run"
+test -d "$work/runs/guarded/checkpoints/$(printf 'step_%08d' "$stop")" || fail "no checkpoint of step $stop, where it stopped"
 echo "package test passed"

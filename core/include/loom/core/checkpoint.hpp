@@ -5,7 +5,7 @@
 //                          and data's configuration, metrics
 // A folder is written as .step_00000300.tmp, every file fsynced, then renamed into place, so a
 // folder named step_* is always complete: a run killed at any moment loses only the step in
-// progress. The best model by a chosen metric is kept beside them as best_<metric>.safetensors.
+// progress. Weights files sit beside them (the best callback's best_<metric>.safetensors).
 #pragma once
 
 #include <loom/sdk/types.hpp>
@@ -34,13 +34,10 @@ class CheckpointStore {
   std::filesystem::path save(int64_t step, const sdk::TensorMap& model, const sdk::TensorMap& extra,
                              const std::string& state_json, int64_t keep_last);
 
-  /// Writes best_<metric>.safetensors: model tensors, with the step, the value and `metadata`
-  /// (the model's and data's configuration) in the file's metadata.
-  std::filesystem::path save_best(const std::string& metric, double value, int64_t step, const sdk::TensorMap& model,
-                                  sdk::TextMap metadata);
-
-  /// The value of the best checkpoint so far, if any.
-  std::optional<double> best_value(const std::string& metric) const;
+  /// Writes <checkpoints>/<file_name> (a plain *.safetensors name): the model's tensors with
+  /// `metadata`, atomically. The best checkpoint is one (best_<metric>.safetensors).
+  std::filesystem::path save_weights(const std::string& file_name, const sdk::TensorMap& model,
+                                     const sdk::TextMap& metadata);
 
   /// Complete step folders, oldest first.
   std::vector<std::filesystem::path> list() const;

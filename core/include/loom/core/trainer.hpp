@@ -18,6 +18,7 @@
 #include <loom/core/parameters.hpp>
 #include <loom/core/plugin_registry.hpp>
 
+#include <loom/sdk/callback.hpp>
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/memory_policy.hpp>
 #include <loom/sdk/model.hpp>
@@ -38,7 +39,6 @@
 namespace loom::core {
 
 class CheckpointStore;
-class MetricsWriter;
 
 /// The [trainer] and [data] loader settings, read once from the resolved configuration.
 struct TrainerOptions {
@@ -72,19 +72,8 @@ struct StepResult {
   std::map<std::string, double> metrics;  ///< e.g. accuracy of the batch
 };
 
-struct EvalResult {
-  sdk::Split split = sdk::Split::kTest;
-  double loss = 0;
-  std::map<std::string, double> metrics;  ///< by the model's metric names; NaN where a count was 0
-  int64_t samples = 0;
-  double seconds = 0;
-  /// The value of `name` ("loss" or a metric), if it was measured and is finite.
-  std::optional<double> value(const std::string& name) const {
-    if (name == "loss") return std::isfinite(loss) ? std::optional<double>(loss) : std::nullopt;
-    auto it = metrics.find(name);
-    return it != metrics.end() && std::isfinite(it->second) ? std::optional<double>(it->second) : std::nullopt;
-  }
-};
+/// One evaluation over a whole split (the callbacks' EvalReport).
+using EvalResult = sdk::EvalReport;
 
 struct TrainSummary {
   int64_t steps = 0;
@@ -96,6 +85,7 @@ struct TrainSummary {
   int64_t predicted_peak = -1;    ///< the estimator's prediction at the final plan, if it ran
   int64_t oom_recoveries = 0;
   double recovery_seconds = 0;    ///< time spent unwinding and re-planning (replays excluded)
+  std::string stop_reason;        ///< why a callback stopped the run before its end, else empty
   std::filesystem::path run_dir;
 };
 
@@ -126,7 +116,8 @@ class Trainer {
   /// Loads only the model's weights from a checkpoint folder or a best_<metric>.safetensors file.
   void load_weights(const std::filesystem::path& checkpoint);
 
-  /// Trains to the end (max_steps or epochs), evaluating, checkpointing and reporting.
+  /// Trains to the end (max_steps or epochs, or until a callback asks to stop), evaluating every
+  /// trainer.eval_every steps; the callbacks write, checkpoint and report (sdk/callback.hpp).
   TrainSummary train();
 
   /// One optimizer step.
@@ -174,8 +165,8 @@ class Trainer {
   void restore_buffers(const std::vector<at::Tensor>& saved);
 
   /// Called every step with the gradients once they are summed over ranks and divided by the
-  /// global count, before unscaling and clipping: for gradient inspection, and for tests that
-  /// inject faults (an inf or a NaN).
+  /// global count, before unscaling and clipping (before the callbacks' on_after_backward): for
+  /// tests that inject faults (an inf or a NaN).
   void set_gradient_hook(std::function<void(const std::vector<at::Tensor>&)> hook) { gradient_hook_ = std::move(hook); }
 
   sdk::PrecisionStrategy& precision() { return *precision_; }
@@ -192,6 +183,8 @@ class Trainer {
   sdk::Model& model() { return *model_; }
   const std::filesystem::path& run_dir() const { return run_dir_; }
   const TrainerOptions& options() const { return options_; }
+  /// The run's callbacks by name, in trainer.callbacks order (after setup).
+  const std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>>& callbacks() const { return callbacks_; }
   /// The metrics of this run's model, "loss" included (after setup).
   const std::map<std::string, sdk::MetricSpec>& metric_specs() const { return metric_specs_; }
   /// "accuracy 88.89 %", "RMSE 0.8123": a metric's value as its spec says to show it.
@@ -209,14 +202,30 @@ class Trainer {
   void build_optimizer();
   void build_schedule();
   void build_loaders();
+  void build_callbacks();
   void open_run();
+
+  /// What callbacks see of the run (trainer_callbacks.cpp).
+  class Context;
+  /// Calls `hook` on each callback in order; an error names the callback and the hook.
+  void notify(const char* hook, const std::function<void(sdk::Callback&, sdk::RunContext&)>& call);
+  /// The split evaluations during training use: validation when the run has one, else test.
+  sdk::Split selection_split() const;
+  /// Evaluates `split` if the run has it, then logs and tells the callbacks. Whether it ran.
+  bool evaluate_and_report(sdk::Split split);
+  /// The values the callbacks' on_log gets for a window of steps ending with `last`.
+  std::map<std::string, double> step_values(const StepResult& last) const;
+  sdk::StepReport step_report(const StepResult& r, double seconds) const;
+  /// The summary, the callbacks' on_run_end, the memory snapshot.
+  TrainSummary finish_run(int64_t first_step, double train_seconds);
+  /// Saves the model's weights as <run>/checkpoints/<file_name> (RunContext::save_weights).
+  std::filesystem::path save_weights(const std::string& file_name, const sdk::TextMap& metadata);
 
   EvalResult evaluate_once(DataLoader& loader);
   /// One micro-batch, the same for a training step, an evaluation and a memory probe: forward
   /// under the precision strategy's guard and, when `train`, the scaled loss's backward.
   sdk::ModelOutput run_micro_batch(const sdk::Batch& batch, bool train);
   DataLoader* eval_loader(sdk::Split split) const;
-  void report_evaluation(const EvalResult& e);
   /// Per metric: (sum, count) over the micro-batches so far.
   using MetricSums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
   void add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const;
@@ -257,7 +266,11 @@ class Trainer {
   int64_t held_out_ = 0;  ///< training samples held out for validation
   std::filesystem::path run_dir_;
   std::unique_ptr<CheckpointStore> checkpoints_;
-  std::unique_ptr<MetricsWriter> metrics_;
+  std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>> callbacks_;
+  std::unique_ptr<Context> context_;
+  std::string stop_reason_;
+  std::optional<EvalResult> last_eval_;
+  int64_t eval_every_ = 1;
   int64_t resumed_at_ = -1;
   std::function<void(const std::vector<at::Tensor>&)> gradient_hook_;
   std::unique_ptr<sdk::DeviceMemory> memory_;

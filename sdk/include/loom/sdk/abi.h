@@ -6,7 +6,7 @@
  * section `loom`, so the host can find it with a static read of the file before loading it.
  * The descriptor names the plugin, carries the fingerprint of the toolchain it was built with
  * and lists its components (a model, a dataset, a precision strategy, a memory policy, a
- * parallel strategy, an optimizer or a learning-rate schedule), each with its options schema
+ * parallel strategy, an optimizer, a learning-rate schedule or a callback), each with its options schema
  * and a factory.
  *
  * This header is C, uses fixed-width types only, and is the part of the SDK that never
@@ -34,7 +34,7 @@ extern "C" {
 /* 'LOOM' read as a little-endian 32-bit word. */
 #define LOOM_ABI_MAGIC 0x4D4F4F4Cu
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 1
+#define LOOM_ABI_MINOR 2
 
 /* The entry symbol's name and the ELF section it lives in. */
 #define LOOM_ENTRY_SYMBOL "loom_plugin_entry_v1"
@@ -55,7 +55,8 @@ typedef enum loom_kind {
   LOOM_KIND_MEMORY = 4,
   LOOM_KIND_PARALLEL = 5,
   LOOM_KIND_OPTIMIZER = 6, /* since ABI 1.1 */
-  LOOM_KIND_SCHEDULE = 7   /* since ABI 1.1 */
+  LOOM_KIND_SCHEDULE = 7,  /* since ABI 1.1 */
+  LOOM_KIND_CALLBACK = 8   /* since ABI 1.2 */
 } loom_kind;
 
 /* Types of option values. Values always travel as text; the type says how the host validates

@@ -1,5 +1,5 @@
 // Small helpers that plugins of several kinds need, in the SDK so that out-of-tree plugins use
-// the same ones as Loom's own: sizes for messages, splitting a global batch into micro-batches,
+// the same ones as Loom's own: sizes and durations for messages, splitting a global batch into micro-batches,
 // a device's compute capability and the TF32 switches. Header-only; LibTorch and std only.
 #pragma once
 
@@ -11,6 +11,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -30,6 +31,17 @@ inline std::string format_bytes(int64_t bytes) {
   char buffer[32];
   if (unit == 0) std::snprintf(buffer, sizeof buffer, "%lld B", static_cast<long long>(bytes));
   else std::snprintf(buffer, sizeof buffer, "%.1f %s", value, units[unit]);
+  return buffer;
+}
+
+/// "1h02m", "3m05s", "12s": a duration for messages; "?" when not finite or negative.
+inline std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<long long>(std::llround(seconds));
+  char buffer[32];
+  if (s >= 3600) std::snprintf(buffer, sizeof buffer, "%lldh%02lldm", s / 3600, s / 60 % 60);
+  else if (s >= 60) std::snprintf(buffer, sizeof buffer, "%lldm%02llds", s / 60, s % 60);
+  else std::snprintf(buffer, sizeof buffer, "%llds", s);
   return buffer;
 }
 

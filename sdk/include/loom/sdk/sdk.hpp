@@ -3,6 +3,7 @@
 
 #include <loom/sdk/abi.h>
 #include <loom/sdk/amp.hpp>
+#include <loom/sdk/callback.hpp>
 #include <loom/sdk/compat.hpp>
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/error.hpp>

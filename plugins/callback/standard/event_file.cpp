@@ -1,23 +1,16 @@
-// Metrics: JSON lines, TensorBoard event files (TFRecord framing, hand-encoded protobuf), and the
-// progress line. See metrics.hpp; the event format is in research/libtorch-api.md section 13.
-#include <loom/core/error.hpp>
-#include <loom/core/files.hpp>
-#include <loom/core/metrics.hpp>
+// TensorBoard event files (event_file.hpp): TFRecord framing and hand-encoded protobuf.
+#include "event_file.hpp"
 
-#include <nlohmann/json.hpp>
+#include <loom/sdk/error.hpp>
 
 #include <array>
 #include <chrono>
-#include <cmath>
-#include <cstdio>
 #include <cstring>
-#include <iostream>
-#include <sstream>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
 
-namespace loom::core {
+namespace loom::callbacks {
 
 namespace {
 
@@ -98,7 +91,7 @@ EventFileWriter::EventFileWriter(const fs::path& dir) {
   }
   path_ = p;
   out_.open(path_, std::ios::binary | std::ios::app);
-  if (!out_) throw Error("cannot create the TensorBoard file " + path_.string());
+  if (!out_) throw loom::sdk::Error("cannot create the TensorBoard file " + path_.string());
   std::string e = event_header(0);
   put_bytes_field(e, 3, "brain.Event:2");  // file_version
   write_event(e);
@@ -136,70 +129,4 @@ void EventFileWriter::scalar(const std::string& tag, int64_t step, double value)
   write_event(e);
 }
 
-void EventFileWriter::flush() { out_.flush(); }
-
-MetricsWriter::MetricsWriter(const fs::path& run_dir, int64_t resume_step)
-    : jsonl_path_(run_dir / "metrics.jsonl"), tb_dir_(run_dir / "tensorboard"), events_(tb_dir_) {
-  if (resume_step >= 0 && fs::exists(jsonl_path_)) {
-    // Keep what the interrupted run wrote up to the checkpoint; a torn last line is dropped.
-    std::istringstream in(read_file(jsonl_path_));
-    std::string line, kept;
-    while (std::getline(in, line)) {
-      try {
-        const auto j = nlohmann::json::parse(line);
-        if (j.value("step", int64_t{0}) <= resume_step) kept += line + "\n";
-      } catch (const std::exception&) {
-      }
-    }
-    write_file_atomic(jsonl_path_, kept);
-    events_.purge_from(resume_step + 1);
-  }
-  jsonl_.open(jsonl_path_, std::ios::app);
-  if (!jsonl_) throw Error("cannot write " + jsonl_path_.string());
-}
-
-void MetricsWriter::write(int64_t step, const std::map<std::string, double>& values) {
-  nlohmann::ordered_json j;
-  j["step"] = step;
-  for (const auto& [k, v] : values) {
-    j[k] = std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
-    events_.scalar(k, step, v);
-  }
-  jsonl_ << j.dump() << "\n";
-  jsonl_.flush();
-}
-
-Progress::Progress(int64_t total_steps) : total_(total_steps), tty_(::isatty(STDERR_FILENO) != 0) {}
-
-void Progress::update(int64_t step, const std::string& fields) {
-  const std::string width = std::to_string(std::to_string(total_).size());
-  char head[64];
-  std::snprintf(head, sizeof head, ("step %" + width + "lld/%lld").c_str(), static_cast<long long>(step),
-                static_cast<long long>(total_));
-  if (tty_) {
-    std::cerr << "\r\033[2K" << head << " | " << fields << std::flush;
-    live_ = true;
-    return;
-  }
-  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  if (now - last_plain_ < 5.0 && step != total_) return;
-  last_plain_ = now;
-  std::cerr << head << " | " << fields << "\n" << std::flush;
-}
-
-void Progress::finish() {
-  if (live_) std::cerr << "\n" << std::flush;
-  live_ = false;
-}
-
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const auto s = static_cast<int64_t>(std::llround(seconds));
-  char buffer[32];
-  if (s >= 3600) std::snprintf(buffer, sizeof buffer, "%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s / 60 % 60));
-  else if (s >= 60) std::snprintf(buffer, sizeof buffer, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
-  else std::snprintf(buffer, sizeof buffer, "%llds", static_cast<long long>(s));
-  return buffer;
-}
-
-}  // namespace loom::core
+}  // namespace loom::callbacks

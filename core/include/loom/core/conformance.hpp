@@ -1,0 +1,45 @@
+// Conformance of a plugin's components: per kind, the contract the host relies on, checked on
+// the component itself (a model's loss is a sum, a dataset's batches match its spec, a memory
+// policy keeps the global batch, an optimizer's and a callback's state round-trip, ...). The
+// same functions serve `loom plugins check FILE`, which third parties run on their own plugins,
+// and the conformance tests that run them over every in-tree plugin and the examples.
+#pragma once
+
+#include <loom/core/plugin_registry.hpp>
+
+#include <string>
+#include <vector>
+
+namespace loom::core {
+
+struct ConformanceCheck {
+  enum class Outcome { kPass, kFail, kSkip };
+  std::string name;    ///< "loss_is_a_sum"
+  Outcome outcome = Outcome::kPass;
+  std::string reason;  ///< why it failed or was skipped; empty for a pass
+};
+
+struct ConformanceReport {
+  std::string kind, component;
+  std::string context;  ///< what it was checked with ("with dataset synthetic"), if anything
+  std::vector<ConformanceCheck> checks;
+  bool passed() const;  ///< no check failed (skipped ones do not count)
+};
+
+struct ConformanceOptions {
+  /// For a model: the dataset component it is shaped to and fed from. Empty: a dataset of the
+  /// model's own plugin if it has one, else the first of `fallback_datasets` the registry has.
+  std::string dataset;
+  std::vector<std::string> fallback_datasets{"synthetic", "fashion_mnist"};
+};
+
+/// Runs the suite of `component`'s kind on a fresh instance built with its default options.
+/// Never throws for a component's failure: that is a failed check with its reason.
+ConformanceReport check_component(const PluginRegistry& registry, const ComponentInfo& component,
+                                  const ConformanceOptions& options = {});
+
+/// The suites of every component of the plugin loaded from `file`, in the plugin's order.
+std::vector<ConformanceReport> check_plugin(const PluginRegistry& registry, const std::filesystem::path& file,
+                                            const ConformanceOptions& options = {});
+
+}  // namespace loom::core

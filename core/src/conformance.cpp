@@ -1,0 +1,292 @@
+// Conformance suites (conformance.hpp): the runner, and the suites of the kinds that feed the
+// step (model, dataset). The other kinds' suites: conformance_kinds.cpp.
+#include <loom/core/conformance.hpp>
+#include <loom/core/kinds.hpp>
+#include <loom/core/text.hpp>
+#include "conformance_internal.hpp"
+
+#include <loom/sdk/dataset.hpp>
+#include <loom/sdk/model.hpp>
+
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/isfinite.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <thread>
+
+namespace loom::core {
+
+bool ConformanceReport::passed() const {
+  return std::none_of(checks.begin(), checks.end(),
+                      [](const ConformanceCheck& c) { return c.outcome == ConformanceCheck::Outcome::kFail; });
+}
+
+namespace conformance {
+
+void Suite::run(const std::string& name, const std::function<std::string()>& check) {
+  ConformanceCheck c{name, ConformanceCheck::Outcome::kPass, {}};
+  if (!blocked_.empty()) {
+    c.outcome = ConformanceCheck::Outcome::kSkip;
+    c.reason = blocked_;
+  } else {
+    try {
+      c.reason = check();
+      if (!c.reason.empty()) c.outcome = ConformanceCheck::Outcome::kFail;
+    } catch (const Skip& s) {
+      c.outcome = ConformanceCheck::Outcome::kSkip;
+      c.reason = s.what();
+    } catch (const c10::Error& e) {
+      c.outcome = ConformanceCheck::Outcome::kFail;
+      c.reason = std::string("threw: ") + e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      c.outcome = ConformanceCheck::Outcome::kFail;
+      c.reason = std::string("threw: ") + e.what();
+    }
+  }
+  report_.checks.push_back(c);
+}
+
+void Suite::require(const std::string& name, const std::function<std::string()>& check) {
+  run(name, check);
+  const ConformanceCheck& c = report_.checks.back();
+  if (blocked_.empty() && c.outcome != ConformanceCheck::Outcome::kPass)
+    blocked_ = (c.outcome == ConformanceCheck::Outcome::kSkip ? "" : "needs check '" + name + "'; ") + c.reason;
+}
+
+}  // namespace conformance
+
+namespace {
+
+using conformance::Suite;
+
+std::string shape_text(at::IntArrayRef shape) { return c10::str(shape); }
+
+/// A number for a message: 6 significant digits ("1.50256", "4").
+std::string num(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", v);
+  return text;
+}
+
+/// The first `n` indices of a split, spread over it.
+std::vector<int64_t> indices(int64_t size, int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(size <= n ? i % size : i * (size / n));
+  return out;
+}
+
+void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo& c) {
+  std::shared_ptr<sdk::Dataset> d;
+  sdk::DataSpec spec;
+  s.require("create", [&] {
+    d = registry.create<sdk::Dataset>(c.name);
+    return std::string();
+  });
+  s.require("setup_and_spec", [&]() -> std::string {
+    d->setup();
+    spec = d->spec();
+    for (const std::string* key : {&spec.input_key, &spec.target_key})
+      if (!spec.fields.count(*key)) return "spec() names field '" + *key + "' as input or target, but has no such field";
+    return {};
+  });
+  s.require("sizes", [&]() -> std::string {
+    if (d->size(sdk::Split::kTrain) < 2) return "size(kTrain) is " + std::to_string(d->size(sdk::Split::kTrain)) + "; training needs at least 2 samples";
+    if (d->size(sdk::Split::kTest) < 0) return "size(kTest) is negative";
+    if (c.interface_minor >= 1 && d->size(sdk::Split::kValidation) < 0) return "size(kValidation) is negative (0 means none)";
+    return {};
+  });
+  const auto idx = indices(d ? d->size(sdk::Split::kTrain) : 0, 4);
+  s.run("batch_matches_spec", [&]() -> std::string {
+    const sdk::Batch b = d->get_batch(sdk::Split::kTrain, idx);
+    for (const auto& [name, field] : spec.fields) {
+      auto it = b.find(name);
+      if (it == b.end()) return "the batch has no field '" + name + "' that spec() describes";
+      std::vector<int64_t> want{static_cast<int64_t>(idx.size())};
+      want.insert(want.end(), field.shape.begin(), field.shape.end());
+      if (it->second.sizes().vec() != want)
+        return "field '" + name + "' of a batch of 4 has shape " + shape_text(it->second.sizes()) + ", spec() says " + shape_text(want);
+      if (it->second.scalar_type() != field.dtype)
+        return "field '" + name + "' is " + std::string(c10::toString(it->second.scalar_type())) + ", spec() says " +
+               c10::toString(field.dtype);
+    }
+    for (const auto& [name, tensor] : b)
+      if (!spec.fields.count(name)) return "the batch has a field '" + name + "' that spec() does not describe";
+    return {};
+  });
+  s.run("deterministic", [&]() -> std::string {
+    const sdk::Batch a = d->get_batch(sdk::Split::kTrain, idx), b = d->get_batch(sdk::Split::kTrain, idx);
+    for (const auto& [name, t] : a)
+      if (!b.count(name) || !at::equal(t, b.at(name))) return "two reads of the same indices differ in field '" + name + "'";
+    return {};
+  });
+  s.run("thread_safe", [&]() -> std::string {
+    // The loader's threads read concurrently: each thread's batches equal the serial ones.
+    const int64_t n = d->size(sdk::Split::kTrain);
+    std::vector<std::vector<int64_t>> parts{indices(n, 3), {n - 1, 0}};
+    std::vector<sdk::Batch> serial, parallel(parts.size());
+    for (const auto& p : parts) serial.push_back(d->get_batch(sdk::Split::kTrain, p));
+    std::vector<std::string> errors(parts.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < parts.size(); ++i)
+      threads.emplace_back([&, i] {
+        try {
+          for (int round = 0; round < 20; ++round) parallel[i] = d->get_batch(sdk::Split::kTrain, parts[i]);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (!errors[i].empty()) return "get_batch threw on a loader thread: " + errors[i];
+      for (const auto& [name, t] : serial[i])
+        if (!at::equal(t, parallel[i].at(name))) return "concurrent reads gave other values in field '" + name + "'";
+    }
+    return {};
+  });
+}
+
+/// The dataset a model is checked with: the option, else one from the model's own plugin, else
+/// the first fallback the registry has.
+std::string dataset_for(const PluginRegistry& registry, const ComponentInfo& model, const ConformanceOptions& o) {
+  if (!o.dataset.empty()) return o.dataset;
+  for (const auto& c : registry.components())
+    if (c.kind == LOOM_KIND_DATASET && c.plugin == model.plugin) return c.name;
+  for (const auto& name : o.fallback_datasets)
+    if (registry.find(LOOM_KIND_DATASET, name)) return name;
+  return {};
+}
+
+void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& c, const ConformanceOptions& o) {
+  const std::string dataset = dataset_for(registry, c, o);
+  s.report().context = "with dataset " + (dataset.empty() ? std::string("(none)") : dataset);
+  std::shared_ptr<sdk::Model> m;
+  std::shared_ptr<sdk::Dataset> d;
+  sdk::Batch four;
+  s.require("create", [&] {
+    m = registry.create<sdk::Model>(c.name);
+    return std::string();
+  });
+  s.require("setup", [&]() -> std::string {
+    if (dataset.empty()) throw conformance::Skip("no dataset to shape the model to: pass --dataset NAME");
+    d = registry.create<sdk::Dataset>(dataset);
+    d->setup();
+    m->setup(d->spec());
+    if (m->module().parameters().empty()) return "module() has no parameters after setup()";
+    four = d->get_batch(sdk::Split::kTrain, indices(d->size(sdk::Split::kTrain), 4));
+    return {};
+  });
+  std::set<std::string> declared;
+  s.run("metrics_declared", [&]() -> std::string {
+    for (const auto& spec : m->metrics()) {
+      const bool well_formed = !spec.name.empty() && spec.name.size() <= 64 &&
+                               std::all_of(spec.name.begin(), spec.name.end(), [](char ch) {
+                                 return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
+                               });
+      if (!well_formed) return "metric name '" + spec.name + "' is not lower_snake_case (a-z, 0-9, _), at most 64 characters";
+      if (spec.name == "loss" || !declared.insert(spec.name).second)
+        return "metric '" + spec.name + "' is declared twice or named like the host's \"loss\"";
+    }
+    return {};
+  });
+  auto forward = [&](const sdk::Batch& b, bool train) { return m->forward(b, train); };
+  s.require("forward", [&]() -> std::string {
+    m->module().eval();
+    const sdk::ModelOutput out = forward(four, false);
+    if (!out.loss_sum.defined() || out.loss_sum.numel() != 1) return "loss_sum is not a scalar";
+    if (!out.count.defined() || out.count.numel() != 1) return "count is not a scalar";
+    if (!std::isfinite(out.loss_sum.item<double>())) return "loss_sum is not finite on a batch of 4";
+    if (!(out.count.item<double>() > 0)) return "count is " + num(out.count.item<double>()) + " on a batch of 4";
+    for (const auto& [name, v] : out.metrics) {
+      if (!declared.count(name)) return "forward() reports metric '" + name + "' that metrics() does not declare";
+      if (!v.sum.defined() || v.sum.numel() != 1) return "metric '" + name + "': sum is not a scalar";
+      if (v.count.defined() && v.count.numel() != 1) return "metric '" + name + "': count is not a scalar";
+    }
+    return {};
+  });
+  s.run("loss_is_a_sum", [&]() -> std::string {
+    // The host divides by the global count once per step, so gradient accumulation is exact only
+    // when a model sums: two halves must add up to the whole (evaluation mode: no dropout).
+    at::NoGradGuard no_grad;
+    sdk::Batch front, back;
+    for (const auto& [k, t] : four) {
+      front[k] = t.slice(0, 0, 2);
+      back[k] = t.slice(0, 2, 4);
+    }
+    const auto whole = forward(four, false), a = forward(front, false), b = forward(back, false);
+    const double w = whole.loss_sum.item<double>(), parts = a.loss_sum.item<double>() + b.loss_sum.item<double>();
+    const double wc = whole.count.item<double>(), pc = a.count.item<double>() + b.count.item<double>();
+    if (std::abs(w - parts) > 1e-4 * std::max(1.0, std::abs(w)) || std::abs(wc - pc) > 1e-6 * std::max(1.0, wc))
+      return "loss_sum of 4 samples is " + num(w) + " (count " + num(wc) + "), its two halves add up to " + num(parts) +
+             " (count " + num(pc) +
+             "): return the loss summed over samples with its count, not a mean (the host divides once per step)";
+    return {};
+  });
+  s.run("eval_deterministic", [&]() -> std::string {
+    at::NoGradGuard no_grad;
+    const double a = forward(four, false).loss_sum.item<double>(), b = forward(four, false).loss_sum.item<double>();
+    if (a != b) return "two evaluation forwards of the same batch gave " + num(a) + " and " + num(b) + " (dropout in evaluation?)";
+    return {};
+  });
+  s.run("gradients", [&]() -> std::string {
+    m->module().train();
+    for (auto& p : m->module().parameters()) p.mutable_grad() = at::Tensor();
+    forward(four, true).loss_sum.backward();
+    std::vector<std::string> missing, non_finite;
+    for (const auto& item : m->module().named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      const at::Tensor g = item.value().grad();
+      if (!g.defined()) missing.push_back(item.key());
+      else if (!at::isfinite(g).all().item<bool>()) non_finite.push_back(item.key());
+    }
+    auto first = [](std::vector<std::string> v) {
+      if (v.size() > 3) v.resize(3), v.push_back("...");
+      return join(v, ", ");
+    };
+    if (!missing.empty()) return "no gradient reaches " + first(missing) + " (unused parameters: freeze them in parameter_groups())";
+    if (!non_finite.empty()) return "non-finite gradients in " + first(non_finite);
+    return {};
+  });
+  s.run("parameter_groups", [&]() -> std::string {
+    std::set<std::string> names, seen;
+    for (const auto& item : m->module().named_parameters()) names.insert(item.key());
+    for (const auto& g : m->parameter_groups()) {
+      if (g.names.size() != g.params.size()) return "group '" + g.name + "' has " + std::to_string(g.names.size()) + " names for " + std::to_string(g.params.size()) + " parameters";
+      for (const auto& n : g.names) {
+        if (!names.count(n)) return "group '" + g.name + "' names '" + n + "', which is not a parameter of module()";
+        if (!seen.insert(n).second) return "parameter '" + n + "' is in two groups";
+      }
+    }
+    return {};
+  });
+}
+
+}  // namespace
+
+ConformanceReport check_component(const PluginRegistry& registry, const ComponentInfo& component,
+                                  const ConformanceOptions& options) {
+  Suite s(kind_name(component.kind), component.name);
+  switch (component.kind) {
+    case LOOM_KIND_MODEL: check_model(s, registry, component, options); break;
+    case LOOM_KIND_DATASET: check_dataset(s, registry, component); break;
+    default: conformance::check_other_kind(s, registry, component); break;
+  }
+  return s.report();
+}
+
+std::vector<ConformanceReport> check_plugin(const PluginRegistry& registry, const std::filesystem::path& file,
+                                            const ConformanceOptions& options) {
+  std::error_code ec;
+  const auto canonical = std::filesystem::weakly_canonical(file, ec);
+  std::vector<ConformanceReport> out;
+  for (const auto& c : registry.components())
+    if (c.plugin && std::filesystem::weakly_canonical(c.plugin->file, ec) == canonical)
+      out.push_back(check_component(registry, c, options));
+  return out;
+}
+
+}  // namespace loom::core

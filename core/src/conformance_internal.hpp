@@ -1,0 +1,37 @@
+// The conformance runner shared by the suites (private to the core): a suite records one check
+// per call; a check returns "" when it passes, else the reason; a check that others depend on
+// (`require`) makes them skip when it does not pass.
+#pragma once
+
+#include <loom/core/conformance.hpp>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace loom::core::conformance {
+
+/// Thrown by a check that cannot run here (a GPU-only strategy on CPU): the check is skipped.
+struct Skip : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Suite {
+ public:
+  Suite(std::string kind, std::string component) {
+    report_.kind = std::move(kind);
+    report_.component = std::move(component);
+  }
+  void run(const std::string& name, const std::function<std::string()>& check);
+  void require(const std::string& name, const std::function<std::string()>& check);
+  ConformanceReport& report() { return report_; }
+
+ private:
+  ConformanceReport report_;
+  std::string blocked_;
+};
+
+/// The suites of the kinds besides model and dataset (conformance_kinds.cpp).
+void check_other_kind(Suite& suite, const PluginRegistry& registry, const ComponentInfo& component);
+
+}  // namespace loom::core::conformance

@@ -1,0 +1,128 @@
+// The run's callbacks: building them from trainer.callbacks, calling their hooks (an error names
+// the callback and the hook), the weights files they may ask for, and what the loop reports to
+// them (the logged values of a window of steps, a step's report, an evaluation, the run's end).
+// What they see of the run: run_context.hpp.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/device_memory.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
+#include "run_context.hpp"
+#include "trainer_internal.hpp"
+
+#include <loom/sdk/helpers.hpp>
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace loom::core {
+
+using namespace detail;
+
+void Trainer::build_callbacks() {
+  callbacks_.clear();
+  for (const auto& name : sdk::parse_list(value_of(config_, "trainer.callbacks"))) {
+    if (std::any_of(callbacks_.begin(), callbacks_.end(), [&](const auto& c) { return c.first == name; }))
+      throw Error("trainer.callbacks lists '" + name + "' twice; each callback runs once");
+    const auto& info = registry_.require(LOOM_KIND_CALLBACK, name);
+    callbacks_.emplace_back(name, registry_.create<sdk::Callback>(name, component_values(config_, info)));
+  }
+  context_ = std::make_unique<Context>(*this);
+}
+
+void Trainer::notify(const char* hook, const std::function<void(sdk::Callback&, sdk::RunContext&)>& call) {
+  for (auto& [name, callback] : callbacks_)
+    in_phase("callback '" + name + "' (" + hook + ")", [&] { call(*callback, *context_); });
+}
+
+sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::kValidation : sdk::Split::kTest; }
+
+fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap& metadata) {
+  const json state = json::parse(state_json());
+  sdk::TextMap all = metadata;
+  all["model"] = state["model"].dump();
+  all["data"] = state["data"].dump();
+  return checkpoints_->save_weights(file_name, model_tensors(), all);
+}
+
+bool Trainer::evaluate_and_report(sdk::Split split) {
+  if (eval_loader(split) == nullptr) return false;
+  const std::string what = split == sdk::Split::kValidation ? "validation" : "test";
+  EvalResult e = in_phase(what + " evaluation at step " + std::to_string(step_), [&] { return evaluate(split); });
+  e.step = step_;
+  last_eval_ = e;
+  std::string line = what + " step " + std::to_string(step_) + ": " + format_metric("loss", e.loss);
+  for (const auto& [k, v] : e.metrics) line += ", " + format_metric(k, v);
+  log::info(line, " (", sdk::format_duration(e.seconds), ")");
+  const std::string prefix = split == sdk::Split::kValidation ? "val/" : "test/";
+  std::map<std::string, double> values{{prefix + "loss", e.loss}};
+  for (const auto& [k, v] : e.metrics) values[prefix + k] = v;
+  notify("on_log", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_log(run, step_, values); });
+  notify("on_evaluation_end", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_evaluation_end(run, e); });
+  return true;
+}
+
+std::map<std::string, double> Trainer::step_values(const StepResult& last) const {
+  const sdk::MemoryStats mem = memory_->stats();
+  return {{"train/lr", last.lr},
+          {"train/grad_norm", last.grad_norm},
+          {"train/epoch", static_cast<double>(train_loader_->position().epoch)},
+          {"train/skipped_steps", static_cast<double>(skipped_steps_)},
+          {"train/skipped_rate", static_cast<double>(skipped_steps_) / static_cast<double>(std::max<int64_t>(1, step_))},
+          {"memory/allocated_bytes", static_cast<double>(mem.allocated)},
+          {"memory/reserved_bytes", static_cast<double>(mem.reserved)},
+          {"memory/peak_bytes", static_cast<double>(mem.peak)}};
+}
+
+sdk::StepReport Trainer::step_report(const StepResult& r, double seconds) const {
+  sdk::StepReport report;
+  report.step = r.step;
+  report.total_steps = total_steps_;
+  report.epoch = train_loader_->position().epoch;
+  report.loss = r.loss;
+  report.metrics = r.metrics;
+  report.lr = r.lr;
+  report.grad_norm = r.grad_norm;
+  report.skipped = r.skipped;
+  report.samples = r.samples;
+  report.seconds = seconds;
+  report.plan = plan_;
+  report.memory = memory_->stats();
+  return report;
+}
+
+TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
+  TrainSummary summary;
+  summary.run_dir = run_dir_;
+  summary.steps = step_;
+  summary.seconds = train_seconds;
+  summary.samples_per_second = static_cast<double>((step_ - first_step) * plan_.global()) / std::max(1e-9, train_seconds);
+  summary.final_eval = last_eval_;
+  summary.peak_memory = memory_->stats().peak;
+  summary.peak_resident = peak_resident_bytes();
+  if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).total();  // the final plan
+  summary.predicted_peak = predicted_peak_;
+  summary.oom_recoveries = oom_recoveries_;
+  summary.recovery_seconds = recovery_seconds_;
+  summary.stop_reason = stop_reason_;
+  if (!stop_reason_.empty()) log::info("stopped at step ", step_, " of ", total_steps_, ": ", stop_reason_);
+
+  sdk::RunReport report;
+  report.first_step = first_step;
+  report.steps = step_;
+  report.seconds = train_seconds;
+  report.samples_per_second = summary.samples_per_second;
+  report.plan = plan_;
+  report.peak_memory = summary.peak_memory;
+  report.predicted_peak = summary.predicted_peak;
+  report.oom_recoveries = oom_recoveries_;
+  report.stop_reason = stop_reason_;
+  notify("on_run_end", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_run_end(run, report); });
+  if (!options_.memory_snapshot.empty() && device_.is_cuda()) {
+    write_memory_snapshot(device_, options_.memory_snapshot);
+    log::info("memory snapshot written to ", options_.memory_snapshot, " (open it at https://pytorch.org/memory_viz)");
+  }
+  return summary;
+}
+
+}  // namespace loom::core

@@ -1,0 +1,166 @@
+// The callbacks that act on the run: checkpoint cadence, the best checkpoint, early stopping, and
+// the end-of-run memory summary.
+#include "standard.hpp"
+
+#include <loom/sdk/helpers.hpp>
+#include <loom/sdk/log.hpp>
+
+#include <charconv>
+#include <cstdio>
+
+namespace loom::callbacks {
+
+namespace {
+
+std::string exact(double v) {
+  char buffer[32];
+  const auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, v);
+  return error == std::errc() ? std::string(buffer, end) : std::to_string(v);
+}
+
+std::optional<double> read_double(const sdk::TextMap& text, const std::string& key) {
+  auto it = text.find(key);
+  if (it == text.end()) return std::nullopt;
+  double v = 0;
+  const auto [end, error] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
+  if (error != std::errc() || end != it->second.data() + it->second.size())
+    throw sdk::Error("callback state '" + key + "' = '" + it->second + "' is not a number; the checkpoint is damaged");
+  return v;
+}
+
+int64_t read_int(const sdk::TextMap& text, const std::string& key) {
+  const auto v = read_double(text, key);
+  return v ? static_cast<int64_t>(*v) : 0;
+}
+
+const sdk::MetricSpec& spec_of(RunContext& run, const std::string& metric, const char* who) {
+  auto it = run.metrics().find(metric);
+  if (it != run.metrics().end()) return it->second;
+  std::string names;
+  for (const auto& [name, spec] : run.metrics()) names += (names.empty() ? "" : ", ") + name;
+  throw sdk::Error(std::string(who) + ": '" + metric + "' is not a metric of this run's model, which reports " + names);
+}
+
+}  // namespace
+
+// ---- checkpoint ----------------------------------------------------------------------------
+
+void Checkpoint::on_step_end(RunContext& run, const sdk::StepReport& report) {
+  const int64_t every = run.checkpoint_every();
+  const bool due = every > 0 ? report.step % every == 0 : report.evaluated;
+  if (!(due || report.last)) return;
+  const auto dir = run.save_checkpoint();
+  saved_at_ = report.step;
+  sdk::log::debug("checkpoint ", dir.string());
+}
+
+void Checkpoint::on_run_end(RunContext& run, const sdk::RunReport& report) {
+  // A run asked to stop by a callback later in the list than this one ends after on_step_end.
+  if (report.steps > report.first_step && saved_at_ != report.steps) {
+    run.save_checkpoint();
+    saved_at_ = report.steps;
+  }
+}
+
+// ---- best ----------------------------------------------------------------------------------
+
+void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
+  if (report.split != run.selection_split()) return;
+  const std::string metric = run.best_metric();
+  const sdk::MetricSpec& spec = spec_of(run, metric, "best");
+  const std::optional<double> value = report.value(metric);
+  if (!value || (best_ && !sdk::improves(spec.direction, *value, *best_))) return;
+  best_ = *value;
+  step_ = report.step;
+  run.save_weights("best_" + metric + ".safetensors",
+                   {{"metric", metric}, {"value", exact(*value)}, {"step", std::to_string(report.step)},
+                    {"direction", sdk::direction_name(spec.direction)}});
+}
+
+sdk::State Best::state_dict() const {
+  sdk::State s;
+  if (best_) s.text = {{"value", exact(*best_)}, {"step", std::to_string(step_)}};
+  return s;
+}
+
+void Best::load_state_dict(const sdk::State& state) {
+  best_ = read_double(state.text, "value");
+  step_ = read_int(state.text, "step");
+}
+
+// ---- memory_summary ------------------------------------------------------------------------
+
+void MemorySummary::on_run_end(RunContext& run, const sdk::RunReport& report) {
+  if (!run.is_main() || report.predicted_peak <= 0 || report.peak_memory <= 0) return;
+  const double error = 100.0 * static_cast<double>(report.predicted_peak - report.peak_memory) /
+                       static_cast<double>(report.peak_memory);
+  char line[200];
+  std::snprintf(line, sizeof line, "memory estimate: predicted peak %s at micro-batch %lld, measured %s (error %+.1f %%)",
+                sdk::format_bytes(report.predicted_peak).c_str(), static_cast<long long>(report.plan.micro_batch),
+                sdk::format_bytes(report.peak_memory).c_str(), error);
+  sdk::log::info(line);
+}
+
+// ---- early_stopping ------------------------------------------------------------------------
+
+EarlyStopping::EarlyStopping(const sdk::Options& options)
+    : metric_(options.get_string("metric")),
+      direction_option_(options.get_string("direction")),
+      patience_(options.get_int("patience")),
+      min_delta_(options.get_float("min_delta")) {
+  if (patience_ < 1) throw sdk::Error("callback.early_stopping.patience = " + std::to_string(patience_) + " must be at least 1");
+  if (min_delta_ < 0) throw sdk::Error("callback.early_stopping.min_delta must be >= 0 (it is how much better counts)");
+}
+
+void EarlyStopping::on_run_begin(RunContext& run) {
+  if (metric_ == "auto") metric_ = run.best_metric();
+  const sdk::MetricSpec& spec = spec_of(run, metric_, "callback.early_stopping.metric");
+  direction_ = direction_option_ == "auto" ? spec.direction
+               : direction_option_ == "max" ? sdk::Direction::kMaximize
+                                            : sdk::Direction::kMinimize;
+  sdk::log::info(describe(), " on the ", sdk::split_name(run.selection_split()), " split");
+  // A run that already stopped early stays stopped when resumed.
+  if (!stopped_.empty()) run.request_stop(stopped_);
+}
+
+void EarlyStopping::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
+  if (report.split != run.selection_split()) return;
+  const std::optional<double> value = report.value(metric_);
+  if (value && (!best_ || sdk::improves(direction_, *value, *best_, min_delta_))) {
+    best_ = *value;
+    best_step_ = report.step;
+    bad_evaluations_ = 0;
+    return;
+  }
+  ++bad_evaluations_;
+  if (bad_evaluations_ < patience_) return;
+  stopped_ = "early_stopping: " + std::string(sdk::split_name(report.split)) + " " + metric_ + " has not improved" +
+             (min_delta_ > 0 ? " by more than " + exact(min_delta_) : std::string()) + " for " +
+             std::to_string(bad_evaluations_) + " evaluations" +
+             (best_ ? " (best " + run.format_metric(metric_, *best_) + " at step " + std::to_string(best_step_) + ")"
+                    : std::string(" (never measured)"));
+  run.request_stop(stopped_);
+}
+
+sdk::State EarlyStopping::state_dict() const {
+  sdk::State s;
+  s.text = {{"bad_evaluations", std::to_string(bad_evaluations_)}, {"best_step", std::to_string(best_step_)}};
+  if (best_) s.text["best"] = exact(*best_);
+  if (!stopped_.empty()) s.text["stopped"] = stopped_;
+  return s;
+}
+
+void EarlyStopping::load_state_dict(const sdk::State& state) {
+  best_ = read_double(state.text, "best");
+  best_step_ = read_int(state.text, "best_step");
+  bad_evaluations_ = read_int(state.text, "bad_evaluations");
+  auto it = state.text.find("stopped");
+  stopped_ = it == state.text.end() ? "" : it->second;
+}
+
+std::string EarlyStopping::describe() const {
+  return "early stopping on " + metric_ + " (" + sdk::direction_name(direction_) +
+         "), patience " + std::to_string(patience_) + " evaluations, min_delta " + exact(min_delta_);
+}
+
+}  // namespace loom::callbacks

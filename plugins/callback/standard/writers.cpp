@@ -1,0 +1,154 @@
+// The callbacks that write what a run reports: the progress line, metrics.jsonl, TensorBoard.
+#include "standard.hpp"
+
+#include <loom/sdk/helpers.hpp>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace loom::callbacks {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double value_or_nan(const std::map<std::string, double>& values, const std::string& key) {
+  auto it = values.find(key);
+  return it == values.end() ? std::nan("") : it->second;
+}
+
+/// A JSON string literal.
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char escape[8];
+      std::snprintf(escape, sizeof escape, "\\u%04x", ch);
+      out += escape;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+/// The shortest text that reads back as the same double; null for NaN and infinities (JSON has
+/// neither).
+std::string number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buffer[32];
+  const auto [end, error] = std::to_chars(buffer, buffer + sizeof buffer, v);
+  return error == std::errc() ? std::string(buffer, end) : "null";
+}
+
+}  // namespace
+
+// ---- progress ------------------------------------------------------------------------------
+
+void Progress::on_run_begin(RunContext&) { tty_ = ::isatty(STDERR_FILENO) != 0; }
+
+void Progress::on_step_end(RunContext&, const sdk::StepReport& report) {
+  train_seconds_ += report.seconds;
+  ++steps_timed_;
+}
+
+void Progress::on_log(RunContext& run, int64_t step, const std::map<std::string, double>& values) {
+  if (!run.is_main() || !values.count("train/loss")) return;
+  const int64_t total = run.total_steps();
+  // The step being logged has not reached on_step_end yet: count it in the ETA's average.
+  const double per_step = train_seconds_ / static_cast<double>(std::max<int64_t>(1, steps_timed_));
+  const double eta = static_cast<double>(total - step) * per_step;
+  const std::string width = std::to_string(std::to_string(total).size());
+  char line[320];
+  std::snprintf(line, sizeof line,
+                ("step %" + width + "lld/%lld | loss %.4f | lr %.2e | %.0f samples/s | ETA %s | mem %s (peak %s)").c_str(),
+                static_cast<long long>(step), static_cast<long long>(total), value_or_nan(values, "train/loss"),
+                value_or_nan(values, "train/lr"), value_or_nan(values, "train/samples_per_s"),
+                steps_timed_ > 0 ? sdk::format_duration(eta).c_str() : "?",
+                sdk::format_bytes(static_cast<int64_t>(value_or_nan(values, "memory/allocated_bytes"))).c_str(),
+                sdk::format_bytes(static_cast<int64_t>(value_or_nan(values, "memory/peak_bytes"))).c_str());
+  if (tty_) {
+    std::cerr << "\r\033[2K" << line << std::flush;
+    live_ = true;
+    return;
+  }
+  const double now = now_seconds();
+  if (now - last_plain_ < 5.0 && step != total) return;
+  last_plain_ = now;
+  std::cerr << line << "\n" << std::flush;
+}
+
+// The host logs the evaluation's line just before this hook; on a terminal the log line replaced
+// the live line (see the host's logger), so there is none to end.
+void Progress::on_evaluation_end(RunContext&, const sdk::EvalReport&) { live_ = false; }
+
+void Progress::on_run_end(RunContext&, const sdk::RunReport&) { finish(); }
+
+void Progress::finish() {
+  if (live_) std::cerr << "\n" << std::flush;
+  live_ = false;
+}
+
+// ---- jsonl ---------------------------------------------------------------------------------
+
+void Jsonl::on_run_begin(RunContext& run) {
+  if (!run.is_main()) return;
+  path_ = run.run_dir() / "metrics.jsonl";
+  if (run.resumed_at() >= 0 && fs::exists(path_)) {
+    // Keep what the interrupted run wrote up to the checkpoint; a torn last line is dropped.
+    std::ifstream in(path_);
+    std::string line, kept;
+    const std::string prefix = "{\"step\":";
+    while (std::getline(in, line)) {
+      if (line.rfind(prefix, 0) != 0 || line.back() != '}') continue;
+      int64_t step = 0;
+      const char* first = line.data() + prefix.size();
+      if (std::from_chars(first, line.data() + line.size(), step).ec == std::errc() && step <= run.resumed_at())
+        kept += line + "\n";
+    }
+    const fs::path tmp = path_.string() + ".tmp";
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << kept;
+      if (!out.flush()) throw sdk::Error("cannot write " + tmp.string());
+    }
+    fs::rename(tmp, path_);
+  }
+  out_.open(path_, std::ios::app);
+  if (!out_) throw sdk::Error("cannot write " + path_.string());
+}
+
+void Jsonl::on_log(RunContext& run, int64_t step, const std::map<std::string, double>& values) {
+  if (!run.is_main()) return;
+  std::string line = "{\"step\":" + std::to_string(step);
+  for (const auto& [key, value] : values) line += "," + quoted(key) + ":" + number(value);
+  out_ << line << "}\n" << std::flush;
+  if (!out_) throw sdk::Error("cannot write " + path_.string() + " (disk full?)");
+}
+
+// ---- tensorboard ---------------------------------------------------------------------------
+
+void TensorBoard::on_run_begin(RunContext& run) {
+  if (!run.is_main()) return;
+  writer_ = std::make_unique<EventFileWriter>(run.run_dir() / "tensorboard");
+  if (run.resumed_at() >= 0) writer_->purge_from(run.resumed_at() + 1);
+}
+
+void TensorBoard::on_log(RunContext&, int64_t step, const std::map<std::string, double>& values) {
+  if (!writer_) return;
+  for (const auto& [key, value] : values) writer_->scalar(key, step, value);
+}
+
+}  // namespace loom::callbacks

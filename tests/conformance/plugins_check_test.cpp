@@ -1,0 +1,98 @@
+// The conformance suites (core/conformance.hpp, what `loom plugins check` runs) over every
+// in-tree plugin, the examples and the test plugins, which must all pass; and over a plugin that
+// breaks two contracts on purpose, whose failing checks must be named with their reasons.
+#include <loom/core/conformance.hpp>
+#include <loom/core/kinds.hpp>
+
+#include "trainer_testing.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+
+namespace fs = std::filesystem;
+using loom::core::ConformanceCheck;
+using loom::core::ConformanceReport;
+
+namespace {
+
+std::string failures(const ConformanceReport& r) {
+  std::string out;
+  for (const auto& c : r.checks)
+    if (c.outcome == ConformanceCheck::Outcome::kFail) out += "\n  " + c.name + ": " + c.reason;
+  return out;
+}
+
+const ConformanceCheck* find(const ConformanceReport& r, const std::string& name) {
+  for (const auto& c : r.checks)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+class PluginsCheck : public testing::Test {
+ protected:
+  void SetUp() override {
+    scratch_ = loom::testing::fresh_test_dir("loom_plugins_check");
+    ::setenv("LOOM_CACHE", scratch_.c_str(), 1);  // auto_batch's answers stay out of the user's cache
+  }
+  void TearDown() override { fs::remove_all(scratch_); }
+  fs::path scratch_;
+};
+
+TEST_F(PluginsCheck, EveryLoadedPluginConforms) {
+  const auto& registry = loom::testing::registry();
+  std::set<std::string> kinds;
+  int checks = 0;
+  for (const auto& component : registry.components()) {
+    const ConformanceReport r = loom::core::check_component(registry, component);
+    EXPECT_TRUE(r.passed()) << r.kind << " '" << component.name << "' " << r.context << failures(r);
+    EXPECT_GE(r.checks.size(), 2u) << component.name;
+    checks += static_cast<int>(r.checks.size());
+    kinds.insert(r.kind);
+  }
+  // Every kind that has plugins in the tree was checked.
+  for (const char* kind : {"model", "dataset", "precision", "memory", "parallel", "optimizer", "schedule", "callback"})
+    EXPECT_TRUE(kinds.count(kind)) << kind;
+  EXPECT_GT(checks, 100);
+}
+
+TEST_F(PluginsCheck, TheModelIsCheckedWithItsOwnPluginsDataset) {
+  const auto& registry = loom::testing::registry();
+  const auto* regressor = registry.find(LOOM_KIND_MODEL, "mlp_regressor");
+  ASSERT_NE(regressor, nullptr);
+  const ConformanceReport r = loom::core::check_component(registry, *regressor);
+  EXPECT_EQ(r.context, "with dataset sine_regression");
+  EXPECT_TRUE(r.passed()) << failures(r);
+}
+
+TEST_F(PluginsCheck, ANonConformingPluginFailsTheChecksItBreaksAndOnlyThose) {
+  loom::core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  const fs::path file = fs::path(LOOM_BINARY_DIR) / "tests" / "nonconforming" / "libloom_model_nonconforming.so";
+  ASSERT_TRUE(registry.load(file).accepted);
+  registry.scan({fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins"});  // the dataset a model is checked with
+  const auto reports = loom::core::check_plugin(registry, file);
+  ASSERT_EQ(reports.size(), 2u);
+
+  const ConformanceReport& model = reports[0];
+  EXPECT_EQ(model.component, "mean_loss_model");
+  EXPECT_EQ(model.context, "with dataset synthetic");
+  EXPECT_FALSE(model.passed());
+  const ConformanceCheck* sum = find(model, "loss_is_a_sum");
+  ASSERT_NE(sum, nullptr);
+  EXPECT_EQ(sum->outcome, ConformanceCheck::Outcome::kFail);
+  EXPECT_NE(sum->reason.find("return the loss summed over samples with its count, not a mean"), std::string::npos) << sum->reason;
+  for (const auto& c : model.checks)
+    if (c.name != "loss_is_a_sum") EXPECT_EQ(c.outcome, ConformanceCheck::Outcome::kPass) << c.name << ": " << c.reason;
+
+  const ConformanceReport& callback = reports[1];
+  EXPECT_EQ(callback.component, "forgetful");
+  const ConformanceCheck* state = find(callback, "state_round_trip");
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->outcome, ConformanceCheck::Outcome::kFail);
+  EXPECT_NE(state->reason.find("its text state differs after load_state_dict(state_dict())"), std::string::npos) << state->reason;
+  EXPECT_EQ(find(callback, "hooks_of_a_short_run")->outcome, ConformanceCheck::Outcome::kPass);
+}
+
+}  // namespace

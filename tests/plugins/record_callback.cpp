@@ -1,0 +1,74 @@
+// A callback for tests: logs every hook it gets, in order ("record: on_step_begin 3"), keeps
+// state (how many steps it saw, as text, and the sum of their losses, as a tensor) so tests can
+// check that a resume restores it, and on request asks the run to stop or throws in a hook.
+#include <loom/sdk/sdk.hpp>
+
+#include <ATen/ops/full.h>
+
+namespace {
+
+class RecordCallback final : public loom::sdk::Callback {
+ public:
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_int("stop_at", "0", "ask to stop in on_step_end of this step (0: never)"),
+      loom::sdk::option_string("fail_in", "", "throw in this hook (e.g. on_log)"),
+  };
+
+  explicit RecordCallback(const loom::sdk::Options& o) : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")) {}
+
+  void on_run_begin(loom::sdk::RunContext& run) override { hook("on_run_begin", run.step()); }
+  void on_step_begin(loom::sdk::RunContext&, int64_t step) override { hook("on_step_begin", step); }
+  void on_after_backward(loom::sdk::RunContext& run, const std::vector<at::Tensor>& g) override {
+    if (g.empty()) throw loom::sdk::Error("no gradients");
+    hook("on_after_backward", run.step() + 1);
+  }
+  void on_before_optimizer_step(loom::sdk::RunContext& run, const std::vector<at::Tensor>&) override {
+    hook("on_before_optimizer_step", run.step() + 1);
+  }
+  void on_log(loom::sdk::RunContext&, int64_t step, const std::map<std::string, double>& values) override {
+    hook(values.count("train/loss") ? "on_log train" : "on_log eval", step);
+  }
+  void on_evaluation_end(loom::sdk::RunContext&, const loom::sdk::EvalReport& r) override {
+    hook(std::string("on_evaluation_end ") + loom::sdk::split_name(r.split), r.step);
+  }
+  void on_step_end(loom::sdk::RunContext& run, const loom::sdk::StepReport& r) override {
+    hook(std::string("on_step_end") + (r.evaluated ? " evaluated" : "") + (r.last ? " last" : ""), r.step);
+    ++steps_;
+    loss_sum_ += r.loss;
+    if (stop_at_ > 0 && r.step == stop_at_) run.request_stop("record asked to stop at step " + std::to_string(r.step));
+  }
+  void on_checkpoint_saved(loom::sdk::RunContext& run, const std::filesystem::path&) override {
+    hook("on_checkpoint_saved", run.step());
+  }
+  void on_checkpoint_loaded(loom::sdk::RunContext& run, const std::filesystem::path&) override {
+    hook("on_checkpoint_loaded", run.step());
+  }
+  void on_run_end(loom::sdk::RunContext&, const loom::sdk::RunReport& r) override { hook("on_run_end", r.steps); }
+
+  loom::sdk::State state_dict() const override {
+    loom::sdk::State s;
+    s.text["steps"] = std::to_string(steps_);
+    s.tensors["loss_sum"] = at::full({1}, loss_sum_, at::TensorOptions().dtype(at::kDouble));
+    return s;
+  }
+  void load_state_dict(const loom::sdk::State& s) override {
+    steps_ = std::stoll(s.text.at("steps"));
+    loss_sum_ = s.tensors.at("loss_sum").item<double>();
+  }
+
+ private:
+  void hook(const std::string& what, int64_t step) {
+    if (!fail_in_.empty() && what.rfind(fail_in_, 0) == 0) throw loom::sdk::Error("record fails in " + fail_in_ + " as asked");
+    loom::sdk::log::info("record: ", what, " ", step);
+  }
+
+  int64_t stop_at_;
+  std::string fail_in_;
+  int64_t steps_ = 0;
+  double loss_sum_ = 0;
+};
+
+}  // namespace
+
+LOOM_PLUGIN("record_callback", "1.0.0",
+            loom::sdk::component<RecordCallback>("record", "test: logs every hook, keeps state, stops or fails on request"))

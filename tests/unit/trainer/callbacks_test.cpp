@@ -1,0 +1,230 @@
+// Callbacks on a real run (synthetic data, the debug transformer, the standard callbacks and the
+// test callback `record`, which logs every hook): the order of the hooks, an error naming the
+// callback, early stopping and its resume, a resume that restores every stateful component
+// (callbacks, the schedule, early stopping), and the configuration of callbacks.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/config.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/trainer.hpp>
+
+#include "trainer_testing.hpp"
+
+#include <ATen/ops/equal.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+namespace fs = std::filesystem;
+using namespace loom::core;
+
+namespace {
+
+class CallbacksTest : public testing::Test {
+ protected:
+  void SetUp() override { dir_ = loom::testing::fresh_test_dir("loom_callbacks_test"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Config base(const std::string& name) const {
+    return loom::testing::config_of(
+        {"model.name=lightweight_transformer", "model.flavour=debug", "model.dropout=0.1", "data.name=synthetic",
+         "data.train_size=512", "data.test_size=128", "data.num_workers=2", "trainer.batch_size=32",
+         "trainer.max_steps=4", "trainer.seed=7", "trainer.log_every=2", "trainer.eval_every=2",
+         "trainer.device=cpu", "precision.name=fp32", "memory.estimate=false"},
+        dir_, name);
+  }
+
+  /// The `record` callback's lines, without the prefix ("on_step_begin 1").
+  static std::vector<std::string> recorded(const log::Capture& capture) {
+    std::vector<std::string> out;
+    const std::string prefix = "[record_callback] record: ";
+    for (const auto& line : capture.lines())
+      if (line.rfind(prefix, 0) == 0) out.push_back(line.substr(prefix.size()));
+    return out;
+  }
+
+  /// (train/loss, train/lr) per step from a run's metrics.jsonl.
+  static std::map<int64_t, std::pair<std::string, std::string>> train_lines(const fs::path& run) {
+    std::map<int64_t, std::pair<std::string, std::string>> out;
+    std::ifstream in(run / "metrics.jsonl");
+    const std::regex re(R"re(^\{"step":(\d+),.*"train/loss":([^,}]+),"train/lr":([^,}]+))re");
+    std::smatch m;
+    for (std::string line; std::getline(in, line);)
+      if (std::regex_search(line, m, re)) out[std::stoll(m[1])] = {m[2], m[3]};
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CallbacksTest, HooksRunInTheirDocumentedOrder) {
+  Config c = base("order");
+  c.set_assignment("trainer.callbacks=record, checkpoint");
+  auto t = loom::testing::make_trainer(c);
+  log::Capture capture;
+  t->train();
+  const std::vector<std::string> expected = {
+      "on_run_begin 0",
+      "on_step_begin 1", "on_after_backward 1", "on_before_optimizer_step 1", "on_step_end 1",
+      "on_step_begin 2", "on_after_backward 2", "on_before_optimizer_step 2", "on_log train 2", "on_log eval 2",
+      "on_evaluation_end validation 2", "on_step_end evaluated 2", "on_checkpoint_saved 2",
+      "on_step_begin 3", "on_after_backward 3", "on_before_optimizer_step 3", "on_step_end 3",
+      "on_step_begin 4", "on_after_backward 4", "on_before_optimizer_step 4", "on_log train 4", "on_log eval 4",
+      "on_evaluation_end validation 4", "on_step_end evaluated last 4", "on_checkpoint_saved 4",
+      "on_log eval 4", "on_evaluation_end test 4", "on_run_end 4"};
+  EXPECT_EQ(recorded(capture), expected);
+}
+
+TEST_F(CallbacksTest, AnErrorInACallbackNamesTheCallbackAndTheHook) {
+  Config c = base("failing");
+  c.set_assignment("trainer.callbacks=progress, record");
+  c.set_assignment("callback.record.fail_in=on_log");
+  auto t = loom::testing::make_trainer(c);
+  try {
+    t->train();
+    FAIL() << "a callback that throws must stop the run";
+  } catch (const loom::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("callback 'record' (on_log): record fails in on_log as asked"), std::string::npos) << m;
+  }
+}
+
+TEST_F(CallbacksTest, WithoutCallbacksARunWritesNothingButStillEvaluates) {
+  Config c = base("silent");
+  c.set_assignment("trainer.callbacks=");
+  auto t = loom::testing::make_trainer(c);
+  const TrainSummary s = t->train();
+  EXPECT_EQ(s.steps, 4);
+  ASSERT_TRUE(s.final_eval.has_value());
+  EXPECT_EQ(s.final_eval->split, loom::sdk::Split::kTest);
+  EXPECT_FALSE(fs::exists(dir_ / "silent" / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dir_ / "silent" / "tensorboard"));
+  EXPECT_TRUE(CheckpointStore(dir_ / "silent").list().empty());
+}
+
+TEST_F(CallbacksTest, EarlyStoppingStopsTheRunAndAResumedRunStaysStopped) {
+  Config c = base("early");
+  c.set_assignment("trainer.max_steps=40");
+  c.set_assignment("trainer.eval_every=1");
+  c.set_assignment("trainer.callbacks=checkpoint, early_stopping");
+  // No evaluation can improve the loss by 100: the first sets the best, the next two do not.
+  c.set_assignment("callback.early_stopping.metric=loss");
+  c.set_assignment("callback.early_stopping.min_delta=100");
+  c.set_assignment("callback.early_stopping.patience=2");
+  {
+    auto t = loom::testing::make_trainer(c);
+    const TrainSummary s = t->train();
+    EXPECT_EQ(s.steps, 3);
+    EXPECT_NE(s.stop_reason.find("early_stopping: validation loss has not improved by more than 100 for 2 evaluations "
+                                 "(best loss "),
+              std::string::npos)
+        << s.stop_reason;
+    EXPECT_NE(s.stop_reason.find("at step 1)"), std::string::npos) << s.stop_reason;
+    ASSERT_TRUE(s.final_eval.has_value());
+    EXPECT_EQ(s.final_eval->split, loom::sdk::Split::kTest);  // the test split still runs at the end
+  }
+  const auto saved = CheckpointStore(dir_ / "early").list();
+  ASSERT_FALSE(saved.empty());
+  EXPECT_EQ(saved.back().filename(), step_dir_name(3));  // the step it stopped at is saved
+
+  c.set_assignment("trainer.resume=auto");
+  auto again = loom::testing::make_trainer(c);
+  EXPECT_EQ(again->step(), 3);
+  const TrainSummary s = again->train();
+  EXPECT_EQ(s.steps, 3);
+  EXPECT_NE(s.stop_reason.find("early_stopping"), std::string::npos) << s.stop_reason;
+}
+
+TEST_F(CallbacksTest, EarlyStoppingRefusesAMetricTheModelDoesNotReport) {
+  Config c = base("typo");
+  c.set_assignment("trainer.callbacks=early_stopping");
+  c.set_assignment("callback.early_stopping.metric=acuracy");
+  auto t = loom::testing::make_trainer(c);
+  try {
+    t->train();
+    FAIL() << "an unknown metric must be refused";
+  } catch (const loom::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'acuracy' is not a metric of this run's model, which reports accuracy, loss"), std::string::npos) << m;
+    EXPECT_EQ(t->step(), 0) << "refused before the first step";
+  }
+}
+
+TEST_F(CallbacksTest, ResumeRestoresCallbacksScheduleAndEarlyStoppingExactly) {
+  // One run of 8 steps against the same run stopped at step 4 (by `record`) and resumed: the
+  // same losses and learning rates (warm-up then cosine), the same weights, the same state in
+  // every callback (record's step count and loss sum, best's value, early stopping's counters).
+  auto configure = [&](const std::string& name) {
+    Config c = base(name);
+    c.set_assignment("trainer.max_steps=8");
+    c.set_assignment("trainer.log_every=1");
+    c.set_assignment("trainer.checkpoint_every=4");
+    c.set_assignment("trainer.schedule=warmup_cosine");
+    c.set_assignment("trainer.callbacks=record, jsonl, best, early_stopping, checkpoint");
+    c.set_assignment("callback.early_stopping.patience=50");
+    c.set_assignment("callback.early_stopping.min_delta=0.001");
+    return c;
+  };
+  auto whole = loom::testing::make_trainer(configure("whole"));
+  EXPECT_EQ(whole->train().steps, 8);
+
+  Config first = configure("split");
+  first.set_assignment("callback.record.stop_at=4");
+  EXPECT_EQ(loom::testing::make_trainer(first)->train().steps, 4);
+  Config rest = configure("split");
+  rest.set_assignment("trainer.resume=auto");
+  auto resumed = loom::testing::make_trainer(rest);
+  ASSERT_EQ(resumed->step(), 4);
+  EXPECT_EQ(resumed->train().steps, 8);
+
+  const auto a = train_lines(dir_ / "whole"), b = train_lines(dir_ / "split");
+  ASSERT_EQ(a.size(), 8u);
+  EXPECT_EQ(a, b) << "train/loss and train/lr of every step";
+  const auto pa = loom::testing::parameters_of(*whole), pb = loom::testing::parameters_of(*resumed);
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
+  ASSERT_EQ(whole->callbacks().size(), resumed->callbacks().size());
+  for (size_t i = 0; i < whole->callbacks().size(); ++i) {
+    const auto& [name, callback] = whole->callbacks()[i];
+    const loom::sdk::State sa = callback->state_dict(), sb = resumed->callbacks()[i].second->state_dict();
+    EXPECT_EQ(sa.text, sb.text) << "callback " << name;
+    ASSERT_EQ(sa.tensors.size(), sb.tensors.size()) << "callback " << name;
+    for (const auto& [key, tensor] : sa.tensors) EXPECT_TRUE(at::equal(tensor, sb.tensors.at(key))) << name << "." << key;
+  }
+  EXPECT_EQ(whole->callbacks()[0].second->state_dict().text.at("steps"), "8");
+}
+
+TEST_F(CallbacksTest, ConfigurationNamesUnknownDuplicateAndUnselectedCallbacks) {
+  {
+    Config c = base("unknown");
+    c.set_assignment("trainer.callbacks=progres");
+    try {
+      loom::testing::make_trainer(c);
+      FAIL() << "an unknown callback must be refused";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("progress"), std::string::npos) << e.what();
+    }
+  }
+  {
+    Config c = base("twice");
+    c.set_assignment("trainer.callbacks=jsonl, jsonl");
+    try {
+      loom::testing::make_trainer(c);
+      FAIL() << "a callback listed twice must be refused";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("trainer.callbacks lists 'jsonl' twice"), std::string::npos) << e.what();
+    }
+  }
+  {
+    Config c = base("unselected");
+    c.set_assignment("callback.early_stopping.patience=5");
+    log::Capture capture(LOOM_LOG_WARN);
+    const Resolved r = resolve_run(c, loom::testing::registry());
+    EXPECT_TRUE(capture.contains("callback.early_stopping.patience is an option of callback 'early_stopping', which this "
+                                 "run does not select (trainer.callbacks = "))
+        << (capture.lines().empty() ? "" : capture.lines().front());
+    EXPECT_FALSE(r.count("callback.early_stopping.patience"));
+  }
+}
+
+}  // namespace
