@@ -36,6 +36,7 @@ int cmd_train(const Invocation& invocation) {
   if (invocation.options.count("resume")) config.set("trainer.resume", invocation.options["resume"].as<std::string>(), {"--resume", {}, 0});
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
+  core::install_stop_signals();
   trainer.setup();
   const core::TrainSummary s = trainer.train();
   char rate[64];
@@ -46,7 +47,6 @@ int cmd_train(const Invocation& invocation) {
                   trainer.device().is_cpu() ? " (Loom's CPU allocator), " : " on the device, ",
                   core::format_bytes(s.peak_resident), " resident",
                   s.oom_recoveries ? "; " + std::to_string(s.oom_recoveries) + " out-of-memory recoveries" : std::string());
-  if (!s.stop_reason.empty()) core::log::info("stopped   early at step ", s.steps, ": ", s.stop_reason);
   // Only files that exist: the callbacks a run selects decide what it writes, and no best file
   // is written when no evaluation measured the best metric.
   const fs::path run = s.run_dir;
@@ -61,6 +61,12 @@ int cmd_train(const Invocation& invocation) {
   if (fs::exists(run / "metrics.jsonl")) files.push_back((run / "metrics.jsonl").string());
   if (fs::exists(run / "tensorboard")) files.push_back((run / "tensorboard").string() + " (tensorboard --logdir " + run.string() + ")");
   core::log::info("files     ", files.empty() ? std::string("none (trainer.callbacks selects no writer)") : core::join(files, ", "));
+  if (s.signal != 0) {
+    core::log::warn("stopped by ", core::signal_name(s.signal), " after step ", s.steps, " of ", trainer.total_steps(),
+                    "; continue with: loom train --resume auto --set trainer.name=", run.filename().string());
+    core::log::flush();
+    return 128 + s.signal;
+  }
   return 0;
 }
 

@@ -26,16 +26,29 @@ CheckpointStore::CheckpointStore(fs::path run_dir) : dir_(std::move(run_dir) / "
     if (entry.path().filename().string().rfind(".step_", 0) == 0) fs::remove_all(entry.path(), ec);
 }
 
-std::vector<fs::path> CheckpointStore::list() const {
+std::vector<fs::path> CheckpointStore::list() const { return list_run(dir_.parent_path()); }
+
+std::vector<fs::path> CheckpointStore::list_run(const fs::path& run_dir) {
   std::vector<fs::path> out;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
+  for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints", ec)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step_", 0) == 0 && fs::exists(entry.path() / "state.json"))
+    if (entry.is_directory(ec) && name.rfind("step_", 0) == 0 && fs::exists(entry.path() / "state.json", ec))
       out.push_back(entry.path());
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+int64_t step_of(const fs::path& step_dir) {
+  const std::string name = step_dir.filename().string();
+  if (name.rfind("step_", 0) != 0 || name.size() <= 5) return -1;
+  int64_t step = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || step > (int64_t{1} << 50)) return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
 }
 
 fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const sdk::TensorMap& extra,
@@ -52,8 +65,13 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
   const auto all = list();
   if (keep_last > 0 && static_cast<int64_t>(all.size()) > keep_last)
     for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {
+      // Renamed out of the step_* names first, in one step: a process killed while deleting
+      // leaves a .step_*.deleting folder, which the next run removes, never a step folder with
+      // half of its files.
       std::error_code ec;
-      fs::remove_all(all[i], ec);
+      const fs::path doomed = dir_ / ("." + all[i].filename().string() + ".deleting");
+      fs::rename(all[i], doomed, ec);
+      fs::remove_all(ec ? all[i] : doomed, ec);
     }
   return final_dir;
 }

@@ -1,6 +1,7 @@
 // Run configuration: reading INI files (Boost.Program_options), inheritance, overrides and
 // validation. See config.hpp.
 #include <loom/core/config.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
@@ -110,14 +111,14 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     throw Error("config inheritance cycle: " + join(names, " -> ") +
                 "; remove one of these `base =` lines");
   }
-  std::ifstream in(path);
-  if (!fs::is_regular_file(path, ec) || !in) {
-    throw Error("config file " + display(file) + " not found" +
-                (included_from.empty() ? std::string() : " (named by `base` at " + included_from + ")"));
+  const std::string named_by = included_from.empty() ? std::string() : " (named by `base` at " + included_from + ")";
+  if (!fs::exists(path, ec)) throw Error("config file " + display(file) + " not found" + named_by);
+  std::string text;
+  try {
+    text = read_file(path, 16 << 20);  // a regular file of at most 16 MiB: a FIFO or a device is refused, not read
+  } catch (const Error& e) {
+    throw Error("config file " + display(file) + named_by + ": " + e.what());
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
   const auto lines = entry_lines(text);
   for (const auto& [key, line] : lines) {
     if (line < 0)

@@ -7,6 +7,8 @@
 #include <fcntl.h>
 #include <fstream>
 #include <sstream>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -61,12 +63,77 @@ void rename_durable(const fs::path& from, const fs::path& to) {
   fsync_dir(to.parent_path());
 }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path.string() + ": " + std::strerror(errno));
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
+std::string read_file(const fs::path& path, int64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer; the
+  // fstat then refuses anything that is not a regular file (a FIFO, a device behind a symlink).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail("cannot read", path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail("cannot read", path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error("cannot read " + path.string() + ": not a regular file (" + file_type_name(st.st_mode) +
+                "); Loom reads its files only from regular files");
+  }
+  if (st.st_size > max_bytes) {
+    ::close(fd);
+    throw Error("cannot read " + path.string() + ": it is " + std::to_string(st.st_size) + " bytes, more than the " +
+                std::to_string(max_bytes) + " such a file may have; it is not the file Loom wrote");
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      fail("cannot read", path);
+    }
+    if (n == 0) break;  // shrank while read
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
+}
+
+const char* file_type_name(unsigned mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode)) return "a folder";
+  return "not a regular file";
+}
+
+FileLock::FileLock(const fs::path& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0) fail("cannot open the lock file", path);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    std::string holder;
+    char buffer[64] = {0};
+    if (::pread(fd_, buffer, sizeof buffer - 1, 0) > 0) holder = buffer;
+    ::close(fd_);
+    fd_ = -1;
+    if (error == EWOULDBLOCK) throw Locked(holder.empty() ? "another process" : "process " + holder);
+    errno = error;
+    fail("cannot lock", path);
+  }
+  // Whoever holds it, for the message another process gets. (flock locks end with the process,
+  // so a lock file left by a killed run is never stale: the next run simply takes it.)
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd_, 0) == 0) {
+    const ssize_t written = ::pwrite(fd_, pid.data(), pid.size(), 0);
+    (void)written;  // only for messages
+  }
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace loom::core

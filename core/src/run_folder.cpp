@@ -1,8 +1,15 @@
-// The run folder: which folder a run writes (its name, or the newest run for --resume auto),
-// what it resumes from, and config.json.
+// The run folder: which folder a run writes, claimed for this process alone, what it resumes
+// from, and config.json. Nothing one run wrote is overwritten or pruned by another:
+//   - a new run refuses a folder that already holds a run (choose another name, or resume it);
+//     a run without a name gets a fresh one, never shared with a run started in the same second;
+//   - a lock file (flock, so never stale) keeps a second process out of a folder in use;
+//   - resuming from an older checkpoint of a run moves its newer step folders (and the best
+//     files and metrics of that abandoned timeline) aside, where nothing resumes or prunes them;
+//   - --resume auto resumes the newest run that has a checkpoint it can load.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include "trainer_internal.hpp"
 
@@ -19,71 +26,157 @@ using namespace detail;
 
 namespace {
 
-std::string default_run_name() {
+std::string timestamp() {
   const std::time_t now = std::time(nullptr);
   char buffer[32];
   std::strftime(buffer, sizeof buffer, "%Y%m%d-%H%M%S", std::localtime(&now));
   return buffer;
 }
 
+/// Whether a folder holds what a run writes.
+bool holds_a_run(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(dir / "config.json", ec) || fs::exists(dir / "metrics.jsonl", ec) ||
+         !CheckpointStore::list_run(dir).empty();
+}
+
+/// A name of the form <time>[-N] whose folder this call created: two runs started in the same
+/// second get two folders.
+std::string claim_fresh_name(const fs::path& work_dir) {
+  fs::create_directories(work_dir);
+  const std::string base = timestamp();
+  for (int i = 1;; ++i) {
+    const std::string name = i == 1 ? base : base + "-" + std::to_string(i);
+    std::error_code ec;
+    if (fs::create_directory(work_dir / name, ec)) return name;
+    if (ec) throw Error("cannot create a run folder in " + work_dir.string() + ": " + ec.message());
+  }
+}
+
+/// Runs in `work_dir` that have step folders, the one with the newest checkpoint first.
+std::vector<std::string> runs_newest_first(const fs::path& work_dir) {
+  std::vector<std::pair<fs::file_time_type, std::string>> runs;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(work_dir, ec)) {
+    const auto all = CheckpointStore::list_run(entry.path());
+    if (all.empty()) continue;
+    runs.emplace_back(fs::last_write_time(all.back(), ec), entry.path().filename().string());
+  }
+  std::sort(runs.rbegin(), runs.rend());
+  std::vector<std::string> out;
+  for (const auto& [time, name] : runs) out.push_back(name);
+  return out;
+}
+
 }  // namespace
 
+void Trainer::lock_run(const fs::path& dir) {
+  fs::create_directories(dir);
+  try {
+    run_lock_ = std::make_unique<FileLock>(dir / ".lock");
+  } catch (const FileLock::Locked& e) {
+    throw Error("run folder " + dir.string() + " is in use by " + e.what() +
+                "; wait for that run to end, or choose another trainer.name");
+  }
+}
+
+bool Trainer::resume_newest(const fs::path& dir, std::vector<std::string>& problems) {
+  const auto all = CheckpointStore::list_run(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      load_checkpoint(*it);
+      return true;
+    } catch (const ResumeRefused&) {
+      throw;
+    } catch (const std::exception& e) {  // any damage: unreadable files, bad JSON, bad tensors
+      log::warn("cannot resume from ", it->string(), ": ", e.what(), "; trying an older checkpoint");
+      problems.push_back(it->filename().string() + ": " + e.what());
+    }
+  }
+  return false;
+}
+
+void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
+  const int64_t from = step_of(checkpoint);
+  const fs::path dir = checkpoint.parent_path();
+  std::vector<fs::path> newer;
+  for (const auto& step : CheckpointStore::list_run(run_dir_))
+    if (step_of(step) > from) newer.push_back(step);
+  if (newer.empty()) return;
+  const fs::path aside = dir / ("abandoned-" + timestamp() + "-from-" + checkpoint.filename().string());
+  fs::create_directories(aside);
+  std::vector<std::string> moved;
+  for (const auto& step : newer) {
+    rename_durable(step, aside / step.filename());
+    moved.push_back(step.filename().string());
+  }
+  // The best files and the metrics of the abandoned steps go with them (the resumed run rewrites
+  // its own); copies, so that the resumed timeline's best file so far stays in place.
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.path().filename().string().rfind("best_", 0) == 0) fs::copy_file(entry.path(), aside / entry.path().filename(), ec);
+  if (fs::exists(run_dir_ / "metrics.jsonl", ec)) fs::copy_file(run_dir_ / "metrics.jsonl", aside / "metrics.jsonl", ec);
+  log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ", which has newer checkpoints (",
+            join(moved, ", "), "): they are moved to ", aside.string(),
+            " with that timeline's best files and metrics; nothing resumes or prunes them there");
+}
+
 void Trainer::open_run() {
-  fs::path work_dir = options_.work_dir;
-  fs::path checkpoint;
+  const fs::path work_dir = options_.work_dir;
   std::string name = options_.name;
+  fs::path checkpoint;
   if (!options_.resume_from.empty()) {
     checkpoint = options_.resume_from;
     if (!fs::exists(checkpoint)) throw Error("trainer.resume_from = " + options_.resume_from + ": no such checkpoint");
     if (fs::exists(checkpoint / "checkpoints")) {  // a run folder: its newest checkpoint
-      const auto all = CheckpointStore(checkpoint).list();
+      const auto all = CheckpointStore::list_run(checkpoint);
       if (all.empty()) throw Error(options_.resume_from + " holds no checkpoint to resume from");
       checkpoint = all.back();
     }
     if (name.empty()) name = checkpoint.parent_path().parent_path().filename().string();
-  } else if (options_.resume == "auto") {
-    if (name.empty() && fs::is_directory(work_dir)) {
-      // The most recent run in the work folder that has a checkpoint.
-      fs::file_time_type newest{};
-      for (const auto& entry : fs::directory_iterator(work_dir)) {
-        const fs::path cp = entry.path() / "checkpoints";
-        if (!fs::is_directory(cp)) continue;
-        const auto all = CheckpointStore(entry.path()).list();
-        if (all.empty()) continue;
-        const auto t = fs::last_write_time(all.back());
-        if (name.empty() || t > newest) {
-          newest = t;
-          name = entry.path().filename().string();
-        }
-      }
-    }
   }
-  if (name.empty()) name = default_run_name();
-  run_dir_ = work_dir / name;
-  fs::create_directories(run_dir_);
-  checkpoints_ = std::make_unique<CheckpointStore>(run_dir_);
 
-  if (checkpoint.empty() && options_.resume == "auto") {
-    // Newest first; a damaged checkpoint (a disk that filled up, a file edited by hand) is
-    // skipped with a warning in favour of the one before it.
-    auto all = checkpoints_->list();
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      try {
-        load_checkpoint(*it);
-        checkpoint = *it;
+  std::vector<std::string> problems;
+  bool resumed = false;
+  if (options_.resume == "auto" && name.empty()) {
+    // The newest run with a checkpoint that loads; a run whose checkpoints are all damaged is
+    // passed over (and said so), not restarted.
+    for (const auto& candidate : runs_newest_first(work_dir)) {
+      run_dir_ = work_dir / candidate;
+      lock_run(run_dir_);
+      if ((resumed = resume_newest(run_dir_, problems))) {
+        name = candidate;
         break;
-      } catch (const ResumeRefused&) {
-        throw;
-      } catch (const Error& e) {
-        log::warn("cannot resume from ", it->string(), ": ", e.what(), "; trying an older checkpoint");
       }
+      log::warn("resume = auto: no checkpoint of ", run_dir_.string(), " can be loaded; looking at older runs");
+      run_lock_.reset();
     }
-    if (checkpoint.empty()) log::info("resume = auto: no checkpoint in ", run_dir_.string(), "; starting fresh");
-  } else if (!checkpoint.empty()) {
-    load_checkpoint(checkpoint);
+    if (!resumed) log::info("resume = auto: no run in ", work_dir.string(), " to resume; starting a new one");
   }
-  if (!checkpoint.empty() && resumed_at_ >= 0)
-    notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, checkpoint); });
+  if (name.empty()) name = claim_fresh_name(work_dir);
+  run_dir_ = work_dir / name;
+  if (!run_lock_) lock_run(run_dir_);
+
+  if (!checkpoint.empty()) {
+    const bool same_run = fs::weakly_canonical(checkpoint.parent_path().parent_path()) == fs::weakly_canonical(run_dir_);
+    if (!same_run && holds_a_run(run_dir_))
+      throw Error("trainer.resume_from starts run '" + name + "' from " + checkpoint.string() + ", but " + run_dir_.string() +
+                  " already holds a run; choose another trainer.name (nothing was written)");
+    load_checkpoint(checkpoint);
+    if (same_run) set_aside_newer_steps(checkpoint);
+  } else if (options_.resume == "auto" && !resumed) {
+    if (!CheckpointStore::list_run(run_dir_).empty() && !resume_newest(run_dir_, problems))
+      throw Error("resume = auto: none of the checkpoints of " + run_dir_.string() + " can be loaded (" +
+                  join(problems, "; ") + "); move the folder away to start again, or choose another trainer.name");
+    if (resumed_at_ < 0) log::info("resume = auto: no checkpoint in ", run_dir_.string(), "; starting fresh");
+  } else if (options_.resume != "auto" && !options_.name.empty() && holds_a_run(run_dir_)) {
+    throw Error("run folder " + run_dir_.string() + " already holds a run named '" + name + "' (" +
+                std::to_string(CheckpointStore::list_run(run_dir_).size()) +
+                " checkpoints); continue it with --resume auto, or choose another trainer.name (nothing was written)");
+  }
+  checkpoints_ = std::make_unique<CheckpointStore>(run_dir_);
+  if (resumed_at_ >= 0)
+    notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
   write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");

@@ -101,16 +101,19 @@ sdk::TensorMap from_safetensors(const std::string& bytes, const std::string& wha
       const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
         throw bad("tensor '" + it.key() + "' has data offsets outside the file (truncated?)");
-      int64_t numel = 1;
+      // The size the shape needs, checked against the bytes the file has before anything is
+      // allocated: a header declaring a huge shape is refused, not allocated.
+      uint64_t expected = c10::elementSize(*type);
       for (int64_t d : shape) {
         if (d < 0) throw bad("tensor '" + it.key() + "' has a negative dimension");
-        numel *= d;
+        if (d != 0 && expected > data_size / static_cast<uint64_t>(d))
+          throw bad("tensor '" + it.key() + "' declares a shape larger than the file");
+        expected *= static_cast<uint64_t>(d);
       }
-      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*type));
-      const uint64_t expected = static_cast<uint64_t>(numel) * t.element_size();
       if (offsets[1] - offsets[0] != expected)
         throw bad("tensor '" + it.key() + "' holds " + std::to_string(offsets[1] - offsets[0]) +
                   " bytes but its shape needs " + std::to_string(expected));
+      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*type));
       if (expected) std::memcpy(t.data_ptr(), bytes.data() + data_start + offsets[0], expected);
       ranges.emplace_back(offsets[0], offsets[1]);
       out[it.key()] = t;

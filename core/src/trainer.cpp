@@ -4,6 +4,7 @@
 // the other trainer_*.cpp files hold the rest of the class, one responsibility each.
 #include <loom/core/device_memory.hpp>
 #include <loom/core/estimator.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/checkpoint.hpp>

@@ -104,8 +104,11 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   summary.predicted_peak = predicted_peak_;
   summary.oom_recoveries = oom_recoveries_;
   summary.recovery_seconds = recovery_seconds_;
+  // A stop asked for at the last step is no early stop.
+  if (step_ >= total_steps_ && stop_signal_received() == 0) stop_reason_.clear();
   summary.stop_reason = stop_reason_;
-  if (!stop_reason_.empty()) log::info("stopped at step ", step_, " of ", total_steps_, ": ", stop_reason_);
+  summary.signal = stop_signal_received();
+  if (!stop_reason_.empty()) log::info("stopped   early at step ", step_, " of ", total_steps_, ": ", stop_reason_);
 
   sdk::RunReport report;
   report.first_step = first_step;

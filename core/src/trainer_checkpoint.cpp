@@ -14,6 +14,8 @@
 #include <torch/nn/module.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
@@ -74,6 +76,8 @@ std::string Trainer::state_json() const {
                     {"state", precision.text}};
   s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
   s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}};
+  s["log_window"] = {{"steps", window_.steps}, {"loss", window_.loss}, {"samples", window_.samples},
+                     {"seconds", window_.seconds}, {"metrics", window_.metrics}};
   json callbacks = json::object();
   for (const auto& [name, callback] : callbacks_) callbacks[name] = callback->state_dict().text;
   s["callbacks"] = callbacks;
@@ -153,7 +157,18 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   if (saved.global() != plan_.global())
     log::warn("the checkpoint was trained with global batch ", saved.global(), ", this run uses ", plan_.global());
   train_loader_->seek(DataLoader::Position{s["loader"].value("epoch", int64_t{0}), s["loader"].value("offset", int64_t{0})});
+  window_ = {};
+  if (const auto w = s.find("log_window"); w != s.end() && w->is_object()) {
+    window_.steps = w->value("steps", int64_t{0});
+    window_.loss = w->value("loss", 0.0);
+    window_.samples = w->value("samples", int64_t{0});
+    window_.seconds = w->value("seconds", 0.0);
+    if (w->contains("metrics")) window_.metrics = (*w)["metrics"].get<std::map<std::string, double>>();
+    if (window_.steps < 0 || window_.samples < 0 || !std::isfinite(window_.loss) || !std::isfinite(window_.seconds))
+      throw Error((dir / "state.json").string() + ": log_window holds impossible values; the checkpoint is damaged");
+  }
   resumed_at_ = step_;
+  resumed_from_ = dir;
   log::info("resumed from ", dir.string(), " at step ", step_);
 }
 

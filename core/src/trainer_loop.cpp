@@ -1,6 +1,7 @@
-// The training loop: steps until the end (or until a callback asks to stop), the window of steps
-// whose means are logged every trainer.log_every steps, evaluation every trainer.eval_every steps,
-// the final test evaluation. What is written and saved, and when, is the callbacks' business
+// The training loop: steps until the end (or until a callback or a stop signal asks to stop),
+// the window of steps whose means are logged every trainer.log_every steps (saved in checkpoints,
+// so a resumed run logs the same means), evaluation every trainer.eval_every steps, the final test
+// evaluation. What is written and saved, and when, is the callbacks' business
 // (trainer_callbacks.cpp, sdk/callback.hpp); the loop names none of them.
 #include <loom/core/device_memory.hpp>
 #include <loom/core/trainer.hpp>
@@ -10,40 +11,27 @@ namespace loom::core {
 
 using namespace detail;
 
-namespace {
+void Trainer::LogWindow::add(const StepResult& r, double dt) {
+  seconds += dt;
+  loss += r.loss;
+  samples += r.samples;
+  ++steps;
+  for (const auto& [k, v] : r.metrics) metrics[k] += v;
+}
 
-/// The steps since values were last logged: their means are what on_log records.
-struct LogWindow {
-  double seconds = 0, loss = 0;
-  int64_t steps = 0, samples = 0;
-  std::map<std::string, double> metrics;
-
-  void add(const StepResult& r, double dt) {
-    seconds += dt;
-    loss += r.loss;
-    samples += r.samples;
-    ++steps;
-    for (const auto& [k, v] : r.metrics) metrics[k] += v;
-  }
-
-  /// Adds the window's means to `values` and starts a new window.
-  std::map<std::string, double> take(std::map<std::string, double> values) {
-    values["train/loss"] = loss / static_cast<double>(steps);
-    values["train/samples_per_s"] = static_cast<double>(samples) / std::max(1e-9, seconds);
-    for (const auto& [k, v] : metrics) values["train/" + k] = v / static_cast<double>(steps);
-    *this = {};
-    return values;
-  }
-};
-
-}  // namespace
+std::map<std::string, double> Trainer::LogWindow::take(std::map<std::string, double> values) {
+  values["train/loss"] = loss / static_cast<double>(steps);
+  values["train/samples_per_s"] = static_cast<double>(samples) / std::max(1e-9, seconds);
+  for (const auto& [k, v] : metrics) values["train/" + k] = v / static_cast<double>(steps);
+  *this = {};
+  return values;
+}
 
 TrainSummary Trainer::train() {
   const int64_t first_step = step_;
   memory_->reset_peak();
   last_eval_.reset();
   notify("on_run_begin", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_run_begin(run); });
-  LogWindow window;
   double train_seconds = 0;
   while (step_ < total_steps_ && stop_reason_.empty()) {
     notify("on_step_begin", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_begin(run, step_ + 1); });
@@ -51,19 +39,22 @@ TrainSummary Trainer::train() {
     const StepResult r = in_phase("training step " + std::to_string(step_ + 1), [&] { return step_with_recovery(); });
     const double dt = seconds_since(start);
     train_seconds += dt;
-    window.add(r, dt);
+    window_.add(r, dt);
+    const int sig = stop_signal_received();  // stop now: a checkpoint, no evaluation
+    if (sig != 0 && stop_reason_.empty()) stop_reason_ = signal_name(sig) + " received";
     if (step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty()) {
-      const auto values = window.take(step_values(r));
+      const auto values = window_.take(step_values(r));
       notify("on_log", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_log(run, step_, values); });
     }
     sdk::StepReport report = step_report(r, dt);
-    if (step_ % eval_every_ == 0 || step_ == total_steps_ || !stop_reason_.empty())
+    if (sig == 0 && (step_ % eval_every_ == 0 || step_ == total_steps_ || !stop_reason_.empty()))
       report.evaluated = evaluate_and_report(selection_split());
     report.last = step_ == total_steps_ || !stop_reason_.empty();
     notify("on_step_end", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_end(run, report); });
   }
   // The test split, once, at the end (when validation chose the best checkpoint).
-  if (selection_split() == sdk::Split::kValidation && step_ > first_step) evaluate_and_report(sdk::Split::kTest);
+  if (selection_split() == sdk::Split::kValidation && step_ > first_step && stop_signal_received() == 0)
+    evaluate_and_report(sdk::Split::kTest);
   return finish_run(first_step, train_seconds);
 }
 

@@ -77,7 +77,7 @@ out="$("$loom" train --plugin-dir "$work/example" --set data.name=sine_regressio
   --set trainer.max_steps=200 --set trainer.device=cpu --set precision.name=fp32 \
   --set trainer.work_dir="$work/runs" --set trainer.name=guarded 2>&1)" || { echo "$out"; fail "the guarded run failed"; }
 echo "$out" | grep -E "divergence_guard|stopped|done"
-stop="$(echo "$out" | sed -nE 's/.*stopped +early at step ([0-9]+): divergence_guard: .*/\1/p')"
+stop="$(echo "$out" | sed -nE 's/.*stopped +early at step ([0-9]+) of [0-9]+: divergence_guard: .*/\1/p')"
 [ -n "$stop" ] && [ "$stop" -lt 200 ] || fail "divergence_guard did not stop the run"
 test -d "$work/runs/guarded/checkpoints/$(printf 'step_%08d' "$stop")" || fail "no checkpoint of step $stop, where it stopped"
 echo "package test passed"

@@ -160,7 +160,8 @@ void EarlyStopping::load_state_dict(const sdk::State& state) {
 
 std::string EarlyStopping::describe() const {
   return "early stopping on " + metric_ + " (" + sdk::direction_name(direction_) +
-         "), patience " + std::to_string(patience_) + " evaluations, min_delta " + exact(min_delta_);
+         "), patience " + std::to_string(patience_) + (patience_ == 1 ? " evaluation" : " evaluations") +
+         ", min_delta " + exact(min_delta_);
 }
 
 }  // namespace loom::callbacks

@@ -126,7 +126,8 @@ void Jsonl::on_run_begin(RunContext& run) {
     }
     fs::rename(tmp, path_);
   }
-  out_.open(path_, std::ios::app);
+  // A fresh run starts the file anew (a folder reused after an attempt that never checkpointed).
+  out_.open(path_, run.resumed_at() >= 0 ? std::ios::app : std::ios::trunc);
   if (!out_) throw sdk::Error("cannot write " + path_.string());
 }
 

@@ -11,6 +11,12 @@
 
 #include <zlib.h>
 
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <array>
 #include <filesystem>
 #include <memory>
@@ -24,8 +30,21 @@ constexpr uint32_t kLabelMagic = 0x00000801;  // unsigned byte, 1 dimension
 constexpr int64_t kClasses = 10;
 
 struct GzFile {
-  explicit GzFile(const fs::path& path) : path(path), handle(gzopen(path.c_str(), "rb")) {
-    if (handle == nullptr) throw loom::sdk::Error("cannot open " + path.string());
+  explicit GzFile(const fs::path& path) : path(path) {
+    // Only a regular file is read: opening without blocking and checking the type first means a
+    // FIFO or a device in the data folder is an error, not a hang or an endless read.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) throw loom::sdk::Error("cannot open " + path.string() + ": " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw loom::sdk::Error("cannot read " + path.string() + ": not a regular file; point data_dir at the Fashion-MNIST files");
+    }
+    handle = gzdopen(fd, "rb");
+    if (handle == nullptr) {
+      ::close(fd);
+      throw loom::sdk::Error("cannot open " + path.string());
+    }
   }
   ~GzFile() {
     if (handle != nullptr) gzclose(handle);
@@ -68,7 +87,7 @@ struct GzFile {
   }
 
   fs::path path;
-  gzFile handle;
+  gzFile handle = nullptr;
 };
 
 class FashionMnist final : public loom::sdk::TensorDataset {

@@ -5,7 +5,7 @@
 //                          and data's configuration, metrics
 // A folder is written as .step_00000300.tmp, every file fsynced, then renamed into place, so a
 // folder named step_* is always complete: a run killed at any moment loses only the step in
-// progress. Weights files sit beside them (the best callback's best_<metric>.safetensors).
+// progress. Pruning renames a folder to .step_*.deleting before deleting it, for the same reason. Weights files sit beside them (the best callback's best_<metric>.safetensors).
 #pragma once
 
 #include <loom/sdk/types.hpp>
@@ -41,6 +41,8 @@ class CheckpointStore {
 
   /// Complete step folders, oldest first.
   std::vector<std::filesystem::path> list() const;
+  /// The complete step folders of the run in `run_dir`, oldest first, without creating anything.
+  static std::vector<std::filesystem::path> list_run(const std::filesystem::path& run_dir);
 
   /// Reads a checkpoint folder. Throws loom::Error naming the file and the problem.
   static Checkpoint load(const std::filesystem::path& dir);
@@ -51,5 +53,7 @@ class CheckpointStore {
 
 /// The step folder name for a step: step_00000300.
 std::string step_dir_name(int64_t step);
+/// The step of a step folder (step_00000300: 300), or -1 for another name.
+int64_t step_of(const std::filesystem::path& step_dir);
 
 }  // namespace loom::core

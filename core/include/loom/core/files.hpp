@@ -1,8 +1,11 @@
-// Writing files so that a crash never leaves a half-written one: write a temporary file beside
-// the target, fsync it, rename it over the target, fsync the folder.
+// Files: writing so that a crash never leaves a half-written one (a temporary file beside the
+// target, fsync, rename over the target, fsync of the folder), reading only regular files of a
+// bounded size, and the lock that keeps two processes out of one run folder.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -11,8 +14,32 @@ namespace loom::core {
 /// Atomically replaces `path` with `bytes`. Throws loom::Error naming the path on failure.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
 
-/// Reads a whole file; throws loom::Error naming the path.
-std::string read_file(const std::filesystem::path& path);
+/// Reads a whole regular file of at most `max_bytes`; throws loom::Error naming the path for a
+/// missing file, a FIFO, a device or a socket (refused before reading, so nothing hangs or reads
+/// without end), or a larger file.
+std::string read_file(const std::filesystem::path& path, int64_t max_bytes = int64_t{1} << 30);
+
+/// "a FIFO", "a character device", ...: a st_mode's file type for messages.
+const char* file_type_name(unsigned mode);
+
+/// An exclusive advisory lock (flock) on a file, held while the object lives. The lock ends with
+/// the process, so a lock file left by a killed process is never stale.
+class FileLock {
+ public:
+  /// Another process holds the lock; what() names it ("process 4242").
+  struct Locked : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  /// Takes the lock or throws Locked; loom::Error when the file cannot be opened.
+  explicit FileLock(const std::filesystem::path& path);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+};
 
 /// fsyncs a folder (after a rename into it).
 void fsync_dir(const std::filesystem::path& dir);

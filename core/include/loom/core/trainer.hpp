@@ -39,6 +39,7 @@
 namespace loom::core {
 
 class CheckpointStore;
+class FileLock;
 
 /// The [trainer] and [data] loader settings, read once from the resolved configuration.
 struct TrainerOptions {
@@ -85,7 +86,8 @@ struct TrainSummary {
   int64_t predicted_peak = -1;    ///< the estimator's prediction at the final plan, if it ran
   int64_t oom_recoveries = 0;
   double recovery_seconds = 0;    ///< time spent unwinding and re-planning (replays excluded)
-  std::string stop_reason;        ///< why a callback stopped the run before its end, else empty
+  std::string stop_reason;        ///< why the run stopped before its end (a callback, a signal), else empty
+  int signal = 0;                 ///< the stop signal (SIGINT, SIGTERM) that ended it, else 0
   std::filesystem::path run_dir;
 };
 
@@ -203,10 +205,29 @@ class Trainer {
   void build_schedule();
   void build_loaders();
   void build_callbacks();
+  /// Chooses, claims and locks the run folder, resumes (run_folder.cpp).
   void open_run();
+  void lock_run(const std::filesystem::path& dir);
+  /// Loads the newest checkpoint of a run folder that loads; false (with the reasons added to
+  /// `problems`) when none does. A checkpoint that does not fit this run (ResumeRefused) throws.
+  bool resume_newest(const std::filesystem::path& dir, std::vector<std::string>& problems);
+  /// After resuming from an older checkpoint of this run: its newer step folders move aside.
+  void set_aside_newer_steps(const std::filesystem::path& checkpoint);
 
   /// What callbacks see of the run (trainer_callbacks.cpp).
   class Context;
+  /// The steps since values were last logged: their means are what on_log records. Part of a
+  /// checkpoint, so that the first values logged after a resume are those of the run that never
+  /// stopped.
+  struct LogWindow {
+    double seconds = 0, loss = 0;
+    int64_t steps = 0, samples = 0;
+    std::map<std::string, double> metrics;
+    void add(const StepResult& r, double dt);
+    /// Adds the window's means to `values` and starts a new window.
+    std::map<std::string, double> take(std::map<std::string, double> values);
+  };
+  LogWindow window_;
   /// Calls `hook` on each callback in order; an error names the callback and the hook.
   void notify(const char* hook, const std::function<void(sdk::Callback&, sdk::RunContext&)>& call);
   /// The split evaluations during training use: validation when the run has one, else test.
@@ -272,6 +293,8 @@ class Trainer {
   std::optional<EvalResult> last_eval_;
   int64_t eval_every_ = 1;
   int64_t resumed_at_ = -1;
+  std::filesystem::path resumed_from_;
+  std::unique_ptr<FileLock> run_lock_;  ///< held while the trainer lives
   std::function<void(const std::vector<at::Tensor>&)> gradient_hook_;
   std::unique_ptr<sdk::DeviceMemory> memory_;
   int64_t probes_run_ = 0;
@@ -296,5 +319,14 @@ std::map<std::string, std::string> checkpoint_run_config(const std::filesystem::
 
 /// Peak resident memory of this process, in bytes.
 int64_t peak_resident_bytes();
+
+/// SIGINT and SIGTERM stop training gracefully: the first makes Trainer::train stop after the
+/// step it is in (no further evaluation), write a checkpoint through the callbacks and return
+/// with TrainSummary::signal set; a second ends the process at once (stop_signals.cpp).
+void install_stop_signals();
+/// The first stop signal received, or 0.
+int stop_signal_received();
+/// "SIGTERM", "SIGINT".
+std::string signal_name(int sig);
 
 }  // namespace loom::core

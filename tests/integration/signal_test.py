@@ -1,0 +1,64 @@
+"""SIGTERM and SIGINT stop a run gracefully: it finishes the step it is in, writes a checkpoint of
+that step, says how to continue and exits with 128 + the signal (143, 130); `--resume auto` then
+continues from exactly that step. A second signal ends the process at once."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from common import SMALL, loom, metrics, workdir
+
+exe = sys.argv[1]
+STEPS = 100000  # far more than the test waits for
+work = workdir()
+args = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.max_steps={STEPS}",
+        "--set", "trainer.checkpoint_every=100000", "--set", "trainer.eval_every=100000"]
+
+
+def start(name):
+    proc = subprocess.Popen([exe, "train", *args, "--set", f"trainer.name={name}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = os.path.join(work, name)
+    deadline = time.time() + 300
+    while time.time() < deadline:  # until it has logged a few steps
+        if os.path.exists(os.path.join(run, "metrics.jsonl")) and len(metrics(run)) >= 5:
+            return proc, run
+        if proc.poll() is not None:
+            raise SystemExit("the run ended before the signal: " + proc.stderr.read())
+        time.sleep(0.05)
+    raise SystemExit("the run logged nothing in 300 s")
+
+
+try:
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        name = f"graceful_{sig.name}"
+        proc, run = start(name)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == code, f"{sig.name}: exit {proc.returncode}, expected {code}\n{err}"
+        assert f"stopped by {sig.name} after step" in err, err
+        assert f"--resume auto --set trainer.name={name}" in err, err
+        step = max(m["step"] for m in metrics(run))
+        saved = sorted(d for d in os.listdir(os.path.join(run, "checkpoints")) if d.startswith("step_"))
+        assert saved == [f"step_{step:08d}"], f"{sig.name}: checkpoints {saved}, last logged step {step}"
+        assert not any("val/loss" in m for m in metrics(run)), "no evaluation after a stop signal"
+        print(f"{sig.name}: exit {code}, checkpoint of step {step}, the step it stopped at")
+
+        out = loom(exe, "train", *args, "--set", f"trainer.name={name}", "--set", f"trainer.max_steps={step + 3}",
+                   "--resume", "auto")
+        assert f"resumed from" in out.stderr and f"at step {step}" in out.stderr, out.stderr
+        steps = [m["step"] for m in metrics(run) if "train/loss" in m]
+        assert steps == list(range(1, step + 4)), "every step once across the stop and the resume"
+
+    # A second signal: the process ends at once, by the signal's default action.
+    proc, run = start("twice")
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode in (-signal.SIGTERM, 143), f"second SIGTERM: exit {proc.returncode}"
+    print(f"two SIGTERMs: exit {proc.returncode}")
+finally:
+    shutil.rmtree(work, ignore_errors=True)
+print("signal test passed")

@@ -1,0 +1,189 @@
+// Nothing a run wrote is lost through run management, and nothing Loom reads can hang it: a new
+// run refuses a folder that holds one, resuming from an older checkpoint sets the newer steps
+// aside, --resume auto passes over a run whose checkpoints are all damaged, a folder in use is
+// refused, runs without a name never share a folder, interrupted pruning leaves no half-deleted
+// step folder, and a FIFO or a device in place of a file is an error, not a hang.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/config.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/safetensors.hpp>
+#include <loom/core/trainer.hpp>
+
+#include "trainer_testing.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sys/stat.h>
+
+namespace fs = std::filesystem;
+using namespace loom::core;
+
+namespace {
+
+class RunFolderTest : public testing::Test {
+ protected:
+  void SetUp() override { dir_ = loom::testing::fresh_test_dir("loom_run_folder_test"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Config base(const std::string& name, int64_t steps = 4) const {
+    Config c = loom::testing::config_of(
+        {"model.name=lightweight_transformer", "model.flavour=debug", "data.name=synthetic", "data.train_size=256",
+         "data.test_size=64", "trainer.batch_size=32", "trainer.seed=3", "trainer.log_every=100", "trainer.eval_every=100",
+         "trainer.checkpoint_every=2", "trainer.keep_last=10", "trainer.device=cpu", "precision.name=fp32",
+         "memory.estimate=false", "trainer.callbacks=jsonl, checkpoint"},
+        dir_, name);
+    c.set_assignment("trainer.max_steps=" + std::to_string(steps));
+    return c;
+  }
+
+  static std::string error_of(const Config& c) {
+    try {
+      loom::testing::make_trainer(c);
+    } catch (const loom::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  }
+
+  static std::vector<std::string> steps(const fs::path& run) {
+    std::vector<std::string> out;
+    for (const auto& p : CheckpointStore::list_run(run)) out.push_back(p.filename().string());
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(RunFolderTest, ANewRunRefusesAFolderThatHoldsARun) {
+  loom::testing::make_trainer(base("taken"))->train();
+  const auto before = steps(dir_ / "taken");
+  ASSERT_EQ(before.size(), 2u);
+  const std::string m = error_of(base("taken"));
+  EXPECT_NE(m.find("already holds a run named 'taken' (2 checkpoints); continue it with --resume auto, or choose "
+                   "another trainer.name (nothing was written)"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(steps(dir_ / "taken"), before);
+}
+
+TEST_F(RunFolderTest, ResumingFromAnOlderCheckpointSetsTheNewerStepsAside) {
+  loom::testing::make_trainer(base("timeline", 6))->train();
+  ASSERT_EQ(steps(dir_ / "timeline"), (std::vector<std::string>{step_dir_name(2), step_dir_name(4), step_dir_name(6)}));
+  Config again = base("", 6);
+  again.set_assignment("trainer.resume_from=" + (dir_ / "timeline" / "checkpoints" / step_dir_name(2)).string());
+  auto t = loom::testing::make_trainer(again);
+  EXPECT_EQ(t->run_dir(), dir_ / "timeline");
+  EXPECT_EQ(steps(dir_ / "timeline"), (std::vector<std::string>{step_dir_name(2)}));
+  // The abandoned steps are kept, out of the way of resuming and pruning.
+  int aside = 0;
+  for (const auto& entry : fs::directory_iterator(dir_ / "timeline" / "checkpoints"))
+    if (entry.path().filename().string().rfind("abandoned-", 0) == 0) {
+      EXPECT_TRUE(fs::exists(entry.path() / step_dir_name(4) / "model.safetensors"));
+      EXPECT_TRUE(fs::exists(entry.path() / step_dir_name(6) / "state.json"));
+      ++aside;
+    }
+  EXPECT_EQ(aside, 1);
+  t->train();
+  t.reset();
+  // --resume auto now continues the resumed timeline, whose newest checkpoint is its own step 6.
+  Config resume = base("timeline", 8);
+  resume.set_assignment("trainer.resume=auto");
+  EXPECT_EQ(loom::testing::make_trainer(resume)->step(), 6);
+}
+
+TEST_F(RunFolderTest, ResumeAutoPassesOverARunWhoseCheckpointsAreAllDamaged) {
+  loom::testing::make_trainer(base("good"))->train();
+  loom::testing::make_trainer(base("damaged"))->train();
+  for (const auto& step : CheckpointStore::list_run(dir_ / "damaged")) {
+    std::ofstream(step / "state.json") << "{\"step\": \"four\"";  // torn and mistyped
+    fs::last_write_time(step, fs::file_time_type::clock::now());  // the newest run
+  }
+  Config c = base("", 8);
+  c.set_assignment("trainer.resume=auto");
+  auto t = loom::testing::make_trainer(c);
+  EXPECT_EQ(t->run_dir(), dir_ / "good");
+  EXPECT_EQ(t->step(), 4);
+  t.reset();
+  // Named, the damaged run is not restarted over its own files.
+  Config named = base("damaged", 8);
+  named.set_assignment("trainer.resume=auto");
+  const std::string m = error_of(named);
+  EXPECT_NE(m.find("none of the checkpoints of"), std::string::npos) << m;
+  EXPECT_NE(m.find("move the folder away to start again, or choose another trainer.name"), std::string::npos) << m;
+}
+
+TEST_F(RunFolderTest, AFolderInUseIsRefused) {
+  auto first = loom::testing::make_trainer(base("busy"));
+  Config second = base("busy");
+  second.set_assignment("trainer.resume=auto");
+  const std::string m = error_of(second);
+  EXPECT_NE(m.find("is in use by process " + std::to_string(::getpid())), std::string::npos) << m;
+  first.reset();  // the lock ends with the trainer
+  EXPECT_NO_THROW(loom::testing::make_trainer(second));
+}
+
+TEST_F(RunFolderTest, RunsWithoutANameNeverShareAFolder) {
+  auto a = loom::testing::make_trainer(base(""));
+  auto b = loom::testing::make_trainer(base(""));
+  auto c = loom::testing::make_trainer(base(""));
+  EXPECT_NE(a->run_dir(), b->run_dir());
+  EXPECT_NE(b->run_dir(), c->run_dir());
+  EXPECT_NE(a->run_dir(), c->run_dir());
+}
+
+TEST_F(RunFolderTest, PruningLeavesNoHalfDeletedStepFolder) {
+  // A process killed while deleting leaves .step_*.deleting: the next run removes it.
+  fs::create_directories(dir_ / "pruned" / "checkpoints" / ".step_00000002.deleting");
+  std::ofstream(dir_ / "pruned" / "checkpoints" / ".step_00000002.deleting" / "state.json") << "{}";
+  Config c = base("pruned", 8);
+  c.set_assignment("trainer.keep_last=2");
+  c.set_assignment("trainer.resume=auto");
+  loom::testing::make_trainer(c)->train();
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir_ / "pruned" / "checkpoints")) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{step_dir_name(6), step_dir_name(8)}));
+}
+
+TEST_F(RunFolderTest, AFifoOrADeviceInPlaceOfAFileIsAnErrorNotAHang) {
+  const fs::path fifo = dir_ / "run.ini";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  Config c;
+  try {
+    c.load_file(fifo);
+    FAIL() << "a FIFO config file must be refused";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file (a FIFO)"), std::string::npos) << e.what();
+  }
+  fs::create_symlink("/dev/zero", dir_ / "zero.safetensors");
+  try {
+    load_safetensors(dir_ / "zero.safetensors");
+    FAIL() << "a device must be refused";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file (a character device)"), std::string::npos) << e.what();
+  }
+  // A checkpoint whose state.json is a FIFO is damaged: --resume auto falls back to the one before.
+  loom::testing::make_trainer(base("fifo"))->train();
+  const fs::path newest = dir_ / "fifo" / "checkpoints" / step_dir_name(4) / "state.json";
+  fs::remove(newest);
+  ASSERT_EQ(::mkfifo(newest.c_str(), 0644), 0);
+  Config resume = base("fifo", 8);
+  resume.set_assignment("trainer.resume=auto");
+  EXPECT_EQ(loom::testing::make_trainer(resume)->step(), 2);
+}
+
+TEST_F(RunFolderTest, ASafetensorsHeaderDeclaringAHugeShapeIsRefusedBeforeAllocating) {
+  const std::string header = R"({"t":{"dtype":"F32","shape":[1000000000000,1000],"data_offsets":[0,4]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  bytes += header + std::string(4, '\0');
+  try {
+    from_safetensors(bytes, "huge.safetensors");
+    FAIL() << "the shape cannot fit in 4 bytes";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 't' declares a shape larger than the file"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
