@@ -58,7 +58,9 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   save_safetensors(tmp / "model.safetensors", model);
-  save_safetensors(tmp / "optimizer.safetensors", extra);
+  // The safetensors files carry their own checksums (Note [Checkpoint checksums]); state.json's
+  // is kept in optimizer.safetensors, so a flipped byte in any of the three is found at load.
+  save_safetensors(tmp / "optimizer.safetensors", extra, {{"state_json_crc32", crc32_hex(state_json)}});
   write_file_atomic(tmp / "state.json", state_json);
   if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again (a replayed run)
   rename_durable(tmp, final_dir);
@@ -97,8 +99,12 @@ Checkpoint CheckpointStore::load(const fs::path& dir) {
   Checkpoint c;
   c.dir = dir;
   c.model = load_safetensors(dir / "model.safetensors");
-  c.extra = load_safetensors(dir / "optimizer.safetensors");
-  c.state_json = read_file(dir / "state.json");
+  sdk::TextMap metadata;
+  c.extra = load_safetensors(dir / "optimizer.safetensors", &metadata);
+  c.state_json = read_file(dir / "state.json", 64 << 20);
+  if (auto it = metadata.find("state_json_crc32"); it != metadata.end() && it->second != crc32_hex(c.state_json))
+    throw Error((dir / "state.json").string() + " has checksum " + crc32_hex(c.state_json) + ", the checkpoint recorded " +
+                it->second + ": it changed after Loom wrote it; the checkpoint is damaged");
   return c;
 }
 

@@ -2,7 +2,11 @@
 #include <loom/core/error.hpp>
 #include <loom/core/files.hpp>
 
+#include <zlib.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
@@ -98,6 +102,18 @@ std::string read_file(const fs::path& path, int64_t max_bytes) {
   ::close(fd);
   out.resize(done);
   return out;
+}
+
+std::string crc32_hex(std::string_view bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (size_t done = 0; done < bytes.size();) {
+    const size_t chunk = std::min<size_t>(bytes.size() - done, size_t{1} << 30);
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data() + done), static_cast<uInt>(chunk));
+    done += chunk;
+  }
+  char text[16];
+  std::snprintf(text, sizeof text, "%08lx", static_cast<unsigned long>(crc));
+  return text;
 }
 
 const char* file_type_name(unsigned mode) {

@@ -6,8 +6,10 @@
 #include <ATen/ops/empty.h>
 
 #include <nlohmann/json.hpp>
+#include <zlib.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 namespace loom::core {
@@ -38,6 +40,37 @@ std::optional<c10::ScalarType> dtype_of(const std::string& name) {
   return std::nullopt;
 }
 
+/// Note [Checkpoint checksums]
+/// Every safetensors file Loom writes carries, in its metadata (so Python's reader still reads
+/// it), "loom_crc32": a CRC-32 over each tensor's name, dtype, shape and offsets and over the
+/// data. A flipped byte in the data, or a tensor relabelled with another dtype of the same size,
+/// then fails the load instead of being trained on. Files without the key (written by other
+/// tools) load unchecked.
+struct TensorEntry {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+std::string checksum(std::vector<TensorEntry> entries, const char* data, size_t size) {
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto& e : entries) {
+    std::string line = e.name + "|" + e.dtype + "|";
+    for (int64_t d : e.shape) line += std::to_string(d) + ",";
+    line += "|" + std::to_string(e.begin) + "|" + std::to_string(e.end) + "\n";
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(line.data()), static_cast<uInt>(line.size()));
+  }
+  for (size_t done = 0; done < size;) {  // zlib takes at most 4 GiB at a time
+    const size_t chunk = std::min<size_t>(size - done, size_t{1} << 30);
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data + done), static_cast<uInt>(chunk));
+    done += chunk;
+  }
+  char text[16];
+  std::snprintf(text, sizeof text, "%08lx", static_cast<unsigned long>(crc));
+  return text;
+}
+
 }  // namespace
 
 std::string to_safetensors(const sdk::TensorMap& tensors, const sdk::TextMap& metadata) {
@@ -47,22 +80,26 @@ std::string to_safetensors(const sdk::TensorMap& tensors, const sdk::TextMap& me
   std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
     return a.second.element_size() > b.second.element_size();
   });
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  size_t offset = 0;
+  std::vector<TensorEntry> entries;
+  std::string data;
   for (const auto& [name, t] : ordered) {
     const size_t bytes = t.numel() * t.element_size();
-    header[name] = {{"dtype", dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    entries.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec(), data.size(), data.size() + bytes});
+    data.append(static_cast<const char*>(t.data_ptr()), bytes);
   }
+  sdk::TextMap all = metadata;
+  all["loom_crc32"] = checksum(entries, data.data(), data.size());  // Note [Checkpoint checksums]
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  header["__metadata__"] = all;
+  for (const auto& e : entries) header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
   std::string out;
-  out.reserve(8 + json.size() + offset);
+  out.reserve(8 + json.size() + data.size());
   const uint64_t n = json.size();
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   out += json;
-  for (const auto& [name, t] : ordered) out.append(static_cast<const char*>(t.data_ptr()), t.numel() * t.element_size());
+  out += data;
   return out;
 }
 
@@ -86,11 +123,16 @@ sdk::TensorMap from_safetensors(const std::string& bytes, const std::string& wha
   const size_t data_size = bytes.size() - data_start;
   sdk::TensorMap out;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<TensorEntry> entries;
+  std::string expected_crc;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      if (metadata && it.value().is_object())
-        for (auto m = it.value().begin(); m != it.value().end(); ++m)
-          if (m.value().is_string()) (*metadata)[m.key()] = m.value().get<std::string>();
+      if (!it.value().is_object()) throw bad("__metadata__ is not an object of texts");
+      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+        if (!m.value().is_string()) throw bad("__metadata__ value '" + m.key() + "' is not text");
+        if (m.key() == "loom_crc32") expected_crc = m.value().get<std::string>();
+        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
+      }
       continue;
     }
     const auto& entry = it.value();
@@ -116,6 +158,7 @@ sdk::TensorMap from_safetensors(const std::string& bytes, const std::string& wha
       at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*type));
       if (expected) std::memcpy(t.data_ptr(), bytes.data() + data_start + offsets[0], expected);
       ranges.emplace_back(offsets[0], offsets[1]);
+      entries.push_back({it.key(), entry.at("dtype").get<std::string>(), shape, offsets[0], offsets[1]});
       out[it.key()] = t;
     } catch (const nlohmann::json::exception& e) {
       throw bad("tensor '" + it.key() + "': " + e.what());
@@ -128,6 +171,12 @@ sdk::TensorMap from_safetensors(const std::string& bytes, const std::string& wha
     end = e;
   }
   if (end != data_size) throw bad("the data is " + std::to_string(data_size) + " bytes but the tensors cover " + std::to_string(end));
+  if (!expected_crc.empty()) {
+    const std::string actual = checksum(entries, bytes.data() + data_start, data_size);
+    if (actual != expected_crc)
+      throw bad("its checksum is " + actual + ", the file says " + expected_crc +
+                ": its tensors changed after Loom wrote them (a flipped byte, a relabelled dtype)");
+  }
   return out;
 }
 

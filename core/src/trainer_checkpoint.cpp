@@ -11,6 +11,7 @@
 
 #include <loom/sdk/version.hpp>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/isfinite.h>
 #include <torch/nn/module.h>
 #include <nlohmann/json.hpp>
 
@@ -49,6 +50,79 @@ void load_callback_states(const std::vector<std::pair<std::string, std::shared_p
   }
 }
 
+/// The fields of a state.json, each read with its type and range; anything else is damage, named
+/// by file and field ("state.json: field 'loader.offset' = -5 is outside [0, 512]").
+class StateFields {
+ public:
+  StateFields(const json& s, fs::path file) : s_(s), file_(std::move(file)) {}
+
+  const json& at(std::initializer_list<const char*> path) const {
+    const json* node = &s_;
+    for (const char* key : path) {
+      if (!node->is_object() || !node->contains(key)) damaged(path, "is missing");
+      node = &(*node)[key];
+    }
+    return *node;
+  }
+  int64_t integer(std::initializer_list<const char*> path, int64_t lo, int64_t hi) const {
+    const json& v = at(path);
+    if (!v.is_number_integer()) damaged(path, "is " + v.dump() + ", not an integer");
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi) damaged(path, "= " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return x;
+  }
+  double number(std::initializer_list<const char*> path) const {
+    const json& v = at(path);
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) damaged(path, "is " + v.dump() + ", not a finite number >= 0");
+    return v.get<double>();
+  }
+  std::string text(std::initializer_list<const char*> path) const {
+    const json& v = at(path);
+    if (!v.is_string()) damaged(path, "is " + v.dump() + ", not text");
+    return v.get<std::string>();
+  }
+  const json& object(std::initializer_list<const char*> path) const {
+    const json& v = at(path);
+    if (!v.is_object()) damaged(path, "is not an object");
+    return v;
+  }
+  std::map<std::string, std::string> texts(std::initializer_list<const char*> path, bool optional = false) const {
+    std::map<std::string, std::string> out;
+    if (optional && !has(path)) return out;
+    for (const auto& [k, v] : object(path).items()) {
+      if (!v.is_string()) damaged(path, "has '" + k + "' = " + v.dump() + ", not text");
+      out[k] = v.get<std::string>();
+    }
+    return out;
+  }
+  std::map<std::string, double> numbers(std::initializer_list<const char*> path) const {
+    std::map<std::string, double> out;
+    for (const auto& [k, v] : object(path).items()) {
+      if (!v.is_number() || !std::isfinite(v.get<double>())) damaged(path, "has '" + k + "' = " + v.dump() + ", not a finite number");
+      out[k] = v.get<double>();
+    }
+    return out;
+  }
+
+ private:
+  bool has(std::initializer_list<const char*> path) const {
+    const json* node = &s_;
+    for (const char* key : path) {
+      if (!node->is_object() || !node->contains(key)) return false;
+      node = &(*node)[key];
+    }
+    return true;
+  }
+  [[noreturn]] void damaged(std::initializer_list<const char*> path, const std::string& why) const {
+    std::string field;
+    for (const char* key : path) field += (field.empty() ? "" : ".") + std::string(key);
+    throw Error(file_.string() + ": field '" + field + "' " + why + "; the checkpoint is damaged");
+  }
+
+  const json& s_;
+  fs::path file_;
+};
+
 }  // namespace
 
 sdk::TensorMap Trainer::model_tensors() const {
@@ -85,6 +159,13 @@ std::string Trainer::state_json() const {
 }
 
 fs::path Trainer::save_checkpoint() {
+  // Since resuming, no update had finite gradients: this state is the resumed checkpoint's at
+  // best, and perhaps damaged; writing it could let pruning delete the good checkpoints.
+  if (resumed_at_ >= 0 && step_ > resumed_at_ && skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_) {
+    log::warn("not saving a checkpoint of step ", step_, ": no step since resuming at step ", resumed_at_,
+              " had finite gradients; ", resumed_from_.string(), " stays the newest checkpoint");
+    return resumed_from_;
+  }
   sdk::TensorMap extra;
   const sdk::State optimizer = optimizer_->state_dict();
   for (const auto& [k, t] : optimizer.tensors) extra["optimizer." + k] = t;
@@ -108,17 +189,43 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   } catch (const std::exception& e) {
     throw Error((dir / "state.json").string() + " is not valid JSON (" + e.what() + "); the checkpoint is damaged");
   }
+  // Every field is read with its type and range before anything changes: a damaged file leaves
+  // the run as it was (and --resume auto falls back to an older checkpoint).
+  const StateFields f(s, dir / "state.json");
+  f.integer({"format"}, 1, 1);
+  const int64_t step = f.integer({"step"}, 0, int64_t{1} << 40);
+  const int64_t skipped = f.integer({"skipped_steps"}, 0, step);
+  const std::string model_name = f.text({"model", "name"});
+  const auto model_config = f.texts({"model", "config"});
+  const auto saved_manifest = f.texts({"precision", "manifest"});
+  sdk::State optimizer, precision, schedule;
+  optimizer.text = f.texts({"optimizer"});
+  precision.text = f.texts({"precision", "state"});
+  schedule.text = f.texts({"schedule", "state"}, /*optional=*/true);
+  const std::string schedule_name = f.text({"schedule", "name"});
+  const sdk::BatchPlan saved_plan{f.integer({"plan", "micro_batch"}, 1, int64_t{1} << 40),
+                                  f.integer({"plan", "accumulation"}, 1, int64_t{1} << 40),
+                                  f.integer({"plan", "world_size"}, 1, int64_t{1} << 20)};
+  const DataLoader::Position position{f.integer({"loader", "epoch"}, 0, int64_t{1} << 40),
+                                      f.integer({"loader", "offset"}, 0, train_loader_->samples_per_epoch())};
+  LogWindow window;
+  if (s.contains("log_window")) {
+    window.steps = f.integer({"log_window", "steps"}, 0, step);
+    window.samples = f.integer({"log_window", "samples"}, 0, int64_t{1} << 50);
+    window.loss = f.number({"log_window", "loss"});
+    window.seconds = f.number({"log_window", "seconds"});
+    window.metrics = f.numbers({"log_window", "metrics"});
+  }
+  const json callbacks = s.contains("callbacks") ? f.object({"callbacks"}) : json::object();
+
   // The checkpoint must fit this run: same model configuration, same precision unless allowed.
-  std::map<std::string, std::string> saved_config;
-  for (const auto& [key, value] : s["model"]["config"].items()) saved_config[key] = value.get<std::string>();
-  check_model_config(s["model"].value("name", ""), saved_config, dir.string());
+  check_model_config(model_name, model_config, dir.string());
   const auto manifest = precision_->manifest();
   std::vector<std::string> precision_diff;
-  for (const auto& [key, value] : s["precision"]["manifest"].items()) {
+  for (const auto& [key, value] : saved_manifest) {
     auto it = manifest.find(key);
     const std::string mine = it == manifest.end() ? "(none)" : it->second;
-    if (mine != value.get<std::string>())
-      precision_diff.push_back(key + ": checkpoint " + value.get<std::string>() + ", this run " + mine);
+    if (mine != value) precision_diff.push_back(key + ": checkpoint " + value + ", this run " + mine);
   }
   if (!precision_diff.empty()) {
     const std::string what = "the precision differs from the checkpoint's (" + join(precision_diff, "; ") + ")";
@@ -129,44 +236,26 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   }
 
   restore_model(c.model, dir.string());
-
-  sdk::State optimizer;
-  for (const auto& [k, v] : s["optimizer"].items()) optimizer.text[k] = v.get<std::string>();
-  sdk::State precision, schedule;
-  for (const auto& [k, v] : s["precision"]["state"].items()) precision.text[k] = v.get<std::string>();
-  if (s["schedule"].contains("state"))
-    for (const auto& [k, v] : s["schedule"]["state"].items()) schedule.text[k] = v.get<std::string>();
   for (const auto& [k, t] : c.extra) {
     if (k.rfind("optimizer.", 0) == 0) optimizer.tensors[k.substr(10)] = t;
     else if (k.rfind("precision.", 0) == 0) precision.tensors[k.substr(10)] = t;
     else if (k.rfind("schedule.", 0) == 0) schedule.tensors[k.substr(9)] = t;
   }
-  if (const std::string saved = s["schedule"].value("name", options_.schedule); saved != options_.schedule)
-    log::warn("the checkpoint was trained with schedule ", saved, ", this run uses ", options_.schedule);
+  if (schedule_name != options_.schedule)
+    log::warn("the checkpoint was trained with schedule ", schedule_name, ", this run uses ", options_.schedule);
   optimizer_->load_state_dict(optimizer);
   precision_->load_state_dict(precision);
   schedule_->load_state_dict(schedule);
-  load_callback_states(callbacks_, s.contains("callbacks") ? s["callbacks"] : json::object(), c.extra, dir);
+  load_callback_states(callbacks_, callbacks, c.extra, dir);
   if (auto it = c.extra.find("rng.cpu"); it != c.extra.end()) cpu_generator().set_state(it->second);
   if (auto it = c.extra.find("rng.device"); it != c.extra.end() && device_.is_cuda()) device_generator(device_).set_state(it->second);
 
-  step_ = s.value("step", int64_t{0});
-  skipped_steps_ = s.value("skipped_steps", int64_t{0});
-  const sdk::BatchPlan saved{s["plan"].value("micro_batch", int64_t{1}), s["plan"].value("accumulation", int64_t{1}),
-                             s["plan"].value("world_size", int64_t{1})};
-  if (saved.global() != plan_.global())
-    log::warn("the checkpoint was trained with global batch ", saved.global(), ", this run uses ", plan_.global());
-  train_loader_->seek(DataLoader::Position{s["loader"].value("epoch", int64_t{0}), s["loader"].value("offset", int64_t{0})});
-  window_ = {};
-  if (const auto w = s.find("log_window"); w != s.end() && w->is_object()) {
-    window_.steps = w->value("steps", int64_t{0});
-    window_.loss = w->value("loss", 0.0);
-    window_.samples = w->value("samples", int64_t{0});
-    window_.seconds = w->value("seconds", 0.0);
-    if (w->contains("metrics")) window_.metrics = (*w)["metrics"].get<std::map<std::string, double>>();
-    if (window_.steps < 0 || window_.samples < 0 || !std::isfinite(window_.loss) || !std::isfinite(window_.seconds))
-      throw Error((dir / "state.json").string() + ": log_window holds impossible values; the checkpoint is damaged");
-  }
+  step_ = step;
+  skipped_steps_ = skipped_at_resume_ = skipped;
+  if (saved_plan.global() != plan_.global())
+    log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global());
+  train_loader_->seek(position);
+  window_ = window;
   resumed_at_ = step_;
   resumed_from_ = dir;
   log::info("resumed from ", dir.string(), " at step ", step_);
@@ -191,36 +280,55 @@ void Trainer::check_model_config(const std::string& saved_name, const std::map<s
 }
 
 void Trainer::restore_model(const sdk::TensorMap& tensors, const std::string& what) {
-  at::NoGradGuard no_grad;
-  auto restore_into = [&](const std::string& key, at::Tensor into) {
+  // Everything is checked before anything is copied, so a damaged file leaves the model as it
+  // was. The model's configuration was compared before (check_model_config): a missing tensor,
+  // another shape or dtype, or a NaN in a weight is damage (--resume auto falls back to an older
+  // checkpoint), not a model to train on.
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;
+  auto check = [&](const std::string& key, const at::Tensor& into) {
     auto it = tensors.find(key);
-    if (it == tensors.end()) throw ResumeRefused("refusing to load " + what + ": it has no tensor '" + key + "'");
-    if (it->second.sizes() != into.sizes())
-      throw ResumeRefused("refusing to load " + what + ": tensor '" + key + "' has shape " + c10::str(it->second.sizes()) +
+    if (it == tensors.end()) throw Error(what + " is damaged or of another model: it has no tensor '" + key + "'");
+    const at::Tensor& from = it->second;
+    if (from.sizes() != into.sizes())
+      throw Error(what + " is damaged or of another model: tensor '" + key + "' has shape " + c10::str(from.sizes()) +
                   " in the checkpoint, " + c10::str(into.sizes()) + " in this model");
-    into.copy_(it->second);
+    if (from.scalar_type() != into.scalar_type())
+      throw Error(what + " is damaged: tensor '" + key + "' is " + c10::toString(from.scalar_type()) + " in the checkpoint, " +
+                  c10::toString(into.scalar_type()) + " in this model");
+    if (at::isFloatingType(from.scalar_type()) && !at::isfinite(from).all().item<bool>())
+      throw Error(what + " is damaged: tensor '" + key + "' holds NaN or infinite values");
+    copies.emplace_back(into, from);
   };
-  for (const auto& item : model_->module().named_parameters()) restore_into("param." + item.key(), item.value());
-  for (const auto& item : model_->module().named_buffers()) restore_into("buffer." + item.key(), item.value());
+  for (const auto& item : model_->module().named_parameters()) check("param." + item.key(), item.value());
+  for (const auto& item : model_->module().named_buffers()) check("buffer." + item.key(), item.value());
+  at::NoGradGuard no_grad;
+  for (auto& [into, from] : copies) into.copy_(from);
 }
 
 std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpoint) {
+  // A step folder's state.json, or a weights file's metadata (the best callback's), read with
+  // the same checks as a resume: damage is named, never a JSON library's exception.
   std::map<std::string, std::string> out;
   json model, data;
-  if (fs::is_directory(checkpoint)) {
-    const json s = json::parse(read_file(checkpoint / "state.json"));
-    model = s.at("model");
-    data = s.at("data");
-  } else {
-    sdk::TextMap metadata;
-    load_safetensors(checkpoint, &metadata);
-    if (!metadata.count("model") || !metadata.count("data"))
-      throw Error(checkpoint.string() + " carries no model configuration; pass a checkpoint folder or a best_*.safetensors Loom wrote");
-    model = json::parse(metadata.at("model"));
-    data = json::parse(metadata.at("data"));
+  const fs::path file = fs::is_directory(checkpoint) ? checkpoint / "state.json" : checkpoint;
+  try {
+    if (fs::is_directory(checkpoint)) {
+      const json s = json::parse(read_file(file));
+      model = s.at("model");
+      data = s.at("data");
+    } else {
+      sdk::TextMap metadata;
+      load_safetensors(checkpoint, &metadata);
+      if (!metadata.count("model") || !metadata.count("data"))
+        throw Error(checkpoint.string() + " carries no model configuration; pass a checkpoint folder or a best_*.safetensors Loom wrote");
+      model = json::parse(metadata.at("model"));
+      data = json::parse(metadata.at("data"));
+    }
+    for (const auto& [key, value] : model.at("config").items()) out["model." + key] = value.get<std::string>();
+    for (const auto& [key, value] : data.at("config").items()) out["data." + key] = value.get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(file.string() + ": the model and data configuration it records is damaged (" + e.what() + ")");
   }
-  for (const auto& [key, value] : model.at("config").items()) out["model." + key] = value.get<std::string>();
-  for (const auto& [key, value] : data.at("config").items()) out["data." + key] = value.get<std::string>();
   return out;
 }
 

@@ -170,6 +170,14 @@ StepResult Trainer::train_step() {
   }
   ++step_;
   precision_->update(!finite);
+  // Every step since a resume skipped: the checkpoint's weights or optimizer state are bad. Stop
+  // before a checkpoint of this state is saved and pruning deletes the good ones.
+  constexpr int64_t kSkippedAfterResume = 5;
+  if (!finite && resumed_at_ >= 0 && step_ - resumed_at_ >= kSkippedAfterResume &&
+      skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_)
+    throw Error("every step since resuming from " + resumed_from_.string() + " (" + std::to_string(step_ - resumed_at_) +
+                " steps) had non-finite gradients: the checkpoint is probably damaged. Stopping before a checkpoint "
+                "of this state replaces the good ones; resume from an earlier checkpoint with --resume-from");
   result.step = step_;
   return result;
 }

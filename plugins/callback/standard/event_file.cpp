@@ -106,6 +106,9 @@ void EventFileWriter::write_event(const std::string& event) {
   put_le(record, masked_crc(event.data(), event.size()));
   out_.write(record.data(), static_cast<std::streamsize>(record.size()));
   out_.flush();
+  // A failed write stops the run with this message (the callback's hook names it), rather than
+  // leaving a TensorBoard file that ends in the middle of a record.
+  if (!out_) throw loom::sdk::Error("cannot write " + path_.string() + " (disk full?)");
 }
 
 void EventFileWriter::purge_from(int64_t step) {

@@ -19,6 +19,9 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view bytes
 /// without end), or a larger file.
 std::string read_file(const std::filesystem::path& path, int64_t max_bytes = int64_t{1} << 30);
 
+/// CRC-32 (zlib's) of `bytes` as 8 hex digits: the checksums of checkpoint files.
+std::string crc32_hex(std::string_view bytes);
+
 /// "a FIFO", "a character device", ...: a st_mode's file type for messages.
 const char* file_type_name(unsigned mode);
 

@@ -280,6 +280,7 @@ class Trainer {
   int64_t total_steps_ = 0;
   int64_t step_ = 0;
   int64_t skipped_steps_ = 0;
+  int64_t skipped_at_resume_ = 0;  ///< skipped_steps_ when the run resumed
   Parameters parameters_;
   std::shared_ptr<sdk::Optimizer> optimizer_;
   std::shared_ptr<sdk::Schedule> schedule_;

@@ -1,0 +1,156 @@
+// A checkpoint is verified before it is trusted: a flipped byte in any of its three files, a
+// relabelled dtype, a NaN in a weight, or an impossible value in state.json is damage, and
+// --resume auto falls back to the checkpoint before it; a resumed run whose steps are all
+// non-finite stops with an error and writes no checkpoint over the good ones.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/config.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/safetensors.hpp>
+#include <loom/core/trainer.hpp>
+
+#include "trainer_testing.hpp"
+
+#include <ATen/ops/full_like.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+
+namespace fs = std::filesystem;
+using namespace loom::core;
+
+namespace {
+
+class CheckpointIntegrityTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = loom::testing::fresh_test_dir("loom_integrity_test");
+    loom::testing::make_trainer(config("run", 4))->train();  // checkpoints at steps 2 and 4
+    newest_ = dir_ / "run" / "checkpoints" / step_dir_name(4);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Config config(const std::string& name, int64_t steps) const {
+    Config c = loom::testing::config_of(
+        {"model.name=lightweight_transformer", "model.flavour=debug", "data.name=synthetic", "data.train_size=256",
+         "data.test_size=64", "trainer.batch_size=32", "trainer.seed=5", "trainer.log_every=100", "trainer.eval_every=100",
+         "trainer.checkpoint_every=2", "trainer.keep_last=2", "trainer.device=cpu", "precision.name=fp32",
+         "memory.estimate=false", "trainer.callbacks=checkpoint"},
+        dir_, name);
+    c.set_assignment("trainer.max_steps=" + std::to_string(steps));
+    return c;
+  }
+
+  /// The step --resume auto resumes at, and the warnings it gave.
+  std::pair<int64_t, std::string> resume() const {
+    Config c = config("run", 8);
+    c.set_assignment("trainer.resume=auto");
+    log::Capture capture(LOOM_LOG_WARN);
+    const int64_t step = loom::testing::make_trainer(c)->step();
+    std::string warnings;
+    for (const auto& line : capture.lines()) warnings += line + "\n";
+    return {step, warnings};
+  }
+
+  static void flip_byte(const fs::path& file, int64_t from_end) {
+    std::string bytes = read_file(file);
+    bytes[bytes.size() - static_cast<size_t>(from_end)] ^= 0x01;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  }
+
+  /// Replaces state.json and records its checksum, as a writer that meant it would.
+  void rewrite_state(const std::string& from, const std::string& to) const {
+    std::string text = read_file(newest_ / "state.json");
+    text = std::regex_replace(text, std::regex(from), to);
+    std::ofstream(newest_ / "state.json", std::ios::trunc) << text;
+    loom::sdk::TextMap metadata;
+    const auto extra = load_safetensors(newest_ / "optimizer.safetensors", &metadata);
+    metadata.erase("loom_crc32");
+    metadata["state_json_crc32"] = crc32_hex(text);
+    save_safetensors(newest_ / "optimizer.safetensors", extra, metadata);
+  }
+
+  fs::path dir_, newest_;
+};
+
+TEST_F(CheckpointIntegrityTest, AFlippedByteInAnyCheckpointFileIsFoundAndTheRunFallsBack) {
+  ASSERT_EQ(resume().first, 4);
+  const fs::path backup = dir_ / "backup";
+  fs::copy(newest_, backup);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "state.json"}) {
+    fs::remove_all(newest_);
+    fs::copy(backup, newest_);
+    flip_byte(newest_ / file, 3);  // in the tensor data, or in state.json's text
+    const auto [step, warnings] = resume();
+    EXPECT_EQ(step, 2) << file;
+    EXPECT_NE(warnings.find("cannot resume from " + newest_.string()), std::string::npos) << file << "\n" << warnings;
+    EXPECT_NE(warnings.find("checksum"), std::string::npos) << file << "\n" << warnings;
+  }
+}
+
+TEST_F(CheckpointIntegrityTest, ARelabelledDtypeIsFound) {
+  std::string bytes = read_file(newest_ / "model.safetensors");
+  const auto at = bytes.find("\"F32\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 5, "\"I32\"");  // the same size: only the checksum or the model can tell
+  std::ofstream(newest_ / "model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
+  const auto [step, warnings] = resume();
+  EXPECT_EQ(step, 2);
+  EXPECT_NE(warnings.find("checksum"), std::string::npos) << warnings;
+}
+
+TEST_F(CheckpointIntegrityTest, ANonFiniteWeightIsDamageEvenWithAValidChecksum) {
+  auto model = load_safetensors(newest_ / "model.safetensors");
+  auto& weight = model.begin()->second;
+  weight = at::full_like(weight, std::nan(""));
+  save_safetensors(newest_ / "model.safetensors", model);
+  const auto [step, warnings] = resume();
+  EXPECT_EQ(step, 2);
+  EXPECT_NE(warnings.find("holds NaN or infinite values"), std::string::npos) << warnings;
+}
+
+TEST_F(CheckpointIntegrityTest, ImpossibleValuesInStateJsonAreDamageNamedByField) {
+  const fs::path backup = dir_ / "backup";
+  fs::copy(newest_, backup);
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {R"re("skipped_steps": 0)re", R"("skipped_steps": 99)", "field 'skipped_steps' = 99 is outside [0, 4]"},
+      {R"re("offset": (\d+))re", R"("offset": -5)", "field 'loader.offset' = -5 is outside"},
+      {R"re("step": 4,)re", R"("step": "four",)", "field 'step' is \"four\", not an integer"},
+      {R"re("micro_batch": 32)re", R"("micro_batch": 0)", "field 'plan.micro_batch' = 0 is outside"},
+      {R"re("format": 1)re", R"("format": 7)", "field 'format' = 7 is outside [1, 1]"},
+  };
+  for (const auto& [from, to, expected] : cases) {
+    fs::remove_all(newest_);
+    fs::copy(backup, newest_);
+    rewrite_state(from, to);
+    const auto [step, warnings] = resume();
+    EXPECT_EQ(step, 2) << to;
+    EXPECT_NE(warnings.find(expected), std::string::npos) << to << "\n" << warnings;
+  }
+}
+
+TEST_F(CheckpointIntegrityTest, AResumeWhoseStepsAreAllNonFiniteStopsAndSavesNothing) {
+  // Finite but enormous weights (a checksum cannot tell): every step's gradients overflow.
+  auto model = load_safetensors(newest_ / "model.safetensors");
+  for (auto& [name, t] : model)
+    if (name.rfind("param.", 0) == 0) t = at::full_like(t, 1e30);
+  save_safetensors(newest_ / "model.safetensors", model);
+  Config c = config("run", 20);
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("trainer.checkpoint_every=1");
+  auto t = loom::testing::make_trainer(c);
+  ASSERT_EQ(t->step(), 4);
+  try {
+    t->train();
+    FAIL() << "the run must stop";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("had non-finite gradients: the checkpoint is probably damaged"), std::string::npos)
+        << e.what();
+  }
+  std::vector<std::string> kept;
+  for (const auto& p : CheckpointStore::list_run(dir_ / "run")) kept.push_back(p.filename().string());
+  EXPECT_EQ(kept, (std::vector<std::string>{step_dir_name(2), step_dir_name(4)})) << "nothing written over the good ones";
+}
+
+}  // namespace
