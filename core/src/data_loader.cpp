@@ -2,6 +2,8 @@
 #include <loom/core/error.hpp>
 #include <loom/core/data_loader.hpp>
 
+#include <system_error>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 #include <ATen/ops/randperm.h>
@@ -22,7 +24,20 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
                 " samples, too few for one micro-batch of " + std::to_string(options_.micro_batch) +
                 (options_.world_size > 1 ? " on each of " + std::to_string(options_.world_size) + " ranks" : std::string()) +
                 "; lower the batch size");
-  for (int64_t i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+  try {
+    for (int64_t i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+  } catch (const std::system_error& e) {
+    // The threads that did start are stopped and joined: a constructor that throws runs no
+    // destructor, and a joinable thread destroyed would end the process.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    work_ready_.notify_all();
+    for (auto& t : threads_) t.join();
+    throw Error("the data loader could not start thread " + std::to_string(threads_.size() + 1) + " of " +
+                std::to_string(options_.workers) + " (" + e.what() + "); lower data.num_workers");
+  }
 }
 
 DataLoader::~DataLoader() {

@@ -480,4 +480,11 @@ void* PluginRegistry::create_raw(const ComponentInfo& info,
   return object;
 }
 
+void PluginRegistry::check_options(const ComponentInfo& info, const std::map<std::string, std::string>& values) const {
+  const KindInfo* kind = find_kind(info.kind);
+  if (kind != nullptr) check_interface(info, kind->interface_major);
+  void* object = create_raw(info, values);
+  info.raw->destroy(object);
+}
+
 }  // namespace loom::core

@@ -1,6 +1,7 @@
 // What a run's configuration resolves to: the trainer's own options (TrainerOptions::from,
 // range-checked) and the automatic choices (precision.name = auto, trainer.schedule = auto,
 // --memory-fraction adding fraction_cap) made before the whole configuration is validated.
+#include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
@@ -10,6 +11,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <cctype>
 
 namespace fs = std::filesystem;
 
@@ -79,6 +81,17 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   if (o.clip_grad_norm < 0) throw Error("trainer.clip_grad_norm must be >= 0 (0 turns clipping off)");
   if (!o.resume_from.empty() && o.resume == "auto")
     throw Error("trainer.resume = auto and trainer.resume_from are both set; choose one");
+  if (o.num_workers > 64 || o.prefetch > 64)
+    throw Error("data.num_workers = " + std::to_string(o.num_workers) + " and data.prefetch = " + std::to_string(o.prefetch) +
+                " must be at most 64 each (each worker is a thread holding prefetch batches)");
+  // A run's name is one folder in work_dir: not a path, nothing a shell or a file system trips on.
+  const bool plain = o.name.size() <= 128 && (o.name.empty() || (std::isalnum(static_cast<unsigned char>(o.name[0])) &&
+                     std::all_of(o.name.begin(), o.name.end(), [](char ch) {
+                       return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.';
+                     })));
+  if (!plain)
+    throw Error("trainer.name = '" + o.name + "' is not a run name: use letters, digits, '-', '_' and '.', starting with a "
+                "letter or digit, at most 128 characters (the folder goes in trainer.work_dir)");
   return o;
 }
 
@@ -140,7 +153,16 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
     }
   }
 
-  return validate(config, run_schema(config, registry));
+  Resolved resolved = validate(config, run_schema(config, registry));
+  // What `loom train` checks before it builds anything, `loom config show` checks too: the
+  // trainer's ranges, and each chosen component's own checks of its options (its factory).
+  TrainerOptions::from(resolved);
+  for (const auto& choice : chosen_components(config)) {
+    const ComponentInfo& info = registry.require(choice.kind, choice.name);
+    in_phase(std::string(find_kind(choice.kind)->noun) + " '" + choice.name + "'",
+             [&] { registry.check_options(info, detail::component_values(resolved, info)); });
+  }
+  return resolved;
 }
 
 }  // namespace loom::core

@@ -186,4 +186,29 @@ TEST_F(RunFolderTest, ASafetensorsHeaderDeclaringAHugeShapeIsRefusedBeforeAlloca
   }
 }
 
+TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
+  // resolve_run is what both `loom train` and `loom config show` call.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"trainer.name=../elsewhere", "trainer.name = '../elsewhere' is not a run name"},
+      {"trainer.name=/abs", "trainer.name = '/abs' is not a run name"},
+      {"trainer.name=two\nlines", "is not a run name"},
+      {"data.num_workers=100000", "must be at most 64 each"},
+      {"optimizer.weight_decay=-0.1", "optimizer 'adamw': optimizer 'adamw' could not be created: optimizer.weight_decay must be >= 0"},
+      {"optimizer.beta2=1.5", "optimizer.beta1 and beta2 must be in [0, 1)"},
+      {"schedule.min_lr_ratio=-1", "schedule.min_lr_ratio must be in [0, 1]"},
+  };
+  for (const auto& [assignment, expected] : cases) {
+    Config c = base("absurd");
+    c.set_assignment(assignment);
+    try {
+      resolve_run(c, loom::testing::registry());
+      ADD_FAILURE() << assignment << " was accepted";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << assignment << ": " << e.what();
+    }
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "absurd")) << "nothing is written";
+}
+
 }  // namespace
+

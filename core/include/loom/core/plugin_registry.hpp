@@ -115,6 +115,10 @@ class PluginRegistry {
   /// Creates a component through its plugin's factory with `values` (key -> text, every key of
   /// the schema; keys missing here get their defaults). The returned object keeps its plugin
   /// loaded and is destroyed through the plugin. Throws loom::Error when the factory fails.
+  /// Creates and destroys a component with `values`: its factory's own checks of its options
+  /// (`loom config show` validates what `loom train` would). Throws loom::Error like create().
+  void check_options(const ComponentInfo& info, const std::map<std::string, std::string>& values) const;
+
   template <class Interface>
   std::shared_ptr<Interface> create(std::string_view name,
                                     const std::map<std::string, std::string>& values = {}) const {
