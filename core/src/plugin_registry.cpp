@@ -3,6 +3,7 @@
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/text.hpp>
+#include "plugin_scan.hpp"
 
 #include <loom/sdk/fingerprint.hpp>
 #include <loom/sdk/options.hpp>
@@ -149,24 +150,41 @@ std::vector<fs::path> PluginRegistry::search_path(const std::vector<fs::path>& e
 }
 
 void PluginRegistry::scan(const std::vector<fs::path>& folders) {
+  std::vector<fs::path> files;
   for (const fs::path& folder : folders) {
     std::error_code ec;
     searched_.push_back(folder);
     if (fs::is_regular_file(folder, ec)) {
-      load(folder);
+      files.push_back(folder);
       continue;
     }
     if (!fs::is_directory(folder, ec)) {
       log::debug("plugin folder ", folder.string(), " does not exist; skipped");
       continue;
     }
-    std::vector<fs::path> files;
+    std::vector<fs::path> here;
     for (const auto& entry : fs::directory_iterator(folder, ec)) {
-      if (entry.path().extension() == ".so" && entry.is_regular_file(ec)) files.push_back(entry.path());
+      if (entry.path().extension() == ".so" && entry.is_regular_file(ec)) here.push_back(entry.path());
     }
-    std::sort(files.begin(), files.end());
-    for (const auto& file : files) load(file);
+    std::sort(here.begin(), here.end());
+    files.insert(files.end(), here.begin(), here.end());
   }
+  prescan(files);  // one scanner process for all of them, not one per file
+  for (const auto& file : files) load(file);
+}
+
+void PluginRegistry::prescan(const std::vector<fs::path>& files) {
+  if (!isolation_) return;
+  std::vector<fs::path> todo;
+  for (const auto& f : files) {
+    std::error_code ec;
+    fs::path file = fs::weakly_canonical(f, ec);
+    if (ec) file = f;
+    if (!scanned_.count(file) && std::find(seen_files_.begin(), seen_files_.end(), file) == seen_files_.end())
+      todo.push_back(file);
+  }
+  if (todo.empty()) return;
+  for (const auto& [file, verdict] : scan_in_child(todo)) scanned_[file] = verdict.ok ? "" : verdict.reason;
 }
 
 void PluginRegistry::refuse(LoadReport& report, std::string stage, std::string reason,
@@ -226,7 +244,18 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
                  "a plugin folder");
     }
 
-    // Stage 2: load, resolving every symbol now, keeping the plugin's symbols to itself.
+    // Stage 2: the scanner loads it in a child process first (plugin_scan.hpp): a plugin that
+    // crashes, exits or hangs while loading is refused by name instead of taking the host down.
+    if (isolation_) {
+      if (!scanned_.count(file)) prescan({file});
+      if (const std::string& reason = scanned_[file]; !reason.empty())
+        refuse_now("scan", reason,
+                   "the plugin's static initializers or init must return; fix or remove the file (the verdict is "
+                   "cached until the file changes)");
+    }
+
+    // Stage 3: load, resolving every symbol now, keeping the plugin's symbols to itself.
+    log::trace("loading plugin file ", file.string());
     auto library = std::make_shared<boost::dll::shared_library>();
     try {
       library->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
@@ -241,7 +270,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
                  "a Loom plugin ends with LOOM_PLUGIN(...) and is built with loom_add_plugin()");
     auto entry = library->get<const loom_plugin_descriptor*()>(LOOM_ENTRY_SYMBOL);
 
-    // Stage 3: the descriptor.
+    // Stage 4: the descriptor.
     const loom_plugin_descriptor* d = entry();
     if (d == nullptr) refuse_now("descriptor", "the entry point returned no descriptor", kRebuildHint);
     if (d->magic != LOOM_ABI_MAGIC) {

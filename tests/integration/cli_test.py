@@ -1,5 +1,6 @@
 """The loom command line as a user meets it: help, suggestions for typos, `config show` with
-origins, one clear error for a bad configuration (and the exit status), `eval` of a checkpoint."""
+origins, one clear error for a bad configuration (and the exit status), `eval` of a checkpoint,
+plugins that crash while loading refused by name."""
 import os
 import shutil
 import sys
@@ -63,6 +64,18 @@ try:
     expect("accuracy" in r.stderr, "eval of a step folder", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "model.flavour=standard", check=False)
     expect(r.returncode == 1 and "is damaged or of another model" in r.stderr, "eval refuses weights of another model", r)
+    # Plugins that crash, exit or hang while loading take no command down: each is refused by
+    # name (the scanner's child process), and a run that does not use them trains.
+    crashing = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(exe))), "tests", "crashing")
+    if os.path.isdir(crashing):
+        env = dict(os.environ, LOOM_CACHE=os.path.join(work, "cache"), LOOM_PLUGIN_SCAN_TIMEOUT="3")
+        r = loom(exe, "plugins", "--plugin-dir", crashing, env=env)
+        for what in ("crashed with SIGSEGV", "crashed with SIGABRT", "exit status 3", "did not finish loading within 3 s"):
+            expect(what in r.stdout, f"loom plugins names the plugin that {what}", r)
+        r = loom(exe, "train", "-c", os.path.join(configs, "debug.ini"), "--plugin-dir", crashing,
+                 "--set", "trainer.max_steps=2", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=beside",
+                 "--set", "trainer.device=cpu", env=env)
+        expect("done" in r.stderr, "a run beside crashing plugins trains", r)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("cli test passed")

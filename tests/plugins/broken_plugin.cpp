@@ -10,7 +10,10 @@
 #endif
 #include <loom/sdk/sdk.hpp>
 
+#include <csignal>
+#include <cstdlib>
 #include <stdexcept>
+#include <unistd.h>
 
 namespace {
 
@@ -43,6 +46,17 @@ int32_t init_fails(const loom_host_api*, loom_error* error) {
   return 7;
 }
 
+// Inits that take the process down or never return: the scanner must catch each in a child.
+int32_t init_segv(const loom_host_api*, loom_error*) {
+  std::raise(SIGSEGV);
+  return 0;
+}
+int32_t init_abort(const loom_host_api*, loom_error*) { std::abort(); }
+int32_t init_exit(const loom_host_api*, loom_error*) { std::exit(3); }
+int32_t init_hang(const loom_host_api*, loom_error*) {
+  while (true) ::pause();
+}
+
 // Not noexcept on purpose: an init that lets an exception out.
 int32_t init_throws(const loom_host_api*, loom_error*) { throw std::runtime_error("boom from init"); }
 
@@ -72,6 +86,14 @@ loom_plugin_descriptor make_descriptor() {
   d.init = &init_fails;
 #elif defined(BROKEN_INIT_THROWS)
   d.init = &init_throws;
+#elif defined(BROKEN_INIT_SEGV)
+  d.init = &init_segv;
+#elif defined(BROKEN_INIT_ABORT)
+  d.init = &init_abort;
+#elif defined(BROKEN_INIT_EXIT)
+  d.init = &init_exit;
+#elif defined(BROKEN_INIT_HANG)
+  d.init = &init_hang;
 #endif
   return d;
 }

@@ -58,7 +58,7 @@ struct ComponentInfo {
 /// Why a file was not accepted.
 struct PluginRefusal {
   std::filesystem::path file;
-  std::string stage;   ///< static-check, load, descriptor, fingerprint, interface, init, register
+  std::string stage;   ///< static-check, scan, load, descriptor, fingerprint, interface, init, register
   std::string reason;
   std::string hint;
   std::vector<std::pair<uint32_t, std::string>> components;  ///< (kind, name) it declared, if read
@@ -101,6 +101,10 @@ class PluginRegistry {
   /// Whether refusals are logged as warnings when they happen (default) or only kept.
   void set_log_refusals(bool on) { log_refusals_ = on; }
 
+  /// Whether each file is first loaded by loom-plugin-scanner in a child process (default on;
+  /// the scanner itself turns it off). See core/src/plugin_scan.hpp.
+  void set_isolation(bool on) { isolation_ = on; }
+
   const std::vector<ComponentInfo>& components() const { return components_; }
   const std::vector<PluginRefusal>& refusals() const { return refusals_; }
   const std::vector<std::shared_ptr<LoadedPlugin>>& plugins() const { return plugins_; }
@@ -136,12 +140,16 @@ class PluginRegistry {
                    const std::map<std::string, std::string>& values) const;
   void check_interface(const ComponentInfo& info, uint32_t host_major) const;
   void refuse(LoadReport& report, std::string stage, std::string reason, std::string hint);
+  /// Has the scanner load the files not scanned yet (plugin_scan.hpp); verdicts in scanned_.
+  void prescan(const std::vector<std::filesystem::path>& files);
 
   std::vector<std::filesystem::path> searched_;
   std::vector<ComponentInfo> components_;
   std::vector<PluginRefusal> refusals_;
   std::vector<std::shared_ptr<LoadedPlugin>> plugins_;
   std::vector<std::filesystem::path> seen_files_;
+  bool isolation_ = true;
+  std::map<std::filesystem::path, std::string> scanned_;  ///< file -> "" (loads) or why it must not
   bool log_refusals_ = true;
 };
 

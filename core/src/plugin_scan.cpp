@@ -1,0 +1,241 @@
+// Loading a plugin file first in a child process (plugin_scan.hpp).
+#include "plugin_scan.hpp"
+
+#include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
+
+#include <loom/sdk/version.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <poll.h>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace loom::core {
+
+namespace {
+
+/// The scanner: $LOOM_PLUGIN_SCANNER, else loom-plugin-scanner beside this executable (the
+/// build tree and an install both put it there).
+fs::path scanner() {
+  if (const char* s = std::getenv("LOOM_PLUGIN_SCANNER")) return std::string(s) == "off" ? fs::path() : fs::path(s);
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  const fs::path beside = self.parent_path() / "loom-plugin-scanner";
+  return ::access(beside.c_str(), X_OK) == 0 ? beside : fs::path();
+}
+
+fs::path cache_file() {
+  if (const char* c = std::getenv("LOOM_CACHE")) return fs::path(c) / "plugin-scan.tsv";
+  if (const char* h = std::getenv("HOME")) return fs::path(h) / ".cache" / "loom" / "plugin-scan.tsv";
+  return {};
+}
+
+/// The cache key: what must not change for a verdict to still hold.
+std::string key_of(const fs::path& file) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0) return {};
+  std::ostringstream k;
+  k << file.string() << '|' << st.st_size << '|' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec << '|' << LOOM_SDK_VERSION;
+  return k.str();
+}
+
+std::mutex cache_mutex;
+
+std::map<std::string, std::string> read_cache(const fs::path& path) {
+  std::map<std::string, std::string> out;
+  std::string text;
+  try {
+    text = read_file(path, 16 << 20);
+  } catch (const std::exception&) {
+    return out;  // none yet, or unreadable: scan again
+  }
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (const auto tab = line.find('\t'); tab != std::string::npos) out[line.substr(0, tab)] = line.substr(tab + 1);
+  return out;
+}
+
+void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::path, ScanVerdict>& verdicts) {
+  const fs::path path = cache_file();
+  if (path.empty() || verdicts.empty()) return;
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  try {
+    fs::create_directories(path.parent_path());
+    auto entries = read_cache(path);  // merge: other processes may have added theirs
+    for (const auto& [file, v] : verdicts)
+      if (const auto& key = keys.at(file); !key.empty()) entries[key] = v.ok ? "ok" : "refused\t" + v.reason;
+    std::string text;
+    for (const auto& [k, value] : entries) text += k + "\t" + value + "\n";
+    write_file_atomic(path, text);
+  } catch (const std::exception& e) {
+    log::debug("cannot write the plugin scan cache ", path.string(), ": ", e.what());
+  }
+}
+
+double timeout_seconds() {
+  if (const char* t = std::getenv("LOOM_PLUGIN_SCAN_TIMEOUT")) {
+    char* end = nullptr;
+    const double v = std::strtod(t, &end);
+    if (end != t && v > 0) return v;
+  }
+  return 60;
+}
+
+const char* signal_text(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGKILL: return "SIGKILL";
+    default: return nullptr;
+  }
+}
+
+/// One scanner process over `files`: its stdout says "begin N" before loading file N and "ok N"
+/// after. Returns the verdicts it reached; files it did not reach are left out.
+std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vector<fs::path>& files) {
+  std::map<fs::path, ScanVerdict> out;
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return out;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  std::vector<std::string> args{exe.string()};
+  for (const auto& f : files) args.push_back(f.string());
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipe_fds[1]);
+  if (spawned != 0) {
+    ::close(pipe_fds[0]);
+    log::debug("cannot start ", exe.string(), " (", std::strerror(spawned), "); loading plugins in-process");
+    for (const auto& f : files) out[f] = {};
+    return out;
+  }
+  const double limit = timeout_seconds();
+  auto since = std::chrono::steady_clock::now();
+  std::string buffer;
+  int current = -1;  // the file the scanner is loading
+  bool timed_out = false;
+  while (true) {
+    pollfd p{pipe_fds[0], POLLIN, 0};
+    const int ready = ::poll(&p, 1, 50);
+    if (ready > 0) {
+      char chunk[512];
+      const ssize_t n = ::read(pipe_fds[0], chunk, sizeof chunk);
+      if (n <= 0) break;  // the scanner ended
+      buffer.append(chunk, static_cast<size_t>(n));
+      for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
+        const std::string line = buffer.substr(0, nl);
+        const auto space = line.find(' ');
+        if (space == std::string::npos) continue;
+        const int index = std::atoi(line.c_str() + space + 1);
+        if (index < 0 || index >= static_cast<int>(files.size())) continue;
+        if (line.rfind("begin", 0) == 0) {
+          current = index;
+          since = std::chrono::steady_clock::now();
+        } else if (line.rfind("ok", 0) == 0) {
+          out[files[static_cast<size_t>(index)]] = {};
+          current = -1;
+        }
+      }
+    } else if (ready < 0 && errno != EINTR) {
+      break;
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() > limit) {
+      timed_out = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+  }
+  ::close(pipe_fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (current >= 0) {  // it did not come back from this file
+    ScanVerdict v{false, {}};
+    if (timed_out) {
+      v.reason = "did not finish loading within " + std::to_string(static_cast<int>(limit)) +
+                 " s in the scanner (does its initialization hang?)";
+    } else if (WIFSIGNALED(status)) {
+      const char* name = signal_text(WTERMSIG(status));
+      v.reason = "crashed with " + (name ? std::string(name) : "signal " + std::to_string(WTERMSIG(status))) +
+                 " while loading in the scanner (in its static initializers or its init)";
+    } else if (WIFEXITED(status)) {
+      v.reason = "ended the scanner with exit status " + std::to_string(WEXITSTATUS(status)) +
+                 " while loading (does its initialization call exit()?)";
+    } else {
+      v.reason = "ended the scanner while loading";
+    }
+    out[files[static_cast<size_t>(current)]] = v;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files) {
+  std::map<fs::path, ScanVerdict> out;
+  const fs::path exe = scanner();
+  if (exe.empty()) {
+    log::trace("no plugin scanner; loading plugins in-process without isolation");
+    for (const auto& f : files) out[f] = {};
+    return out;
+  }
+  std::vector<fs::path> todo;
+  std::map<fs::path, std::string> keys;
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    const auto entries = read_cache(cache_file());
+    for (const auto& f : files) {
+      keys[f] = key_of(f);
+      auto it = entries.find(keys[f]);
+      if (it != entries.end() && it->second == "ok") out[f] = {};
+      else if (it != entries.end() && it->second.rfind("refused\t", 0) == 0) out[f] = {false, it->second.substr(8) + " (cached verdict)"};
+      else todo.push_back(f);
+    }
+  }
+  std::map<fs::path, ScanVerdict> fresh;
+  while (!todo.empty()) {
+    log::trace("scanning ", todo.size(), " plugin file(s) in ", exe.string(), ", from ", todo.front().string());
+    auto verdicts = run_scanner(exe, todo);
+    if (verdicts.empty()) {  // it reached no file: give up isolation rather than loop
+      for (const auto& f : todo) out[f] = {};
+      break;
+    }
+    std::vector<fs::path> rest;
+    for (const auto& f : todo) {
+      if (auto it = verdicts.find(f); it != verdicts.end()) fresh[f] = out[f] = it->second;
+      else rest.push_back(f);
+    }
+    todo = std::move(rest);
+  }
+  remember(keys, fresh);
+  return out;
+}
+
+}  // namespace loom::core

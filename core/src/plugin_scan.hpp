@@ -1,0 +1,27 @@
+// Loading a plugin file first in a child process (private to the core). Loading runs the
+// plugin's code (static initializers, init); a plugin that crashes, exits or hangs there must not
+// take the host down with it. As GStreamer does, the registry first has `loom-plugin-scanner`
+// load the files; only a file the scanner loaded and returned from is loaded in-process. Verdicts
+// are cached by path, size and modification time ($LOOM_CACHE/plugin-scan.tsv), so the scanner
+// runs once per new or changed file.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <vector>
+#include <string>
+
+namespace loom::core {
+
+struct ScanVerdict {
+  bool ok = true;
+  std::string reason;  ///< why not: "crashed with SIGSEGV while loading (...)"
+};
+
+/// The verdict for each of `files`, from the cache or from scanner processes: one process loads
+/// the files one after another and says before and after each; when it dies or hangs on one, that
+/// file gets the verdict and a new process goes on with the rest. Every file is `ok` without
+/// running anything when isolation is off (LOOM_PLUGIN_SCANNER=off) or there is no scanner.
+std::map<std::filesystem::path, ScanVerdict> scan_in_child(const std::vector<std::filesystem::path>& files);
+
+}  // namespace loom::core
