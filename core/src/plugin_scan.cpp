@@ -95,7 +95,7 @@ double timeout_seconds() {
     const double v = std::strtod(t, &end);
     if (end != t && v > 0) return v;
   }
-  return 60;
+  return 20;
 }
 
 const char* signal_text(int sig) {

@@ -210,5 +210,25 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
   EXPECT_FALSE(fs::exists(dir_ / "absurd")) << "nothing is written";
 }
 
+TEST_F(RunFolderTest, AWriteThatFailsStopsTheRunAndNamesTheFile) {
+  // /dev/full fails every write with ENOSPC: a full disk under metrics.jsonl alone.
+  fs::create_directories(dir_ / "full");
+  fs::create_symlink("/dev/full", dir_ / "full" / "metrics.jsonl");
+  Config c = base("full");
+  c.set_assignment("trainer.resume=auto");  // the folder holds no checkpoint: a fresh start in it
+  c.set_assignment("trainer.log_every=1");
+  auto t = loom::testing::make_trainer(c);
+  try {
+    t->train();
+    FAIL() << "a metrics line that cannot be written must stop the run";
+  } catch (const loom::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("callback 'jsonl' (on_log): cannot write " + (dir_ / "full" / "metrics.jsonl").string() + " (disk full?)"),
+              std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(t->step(), 1) << "it stops at the first write";
+}
+
 }  // namespace
 
