@@ -46,6 +46,7 @@ def rate(windows):
 
 def loom(exe, batch, steps, window, threads, work, precision, device, data):
     name = f"bench_b{batch}_{precision}"
+    shutil.rmtree(os.path.join(work, name), ignore_errors=True)  # a repeat: Loom refuses to write over a run
     args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
             "--set", f"data.path={data}", "--set", "data.validation_fraction=0",  # all of train, as the Python side
             "--set", "model.patch_size=7", "--set", "model.d_model=96", "--set", "model.num_layers=3",

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cctype>
 #include <filesystem>
 #include <iostream>
 #include <unistd.h>
@@ -40,7 +41,11 @@ int cmd_bench(const Invocation& invocation) {
     const core::Config user = config_from(invocation.options);
     for (const auto& [key, value] : user.values()) config.set(key, value.value, value.origin);
     config.set("trainer.work_dir", work.string(), {"loom bench", {}, 0});
-    config.set("trainer.name", fs::path(file).stem().string(), {"loom bench", {}, 0});
+    // One folder per configuration, even when two files share a name (a run refuses a used folder).
+    std::string stem = fs::path(file).stem().string();
+    for (char& ch : stem)
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+    config.set("trainer.name", std::to_string(rows.size() + 1) + "-" + stem, {"loom bench", {}, 0});
     config.set("trainer.max_steps", std::to_string(steps), {"--steps", {}, 0});
     config.set("trainer.resume", "none", {"loom bench", {}, 0});
     config.set("trainer.resume_from", "", {"loom bench", {}, 0});
