@@ -169,6 +169,14 @@ class LightweightTransformer final : public loom::sdk::Model {
         image_size_(o.get_int("image_size")), classes_(o.get_int("num_classes")),
         cls_token_(o.get_string("pool") == "cls"), stem_channels_(o.get_int("stem_channels")) {
     if (o.get_string("flavour") == "debug") {
+      // The debug flavour fixes the shape: a value the user set for one of these would be ignored
+      // without a word. (A value equal to the default cannot be told from an unset one.)
+      for (const char* key : {"num_layers", "d_model", "num_heads", "patch_size", "stem_channels"})
+        for (const auto& spec : kOptions)
+          if (std::string(spec.key) == key && o.get_string(key) != spec.default_value)
+            throw Error(std::string("lightweight_transformer: flavour = debug fixes num_layers, d_model, num_heads, "
+                                    "patch_size and stem_channels, so model.") + key + " = " + o.get_string(key) +
+                        " would be ignored; drop it, or use flavour = standard");
       layers_ = 1;
       stem_channels_ = 0;
       d_model_ = 32;

@@ -196,6 +196,8 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
       {"optimizer.weight_decay=-0.1", "optimizer 'adamw': optimizer 'adamw' could not be created: optimizer.weight_decay must be >= 0"},
       {"optimizer.beta2=1.5", "optimizer.beta1 and beta2 must be in [0, 1)"},
       {"schedule.min_lr_ratio=-1", "schedule.min_lr_ratio must be in [0, 1]"},
+      {"model.d_model=64", "flavour = debug fixes num_layers, d_model, num_heads, patch_size and stem_channels, so "
+                           "model.d_model = 64 would be ignored"},
   };
   for (const auto& [assignment, expected] : cases) {
     Config c = base("absurd");
