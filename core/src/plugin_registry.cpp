@@ -175,16 +175,16 @@ void PluginRegistry::scan(const std::vector<fs::path>& folders) {
 
 void PluginRegistry::prescan(const std::vector<fs::path>& files) {
   if (!isolation_) return;
-  std::vector<fs::path> todo;
+  std::vector<fs::path> pending;
   for (const auto& f : files) {
     std::error_code ec;
     fs::path file = fs::weakly_canonical(f, ec);
     if (ec) file = f;
     if (!scanned_.count(file) && std::find(seen_files_.begin(), seen_files_.end(), file) == seen_files_.end())
-      todo.push_back(file);
+      pending.push_back(file);
   }
-  if (todo.empty()) return;
-  for (const auto& [file, verdict] : scan_in_child(todo)) scanned_[file] = verdict.ok ? "" : verdict.reason;
+  if (pending.empty()) return;
+  for (const auto& [file, verdict] : scan_in_child(pending)) scanned_[file] = verdict.ok ? "" : verdict.reason;
 }
 
 void PluginRegistry::refuse(LoadReport& report, std::string stage, std::string reason,

@@ -206,7 +206,7 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
     for (const auto& f : files) out[f] = {};
     return out;
   }
-  std::vector<fs::path> todo;
+  std::vector<fs::path> pending;
   std::map<fs::path, std::string> keys;
   {
     std::lock_guard<std::mutex> lock(cache_mutex);
@@ -216,23 +216,23 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
       auto it = entries.find(keys[f]);
       if (it != entries.end() && it->second == "ok") out[f] = {};
       else if (it != entries.end() && it->second.rfind("refused\t", 0) == 0) out[f] = {false, it->second.substr(8) + " (cached verdict)"};
-      else todo.push_back(f);
+      else pending.push_back(f);
     }
   }
   std::map<fs::path, ScanVerdict> fresh;
-  while (!todo.empty()) {
-    log::trace("scanning ", todo.size(), " plugin file(s) in ", exe.string(), ", from ", todo.front().string());
-    auto verdicts = run_scanner(exe, todo);
+  while (!pending.empty()) {
+    log::trace("scanning ", pending.size(), " plugin file(s) in ", exe.string(), ", from ", pending.front().string());
+    auto verdicts = run_scanner(exe, pending);
     if (verdicts.empty()) {  // it reached no file: give up isolation rather than loop
-      for (const auto& f : todo) out[f] = {};
+      for (const auto& f : pending) out[f] = {};
       break;
     }
     std::vector<fs::path> rest;
-    for (const auto& f : todo) {
+    for (const auto& f : pending) {
       if (auto it = verdicts.find(f); it != verdicts.end()) fresh[f] = out[f] = it->second;
       else rest.push_back(f);
     }
-    todo = std::move(rest);
+    pending = std::move(rest);
   }
   remember(keys, fresh);
   return out;
