@@ -7,6 +7,7 @@
 //
 //   build/bin/loom_memory_figures [--device cpu|cuda]
 #include <loom/core/config.hpp>
+#include <loom/core/crash_report.hpp>
 #include <loom/core/estimator.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
@@ -71,6 +72,7 @@ bool fits(Trainer& t, int64_t b, int64_t cap) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_crash_report("loom_memory_figures");
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--device") device = argv[i + 1];
   init_logging("warn");

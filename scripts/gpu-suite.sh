@@ -128,6 +128,15 @@ write_summary() {
     echo '```'
     ctest_result "$out/logs/test-rest.log"
     echo '```'
+    local crashed
+    for crashed in $(grep -l "crashed with" "$out"/logs/*.log 2>/dev/null); do
+      echo
+      echo "## A crash in $(basename "$crashed") (scripts/symbolize-crash.sh)"
+      echo '```'
+      grep -m 3 -A 3 "crashed with" "$crashed"
+      bash "$root/scripts/symbolize-crash.sh" "$crashed" | head -n 60
+      echo '```'
+    done
     for bench in "$out"/logs/bench-*.log; do
       [ -f "$bench" ] || continue
       echo

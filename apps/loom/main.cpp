@@ -1,6 +1,7 @@
 // loom: parse the command line, run the command, report errors. The commands live in cmd_*.cpp.
 #include "cli.hpp"
 
+#include <loom/core/crash_report.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/sdk/version.hpp>
@@ -56,6 +57,7 @@ void print_usage(std::ostream& out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::core::install_crash_report("loom");
   std::vector<std::string> args(argv + 1, argv + argc);
   // The command is the first argument that is not an option (or the value of --log-level /
   // --plugin-dir given before it).

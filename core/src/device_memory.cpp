@@ -10,6 +10,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 #if LOOM_TORCH_CUDA
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
@@ -176,6 +177,9 @@ class CudaMemory final : public sdk::DeviceMemory {
     const auto [free, total] = at::accelerator::getMemoryInfo(device_.index());
     (void)free;
     const double fraction = bytes > 0 ? std::min(1.0, static_cast<double>(bytes) / static_cast<double>(total)) : 1.0;
+    // The caching allocator exists only once CUDA is initialised (the first CUDA tensor does it);
+    // a cap set before that is refused with "Allocator not initialized for device".
+    at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
     c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device_.index());
   }
   void empty_cache() override { at::accelerator::emptyCache(); }

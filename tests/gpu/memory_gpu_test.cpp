@@ -48,7 +48,7 @@ TEST(MemoryGpu, OutOfMemoryIsRecoveredOnTheDevice) {
                          "memory.estimate=false"})
     c.set_assignment(kv);
   c.set_assignment("trainer.work_dir=" + dir.string());
-  c.set_assignment("trainer.name=oom");
+  c.set_assignment("trainer.name=oom_probe");
   int64_t full = 0, half = 0;
   {
     Trainer probe(resolve_run(c, registry()), registry());
@@ -57,6 +57,7 @@ TEST(MemoryGpu, OutOfMemoryIsRecoveredOnTheDevice) {
     half = probe.probe_peak(128);
   }
   c.set_assignment("memory.device_memory_limit=" + std::to_string((full + half) / 2));
+  c.set_assignment("trainer.name=oom");  // a run folder of its own: the probe's is taken
   Trainer t(resolve_run(c, registry()), registry());
   t.setup();
   for (int i = 0; i < 3; ++i) t.step_with_recovery();

@@ -1,0 +1,121 @@
+// A crash says so: on SIGSEGV, SIGBUS, SIGFPE or SIGILL the process writes one report to stderr
+// (the signal, the faulting address, the stack as module+offset, which `addr2line -f -C -e
+// MODULE OFFSET` turns into functions and lines) and then dies of the same signal, so the exit
+// status and core dumps stay what they would have been. Only async-signal-safe calls run in the
+// handler (write, backtrace_symbols_fd, dladdr reads no allocation); `backtrace` is called once
+// at installation so that libgcc's unwinder is loaded before any crash.
+#include <loom/core/crash_report.hpp>
+
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <initializer_list>
+#include <ucontext.h>
+#include <unistd.h>
+
+namespace loom::core {
+
+namespace {
+
+void put(const char* text) {
+  const ssize_t written = ::write(STDERR_FILENO, text, std::strlen(text));
+  (void)written;
+}
+
+void put_hex(uintptr_t value) {
+  char buffer[2 + 16 + 1];
+  char* p = buffer + sizeof buffer - 1;
+  *p = '\0';
+  do {
+    *--p = "0123456789abcdef"[value & 0xf];
+    value >>= 4;
+  } while (value != 0);
+  *--p = 'x';
+  *--p = '0';
+  put(p);
+}
+
+// module+offset of an address, as backtrace_symbols_fd writes the frames of the stack.
+void put_location(uintptr_t address) {
+  Dl_info info{};
+  put_hex(address);
+  if (address != 0 && ::dladdr(reinterpret_cast<void*>(address), &info) != 0 && info.dli_fname != nullptr) {
+    put(" in ");
+    put(info.dli_fname);
+    put(" (+");
+    put_hex(address - reinterpret_cast<uintptr_t>(info.dli_fbase));
+    put(")");
+    if (info.dli_sname != nullptr) {
+      put(" ");
+      put(info.dli_sname);
+    }
+  }
+}
+
+const char* name_of(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV (invalid memory access)";
+    case SIGBUS: return "SIGBUS (bus error: a file mapped into memory shrank, or an unaligned access)";
+    case SIGFPE: return "SIGFPE (arithmetic error)";
+    case SIGILL: return "SIGILL (illegal instruction: code built for another processor?)";
+    default: return "a fatal signal";
+  }
+}
+
+const char* program_name = "loom";
+
+void on_crash(int sig, siginfo_t* info, void* raw_context) {
+  put("\n");
+  put(program_name);
+  put(": crashed with ");
+  put(name_of(sig));
+  put(" at address ");
+  put_hex(reinterpret_cast<uintptr_t>(info->si_addr));
+  put(". This is a bug in Loom or in a plugin; please report it with the lines below.\n");
+#if defined(__x86_64__)
+  const auto* context = static_cast<const ucontext_t*>(raw_context);
+  const auto pc = static_cast<uintptr_t>(context->uc_mcontext.gregs[REG_RIP]);
+  put("  pc ");
+  put_location(pc);
+  put("\n");
+  if (pc == 0) {
+    // A call through a null function pointer: the unwinder cannot start from address 0, but the
+    // call left its return address on top of the stack.
+    const auto sp = static_cast<uintptr_t>(context->uc_mcontext.gregs[REG_RSP]);
+    put("  called from ");
+    put_location(*reinterpret_cast<const uintptr_t*>(sp));
+    put("\n");
+  }
+#else
+  (void)raw_context;
+#endif
+  void* frames[64];
+  const int n = ::backtrace(frames, 64);
+  put("  stack (addr2line -f -C -e MODULE OFFSET names each frame):\n");
+  ::backtrace_symbols_fd(frames, n, STDERR_FILENO);
+  // SA_RESETHAND restored the default action: returning re-runs the faulting instruction, which
+  // now ends the process with the signal. A signal raised by kill() is raised again.
+  if (info->si_code <= 0) ::raise(sig);
+}
+
+}  // namespace
+
+void install_crash_report(const char* program) {
+  if (program != nullptr) program_name = program;
+  void* warm[1];
+  (void)::backtrace(warm, 1);
+  static char alternate_stack[64 * 1024];  // a stack overflow still gets its report
+  stack_t stack{};
+  stack.ss_sp = alternate_stack;
+  stack.ss_size = sizeof alternate_stack;
+  ::sigaltstack(&stack, nullptr);
+  struct sigaction action {};
+  action.sa_sigaction = &on_crash;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_ONSTACK;
+  for (const int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) ::sigaction(sig, &action, nullptr);
+}
+
+}  // namespace loom::core
