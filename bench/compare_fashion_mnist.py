@@ -25,6 +25,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
+class RunFailed(Exception):
+    pass
+
+
 def run(cmd):
     """Runs cmd; returns (stdout, stderr, peak RSS in bytes)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -34,7 +38,8 @@ def run(cmd):
         err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode()
         if os.waitstatus_to_exitcode(status) != 0:
-            sys.exit(f"{' '.join(cmd)} failed:\n{stdout}\n{stderr}")
+            tail = "\n".join((stdout + "\n" + stderr).strip().splitlines()[-40:])
+            raise RunFailed(f"{' '.join(cmd)} failed (exit {os.waitstatus_to_exitcode(status)}):\n{tail}")
         return stdout, stderr, usage.ru_maxrss * 1024
 
 
@@ -99,17 +104,24 @@ def main():
           f"{a.steps} steps, throughput over steps {a.window + 1}..{a.steps}")
     work = tempfile.mkdtemp(prefix="loom-bench-")
     rows = []
+    failed = []  # a configuration that failed is reported and the others still run
     try:
         for precision in a.precisions.split(","):
             for batch in [int(b) for b in a.batches.split(",")]:
                 runs = []
-                for _ in range(a.repeats):  # interleaved, so a noisy neighbour hits both sides alike
-                    l_rate, l_loss, l_mem = loom(a.loom, batch, a.steps, a.window, a.threads, work, precision, a.device,
-                                                  a.data)
-                    p_rate, p_loss, p_mem, _ = pytorch(batch, a.steps, a.window, a.threads, precision, a.device, a.data)
-                    runs.append((l_rate, p_rate, l_mem, p_mem, l_loss, p_loss))
-                    print(f"  {precision} batch {batch}: Loom {l_rate:.0f} samples/s, PyTorch {p_rate:.0f} samples/s",
-                          flush=True)
+                try:
+                    for _ in range(a.repeats):  # interleaved, so a noisy neighbour hits both sides alike
+                        l_rate, l_loss, l_mem = loom(a.loom, batch, a.steps, a.window, a.threads, work, precision,
+                                                      a.device, a.data)
+                        p_rate, p_loss, p_mem, _ = pytorch(batch, a.steps, a.window, a.threads, precision, a.device,
+                                                           a.data)
+                        runs.append((l_rate, p_rate, l_mem, p_mem, l_loss, p_loss))
+                        print(f"  {precision} batch {batch}: Loom {l_rate:.0f} samples/s, "
+                              f"PyTorch {p_rate:.0f} samples/s", flush=True)
+                except RunFailed as e:
+                    print(f"  {precision} batch {batch}: FAILED\n{e}", flush=True)
+                    failed.append(f"{precision} batch {batch}")
+                    continue
                 med = [statistics.median(r[i] for r in runs) for i in range(4)]
                 rows.append((precision, batch, *med, runs[0][4], runs[0][5]))
     finally:
@@ -122,6 +134,8 @@ def main():
     for precision, batch, lr_, pr, lm, pm, ll, pl in rows:
         print(f"{precision:>9} | {batch:>11} | {lr_:>14.0f} | {pr:>17.0f} | {lr_ / pr:>11.2f}x | "
               f"{lm / 2**20:>11.0f} MiB | {pm / 2**20:>14.0f} MiB | {lm / pm:>8.2f}x | {ll:.3f} / {pl:.3f}")
+    if failed:
+        sys.exit("failed: " + ", ".join(failed))
 
 
 if __name__ == "__main__":

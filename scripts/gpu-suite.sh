@@ -176,8 +176,12 @@ export LOOM_PYTHON="$py"
 if [ $dry_run = 1 ]; then  # the settings scripts/build.sh uses, so that both share the tree
   run_step configure 10 cmake --preset dev -B "$build_dir" -DLOOM_PYTHON="$py" || exit 1
 else
+  # The machine has a partial Boost (CMake files of 1.83 without program_options): the staged
+  # Boost under /opt/gpu-deps is the one to use.
+  boost=()
+  for d in /opt/gpu-deps/usr/lib/x86_64-linux-gnu/cmake/Boost-*; do [ -d "$d" ] && boost=(-DBoost_DIR="$d"); done
   run_step configure 10 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DLOOM_PYTHON="$py" || exit 1
+    -DLOOM_PYTHON="$py" "${boost[@]}" || exit 1
 fi
 run_step build 20 cmake --build "$build_dir" -j "$jobs" || exit 1
 
