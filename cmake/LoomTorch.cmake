@@ -47,6 +47,16 @@ macro(loom_find_torch)
       list(JOIN _loom_nvidia_lib_dirs ":" _loom_rpath_link)
       target_link_options(loom::torch INTERFACE "LINKER:-rpath-link,${_loom_rpath_link}")
     endif()
+    # Note [libstdc++ first]
+    # Some torch wheels export copies of libstdc++'s std::filesystem functions (torch 2.11's
+    # libtorch.so; 2.15's libtorch_cpu.so), and an executable that lists LibTorch before
+    # libstdc++ in its DT_NEEDED entries binds every std::filesystem call, its plugins' too, to
+    # them: torch 2.11's remove_all calls through a null pointer, which crashed every run that
+    # pruned a checkpoint on the GPU machine. An executable therefore names libstdc++ first
+    # (before its objects, kept although nothing needs it yet at that point), so that its symbols
+    # win the process-wide lookup. tests/unit/sdk/link_order_test.cpp checks it.
+    target_link_options(loom::torch INTERFACE
+      "$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state>")
     message(STATUS "Loom: LibTorch ${Torch_VERSION} (${_loom_torch_lib_dir}), CUDA build: ${LOOM_TORCH_CUDA}")
   endif()
 endmacro()

@@ -169,6 +169,7 @@ else
   else
     step_rows+=("| unpack | no .gpu/ here: using the packages this machine has (see docs/gpu.md) | 0 | |")
   fi
+  step_rows+=("| setup | not needed (the machine's own torch) | 0 | |")
   device=cuda
 fi
 export LOOM_PYTHON="$py"

@@ -4,6 +4,7 @@
 #include "cli.hpp"
 
 #include <loom/core/device_memory.hpp>
+#include <loom/core/link_check.hpp>
 #include <loom/core/text.hpp>
 #include <loom/sdk/fingerprint.hpp>
 #include <loom/sdk/version.hpp>
@@ -46,6 +47,11 @@ int cmd_doctor(const Invocation& invocation) {
                       std::to_string(f.torch_patch) + (f.torch_cuda ? " (CUDA build)" : " (CPU build)"));
   row("compiler", std::string(f.compiler) + ", C++" + std::to_string(f.cxx_standard % 100) +
                       ", _GLIBCXX_USE_CXX11_ABI=" + std::to_string(f.cxx11_abi));
+  const std::string provider = core::std_filesystem_provider();
+  row("C++ library", provider.find("libstdc++.so") != std::string::npos
+                         ? provider
+                         : provider + " (not libstdc++: LibTorch's copies of std::filesystem won; rebuild Loom, whose"
+                                      " executables link libstdc++ first)");
 
   std::cout << "\nCPU\n";
   row("model", cpu_model());

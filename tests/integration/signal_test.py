@@ -1,6 +1,7 @@
 """SIGTERM and SIGINT stop a run gracefully: it finishes the step it is in, writes a checkpoint of
 that step, says how to continue and exits with 128 + the signal (143, 130); `--resume auto` then
-continues from exactly that step. A second signal ends the process at once."""
+continues from exactly that step. A second signal ends the process at once. A crash signal gets a
+report on stderr before the process dies of it."""
 import os
 import shutil
 import signal
@@ -59,6 +60,16 @@ try:
     proc.communicate(timeout=60)
     assert proc.returncode in (-signal.SIGTERM, 143), f"second SIGTERM: exit {proc.returncode}"
     print(f"two SIGTERMs: exit {proc.returncode}")
+
+    # A crash (here a SIGSEGV sent from outside; a real one takes the same handler) writes a report
+    # naming the signal and the stack, and the process still dies of the signal.
+    proc, run = start("crash")
+    proc.send_signal(signal.SIGSEGV)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGSEGV, f"SIGSEGV: exit {proc.returncode}\n{err}"
+    assert "loom: crashed with SIGSEGV" in err and "please report it" in err, err
+    assert "/loom(+0x" in err or "libloom_core.so(+0x" in err, f"no frame of Loom in the report:\n{err}"
+    print("SIGSEGV: a crash report, then death by the signal")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("signal test passed")

@@ -1,0 +1,15 @@
+#pragma once
+// Which library this process's C++ standard library calls land in (link_check.cpp).
+
+#include <string>
+
+namespace loom::core {
+
+/// The file that defines std::filesystem::remove_all as this process resolved it. Some LibTorch
+/// wheels export their own copies of std::filesystem's functions (torch 2.11's libtorch.so: a
+/// copy that crashes in remove_all); an executable that lists a LibTorch library before
+/// libstdc++ binds to them. Loom's executables link libstdc++ first (cmake/LoomTorch.cmake), so
+/// this names libstdc++.so.6.
+std::string std_filesystem_provider();
+
+}  // namespace loom::core
