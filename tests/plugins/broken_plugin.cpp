@@ -63,8 +63,11 @@ int32_t init_throws(const loom_host_api*, loom_error*) { throw std::runtime_erro
 loom_build_fingerprint make_fingerprint() {
   loom_build_fingerprint f = loom::sdk::kBuildFingerprint;
 #if defined(BROKEN_TORCH_VERSION)
-  f.torch_minor = 11;  // "built against LibTorch 2.11.x"
-  f.torch_patch = 0;
+  // "built against LibTorch 1.13.1": a real LibTorch that no host of Loom can be (the GPU machine's
+  // 2.11 once matched an earlier choice of 2.11.0 and accepted the plugin).
+  f.torch_major = 1;
+  f.torch_minor = 13;
+  f.torch_patch = 1;
 #endif
   return f;
 }

@@ -74,7 +74,7 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"libloom_dataset_broken_small_struct.so", "descriptor", "struct_size 24 is smaller than 56"},
         BrokenCase{"libloom_dataset_broken_abi_major.so", "descriptor", "plugin ABI 2.2, host ABI 1.2: the major versions differ"},
         BrokenCase{"libloom_dataset_broken_abi_minor.so", "descriptor", "plugin ABI 1.3 is newer than the host's 1.2"},
-        BrokenCase{"libloom_dataset_broken_torch_version.so", "fingerprint", "built against LibTorch 2.11.0, host has"},
+        BrokenCase{"libloom_dataset_broken_torch_version.so", "fingerprint", "built against LibTorch 1.13.1, host has"},
         BrokenCase{"libloom_dataset_broken_cxx11_abi.so", "fingerprint", "built with _GLIBCXX_USE_CXX11_ABI=0, host uses _GLIBCXX_USE_CXX11_ABI=1"},
         BrokenCase{"libloom_dataset_broken_duplicate.so", "register", "dataset 'counting' is already provided by"},
         BrokenCase{"libloom_dataset_broken_init_fails.so", "init", "init failed (code 7): the GPU this plugin was told to use does not exist"},
@@ -160,7 +160,7 @@ TEST(PluginLoader, NamingARefusedComponentSaysWhy) {
   } catch (const loom::Error& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find("its plugin was refused"), std::string::npos) << message;
-    EXPECT_NE(message.find("LibTorch 2.11.0"), std::string::npos) << message;
+    EXPECT_NE(message.find("LibTorch 1.13.1"), std::string::npos) << message;
   }
   // A file refused before its descriptor could be read is found by its name.
   try {
