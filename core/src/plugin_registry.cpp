@@ -3,6 +3,7 @@
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/text.hpp>
+#include "plugin_descriptor.hpp"
 #include "plugin_scan.hpp"
 
 #include <loom/sdk/fingerprint.hpp>
@@ -54,13 +55,8 @@ std::string cxx11_abi_string(uint32_t v) {
   return v == 2 ? std::string("not libstdc++") : "_GLIBCXX_USE_CXX11_ABI=" + std::to_string(v);
 }
 
-/// Thrown by a stage to refuse the file; caught in load().
-struct Refused {
-  std::string stage, reason, hint;
-};
-
 [[noreturn]] void refuse_now(std::string stage, std::string reason, std::string hint = {}) {
-  throw Refused{std::move(stage), std::move(reason), std::move(hint)};
+  throw PluginRefused{std::move(stage), std::move(reason), std::move(hint)};
 }
 
 /// Every library the loader opened, kept until the process ends. Exceptions, tensors (their
@@ -198,6 +194,106 @@ void PluginRegistry::refuse(LoadReport& report, std::string stage, std::string r
   refusals_.push_back(std::move(refusal));
 }
 
+void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
+  if (d == nullptr) refuse_now("descriptor", "the entry point returned no descriptor", kRebuildHint);
+  if (d->magic != LOOM_ABI_MAGIC) {
+    std::ostringstream m;
+    m << "bad magic 0x" << std::hex << d->magic << " (expected 0x" << LOOM_ABI_MAGIC << ")";
+    refuse_now("descriptor", m.str(), "the descriptor is not a Loom descriptor; " + std::string(kRebuildHint));
+  }
+  if (d->struct_size < sizeof(loom_plugin_descriptor))
+    refuse_now("descriptor",
+               "descriptor struct_size " + std::to_string(d->struct_size) + " is smaller than " +
+                   std::to_string(sizeof(loom_plugin_descriptor)) + ", the size of ABI " +
+                   std::to_string(LOOM_ABI_MAJOR) + ".0",
+               kRebuildHint);
+  if (d->abi_major != LOOM_ABI_MAJOR)
+    refuse_now("descriptor",
+               "plugin ABI " + std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) +
+                   ", host ABI " + std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR) +
+                   ": the major versions differ",
+               d->abi_major > LOOM_ABI_MAJOR ? "the plugin needs a newer Loom: upgrade Loom, or "
+                                               "rebuild the plugin against this Loom's SDK"
+                                             : kRebuildHint);
+  if (d->abi_minor > LOOM_ABI_MINOR)
+    refuse_now("descriptor",
+               "plugin ABI " + std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) +
+                   " is newer than the host's " + std::to_string(LOOM_ABI_MAJOR) + "." +
+                   std::to_string(LOOM_ABI_MINOR),
+               "upgrade Loom, or rebuild the plugin against this Loom's SDK");
+  const auto name = bounded(d->name, LOOM_MAX_NAME);
+  if (!name || !is_identifier(*name))
+    refuse_now("descriptor", "the plugin name is missing, too long or not lower_snake_case", kRebuildHint);
+  report.plugin_name = *name;
+  const auto version = bounded(d->version, LOOM_MAX_NAME);
+  if (!version) refuse_now("descriptor", "the plugin version is missing or too long", kRebuildHint);
+  report.plugin_version = *version;
+  if (d->fingerprint != nullptr && d->fingerprint->struct_size >= sizeof(loom_build_fingerprint))
+    report.fingerprint = fingerprint_fields(*d->fingerprint);
+  if (d->component_count == 0 || d->component_count > LOOM_MAX_COMPONENTS || d->components == nullptr)
+    refuse_now("descriptor",
+               "component table of " + std::to_string(d->component_count) +
+                   " entries (expected 1 to " + std::to_string(LOOM_MAX_COMPONENTS) + ")",
+               kRebuildHint);
+  std::set<std::pair<uint32_t, std::string>> own;
+  for (uint32_t i = 0; i < d->component_count; ++i) {
+    const loom_component& c = d->components[i];
+    const std::string where = "component #" + std::to_string(i);
+    if (c.struct_size < sizeof(loom_component))
+      refuse_now("descriptor", where + ": struct_size " + std::to_string(c.struct_size) + " is too small", kRebuildHint);
+    const auto cname = bounded(c.name, LOOM_MAX_NAME);
+    if (!cname || !is_identifier(*cname))
+      refuse_now("descriptor", where + ": name missing, too long or not lower_snake_case", kRebuildHint);
+    if (!find_kind(c.kind))
+      refuse_now("descriptor", "component '" + *cname + "': unknown kind " + std::to_string(c.kind), kRebuildHint);
+    if (!own.insert({c.kind, *cname}).second)
+      refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "' is listed twice in the plugin",
+                 "give each component of a plugin its own name");
+    if (c.create == nullptr || c.destroy == nullptr)
+      refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "' has no create or destroy function", kRebuildHint);
+    ComponentInfo info;
+    info.kind = c.kind;
+    info.name = *cname;
+    info.summary = bounded(c.summary, LOOM_MAX_TEXT).value_or("");
+    info.interface_major = c.interface_major;
+    info.interface_minor = c.interface_minor;
+    info.raw = &c;
+    if (c.option_count > LOOM_MAX_OPTIONS || (c.option_count > 0 && c.options == nullptr))
+      refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "': bad options table", kRebuildHint);
+    std::set<std::string> keys;
+    for (uint32_t k = 0; k < c.option_count; ++k) {
+      const loom_option_spec& o = c.options[k];
+      OptionSpec spec;
+      const auto key = bounded(o.key, LOOM_MAX_NAME);
+      const std::string owhere = kind_name(c.kind) + " '" + *cname + "' option #" + std::to_string(k);
+      if (o.struct_size < sizeof(loom_option_spec) || !key || !is_identifier(*key))
+        refuse_now("descriptor", owhere + ": struct_size too small, or key missing or not lower_snake_case", kRebuildHint);
+      if (!keys.insert(*key).second)
+        refuse_now("descriptor", owhere + ": key '" + *key + "' appears twice", kRebuildHint);
+      if (o.type < LOOM_OPTION_BOOL || o.type > LOOM_OPTION_LIST)
+        refuse_now("descriptor", owhere + " '" + *key + "': unknown type " + std::to_string(o.type), kRebuildHint);
+      spec.key = *key;
+      spec.type = o.type;
+      spec.default_value = bounded(o.default_value, LOOM_MAX_TEXT).value_or("");
+      spec.help = bounded(o.help, LOOM_MAX_TEXT).value_or("");
+      if (o.type == LOOM_OPTION_ENUM) {
+        const auto choices = bounded(o.choices, LOOM_MAX_TEXT);
+        if (!choices || sdk::enum_choices(choices->c_str()).empty())
+          refuse_now("descriptor", owhere + " '" + *key + "': an enum without choices", kRebuildHint);
+        spec.choices = *choices;
+      }
+      if (!spec.default_value.empty() &&
+          !sdk::is_valid_value(spec.type, spec.default_value, spec.choices.c_str()))
+        refuse_now("descriptor",
+                   owhere + " '" + *key + "': default '" + spec.default_value + "' is not " +
+                       sdk::describe_type(spec.type),
+                   kRebuildHint);
+      info.options.push_back(std::move(spec));
+    }
+    report.components.push_back(std::move(info));
+  }
+}
+
 LoadReport PluginRegistry::load(const fs::path& file_in) {
   LoadReport report;
   std::error_code ec;
@@ -236,7 +332,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
                      "a Loom plugin ends with LOOM_PLUGIN(...) and is built with "
                      "loom_add_plugin(); is this a Loom plugin?");
       }
-    } catch (const Refused&) {
+    } catch (const PluginRefused&) {
       throw;
     } catch (const std::exception& e) {
       refuse_now("static-check", std::string("not a shared library of this platform (") + e.what() + ")",
@@ -272,103 +368,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
 
     // Stage 4: the descriptor.
     const loom_plugin_descriptor* d = entry();
-    if (d == nullptr) refuse_now("descriptor", "the entry point returned no descriptor", kRebuildHint);
-    if (d->magic != LOOM_ABI_MAGIC) {
-      std::ostringstream m;
-      m << "bad magic 0x" << std::hex << d->magic << " (expected 0x" << LOOM_ABI_MAGIC << ")";
-      refuse_now("descriptor", m.str(), "the descriptor is not a Loom descriptor; " + std::string(kRebuildHint));
-    }
-    if (d->struct_size < sizeof(loom_plugin_descriptor))
-      refuse_now("descriptor",
-                 "descriptor struct_size " + std::to_string(d->struct_size) + " is smaller than " +
-                     std::to_string(sizeof(loom_plugin_descriptor)) + ", the size of ABI " +
-                     std::to_string(LOOM_ABI_MAJOR) + ".0",
-                 kRebuildHint);
-    if (d->abi_major != LOOM_ABI_MAJOR)
-      refuse_now("descriptor",
-                 "plugin ABI " + std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) +
-                     ", host ABI " + std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR) +
-                     ": the major versions differ",
-                 d->abi_major > LOOM_ABI_MAJOR ? "the plugin needs a newer Loom: upgrade Loom, or "
-                                                 "rebuild the plugin against this Loom's SDK"
-                                               : kRebuildHint);
-    if (d->abi_minor > LOOM_ABI_MINOR)
-      refuse_now("descriptor",
-                 "plugin ABI " + std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) +
-                     " is newer than the host's " + std::to_string(LOOM_ABI_MAJOR) + "." +
-                     std::to_string(LOOM_ABI_MINOR),
-                 "upgrade Loom, or rebuild the plugin against this Loom's SDK");
-    const auto name = bounded(d->name, LOOM_MAX_NAME);
-    if (!name || !is_identifier(*name))
-      refuse_now("descriptor", "the plugin name is missing, too long or not lower_snake_case", kRebuildHint);
-    report.plugin_name = *name;
-    const auto version = bounded(d->version, LOOM_MAX_NAME);
-    if (!version) refuse_now("descriptor", "the plugin version is missing or too long", kRebuildHint);
-    report.plugin_version = *version;
-    if (d->fingerprint != nullptr && d->fingerprint->struct_size >= sizeof(loom_build_fingerprint))
-      report.fingerprint = fingerprint_fields(*d->fingerprint);
-    if (d->component_count == 0 || d->component_count > LOOM_MAX_COMPONENTS || d->components == nullptr)
-      refuse_now("descriptor",
-                 "component table of " + std::to_string(d->component_count) +
-                     " entries (expected 1 to " + std::to_string(LOOM_MAX_COMPONENTS) + ")",
-                 kRebuildHint);
-    std::set<std::pair<uint32_t, std::string>> own;
-    for (uint32_t i = 0; i < d->component_count; ++i) {
-      const loom_component& c = d->components[i];
-      const std::string where = "component #" + std::to_string(i);
-      if (c.struct_size < sizeof(loom_component))
-        refuse_now("descriptor", where + ": struct_size " + std::to_string(c.struct_size) + " is too small", kRebuildHint);
-      const auto cname = bounded(c.name, LOOM_MAX_NAME);
-      if (!cname || !is_identifier(*cname))
-        refuse_now("descriptor", where + ": name missing, too long or not lower_snake_case", kRebuildHint);
-      if (!find_kind(c.kind))
-        refuse_now("descriptor", "component '" + *cname + "': unknown kind " + std::to_string(c.kind), kRebuildHint);
-      if (!own.insert({c.kind, *cname}).second)
-        refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "' is listed twice in the plugin",
-                   "give each component of a plugin its own name");
-      if (c.create == nullptr || c.destroy == nullptr)
-        refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "' has no create or destroy function", kRebuildHint);
-      ComponentInfo info;
-      info.kind = c.kind;
-      info.name = *cname;
-      info.summary = bounded(c.summary, LOOM_MAX_TEXT).value_or("");
-      info.interface_major = c.interface_major;
-      info.interface_minor = c.interface_minor;
-      info.raw = &c;
-      if (c.option_count > LOOM_MAX_OPTIONS || (c.option_count > 0 && c.options == nullptr))
-        refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "': bad options table", kRebuildHint);
-      std::set<std::string> keys;
-      for (uint32_t k = 0; k < c.option_count; ++k) {
-        const loom_option_spec& o = c.options[k];
-        OptionSpec spec;
-        const auto key = bounded(o.key, LOOM_MAX_NAME);
-        const std::string owhere = kind_name(c.kind) + " '" + *cname + "' option #" + std::to_string(k);
-        if (o.struct_size < sizeof(loom_option_spec) || !key || !is_identifier(*key))
-          refuse_now("descriptor", owhere + ": struct_size too small, or key missing or not lower_snake_case", kRebuildHint);
-        if (!keys.insert(*key).second)
-          refuse_now("descriptor", owhere + ": key '" + *key + "' appears twice", kRebuildHint);
-        if (o.type < LOOM_OPTION_BOOL || o.type > LOOM_OPTION_LIST)
-          refuse_now("descriptor", owhere + " '" + *key + "': unknown type " + std::to_string(o.type), kRebuildHint);
-        spec.key = *key;
-        spec.type = o.type;
-        spec.default_value = bounded(o.default_value, LOOM_MAX_TEXT).value_or("");
-        spec.help = bounded(o.help, LOOM_MAX_TEXT).value_or("");
-        if (o.type == LOOM_OPTION_ENUM) {
-          const auto choices = bounded(o.choices, LOOM_MAX_TEXT);
-          if (!choices || sdk::enum_choices(choices->c_str()).empty())
-            refuse_now("descriptor", owhere + " '" + *key + "': an enum without choices", kRebuildHint);
-          spec.choices = *choices;
-        }
-        if (!spec.default_value.empty() &&
-            !sdk::is_valid_value(spec.type, spec.default_value, spec.choices.c_str()))
-          refuse_now("descriptor",
-                     owhere + " '" + *key + "': default '" + spec.default_value + "' is not " +
-                         sdk::describe_type(spec.type),
-                     kRebuildHint);
-        info.options.push_back(std::move(spec));
-      }
-      report.components.push_back(std::move(info));
-    }
+    read_descriptor(d, report);
 
     // Stage 4: the fingerprint. Past this point the plugin's C++ is trusted.
     check_fingerprint(d->fingerprint);
@@ -429,7 +429,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     report.accepted = true;
     log::debug("plugin ", plugin->name, " ", plugin->version, " loaded from ", file.string(), " (",
                report.components.size(), " component(s))");
-  } catch (const Refused& r) {
+  } catch (const PluginRefused& r) {
     refuse(report, r.stage, r.reason, r.hint);
   }
   return report;

@@ -7,6 +7,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/trainer.hpp>
+#include "saved_state.hpp"
 #include "trainer_internal.hpp"
 
 #include <loom/sdk/version.hpp>
@@ -49,79 +50,6 @@ void load_callback_states(const std::vector<std::pair<std::string, std::shared_p
     in_phase("restoring the state of callback '" + name + "' from " + dir.string(), [&] { callback->load_state_dict(state); });
   }
 }
-
-/// The fields of a state.json, each read with its type and range; anything else is damage, named
-/// by file and field ("state.json: field 'loader.offset' = -5 is outside [0, 512]").
-class StateFields {
- public:
-  StateFields(const json& s, fs::path file) : s_(s), file_(std::move(file)) {}
-
-  const json& at(std::initializer_list<const char*> path) const {
-    const json* node = &s_;
-    for (const char* key : path) {
-      if (!node->is_object() || !node->contains(key)) damaged(path, "is missing");
-      node = &(*node)[key];
-    }
-    return *node;
-  }
-  int64_t integer(std::initializer_list<const char*> path, int64_t lo, int64_t hi) const {
-    const json& v = at(path);
-    if (!v.is_number_integer()) damaged(path, "is " + v.dump() + ", not an integer");
-    const int64_t x = v.get<int64_t>();
-    if (x < lo || x > hi) damaged(path, "= " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    return x;
-  }
-  double number(std::initializer_list<const char*> path) const {
-    const json& v = at(path);
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) damaged(path, "is " + v.dump() + ", not a finite number >= 0");
-    return v.get<double>();
-  }
-  std::string text(std::initializer_list<const char*> path) const {
-    const json& v = at(path);
-    if (!v.is_string()) damaged(path, "is " + v.dump() + ", not text");
-    return v.get<std::string>();
-  }
-  const json& object(std::initializer_list<const char*> path) const {
-    const json& v = at(path);
-    if (!v.is_object()) damaged(path, "is not an object");
-    return v;
-  }
-  std::map<std::string, std::string> texts(std::initializer_list<const char*> path, bool optional = false) const {
-    std::map<std::string, std::string> out;
-    if (optional && !has(path)) return out;
-    for (const auto& [k, v] : object(path).items()) {
-      if (!v.is_string()) damaged(path, "has '" + k + "' = " + v.dump() + ", not text");
-      out[k] = v.get<std::string>();
-    }
-    return out;
-  }
-  std::map<std::string, double> numbers(std::initializer_list<const char*> path) const {
-    std::map<std::string, double> out;
-    for (const auto& [k, v] : object(path).items()) {
-      if (!v.is_number() || !std::isfinite(v.get<double>())) damaged(path, "has '" + k + "' = " + v.dump() + ", not a finite number");
-      out[k] = v.get<double>();
-    }
-    return out;
-  }
-
- private:
-  bool has(std::initializer_list<const char*> path) const {
-    const json* node = &s_;
-    for (const char* key : path) {
-      if (!node->is_object() || !node->contains(key)) return false;
-      node = &(*node)[key];
-    }
-    return true;
-  }
-  [[noreturn]] void damaged(std::initializer_list<const char*> path, const std::string& why) const {
-    std::string field;
-    for (const char* key : path) field += (field.empty() ? "" : ".") + std::string(key);
-    throw Error(file_.string() + ": field '" + field + "' " + why + "; the checkpoint is damaged");
-  }
-
-  const json& s_;
-  fs::path file_;
-};
 
 }  // namespace
 
@@ -183,40 +111,27 @@ fs::path Trainer::save_checkpoint() {
 
 void Trainer::load_checkpoint(const fs::path& dir) {
   const Checkpoint c = CheckpointStore::load(dir);
-  json s;
-  try {
-    s = json::parse(c.state_json);
-  } catch (const std::exception& e) {
-    throw Error((dir / "state.json").string() + " is not valid JSON (" + e.what() + "); the checkpoint is damaged");
-  }
   // Every field is read with its type and range before anything changes: a damaged file leaves
   // the run as it was (and --resume auto falls back to an older checkpoint).
-  const StateFields f(s, dir / "state.json");
-  f.integer({"format"}, 1, 1);
-  const int64_t step = f.integer({"step"}, 0, int64_t{1} << 40);
-  const int64_t skipped = f.integer({"skipped_steps"}, 0, step);
-  const std::string model_name = f.text({"model", "name"});
-  const auto model_config = f.texts({"model", "config"});
-  const auto saved_manifest = f.texts({"precision", "manifest"});
+  const SavedState saved = parse_state_json(c.state_json, dir / "state.json", train_loader_->samples_per_epoch());
+  const int64_t step = saved.step;
+  const std::string& model_name = saved.model_name;
+  const auto& model_config = saved.model_config;
+  const auto& saved_manifest = saved.manifest;
   sdk::State optimizer, precision, schedule;
-  optimizer.text = f.texts({"optimizer"});
-  precision.text = f.texts({"precision", "state"});
-  schedule.text = f.texts({"schedule", "state"}, /*optional=*/true);
-  const std::string schedule_name = f.text({"schedule", "name"});
-  const sdk::BatchPlan saved_plan{f.integer({"plan", "micro_batch"}, 1, int64_t{1} << 40),
-                                  f.integer({"plan", "accumulation"}, 1, int64_t{1} << 40),
-                                  f.integer({"plan", "world_size"}, 1, int64_t{1} << 20)};
-  const DataLoader::Position position{f.integer({"loader", "epoch"}, 0, int64_t{1} << 40),
-                                      f.integer({"loader", "offset"}, 0, train_loader_->samples_per_epoch())};
+  optimizer.text = saved.optimizer;
+  precision.text = saved.precision;
+  schedule.text = saved.schedule;
+  const std::string& schedule_name = saved.schedule_name;
+  const sdk::BatchPlan saved_plan = saved.plan;
+  const DataLoader::Position position{saved.epoch, saved.offset};
   LogWindow window;
-  if (s.contains("log_window")) {
-    window.steps = f.integer({"log_window", "steps"}, 0, step);
-    window.samples = f.integer({"log_window", "samples"}, 0, int64_t{1} << 50);
-    window.loss = f.number({"log_window", "loss"});
-    window.seconds = f.number({"log_window", "seconds"});
-    window.metrics = f.numbers({"log_window", "metrics"});
-  }
-  const json callbacks = s.contains("callbacks") ? f.object({"callbacks"}) : json::object();
+  window.steps = saved.window_steps;
+  window.samples = saved.window_samples;
+  window.loss = saved.window_loss;
+  window.seconds = saved.window_seconds;
+  window.metrics = saved.window_metrics;
+  const json& callbacks = saved.callbacks;
 
   // The checkpoint must fit this run: same model configuration, same precision unless allowed.
   check_model_config(model_name, model_config, dir.string());
@@ -251,7 +166,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   if (auto it = c.extra.find("rng.device"); it != c.extra.end() && device_.is_cuda()) device_generator(device_).set_state(it->second);
 
   step_ = step;
-  skipped_steps_ = skipped_at_resume_ = skipped;
+  skipped_steps_ = skipped_at_resume_ = saved.skipped;
   if (saved_plan.global() != plan_.global())
     log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global());
   train_loader_->seek(position);

@@ -2,22 +2,14 @@
 // read from the IDX files, gzipped or not, of Debian's dataset-fashion-mnist package or of
 // `path`. Every file is checked (magic number, counts, sizes, labels in range, no truncated or
 // trailing bytes); a bad one is one error that names the file and what is wrong.
+#include "idx.hpp"
+
 #include <loom/sdk/sdk.hpp>
 #include <loom/sdk/tensor_dataset.hpp>
 
-#include <ATen/ops/empty.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/tensor.h>
 
-#include <zlib.h>
-
-#include <cerrno>
-#include <cstring>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <array>
 #include <filesystem>
 #include <memory>
 
@@ -25,70 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr uint32_t kImageMagic = 0x00000803;  // unsigned byte, 3 dimensions
-constexpr uint32_t kLabelMagic = 0x00000801;  // unsigned byte, 1 dimension
-constexpr int64_t kClasses = 10;
-
-struct GzFile {
-  explicit GzFile(const fs::path& path) : path(path) {
-    // Only a regular file is read: opening without blocking and checking the type first means a
-    // FIFO or a device in the data folder is an error, not a hang or an endless read.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) throw loom::sdk::Error("cannot open " + path.string() + ": " + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw loom::sdk::Error("cannot read " + path.string() + ": not a regular file; point data_dir at the Fashion-MNIST files");
-    }
-    handle = gzdopen(fd, "rb");
-    if (handle == nullptr) {
-      ::close(fd);
-      throw loom::sdk::Error("cannot open " + path.string());
-    }
-  }
-  ~GzFile() {
-    if (handle != nullptr) gzclose(handle);
-  }
-  GzFile(const GzFile&) = delete;
-  GzFile& operator=(const GzFile&) = delete;
-
-  /// Reads up to n bytes; returns how many it read. A corrupt stream is an error.
-  int64_t read(void* out, int64_t n) {
-    auto* p = static_cast<char*>(out);
-    int64_t done = 0;
-    while (done < n) {
-      const unsigned chunk = static_cast<unsigned>(std::min<int64_t>(n - done, 1 << 30));
-      const int got = gzread(handle, p + done, chunk);
-      if (got < 0) {
-        int code = 0;
-        const char* message = gzerror(handle, &code);
-        throw loom::sdk::Error(path.string() + " is corrupt: " + (message ? message : "gzip error") +
-                               "; reinstall dataset-fashion-mnist or download the file again");
-      }
-      if (got == 0) break;
-      done += got;
-    }
-    return done;
-  }
-
-  uint32_t read_be32(const char* what) {
-    std::array<unsigned char, 4> b{};
-    if (read(b.data(), 4) != 4)
-      throw loom::sdk::Error(path.string() + " is truncated: it ends inside the header (" + what + ")");
-    return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | uint32_t{b[3]};
-  }
-
-  void expect_end() {
-    unsigned char extra[64];
-    const int64_t n = read(extra, sizeof extra);
-    if (n > 0)
-      throw loom::sdk::Error(path.string() + " has unexpected bytes after its data: the file is not an IDX "
-                             "file of the size its header says; download it again");
-  }
-
-  fs::path path;
-  gzFile handle = nullptr;
-};
+using namespace loom::fashion_mnist;
 
 class FashionMnist final : public loom::sdk::TensorDataset {
  public:
@@ -144,47 +73,9 @@ class FashionMnist final : public loom::sdk::TensorDataset {
     const fs::path image_path = find(prefix + "-images-idx3-ubyte");
     const fs::path label_path = find(prefix + "-labels-idx1-ubyte");
 
-    GzFile images(image_path);
-    const uint32_t magic = images.read_be32("magic number");
-    if (magic != kImageMagic)
-      throw loom::sdk::Error(image_path.string() + " is not an IDX image file: magic number " + std::to_string(magic) +
-                             ", expected " + std::to_string(kImageMagic));
-    const int64_t count = images.read_be32("image count");
-    const int64_t rows = images.read_be32("rows"), cols = images.read_be32("columns");
-    if (rows != 28 || cols != 28 || count <= 0 || count > 1'000'000)
-      throw loom::sdk::Error(image_path.string() + ": header says " + std::to_string(count) + " images of " +
-                             std::to_string(rows) + "x" + std::to_string(cols) + ", expected 28x28 images");
-    at::Tensor pixels = at::empty({count, 1, rows, cols}, at::TensorOptions().dtype(at::kByte));
-    const int64_t bytes = count * rows * cols;
-    const int64_t got = images.read(pixels.data_ptr(), bytes);
-    if (got != bytes)
-      throw loom::sdk::Error(image_path.string() + " is truncated: its header promises " + std::to_string(count) +
-                             " images (" + std::to_string(bytes) + " bytes of pixels) but it holds " +
-                             std::to_string(got) + "; download it again");
-    images.expect_end();
-
-    GzFile labels_file(label_path);
-    const uint32_t label_magic = labels_file.read_be32("magic number");
-    if (label_magic != kLabelMagic)
-      throw loom::sdk::Error(label_path.string() + " is not an IDX label file: magic number " +
-                             std::to_string(label_magic) + ", expected " + std::to_string(kLabelMagic));
-    const int64_t label_count = labels_file.read_be32("label count");
-    if (label_count != count)
-      throw loom::sdk::Error(label_path.string() + " has " + std::to_string(label_count) + " labels but " +
-                             image_path.filename().string() + " has " + std::to_string(count) + " images");
-    at::Tensor raw = at::empty({count}, at::TensorOptions().dtype(at::kByte));
-    const int64_t label_got = labels_file.read(raw.data_ptr(), count);
-    if (label_got != count)
-      throw loom::sdk::Error(label_path.string() + " is truncated: its header promises " + std::to_string(count) +
-                             " labels but it holds " + std::to_string(label_got) + "; download it again");
-    labels_file.expect_end();
-    const auto* p = raw.data_ptr<uint8_t>();
-    for (int64_t i = 0; i < count; ++i)
-      if (p[i] >= kClasses)
-        throw loom::sdk::Error(label_path.string() + ": label " + std::to_string(p[i]) + " of image " +
-                               std::to_string(i) + " is not a class (0 to 9)");
-    at::Tensor labels = raw.to(at::kLong);
-    if (limit > 0 && limit < count) {
+    at::Tensor pixels = read_images(image_path);
+    at::Tensor labels = read_labels(label_path, pixels.size(0), image_path.filename().string());
+    if (limit > 0 && limit < pixels.size(0)) {
       pixels = pixels.narrow(0, 0, limit).clone();
       labels = labels.narrow(0, 0, limit).clone();
     }

@@ -1,0 +1,126 @@
+// state.json read field by field: see saved_state.hpp.
+#include "saved_state.hpp"
+
+#include <loom/core/error.hpp>
+
+#include <cmath>
+#include <initializer_list>
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace loom::core {
+
+namespace {
+
+/// The fields of a state.json, each read with its type and range; anything else is damage, named
+/// by file and field ("state.json: field 'loader.offset' = -5 is outside [0, 512]").
+class StateFields {
+ public:
+  StateFields(const json& s, fs::path file) : s_(s), file_(std::move(file)) {}
+
+  const json& at(std::initializer_list<const char*> path) const {
+    const json* node = &s_;
+    for (const char* key : path) {
+      if (!node->is_object() || !node->contains(key)) damaged(path, "is missing");
+      node = &(*node)[key];
+    }
+    return *node;
+  }
+  int64_t integer(std::initializer_list<const char*> path, int64_t lo, int64_t hi) const {
+    const json& v = at(path);
+    if (!v.is_number_integer()) damaged(path, "is " + v.dump() + ", not an integer");
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi) damaged(path, "= " + std::to_string(x) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return x;
+  }
+  double number(std::initializer_list<const char*> path) const {
+    const json& v = at(path);
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) damaged(path, "is " + v.dump() + ", not a finite number >= 0");
+    return v.get<double>();
+  }
+  std::string text(std::initializer_list<const char*> path) const {
+    const json& v = at(path);
+    if (!v.is_string()) damaged(path, "is " + v.dump() + ", not text");
+    return v.get<std::string>();
+  }
+  const json& object(std::initializer_list<const char*> path) const {
+    const json& v = at(path);
+    if (!v.is_object()) damaged(path, "is not an object");
+    return v;
+  }
+  std::map<std::string, std::string> texts(std::initializer_list<const char*> path, bool optional = false) const {
+    std::map<std::string, std::string> out;
+    if (optional && !has(path)) return out;
+    for (const auto& [k, v] : object(path).items()) {
+      if (!v.is_string()) damaged(path, "has '" + k + "' = " + v.dump() + ", not text");
+      out[k] = v.get<std::string>();
+    }
+    return out;
+  }
+  std::map<std::string, double> numbers(std::initializer_list<const char*> path) const {
+    std::map<std::string, double> out;
+    for (const auto& [k, v] : object(path).items()) {
+      if (!v.is_number() || !std::isfinite(v.get<double>())) damaged(path, "has '" + k + "' = " + v.dump() + ", not a finite number");
+      out[k] = v.get<double>();
+    }
+    return out;
+  }
+
+ private:
+  bool has(std::initializer_list<const char*> path) const {
+    const json* node = &s_;
+    for (const char* key : path) {
+      if (!node->is_object() || !node->contains(key)) return false;
+      node = &(*node)[key];
+    }
+    return true;
+  }
+  [[noreturn]] void damaged(std::initializer_list<const char*> path, const std::string& why) const {
+    std::string field;
+    for (const char* key : path) field += (field.empty() ? "" : ".") + std::string(key);
+    throw Error(file_.string() + ": field '" + field + "' " + why + "; the checkpoint is damaged");
+  }
+
+  const json& s_;
+  fs::path file_;
+};
+
+}  // namespace
+
+SavedState parse_state_json(const std::string& text, const fs::path& file, int64_t samples_per_epoch) {
+  json s;
+  try {
+    s = json::parse(text);
+  } catch (const std::exception& e) {
+    throw Error(file.string() + " is not valid JSON (" + e.what() + "); the checkpoint is damaged");
+  }
+  const StateFields f(s, file);
+  SavedState out;
+  f.integer({"format"}, 1, 1);
+  out.step = f.integer({"step"}, 0, int64_t{1} << 40);
+  out.skipped = f.integer({"skipped_steps"}, 0, out.step);
+  out.model_name = f.text({"model", "name"});
+  out.model_config = f.texts({"model", "config"});
+  out.manifest = f.texts({"precision", "manifest"});
+  out.optimizer = f.texts({"optimizer"});
+  out.precision = f.texts({"precision", "state"});
+  out.schedule = f.texts({"schedule", "state"}, /*optional=*/true);
+  out.schedule_name = f.text({"schedule", "name"});
+  out.plan = sdk::BatchPlan{f.integer({"plan", "micro_batch"}, 1, int64_t{1} << 40),
+                            f.integer({"plan", "accumulation"}, 1, int64_t{1} << 40),
+                            f.integer({"plan", "world_size"}, 1, int64_t{1} << 20)};
+  out.epoch = f.integer({"loader", "epoch"}, 0, int64_t{1} << 40);
+  out.offset = f.integer({"loader", "offset"}, 0, samples_per_epoch);
+  if (s.contains("log_window")) {
+    out.window_steps = f.integer({"log_window", "steps"}, 0, out.step);
+    out.window_samples = f.integer({"log_window", "samples"}, 0, int64_t{1} << 50);
+    out.window_loss = f.number({"log_window", "loss"});
+    out.window_seconds = f.number({"log_window", "seconds"});
+    out.window_metrics = f.numbers({"log_window", "metrics"});
+  }
+  if (s.contains("callbacks")) out.callbacks = f.object({"callbacks"});
+  return out;
+}
+
+}  // namespace loom::core

@@ -1,0 +1,37 @@
+#pragma once
+// What a checkpoint's state.json holds, read with every field's type and range checked
+// (saved_state.cpp). Apart from the trainer so that the fuzz target fuzz/state_json_fuzz.cpp reads
+// state.json files the way a resume does.
+
+#include <loom/sdk/types.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+
+namespace loom::core {
+
+struct SavedState {
+  int64_t step = 0, skipped = 0;
+  std::string model_name;
+  std::map<std::string, std::string> model_config, manifest;
+  std::map<std::string, std::string> optimizer, precision, schedule;  ///< each one's text state
+  std::string schedule_name;
+  sdk::BatchPlan plan;
+  int64_t epoch = 0, offset = 0;  ///< the data position
+  /// The log window at the checkpoint (empty in files of older Loom versions).
+  int64_t window_steps = 0, window_samples = 0;
+  double window_loss = 0, window_seconds = 0;
+  std::map<std::string, double> window_metrics;
+  nlohmann::ordered_json callbacks = nlohmann::ordered_json::object();  ///< name -> text state
+};
+
+/// Parses `text`, the contents of `file`, checking every field's type and range (an offset of at
+/// most `samples_per_epoch`). Throws loom::Error naming the file and the field for anything else:
+/// the checkpoint is damaged.
+SavedState parse_state_json(const std::string& text, const std::filesystem::path& file, int64_t samples_per_epoch);
+
+}  // namespace loom::core
