@@ -2,7 +2,8 @@
 # Installs everything Loom needs to build, test and run, and nothing by hand.
 #
 #   - Debian packages (compilers and build tools, Boost, spdlog, GoogleTest, nlohmann-json,
-#     zlib, the Fashion-MNIST dataset, Python venv support), through apt-get;
+#     zlib, the Fashion-MNIST dataset, Python venv support, clang with libFuzzer for
+#     scripts/fuzz.sh), through apt-get;
 #   - the pinned PyTorch wheel (LibTorch for the build, Python PyTorch for the side-by-side
 #     benchmarks) and the Python readers the tests use, into a venv cached outside the
 #     checkout: $LOOM_CACHE (default ~/.cache/loom), so clones and CI runs share it;
@@ -28,6 +29,7 @@ apt_packages=(
   nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist
   python3 python3-venv python3-pip
+  clang-14 libclang-rt-14-dev            # the fuzz targets (scripts/fuzz.sh): libFuzzer
 )
 
 install_debian_packages() {

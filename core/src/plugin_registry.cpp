@@ -481,7 +481,8 @@ void* PluginRegistry::create_raw(const ComponentInfo& info,
     keys.push_back(spec.key);
     texts.push_back(it != values.end() ? it->second : spec.default_value);
   }
-  for (const auto& [key, value] : values) {
+  for (const auto& entry : values) {
+    const std::string& key = entry.first;  // a plain reference: clang 14 cannot capture a structured binding
     if (std::none_of(info.options.begin(), info.options.end(),
                      [&](const OptionSpec& s) { return s.key == key; }))
       throw Error(kind_name(info.kind) + " '" + info.name + "' has no option '" + key + "'");

@@ -31,8 +31,10 @@ void Trainer::build_callbacks() {
 }
 
 void Trainer::notify(const char* hook, const std::function<void(sdk::Callback&, sdk::RunContext&)>& call) {
-  for (auto& [name, callback] : callbacks_)
-    in_phase("callback '" + name + "' (" + hook + ")", [&] { call(*callback, *context_); });
+  for (auto& [name, callback] : callbacks_) {
+    sdk::Callback& target = *callback;  // clang 14 cannot capture a structured binding
+    in_phase("callback '" + name + "' (" + hook + ")", [&] { call(target, *context_); });
+  }
 }
 
 sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::kValidation : sdk::Split::kTest; }

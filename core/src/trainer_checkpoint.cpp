@@ -47,7 +47,8 @@ void load_callback_states(const std::vector<std::pair<std::string, std::shared_p
     const std::string prefix = "callback." + name + ".";
     for (const auto& [k, t] : extra)
       if (k.rfind(prefix, 0) == 0) state.tensors[k.substr(prefix.size())] = t;
-    in_phase("restoring the state of callback '" + name + "' from " + dir.string(), [&] { callback->load_state_dict(state); });
+    sdk::Callback& target = *callback;  // clang 14 cannot capture a structured binding
+    in_phase("restoring the state of callback '" + name + "' from " + dir.string(), [&] { target.load_state_dict(state); });
   }
 }
 
