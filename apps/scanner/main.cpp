@@ -1,8 +1,9 @@
 // loom-plugin-scanner FILE...: loads plugin files the way the host does, one after another, in a
 // process of its own, so that a plugin which crashes, exits or hangs while loading takes only
-// this process down. It prints "begin N" before file N and "ok N" after it; the host
-// (core/src/plugin_scan.cpp) reads that and how the process ended, nothing else: "ok" means the
-// file loaded, or was refused cleanly, which the host's own load finds again.
+// this process down. For file N it prints "begin N" before loading it, then "report N JSON" (what
+// the file holds, or why it was refused: the host registers its components from that without
+// loading the file, and loads it only when a run creates one of them), then "ok N". The host
+// (core/src/plugin_scan.cpp) reads those lines and how the process ended, nothing else.
 #include <loom/core/plugin_registry.hpp>
 
 #include <cstdio>
@@ -13,14 +14,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: loom-plugin-scanner FILE...\n");
     return 2;
   }
-  loom::core::PluginRegistry registry;
-  registry.set_isolation(false);  // this is the isolated process
-  registry.set_log_refusals(false);
   for (int i = 1; i < argc; ++i) {
     std::printf("begin %d\n", i - 1);
     std::fflush(stdout);
     try {
-      registry.load(argv[i]);
+      // A registry per file: whether two files provide one component is the host's question.
+      loom::core::PluginRegistry registry;
+      registry.set_isolation(false);  // this is the isolated process
+      registry.set_log_refusals(false);
+      const loom::core::LoadReport report = registry.load(argv[i]);
+      std::printf("report %d %s\n", i - 1, loom::core::to_json(report).c_str());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());  // the loader refuses by report, not by exception
     }

@@ -180,7 +180,10 @@ void PluginRegistry::prescan(const std::vector<fs::path>& files) {
       pending.push_back(file);
   }
   if (pending.empty()) return;
-  for (const auto& [file, verdict] : scan_in_child(pending)) scanned_[file] = verdict.ok ? "" : verdict.reason;
+  for (const auto& [file, verdict] : scan_in_child(pending)) {
+    scanned_[file] = verdict.ok ? "" : verdict.reason;
+    if (verdict.ok && !verdict.report.empty()) scan_reports_[file] = verdict.report;
+  }
 }
 
 void PluginRegistry::refuse(LoadReport& report, std::string stage, std::string reason,
@@ -294,6 +297,73 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
   }
 }
 
+namespace {
+
+/// Stages 3 to 5 in this process: load, resolving every symbol now and keeping the plugin's
+/// symbols to itself; read the descriptor into `report`; compare the fingerprint and the
+/// interfaces; run init. Throws PluginRefused.
+std::shared_ptr<boost::dll::shared_library> load_in_process(const fs::path& file, LoadReport& report) {
+  // Stage 3: load, resolving every symbol now, keeping the plugin's symbols to itself.
+  log::trace("loading plugin file ", file.string());
+  auto library = std::make_shared<boost::dll::shared_library>();
+  try {
+    library->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    refuse_now("load", e.what(),
+               "an undefined symbol usually means the plugin was built against another "
+               "LibTorch: " + std::string(kRebuildHint));
+  }
+  keep_loaded(library);
+  if (!library->has(LOOM_ENTRY_SYMBOL))
+    refuse_now("load", "no entry symbol " LOOM_ENTRY_SYMBOL " is exported",
+               "a Loom plugin ends with LOOM_PLUGIN(...) and is built with loom_add_plugin()");
+  auto entry = library->get<const loom_plugin_descriptor*()>(LOOM_ENTRY_SYMBOL);
+
+  // Stage 4: the descriptor.
+  const loom_plugin_descriptor* d = entry();
+  read_descriptor(d, report);
+
+  // Stage 4: the fingerprint. Past this point the plugin's C++ is trusted.
+  check_fingerprint(d->fingerprint);
+
+  for (const auto& c : report.components) {
+    const uint32_t host_major = find_kind(c.kind)->interface_major;
+    if (c.interface_major != host_major)
+      refuse_now("interface",
+                 kind_name(c.kind) + " '" + c.name + "' implements " + kind_name(c.kind) +
+                     " interface " + std::to_string(c.interface_major) + ".x, host has " +
+                     std::to_string(host_major) + ".x",
+                 kRebuildHint);
+  }
+
+  // Stage 5: init.
+  if (d->init != nullptr) {
+    loom_error error{};
+    error.struct_size = sizeof(loom_error);
+    error.capacity = LOOM_ERROR_CAPACITY;
+    int32_t rc = 0;
+    try {
+      rc = d->init(host_api(), &error);
+    } catch (const std::exception& e) {
+      refuse_now("init", std::string("init threw an exception: ") + e.what(),
+                 "a plugin's init must return an error code, not throw across the C boundary");
+    } catch (...) {
+      refuse_now("init", "init threw an exception",
+                 "a plugin's init must return an error code, not throw across the C boundary");
+    }
+    if (rc != 0) {
+      error.message[LOOM_ERROR_CAPACITY - 1] = '\0';
+      refuse_now("init",
+                 "init failed (code " + std::to_string(rc) + ")" +
+                     (error.message[0] ? std::string(": ") + error.message : std::string()),
+                 "see the plugin's documentation for what its init needs");
+    }
+  }
+  return library;
+}
+
+}  // namespace
+
 LoadReport PluginRegistry::load(const fs::path& file_in) {
   LoadReport report;
   std::error_code ec;
@@ -350,61 +420,19 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
                    "cached until the file changes)");
     }
 
-    // Stage 3: load, resolving every symbol now, keeping the plugin's symbols to itself.
-    log::trace("loading plugin file ", file.string());
-    auto library = std::make_shared<boost::dll::shared_library>();
-    try {
-      library->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
-    } catch (const std::exception& e) {
-      refuse_now("load", e.what(),
-                 "an undefined symbol usually means the plugin was built against another "
-                 "LibTorch: " + std::string(kRebuildHint));
-    }
-    keep_loaded(library);
-    if (!library->has(LOOM_ENTRY_SYMBOL))
-      refuse_now("load", "no entry symbol " LOOM_ENTRY_SYMBOL " is exported",
-                 "a Loom plugin ends with LOOM_PLUGIN(...) and is built with loom_add_plugin()");
-    auto entry = library->get<const loom_plugin_descriptor*()>(LOOM_ENTRY_SYMBOL);
-
-    // Stage 4: the descriptor.
-    const loom_plugin_descriptor* d = entry();
-    read_descriptor(d, report);
-
-    // Stage 4: the fingerprint. Past this point the plugin's C++ is trusted.
-    check_fingerprint(d->fingerprint);
-
-    for (const auto& c : report.components) {
-      const uint32_t host_major = find_kind(c.kind)->interface_major;
-      if (c.interface_major != host_major)
-        refuse_now("interface",
-                   kind_name(c.kind) + " '" + c.name + "' implements " + kind_name(c.kind) +
-                       " interface " + std::to_string(c.interface_major) + ".x, host has " +
-                       std::to_string(host_major) + ".x",
-                   kRebuildHint);
-    }
-
-    // Stage 5: init.
-    if (d->init != nullptr) {
-      loom_error error{};
-      error.struct_size = sizeof(loom_error);
-      error.capacity = LOOM_ERROR_CAPACITY;
-      int32_t rc = 0;
-      try {
-        rc = d->init(host_api(), &error);
-      } catch (const std::exception& e) {
-        refuse_now("init", std::string("init threw an exception: ") + e.what(),
-                   "a plugin's init must return an error code, not throw across the C boundary");
-      } catch (...) {
-        refuse_now("init", "init threw an exception",
-                   "a plugin's init must return an error code, not throw across the C boundary");
-      }
-      if (rc != 0) {
-        error.message[LOOM_ERROR_CAPACITY - 1] = '\0';
-        refuse_now("init",
-                   "init failed (code " + std::to_string(rc) + ")" +
-                       (error.message[0] ? std::string(": ") + error.message : std::string()),
-                   "see the plugin's documentation for what its init needs");
-      }
+    // Stages 3 to 5: unless the scanner already said what the file holds, load it here.
+    std::shared_ptr<boost::dll::shared_library> library;
+    const auto scanned = isolation_ && scan_reports_.count(file) ? load_report_from_json(scan_reports_[file]) : std::nullopt;
+    if (scanned) {
+      // Registered from the scanner's report: the file is loaded in this process only when a
+      // component of it is first created (materialize), so a run loads the plugins it selects.
+      report.plugin_name = scanned->plugin_name;
+      report.plugin_version = scanned->plugin_version;
+      report.fingerprint = scanned->fingerprint;
+      report.components = scanned->components;
+      if (scanned->refusal) refuse_now(scanned->refusal->stage, scanned->refusal->reason, scanned->refusal->hint);
+    } else {
+      library = load_in_process(file, report);
     }
 
     // Stage 6: register; a (kind, name) another plugin already provides is refused.
@@ -420,15 +448,15 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     plugin->name = report.plugin_name;
     plugin->version = report.plugin_version;
     plugin->sdk_version = report.fingerprint.count("sdk_version") ? report.fingerprint["sdk_version"] : "";
-    plugin->library = library;
+    plugin->library = library;  // null until materialize() when registered from the scan
     plugins_.push_back(plugin);
     for (auto& c : report.components) {
       c.plugin = plugin;
       components_.push_back(c);
     }
     report.accepted = true;
-    log::debug("plugin ", plugin->name, " ", plugin->version, " loaded from ", file.string(), " (",
-               report.components.size(), " component(s))");
+    log::debug("plugin ", plugin->name, " ", plugin->version, library ? " loaded from " : " registered from the scan of ",
+               file.string(), " (", report.components.size(), " component(s))");
   } catch (const PluginRefused& r) {
     refuse(report, r.stage, r.reason, r.hint);
   }
@@ -473,8 +501,36 @@ void PluginRegistry::check_interface(const ComponentInfo& info, uint32_t host_ma
                 std::to_string(host_major) + ".x");
 }
 
+void PluginRegistry::materialize(const ComponentInfo& info) const {
+  LoadedPlugin& plugin = *info.plugin;
+  const std::string what = kind_name(info.kind) + " '" + info.name + "'";
+  LoadReport fresh;
+  fresh.file = plugin.file;
+  std::shared_ptr<boost::dll::shared_library> library;
+  try {
+    library = load_in_process(plugin.file, fresh);
+  } catch (const PluginRefused& r) {
+    throw Error(what + " cannot be loaded: " + PluginRefusal{plugin.file, r.stage, r.reason, r.hint, {}}.line() +
+                " (the scanner had accepted the file: did it change since?)");
+  }
+  // Every component registered from the scan must be in the file now. The registry's own
+  // records gain their function tables; they are not const, only this method is.
+  for (const ComponentInfo& registered : components_) {
+    if (registered.plugin.get() != &plugin) continue;
+    auto it = std::find_if(fresh.components.begin(), fresh.components.end(),
+                           [&](const ComponentInfo& c) { return c.kind == registered.kind && c.name == registered.name; });
+    if (it == fresh.components.end())
+      throw Error(what + ": " + plugin.file.string() + " no longer provides " + kind_name(registered.kind) + " '" +
+                  registered.name + "' (the file changed since it was scanned); run the command again");
+    const_cast<ComponentInfo&>(registered).raw = it->raw;
+  }
+  plugin.library = library;
+  log::debug("plugin ", plugin.name, " ", plugin.version, " loaded from ", plugin.file.string(), " for ", what);
+}
+
 void* PluginRegistry::create_raw(const ComponentInfo& info,
                                  const std::map<std::string, std::string>& values) const {
+  if (info.raw == nullptr) materialize(info);
   std::vector<std::string> keys, texts;
   for (const auto& spec : info.options) {
     auto it = values.find(spec.key);

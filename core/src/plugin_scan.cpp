@@ -52,7 +52,9 @@ std::string key_of(const fs::path& file) {
   struct stat st {};
   if (::stat(file.c_str(), &st) != 0) return {};
   std::ostringstream k;
-  k << file.string() << '|' << st.st_size << '|' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec << '|' << LOOM_SDK_VERSION;
+  // "report-1": the format of the cached reports; entries of an older format are scanned again.
+  k << file.string() << '|' << st.st_size << '|' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec << '|' << LOOM_SDK_VERSION
+    << "|report-1";
   return k.str();
 }
 
@@ -80,7 +82,8 @@ void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::pa
     fs::create_directories(path.parent_path());
     auto entries = read_cache(path);  // merge: other processes may have added theirs
     for (const auto& [file, v] : verdicts)
-      if (const auto& key = keys.at(file); !key.empty()) entries[key] = v.ok ? "ok" : "refused\t" + v.reason;
+      if (const auto& key = keys.at(file); !key.empty())
+        entries[key] = v.ok ? (v.report.empty() ? std::string("ok") : "ok\t" + v.report) : "refused\t" + v.reason;
     std::string text;
     for (const auto& [k, value] : entries) text += k + "\t" + value + "\n";
     write_file_atomic(path, text);
@@ -139,6 +142,7 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   const double limit = timeout_seconds();
   auto since = std::chrono::steady_clock::now();
   std::string buffer;
+  std::map<int, std::string> reports;  // index -> the report line's JSON
   int current = -1;  // the file the scanner is loading
   bool timed_out = false;
   while (true) {
@@ -149,17 +153,21 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
       const ssize_t n = ::read(pipe_fds[0], chunk, sizeof chunk);
       if (n <= 0) break;  // the scanner ended
       buffer.append(chunk, static_cast<size_t>(n));
+      if (buffer.size() > (16u << 20) && buffer.find('\n') == std::string::npos) buffer.clear();  // not the scanner's
       for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
         const std::string line = buffer.substr(0, nl);
         const auto space = line.find(' ');
         if (space == std::string::npos) continue;
         const int index = std::atoi(line.c_str() + space + 1);
         if (index < 0 || index >= static_cast<int>(files.size())) continue;
-        if (line.rfind("begin", 0) == 0) {
+        if (line.rfind("report ", 0) == 0) {
+          if (const auto json = line.find(' ', space + 1); json != std::string::npos && index == current)
+            reports[index] = line.substr(json + 1);
+        } else if (line.rfind("begin", 0) == 0) {
           current = index;
           since = std::chrono::steady_clock::now();
         } else if (line.rfind("ok", 0) == 0) {
-          out[files[static_cast<size_t>(index)]] = {};
+          out[files[static_cast<size_t>(index)]] = {true, {}, reports[index]};
           current = -1;
         }
       }
@@ -215,6 +223,7 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
       keys[f] = key_of(f);
       auto it = entries.find(keys[f]);
       if (it != entries.end() && it->second == "ok") out[f] = {};
+      else if (it != entries.end() && it->second.rfind("ok\t", 0) == 0) out[f] = {true, {}, it->second.substr(3)};
       else if (it != entries.end() && it->second.rfind("refused\t", 0) == 0) out[f] = {false, it->second.substr(8) + " (cached verdict)"};
       else pending.push_back(f);
     }

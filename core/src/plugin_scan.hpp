@@ -1,9 +1,11 @@
 // Loading a plugin file first in a child process (private to the core). Loading runs the
 // plugin's code (static initializers, init); a plugin that crashes, exits or hangs there must not
 // take the host down with it. As GStreamer does, the registry first has `loom-plugin-scanner`
-// load the files; only a file the scanner loaded and returned from is loaded in-process. Verdicts
-// are cached by path, size and modification time ($LOOM_CACHE/plugin-scan.tsv), so the scanner
-// runs once per new or changed file.
+// load the files; only a file the scanner loaded and returned from is loaded in-process, and only
+// when a component of it is first created: the scanner also reports what each file holds (its
+// descriptor, as to_json(LoadReport)), from which the registry lists its components. Verdicts and
+// reports are cached by path, size and modification time ($LOOM_CACHE/plugin-scan.tsv), so the
+// scanner runs once per new or changed file.
 #pragma once
 
 #include <filesystem>
@@ -16,6 +18,9 @@ namespace loom::core {
 struct ScanVerdict {
   bool ok = true;
   std::string reason;  ///< why not: "crashed with SIGSEGV while loading (...)"
+  /// When ok: what the scanner found in the file, as to_json(LoadReport) wrote it (empty when it
+  /// said nothing; the host then loads the file to find out).
+  std::string report;
 };
 
 /// The verdict for each of `files`, from the cache or from scanner processes: one process loads

@@ -1,18 +1,35 @@
 // Plugins that crash, abort, exit or hang while loading are refused by name, through the scanner's
 // child process, and the other plugins still load; the verdicts are cached by file.
 #include <loom/core/plugin_registry.hpp>
+#include <loom/sdk/precision.hpp>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <set>
+#include <string>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
 
 namespace {
+
+/// The Loom plugin files mapped into this process (loaded), by file name.
+std::set<std::string> mapped_plugins() {
+  std::set<std::string> out;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const auto slash = line.rfind('/');
+    if (slash == std::string::npos) continue;
+    const std::string name = line.substr(slash + 1);
+    if (name.rfind("libloom_", 0) == 0 && name.size() > 3 && name.compare(name.size() - 3, 3, ".so") == 0) out.insert(name);
+  }
+  return out;
+}
 
 class PluginScan : public testing::Test {
  protected:
@@ -71,6 +88,45 @@ TEST_F(PluginScan, CrashingExitingAndHangingPluginsAreRefusedByNameAndTheOthersL
   ASSERT_EQ(cached.size(), expected.size());
   EXPECT_NE(cached.at("libloom_dataset_crashing_init_hang.so").reason.find("(cached verdict)"), std::string::npos);
   EXPECT_LT(second, 3.0) << "a cached scan waits for no timeout (first scan " << first << " s)";
+}
+
+}  // namespace
+
+namespace {
+
+// A run loads in-process only the plugins it selects: the scanner's report says what each file
+// holds, the registry lists every component from it, and a file is loaded (its code mapped and
+// run) when one of its components is first created. Checked on what the process has mapped.
+TEST_F(PluginScan, OnlyThePluginsARunCreatesAreLoadedInProcess) {
+  const fs::path plugins = fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins";
+  for (int round = 0; round < 2; ++round) {  // the first scans, the second reads the cached reports
+    SCOPED_TRACE(round == 0 ? "scanned now" : "from the cache");
+    loom::core::PluginRegistry registry;
+    registry.set_log_refusals(false);
+    registry.scan({plugins});
+    EXPECT_TRUE(registry.refusals().empty());
+    ASSERT_NE(registry.find(LOOM_KIND_PRECISION, "fp32"), nullptr);
+    ASSERT_NE(registry.find(LOOM_KIND_MODEL, "lightweight_transformer"), nullptr);
+    EXPECT_FALSE(registry.find(LOOM_KIND_MODEL, "lightweight_transformer")->options.empty())
+        << "the options come from the scanner's report";
+    for (const auto& p : registry.plugins()) EXPECT_FALSE(p->loaded()) << p->file;
+    if (round == 0) {
+      const auto mapped = mapped_plugins();
+      for (const auto& p : registry.plugins())
+        EXPECT_EQ(mapped.count(p->file.filename().string()), 0u) << p->file << " is mapped before any use";
+    }
+
+    auto precision = registry.create<loom::sdk::PrecisionStrategy>("fp32");
+    ASSERT_NE(precision, nullptr);
+    EXPECT_FALSE(precision->manifest().empty());
+    const auto mapped = mapped_plugins();
+    EXPECT_EQ(mapped.count("libloom_precision_fp32.so"), 1u);
+    for (const auto& p : registry.plugins()) {
+      const bool fp32 = p->file.filename() == "libloom_precision_fp32.so";
+      EXPECT_EQ(p->loaded(), fp32) << p->file;
+      if (round == 0 && !fp32) EXPECT_EQ(mapped.count(p->file.filename().string()), 0u) << p->file << " was mapped";
+    }
+  }
 }
 
 }  // namespace

@@ -1,8 +1,12 @@
 // The plugin registry: finds plugin files, checks and loads them (Boost.DLL), and creates
 // components from them.
 //
-// Per file: static check (ELF, entry symbol, without running any of its code) -> load
-// (RTLD_NOW | RTLD_LOCAL) -> descriptor validation -> fingerprint equality -> init -> register.
+// Per file: static check (ELF, entry symbol, without running any of its code) -> scan (all of
+// the next stages in loom-plugin-scanner, a child process, which reports what the file holds) ->
+// load (RTLD_NOW | RTLD_LOCAL) -> descriptor validation -> fingerprint equality -> init ->
+// register. With the scanner, the file is registered from its report and the in-process stages
+// run when one of its components is first created: a run loads only the plugins it selects.
+// Without it (LOOM_PLUGIN_SCANNER=off), every stage runs in-process at scan time.
 // A file that fails a stage is refused with one log line (file, stage, reason, hint) and the
 // others still load; nothing a plugin does at load time aborts the host (short of a crash in
 // its own static constructors, which no in-process loader can stop). Libraries are never
@@ -41,6 +45,9 @@ struct LoadedPlugin {
   std::string version;
   std::string sdk_version;
   std::shared_ptr<void> library;  ///< the boost::dll::shared_library; never released early
+  /// Null until the file is loaded in-process: a file the scanner read is registered from its
+  /// report and loaded when one of its components is first created.
+  bool loaded() const { return library != nullptr; }
 };
 
 /// One component of an accepted plugin.
@@ -76,6 +83,11 @@ struct LoadReport {
   std::map<std::string, std::string> fingerprint;  ///< field -> value, when read
   std::vector<ComponentInfo> components;           ///< when the descriptor was read
 };
+
+/// The report as one line of JSON, and back (nullopt for anything that is not such a line): how
+/// loom-plugin-scanner tells the host what a file holds (load_report_json.cpp).
+std::string to_json(const LoadReport& report);
+std::optional<LoadReport> load_report_from_json(const std::string& text);
 
 class PluginRegistry {
  public:
@@ -139,6 +151,10 @@ class PluginRegistry {
   void* create_raw(const ComponentInfo& info,
                    const std::map<std::string, std::string>& values) const;
   void check_interface(const ComponentInfo& info, uint32_t host_major) const;
+  /// Loads in-process the file of a component registered from the scanner's report (stages 3
+  /// to 5) and gives its plugin's components their function tables; throws loom::Error when the
+  /// file no longer loads as the scanner found it.
+  void materialize(const ComponentInfo& info) const;
   void refuse(LoadReport& report, std::string stage, std::string reason, std::string hint);
   /// Has the scanner load the files not scanned yet (plugin_scan.hpp); verdicts in scanned_.
   void prescan(const std::vector<std::filesystem::path>& files);
@@ -150,6 +166,7 @@ class PluginRegistry {
   std::vector<std::filesystem::path> seen_files_;
   bool isolation_ = true;
   std::map<std::filesystem::path, std::string> scanned_;  ///< file -> "" (loads) or why it must not
+  std::map<std::filesystem::path, std::string> scan_reports_;  ///< file -> the scanner's report (JSON)
   bool log_refusals_ = true;
 };
 
