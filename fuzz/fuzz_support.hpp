@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <unistd.h>
@@ -16,6 +17,10 @@ inline const std::filesystem::path& scratch() {
     const std::filesystem::path base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : std::filesystem::temp_directory_path();
     auto d = base / ("loom-fuzz-" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
+    std::atexit([] {  // libFuzzer ends with exit() when its time is up
+      std::error_code ec;
+      std::filesystem::remove_all(scratch(), ec);
+    });
     return d;
   }();
   return dir;

@@ -12,6 +12,7 @@
 #include <boost/program_options/parsers.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -291,6 +292,29 @@ Schema run_schema(const Config& config, const PluginRegistry& registry) {
 
 // ---- validation ------------------------------------------------------------------------------
 
+std::optional<std::string> out_of_range(const OptionSpec& o, const std::string& text) {
+  if (!o.min && !o.max) return std::nullopt;
+  std::optional<double> v;
+  if (o.type == LOOM_OPTION_INT) {
+    if (auto i = sdk::parse_int(text)) v = static_cast<double>(*i);
+  } else if (o.type == LOOM_OPTION_FLOAT) {
+    v = sdk::parse_float(text);
+  }
+  if (!v) return std::nullopt;
+  if ((o.min && *v < *o.min) || (o.max && *v > *o.max)) return "is outside its range " + range_text(o);
+  return std::nullopt;
+}
+
+std::string range_text(const OptionSpec& o) {
+  auto number = [&](double x) {
+    if (o.type == LOOM_OPTION_INT && std::abs(x) < 9.2e18) return std::to_string(static_cast<int64_t>(x));
+    std::ostringstream out;
+    out << x;
+    return out.str();
+  };
+  return "[" + (o.min ? number(*o.min) : std::string("-inf")) + ", " + (o.max ? number(*o.max) : std::string("inf")) + "]";
+}
+
 Resolved validate(const Config& config, const Schema& schema) {
   std::vector<std::string> problems;
   const auto sections = schema.sections();
@@ -354,6 +378,9 @@ Resolved validate(const Config& config, const Schema& schema) {
       if (o.type == LOOM_OPTION_ENUM) expected = "one of " + join(sdk::enum_choices(o.choices.c_str()), ", ");
       const std::string shown = written_as.count(key) ? written_as.at(key) : key;
       problems.push_back(where + ": " + shown + " = '" + value.value + "' is not valid: expected " + expected);
+    } else if (auto problem = out_of_range(o, value.value)) {
+      const std::string shown = written_as.count(key) ? written_as.at(key) : key;
+      problems.push_back(where + ": " + shown + " = " + value.value + " " + *problem + " (" + o.help + ")");
     }
   }
 

@@ -8,8 +8,15 @@ namespace {
 
 OptionSpec key(uint32_t type, const char* name, const char* def, const char* help,
                const char* choices = "") {
-  return OptionSpec{name, type, def, help, choices};
+  return OptionSpec{name, type, def, help, choices, std::nullopt, std::nullopt};
 }
+
+/// An int or float key with its valid range, inclusive.
+OptionSpec key(uint32_t type, const char* name, const char* def, double min, double max, const char* help) {
+  return OptionSpec{name, type, def, help, "", min, max};
+}
+
+constexpr double kHuge = 1e12;  // a count no run reaches: steps, intervals
 
 }  // namespace
 
@@ -20,27 +27,27 @@ Schema core_schema() {
             key(LOOM_OPTION_STRING, "name", "", "run name; the run goes to <work_dir>/<name> (default: from the time)"),
             key(LOOM_OPTION_STRING, "work_dir", "runs", "folder of runs"),
             key(LOOM_OPTION_STRING, "device", "auto", "auto (first GPU, else CPU), cpu, cuda, cuda:N"),
-            key(LOOM_OPTION_INT, "seed", "0", "seed of every random number generator"),
-            key(LOOM_OPTION_INT, "threads", "0", "CPU threads of LibTorch's operators (0: LibTorch's default, the physical cores)"),
-            key(LOOM_OPTION_INT, "epochs", "7", "passes over the training data (when max_steps is 0)"),
-            key(LOOM_OPTION_INT, "max_steps", "0", "optimizer steps to train; 0: as many as `epochs` take"),
-            key(LOOM_OPTION_INT, "batch_size", "128", "global batch: samples per optimizer step"),
-            key(LOOM_OPTION_INT, "gradient_accumulation_steps", "1", "micro-batches per optimizer step"),
+            key(LOOM_OPTION_INT, "seed", "0", 0, 9.2e18, "seed of every random number generator"),
+            key(LOOM_OPTION_INT, "threads", "0", 0, 4096, "CPU threads of LibTorch's operators (0: LibTorch's default, the physical cores)"),
+            key(LOOM_OPTION_INT, "epochs", "7", 0, 1e6, "passes over the training data (when max_steps is 0)"),
+            key(LOOM_OPTION_INT, "max_steps", "0", 0, kHuge, "optimizer steps to train; 0: as many as `epochs` take"),
+            key(LOOM_OPTION_INT, "batch_size", "128", 1, 16777216, "global batch: samples per optimizer step"),
+            key(LOOM_OPTION_INT, "gradient_accumulation_steps", "1", 1, 65536, "micro-batches per optimizer step"),
             key(LOOM_OPTION_STRING, "optimizer", "adamw", "optimizer plugin (adamw, sgd; its options in [optimizer])"),
-            key(LOOM_OPTION_FLOAT, "lr", "0.002", "peak learning rate; the schedule scales it per step"),
+            key(LOOM_OPTION_FLOAT, "lr", "0.002", 1e-12, 10, "peak learning rate; the schedule scales it per step"),
             key(LOOM_OPTION_STRING, "schedule", "auto",
                 "learning-rate schedule plugin (constant, warmup_cosine, warmup_linear, step; its options in "
                 "[schedule]); auto: warmup_cosine when use_scheduler is true, else constant"),
             key(LOOM_OPTION_BOOL, "use_scheduler", "true", "with schedule = auto: warm-up then cosine decay (false: constant)"),
-            key(LOOM_OPTION_FLOAT, "clip_grad_norm", "1.0", "clip gradients to this global norm; 0 turns clipping off"),
-            key(LOOM_OPTION_INT, "reference_batch", "0", "linear LR scaling: lr x batch_size / reference_batch; 0 turns it off"),
+            key(LOOM_OPTION_FLOAT, "clip_grad_norm", "1.0", 0, 1e6, "clip gradients to this global norm; 0 turns clipping off"),
+            key(LOOM_OPTION_INT, "reference_batch", "0", 0, 16777216, "linear LR scaling: lr x batch_size / reference_batch; 0 turns it off"),
             key(LOOM_OPTION_LIST, "callbacks", "progress, jsonl, tensorboard, checkpoint, best, memory_summary",
                 "callback plugins, called in this order (their options in [callback.<name>]); add early_stopping "
                 "to stop when the validation metric stops improving"),
-            key(LOOM_OPTION_INT, "eval_every", "0", "evaluate every N steps; 0: at the end of each epoch"),
-            key(LOOM_OPTION_INT, "log_every", "10", "write metrics every N steps"),
-            key(LOOM_OPTION_INT, "checkpoint_every", "0", "save every N steps; 0: at each evaluation"),
-            key(LOOM_OPTION_INT, "keep_last", "3", "checkpoints kept besides the best"),
+            key(LOOM_OPTION_INT, "eval_every", "0", 0, kHuge, "evaluate every N steps; 0: at the end of each epoch"),
+            key(LOOM_OPTION_INT, "log_every", "10", 1, kHuge, "write metrics every N steps"),
+            key(LOOM_OPTION_INT, "checkpoint_every", "0", 0, kHuge, "save every N steps; 0: at each evaluation"),
+            key(LOOM_OPTION_INT, "keep_last", "3", 0, 1e6, "checkpoints kept besides the best"),
             key(LOOM_OPTION_STRING, "best_metric", "auto",
                 "metric that picks the best checkpoint, in the direction the model declares for it (loss: lower is "
                 "better); auto: the model's first declared metric, else loss"),
@@ -51,12 +58,12 @@ Schema core_schema() {
   s.add("data", "data",
         {
             key(LOOM_OPTION_STRING, "name", "fashion_mnist", "dataset plugin"),
-            key(LOOM_OPTION_INT, "num_workers", "-1",
+            key(LOOM_OPTION_INT, "num_workers", "-1", -1, 64,
                 "loader threads; -1: automatic (none on CPU, where the operators already use every core; 2 on a GPU)"),
-            key(LOOM_OPTION_INT, "prefetch", "2", "batches each loader thread prepares ahead"),
+            key(LOOM_OPTION_INT, "prefetch", "2", 1, 64, "batches each loader thread prepares ahead"),
             key(LOOM_OPTION_BOOL, "pin_memory", "true", "page-locked host batches and non-blocking copies (CUDA)"),
             key(LOOM_OPTION_BOOL, "shuffle", "true", "reshuffle the training data each epoch"),
-            key(LOOM_OPTION_FLOAT, "validation_fraction", "0.1",
+            key(LOOM_OPTION_FLOAT, "validation_fraction", "0.1", 0, 0.999,
                 "share of the training split held out for validation (fixed by trainer.seed) when the dataset has "
                 "no validation split; it picks the best checkpoint and drives early stopping, the test split is "
                 "evaluated at the end. 0: evaluate on the test split during training"),

@@ -63,27 +63,11 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.pin_memory = bool_of(c, "data.pin_memory");
   o.shuffle = bool_of(c, "data.shuffle");
   o.validation_fraction = float_of(c, "data.validation_fraction");
-  if (!(o.validation_fraction >= 0 && o.validation_fraction < 1))
-    throw Error("data.validation_fraction = " + std::to_string(o.validation_fraction) + " must be in [0, 1)");
-
-  auto positive = [](const char* key, int64_t v) {
-    if (v < 1) throw Error(std::string(key) + " = " + std::to_string(v) + " must be at least 1");
-  };
-  positive("trainer.batch_size", o.batch_size);
-  positive("trainer.gradient_accumulation_steps", o.accumulation);
-  positive("trainer.log_every", o.log_every);
-  if (o.max_steps < 0 || o.epochs < 0 || o.eval_every < 0 || o.checkpoint_every < 0 || o.keep_last < 0 ||
-      o.num_workers < -1 || o.prefetch < 1 || o.reference_batch < 0 || o.threads < 0)
-    throw Error("trainer.max_steps, epochs, eval_every, checkpoint_every, keep_last, reference_batch and threads "
-                "must be >= 0, data.num_workers >= -1, data.prefetch >= 1");
+  // Each key's own range is the schema's (core_schema.cpp), checked by validate() with the file
+  // and line it came from; what is left here involves several keys.
   if (o.max_steps == 0 && o.epochs == 0) throw Error("set trainer.max_steps or trainer.epochs (both are 0)");
-  if (o.lr <= 0) throw Error("trainer.lr = " + std::to_string(o.lr) + " must be positive");
-  if (o.clip_grad_norm < 0) throw Error("trainer.clip_grad_norm must be >= 0 (0 turns clipping off)");
   if (!o.resume_from.empty() && o.resume == "auto")
     throw Error("trainer.resume = auto and trainer.resume_from are both set; choose one");
-  if (o.num_workers > 64 || o.prefetch > 64)
-    throw Error("data.num_workers = " + std::to_string(o.num_workers) + " and data.prefetch = " + std::to_string(o.prefetch) +
-                " must be at most 64 each (each worker is a thread holding prefetch batches)");
   // A run's name is one folder in work_dir: not a path, nothing a shell or a file system trips on.
   const bool plain = o.name.size() <= 128 && (o.name.empty() || (std::isalnum(static_cast<unsigned char>(o.name[0])) &&
                      std::all_of(o.name.begin(), o.name.end(), [](char ch) {

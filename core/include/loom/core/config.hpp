@@ -141,6 +141,12 @@ using Resolved = std::map<std::string, ConfigValue>;
 /// required key without a value.
 Resolved validate(const Config& config, const Schema& schema);
 
+/// "is outside its range [1, 64]" when `text` (valid for the key's type) is outside the key's
+/// range, else nullopt.
+std::optional<std::string> out_of_range(const OptionSpec& o, const std::string& text);
+/// "[1, 64]".
+std::string range_text(const OptionSpec& o);
+
 /// `loom config show`: the resolved configuration by section, with each value's origin.
 std::string format_resolved(const Resolved& resolved, const Schema& schema);
 

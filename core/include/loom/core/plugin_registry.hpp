@@ -36,6 +36,9 @@ struct OptionSpec {
   std::string default_value;
   std::string help;
   std::string choices;  ///< enums: "a|b|c"
+  /// int and float: the valid range, inclusive (the core's keys; a plugin's options get theirs
+  /// when the ABI's option table can grow, and check them in their constructors until then).
+  std::optional<double> min, max;
 };
 
 /// A loaded, accepted plugin library.
