@@ -51,6 +51,7 @@ void print_options(const core::ComponentInfo& c) {
   for (const auto& o : c.options) {
     std::string type = sdk::type_name(o.type);
     if (o.type == LOOM_OPTION_ENUM) type += " (" + o.choices + ")";
+    if ((o.type == LOOM_OPTION_INT || o.type == LOOM_OPTION_FLOAT) && (o.min || o.max)) type += " " + core::range_text(o);
     rows.push_back({"    " + o.key, type, o.default_value.empty() ? "-" : o.default_value, o.help});
   }
   print_table(rows);

@@ -54,10 +54,12 @@ std::optional<LoadReport> load_report_from_json(const std::string& text) {
       const json& version = c.at("interface");
       info.interface_major = version.at(0).get<uint32_t>();
       info.interface_minor = version.at(1).get<uint32_t>();
-      for (const json& o : c.at("options"))
-        info.options.push_back({o.at("key").get<std::string>(), o.at("type").get<uint32_t>(),
-                                o.at("default").get<std::string>(), o.at("help").get<std::string>(),
-                                o.at("choices").get<std::string>()});
+      for (const json& o : c.at("options")) {
+        OptionSpec spec{o.at("key").get<std::string>(), o.at("type").get<uint32_t>(), o.at("default").get<std::string>(),
+                        o.at("help").get<std::string>(), o.at("choices").get<std::string>(), std::nullopt, std::nullopt};
+        if (!set_range_from_choices(spec)) return std::nullopt;
+        info.options.push_back(std::move(spec));
+      }
       r.components.push_back(std::move(info));
     }
     if (j.contains("refusal")) {

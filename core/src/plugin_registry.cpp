@@ -285,13 +285,26 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
           refuse_now("descriptor", owhere + " '" + *key + "': an enum without choices", kRebuildHint);
         spec.choices = *choices;
       }
+      // A range in `choices` is ABI 1.3's; an older plugin's choices of a number are not read.
+      if ((o.type == LOOM_OPTION_INT || o.type == LOOM_OPTION_FLOAT) && o.choices != nullptr && d->abi_minor >= 3) {
+        const auto range = bounded(o.choices, LOOM_MAX_TEXT);
+        spec.choices = range.value_or("");
+        if (!range || !set_range_from_choices(spec))
+          refuse_now("descriptor", owhere + " '" + *key + "': range '" + spec.choices + "' is not 'lo..hi'", kRebuildHint);
+      }
       if (!spec.default_value.empty() &&
           !sdk::is_valid_value(spec.type, spec.default_value, spec.choices.c_str()))
         refuse_now("descriptor",
                    owhere + " '" + *key + "': default '" + spec.default_value + "' is not " +
                        sdk::describe_type(spec.type),
                    kRebuildHint);
-      info.options.push_back(std::move(spec));
+      if (!spec.default_value.empty() && spec.min.has_value() + spec.max.has_value() > 0) {
+      const auto v = sdk::parse_float(spec.default_value);
+      if (v && ((spec.min && *v < *spec.min) || (spec.max && *v > *spec.max)))
+        refuse_now("descriptor", owhere + " '" + *key + "': default " + spec.default_value + " is outside its range " +
+                                     spec.choices, kRebuildHint);
+    }
+    info.options.push_back(std::move(spec));
     }
     report.components.push_back(std::move(info));
   }
@@ -363,6 +376,16 @@ std::shared_ptr<boost::dll::shared_library> load_in_process(const fs::path& file
 }
 
 }  // namespace
+
+bool set_range_from_choices(OptionSpec& spec) {
+  if (spec.type != LOOM_OPTION_INT && spec.type != LOOM_OPTION_FLOAT) return true;
+  if (spec.choices.empty()) return true;
+  const auto range = sdk::parse_range(spec.choices);
+  if (!range) return false;
+  spec.min = range->lo;
+  spec.max = range->hi;
+  return true;
+}
 
 LoadReport PluginRegistry::load(const fs::path& file_in) {
   LoadReport report;

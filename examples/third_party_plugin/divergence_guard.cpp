@@ -17,8 +17,8 @@ namespace {
 class DivergenceGuard final : public loom::sdk::Callback {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_float("factor", "3.0", "stop when the logged training loss exceeds factor x its lowest value"),
-      loom::sdk::option_int("grace", "2", "logged values to see before comparing"),
+      loom::sdk::option_float("factor", "3.0", "stop when the logged training loss exceeds factor x its lowest value", "1..1000000"),
+      loom::sdk::option_int("grace", "2", "logged values to see before comparing", "0..1000000"),
   };
 
   explicit DivergenceGuard(const loom::sdk::Options& o) : factor_(o.get_float("factor")), grace_(o.get_int("grace")) {

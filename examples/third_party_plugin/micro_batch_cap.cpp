@@ -8,7 +8,7 @@ namespace {
 class MicroBatchCap final : public loom::sdk::MemoryPolicy {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_int("max", "64", "the largest micro-batch this run may use"),
+      loom::sdk::option_int("max", "64", "the largest micro-batch this run may use", "1..16777216"),
   };
 
   explicit MicroBatchCap(const loom::sdk::Options& o) : max_(o.get_int("max")) {

@@ -19,9 +19,9 @@ namespace {
 class MlpClassifier final : public loom::sdk::Model {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_int("hidden", "256", "units of each hidden layer"),
-      loom::sdk::option_int("layers", "2", "hidden layers"),
-      loom::sdk::option_float("dropout", "0.1", "dropout after each hidden layer"),
+      loom::sdk::option_int("hidden", "256", "units of each hidden layer", "1..65536"),
+      loom::sdk::option_int("layers", "2", "hidden layers", "0..64"),
+      loom::sdk::option_float("dropout", "0.1", "dropout after each hidden layer", "0..0.99"),
   };
 
   explicit MlpClassifier(const loom::sdk::Options& options)

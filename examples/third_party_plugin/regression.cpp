@@ -23,10 +23,10 @@ namespace {
 class SineRegression final : public loom::sdk::TensorDataset {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_int("train_size", "2048", "training samples"),
-      loom::sdk::option_int("test_size", "512", "test samples"),
-      loom::sdk::option_float("noise", "0.05", "standard deviation of the noise on the target"),
-      loom::sdk::option_int("seed", "7", "seed of the data"),
+      loom::sdk::option_int("train_size", "2048", "training samples", "1..100000000"),
+      loom::sdk::option_int("test_size", "512", "test samples", "1..100000000"),
+      loom::sdk::option_float("noise", "0.05", "standard deviation of the noise on the target", "0..1000"),
+      loom::sdk::option_int("seed", "7", "seed of the data", "0.."),
   };
 
   explicit SineRegression(const loom::sdk::Options& o)
@@ -69,8 +69,8 @@ class SineRegression final : public loom::sdk::TensorDataset {
 class MlpRegressor final : public loom::sdk::Model {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_int("hidden", "64", "units of each hidden layer"),
-      loom::sdk::option_int("layers", "2", "hidden layers"),
+      loom::sdk::option_int("hidden", "64", "units of each hidden layer", "1..65536"),
+      loom::sdk::option_int("layers", "2", "hidden layers", "0..64"),
   };
 
   explicit MlpRegressor(const loom::sdk::Options& o) : hidden_(o.get_int("hidden")), layers_(o.get_int("layers")) {

@@ -19,6 +19,11 @@ namespace {
 
 class Dummy final : public loom::sdk::Dataset {
  public:
+#if defined(BROKEN_BAD_RANGE)
+  static constexpr loom_option_spec kOptions[] = {loom::sdk::option_int("size", "3", "a size", "5..1")};
+#elif defined(BROKEN_DEFAULT_OUT_OF_RANGE)
+  static constexpr loom_option_spec kOptions[] = {loom::sdk::option_float("rate", "2", "a rate", "0..1")};
+#endif
   explicit Dummy(const loom::sdk::Options&) {
 #if defined(BROKEN_FACTORY_THROWS)
     throw loom::sdk::Error("dataset 'exploding' cannot be built: the planted failure of this test plugin");

@@ -106,8 +106,8 @@ class EarlyStopping final : public sdk::Callback {
  public:
   static constexpr loom_option_spec kOptions[] = {
       sdk::option_string("metric", "auto", "metric to watch (\"loss\" or one the model declares); auto: trainer.best_metric"),
-      sdk::option_int("patience", "3", "evaluations without improvement before the run stops"),
-      sdk::option_float("min_delta", "0", "an improvement smaller than this does not count"),
+      sdk::option_int("patience", "3", "evaluations without improvement before the run stops", "1..1000000"),
+      sdk::option_float("min_delta", "0", "an improvement smaller than this does not count", "0.."),
       sdk::option_enum("direction", "auto", "min|max|auto", "which way is better; auto: as the metric declares"),
   };
   explicit EarlyStopping(const sdk::Options& options);

@@ -24,8 +24,8 @@ class FashionMnist final : public loom::sdk::TensorDataset {
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_string("path", "/usr/share/datasets/fashion-mnist",
                                "folder with train-images-idx3-ubyte[.gz] and the three other IDX files"),
-      loom::sdk::option_int("limit_train", "0", "use only the first N training images (0: all)"),
-      loom::sdk::option_int("limit_test", "0", "use only the first N test images (0: all)"),
+      loom::sdk::option_int("limit_train", "0", "use only the first N training images (0: all)", "0.."),
+      loom::sdk::option_int("limit_test", "0", "use only the first N test images (0: all)", "0.."),
   };
 
   explicit FashionMnist(const loom::sdk::Options& options)

@@ -19,14 +19,14 @@ namespace {
 class Synthetic final : public loom::sdk::TensorDataset {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_int("train_size", "4096", "training samples"),
-      loom::sdk::option_int("test_size", "1024", "test samples"),
-      loom::sdk::option_int("seq_len", "8", "feature vectors per sample"),
-      loom::sdk::option_int("features", "16", "size of each feature vector"),
-      loom::sdk::option_int("image_size", "0", "if > 0: samples are 1 x N x N images instead of sequences"),
-      loom::sdk::option_int("classes", "4", "number of classes"),
-      loom::sdk::option_float("noise", "0.5", "standard deviation of the noise around each sample's class signal"),
-      loom::sdk::option_int("seed", "1234", "seed of the data (independent of the trainer's seed)"),
+      loom::sdk::option_int("train_size", "4096", "training samples", "1..100000000"),
+      loom::sdk::option_int("test_size", "1024", "test samples", "1..100000000"),
+      loom::sdk::option_int("seq_len", "8", "feature vectors per sample", "1..65536"),
+      loom::sdk::option_int("features", "16", "size of each feature vector", "1..65536"),
+      loom::sdk::option_int("image_size", "0", "if > 0: samples are 1 x N x N images instead of sequences", "0..4096"),
+      loom::sdk::option_int("classes", "4", "number of classes", "2..100000"),
+      loom::sdk::option_float("noise", "0.5", "standard deviation of the noise around each sample's class signal", "0..1000"),
+      loom::sdk::option_int("seed", "1234", "seed of the data (independent of the trainer's seed)", "0.."),
   };
 
   explicit Synthetic(const loom::sdk::Options& o)

@@ -68,8 +68,8 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_float("margin", "0.05",
-                              "aim at (1 - margin/2) of the largest batch that fits; b x (1 + margin) does not fit"),
-      loom::sdk::option_int("max_batch", "4096", "never choose a micro-batch above this"),
+                              "aim at (1 - margin/2) of the largest batch that fits; b x (1 + margin) does not fit", "0..0.9"),
+      loom::sdk::option_int("max_batch", "4096", "never choose a micro-batch above this", "1..16777216"),
       loom::sdk::option_string("cache", "", "answer cache (default $LOOM_CACHE/auto_batch.tsv); 'off' disables it"),
   };
 

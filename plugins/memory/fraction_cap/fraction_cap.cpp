@@ -15,7 +15,7 @@ namespace {
 class FractionCap final : public loom::sdk::MemoryPolicy {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_float("fraction", "0.9", "share of the device's memory this run may use (0 < f <= 1)"),
+      loom::sdk::option_float("fraction", "0.9", "share of the device's memory this run may use (0 < f <= 1)", "0.01..1"),
   };
 
   explicit FractionCap(const loom::sdk::Options& o) : fraction_(o.get_float("fraction")) {

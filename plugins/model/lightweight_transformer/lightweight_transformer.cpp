@@ -151,16 +151,16 @@ class LightweightTransformer final : public loom::sdk::Model {
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_enum("flavour", "standard", "standard|debug",
                              "debug: a tiny model for tests (1 layer, d_model 32, 2 heads, patch 7)"),
-      loom::sdk::option_int("num_layers", "3", "encoder blocks"),
-      loom::sdk::option_int("d_model", "96", "width of the tokens"),
-      loom::sdk::option_int("num_heads", "4", "attention heads (must divide d_model)"),
-      loom::sdk::option_float("mlp_ratio", "2.0", "MLP hidden width / d_model"),
-      loom::sdk::option_float("dropout", "0.0", "dropout on attention, MLP and embeddings"),
-      loom::sdk::option_int("patch_size", "7", "side of the square image patches"),
-      loom::sdk::option_int("image_size", "0", "resize images to this side first (0: keep the data's size)"),
+      loom::sdk::option_int("num_layers", "3", "encoder blocks", "1..256"),
+      loom::sdk::option_int("d_model", "96", "width of the tokens", "1..65536"),
+      loom::sdk::option_int("num_heads", "4", "attention heads (must divide d_model)", "1..1024"),
+      loom::sdk::option_float("mlp_ratio", "2.0", "MLP hidden width / d_model", "0.0625..64"),
+      loom::sdk::option_float("dropout", "0.0", "dropout on attention, MLP and embeddings", "0..0.99"),
+      loom::sdk::option_int("patch_size", "7", "side of the square image patches", "1..1024"),
+      loom::sdk::option_int("image_size", "0", "resize images to this side first (0: keep the data's size)", "0..8192"),
       loom::sdk::option_enum("pool", "mean", "mean|cls", "mean of the tokens, or a class token"),
-      loom::sdk::option_int("stem_channels", "16", "images: channels of a 3x3 convolution before the patch embedding (0: none)"),
-      loom::sdk::option_int("num_classes", "0", "output classes (0: from the dataset)"),
+      loom::sdk::option_int("stem_channels", "16", "images: channels of a 3x3 convolution before the patch embedding (0: none)", "0..4096"),
+      loom::sdk::option_int("num_classes", "0", "output classes (0: from the dataset)", "0..10000000"),
   };
 
   explicit LightweightTransformer(const loom::sdk::Options& o)

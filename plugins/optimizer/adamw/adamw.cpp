@@ -14,10 +14,10 @@ namespace {
 class AdamW final : public loom::plugins::GroupedOptimizer {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_float("weight_decay", "0.05", "decoupled weight decay (groups may override it)"),
-      loom::sdk::option_float("beta1", "0.9", "decay of the first moment"),
-      loom::sdk::option_float("beta2", "0.999", "decay of the second moment"),
-      loom::sdk::option_float("eps", "1e-8", "added to the second moment's root"),
+      loom::sdk::option_float("weight_decay", "0.05", "decoupled weight decay (groups may override it)", "0..10"),
+      loom::sdk::option_float("beta1", "0.9", "decay of the first moment", "0..0.999999"),
+      loom::sdk::option_float("beta2", "0.999", "decay of the second moment", "0..0.999999"),
+      loom::sdk::option_float("eps", "1e-8", "added to the second moment's root", "0..1"),
   };
 
   explicit AdamW(const loom::sdk::Options& o)

@@ -13,10 +13,10 @@ namespace {
 class Sgd final : public loom::plugins::GroupedOptimizer {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_float("weight_decay", "0.0", "L2 weight decay added to the gradient (groups may override it)"),
-      loom::sdk::option_float("momentum", "0.9", "momentum; 0 turns it off"),
+      loom::sdk::option_float("weight_decay", "0.0", "L2 weight decay added to the gradient (groups may override it)", "0..10"),
+      loom::sdk::option_float("momentum", "0.9", "momentum; 0 turns it off", "0..0.999999"),
       loom::sdk::option_bool("nesterov", "false", "Nesterov momentum"),
-      loom::sdk::option_float("dampening", "0.0", "dampening of the momentum"),
+      loom::sdk::option_float("dampening", "0.0", "dampening of the momentum", "0..1"),
   };
 
   explicit Sgd(const loom::sdk::Options& o)

@@ -72,13 +72,16 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"libloom_dataset_broken_null_entry.so", "descriptor", "returned no descriptor"},
         BrokenCase{"libloom_dataset_broken_bad_magic.so", "descriptor", "bad magic 0xdeadbeef"},
         BrokenCase{"libloom_dataset_broken_small_struct.so", "descriptor", "struct_size 24 is smaller than 56"},
-        BrokenCase{"libloom_dataset_broken_abi_major.so", "descriptor", "plugin ABI 2.2, host ABI 1.2: the major versions differ"},
-        BrokenCase{"libloom_dataset_broken_abi_minor.so", "descriptor", "plugin ABI 1.3 is newer than the host's 1.2"},
+        BrokenCase{"libloom_dataset_broken_abi_major.so", "descriptor", "plugin ABI 2.3, host ABI 1.3: the major versions differ"},
+        BrokenCase{"libloom_dataset_broken_abi_minor.so", "descriptor", "plugin ABI 1.4 is newer than the host's 1.3"},
         BrokenCase{"libloom_dataset_broken_torch_version.so", "fingerprint", "built against LibTorch 1.13.1, host has"},
         BrokenCase{"libloom_dataset_broken_cxx11_abi.so", "fingerprint", "built with _GLIBCXX_USE_CXX11_ABI=0, host uses _GLIBCXX_USE_CXX11_ABI=1"},
         BrokenCase{"libloom_dataset_broken_duplicate.so", "register", "dataset 'counting' is already provided by"},
         BrokenCase{"libloom_dataset_broken_init_fails.so", "init", "init failed (code 7): the GPU this plugin was told to use does not exist"},
-        BrokenCase{"libloom_dataset_broken_init_throws.so", "init", "init threw an exception: boom from init"}),
+        BrokenCase{"libloom_dataset_broken_init_throws.so", "init", "init threw an exception: boom from init"},
+        BrokenCase{"libloom_dataset_broken_bad_range.so", "descriptor", "option #0 'size': range '5..1' is not 'lo..hi'"},
+        BrokenCase{"libloom_dataset_broken_default_out_of_range.so", "descriptor",
+                   "option #0 'rate': default 2 is outside its range 0..1"}),
     [](const testing::TestParamInfo<BrokenCase>& info) {
       std::string name = info.param.file;
       name = name.substr(std::string("libloom_dataset_broken_").size());
@@ -87,7 +90,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(PluginLoader, RefusesExactlyTheBrokenFilesAndLoadsTheRest) {
   auto& registry = shared_registry();
-  EXPECT_EQ(registry.refusals().size(), 12u);
+  EXPECT_EQ(registry.refusals().size(), 14u);
   std::vector<std::string> loaded;
   for (const auto& p : registry.plugins()) loaded.push_back(p->name);
   std::sort(loaded.begin(), loaded.end());

@@ -197,9 +197,10 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
       {"trainer.lr=-0.1", "--set: trainer.lr = -0.1 is outside its range [1e-12, 10]"},
       {"trainer.keep_last=-2", "trainer.keep_last = -2 is outside its range [0, 1000000]"},
       {"data.validation_fraction=1", "data.validation_fraction = 1 is outside its range [0, 0.999]"},
-      {"optimizer.weight_decay=-0.1", "optimizer 'adamw': optimizer 'adamw' could not be created: optimizer.weight_decay must be >= 0"},
-      {"optimizer.beta2=1.5", "optimizer.beta1 and beta2 must be in [0, 1)"},
-      {"schedule.min_lr_ratio=-1", "schedule.min_lr_ratio must be in [0, 1]"},
+      {"optimizer.weight_decay=-0.1", "--set: optimizer.weight_decay = -0.1 is outside its range [0, 10]"},
+      {"optimizer.beta2=1.5", "--set: optimizer.beta2 = 1.5 is outside its range [0, 0.999999]"},
+      {"schedule.min_lr_ratio=-1", "--set: schedule.min_lr_ratio = -1 is outside its range [0, 1]"},
+      {"model.dropout=1.5", "--set: model.dropout = 1.5 is outside its range [0, 0.99]"},
       {"model.d_model=64", "flavour = debug fixes num_layers, d_model, num_heads, patch_size and stem_channels, so "
                            "model.d_model = 64 would be ignored"},
   };

@@ -87,6 +87,10 @@ struct LoadReport {
   std::vector<ComponentInfo> components;           ///< when the descriptor was read
 };
 
+/// An int or float option's range from its `choices` text ("lo..hi", ABI 1.3) into min and max;
+/// false when the text is not a range. Other types and an empty text: true, nothing set.
+bool set_range_from_choices(OptionSpec& spec);
+
 /// The report as one line of JSON, and back (nullopt for anything that is not such a line): how
 /// loom-plugin-scanner tells the host what a file holds (load_report_json.cpp).
 std::string to_json(const LoadReport& report);

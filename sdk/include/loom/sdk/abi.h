@@ -34,7 +34,7 @@ extern "C" {
 /* 'LOOM' read as a little-endian 32-bit word. */
 #define LOOM_ABI_MAGIC 0x4D4F4F4Cu
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 2
+#define LOOM_ABI_MINOR 3
 
 /* The entry symbol's name and the ELF section it lives in. */
 #define LOOM_ENTRY_SYMBOL "loom_plugin_entry_v1"
@@ -95,7 +95,9 @@ typedef struct loom_option_spec {
   const char* key;           /* lower_snake_case, unique within the component */
   const char* default_value; /* text valid for `type`; "" means no default (required) */
   const char* help;          /* one line, shown by `loom plugins inspect` and `--help` */
-  const char* choices;       /* LOOM_OPTION_ENUM only: "a|b|c"; NULL otherwise */
+  const char* choices;       /* LOOM_OPTION_ENUM: "a|b|c". Since ABI 1.3, LOOM_OPTION_INT and
+                                LOOM_OPTION_FLOAT: NULL, or the valid range "lo..hi", inclusive
+                                (either side may be empty: "1..", "..0.5"). Otherwise NULL. */
 } loom_option_spec;
 
 /* One configured value handed to a factory. Every key of the schema is present, with the

@@ -37,11 +37,16 @@ constexpr loom_option_spec option(loom_option_type type, const char* key, const 
 constexpr loom_option_spec option_bool(const char* key, const char* def, const char* help) {
   return option(LOOM_OPTION_BOOL, key, def, help);
 }
-constexpr loom_option_spec option_int(const char* key, const char* def, const char* help) {
-  return option(LOOM_OPTION_INT, key, def, help);
+/// An int or a float option, optionally with its valid range "lo..hi" (inclusive; either side may
+/// be empty: "1..", "0..1"). The host checks a value against the range where it reads it (a config
+/// file's line, --set) before the component is created (ABI 1.3).
+constexpr loom_option_spec option_int(const char* key, const char* def, const char* help,
+                                      const char* range = nullptr) {
+  return option(LOOM_OPTION_INT, key, def, help, range);
 }
-constexpr loom_option_spec option_float(const char* key, const char* def, const char* help) {
-  return option(LOOM_OPTION_FLOAT, key, def, help);
+constexpr loom_option_spec option_float(const char* key, const char* def, const char* help,
+                                        const char* range = nullptr) {
+  return option(LOOM_OPTION_FLOAT, key, def, help, range);
 }
 constexpr loom_option_spec option_string(const char* key, const char* def, const char* help) {
   return option(LOOM_OPTION_STRING, key, def, help);
@@ -98,6 +103,22 @@ inline std::optional<double> parse_float(std::string_view text) {
   const double value = std::strtod(s.c_str(), &end);
   if (end != s.c_str() + s.size() || !std::isfinite(value)) return std::nullopt;
   return value;
+}
+
+/// The range of an int or float option, "lo..hi" (either side may be empty: unbounded); nullopt
+/// when the text is not such a range or lo > hi.
+struct Range {
+  std::optional<double> lo, hi;
+};
+inline std::optional<Range> parse_range(std::string_view text) {
+  const auto dots = text.find("..");
+  if (dots == std::string_view::npos) return std::nullopt;
+  Range r;
+  const std::string_view lo = trim(text.substr(0, dots)), hi = trim(text.substr(dots + 2));
+  if (!lo.empty() && !(r.lo = parse_float(lo))) return std::nullopt;
+  if (!hi.empty() && !(r.hi = parse_float(hi))) return std::nullopt;
+  if (r.lo && r.hi && *r.lo > *r.hi) return std::nullopt;
+  return r;
 }
 
 /// A size in bytes: "4096", "512MiB", "2GiB", "1.5GB", "64k". Binary (KiB, MiB, GiB, TiB, and the
