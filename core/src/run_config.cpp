@@ -11,6 +11,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <optional>
 #include <cctype>
 
 namespace fs = std::filesystem;
@@ -27,6 +28,27 @@ namespace {
 // as float16, but float32's exponent range, so no loss scaling, no skipped steps and no scale
 // warm-up; on older GPUs it picks float16 autocast with the dynamic loss scaler. Both are
 // explicit choices too (precision.name = fp16_amp / bf16_amp).
+
+/// trainer.device names a device this machine has: auto, cpu, cuda or cuda:N with N below the
+/// number of visible CUDA devices (else LibTorch fails later with an internal assertion).
+void check_device(const std::string& text) {
+  if (text == "auto" || text == "cpu") return;
+  std::optional<c10::Device> device;
+  try {
+    device = c10::Device(text);
+  } catch (const c10::Error&) {
+  }
+  if (!device || !(device->is_cpu() || device->is_cuda()))
+    throw Error("trainer.device = '" + text + "' is not a device Loom trains on: use auto, cpu, cuda or cuda:N");
+  if (device->is_cpu()) return;
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  if (count == 0)
+    throw Error("trainer.device = '" + text + "', but no CUDA device is visible here; use trainer.device = cpu (or auto, "
+                "which picks a GPU when there is one)");
+  if (device->has_index() && device->index() >= count)
+    throw Error("trainer.device = '" + text + "', but this machine has " + std::to_string(count) +
+                " CUDA device(s): cuda:0" + (count > 1 ? " to cuda:" + std::to_string(count - 1) : std::string()));
+}
 
 }  // namespace
 
@@ -88,6 +110,7 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
 
   // precision.name = auto, as the seeds: AMP on by default on a GPU, --no-amp gives float32,
   // --allow-tf32 adds TF32. See Note [Default precision].
+  check_device(get("trainer.device"));
   const bool tf32 = sdk::parse_bool(get("precision.allow_tf32")).value_or(false);
   if (get("precision.name") == "auto") {
     const std::string device = get("trainer.device");
