@@ -36,6 +36,10 @@ macro(loom_find_torch)
       set(LOOM_TORCH_CUDA 0)
     endif()
     target_compile_definitions(loom::torch INTERFACE LOOM_TORCH_CUDA=${LOOM_TORCH_CUDA})
+    _loom_torch_build_info()
+    target_compile_definitions(loom::torch INTERFACE
+      "LOOM_TORCH_BUILD=\"${LOOM_TORCH_BUILD}\"" "LOOM_TORCH_GIT=\"${LOOM_TORCH_GIT}\""
+      "LOOM_TORCH_CUDA_VERSION=\"${LOOM_TORCH_CUDA_VERSION}\"")
 
     # A torch wheel keeps the CUDA libraries its libtorch_cuda.so needs (NCCL, cuDNN, cudart)
     # in site-packages/nvidia/*/lib and finds them at run time through its own RUNPATH. The
@@ -57,7 +61,8 @@ macro(loom_find_torch)
     # win the process-wide lookup. tests/unit/sdk/link_order_test.cpp checks it.
     target_link_options(loom::torch INTERFACE
       "$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state>")
-    message(STATUS "Loom: LibTorch ${Torch_VERSION} (${_loom_torch_lib_dir}), CUDA build: ${LOOM_TORCH_CUDA}")
+    message(STATUS "Loom: LibTorch ${LOOM_TORCH_BUILD} (${_loom_torch_lib_dir}), commit ${LOOM_TORCH_GIT}, CUDA: ${LOOM_TORCH_CUDA_VERSION}; "
+                   "binaries built here, installed or not, load it from there (their RUNPATH)")
   endif()
 endmacro()
 
@@ -89,6 +94,43 @@ macro(_loom_locate_torch)
           "(tried '${LOOM_PYTHON}'). scripts/setup.sh makes such a venv.")
       endif()
       list(APPEND CMAKE_PREFIX_PATH "${_loom_torch_prefix}")
+    endif()
+  endif()
+endmacro()
+
+# Which build of LibTorch this is, for the build fingerprint (sdk/include/loom/sdk/fingerprint.hpp):
+# LOOM_TORCH_BUILD, the full version with its local part ("2.15.0+cu132": a nightly or a custom
+# build is not the release of the same number), LOOM_TORCH_GIT, the commit, and
+# LOOM_TORCH_CUDA_VERSION ("13.2", "none" for a CPU build). A wheel says them in torch/version.py,
+# a LibTorch archive in build-version and build-hash; what neither says is "unknown".
+macro(_loom_torch_build_info)
+  set(LOOM_TORCH_BUILD "${Torch_VERSION}")
+  set(LOOM_TORCH_GIT "unknown")
+  if(LOOM_TORCH_CUDA)
+    set(LOOM_TORCH_CUDA_VERSION "unknown")
+  else()
+    set(LOOM_TORCH_CUDA_VERSION "none")
+  endif()
+  if(EXISTS "${TORCH_INSTALL_PREFIX}/version.py")
+    file(STRINGS "${TORCH_INSTALL_PREFIX}/version.py" _loom_torch_version_py)
+    foreach(_line IN LISTS _loom_torch_version_py)
+      if(_line MATCHES "^__version__ = '([^']+)'")
+        set(LOOM_TORCH_BUILD "${CMAKE_MATCH_1}")
+      elseif(_line MATCHES "^git_version = '([0-9a-f]+)'")
+        set(LOOM_TORCH_GIT "${CMAKE_MATCH_1}")
+      elseif(_line MATCHES "^cuda(: [^=]+)? = '([0-9.]+)'")
+        set(LOOM_TORCH_CUDA_VERSION "${CMAKE_MATCH_2}")
+      endif()
+    endforeach()
+  else()
+    if(EXISTS "${TORCH_INSTALL_PREFIX}/build-version")
+      file(STRINGS "${TORCH_INSTALL_PREFIX}/build-version" LOOM_TORCH_BUILD LIMIT_COUNT 1)
+      if(LOOM_TORCH_CUDA AND LOOM_TORCH_BUILD MATCHES "\\+cu([0-9]+)([0-9])$")
+        set(LOOM_TORCH_CUDA_VERSION "${CMAKE_MATCH_1}.${CMAKE_MATCH_2}")
+      endif()
+    endif()
+    if(EXISTS "${TORCH_INSTALL_PREFIX}/build-hash")
+      file(STRINGS "${TORCH_INSTALL_PREFIX}/build-hash" LOOM_TORCH_GIT LIMIT_COUNT 1)
     endif()
   endif()
 endmacro()

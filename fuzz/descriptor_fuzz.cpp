@@ -63,6 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.summary = b.text();
     c.interface_major = in.ConsumeIntegralInRange<uint32_t>(0, 3);
     c.interface_minor = in.ConsumeIntegralInRange<uint32_t>(0, 3);
+    c.flags = in.ConsumeIntegralInRange<uint32_t>(0, 3);
     c.create = in.ConsumeBool() ? &create : nullptr;
     c.destroy = in.ConsumeBool() ? &destroy : nullptr;
     const uint32_t options = in.ConsumeIntegralInRange<uint32_t>(0, 6);

@@ -16,7 +16,7 @@ seconds="${1:-60}"
 shift || true
 case "$seconds" in ''|*[!0-9]*) echo "fuzz: '$seconds' is not a number of seconds" >&2; exit 2 ;; esac
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config safetensors state_json idx descriptor)
+[ ${#targets[@]} -gt 0 ] || targets=(config safetensors state_json idx descriptor note)
 
 command -v clang++-14 >/dev/null || { echo "fuzz: clang++-14 not found; scripts/setup.sh installs it" >&2; exit 1; }
 bash "$here/setup.sh" >/dev/null

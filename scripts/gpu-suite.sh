@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one command for the GPU test machine (docs/gpu.md): from the project's root, after
-# `bash ../shared/gpu/stage-deps.sh` filled .gpu/ here and .gpu/ travelled with the tree,
+# `GPU_EXTRA_DEBS="dataset-fashion-mnist libelf-dev libelf1" bash ../shared/gpu/stage-deps.sh` filled .gpu/ here and .gpu/ travelled with the tree,
 #
 #   bash scripts/gpu-suite.sh --budget 540
 #

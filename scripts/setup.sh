@@ -27,6 +27,7 @@ apt_packages=(
   libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev
   nlohmann-json3-dev zlib1g-dev
+  libelf-dev                             # the fingerprint note of a plugin file, read before loading it
   dataset-fashion-mnist
   python3 python3-venv python3-pip
   clang-14 libclang-rt-14-dev            # the fuzz targets (scripts/fuzz.sh): libFuzzer

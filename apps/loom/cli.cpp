@@ -53,7 +53,7 @@ const std::vector<Command>& commands() {
 core::Config config_from(const po::variables_map& options) {
   core::Config config;
   if (options.count("config"))
-    for (const auto& file : options["config"].as<std::vector<std::string>>()) config.load_file(file);
+    for (const auto& file : options["config"].as<std::vector<std::string>>()) config.load_file(core::find_config(file));
   for (const auto& alias : core::aliases()) {
     if (!options.count(alias.flag)) continue;
     const std::string value =

@@ -37,7 +37,7 @@ int cmd_bench(const Invocation& invocation) {
   std::vector<Row> rows;
   for (const auto& file : files) {
     core::Config config;
-    config.load_file(file);
+    config.load_file(core::find_config(file));
     const core::Config user = config_from(invocation.options);
     for (const auto& [key, value] : user.values()) config.set(key, value.value, value.origin);
     config.set("trainer.work_dir", work.string(), {"loom bench", {}, 0});

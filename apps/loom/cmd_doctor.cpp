@@ -6,7 +6,7 @@
 #include <loom/core/device_memory.hpp>
 #include <loom/core/link_check.hpp>
 #include <loom/core/text.hpp>
-#include <loom/sdk/fingerprint.hpp>
+#include <loom/core/plugin_registry.hpp>
 #include <loom/sdk/version.hpp>
 
 #include <ATen/Parallel.h>
@@ -41,12 +41,16 @@ void row(const std::string& what, const std::string& value) {
 }  // namespace
 
 int cmd_doctor(const Invocation& invocation) {
-  const auto& f = sdk::kBuildFingerprint;
+  const auto& host = core::host_fingerprint();
   std::cout << "Loom " << LOOM_SDK_VERSION << " (plugin ABI " << LOOM_ABI_MAJOR << "." << LOOM_ABI_MINOR << ")\n";
-  row("LibTorch", std::to_string(f.torch_major) + "." + std::to_string(f.torch_minor) + "." +
-                      std::to_string(f.torch_patch) + (f.torch_cuda ? " (CUDA build)" : " (CPU build)"));
-  row("compiler", std::string(f.compiler) + ", C++" + std::to_string(f.cxx_standard % 100) +
-                      ", _GLIBCXX_USE_CXX11_ABI=" + std::to_string(f.cxx11_abi));
+  row("LibTorch", host.at("libtorch") + " (commit " + host.at("libtorch_git").substr(0, 12) + ", CUDA " + host.at("cuda") + ")");
+  // Where the LibTorch this process runs comes from: the RUNPATH of the binary decides, set when
+  // it was built (docs/install.md says how to point an installed Loom at another LibTorch).
+  row("  loaded from", core::library_of(reinterpret_cast<const void*>(&at::get_num_threads)));
+  row("SDK library", core::loaded_library("libloom_sdk.so"));  // the one home of the SDK's type info
+  row("compiler", host.at("compiler") + ", C++" + host.at("cxx_standard").substr(2));  // 2020: C++20
+  row("plugin fingerprint", host.at("stdlib") + " " + host.at("stdlib_version") + " (" + host.at("stdlib_abi") +
+                                "), sanitizers " + host.at("sanitizers") + ", value-type layout " + host.at("layout"));
   const std::string provider = core::std_filesystem_provider();
   row("C++ library", provider.find("libstdc++.so") != std::string::npos
                          ? provider

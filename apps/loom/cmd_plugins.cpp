@@ -89,7 +89,7 @@ int inspect(const Invocation& invocation) {
   if (!report.plugin_name.empty())
     std::cout << "plugin:    " << report.plugin_name << " " << report.plugin_version << "\n";
   for (const auto& [field, value] : report.fingerprint)
-    std::cout << "  " << std::left << std::setw(16) << field << value << "\n";
+    std::cout << "  " << std::left << std::setw(18) << field << value << "\n";
   std::cout << "status:    " << (report.accepted ? "accepted" : "refused") << "\n";
   if (report.refusal) {
     std::cout << "  stage:   " << report.refusal->stage << "\n  reason:  " << report.refusal->reason
@@ -97,7 +97,7 @@ int inspect(const Invocation& invocation) {
     if (!report.refusal->hint.empty()) std::cout << "  hint:    " << report.refusal->hint << "\n";
   }
   for (const auto& c : report.components) {
-    std::cout << "\n" << core::kind_name(c.kind) << " '" << c.name << "' (interface "
+    std::cout << "\n" << core::kind_name(c.kind) << " '" << c.name << (c.c_tier() ? "' (C interface " : "' (interface ")
               << c.interface_major << "." << c.interface_minor << "): " << c.summary << "\n";
     print_options(c);
   }

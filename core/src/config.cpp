@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -94,6 +95,40 @@ const std::vector<Alias>& aliases() {
 }
 
 // ---- Config ----------------------------------------------------------------------------------
+
+std::vector<fs::path> config_search_path() {
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("LOOM_CONFIG_PATH")) {
+    std::stringstream in(env);
+    for (std::string item; std::getline(in, item, ':');)
+      if (!item.empty()) dirs.emplace_back(item);
+  }
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) dirs.push_back((exe.parent_path() / ".." / "share" / "loom" / "configs").lexically_normal());
+  return dirs;
+}
+
+fs::path find_config(const std::string& name) {
+  std::error_code ec;
+  // A file here, or a path (load_file reports what is wrong with it).
+  if (fs::is_regular_file(name, ec) || name.find('/') != std::string::npos || name.empty()) return name;
+  std::vector<std::string> available, searched;
+  for (const fs::path& dir : config_search_path()) {
+    for (const fs::path candidate : {dir / name, dir / (name + ".ini")})
+      if (fs::is_regular_file(candidate, ec)) return candidate;
+    searched.push_back(dir.string());
+    for (const auto& entry : fs::directory_iterator(dir, ec))
+      if (entry.path().extension() == ".ini") available.push_back(entry.path().stem().string());
+  }
+  std::sort(available.begin(), available.end());
+  std::string message = "config file '" + name + "' not found: not a file here, and not one of Loom's configurations";
+  if (!available.empty()) message += " (" + join(available, ", ") + ")";
+  if (!searched.empty()) message += " in " + join(searched, ", ");
+  message += "; give a path, or add a folder to LOOM_CONFIG_PATH";
+  if (auto close = closest(name, available)) message += ". Did you mean '" + *close + "'?";
+  throw Error(message);
+}
 
 void Config::load_file(const fs::path& file) {
   std::vector<fs::path> chain;

@@ -81,7 +81,7 @@ std::vector<int64_t> indices(int64_t size, int64_t n) {
 }
 
 void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo& c) {
-  std::shared_ptr<sdk::Dataset> d;
+  Created<sdk::Dataset> d;
   sdk::DataSpec spec;
   s.require("create", [&] {
     d = registry.create<sdk::Dataset>(c.name);
@@ -97,7 +97,7 @@ void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo
   s.require("sizes", [&]() -> std::string {
     if (d->size(sdk::Split::kTrain) < 2) return "size(kTrain) is " + std::to_string(d->size(sdk::Split::kTrain)) + "; training needs at least 2 samples";
     if (d->size(sdk::Split::kTest) < 0) return "size(kTest) is negative";
-    if (c.interface_minor >= 1 && d->size(sdk::Split::kValidation) < 0) return "size(kValidation) is negative (0 means none)";
+    if (d.implements(1) && d->size(sdk::Split::kValidation) < 0) return "size(kValidation) is negative (0 means none)";
     return {};
   });
   const auto idx = indices(d ? d->size(sdk::Split::kTrain) : 0, 4);

@@ -2,6 +2,7 @@
 #include <loom/core/kinds.hpp>
 
 #include <loom/sdk/abi.h>
+#include <loom/sdk/c_plugin.h>
 #include <loom/sdk/callback.hpp>
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/memory_policy.hpp>
@@ -16,9 +17,9 @@ namespace {
 
 template <class Interface>
 KindInfo row(std::string_view name, std::string_view noun, std::string_view select_key, bool many,
-             std::string_view section) {
+             std::string_view section, uint32_t c_major = 0, uint32_t c_minor = 0) {
   return KindInfo{Interface::kKind, name, noun, select_key, many, section, Interface::kInterfaceMajor,
-                  Interface::kInterfaceMinor};
+                  Interface::kInterfaceMinor, c_major, c_minor};
 }
 
 }  // namespace
@@ -26,13 +27,15 @@ KindInfo row(std::string_view name, std::string_view noun, std::string_view sele
 const std::vector<KindInfo>& kinds() {
   static const std::vector<KindInfo> table = {
       row<sdk::Model>("model", "model", "model.name", false, "model"),
-      row<sdk::Dataset>("dataset", "dataset", "data.name", false, "data"),
+      row<sdk::Dataset>("dataset", "dataset", "data.name", false, "data", LOOM_C_DATASET_MAJOR, LOOM_C_DATASET_MINOR),
       row<sdk::PrecisionStrategy>("precision", "precision", "precision.name", false, "precision"),
-      row<sdk::MemoryPolicy>("memory", "memory policy", "memory.policies", true, "memory"),
+      row<sdk::MemoryPolicy>("memory", "memory policy", "memory.policies", true, "memory", LOOM_C_MEMORY_MAJOR,
+                             LOOM_C_MEMORY_MINOR),
       row<sdk::ParallelStrategy>("parallel", "parallel strategy", "parallel.name", false, "parallel"),
       row<sdk::Optimizer>("optimizer", "optimizer", "trainer.optimizer", false, "optimizer"),
       row<sdk::Schedule>("schedule", "learning-rate schedule", "trainer.schedule", false, "schedule"),
-      row<sdk::Callback>("callback", "callback", "trainer.callbacks", true, "callback"),
+      row<sdk::Callback>("callback", "callback", "trainer.callbacks", true, "callback", LOOM_C_CALLBACK_MAJOR,
+                         LOOM_C_CALLBACK_MINOR),
   };
   return table;
 }

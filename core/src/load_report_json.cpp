@@ -22,7 +22,7 @@ std::string to_json(const LoadReport& report) {
       options.push_back({{"key", o.key}, {"type", o.type}, {"default", o.default_value}, {"help", o.help},
                          {"choices", o.choices}});
     components.push_back({{"kind", c.kind}, {"name", c.name}, {"summary", c.summary},
-                          {"interface", {c.interface_major, c.interface_minor}}, {"options", options}});
+                          {"interface", {c.interface_major, c.interface_minor}}, {"flags", c.flags}, {"options", options}});
   }
   j["components"] = components;
   if (report.refusal) {
@@ -54,6 +54,7 @@ std::optional<LoadReport> load_report_from_json(const std::string& text) {
       const json& version = c.at("interface");
       info.interface_major = version.at(0).get<uint32_t>();
       info.interface_minor = version.at(1).get<uint32_t>();
+      info.flags = c.at("flags").get<uint32_t>();
       for (const json& o : c.at("options")) {
         OptionSpec spec{o.at("key").get<std::string>(), o.at("type").get<uint32_t>(), o.at("default").get<std::string>(),
                         o.at("help").get<std::string>(), o.at("choices").get<std::string>(), std::nullopt, std::nullopt};

@@ -4,9 +4,9 @@
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/text.hpp>
 #include "plugin_descriptor.hpp"
+#include "plugin_fingerprint.hpp"
 #include "plugin_scan.hpp"
 
-#include <loom/sdk/fingerprint.hpp>
 #include <loom/sdk/options.hpp>
 
 // Boost 1.74's library_info.hpp uses std::vector and std::string without including them.
@@ -47,14 +47,6 @@ bool is_identifier(const std::string& s) {
   });
 }
 
-std::string version_string(uint32_t major, uint32_t minor, uint32_t patch) {
-  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
-}
-
-std::string cxx11_abi_string(uint32_t v) {
-  return v == 2 ? std::string("not libstdc++") : "_GLIBCXX_USE_CXX11_ABI=" + std::to_string(v);
-}
-
 [[noreturn]] void refuse_now(std::string stage, std::string reason, std::string hint = {}) {
   throw PluginRefused{std::move(stage), std::move(reason), std::move(hint)};
 }
@@ -78,50 +70,7 @@ std::optional<fs::path> executable_dir() {
   return exe.parent_path();
 }
 
-std::map<std::string, std::string> fingerprint_fields(const loom_build_fingerprint& f) {
-  return {{"libtorch", version_string(f.torch_major, f.torch_minor, f.torch_patch)},
-          {"libtorch_build", f.torch_cuda ? "cuda" : "cpu"},
-          {"cxx_abi", cxx11_abi_string(f.cxx11_abi)},
-          {"cxx_standard", std::to_string(f.cxx_standard)},
-          {"compiler", bounded(f.compiler, LOOM_MAX_NAME).value_or("?")},
-          {"sdk_version", bounded(f.sdk_version, LOOM_MAX_NAME).value_or("?")}};
-}
-
 constexpr const char* kRebuildHint = "rebuild the plugin against this Loom's SDK (find_package(LoomSDK))";
-
-/// Stage 4: Tier 1 is used only when the plugin's toolchain equals the host's.
-void check_fingerprint(const loom_build_fingerprint* f) {
-  const loom_build_fingerprint& host = sdk::kBuildFingerprint;
-  if (f == nullptr) refuse_now("fingerprint", "the descriptor has no build fingerprint", kRebuildHint);
-  if (f->struct_size < sizeof(loom_build_fingerprint))
-    refuse_now("fingerprint",
-               "the fingerprint's struct_size is " + std::to_string(f->struct_size) +
-                   ", smaller than " + std::to_string(sizeof(loom_build_fingerprint)),
-               kRebuildHint);
-  const std::string plugin_torch = version_string(f->torch_major, f->torch_minor, f->torch_patch);
-  const std::string host_torch = version_string(host.torch_major, host.torch_minor, host.torch_patch);
-  if (plugin_torch != host_torch)
-    refuse_now("fingerprint", "built against LibTorch " + plugin_torch + ", host has " + host_torch,
-               kRebuildHint);
-  if (f->torch_cuda != host.torch_cuda)
-    refuse_now("fingerprint",
-               std::string("built against a ") + (f->torch_cuda ? "CUDA" : "CPU") +
-                   " build of LibTorch, host uses a " + (host.torch_cuda ? "CUDA" : "CPU") +
-                   " build",
-               kRebuildHint);
-  if (f->cxx11_abi != host.cxx11_abi)
-    refuse_now("fingerprint",
-               "built with " + cxx11_abi_string(f->cxx11_abi) + ", host uses " +
-                   cxx11_abi_string(host.cxx11_abi),
-               "rebuild the plugin without overriding _GLIBCXX_USE_CXX11_ABI (LibTorch's setting "
-               "comes with the SDK target)");
-  const auto compiler = bounded(f->compiler, LOOM_MAX_NAME);
-  if (!compiler || *compiler != host.compiler)
-    refuse_now("fingerprint",
-               "built with compiler '" + compiler.value_or("?") + "', host with '" +
-                   host.compiler + "'",
-               std::string("rebuild the plugin with ") + host.compiler);
-}
 
 }  // namespace
 
@@ -204,12 +153,6 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
     m << "bad magic 0x" << std::hex << d->magic << " (expected 0x" << LOOM_ABI_MAGIC << ")";
     refuse_now("descriptor", m.str(), "the descriptor is not a Loom descriptor; " + std::string(kRebuildHint));
   }
-  if (d->struct_size < sizeof(loom_plugin_descriptor))
-    refuse_now("descriptor",
-               "descriptor struct_size " + std::to_string(d->struct_size) + " is smaller than " +
-                   std::to_string(sizeof(loom_plugin_descriptor)) + ", the size of ABI " +
-                   std::to_string(LOOM_ABI_MAJOR) + ".0",
-               kRebuildHint);
   if (d->abi_major != LOOM_ABI_MAJOR)
     refuse_now("descriptor",
                "plugin ABI " + std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) +
@@ -224,6 +167,14 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
                    " is newer than the host's " + std::to_string(LOOM_ABI_MAJOR) + "." +
                    std::to_string(LOOM_ABI_MINOR),
                "upgrade Loom, or rebuild the plugin against this Loom's SDK");
+  // The first four fields are in every minor; the rest is as large as the plugin's minor says.
+  const uint32_t minor = d->abi_minor;
+  if (d->struct_size < LOOM_MIN_SIZE(loom_plugin_descriptor, minor))
+    refuse_now("descriptor",
+               "descriptor struct_size " + std::to_string(d->struct_size) + " is smaller than " +
+                   std::to_string(LOOM_MIN_SIZE(loom_plugin_descriptor, minor)) + ", its size in ABI " +
+                   std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(minor),
+               kRebuildHint);
   const auto name = bounded(d->name, LOOM_MAX_NAME);
   if (!name || !is_identifier(*name))
     refuse_now("descriptor", "the plugin name is missing, too long or not lower_snake_case", kRebuildHint);
@@ -231,8 +182,9 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
   const auto version = bounded(d->version, LOOM_MAX_NAME);
   if (!version) refuse_now("descriptor", "the plugin version is missing or too long", kRebuildHint);
   report.plugin_version = *version;
-  if (d->fingerprint != nullptr && d->fingerprint->struct_size >= sizeof(loom_build_fingerprint))
-    report.fingerprint = fingerprint_fields(*d->fingerprint);
+  // Since ABI 1.4 the fingerprint note decides (plugin_fingerprint.hpp); before, the descriptor's.
+  if (minor < 4 && d->fingerprint != nullptr && d->fingerprint->struct_size >= LOOM_MIN_SIZE(loom_build_fingerprint, minor))
+    report.fingerprint = legacy_fingerprint_fields(*d->fingerprint);
   if (d->component_count == 0 || d->component_count > LOOM_MAX_COMPONENTS || d->components == nullptr)
     refuse_now("descriptor",
                "component table of " + std::to_string(d->component_count) +
@@ -242,8 +194,10 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
   for (uint32_t i = 0; i < d->component_count; ++i) {
     const loom_component& c = d->components[i];
     const std::string where = "component #" + std::to_string(i);
-    if (c.struct_size < sizeof(loom_component))
-      refuse_now("descriptor", where + ": struct_size " + std::to_string(c.struct_size) + " is too small", kRebuildHint);
+    if (c.struct_size < LOOM_MIN_SIZE(loom_component, minor))
+      refuse_now("descriptor", where + ": struct_size " + std::to_string(c.struct_size) + " is smaller than " +
+                                   std::to_string(LOOM_MIN_SIZE(loom_component, minor)) + ", its size in ABI 1." +
+                                   std::to_string(minor), kRebuildHint);
     const auto cname = bounded(c.name, LOOM_MAX_NAME);
     if (!cname || !is_identifier(*cname))
       refuse_now("descriptor", where + ": name missing, too long or not lower_snake_case", kRebuildHint);
@@ -261,6 +215,10 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
     info.interface_major = c.interface_major;
     info.interface_minor = c.interface_minor;
     info.raw = &c;
+    info.flags = minor >= 4 ? c.flags : 0;  // reserved0, always 0, before ABI 1.4
+    if ((info.flags & ~LOOM_COMPONENT_C_TIER) != 0)
+      refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "': unknown flags " + std::to_string(info.flags),
+                 "upgrade Loom, or " + std::string(kRebuildHint));
     if (c.option_count > LOOM_MAX_OPTIONS || (c.option_count > 0 && c.options == nullptr))
       refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "': bad options table", kRebuildHint);
     std::set<std::string> keys;
@@ -269,7 +227,7 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
       OptionSpec spec;
       const auto key = bounded(o.key, LOOM_MAX_NAME);
       const std::string owhere = kind_name(c.kind) + " '" + *cname + "' option #" + std::to_string(k);
-      if (o.struct_size < sizeof(loom_option_spec) || !key || !is_identifier(*key))
+      if (o.struct_size < LOOM_MIN_SIZE(loom_option_spec, minor) || !key || !is_identifier(*key))
         refuse_now("descriptor", owhere + ": struct_size too small, or key missing or not lower_snake_case", kRebuildHint);
       if (!keys.insert(*key).second)
         refuse_now("descriptor", owhere + ": key '" + *key + "' appears twice", kRebuildHint);
@@ -316,6 +274,13 @@ namespace {
 /// symbols to itself; read the descriptor into `report`; compare the fingerprint and the
 /// interfaces; run init. Throws PluginRefused.
 std::shared_ptr<boost::dll::shared_library> load_in_process(const fs::path& file, LoadReport& report) {
+  // The fingerprint note, read from the file before any of its code runs (ABI 1.4 and newer).
+  const auto note = read_fingerprint_note(file);
+  if (note) {
+    report.fingerprint = parse_fingerprint(*note);
+    check_fingerprint(report.fingerprint);
+  }
+
   // Stage 3: load, resolving every symbol now, keeping the plugin's symbols to itself.
   log::trace("loading plugin file ", file.string());
   auto library = std::make_shared<boost::dll::shared_library>();
@@ -336,17 +301,38 @@ std::shared_ptr<boost::dll::shared_library> load_in_process(const fs::path& file
   const loom_plugin_descriptor* d = entry();
   read_descriptor(d, report);
 
-  // Stage 4: the fingerprint. Past this point the plugin's C++ is trusted.
-  check_fingerprint(d->fingerprint);
-
+  // Stage 4: the fingerprint of a plugin older than ABI 1.4, from its descriptor. Past this point
+  // the plugin's C++ is trusted.
+  if (!note) {
+    if (d->abi_minor >= 4)
+      refuse_now("fingerprint", "an ABI 1." + std::to_string(d->abi_minor) + " plugin without its fingerprint note (" LOOM_NOTE_SECTION ")",
+                 "build the plugin with LOOM_PLUGIN (C++) or LOOM_C_PLUGIN (C) and loom_add_plugin()");
+    check_legacy_fingerprint(d->fingerprint);
+    report.fingerprint["tier"] = "cxx";
+  }
+  const bool c_plugin = report.fingerprint["tier"] == "c";
   for (const auto& c : report.components) {
-    const uint32_t host_major = find_kind(c.kind)->interface_major;
-    if (c.interface_major != host_major)
+    if (c.c_tier() != c_plugin)
       refuse_now("interface",
-                 kind_name(c.kind) + " '" + c.name + "' implements " + kind_name(c.kind) +
-                     " interface " + std::to_string(c.interface_major) + ".x, host has " +
-                     std::to_string(host_major) + ".x",
-                 kRebuildHint);
+                 kind_name(c.kind) + " '" + c.name + "' is a " + (c.c_tier() ? "C-tier" : "C++") + " component in a " +
+                     (c_plugin ? "C-tier" : "C++") + " plugin",
+                 "a plugin is written in one tier: LOOM_C_PLUGIN lists C components, LOOM_PLUGIN C++ ones");
+    const KindInfo* kind = find_kind(c.kind);
+    const uint32_t host_major = c.c_tier() ? kind->c_interface_major : kind->interface_major;
+    const uint32_t host_minor = c.c_tier() ? kind->c_interface_minor : kind->interface_minor;
+    const std::string what = kind_name(c.kind) + " '" + c.name + "' implements " + (c.c_tier() ? "the C " : "") +
+                             kind_name(c.kind) + " interface " + std::to_string(c.interface_major) + "." +
+                             std::to_string(c.interface_minor) + ", host has " + std::to_string(host_major) + "." +
+                             std::to_string(host_minor);
+    if (host_major == 0)
+      refuse_now("interface", kind_name(c.kind) + " '" + c.name + "': this Loom has no C tier for " + kind_name(c.kind) + "s",
+                 "write it in C++ with LOOM_PLUGIN");
+    if (c.interface_major != host_major) refuse_now("interface", what, kRebuildHint);
+    // A newer minor may call a method of a host-implemented interface, or rely on one the host
+    // does not call: refused like a newer ABI.
+    if (c.interface_minor > host_minor)
+      refuse_now("interface", what + ": the plugin is newer than this Loom",
+                 "upgrade Loom, or rebuild the plugin against this Loom's SDK");
   }
 
   // Stage 5: init.
@@ -433,6 +419,13 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
                  "a plugin folder");
     }
 
+    // The fingerprint note (ABI 1.4): a plugin built for another LibTorch, standard library or
+    // sanitizer is refused here, before the scanner or this process runs any of its code.
+    if (const auto note = read_fingerprint_note(file)) {
+      report.fingerprint = parse_fingerprint(*note);
+      check_fingerprint(report.fingerprint);
+    }
+
     // Stage 2: the scanner loads it in a child process first (plugin_scan.hpp): a plugin that
     // crashes, exits or hangs while loading is refused by name instead of taking the host down.
     if (isolation_) {
@@ -470,7 +463,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     plugin->file = file;
     plugin->name = report.plugin_name;
     plugin->version = report.plugin_version;
-    plugin->sdk_version = report.fingerprint.count("sdk_version") ? report.fingerprint["sdk_version"] : "";
+    plugin->sdk_version = report.fingerprint.count("sdk") ? report.fingerprint["sdk"] : "";
     plugin->library = library;  // null until materialize() when registered from the scan
     plugins_.push_back(plugin);
     for (auto& c : report.components) {
@@ -591,7 +584,7 @@ void* PluginRegistry::create_raw(const ComponentInfo& info,
 
 void PluginRegistry::check_options(const ComponentInfo& info, const std::map<std::string, std::string>& values) const {
   const KindInfo* kind = find_kind(info.kind);
-  if (kind != nullptr) check_interface(info, kind->interface_major);
+  if (kind != nullptr && !info.c_tier()) check_interface(info, kind->interface_major);  // C tier: checked at load
   void* object = create_raw(info, values);
   info.raw->destroy(object);
 }

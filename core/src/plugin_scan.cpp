@@ -52,9 +52,9 @@ std::string key_of(const fs::path& file) {
   struct stat st {};
   if (::stat(file.c_str(), &st) != 0) return {};
   std::ostringstream k;
-  // "report-1": the format of the cached reports; entries of an older format are scanned again.
+  // "report-2": the format of the cached reports (2: component flags, the fingerprint note); entries of an older format are scanned again.
   k << file.string() << '|' << st.st_size << '|' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec << '|' << LOOM_SDK_VERSION
-    << "|report-1";
+    << "|report-2";
   return k.str();
 }
 

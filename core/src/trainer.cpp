@@ -252,7 +252,7 @@ void Trainer::build_loaders() {
   eval.shuffle = false;
   eval.drop_last = false;
   eval.workers = std::min<int64_t>(train.workers, 1);
-  const bool asks_validation = registry_.require(LOOM_KIND_DATASET, value_of(config_, "data.name")).interface_minor >= 1;
+  const bool asks_validation = dataset_.implements(1);  // Dataset 1.1: Split::kValidation
   const int64_t native = asks_validation ? dataset_->size(sdk::Split::kValidation) : 0;
   const int64_t train_size = dataset_->size(sdk::Split::kTrain);
   held_out_ = 0;

@@ -30,7 +30,7 @@ cmake -S "$source/examples/third_party_plugin" -B "$work/example" -G Ninja \
   -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >"$work/configure.log" 2>&1 \
   || { cat "$work/configure.log"; fail "configure failed"; }
 cmake --build "$work/example" >"$work/build.log" 2>&1 || { cat "$work/build.log"; fail "build failed"; }
-for plugin in libloom_model_mlp_classifier.so libloom_dataset_regression.so libloom_memory_micro_batch_cap.so \
+for plugin in libloom_model_mlp_classifier.so libloom_regression.so libloom_memory_micro_batch_cap.so \
               libloom_callback_divergence_guard.so; do
   plugin="$work/example/$plugin"
   test -f "$plugin" || fail "no $plugin"
@@ -41,9 +41,11 @@ for plugin in libloom_model_mlp_classifier.so libloom_dataset_regression.so libl
   if nm -DC --undefined-only "$plugin" | grep -E 'boost::|spdlog::|fmt::'; then
     fail "the plugin needs Boost, spdlog or fmt symbols"
   fi
-  if readelf -d "$plugin" | grep NEEDED | grep -iE 'boost|spdlog|fmt|loom'; then
-    fail "the plugin links a host library"
+  if readelf -d "$plugin" | grep NEEDED | grep -iE 'boost|spdlog|fmt|loom' | grep -v 'libloom_sdk\.so\.'; then
+    fail "the plugin links a host library (libloom_sdk, the SDK's type info, is the one it may)"
   fi
+  readelf -d "$plugin" | grep NEEDED | grep -q 'libloom_sdk\.so\.0\.1' || fail "the plugin does not link libloom_sdk.so.0.1"
+  readelf -n "$plugin" | grep -q 'Loom' || fail "the plugin has no Loom fingerprint note"
   "$loom" plugins inspect "$plugin" | grep -q "status: *accepted" || fail "inspect does not accept $plugin"
   check="$("$loom" plugins check "$plugin" 2>&1)" || { echo "$check"; fail "$plugin does not pass loom plugins check"; }
   echo "$check" | tail -1
@@ -53,8 +55,8 @@ step "the CLI loads and lists them"
 out="$("$loom" plugins --plugin-dir "$work/example")"
 echo "$out"
 for row in 'model +mlp_classifier +1\.0\.0 +libloom_model_mlp_classifier\.so' \
-           'dataset +sine_regression +1\.0\.0 +libloom_dataset_regression\.so' \
-           'model +mlp_regressor +1\.0\.0 +libloom_dataset_regression\.so' \
+           'dataset +sine_regression +1\.0\.0 +libloom_regression\.so' \
+           'model +mlp_regressor +1\.0\.0 +libloom_regression\.so' \
            'memory +micro_batch_cap +1\.0\.0 +libloom_memory_micro_batch_cap\.so' \
            'callback +divergence_guard +1\.0\.0 +libloom_callback_divergence_guard\.so'; do
   echo "$out" | grep -E "^$row" >/dev/null || fail "loom plugins does not list: $row"
@@ -80,4 +82,48 @@ echo "$out" | grep -E "divergence_guard|stopped|done"
 stop="$(echo "$out" | sed -nE 's/.*stopped +early at step ([0-9]+) of [0-9]+: divergence_guard: .*/\1/p')"
 [ -n "$stop" ] && [ "$stop" -lt 200 ] || fail "divergence_guard did not stop the run"
 test -d "$work/runs/guarded/checkpoints/$(printf 'step_%08d' "$stop")" || fail "no checkpoint of step $stop, where it stopped"
+step "while the SDK is 0.x, find_package(LoomSDK 0.minor) finds only that minor"
+mkdir -p "$work/version_check"
+printf 'cmake_minimum_required(VERSION 3.25)\nproject(v LANGUAGES C)\nfind_package(LoomSDK ${WANT} REQUIRED COMPONENTS c)\n' \
+  > "$work/version_check/CMakeLists.txt"
+cmake -S "$work/version_check" -B "$work/version_check/ok" -DWANT=0.1 -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null 2>&1 \
+  || fail "find_package(LoomSDK 0.1) does not find SDK 0.1"
+if out="$(cmake -S "$work/version_check" -B "$work/version_check/old" -DWANT=0.0 -DCMAKE_PREFIX_PATH="$work/prefix" 2>&1)"; then
+  fail "find_package(LoomSDK 0.0) accepted SDK 0.1: 0.x minors change the interfaces"
+fi
+echo "$out" | grep -E "version: 0\.1|not compatible" | head -2
+
+step "the C tier: c_plugin.h is plain C99"
+echo '#include <loom/sdk/c_plugin.h>
+int main(void) { loom_c_dataset d; (void)d; return 0; }' > "$work/c99_check.c"
+cc -std=c99 -Wall -Wextra -Werror -pedantic -fsyntax-only -I"$work/prefix/include" "$work/c99_check.c" \
+  || fail "c_plugin.h does not compile as C99"
+
+step "build examples/c_dataset with a C compiler alone, no LibTorch anywhere"
+LOOM_PYTHON=/nonexistent cmake -S "$source/examples/c_dataset" -B "$work/c_dataset" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_C_COMPILER_LAUNCHER="$(command -v ccache || true)" \
+  >"$work/c_configure.log" 2>&1 || { cat "$work/c_configure.log"; fail "configure of the C example failed"; }
+cmake --build "$work/c_dataset" >"$work/c_build.log" 2>&1 || { cat "$work/c_build.log"; fail "build of the C example failed"; }
+c_plugin="$work/c_dataset/libloom_dataset_c_fashion_mnist.so"
+test -f "$c_plugin" || fail "no $c_plugin"
+needed="$(readelf -d "$c_plugin" | grep NEEDED)"
+echo "$needed"
+if echo "$needed" | grep -iE 'torch|c10|stdc\+\+|loom'; then fail "the C plugin needs LibTorch, libstdc++ or Loom"; fi
+[ "$(nm -D --defined-only "$c_plugin" | awk '{print $3}' | sort -u)" = "loom_plugin_entry_v1" ] || fail "the C plugin exports more than its entry point"
+out="$("$loom" plugins inspect "$c_plugin")" || { echo "$out"; fail "inspect does not accept the C plugin"; }
+echo "$out" | grep -E "tier|status|C interface"
+echo "$out" | grep -qE "tier +c$" || fail "the C plugin's fingerprint does not say tier c"
+echo "$out" | grep -q "libtorch" && fail "the C plugin's fingerprint names a LibTorch"
+check="$("$loom" plugins check "$c_plugin" 2>&1)" || { echo "$check"; fail "the C plugin does not pass loom plugins check"; }
+echo "$check" | tail -1
+if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  step "a run on the C dataset"
+  out="$("$loom" train --plugin-dir "$work/c_dataset" --set data.name=c_fashion_mnist --set data.limit_train=2048 \
+    --set data.limit_test=512 --set model.flavour=debug --set trainer.max_steps=30 --set trainer.batch_size=32 \
+    --set trainer.device=cpu --set precision.name=fp32 --set trainer.work_dir="$work/runs" --set trainer.name=c_data 2>&1)" \
+    || { echo "$out"; fail "the run on the C dataset failed"; }
+  echo "$out" | grep -E "Fashion-MNIST \(C tier\)|test step"
+  echo "$out" | grep -qE "test step 30: loss [0-9.]+, accuracy [0-9.]+ %" || fail "no test evaluation on the C dataset"
+fi
+
 echo "package test passed"

@@ -8,12 +8,36 @@
 #undef _GLIBCXX_USE_CXX11_ABI
 #define _GLIBCXX_USE_CXX11_ABI 0
 #endif
+#if defined(BROKEN_TORCH_VERSION)
+// "built against LibTorch 1.13.1": a real LibTorch that no host of Loom can be (the GPU machine's
+// 2.11 once matched an earlier choice of 2.11.0 and accepted the plugin). The fingerprint note
+// says it; the build's own value comes from the command line.
+#undef LOOM_TORCH_BUILD
+#define LOOM_TORCH_BUILD "1.13.1"
+#endif
 #include <loom/sdk/sdk.hpp>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <unistd.h>
+
+#if defined(BROKEN_TORCH_VERSION) || defined(BROKEN_SANITIZED)
+// A static initializer with a visible effect: it writes the file LOOM_TEST_INITIALIZER_MARKER
+// names. The loader must refuse these plugins from their fingerprint note, before loading them,
+// so the file must never appear (tests/unit/plugins/abi_test.cpp).
+namespace {
+const int kInitializerRan = [] {
+  if (const char* path = std::getenv("LOOM_TEST_INITIALIZER_MARKER"))
+    if (std::FILE* f = std::fopen(path, "w")) {
+      std::fputs(BROKEN_NAME "\n", f);
+      std::fclose(f);
+    }
+  return 1;
+}();
+}  // namespace
+#endif
 
 namespace {
 
@@ -44,7 +68,17 @@ constexpr const char* kComponentName = "exploding";
 constexpr const char* kComponentName = BROKEN_NAME;
 #endif
 
-constexpr loom_component kComponents[] = {loom::sdk::component<Dummy>(kComponentName, "a test component")};
+constexpr loom_component make_component() {
+  loom_component c = loom::sdk::component<Dummy>(kComponentName, "a test component");
+#if defined(BROKEN_NEWER_MINOR)
+  c.interface_minor = loom::sdk::Dataset::kInterfaceMinor + 1;  // built against a newer SDK
+#elif defined(BROKEN_UNKNOWN_FLAGS)
+  c.flags = 0x10;  // a flag of a future ABI
+#endif
+  return c;
+}
+
+constexpr loom_component kComponents[] = {make_component()};
 
 int32_t init_fails(const loom_host_api*, loom_error* error) {
   loom::sdk::detail::write_error(error, "the GPU this plugin was told to use does not exist");
@@ -65,19 +99,7 @@ int32_t init_hang(const loom_host_api*, loom_error*) {
 // Not noexcept on purpose: an init that lets an exception out.
 int32_t init_throws(const loom_host_api*, loom_error*) { throw std::runtime_error("boom from init"); }
 
-loom_build_fingerprint make_fingerprint() {
-  loom_build_fingerprint f = loom::sdk::kBuildFingerprint;
-#if defined(BROKEN_TORCH_VERSION)
-  // "built against LibTorch 1.13.1": a real LibTorch that no host of Loom can be (the GPU machine's
-  // 2.11 once matched an earlier choice of 2.11.0 and accepted the plugin).
-  f.torch_major = 1;
-  f.torch_minor = 13;
-  f.torch_patch = 1;
-#endif
-  return f;
-}
-
-const loom_build_fingerprint kFingerprint = make_fingerprint();
+const loom_build_fingerprint kFingerprint = loom::sdk::kBuildFingerprint;
 
 loom_plugin_descriptor make_descriptor() {
   loom_plugin_descriptor d{LOOM_ABI_MAGIC, sizeof(loom_plugin_descriptor), LOOM_ABI_MAJOR, LOOM_ABI_MINOR,
@@ -113,11 +135,16 @@ const loom_plugin_descriptor kDescriptor = make_descriptor();
 #if defined(BROKEN_NO_ENTRY)
 // Exports a function, but not the entry point.
 extern "C" __attribute__((visibility("default"))) int loom_not_the_entry(void) { return kDescriptor.magic != 0; }
-#elif defined(BROKEN_CXX11_ABI) || defined(BROKEN_FACTORY_THROWS)
-// Built by the SDK's macro; what is wrong is the compiler flag (-D_GLIBCXX_USE_CXX11_ABI=0) or
-// the factory.
+#elif defined(BROKEN_CXX11_ABI) || defined(BROKEN_FACTORY_THROWS) || defined(BROKEN_SANITIZED)
+// Built by the SDK's macro; what is wrong is the compiler flag (-D_GLIBCXX_USE_CXX11_ABI=0,
+// -fsanitize=address) or the factory.
 LOOM_PLUGIN(BROKEN_NAME, "0.0.1", loom::sdk::component<Dummy>(kComponentName, "a test component"))
 #else
+#if !defined(BROKEN_NO_NOTE)
+// The fingerprint note LOOM_PLUGIN would emit (an ABI 1.4 plugin without one is refused).
+__attribute__((section(LOOM_NOTE_SECTION), used, aligned(4)))
+const loom::sdk::detail::FingerprintNote kNote = loom::sdk::detail::fingerprint_note();
+#endif
 extern "C" __attribute__((visibility("default"), used, section(LOOM_ENTRY_SECTION)))
 const loom_plugin_descriptor* loom_plugin_entry_v1(void) noexcept {
 #if defined(BROKEN_NULL_ENTRY)

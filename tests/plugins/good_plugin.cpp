@@ -7,7 +7,22 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace {
+
+// A static initializer with a visible effect, for tests/unit/plugins/abi_test.cpp: loading this
+// plugin writes the file LOOM_TEST_INITIALIZER_MARKER names (when it names one), which shows the
+// test's way of seeing whether a plugin's initializers ran.
+const int kInitializerRan = [] {
+  if (const char* path = std::getenv("LOOM_TEST_INITIALIZER_MARKER"))
+    if (std::FILE* f = std::fopen(path, "w")) {
+      std::fputs("basic_counting\n", f);
+      std::fclose(f);
+    }
+  return 1;
+}();
 
 class CountingDataset final : public loom::sdk::Dataset {
  public:

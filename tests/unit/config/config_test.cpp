@@ -278,3 +278,25 @@ TEST_F(ConfigTest, KeysOfComponentsTheRunDoesNotSelectAreIgnoredWithAWarningThat
 }
 
 }  // namespace
+
+TEST_F(ConfigTest, AConfigurationIsFoundByNameFromAnyFolder) {
+  // Loom's own configurations sit in <exe>/../share/loom/configs, in the build tree as installed.
+  const fs::path debug = find_config("debug");
+  EXPECT_EQ(debug.filename(), "debug.ini");
+  EXPECT_EQ(debug.parent_path().filename(), "configs");
+  Config c;
+  c.load_file(debug);
+  EXPECT_EQ(c.get("data.name"), "synthetic");
+  // A file in the current folder, or any path, is taken as it is.
+  EXPECT_EQ(find_config("configs/debug.ini"), fs::path("configs/debug.ini"));
+  // LOOM_CONFIG_PATH comes first.
+  write("mine.ini", "[trainer]\nmax_steps = 3\n");
+  ::setenv("LOOM_CONFIG_PATH", dir_.c_str(), 1);
+  EXPECT_EQ(find_config("mine"), dir_ / "mine.ini");
+  ::unsetenv("LOOM_CONFIG_PATH");
+  // A name that is nowhere: what was searched, what there is, and the closest.
+  const std::string m = error_of([] { find_config("debg"); });
+  EXPECT_CONTAINS(m, "config file 'debg' not found");
+  EXPECT_CONTAINS(m, "(debug, fashion_mnist)");
+  EXPECT_CONTAINS(m, "Did you mean 'debug'?");
+}

@@ -71,11 +71,15 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"libloom_dataset_broken_no_entry.so", "static-check", "no entry symbol loom_plugin_entry_v1"},
         BrokenCase{"libloom_dataset_broken_null_entry.so", "descriptor", "returned no descriptor"},
         BrokenCase{"libloom_dataset_broken_bad_magic.so", "descriptor", "bad magic 0xdeadbeef"},
-        BrokenCase{"libloom_dataset_broken_small_struct.so", "descriptor", "struct_size 24 is smaller than 56"},
-        BrokenCase{"libloom_dataset_broken_abi_major.so", "descriptor", "plugin ABI 2.3, host ABI 1.3: the major versions differ"},
-        BrokenCase{"libloom_dataset_broken_abi_minor.so", "descriptor", "plugin ABI 1.4 is newer than the host's 1.3"},
+        BrokenCase{"libloom_dataset_broken_small_struct.so", "descriptor", "struct_size 24 is smaller than 56, its size in ABI 1.4"},
+        BrokenCase{"libloom_dataset_broken_abi_major.so", "descriptor", "plugin ABI 2.4, host ABI 1.4: the major versions differ"},
+        BrokenCase{"libloom_dataset_broken_abi_minor.so", "descriptor", "plugin ABI 1.5 is newer than the host's 1.4"},
         BrokenCase{"libloom_dataset_broken_torch_version.so", "fingerprint", "built against LibTorch 1.13.1, host has"},
-        BrokenCase{"libloom_dataset_broken_cxx11_abi.so", "fingerprint", "built with _GLIBCXX_USE_CXX11_ABI=0, host uses _GLIBCXX_USE_CXX11_ABI=1"},
+        BrokenCase{"libloom_dataset_broken_cxx11_abi.so", "fingerprint", "built against the standard library ABI pre-cxx11, host has cxx11"},
+        BrokenCase{"libloom_dataset_broken_newer_minor.so", "interface",
+                   "dataset 'broken_newer_minor' implements dataset interface 1.2, host has 1.1: the plugin is newer than this Loom"},
+        BrokenCase{"libloom_dataset_broken_unknown_flags.so", "descriptor", "dataset 'broken_unknown_flags': unknown flags 16"},
+        BrokenCase{"libloom_dataset_broken_no_note.so", "fingerprint", "an ABI 1.4 plugin without its fingerprint note (.note.loom)"},
         BrokenCase{"libloom_dataset_broken_duplicate.so", "register", "dataset 'counting' is already provided by"},
         BrokenCase{"libloom_dataset_broken_init_fails.so", "init", "init failed (code 7): the GPU this plugin was told to use does not exist"},
         BrokenCase{"libloom_dataset_broken_init_throws.so", "init", "init threw an exception: boom from init"},
@@ -90,7 +94,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(PluginLoader, RefusesExactlyTheBrokenFilesAndLoadsTheRest) {
   auto& registry = shared_registry();
-  EXPECT_EQ(registry.refusals().size(), 14u);
+  EXPECT_EQ(registry.refusals().size(), 17u);
   std::vector<std::string> loaded;
   for (const auto& p : registry.plugins()) loaded.push_back(p->name);
   std::sort(loaded.begin(), loaded.end());

@@ -40,6 +40,15 @@ struct Alias {
 };
 const std::vector<Alias>& aliases();
 
+/// The configuration file that `-c NAME` means: NAME itself when it is a path that exists; else,
+/// for a plain name, NAME or NAME.ini in the folders of LOOM_CONFIG_PATH (':'-separated), then in
+/// Loom's own configurations, <exe>/../share/loom/configs (installed, and in the build tree).
+/// Throws loom::Error naming what was tried and the configurations there are.
+std::filesystem::path find_config(const std::string& name);
+
+/// Where find_config looks for a plain name, in order.
+std::vector<std::filesystem::path> config_search_path();
+
 /// The merged, not yet validated configuration: "section.key" -> value and origin.
 class Config {
  public:

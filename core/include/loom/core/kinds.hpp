@@ -20,6 +20,8 @@ struct KindInfo {
                                  ///< [<section>] itself as a shorthand (see Note [Component sections])
   uint32_t interface_major;      ///< the host's Tier-1 interface version of the kind
   uint32_t interface_minor;
+  uint32_t c_interface_major = 0;  ///< the host's C-tier interface of the kind (c_plugin.h); 0: none
+  uint32_t c_interface_minor = 0;
 };
 
 /// Every kind, in loom_kind order.

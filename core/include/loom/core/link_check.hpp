@@ -12,4 +12,10 @@ namespace loom::core {
 /// this names libstdc++.so.6.
 std::string std_filesystem_provider();
 
+/// The file of the library (or executable) that holds `address`, as the dynamic linker loaded it.
+std::string library_of(const void* address);
+
+/// The path of the loaded library whose file name starts with `prefix` ("libloom_sdk.so"), or "".
+std::string loaded_library(const std::string& prefix);
+
 }  // namespace loom::core

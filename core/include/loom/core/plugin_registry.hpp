@@ -60,9 +60,34 @@ struct ComponentInfo {
   std::string summary;
   uint32_t interface_major = 0;
   uint32_t interface_minor = 0;
+  uint32_t flags = 0;  ///< LOOM_COMPONENT_* (ABI 1.4)
   std::vector<OptionSpec> options;
   std::shared_ptr<LoadedPlugin> plugin;
   const loom_component* raw = nullptr;  ///< in the plugin's memory, valid while it is loaded
+  /// A C-tier component (c_plugin.h): its factory makes a C table, which the host wraps.
+  bool c_tier() const { return (flags & LOOM_COMPONENT_C_TIER) != 0; }
+};
+
+/// This host's own build fingerprint, as a plugin's note says its own (plugin_fingerprint.cpp):
+/// LibTorch's version, commit and CUDA version, the standard library, sanitizers, the layout of
+/// the SDK's value types, and the compiler.
+const std::map<std::string, std::string>& host_fingerprint();
+
+/// The host's Tier-1 adapter around the C table `object` that C-tier component `info` created
+/// (c_tier.cpp): a pointer to the kind's interface (sdk::Dataset*, sdk::MemoryPolicy*,
+/// sdk::Callback*), type-erased; destroying it hands the table back to the plugin's destroy.
+std::shared_ptr<void> adapt_c_tier(const ComponentInfo& info, void* object);
+
+/// An object a plugin made, with the version of the interface it was built against: the host
+/// calls a method added in interface minor k only when `implements(k)`.
+template <class Interface>
+struct Created : std::shared_ptr<Interface> {
+  Created() = default;
+  Created(std::shared_ptr<Interface> object, uint32_t major, uint32_t minor)
+      : std::shared_ptr<Interface>(std::move(object)), interface_major(major), interface_minor(minor) {}
+  uint32_t interface_major = 0;
+  uint32_t interface_minor = 0;
+  bool implements(uint32_t minor) const { return interface_minor >= minor; }
 };
 
 /// Why a file was not accepted.
@@ -143,15 +168,20 @@ class PluginRegistry {
   void check_options(const ComponentInfo& info, const std::map<std::string, std::string>& values) const;
 
   template <class Interface>
-  std::shared_ptr<Interface> create(std::string_view name,
-                                    const std::map<std::string, std::string>& values = {}) const {
+  Created<Interface> create(std::string_view name, const std::map<std::string, std::string>& values = {}) const {
     const ComponentInfo& info = require(Interface::kKind, name);
+    if (info.c_tier()) {
+      // A C-tier component: the host's adapter implements the interface (c_tier.hpp); the version
+      // the host reports for it is the Tier-1 one the adapter implements.
+      return {std::static_pointer_cast<Interface>(adapt_c_tier(info, create_raw(info, values))),
+              Interface::kInterfaceMajor, Interface::kInterfaceMinor};
+    }
     check_interface(info, Interface::kInterfaceMajor);
     void* object = create_raw(info, values);
     auto plugin = info.plugin;
     auto destroy = info.raw->destroy;
-    return std::shared_ptr<Interface>(static_cast<Interface*>(object),
-                                      [plugin, destroy](Interface* p) { destroy(p); });
+    return {std::shared_ptr<Interface>(static_cast<Interface*>(object), [plugin, destroy](Interface* p) { destroy(p); }),
+            info.interface_major, info.interface_minor};
   }
 
  private:

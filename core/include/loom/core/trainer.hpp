@@ -267,7 +267,7 @@ class Trainer {
   TrainerOptions options_;
 
   std::shared_ptr<sdk::ParallelStrategy> parallel_;
-  std::shared_ptr<sdk::Dataset> dataset_;
+  Created<sdk::Dataset> dataset_;  // with its interface version: kValidation needs 1.1
   std::shared_ptr<sdk::Model> model_;
   std::shared_ptr<sdk::PrecisionStrategy> precision_;
   std::vector<std::shared_ptr<sdk::MemoryPolicy>> memory_policies_;

@@ -34,11 +34,39 @@ extern "C" {
 /* 'LOOM' read as a little-endian 32-bit word. */
 #define LOOM_ABI_MAGIC 0x4D4F4F4Cu
 #define LOOM_ABI_MAJOR 1
-#define LOOM_ABI_MINOR 3
+#define LOOM_ABI_MINOR 4
 
 /* The entry symbol's name and the ELF section it lives in. */
 #define LOOM_ENTRY_SYMBOL "loom_plugin_entry_v1"
 #define LOOM_ENTRY_SECTION "loom"
+
+/* Since ABI 1.4 a plugin carries its build fingerprint as an ELF note, which the host reads from
+ * the file before it loads it (no code of the plugin runs before the fingerprint is accepted):
+ * section LOOM_NOTE_SECTION, owner LOOM_NOTE_NAME, type LOOM_NOTE_FINGERPRINT, and as its
+ * description NUL-terminated text of "key=value" lines (docs/abi.md, Note [Fingerprint]).
+ * LOOM_PLUGIN (C++) and LOOM_C_PLUGIN (C, loom/sdk/c_plugin.h) emit it. */
+#define LOOM_NOTE_SECTION ".note.loom"
+#define LOOM_NOTE_NAME "Loom"
+#define LOOM_NOTE_FINGERPRINT 1
+#define LOOM_NOTE_CAPACITY 1024 /* bytes of the description, the NUL included */
+
+/* Component flags (loom_component.flags, since ABI 1.4). */
+#define LOOM_COMPONENT_C_TIER 1u /* `create` returns a C-tier object (loom/sdk/c_plugin.h), not a
+                                    Tier-1 C++ one; the plugin needs no LibTorch */
+
+/* The size of each struct that crosses the boundary, by the ABI minor that last grew it: the host
+ * refuses a struct smaller than the size of the plugin's own minor and reads a field added in a
+ * later minor only when struct_size covers it. LOOM_MIN_SIZE(loom_component, 4) is the size an
+ * ABI 1.4 plugin must declare. None has grown since 1.0; a struct that grows in 1.k gets
+ * "(minor) >= k ? <new size> : <old size>" here, and its new fields a "since ABI 1.k" comment. */
+#define LOOM_MIN_SIZE(type, minor) LOOM_MIN_SIZE_##type(minor)
+#define LOOM_MIN_SIZE_loom_error(minor) 1032u
+#define LOOM_MIN_SIZE_loom_option_spec(minor) 40u
+#define LOOM_MIN_SIZE_loom_create_args(minor) 16u
+#define LOOM_MIN_SIZE_loom_component(minor) 64u
+#define LOOM_MIN_SIZE_loom_build_fingerprint(minor) 48u
+#define LOOM_MIN_SIZE_loom_host_api(minor) 24u
+#define LOOM_MIN_SIZE_loom_plugin_descriptor(minor) 56u
 
 /* Bounds the host enforces when it reads a descriptor (a longer string is refused). */
 #define LOOM_MAX_NAME 64
@@ -127,7 +155,7 @@ typedef struct loom_component {
   uint32_t interface_minor;
   const loom_option_spec* options;
   uint32_t option_count;
-  uint32_t reserved0;
+  uint32_t flags;             /* since ABI 1.4: LOOM_COMPONENT_* bits; 0 before (was reserved0) */
   void* (*create)(const loom_create_args* args, loom_error* error);
   void (*destroy)(void* object);
 } loom_component;
@@ -210,6 +238,14 @@ LOOM_STATIC_ASSERT(sizeof(loom_plugin_descriptor) == 56, "loom_plugin_descriptor
 LOOM_STATIC_ASSERT(offsetof(loom_plugin_descriptor, name) == 16, "loom_plugin_descriptor layout");
 LOOM_STATIC_ASSERT(offsetof(loom_plugin_descriptor, fingerprint) == 32, "loom_plugin_descriptor layout");
 LOOM_STATIC_ASSERT(offsetof(loom_plugin_descriptor, init) == 48, "loom_plugin_descriptor layout");
+/* The current layouts are the newest minor's sizes (a grown struct changes both lines). */
+LOOM_STATIC_ASSERT(sizeof(loom_error) == LOOM_MIN_SIZE(loom_error, LOOM_ABI_MINOR), "size table");
+LOOM_STATIC_ASSERT(sizeof(loom_option_spec) == LOOM_MIN_SIZE(loom_option_spec, LOOM_ABI_MINOR), "size table");
+LOOM_STATIC_ASSERT(sizeof(loom_create_args) == LOOM_MIN_SIZE(loom_create_args, LOOM_ABI_MINOR), "size table");
+LOOM_STATIC_ASSERT(sizeof(loom_component) == LOOM_MIN_SIZE(loom_component, LOOM_ABI_MINOR), "size table");
+LOOM_STATIC_ASSERT(sizeof(loom_build_fingerprint) == LOOM_MIN_SIZE(loom_build_fingerprint, LOOM_ABI_MINOR), "size table");
+LOOM_STATIC_ASSERT(sizeof(loom_host_api) == LOOM_MIN_SIZE(loom_host_api, LOOM_ABI_MINOR), "size table");
+LOOM_STATIC_ASSERT(sizeof(loom_plugin_descriptor) == LOOM_MIN_SIZE(loom_plugin_descriptor, LOOM_ABI_MINOR), "size table");
 #undef LOOM_STATIC_ASSERT
 #endif
 

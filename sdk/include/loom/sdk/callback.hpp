@@ -79,9 +79,9 @@ struct RunReport {
 };
 
 /// The run, as callbacks see it. Implemented by the host; valid during a hook.
-class RunContext {
+class LOOM_SDK_API RunContext {
  public:
-  virtual ~RunContext() = default;
+  virtual ~RunContext();  // defined in libloom_sdk: its type info has one home
 
   /// The run folder (<work_dir>/<name>).
   virtual std::filesystem::path run_dir() const = 0;
@@ -127,7 +127,7 @@ class LOOM_SDK_API Callback {
   static constexpr uint32_t kInterfaceMajor = 1;
   static constexpr uint32_t kInterfaceMinor = 0;
 
-  virtual ~Callback() = default;
+  virtual ~Callback();  // defined in libloom_sdk
 
   virtual void on_run_begin(RunContext& run) { (void)run; }
   /// `step` is the step about to run, 1-based.

@@ -18,7 +18,7 @@ class LOOM_SDK_API Dataset {
   static constexpr uint32_t kInterfaceMajor = 1;
   static constexpr uint32_t kInterfaceMinor = 1;  // 1.1: Split::kValidation
 
-  virtual ~Dataset() = default;
+  virtual ~Dataset();  // defined in libloom_sdk: its type info has one home
 
   /// Opens and checks the data. Called once, on the main thread, before any other method. A
   /// missing, truncated or corrupt file throws Error naming the file and what is wrong.

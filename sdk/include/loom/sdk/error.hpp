@@ -13,6 +13,7 @@ namespace loom::sdk {
 class LOOM_SDK_API Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  ~Error() override;  // defined in libloom_sdk: one type_info for host and plugins
 };
 
 }  // namespace loom::sdk

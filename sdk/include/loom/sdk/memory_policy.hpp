@@ -17,7 +17,7 @@ namespace loom::sdk {
 /// device with a given amount of memory). Valid for the duration of the call it is passed to.
 class LOOM_SDK_API DeviceMemory {
  public:
-  virtual ~DeviceMemory() = default;
+  virtual ~DeviceMemory();  // defined in libloom_sdk: its type info has one home
   virtual c10::Device device() const = 0;
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
@@ -68,7 +68,7 @@ class LOOM_SDK_API MemoryPolicy {
   static constexpr uint32_t kInterfaceMajor = 2;
   static constexpr uint32_t kInterfaceMinor = 0;
 
-  virtual ~MemoryPolicy() = default;
+  virtual ~MemoryPolicy();  // defined in libloom_sdk
 
   /// Called once, on the main thread, before the model is built (caps belong here).
   virtual void setup(DeviceMemory& memory) { (void)memory; }

@@ -44,7 +44,7 @@ class LOOM_SDK_API Model {
   static constexpr uint32_t kInterfaceMajor = 2;
   static constexpr uint32_t kInterfaceMinor = 0;  // parameter_groups() arrived with 2.0
 
-  virtual ~Model() = default;
+  virtual ~Model();  // defined in libloom_sdk: its type info has one home
 
   /// Builds the network for the dataset's samples (image size, classes, ...). Called once, on the
   /// main thread, after the dataset's setup and before module(). Throws Error when the data does

@@ -41,7 +41,7 @@ class LOOM_SDK_API Optimizer {
   static constexpr uint32_t kInterfaceMajor = 1;
   static constexpr uint32_t kInterfaceMinor = 0;
 
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();  // defined in libloom_sdk: its type info has one home
 
   /// The groups it updates, each trainable parameter once, already on the device. Called once,
   /// on the main thread, before any other method. The tensors stay valid for the optimizer's life.
@@ -74,7 +74,7 @@ class LOOM_SDK_API Schedule {
   static constexpr uint32_t kInterfaceMajor = 1;
   static constexpr uint32_t kInterfaceMinor = 0;
 
-  virtual ~Schedule() = default;
+  virtual ~Schedule();  // defined in libloom_sdk
 
   /// The share of the peak learning rate for the update at `step` (updates taken before it, so
   /// the first is 0; steps skipped for non-finite gradients do not count) of `total`. Called on

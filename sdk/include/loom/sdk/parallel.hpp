@@ -16,7 +16,7 @@ class LOOM_SDK_API ParallelStrategy {
   static constexpr uint32_t kInterfaceMajor = 1;
   static constexpr uint32_t kInterfaceMinor = 0;
 
-  virtual ~ParallelStrategy() = default;
+  virtual ~ParallelStrategy();  // defined in libloom_sdk: its type info has one home
 
   /// Finds this process's rank and device and joins the process group, if any. `device` is the
   /// user's choice ("auto", "cpu", "cuda", "cuda:1"). Called once, first, on the main thread.

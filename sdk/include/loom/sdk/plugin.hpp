@@ -100,17 +100,21 @@ constexpr loom_component component(const char* name, const char* summary) {
                         Interface::kInterfaceMinor,
                         detail::options_of<T>(),
                         detail::option_count_of<T>(),
-                        0,
+                        0,  // flags: a Tier-1 C++ component
                         &detail::create<T>,
                         &detail::destroy<T>};
 }
 
 }  // namespace loom::sdk
 
-/// Emits the plugin's descriptor and its entry point `loom_plugin_entry_v1` (exported, in the
-/// ELF section `loom`). Use once, at namespace scope, at the end of one source file.
+/// Emits the plugin's descriptor, its entry point `loom_plugin_entry_v1` (exported, in the ELF
+/// section `loom`) and its build fingerprint as an ELF note (LOOM_NOTE_SECTION, read by the host
+/// before it loads the file). Use once, at namespace scope, at the end of one source file.
 #define LOOM_PLUGIN(NAME, VERSION, ...)                                                        \
   namespace {                                                                                  \
+  __attribute__((section(LOOM_NOTE_SECTION), used, aligned(4)))                                \
+  const ::loom::sdk::detail::FingerprintNote loom_plugin_fingerprint_note_ =                   \
+      ::loom::sdk::detail::fingerprint_note();                                                 \
   constexpr loom_component loom_plugin_components_[] = {__VA_ARGS__};                          \
   int32_t loom_plugin_init_(const loom_host_api* host, loom_error* error) noexcept {           \
     return ::loom::sdk::detail::init(host, NAME, error);                                       \

@@ -14,7 +14,7 @@ namespace loom::sdk {
 /// An RAII scope: whatever it set up is undone when it is destroyed.
 class LOOM_SDK_API Guard {
  public:
-  virtual ~Guard() = default;
+  virtual ~Guard();  // defined in libloom_sdk: its type info has one home
 };
 
 /// How a training step is computed numerically. The host calls, per optimizer step:
@@ -30,7 +30,7 @@ class LOOM_SDK_API PrecisionStrategy {
   static constexpr uint32_t kInterfaceMajor = 1;
   static constexpr uint32_t kInterfaceMinor = 0;
 
-  virtual ~PrecisionStrategy() = default;
+  virtual ~PrecisionStrategy();  // defined in libloom_sdk
 
   /// Prepares for training on `device` (process-wide switches such as TF32). Called once, on
   /// the main thread, before the model is built. Throws Error when the device cannot compute in

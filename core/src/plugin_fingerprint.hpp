@@ -1,0 +1,41 @@
+#pragma once
+// The build fingerprint of a plugin file and whether the host can use what the file's code makes
+// (Note [Fingerprint] in docs/abi.md). Since ABI 1.4 the fingerprint is an ELF note that is read
+// from the file with libelf before the file is loaded; older plugins carry it in the descriptor
+// only, which is read after loading.
+
+#include "plugin_descriptor.hpp"
+
+#include <loom/sdk/abi.h>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace loom::core {
+
+using Fingerprint = std::map<std::string, std::string>;
+
+/// The description of the file's fingerprint note (LOOM_NOTE_SECTION, owner LOOM_NOTE_NAME), or
+/// nullopt when it has none. Reads the file with libelf, without loading it. Throws PluginRefused
+/// (stage "static-check") for a file libelf cannot read as ELF, or a note that is malformed.
+std::optional<std::string> read_fingerprint_note(const std::filesystem::path& file);
+
+/// "key=value" lines into a map. Throws PluginRefused (stage "fingerprint") for text that is not
+/// such lines (a key twice, an empty key, a line without '=', a value over LOOM_MAX_TEXT).
+Fingerprint parse_fingerprint(std::string_view text);
+
+/// Whether a plugin with fingerprint `plugin` may be used by this host; throws PluginRefused
+/// (stage "fingerprint") naming the first field that decides against it, both values and the fix.
+void check_fingerprint(const Fingerprint& plugin);
+
+/// The same for a plugin older than ABI 1.4, from the fingerprint in its descriptor (LibTorch
+/// version, CPU or CUDA build, string ABI) and the layouts of this host's value types.
+void check_legacy_fingerprint(const loom_build_fingerprint* fingerprint);
+
+/// The descriptor's fingerprint of a plugin older than ABI 1.4 as fields, for reports.
+Fingerprint legacy_fingerprint_fields(const loom_build_fingerprint& f);
+
+}  // namespace loom::core

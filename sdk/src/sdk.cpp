@@ -1,0 +1,30 @@
+// libloom_sdk: the one home of the SDK classes' type info and vtables. Each class's destructor is
+// its key function, defined here and nowhere else, so the compiler emits its vtable and type_info
+// in this library only; the host and every plugin link it and use those (exported) objects.
+// Exceptions and dynamic_cast across the plugin boundary then compare one type_info, instead of
+// relying on the standard library comparing type names (Note [One home for type info], abi.md).
+#include <loom/sdk/callback.hpp>
+#include <loom/sdk/dataset.hpp>
+#include <loom/sdk/error.hpp>
+#include <loom/sdk/memory_policy.hpp>
+#include <loom/sdk/model.hpp>
+#include <loom/sdk/optimizer.hpp>
+#include <loom/sdk/parallel.hpp>
+#include <loom/sdk/precision.hpp>
+
+namespace loom::sdk {
+
+Error::~Error() = default;
+Dataset::~Dataset() = default;
+Model::~Model() = default;
+Guard::~Guard() = default;
+PrecisionStrategy::~PrecisionStrategy() = default;
+DeviceMemory::~DeviceMemory() = default;
+MemoryPolicy::~MemoryPolicy() = default;
+ParallelStrategy::~ParallelStrategy() = default;
+Optimizer::~Optimizer() = default;
+Schedule::~Schedule() = default;
+RunContext::~RunContext() = default;
+Callback::~Callback() = default;
+
+}  // namespace loom::sdk
