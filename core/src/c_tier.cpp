@@ -79,6 +79,8 @@ class CDataset final : public sdk::Dataset, CObject {
 
   void setup() override {
     call("setup", [&](loom_error* e) { return t_->setup(t_->self, e); });
+    spec_ = {};
+    order_.clear();
     loom_c_data_spec c{};
     c.struct_size = sizeof(c);
     call("spec", [&](loom_error* e) { return t_->spec(t_->self, &c, e); });
