@@ -115,7 +115,7 @@ fs::path find_config(const std::string& name) {
   if (fs::is_regular_file(name, ec) || name.find('/') != std::string::npos || name.empty()) return name;
   std::vector<std::string> available, searched;
   for (const fs::path& dir : config_search_path()) {
-    for (const fs::path candidate : {dir / name, dir / (name + ".ini")})
+    for (const fs::path& candidate : {dir / name, dir / (name + ".ini")})
       if (fs::is_regular_file(candidate, ec)) return candidate;
     searched.push_back(dir.string());
     for (const auto& entry : fs::directory_iterator(dir, ec))

@@ -6,6 +6,9 @@
  *                       on running out of memory, halves it again.
  *   callback 'c_stop_at': asks the run to stop once step `step` has ended; counts its hooks and
  *                       keeps the counts as its state.
+ *   dataset 'c_faulty': a dataset whose get_batch breaks the contract as `fault` says (a wrong
+ *                       dtype or shape, a missing tensor, non-CPU memory, an old DLPack, an
+ *                       error); the host must refuse each with one clear error and free what it got.
  */
 #include <loom/sdk/c_plugin.h>
 
@@ -152,6 +155,94 @@ static void* stop_create(const loom_create_args* args, loom_error* error) {
   return &s->table;
 }
 
+/* ---- c_faulty ---- */
+
+typedef struct faulty {
+  loom_c_dataset table;
+  char fault[32];
+  loom_c_field fields[2];
+} faulty;
+
+static int32_t faulty_setup(void* self, loom_error* error) {
+  (void)self, (void)error;
+  return 0;
+}
+
+static int32_t faulty_spec(void* self, loom_c_data_spec* spec, loom_error* error) {
+  faulty* f = (faulty*)self;
+  (void)error;
+  spec->field_count = 2;
+  spec->fields = f->fields;
+  spec->input_key = "x";
+  spec->target_key = "y";
+  spec->num_classes = 2;
+  return 0;
+}
+
+static int64_t faulty_size(void* self, int32_t split) {
+  (void)self;
+  return split == LOOM_C_TRAIN ? 16 : 0;
+}
+
+static void free_tensor(DLManagedTensorVersioned* t) {
+  free(t->dl_tensor.shape);
+  free(t->dl_tensor.data);
+  free(t);
+}
+
+static DLManagedTensorVersioned* make_tensor(uint8_t code, uint8_t bits, int32_t ndim, int64_t n, int64_t width) {
+  DLManagedTensorVersioned* t = (DLManagedTensorVersioned*)calloc(1, sizeof *t);
+  t->version.major = DLPACK_MAJOR_VERSION;
+  t->version.minor = DLPACK_MINOR_VERSION;
+  t->deleter = free_tensor;
+  t->dl_tensor.device.device_type = kDLCPU;
+  t->dl_tensor.ndim = ndim;
+  t->dl_tensor.dtype.code = code, t->dl_tensor.dtype.bits = bits, t->dl_tensor.dtype.lanes = 1;
+  t->dl_tensor.shape = (int64_t*)calloc(2, sizeof(int64_t));
+  t->dl_tensor.shape[0] = n;
+  if (ndim > 1) t->dl_tensor.shape[1] = width;
+  t->dl_tensor.data = calloc((size_t)(n * (ndim > 1 ? width : 1)), bits / 8);
+  return t;
+}
+
+static int is(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+
+static int32_t faulty_get_batch(void* self, int32_t split, const int64_t* indices, int64_t count,
+                                DLManagedTensorVersioned** out, loom_error* error) {
+  faulty* f = (faulty*)self;
+  (void)split, (void)indices;
+  if (is(f->fault, "error")) return loom_c_error(error, "the disk is on fire");
+  out[0] = make_tensor(kDLFloat, 32, 2, count, is(f->fault, "wrong_shape") ? 3 : 2);
+  out[1] = is(f->fault, "missing") ? NULL : make_tensor(is(f->fault, "wrong_dtype") ? kDLFloat : kDLInt, 64, 1, count, 0);
+  if (is(f->fault, "cuda_memory")) out[0]->dl_tensor.device.device_type = kDLCUDA;
+  if (is(f->fault, "old_dlpack")) out[0]->version.major = 0;
+  return 0;
+}
+
+static void* faulty_create(const loom_create_args* args, loom_error* error) {
+  faulty* f = (faulty*)calloc(1, sizeof(faulty));
+  const char* fault = loom_c_option(args, "fault");
+  if (f == NULL) return loom_c_error(error, "out of memory"), (void*)NULL;
+  snprintf(f->fault, sizeof f->fault, "%s", fault ? fault : "none");
+  f->fields[0].name = "x";
+  f->fields[0].dtype.code = kDLFloat, f->fields[0].dtype.bits = 32, f->fields[0].dtype.lanes = 1;
+  f->fields[0].ndim = 1;
+  f->fields[0].shape[0] = 2;
+  f->fields[1].name = "y";
+  f->fields[1].dtype.code = kDLInt, f->fields[1].dtype.bits = 64, f->fields[1].dtype.lanes = 1;
+  f->fields[1].ndim = 0;
+  f->table.struct_size = sizeof(loom_c_dataset);
+  f->table.self = f;
+  f->table.setup = faulty_setup;
+  f->table.spec = faulty_spec;
+  f->table.size = faulty_size;
+  f->table.get_batch = faulty_get_batch;
+  return &f->table;
+}
+
 static void destroy(void* object) { free(object); } /* each table is its struct's first member */
 
 static const loom_option_spec halve_options[] = {
@@ -161,10 +252,17 @@ static const loom_option_spec stop_options[] = {
     {sizeof(loom_option_spec), LOOM_OPTION_INT, "step", "3", "the step after which the run stops", "1.."},
 };
 
+static const loom_option_spec faulty_options[] = {
+    {sizeof(loom_option_spec), LOOM_OPTION_ENUM, "fault", "none",
+     "how get_batch breaks the contract", "none|error|wrong_shape|wrong_dtype|missing|cuda_memory|old_dlpack"},
+};
+
 static const loom_component components[] = {
     LOOM_C_MEMORY_POLICY("c_halve", "halves the micro-batch until it fits a maximum (C tier)", halve_options, 1,
                          halve_create, destroy),
     LOOM_C_CALLBACK("c_stop_at", "stops the run after a given step (C tier)", stop_options, 1, stop_create, destroy),
+    LOOM_C_DATASET("c_faulty", "a dataset that breaks the C tier's contract on purpose (tests)", faulty_options, 1,
+                   faulty_create, destroy),
 };
 
 LOOM_C_PLUGIN("c_tier_test", "1.0.0", components)

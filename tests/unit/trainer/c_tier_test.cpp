@@ -107,3 +107,30 @@ TEST_F(CTierTest, ACMemoryPolicyAndCallbackPlanStopAndKeepTheirState) {
   text2 << in2.rdbuf();
   EXPECT_NE(text2.str().find("\"steps_seen\": \"4\""), std::string::npos) << text2.str();
 }
+
+TEST_F(CTierTest, TensorsThatBreakTheContractAreOneClearErrorEach) {
+  const std::vector<std::pair<std::string, std::string>> faults = {
+      {"error", "dataset 'c_faulty': get_batch failed: the disk is on fire"},
+      {"wrong_shape", "get_batch's tensor for field 'x' does not have the shape [4, <the field's shape>]"},
+      {"wrong_dtype", "get_batch's tensor for field 'y' does not have the field's dtype"},
+      {"missing", "get_batch's tensor for field 'y' is missing"},
+      {"cuda_memory", "get_batch's tensor for field 'x' is not in CPU memory"},
+      {"old_dlpack", "get_batch's tensor for field 'x' is DLPack 0.x, the host reads 1.x"},
+  };
+  for (const auto& [fault, expected] : faults) {
+    auto dataset = loom::testing::registry().create<loom::sdk::Dataset>("c_faulty", {{"fault", fault}});
+    dataset->setup();
+    try {
+      dataset->get_batch(loom::sdk::Split::kTrain, {0, 1, 2, 3});
+      ADD_FAILURE() << fault << ": no error";
+    } catch (const loom::sdk::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << fault << ": " << e.what();
+    }
+  }
+  // The well-behaved case, for contrast.
+  auto fine = loom::testing::registry().create<loom::sdk::Dataset>("c_faulty", {{"fault", "none"}});
+  fine->setup();
+  const auto batch = fine->get_batch(loom::sdk::Split::kTrain, {0, 1, 2, 3});
+  EXPECT_EQ(batch.at("x").sizes(), (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(batch.at("y").scalar_type(), at::kLong);
+}

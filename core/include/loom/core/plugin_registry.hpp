@@ -1,10 +1,11 @@
 // The plugin registry: finds plugin files, checks and loads them (Boost.DLL), and creates
 // components from them.
 //
-// Per file: static check (ELF, entry symbol, without running any of its code) -> scan (all of
-// the next stages in loom-plugin-scanner, a child process, which reports what the file holds) ->
-// load (RTLD_NOW | RTLD_LOCAL) -> descriptor validation -> fingerprint equality -> init ->
-// register. With the scanner, the file is registered from its report and the in-process stages
+// Per file: static check (ELF, entry symbol, and the fingerprint note read with libelf and
+// compared, all without running any of its code) -> scan (all of the next stages in
+// loom-plugin-scanner, a child process, which reports what the file holds) -> load (RTLD_NOW |
+// RTLD_LOCAL) -> descriptor validation -> fingerprint of a pre-1.4 plugin -> interface versions
+// -> init -> register. With the scanner, the file is registered from its report and the in-process stages
 // run when one of its components is first created: a run loads only the plugins it selects.
 // Without it (LOOM_PLUGIN_SCANNER=off), every stage runs in-process at scan time.
 // A file that fails a stage is refused with one log line (file, stage, reason, hint) and the
