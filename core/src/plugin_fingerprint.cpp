@@ -161,11 +161,11 @@ void check_fingerprint(const Fingerprint& plugin) {
   };
   static const Rule rules[] = {
       {"libtorch", "LibTorch", kRebuildHint},
-      {"libtorch_git", "LibTorch built from commit", kRebuildHint},
+      {"libtorch_git", "the LibTorch commit", kRebuildHint},
       {"cuda", "LibTorch's CUDA version", kRebuildHint},
       {"stdlib", "the C++ standard library", "rebuild the plugin against the same standard library as Loom (libstdc++ with GCC and Clang on Linux)"},
       {"stdlib_abi", "the standard library ABI", "rebuild the plugin without overriding _GLIBCXX_USE_CXX11_ABI (LibTorch's setting comes with the SDK target)"},
-      {"debug_containers", "debug containers (_GLIBCXX_DEBUG)", "rebuild the plugin without _GLIBCXX_DEBUG: it changes the layout of every standard container"},
+      {"debug_containers", "debug containers (_GLIBCXX_DEBUG) set to", "rebuild the plugin without _GLIBCXX_DEBUG: it changes the layout of every standard container"},
       {"layout", "SDK value types of layout", "the plugin was built against another Loom SDK (its DataSpec, StepReport, ... differ): rebuild it with find_package(LoomSDK) of this Loom"},
   };
   for (const Rule& rule : rules) {

@@ -2,6 +2,8 @@
 // frozen 1.0 header) still loads; a plugin's fingerprint note is read before the file is loaded,
 // so one built for another LibTorch or with a sanitizer is refused without any of its code
 // running; the SDK's type info has one home, so exceptions cross the boundary by type.
+#include "plugin_fingerprint.hpp"  // core/src: the fingerprint stage itself
+
 #include <loom/core/link_check.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/sdk/dataset.hpp>
@@ -138,4 +140,47 @@ TEST(AbiCompat, TheHostFingerprintSaysWhatDecides) {
   EXPECT_EQ(f.at("tier"), "cxx");
   EXPECT_EQ(f.at("layout").size(), 16u);
   EXPECT_EQ(f.at("libtorch").rfind(TORCH_VERSION, 0), 0u) << f.at("libtorch");  // 2.15.0 of 2.15.0+cu132
+}
+
+// Note [Fingerprint], field by field: what decides refuses with the field named, what is only
+// recorded does not, and a C-tier plugin is held to its sanitizers alone.
+TEST(AbiCompat, EachFingerprintFieldDecidesAsDocumented) {
+  using loom::core::check_fingerprint;
+  using loom::core::PluginRefused;
+  const auto& host = loom::core::host_fingerprint();
+  auto reason_with = [&](const std::string& key, const std::string& value) -> std::string {
+    auto f = host;
+    f[key] = value;
+    try {
+      check_fingerprint(f);
+    } catch (const PluginRefused& r) {
+      EXPECT_EQ(r.stage, "fingerprint");
+      return r.reason;
+    }
+    return "";
+  };
+  EXPECT_EQ(reason_with("libtorch", "2.15.0+cu126"), "built against LibTorch 2.15.0+cu126, host has " + host.at("libtorch"));
+  EXPECT_NE(reason_with("libtorch_git", "0123abc").find("built against the LibTorch commit 0123abc"), std::string::npos);
+  EXPECT_EQ(reason_with("libtorch_git", "unknown"), "");  // a commit one side could not learn is not held against it
+  EXPECT_NE(reason_with("cuda", "12.6").find("LibTorch's CUDA version 12.6"), std::string::npos);
+  EXPECT_NE(reason_with("stdlib", "libc++").find("the C++ standard library libc++"), std::string::npos);
+  EXPECT_NE(reason_with("stdlib_abi", "pre-cxx11").find("the standard library ABI pre-cxx11"), std::string::npos);
+  EXPECT_NE(reason_with("debug_containers", "1").find("debug containers (_GLIBCXX_DEBUG) set to 1, host has 0"), std::string::npos);
+  EXPECT_NE(reason_with("layout", "0000000000000000").find("SDK value types of layout 0000000000000000"), std::string::npos);
+  EXPECT_NE(reason_with("sanitizers", "thread").find("built with ThreadSanitizer"), std::string::npos);
+  EXPECT_NE(reason_with("format", "2").find("format '2'"), std::string::npos);
+  // Recorded only.
+  EXPECT_EQ(reason_with("compiler", "clang 99.0.0"), "");
+  EXPECT_EQ(reason_with("stdlib_version", "99"), "");
+  EXPECT_EQ(reason_with("cxx_standard", "2023"), "");
+  EXPECT_EQ(reason_with("sdk", "0.1.7"), "");
+  // A C-tier plugin names no LibTorch: any host takes it, unless it is sanitized and the host not.
+  EXPECT_NO_THROW(check_fingerprint({{"format", "1"}, {"tier", "c"}, {"sanitizers", "none"}}));
+  if (!host_has_address_sanitizer())
+    EXPECT_THROW(check_fingerprint({{"format", "1"}, {"tier", "c"}, {"sanitizers", "address"}}), PluginRefused);
+  // The note's text itself: lines of key=value, each key once.
+  EXPECT_EQ(loom::core::parse_fingerprint("a=1\nb=x=y\n\n").at("b"), "x=y");
+  EXPECT_THROW(loom::core::parse_fingerprint("a=1\na=2\n"), PluginRefused);
+  EXPECT_THROW(loom::core::parse_fingerprint("no equals sign\n"), PluginRefused);
+  EXPECT_THROW(loom::core::parse_fingerprint("=value\n"), PluginRefused);
 }
