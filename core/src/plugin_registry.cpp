@@ -274,12 +274,14 @@ namespace {
 /// symbols to itself; read the descriptor into `report`; compare the fingerprint and the
 /// interfaces; run init. Throws PluginRefused.
 std::shared_ptr<boost::dll::shared_library> load_in_process(const fs::path& file, LoadReport& report) {
-  // The fingerprint note, read from the file before any of its code runs (ABI 1.4 and newer).
-  const auto note = read_fingerprint_note(file);
-  if (note) {
-    report.fingerprint = parse_fingerprint(*note);
-    check_fingerprint(report.fingerprint);
-  }
+  // The fingerprint note, read from the file before any of its code runs (ABI 1.4 and newer),
+  // unless load() read and checked it already (a note always says its "format").
+  if (report.fingerprint.count("format") == 0)
+    if (const auto text = read_fingerprint_note(file)) {
+      report.fingerprint = parse_fingerprint(*text);
+      check_fingerprint(report.fingerprint);
+    }
+  const bool note = report.fingerprint.count("format") != 0;
 
   // Stage 3: load, resolving every symbol now, keeping the plugin's symbols to itself.
   log::trace("loading plugin file ", file.string());
