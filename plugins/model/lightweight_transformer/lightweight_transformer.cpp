@@ -10,6 +10,9 @@
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/gelu.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/softmax.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/upsample_bilinear2d.h>
@@ -26,35 +29,62 @@ namespace {
 
 using loom::sdk::Error;
 
+enum class AttentionKernel { kAuto, kSdpa, kMath };
+enum class PatchKernel { kAuto, kConv, kMatmul };
+
+// Note [Attention kernel on CPU]
+// On CPU, scaled_dot_product_attention picks its flash kernel for float32, which works per
+// (batch, head) and pays that overhead on every short sequence: on the 2-core CI machine, forward
+// and backward of 4 heads x 16 tokens x 24 at batch 128 take 4.6 ms with it and 1.4 ms as three
+// batched operations (Q K^T, softmax, times V); 12.3 against 14.3 ms at 128 tokens, and flash
+// wins only on longer sequences, where the math form's N x N scores also grow (measured with
+// bench/attention_kernels.py). `auto` takes the math form on CPU up to kMathMaxTokens tokens and
+// SDPA everywhere else (on CUDA its fused kernels win).
+constexpr int64_t kMathMaxTokens = 128;
+
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(int64_t d_model, int64_t heads, double dropout)
-      : heads_(heads), dropout_(dropout),
+  AttentionImpl(int64_t d_model, int64_t heads, double dropout, AttentionKernel kernel)
+      : heads_(heads), dropout_(dropout), kernel_(kernel),
         qkv_(register_module("qkv", torch::nn::Linear(d_model, 3 * d_model))),
         proj_(register_module("proj", torch::nn::Linear(d_model, d_model))) {}
 
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), n = x.size(1), d = x.size(2);
-    // [B, N, 3, H, hd] -> [3, B, H, N, hd]
-    const auto qkv = qkv_->forward(x).view({b, n, 3, heads_, d / heads_}).permute({2, 0, 3, 1, 4});
-    const at::Tensor out = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
-                                                            is_training() ? dropout_ : 0.0);
+    // [B, N, 3, H, hd] -> q, k, v of [B, H, N, hd]. unbind, not select: its backward stacks the
+    // three gradients into one tensor, where three selects would each zero and fill a full-size
+    // one and the view would copy the sum again.
+    std::vector<at::Tensor> qkv = qkv_->forward(x).view({b, n, 3, heads_, d / heads_}).unbind(2);
+    for (auto& t : qkv) t = t.transpose(1, 2);
+    const double p = is_training() ? dropout_ : 0.0;
+    const bool math = kernel_ == AttentionKernel::kMath ||
+                      (kernel_ == AttentionKernel::kAuto && x.is_cpu() && n <= kMathMaxTokens);
+    at::Tensor out;
+    if (math) {
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d / heads_));
+      at::Tensor weights = at::softmax(at::matmul(qkv[0] * scale, qkv[1].transpose(-2, -1)), -1);
+      if (p > 0) weights = at::dropout(weights, p, /*train=*/true);
+      out = at::matmul(weights, qkv[2]);
+    } else {
+      out = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{}, p);
+    }
     return proj_->forward(out.transpose(1, 2).reshape({b, n, d}));
   }
 
  private:
   int64_t heads_;
   double dropout_;
+  AttentionKernel kernel_;
   torch::nn::Linear qkv_, proj_;
 };
 TORCH_MODULE(Attention);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(int64_t d_model, int64_t heads, int64_t hidden, double dropout)
+  BlockImpl(int64_t d_model, int64_t heads, int64_t hidden, double dropout, AttentionKernel kernel)
       : dropout_(dropout),
         norm1_(register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
-        attn_(register_module("attn", Attention(d_model, heads, dropout))),
+        attn_(register_module("attn", Attention(d_model, heads, dropout, kernel))),
         norm2_(register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})))),
         fc1_(register_module("fc1", torch::nn::Linear(d_model, hidden))),
         fc2_(register_module("fc2", torch::nn::Linear(hidden, d_model))) {}
@@ -84,8 +114,9 @@ struct Shape {
 class VitImpl : public torch::nn::Module {
  public:
   VitImpl(const Shape& shape, int64_t classes, int64_t layers, int64_t d_model, int64_t heads,
-          double mlp_ratio, double dropout, int64_t patch, bool cls_token, int64_t stem_channels)
-      : shape_(shape), dropout_(dropout), cls_(cls_token) {
+          double mlp_ratio, double dropout, int64_t patch, bool cls_token, int64_t stem_channels,
+          AttentionKernel kernel, PatchKernel patch_kernel)
+      : shape_(shape), dropout_(dropout), cls_(cls_token), patch_(patch), patch_kernel_(patch_kernel) {
     int64_t tokens = 0;
     if (shape.image) {
       int64_t channels = shape.channels;
@@ -112,7 +143,7 @@ class VitImpl : public torch::nn::Module {
     torch::nn::init::normal_(pos_embed_, 0.0, 0.02);
     const auto hidden = static_cast<int64_t>(std::lround(mlp_ratio * static_cast<double>(d_model)));
     blocks_ = register_module("blocks", torch::nn::ModuleList());
-    for (int64_t i = 0; i < layers; ++i) blocks_->push_back(Block(d_model, heads, hidden, dropout));
+    for (int64_t i = 0; i < layers; ++i) blocks_->push_back(Block(d_model, heads, hidden, dropout, kernel));
     norm_ = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
     head_ = register_module("head", torch::nn::Linear(d_model, classes));
   }
@@ -121,7 +152,7 @@ class VitImpl : public torch::nn::Module {
     at::Tensor x;
     if (shape_.image) {
       x = stem_ ? at::gelu(stem_->forward(input)) : input;
-      x = patch_embed_->forward(x).flatten(2).transpose(1, 2);  // [B, N, d]
+      x = embed_patches(x);  // [B, N, d]
     } else {
       x = token_embed_->forward(input);
     }
@@ -134,9 +165,27 @@ class VitImpl : public torch::nn::Module {
   }
 
  private:
+  // Note [Patch embedding as one matrix product]
+  // A convolution whose stride equals its kernel sees each pixel once: it is a reshape of the
+  // image into patches and one matrix product with the kernel flattened, with the same weights
+  // (the checkpoint keeps the convolution's [d, C, p, p] weight). On CPU, oneDNN's convolution
+  // backward for this shape is slow: forward and backward of the 16 -> 96, 7x7/7 embedding at
+  // batch 128 take 16.3 ms as a convolution and 9.8 ms as a product (bench/attention_kernels.py).
+  at::Tensor embed_patches(const at::Tensor& x) {
+    const int64_t b = x.size(0), c = x.size(1), side = x.size(2), g = side / patch_;
+    const bool matmul = patch_kernel_ == PatchKernel::kMatmul || (patch_kernel_ == PatchKernel::kAuto && x.is_cpu());
+    if (!matmul) return patch_embed_->forward(x).flatten(2).transpose(1, 2);
+    const at::Tensor patches = x.reshape({b, c, g, patch_, g, patch_})
+                                   .permute({0, 2, 4, 1, 3, 5})
+                                   .reshape({b, g * g, c * patch_ * patch_});
+    return at::linear(patches, patch_embed_->weight.view({patch_embed_->weight.size(0), -1}), patch_embed_->bias);
+  }
+
   Shape shape_;
   double dropout_;
   bool cls_;
+  int64_t patch_;
+  PatchKernel patch_kernel_;
   torch::nn::Conv2d stem_{nullptr}, patch_embed_{nullptr};
   torch::nn::Linear token_embed_{nullptr};
   at::Tensor cls_token_, pos_embed_;
@@ -159,6 +208,12 @@ class LightweightTransformer final : public loom::sdk::Model {
       loom::sdk::option_int("patch_size", "7", "side of the square image patches", "1..1024"),
       loom::sdk::option_int("image_size", "0", "resize images to this side first (0: keep the data's size)", "0..8192"),
       loom::sdk::option_enum("pool", "mean", "mean|cls", "mean of the tokens, or a class token"),
+      loom::sdk::option_enum("attention", "auto", "auto|sdpa|math",
+                             "attention kernel: scaled_dot_product_attention, or Q K^T, softmax, times V as three "
+                             "batched products; auto: math on CPU up to 128 tokens (faster there), SDPA elsewhere"),
+      loom::sdk::option_enum("patch_embedding", "auto", "auto|conv|matmul",
+                             "images: the patch embedding as a strided convolution or as one matrix product over "
+                             "the patches (the same weights); auto: matmul on CPU (faster there), conv elsewhere"),
       loom::sdk::option_int("stem_channels", "16", "images: channels of a 3x3 convolution before the patch embedding (0: none)", "0..4096"),
       loom::sdk::option_int("num_classes", "0", "output classes (0: from the dataset)", "0..10000000"),
   };
@@ -167,7 +222,13 @@ class LightweightTransformer final : public loom::sdk::Model {
       : layers_(o.get_int("num_layers")), d_model_(o.get_int("d_model")), heads_(o.get_int("num_heads")),
         mlp_ratio_(o.get_float("mlp_ratio")), dropout_(o.get_float("dropout")), patch_(o.get_int("patch_size")),
         image_size_(o.get_int("image_size")), classes_(o.get_int("num_classes")),
-        cls_token_(o.get_string("pool") == "cls"), stem_channels_(o.get_int("stem_channels")) {
+        cls_token_(o.get_string("pool") == "cls"), stem_channels_(o.get_int("stem_channels")),
+        attention_(o.get_string("attention") == "math"   ? AttentionKernel::kMath
+                   : o.get_string("attention") == "sdpa" ? AttentionKernel::kSdpa
+                                                         : AttentionKernel::kAuto),
+        patch_kernel_(o.get_string("patch_embedding") == "conv"     ? PatchKernel::kConv
+                      : o.get_string("patch_embedding") == "matmul" ? PatchKernel::kMatmul
+                                                                    : PatchKernel::kAuto) {
     if (o.get_string("flavour") == "debug") {
       // The debug flavour fixes the shape: a value the user set for one of these would be ignored
       // without a word. (A value equal to the default cannot be told from an unset one.)
@@ -226,7 +287,8 @@ class LightweightTransformer final : public loom::sdk::Model {
     }
     if (classes_ == 0) classes_ = data.num_classes;
     if (classes_ < 2) throw Error("lightweight_transformer: needs at least 2 classes (set model.num_classes)");
-    net_ = Vit(shape, classes_, layers_, d_model_, heads_, mlp_ratio_, dropout_, patch_, cls_token_, stem_channels_);
+    net_ = Vit(shape, classes_, layers_, d_model_, heads_, mlp_ratio_, dropout_, patch_, cls_token_, stem_channels_,
+               attention_, patch_kernel_);
     shape_ = shape;
   }
 
@@ -277,6 +339,8 @@ class LightweightTransformer final : public loom::sdk::Model {
   int64_t patch_, image_size_, classes_;
   bool cls_token_;
   int64_t stem_channels_;
+  AttentionKernel attention_;
+  PatchKernel patch_kernel_;
   bool resize_ = false;
   double mean_ = 0, std_ = 0;
   Shape shape_;

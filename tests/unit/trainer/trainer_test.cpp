@@ -211,6 +211,43 @@ TEST_F(TrainerTest, ReplayingAStepFromItsCapturedStateGivesTheSameStep) {
   EXPECT_DOUBLE_EQ(first.loss, second.loss);
 }
 
+TEST_F(TrainerTest, TheTransformersKernelChoicesComputeTheSameModel) {
+  // attention = sdpa | math and patch_embedding = conv | matmul are ways to compute one model
+  // (Note [Attention kernel on CPU], Note [Patch embedding as one matrix product]): from the same
+  // seed, the same losses and the same weights after a few updates, under the same names and
+  // shapes, so a checkpoint trained with one loads with the other. SGD, not AdamW: the key
+  // projection's bias has a gradient of exactly zero in theory (softmax ignores a constant added
+  // to every score) and of rounding noise in practice, which Adam's normalisation turns into
+  // full-size steps of random sign whatever the kernel.
+  auto run = [&](const std::string& name, const char* attention, const char* patch) {
+    Config c = base(name);
+    for (const auto& kv : {"trainer.optimizer=sgd", "model.flavour=standard", "model.num_layers=2", "model.d_model=32", "model.num_heads=2",
+                           "model.patch_size=7", "model.stem_channels=4", "model.dropout=0", "data.image_size=28",
+                           "data.num_workers=0"})
+      c.set_assignment(kv);
+    c.set_assignment(std::string("model.attention=") + attention);
+    c.set_assignment(std::string("model.patch_embedding=") + patch);
+    auto t = make(c);
+    std::vector<double> losses;
+    for (int i = 0; i < 4; ++i) losses.push_back(t->train_step().loss);
+    std::map<std::string, at::Tensor> weights;
+    for (const auto& item : t->model().module().named_parameters()) weights[item.key()] = item.value().detach().clone();
+    return std::make_pair(losses, weights);
+  };
+  const auto reference = run("kernels_sdpa_conv", "sdpa", "conv");
+  for (const auto& [attention, patch] : {std::pair{"math", "matmul"}, std::pair{"math", "conv"}, std::pair{"sdpa", "matmul"}}) {
+    SCOPED_TRACE(std::string(attention) + " + " + patch);
+    const auto other = run(std::string("kernels_") + attention + "_" + patch, attention, patch);
+    for (size_t i = 0; i < reference.first.size(); ++i) EXPECT_NEAR(other.first[i], reference.first[i], 1e-5 * reference.first[i]);
+    ASSERT_EQ(other.second.size(), reference.second.size());
+    for (const auto& [name, w] : reference.second) {
+      ASSERT_TRUE(other.second.count(name)) << name;
+      EXPECT_EQ(other.second.at(name).sizes(), w.sizes()) << name;
+      EXPECT_TRUE(at::allclose(other.second.at(name), w, 1e-4, 1e-5)) << name << " differs after 4 updates";
+    }
+  }
+}
+
 // ---- metrics -----------------------------------------------------------------------------------
 
 /// Per logged evaluation step, the value of `key` in metrics.jsonl.
