@@ -35,6 +35,16 @@ const std::vector<Command>& commands() {
          d.add_options()("steps", po::value<int64_t>()->default_value(100), "steps per configuration");
        },
        cmd_bench},
+      {"profile", "profile training steps: a Chrome trace with Loom's phases, the top operators by self time",
+       "loom profile [-c FILE]... [--set ...] [--steps 20] [--warmup 5] [--trace PATH] [--top 25]", true,
+       [](po::options_description& d) {
+         d.add_options()("steps", po::value<int64_t>()->default_value(20), "profiled training steps")(
+             "warmup", po::value<int64_t>()->default_value(5), "steps run before profiling starts")(
+             "trace", po::value<std::string>()->value_name("PATH"),
+             "the Chrome trace to write (default: loom-profile-<time>.json here); never replaced")(
+             "top", po::value<int64_t>()->default_value(25), "operators listed");
+       },
+       cmd_profile},
       {"doctor", "what this machine offers: devices, memory, versions, TF32/bf16 support", "loom doctor", false,
        nullptr, cmd_doctor},
       {"plugins", "list the loaded components and the refused plugin files; inspect or check one plugin",

@@ -46,5 +46,6 @@ int cmd_eval(const Invocation& invocation);
 int cmd_memory(const Invocation& invocation);
 int cmd_doctor(const Invocation& invocation);
 int cmd_bench(const Invocation& invocation);
+int cmd_profile(const Invocation& invocation);
 
 }  // namespace loom::cli

@@ -3,11 +3,14 @@
 // clipping, the update (skipped on non-finite gradients); the step's saved state for replays.
 #include <loom/core/device_memory.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/profiler.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include "trainer_internal.hpp"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
 #include <torch/nn/module.h>
 
@@ -119,6 +122,7 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
 }
 
 StepResult Trainer::train_step() {
+  LOOM_PHASE("step");
   committed_ = false;
   auto& module = model_->module();
   module.train();
@@ -127,43 +131,83 @@ StepResult Trainer::train_step() {
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   MetricSums metric_sums;
   for (int64_t micro = 0; micro < plan_.accumulation; ++micro) {
-    const sdk::ModelOutput out = run_micro_batch(train_loader_->next(), /*train=*/true);
-    loss_sum.add_(out.loss_sum.detach().to(at::kFloat));
-    count.add_(out.count.detach().to(at::kFloat));
-    add_metrics(metric_sums, out);
+    sdk::Batch batch;
+    {
+      LOOM_PHASE("data");
+      batch = train_loader_->next();
+    }
+    sdk::ModelOutput out;
+    {
+      LOOM_PHASE("forward");
+      const auto autocast = precision_->forward_guard();
+      out = model_->forward(batch, /*train=*/true);
+    }
+    {
+      LOOM_PHASE("backward");
+      precision_->scale_loss(out.loss_sum).backward();
+    }
+    {
+      LOOM_PHASE("report");
+      loss_sum.add_(out.loss_sum.detach().to(at::kFloat));
+      count.add_(out.count.detach().to(at::kFloat));
+      add_metrics(metric_sums, out);
+    }
   }
   // Gradients hold sums over this rank's samples: add up the ranks, then divide by the global
-  // count once, so the update does not depend on how the global batch was split.
+  // count once, so the update does not depend on how the global batch was split. The step's
+  // report (loss, count, metric sums and counts) travels as one tensor in the same reduction.
   std::vector<at::Tensor> grads = parameters_.gradients();
-  std::vector<at::Tensor> totals{loss_sum, count};
-  parallel_->all_reduce_sum(totals);
-  parallel_->all_reduce_sum(grads);
+  std::vector<std::string> metric_order;
+  at::Tensor totals;
   {
+    LOOM_PHASE("reduce");
+    std::vector<at::Tensor> parts{loss_sum.reshape({1}), count.reshape({1})};
+    for (auto& [name, pair] : metric_sums) {
+      metric_order.push_back(name);
+      parts.push_back(pair.first.reshape({1}));
+      parts.push_back(pair.second.reshape({1}));
+    }
+    totals = at::cat(parts);
+    std::vector<at::Tensor> reduced = grads;
+    reduced.push_back(totals);
+    parallel_->all_reduce_sum(reduced);
+    totals = reduced.back();
     at::NoGradGuard no_grad;
-    const at::Tensor inverse = count.clamp_min(1).reciprocal();
-    for (auto& g : grads) g.mul_(inverse);
+    if (!grads.empty()) at::_foreach_mul_(grads, totals[1].clamp_min(1).reciprocal());
   }
   if (gradient_hook_) gradient_hook_(grads);
   notify("on_after_backward", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_after_backward(run, grads); });
   if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after backward: ", memory_->stats().peak);
-  // What the step reports does not depend on the update: computed first, so that nothing after
-  // the update allocates more than the scaler's few bytes.
+  // What the step reports does not depend on the update: read first (one read of one tensor),
+  // so that nothing after the update allocates more than the scaler's few bytes.
   StepResult result;
-  const double n = count.item<double>();
-  result.samples = static_cast<int64_t>(n);
-  result.loss = loss_sum.item<double>() / std::max(1.0, n);
-  result.metrics = reduce_metrics(metric_sums);
-  result.lr = current_lr();
+  {
+    LOOM_PHASE("report");
+    const at::Tensor host = totals.to(at::kCPU, at::kDouble);
+    const double* v = host.data_ptr<double>();
+    result.samples = static_cast<int64_t>(v[1]);
+    result.loss = v[0] / std::max(1.0, v[1]);
+    for (size_t i = 0; i < metric_order.size(); ++i) {
+      const double c = v[3 + 2 * i];
+      result.metrics[metric_order[i]] = c > 0 ? v[2 + 2 * i] / c : std::nan("");
+    }
+    result.lr = current_lr();
+  }
   // Unscaling and clipping change only the gradients, which a replay zeroes: up to here an
   // out-of-memory can be replayed. From the commit on, the step changes the run's state.
-  const bool finite = precision_->unscale_gradients(grads);
-  if (finite) result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
-  committed_ = true;
-  if (finite) {
-    notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
-    optimizer_->step(result.lr);
-    if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
-  } else {
+  bool finite = false;
+  {
+    LOOM_PHASE("optimizer");
+    finite = precision_->unscale_gradients(grads);
+    if (finite) result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
+    committed_ = true;
+    if (finite) {
+      notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
+      optimizer_->step(result.lr);
+      if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
+    }
+  }
+  if (!finite) {
     ++skipped_steps_;
     result.skipped = true;
     log::warn("step ", step_ + 1, ": non-finite gradients, update skipped (", skipped_steps_, " skipped so far)");

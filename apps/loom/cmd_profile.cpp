@@ -1,0 +1,87 @@
+// `loom profile [-c FILE] [--steps 20] [--warmup 5] [--trace PATH]`: training steps of the run
+// under LibTorch's profiler: a Chrome trace (Perfetto, chrome://tracing) with Loom's phases as
+// named ranges, and the time per phase and the top operators by self time on the terminal. Runs
+// in a temporary work folder that is removed afterwards; the run's own folder is not touched.
+#include "cli.hpp"
+
+#include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/profiler.hpp>
+#include <loom/core/trainer.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace loom::cli {
+
+namespace {
+
+fs::path default_trace() {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
+  return fs::path("loom-profile-" + std::string(stamp) + ".json");
+}
+
+}  // namespace
+
+int cmd_profile(const Invocation& invocation) {
+  if (!invocation.args.empty())
+    throw Error("loom profile takes no positional arguments (got '" + invocation.args[0] +
+                "'); configuration files go after -c");
+  const int64_t steps = invocation.options["steps"].as<int64_t>();
+  const int64_t warmup = invocation.options["warmup"].as<int64_t>();
+  const int64_t top = invocation.options["top"].as<int64_t>();
+  if (steps < 1 || steps > 100000) throw Error("--steps must be in 1..100000 (the profiled training steps)");
+  if (warmup < 0 || warmup > 100000) throw Error("--warmup must be in 0..100000 (steps run before profiling)");
+  if (top < 1) throw Error("--top must be at least 1");
+  const fs::path trace =
+      invocation.options.count("trace") ? fs::path(invocation.options["trace"].as<std::string>()) : default_trace();
+  // Nothing already written is replaced: a trace is a measurement someone may still need.
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(trace, ec)))
+    throw Error("--trace " + trace.string() + " already exists; choose another path or remove it");
+  if (trace.has_parent_path() && !fs::is_directory(trace.parent_path()))
+    throw Error("--trace " + trace.string() + ": the folder " + trace.parent_path().string() + " does not exist");
+
+  core::PluginRegistry registry;
+  scan_plugins(registry, invocation.options);
+  core::Config config = config_from(invocation.options);
+  const fs::path work = fs::temp_directory_path() / ("loom-profile-" + std::to_string(::getpid()));
+  config.set("trainer.work_dir", work.string(), {"loom profile", {}, 0});
+  config.set("trainer.name", "profile", {"loom profile", {}, 0});
+  config.set("trainer.max_steps", std::to_string(warmup + steps), {"--steps", {}, 0});
+  config.set("trainer.resume", "none", {"loom profile", {}, 0});
+  config.set("trainer.resume_from", "", {"loom profile", {}, 0});
+  struct RemoveWork {
+    fs::path dir;
+    ~RemoveWork() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } remove_work{work};
+
+  core::Trainer trainer(core::resolve_run(config, registry), registry);
+  trainer.setup();
+  for (int64_t i = 0; i < warmup; ++i) trainer.step_with_recovery();
+  core::log::info("profile   ", steps, " steps after ", warmup, " warm-up steps, micro-batch ", trainer.plan().micro_batch,
+                  " x ", trainer.plan().accumulation, " on ", trainer.device().str());
+  core::Profiler profiler(trainer.device());
+  const auto start = std::chrono::steady_clock::now();
+  int64_t samples = 0;
+  for (int64_t i = 0; i < steps; ++i) samples += trainer.step_with_recovery().samples;
+  const core::ProfileReport report = profiler.stop(trace);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%s", core::format_profile(report, static_cast<size_t>(top), steps).c_str());
+  std::printf("\n%lld steps, %.0f samples/s under the profiler (it slows operators down: time a run with `loom train` "
+              "or `loom bench`)\ntrace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
+              static_cast<long long>(steps), samples / seconds, fs::absolute(trace).string().c_str());
+  return 0;
+}
+
+}  // namespace loom::cli

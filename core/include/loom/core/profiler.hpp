@@ -1,0 +1,55 @@
+// Profiling training steps: LibTorch's Kineto profiler (the engine behind torch.profiler) around
+// a stretch of the run, Loom's phases of a step as named ranges, a Chrome trace that Perfetto and
+// chrome://tracing open, and the operators that cost the most by self time.
+#pragma once
+
+#include <ATen/record_function.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+/// A named range of the step ("loom::forward"): a user annotation in the trace. Costs one branch
+/// when no profiler runs.
+#define LOOM_PHASE(name) RECORD_USER_SCOPE("loom::" name)
+
+namespace loom::core {
+
+struct ProfileRow {
+  std::string name;
+  int64_t calls = 0;
+  double self_us = 0;   ///< time inside it, less the time of the operators it called
+  double total_us = 0;  ///< time from its start to its end
+};
+
+struct ProfileReport {
+  std::vector<ProfileRow> operators;  ///< CPU operators and runtime calls, by self time, descending
+  std::vector<ProfileRow> phases;     ///< Loom's ranges (loom::*), in the order of the step
+  std::vector<ProfileRow> kernels;    ///< device kernels and copies, by time, descending (CUDA)
+  double operators_self_us = 0;       ///< sum of the operators' self time
+  double kernels_us = 0;
+};
+
+/// Profiles from construction to stop(). One at a time per process; the device's activity
+/// (CUDA kernels and copies) is recorded when `device` is a CUDA device.
+class Profiler {
+ public:
+  explicit Profiler(const c10::Device& device);
+  ~Profiler();
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+
+  /// Stops, writes the Chrome trace to `trace` and returns the tables.
+  ProfileReport stop(const std::filesystem::path& trace);
+
+ private:
+  c10::Device device_;
+  bool running_ = false;
+};
+
+/// The phases per step and the `top` operators (and kernels), as a text table.
+std::string format_profile(const ProfileReport& report, size_t top, int64_t steps);
+
+}  // namespace loom::core

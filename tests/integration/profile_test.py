@@ -1,0 +1,97 @@
+"""`loom profile`: a Chrome trace that trace viewers read, with Loom's phases as ranges that nest
+inside each step and the operators inside them; the tables on the terminal; and what it refuses
+(a trace path that exists is never replaced, absurd step counts).
+
+The trace is read with Perfetto's trace processor when one is available (the `perfetto` Python
+package plus a trace_processor_shell binary named by LOOM_TRACE_PROCESSOR: the package downloads
+the binary on first use, which an offline machine cannot); otherwise it is checked against the
+Chrome trace-event format (JSON object with traceEvents; complete events with name, ph, ts, dur,
+pid, tid) as chrome://tracing and Perfetto's JSON importer read it."""
+import hashlib
+import json
+import os
+import sys
+
+from common import loom, workdir
+
+exe, source = sys.argv[1], sys.argv[2]
+RUN = ["--set", "model.flavour=standard", "--set", "model.num_layers=1", "--set", "model.d_model=32",
+       "--set", "model.num_heads=2", "--set", "model.patch_size=7", "--set", "model.stem_channels=4",
+       "--set", "data.name=synthetic", "--set", "data.image_size=28", "--set", "data.train_size=512",
+       "--set", "data.test_size=64", "--set", "trainer.batch_size=32", "--set", "trainer.device=cpu",
+       "--set", "precision.name=fp32"]
+PHASES = ["loom::step", "loom::data", "loom::forward", "loom::backward", "loom::reduce", "loom::report",
+          "loom::optimizer"]
+STEPS = 4
+
+
+def expect(cond, what, result=None):
+    if not cond:
+        detail = f"\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}" if result is not None else ""
+        raise SystemExit(f"FAIL: {what}{detail}")
+
+
+def check_with_trace_processor(path):
+    binary = os.environ.get("LOOM_TRACE_PROCESSOR")
+    if not binary:
+        return False
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+    tp = TraceProcessor(trace=path, config=TraceProcessorConfig(bin_path=binary))
+    rows = {r.name: r.n for r in tp.query("select name, count(*) as n from slice where name like 'loom::%' group by name")}
+    for phase in PHASES:
+        expect(rows.get(phase, 0) >= 1, f"trace processor: {phase} slices in the trace (got {rows})")
+    expect(rows["loom::step"] == STEPS, f"trace processor: {STEPS} step slices (got {rows['loom::step']})")
+    print("trace read by Perfetto's trace processor:", rows)
+    return True
+
+
+def check_chrome_trace_format(path):
+    with open(path) as f:
+        trace = json.load(f)
+    expect(isinstance(trace, dict) and isinstance(trace.get("traceEvents"), list), "a JSON object with traceEvents")
+    complete = []
+    for e in trace["traceEvents"]:
+        expect(isinstance(e, dict) and isinstance(e.get("ph"), str), f"every event has a phase type: {e}")
+        if e["ph"] != "X":
+            continue
+        for key, kind in (("name", str), ("ts", (int, float)), ("dur", (int, float))):
+            expect(isinstance(e.get(key), kind), f"complete event has {key}: {e}")
+        expect("pid" in e and "tid" in e, f"complete event has pid and tid: {e}")
+        expect(e["dur"] >= 0, f"non-negative duration: {e}")
+        complete.append(e)
+    steps = [e for e in complete if e["name"] == "loom::step"]
+    expect(len(steps) == STEPS, f"{STEPS} loom::step ranges, got {len(steps)}")
+    for phase in PHASES[1:]:
+        ranges = [e for e in complete if e["name"] == phase]
+        expect(ranges, f"{phase} ranges in the trace")
+        for r in ranges:  # each phase lies inside a step of its thread
+            expect(any(s["tid"] == r["tid"] and s["ts"] <= r["ts"] and r["ts"] + r["dur"] <= s["ts"] + s["dur"] + 1
+                       for s in steps), f"{phase} at {r['ts']} inside a loom::step")
+    forward = [e for e in complete if e["name"] == "loom::forward"]
+    ops = [e for e in complete if e["name"].startswith("aten::")]
+    expect(any(f["ts"] <= o["ts"] and o["ts"] + o["dur"] <= f["ts"] + f["dur"] + 1 and o["tid"] == f["tid"]
+               for o in ops for f in forward), "operators (aten::*) recorded inside loom::forward")
+    print(f"trace checked against the Chrome trace-event format: {len(complete)} complete events")
+
+
+work = workdir()
+trace = os.path.join(work, "profile.json")
+r = loom(exe, "profile", *RUN, "--steps", str(STEPS), "--warmup", "2", "--trace", trace, "--top", "10")
+for phase in PHASES:
+    expect(phase in r.stdout, f"the phase table names {phase}", r)
+expect("by self time" in r.stdout and "aten::" in r.stdout, "the operator table", r)
+expect(trace in r.stdout and "ui.perfetto.dev" in r.stdout, "says where the trace is and how to open it", r)
+if not check_with_trace_processor(trace):
+    check_chrome_trace_format(trace)
+
+# The trace is never replaced: a second profile to the same path is refused, the file unchanged.
+digest = hashlib.sha256(open(trace, "rb").read()).hexdigest()
+r = loom(exe, "profile", *RUN, "--steps", "2", "--trace", trace, check=False)
+expect(r.returncode != 0 and "already exists" in r.stderr, "an existing trace path is refused", r)
+expect(hashlib.sha256(open(trace, "rb").read()).hexdigest() == digest, "the existing trace is unchanged")
+
+r = loom(exe, "profile", *RUN, "--steps", "0", "--trace", os.path.join(work, "zero.json"), check=False)
+expect(r.returncode != 0 and "--steps must be in 1..100000" in r.stderr, "--steps 0 is refused", r)
+r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "no", "such", "folder", "t.json"), check=False)
+expect(r.returncode != 0 and "does not exist" in r.stderr, "a trace in a missing folder is refused before training", r)
+print("ok")
