@@ -96,6 +96,9 @@ def main():
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16_amp", "bf16_amp"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--data", default=FMNIST, help="folder of the Fashion-MNIST IDX files (default %(default)s)")
+    p.add_argument("--profile", metavar="TRACE", help="profile the last --profile-steps steps with torch.profiler: "
+                   "a Chrome trace to TRACE and the top operators by self time to stderr")
+    p.add_argument("--profile-steps", type=int, default=20)
     a = p.parse_args()
     device = torch.device(a.device)
     # The same settings as Loom's precision plugins.
@@ -128,8 +131,13 @@ def main():
     order = torch.randperm(len(images), generator=g)
     mean, std = 0.2860, 0.3530
     windows, losses = [], []
+    profiler = None
     t0 = time.perf_counter()
     for step in range(a.steps):
+        if a.profile and step == a.steps - a.profile_steps:
+            profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU] +
+                                              ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []))
+            profiler.__enter__()
         start = (step * a.batch_size) % (len(images) - a.batch_size)
         idx = order[start:start + a.batch_size]
         x = (images[idx].to(device, non_blocking=True).float() / 255.0 - mean) / std
@@ -150,6 +158,11 @@ def main():
             t1 = time.perf_counter()
             windows.append(a.window * a.batch_size / (t1 - t0))
             t0 = t1
+    if profiler is not None:
+        profiler.__exit__(None, None, None)
+        profiler.export_chrome_trace(a.profile)
+        import sys
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), file=sys.stderr)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     print(json.dumps({"windows": windows, "final_loss": sum(losses[-a.window:]) / a.window,
                       "threads": torch.get_num_threads(), "torch": torch.__version__, "device_peak": peak}))

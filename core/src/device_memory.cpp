@@ -6,7 +6,12 @@
 
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/Allocator.h>
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/alignment.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 #if LOOM_TORCH_CUDA
@@ -20,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <unistd.h>
@@ -55,33 +61,37 @@ class BudgetAllocator final : public c10::Allocator {
       return {p, p, &c10::free_cpu, c10::Device(c10::kCPU)};
     }
     if (n == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
+    if (n > std::numeric_limits<size_t>::max() / 2)
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU device out of memory: tried to allocate ", n, " bytes");
     const int64_t bytes = static_cast<int64_t>(n);
     // Reserve the bytes only if they fit: a compare-and-swap, so an attempt that fails never
     // shows in the count another thread checks against the budget.
-    int64_t before = allocated_.load();
-    int64_t budget = 0;
+    int64_t before = allocated_.load(std::memory_order_relaxed);
     do {
-      budget = budget_.load();
+      const int64_t budget = budget_.load(std::memory_order_relaxed);
       if (budget > 0 && before + bytes > budget) {
         ooms_.fetch_add(1);
         TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU device out of memory (Loom's --device-memory-limit): tried to allocate ",
                          format_bytes(bytes), "; ", format_bytes(before), " of the ", format_bytes(budget),
                          " budget already in use");
       }
-    } while (!allocated_.compare_exchange_weak(before, before + bytes));
-    void* p = nullptr;
+    } while (!allocated_.compare_exchange_weak(before, before + bytes, std::memory_order_relaxed));
+    void* base = nullptr;
     try {
-      p = c10::alloc_cpu(n);
-      std::lock_guard<std::mutex> lock(mutex_);
-      sizes_[p] = n;
+      base = c10::alloc_cpu(n + kHeader);
     } catch (...) {  // the host itself is out of memory: give the reservation back
-      if (p != nullptr) c10::free_cpu(p);
-      allocated_.fetch_sub(bytes);
+      allocated_.fetch_sub(bytes, std::memory_order_relaxed);
       throw;
     }
+    // Note [Size in a header]: the block's size lives in front of it, so that freeing needs no
+    // lock and no map (this allocator is on every tensor's path). The data stays aligned as
+    // alloc_cpu aligns (kHeader is a multiple of its alignment) and data == context, as
+    // Allocator::raw_allocate requires.
+    *static_cast<size_t*>(base) = n;
+    void* p = static_cast<char*>(base) + kHeader;
     const int64_t now = before + bytes;
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    int64_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
     return {p, p, &release, c10::Device(c10::kCPU)};
   }
@@ -100,25 +110,17 @@ class BudgetAllocator final : public c10::Allocator {
   void reset_peak() { peak_.store(allocated_.load()); }
 
  private:
+  static constexpr size_t kHeader = 64;
+  static_assert(kHeader % c10::gAlignment == 0);
+
   static void release(void* p) {
     if (p == nullptr) return;
-    BudgetAllocator& self = instance();
-    size_t n = 0;
-    {
-      std::lock_guard<std::mutex> lock(self.mutex_);
-      auto it = self.sizes_.find(p);
-      if (it != self.sizes_.end()) {
-        n = it->second;
-        self.sizes_.erase(it);
-      }
-    }
-    self.allocated_.fetch_sub(static_cast<int64_t>(n));
-    c10::free_cpu(p);
+    void* base = static_cast<char*>(p) - kHeader;
+    instance().allocated_.fetch_sub(static_cast<int64_t>(*static_cast<size_t*>(base)), std::memory_order_relaxed);
+    c10::free_cpu(base);
   }
 
   std::atomic<int64_t> allocated_{0}, peak_{0}, budget_{0}, ooms_{0};
-  std::mutex mutex_;
-  std::unordered_map<void*, size_t> sizes_;
 };
 
 int64_t meminfo(const char* field) {
@@ -247,6 +249,13 @@ void write_memory_snapshot(const c10::Device& device, const std::filesystem::pat
 #endif
   throw Error("memory snapshots are CUDA allocator snapshots (for pytorch.org/memory_viz); " + device.str() +
               " has none");
+}
+
+void release_free_host_memory() {
+#ifdef __GLIBC__
+  // glibc keeps freed blocks in its arenas; those below the top of the heap are returned only here.
+  ::malloc_trim(0);
+#endif
 }
 
 }  // namespace loom::core
