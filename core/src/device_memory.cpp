@@ -6,10 +6,6 @@
 
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/Allocator.h>
-
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/alignment.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -26,10 +22,8 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <mutex>
 #include <sstream>
 #include <unistd.h>
-#include <unordered_map>
 
 namespace loom::core {
 
@@ -249,13 +243,6 @@ void write_memory_snapshot(const c10::Device& device, const std::filesystem::pat
 #endif
   throw Error("memory snapshots are CUDA allocator snapshots (for pytorch.org/memory_viz); " + device.str() +
               " has none");
-}
-
-void release_free_host_memory() {
-#ifdef __GLIBC__
-  // glibc keeps freed blocks in its arenas; those below the top of the heap are returned only here.
-  ::malloc_trim(0);
-#endif
 }
 
 }  // namespace loom::core

@@ -67,7 +67,6 @@ void Trainer::setup() {
   });
   in_phase("opening the run folder", [&] { open_run(); });
   report_startup();
-  release_free_host_memory();
 }
 
 void Trainer::build_components(bool with_optimizer) {

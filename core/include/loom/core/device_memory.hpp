@@ -52,9 +52,4 @@ std::string device_description(const c10::Device& device);
 int64_t physical_memory();
 int64_t available_memory();
 
-/// Gives the host memory that set-up used and freed (a dataset's read buffers, the memory
-/// estimate's probe) back to the system, so that it does not stay in the process's resident set
-/// for the whole run.
-void release_free_host_memory();
-
 }  // namespace loom::core
