@@ -1,8 +1,17 @@
 """Loom against the same model in plain Python PyTorch (same wheel, same thread count), side by
-side: training samples/s and peak resident memory at micro-batch 8 and 128.
+side: training samples/s, GFLOP/s and their share of this machine's sgemm peak, and peak resident
+memory at micro-batch 8 and 128.
 
     build/bin/loom must exist (./loom builds it); run with the venv's Python:
     $(scripts/setup.sh --print-venv)/bin/python bench/compare_fashion_mnist.py [--steps 400]
+    ... --default-job --write-readme    # also the default job, and the table into bench/README.md
+
+Three sides: Loom; the model as a PyTorch user writes it (`pytorch_vit.py`: SDPA, Conv2d
+patches); and the same Python loop computing the model with the kernels Loom's plugin picks on
+CPU (`--kernels loom`), which shows how much of the difference is Loom's runtime and how much its
+kernel choice. FLOPs per sample are the model's training FLOPs as torch.utils.flop_counter counts
+them (forward + backward, the PyTorch-as-written model); the sgemm peak is the best of 2048^3
+float32 matrix products at the same thread count, measured before and after the runs.
 
 Both train the lightweight transformer (3x3 conv stem of 16 channels, patch 7, d_model 96,
 3 layers, 4 heads) on
@@ -68,14 +77,60 @@ def loom(exe, batch, steps, window, threads, work, precision, device, data):
     return rate([l["train/samples_per_s"] for l in train]), train[-1]["train/loss"], peak
 
 
-def pytorch(batch, steps, window, threads, precision, device, data):
+def pytorch(batch, steps, window, threads, precision, device, data, kernels="pytorch"):
     out, _, rss = run([sys.executable, os.path.join(HERE, "pytorch_vit.py"), "--batch-size", str(batch),
-                       "--data", data,
+                       "--data", data, "--kernels", kernels,
                        "--steps", str(steps), "--window", str(window), "--threads", str(threads),
                        "--precision", precision, "--device", device])
     result = json.loads(out.strip().splitlines()[-1])
     peak = rss if device == "cpu" else result["device_peak"]
     return rate(result["windows"]), result["final_loss"], peak, result
+
+
+SGEMM = """
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+n = 2048
+a, b = torch.randn(n, n), torch.randn(n, n)
+for _ in range(3):
+    a @ b
+best = 0.0
+for _ in range(10):
+    start = time.perf_counter()
+    a @ b
+    best = max(best, 2 * n ** 3 / (time.perf_counter() - start) / 1e9)
+print(best)
+"""
+
+
+def sgemm_peak(threads):
+    """GFLOP/s of the best of ten 2048^3 float32 products at `threads` threads. In a child
+    process, as everything that imports torch: a child forked from a parent that holds torch
+    would report the parent's resident set as its own peak (Linux keeps the larger of the two
+    across exec)."""
+    out, _, _ = run([sys.executable, "-c", SGEMM, str(threads)])
+    return float(out.strip().splitlines()[-1])
+
+
+def flops_per_sample(data):
+    out, _, _ = run([sys.executable, os.path.join(HERE, "pytorch_vit.py"), "--flops", "--batch-size", "16",
+                     "--data", data])
+    return json.loads(out.strip().splitlines()[-1])["flops_per_sample"]
+
+
+def default_job(exe, threads, work):
+    """`loom train` with the default configuration, as a user runs it: training samples/s and
+    the test accuracy from its last lines."""
+    args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=default_job",
+            "--set", f"trainer.threads={threads}"]
+    out, err, rss = run(args)
+    text = out + err
+    import re
+    rate = re.search(r"of training, (\d+) samples/s", text)
+    acc = re.search(r"accuracy ([\d.]+) %", text.split("done", 1)[-1])
+    if not rate or not acc:
+        raise RunFailed("the default job's summary lines were not found:\n" + text[-2000:])
+    return float(rate.group(1)), float(acc.group(1)), rss
 
 
 def main():
@@ -91,8 +146,14 @@ def main():
                    "allocated device memory on CUDA)")
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist",
                    help="folder of the Fashion-MNIST IDX files, for both sides (default %(default)s)")
+    p.add_argument("--default-job", action="store_true",
+                   help="also run the default job (`loom train`, 7 epochs) once: samples/s, share of the sgemm "
+                   "peak, test accuracy")
+    p.add_argument("--write-readme", action="store_true",
+                   help="write the table into bench/README.md between its generated-table markers")
     a = p.parse_args()
-    import torch  # the same wheel Loom's LibTorch comes from
+    # The same wheel Loom's LibTorch comes from; asked in a child, not imported (see sgemm_peak).
+    torch_version = run([sys.executable, "-c", "import torch; print(torch.__version__)"])[0].strip().splitlines()[-1]
 
     cpu = platform.processor() or "cpu"
     try:
@@ -100,40 +161,84 @@ def main():
             cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    print(f"machine: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; {a.threads} threads each; "
-          f"{a.steps} steps, throughput over steps {a.window + 1}..{a.steps}")
+    machine = (f"{cpu}, {os.cpu_count()} cores; torch {torch_version}; {a.threads} threads each; "
+               f"{a.steps} steps, throughput over steps {a.window + 1}..{a.steps}")
+    print("machine:", machine)
+    peak = sgemm_peak(a.threads) if a.device == "cpu" else None
+    flops = flops_per_sample(a.data)
+    print(f"model: {flops / 1e6:.2f} MFLOP per training sample"
+          + (f"; sgemm peak {peak:.0f} GFLOP/s" if peak else ""), flush=True)
     work = tempfile.mkdtemp(prefix="loom-bench-")
     rows = []
     failed = []  # a configuration that failed is reported and the others still run
+    job = None
     try:
         for precision in a.precisions.split(","):
             for batch in [int(b) for b in a.batches.split(",")]:
                 runs = []
                 try:
-                    for _ in range(a.repeats):  # interleaved, so a noisy neighbour hits both sides alike
+                    for _ in range(a.repeats):  # interleaved, so a noisy neighbour hits all sides alike
                         l_rate, l_loss, l_mem = loom(a.loom, batch, a.steps, a.window, a.threads, work, precision,
                                                       a.device, a.data)
                         p_rate, p_loss, p_mem, _ = pytorch(batch, a.steps, a.window, a.threads, precision, a.device,
                                                            a.data)
-                        runs.append((l_rate, p_rate, l_mem, p_mem, l_loss, p_loss))
-                        print(f"  {precision} batch {batch}: Loom {l_rate:.0f} samples/s, "
-                              f"PyTorch {p_rate:.0f} samples/s", flush=True)
+                        k_rate, _, _, _ = pytorch(batch, a.steps, a.window, a.threads, precision, a.device, a.data,
+                                                  kernels="loom")
+                        runs.append((l_rate, p_rate, k_rate, l_mem, p_mem, l_loss, p_loss))
+                        print(f"  {precision} batch {batch}: Loom {l_rate:.0f} samples/s, PyTorch {p_rate:.0f}, "
+                              f"PyTorch with Loom's kernels {k_rate:.0f}", flush=True)
                 except RunFailed as e:
                     print(f"  {precision} batch {batch}: FAILED\n{e}", flush=True)
                     failed.append(f"{precision} batch {batch}")
                     continue
-                med = [statistics.median(r[i] for r in runs) for i in range(4)]
-                rows.append((precision, batch, *med, runs[0][4], runs[0][5]))
+                med = [statistics.median(r[i] for r in runs) for i in range(5)]
+                rows.append((precision, batch, *med, runs[0][5], runs[0][6]))
+        if a.default_job:
+            try:
+                job = default_job(a.loom, a.threads, work)
+            except RunFailed as e:
+                print(f"  default job: FAILED\n{e}", flush=True)
+                failed.append("default job")
+        if a.device == "cpu":
+            peak = max(peak, sgemm_peak(a.threads))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print()
+
+    def share(rate):
+        return f"{rate * flops / 1e9:.0f} ({100 * rate * flops / 1e9 / peak:.0f} %)" if peak else "-"
+
     mem = "peak RSS" if a.device == "cpu" else "peak alloc"
-    print(f"{'precision':>9} | {'micro-batch':>11} | {'Loom samples/s':>14} | {'PyTorch samples/s':>17} | "
-          f"{'Loom/PyTorch':>12} | {'Loom ' + mem:>15} | {'PyTorch ' + mem:>18} | {'mem ratio':>9} | "
-          f"final loss Loom / PyTorch")
-    for precision, batch, lr_, pr, lm, pm, ll, pl in rows:
-        print(f"{precision:>9} | {batch:>11} | {lr_:>14.0f} | {pr:>17.0f} | {lr_ / pr:>11.2f}x | "
-              f"{lm / 2**20:>11.0f} MiB | {pm / 2**20:>14.0f} MiB | {lm / pm:>8.2f}x | {ll:.3f} / {pl:.3f}")
+    lines = [f"Machine: {machine}. Model: {flops / 1e6:.2f} MFLOP per training sample"
+             + (f"; sgemm peak {peak:.0f} GFLOP/s (2048^3, {a.threads} threads)." if peak else "."), "",
+             f"| precision | micro-batch | Loom samples/s | PyTorch samples/s | Loom / PyTorch | "
+             f"PyTorch with Loom's kernels | Loom GFLOP/s (of peak) | PyTorch GFLOP/s (of peak) | "
+             f"Loom {mem} | PyTorch {mem} | memory ratio | final loss Loom / PyTorch |",
+             "|" + " --- |" * 12]
+    for precision, batch, lr_, pr, kr, lm, pm, ll, pl in rows:
+        lines.append(f"| {precision} | {batch} | {lr_:.0f} | {pr:.0f} | **{lr_ / pr:.2f}x** | {kr:.0f} | "
+                     f"{share(lr_)} | {share(pr)} | {lm / 2**20:.0f} MiB | {pm / 2**20:.0f} MiB | {lm / pm:.2f}x | "
+                     f"{ll:.3f} / {pl:.3f} |")
+    if job:
+        rate, acc, rss = job
+        lines += ["", f"Default job (`loom train`, configs/fashion_mnist.ini, {a.threads} threads): {rate:.0f} "
+                  f"training samples/s, {share(rate)} GFLOP/s of the sgemm peak, test accuracy {acc:.2f} %, "
+                  f"peak RSS {rss / 2**20:.0f} MiB."]
+    lines += ["", f"Medians of {a.repeats} interleaved repeats; "
+              "`bench/compare_fashion_mnist.py --default-job --write-readme` regenerates this table."]
+    table = "\n".join(lines)
+    print()
+    print(table)
+    if a.write_readme:
+        readme = os.path.join(HERE, "README.md")
+        text = open(readme).read()
+        begin, end = "<!-- generated: compare_fashion_mnist.py -->", "<!-- end generated -->"
+        if begin not in text or end not in text:
+            sys.exit(f"{readme} has no {begin} ... {end} markers to write the table between")
+        head, rest = text.split(begin, 1)
+        text = head + begin + "\n" + table + "\n" + end + rest.split(end, 1)[1]
+        with open(readme, "w") as f:
+            f.write(text)
+        print(f"\nwritten to {readme}")
     if failed:
         sys.exit("failed: " + ", ".join(failed))
 

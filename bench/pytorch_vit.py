@@ -29,6 +29,9 @@ def read_idx(path):
     return torch.from_numpy(np.frombuffer(data, np.uint8, offset=8).astype(np.int64))
 
 
+KERNELS = {"attention": "sdpa", "patch_embedding": "conv"}  # --kernels loom: Loom's CPU choices
+
+
 class Attention(nn.Module):
     def __init__(self, d, heads, dropout):
         super().__init__()
@@ -38,8 +41,14 @@ class Attention(nn.Module):
 
     def forward(self, x):
         b, n, d = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        p = self.dropout if self.training else 0.0
+        if KERNELS["attention"] == "math":  # as Loom's lightweight_transformer on CPU
+            q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(b, n, 3, self.heads, d // self.heads).unbind(2))
+            weights = F.dropout(torch.matmul(q * (d // self.heads) ** -0.5, k.transpose(-2, -1)).softmax(-1), p)
+            out = torch.matmul(weights, v)
+        else:
+            q, k, v = self.qkv(x).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
 
@@ -70,7 +79,13 @@ class Vit(nn.Module):
     def forward(self, x):
         if self.stem is not None:
             x = F.gelu(self.stem(x))
-        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        if KERNELS["patch_embedding"] == "matmul":  # as Loom's lightweight_transformer on CPU
+            b, c, side, _ = x.shape
+            p, g = self.patch_embed.kernel_size[0], side // self.patch_embed.kernel_size[0]
+            patches = x.reshape(b, c, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(b, g * g, c * p * p)
+            x = F.linear(patches, self.patch_embed.weight.view(self.patch_embed.out_channels, -1), self.patch_embed.bias)
+        else:
+            x = self.patch_embed(x).flatten(2).transpose(1, 2)
         x = F.dropout(x + self.pos_embed, self.dropout, self.training)
         for block in self.blocks:
             x = block(x)
@@ -99,7 +114,15 @@ def main():
     p.add_argument("--profile", metavar="TRACE", help="profile the last --profile-steps steps with torch.profiler: "
                    "a Chrome trace to TRACE and the top operators by self time to stderr")
     p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--kernels", choices=["pytorch", "loom"], default="pytorch",
+                   help="pytorch: the model as a PyTorch user writes it (SDPA, Conv2d patches); loom: the same "
+                   "model computed with the kernels Loom's plugin picks on CPU (attention as batched matmuls, "
+                   "patches as one matmul)")
+    p.add_argument("--flops", action="store_true", help="print the training FLOPs per sample (forward + backward, "
+                   "torch.utils.flop_counter) as JSON and exit")
     a = p.parse_args()
+    if a.kernels == "loom":
+        KERNELS.update(attention="math", patch_embedding="matmul")
     device = torch.device(a.device)
     # The same settings as Loom's precision plugins.
     tf32 = a.precision == "tf32"
@@ -127,6 +150,14 @@ def main():
         return a.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, a.steps - warmup))))
 
     model.train()
+    if a.flops:
+        from torch.utils.flop_counter import FlopCounterMode
+        x = torch.zeros(a.batch_size, 1, 28, 28, device=device)
+        with FlopCounterMode(display=False) as counter:
+            F.cross_entropy(model(x), torch.zeros(a.batch_size, dtype=torch.long, device=device),
+                            reduction="sum").backward()
+        print(json.dumps({"flops_per_sample": counter.get_total_flops() / a.batch_size}))
+        return
     g = torch.Generator().manual_seed(a.seed)
     order = torch.randperm(len(images), generator=g)
     mean, std = 0.2860, 0.3530

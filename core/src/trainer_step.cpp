@@ -114,10 +114,14 @@ std::string Trainer::format_metric(const std::string& name, double value) const 
 sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
   sdk::ModelOutput out;
   {
-    auto guard = precision_->forward_guard();
+    LOOM_PHASE("forward");
+    const auto autocast = precision_->forward_guard();
     out = model_->forward(batch, train);
   }
-  if (train) precision_->scale_loss(out.loss_sum).backward();
+  if (train) {
+    LOOM_PHASE("backward");
+    precision_->scale_loss(out.loss_sum).backward();
+  }
   return out;
 }
 
@@ -136,16 +140,7 @@ StepResult Trainer::train_step() {
       LOOM_PHASE("data");
       batch = train_loader_->next();
     }
-    sdk::ModelOutput out;
-    {
-      LOOM_PHASE("forward");
-      const auto autocast = precision_->forward_guard();
-      out = model_->forward(batch, /*train=*/true);
-    }
-    {
-      LOOM_PHASE("backward");
-      precision_->scale_loss(out.loss_sum).backward();
-    }
+    const sdk::ModelOutput out = run_micro_batch(batch, /*train=*/true);
     {
       LOOM_PHASE("report");
       loss_sum.add_(out.loss_sum.detach().to(at::kFloat));

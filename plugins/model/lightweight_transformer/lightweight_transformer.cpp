@@ -34,13 +34,13 @@ enum class PatchKernel { kAuto, kConv, kMatmul };
 
 // Note [Attention kernel on CPU]
 // On CPU, scaled_dot_product_attention picks its flash kernel for float32, which works per
-// (batch, head) and pays that overhead on every short sequence: on the 2-core CI machine, forward
-// and backward of 4 heads x 16 tokens x 24 at batch 128 take 4.6 ms with it and 1.4 ms as three
-// batched operations (Q K^T, softmax, times V); 12.3 against 14.3 ms at 128 tokens, and flash
-// wins only on longer sequences, where the math form's N x N scores also grow (measured with
-// bench/attention_kernels.py). `auto` takes the math form on CPU up to kMathMaxTokens tokens and
+// (batch, head) and pays that overhead on every short sequence. Forward and backward on the
+// 2-core CI machine (bench/attention_kernels.py, 4 heads): at batch 128 x 16 tokens x 24, 4.3 ms
+// with it and 0.9 ms as three batched operations (Q K^T, softmax, times V); 6.8 against 9.5 ms
+// at 100 tokens; from 128 tokens on flash ties or wins (13.3 against 12.1 ms), and the math
+// form's N x N scores grow. `auto` takes the math form on CPU up to kMathMaxTokens tokens and
 // SDPA everywhere else (on CUDA its fused kernels win).
-constexpr int64_t kMathMaxTokens = 128;
+constexpr int64_t kMathMaxTokens = 100;
 
 class AttentionImpl : public torch::nn::Module {
  public:
@@ -170,7 +170,8 @@ class VitImpl : public torch::nn::Module {
   // image into patches and one matrix product with the kernel flattened, with the same weights
   // (the checkpoint keeps the convolution's [d, C, p, p] weight). On CPU, oneDNN's convolution
   // backward for this shape is slow: forward and backward of the 16 -> 96, 7x7/7 embedding at
-  // batch 128 take 16.3 ms as a convolution and 9.8 ms as a product (bench/attention_kernels.py).
+  // batch 128 take 11.4 ms as a convolution and 8.8 ms as a product, 102 against 43 ms for a
+  // 224 x 224 image in 16 x 16 patches at batch 32 (bench/attention_kernels.py, 2 cores).
   at::Tensor embed_patches(const at::Tensor& x) {
     const int64_t b = x.size(0), c = x.size(1), side = x.size(2), g = side / patch_;
     const bool matmul = patch_kernel_ == PatchKernel::kMatmul || (patch_kernel_ == PatchKernel::kAuto && x.is_cpu());
@@ -210,7 +211,7 @@ class LightweightTransformer final : public loom::sdk::Model {
       loom::sdk::option_enum("pool", "mean", "mean|cls", "mean of the tokens, or a class token"),
       loom::sdk::option_enum("attention", "auto", "auto|sdpa|math",
                              "attention kernel: scaled_dot_product_attention, or Q K^T, softmax, times V as three "
-                             "batched products; auto: math on CPU up to 128 tokens (faster there), SDPA elsewhere"),
+                             "batched products; auto: math on CPU up to 100 tokens (faster there), SDPA elsewhere"),
       loom::sdk::option_enum("patch_embedding", "auto", "auto|conv|matmul",
                              "images: the patch embedding as a strided convolution or as one matrix product over "
                              "the patches (the same weights); auto: matmul on CPU (faster there), conv elsewhere"),
