@@ -47,7 +47,7 @@ mkdir -p "$out/logs" "$out/junit"
 out="$(cd "$out" && pwd)"
 summary="$out/summary.md"
 step_rows=()   # "| step | status | seconds | log |" rows, in order
-planned=(unpack setup configure build test-gpu bench-precision bench-memory test-rest)
+planned=(unpack setup configure build test-gpu bench-profile bench-precision bench-memory test-rest)
 failures=0
 
 remaining() { echo $((deadline - $(date +%s))); }
@@ -196,6 +196,13 @@ run_step test-gpu 20 ctest --test-dir "$build_dir" -L gpu --output-on-failure --
 # Each prints its figures (summary.md quotes them whole). On a GPU: the precision table (Loom against the same
 # model in PyTorch from the same torch, every precision) and the memory figures; the dry run
 # runs them short on the CPU.
+# `loom profile` on the device: a Chrome trace with the CUDA kernels and copies beside Loom's
+# phases (traces/ in the output), and its tables in the log.
+mkdir -p "$out/traces"
+if [ $dry_run = 1 ]; then profile_device=cpu; else profile_device=cuda; fi
+run_step bench-profile 20 "$build_dir/bin/loom" profile --steps 20 --warmup 5 --set trainer.device=$profile_device \
+  --set data.name=synthetic --set data.image_size=28 --set data.train_size=8192 --set data.test_size=256 \
+  --set trainer.batch_size=128 --trace "$out/traces/loom-profile-$profile_device.json"
 fmnist=""
 for d in /usr/share/datasets/fashion-mnist /opt/gpu-deps/usr/share/datasets/fashion-mnist; do
   [ -f "$d/train-images-idx3-ubyte.gz" ] && { fmnist="$d"; break; }
