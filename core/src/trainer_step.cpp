@@ -73,9 +73,15 @@ void Trainer::add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const {
       throw Error("model '" + value_of(config_, "model.name") + "' reported a metric '" + name +
                   "' that its metrics() does not declare (it declares " + join(metric_names(), ", ") +
                   "); declare it with its direction, or stop reporting it");
+    const at::Tensor& count_of = value.count.defined() ? value.count : out.count;
+    if (!value.sum.defined() || value.sum.numel() != 1 || count_of.numel() != 1)
+      throw Error("model '" + value_of(config_, "model.name") + "' reported metric '" + name + "' with a sum of " +
+                  (value.sum.defined() ? std::to_string(value.sum.numel()) : std::string("no")) + " elements and a count of " +
+                  std::to_string(count_of.numel()) + "; a metric is one sum and one count over the micro-batch (scalars)");
     auto& [sum, count] = sums[name];
-    const at::Tensor s = value.sum.detach().to(at::kFloat);
-    const at::Tensor c = value.count.defined() ? value.count.detach().to(at::kFloat) : out.count.detach().to(at::kFloat);
+    // On the step's device, whatever device the model reported it on: the step's report is one tensor.
+    const at::Tensor s = value.sum.detach().to(device_, at::kFloat);
+    const at::Tensor c = count_of.detach().to(device_, at::kFloat);
     sum = sum.defined() ? sum + s : s;
     count = count.defined() ? count + c : c;
   }
@@ -143,8 +149,8 @@ StepResult Trainer::train_step() {
     const sdk::ModelOutput out = run_micro_batch(batch, /*train=*/true);
     {
       LOOM_PHASE("report");
-      loss_sum.add_(out.loss_sum.detach().to(at::kFloat));
-      count.add_(out.count.detach().to(at::kFloat));
+      loss_sum.add_(out.loss_sum.detach().to(device_, at::kFloat));
+      count.add_(out.count.detach().to(device_, at::kFloat));
       add_metrics(metric_sums, out);
     }
   }

@@ -7,6 +7,7 @@
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
@@ -15,7 +16,11 @@ namespace {
 
 class MetricModel final : public loom::sdk::Model {
  public:
-  explicit MetricModel(const loom::sdk::Options&) {}
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_bool("vector_metric", "false", "report per_batch with a sum of two elements (a broken model)"),
+  };
+
+  explicit MetricModel(const loom::sdk::Options& o) : vector_metric_(o.get_bool("vector_metric")) {}
 
   void setup(const loom::sdk::DataSpec& data) override {
     int64_t features = 1;
@@ -39,7 +44,7 @@ class MetricModel final : public loom::sdk::Model {
             at::scalar_tensor(n, f),
             {{"correct", {predicted.eq(target).sum().to(at::kFloat), {}}},
              {"sq_error", {(predicted - target).pow(2).sum().to(at::kFloat), at::scalar_tensor(2 * n, f)}},
-             {"per_batch", {at::scalar_tensor(1.0, f), at::scalar_tensor(1.0, f)}}}};
+             {"per_batch", {vector_metric_ ? at::ones({2}, f) : at::scalar_tensor(1.0, f), at::scalar_tensor(1.0, f)}}}};
   }
 
   std::vector<loom::sdk::MetricSpec> metrics() const override {
@@ -50,6 +55,7 @@ class MetricModel final : public loom::sdk::Model {
   }
 
  private:
+  bool vector_metric_;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};

@@ -289,6 +289,22 @@ TEST_F(TrainerTest, MetricsKeepTheirNamesAndTheirOwnDenominators) {
   EXPECT_EQ(t->format_metric("correct", 0.5), "correct 50.00 %");
 }
 
+TEST_F(TrainerTest, AMetricThatIsNotOneSumAndOneCountIsOneClearError) {
+  // The step's report travels as one tensor of scalars: a metric of two elements is named, not
+  // a shape error from inside the reduction.
+  Config c = metric_run(dir_, "vector_metric");
+  c.set_assignment("model.vector_metric=true");
+  auto t = make(c);
+  try {
+    t->train_step();
+    FAIL() << "a two-element metric was accepted";
+  } catch (const loom::sdk::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("metric 'per_batch' with a sum of 2 elements"), std::string::npos) << what;
+    EXPECT_NE(what.find("scalars"), std::string::npos) << what;
+  }
+}
+
 TEST_F(TrainerTest, TheBestCheckpointFollowsTheMetricsDirection) {
   // Lower is better for the loss and sq_error, higher for correct: each best file holds the
   // step whose evaluation was best in that direction.
