@@ -85,20 +85,62 @@ Parameters Parameters::of(sdk::Model& model) {
   return out;
 }
 
-std::vector<at::Tensor> Parameters::gradients() {
-  std::vector<at::Tensor> grads;
-  for (auto& g : trainable_)
-    for (auto& p : g.params) {
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      grads.push_back(p.grad());
+// Note [Flat gradients]
+// Every trainable parameter's gradient is a view into a flat buffer of its device and dtype,
+// set before the first backward: autograd then accumulates into the views in place, and the
+// host's work on all gradients is one operation per buffer (at batch 8 on CPU the per-parameter
+// operations were a tenth of the step). Something else may replace a gradient (a callback
+// calling Module::zero_grad, which drops them): each use checks that every gradient is still
+// its view and puts it back, copying what it held.
+void Parameters::bind_gradients() {
+  if (slices_.empty()) {
+    std::vector<std::vector<at::Tensor>> buckets;
+    for (auto& g : trainable_)
+      for (auto& p : g.params) {
+        auto it = std::find_if(buckets.begin(), buckets.end(), [&](const auto& b) {
+          return b.front().device() == p.device() && b.front().scalar_type() == p.scalar_type();
+        });
+        if (it == buckets.end()) buckets.push_back({p});
+        else it->push_back(p);
+      }
+    for (const auto& bucket : buckets) {
+      int64_t total = 0;
+      for (const auto& p : bucket) total += p.numel();
+      at::Tensor flat = at::zeros({total}, bucket.front().options().requires_grad(false));
+      int64_t offset = 0;
+      for (const auto& p : bucket) {
+        slices_.emplace_back(p, flat.narrow(0, offset, p.numel()).view(p.sizes()));
+        offset += p.numel();
+      }
+      flats_.push_back(flat);
     }
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [p, view] : slices_) {
+    const at::Tensor& grad = p.grad();
+    if (grad.defined() && grad.unsafeGetTensorImpl() == view.unsafeGetTensorImpl()) continue;
+    if (grad.defined()) view.copy_(grad.is_sparse() ? grad.to_dense() : grad);
+    else view.zero_();
+    p.mutable_grad() = view;
+  }
+}
+
+std::vector<at::Tensor> Parameters::gradients() {
+  bind_gradients();
+  std::vector<at::Tensor> grads;
+  grads.reserve(slices_.size());
+  for (const auto& [p, view] : slices_) grads.push_back(view);
   return grads;
 }
 
+std::vector<at::Tensor> Parameters::flat_gradients() {
+  bind_gradients();
+  return flats_;
+}
+
 void Parameters::zero_grad() {
-  for (auto& g : trainable_)
-    for (auto& p : g.params)
-      if (p.grad().defined()) p.mutable_grad().zero_();
+  bind_gradients();
+  for (auto& flat : flats_) flat.zero_();
 }
 
 int64_t Parameters::count() const {

@@ -158,6 +158,7 @@ StepResult Trainer::train_step() {
   // count once, so the update does not depend on how the global batch was split. The step's
   // report (loss, count, metric sums and counts) travels as one tensor in the same reduction.
   std::vector<at::Tensor> grads = parameters_.gradients();
+  const std::vector<at::Tensor> flats = parameters_.flat_gradients();  // the same memory, a few tensors
   std::vector<std::string> metric_order;
   at::Tensor totals;
   {
@@ -169,12 +170,12 @@ StepResult Trainer::train_step() {
       parts.push_back(pair.second.reshape({1}));
     }
     totals = at::cat(parts);
-    std::vector<at::Tensor> reduced = grads;
+    std::vector<at::Tensor> reduced = flats;
     reduced.push_back(totals);
     parallel_->all_reduce_sum(reduced);
     totals = reduced.back();
     at::NoGradGuard no_grad;
-    if (!grads.empty()) at::_foreach_mul_(grads, totals[1].clamp_min(1).reciprocal());
+    if (!flats.empty()) at::_foreach_mul_(flats, totals[1].clamp_min(1).reciprocal());
   }
   if (gradient_hook_) gradient_hook_(grads);
   notify("on_after_backward", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_after_backward(run, grads); });
@@ -200,7 +201,7 @@ StepResult Trainer::train_step() {
   {
     LOOM_PHASE("optimizer");
     finite = precision_->unscale_gradients(grads);
-    if (finite) result.grad_norm = clip_grad_norm(grads, options_.clip_grad_norm).item<double>();
+    if (finite) result.grad_norm = clip_grad_norm(flats, options_.clip_grad_norm).item<double>();
     committed_ = true;
     if (finite) {
       notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });

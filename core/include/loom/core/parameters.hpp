@@ -28,18 +28,26 @@ class Parameters {
   /// Every distinct parameter of the module, frozen ones included.
   const std::vector<at::Tensor>& all() const { return all_; }
 
-  /// Every trainable parameter's gradient, in a fixed order, each once (created as zeros where
-  /// missing, so the first step allocates nothing new).
+  /// Every trainable parameter's gradient, in a fixed order, each once: a view into one of the
+  /// flat buffers (Note [Flat gradients]).
   std::vector<at::Tensor> gradients();
-  /// Sets every gradient to zero (keeps the buffers).
+  /// The same gradients as a few flat buffers, one per (device, dtype): what the host does to
+  /// every gradient (dividing, the norm, clipping, the reduction across ranks) is one operation
+  /// per buffer instead of one per parameter.
+  std::vector<at::Tensor> flat_gradients();
+  /// Sets every gradient to zero (one fill per buffer).
   void zero_grad();
   /// Parameters (elements), all and trainable.
   int64_t count() const;
   int64_t trainable_count() const;
 
  private:
+  void bind_gradients();
+
   std::vector<sdk::ParameterGroup> trainable_;
   std::vector<at::Tensor> all_;
+  std::vector<at::Tensor> flats_;                              ///< one per (device, dtype)
+  std::vector<std::pair<at::Tensor, at::Tensor>> slices_;      ///< (parameter, its view of a buffer)
 };
 
 /// Clips the gradients' global L2 norm to max_norm (no-op when max_norm <= 0); returns the norm
