@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 namespace po = boost::program_options;
@@ -56,7 +58,9 @@ void print_usage(std::ostream& out) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_loom(int argc, char** argv) {
   loom::core::install_crash_report("loom");
   std::vector<std::string> args(argv + 1, argv + argc);
   // The command is the first argument that is not an option (or the value of --log-level /
@@ -128,4 +132,36 @@ int main(int argc, char** argv) {
     loom::core::log::error(e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define LOOM_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define LOOM_SANITIZED 1
+#endif
+#endif
+#ifndef LOOM_SANITIZED
+#define LOOM_SANITIZED 0
+#endif
+
+int main(int argc, char** argv) {
+  const int status = run_loom(argc, argv);
+#if LOOM_SANITIZED
+  return status;  // the sanitizers' leak check runs in exit()
+#else
+  // Note [Leaving without the libraries' destructors]
+  // Everything Loom wrote is closed by now (the command's objects are gone). What exit() would
+  // still run are the shared libraries' own destructors, and those of LibTorch's CUDA libraries
+  // page in about 110 MiB on the way out (measured: the resident set went from 504 to 616 MiB
+  // inside _dl_fini, after the run's last line), which made the end of every command the peak
+  // of its memory. The streams are flushed and the process ends here.
+  loom::core::log::flush();
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(status);
+#endif
 }

@@ -12,6 +12,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/full_like.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
@@ -380,6 +381,31 @@ TEST_F(TrainerTest, ATiedParameterIsOneParameterEverywhere) {
   for (const auto& [name, p] : named.pairs())
     if (name != "second.weight") sq += p.grad().pow(2).sum().item<double>();
   EXPECT_NEAR(r.grad_norm, std::sqrt(sq), 1e-5 * std::sqrt(sq));
+}
+
+TEST_F(TrainerTest, GradientsReplacedOutsideTheTrainerArePutBackIntoTheirBuffer) {
+  // Gradients are views into flat buffers (Note [Flat gradients]). Something else may drop or
+  // replace them between steps (Module::zero_grad sets them to none, a callback assigns one):
+  // the next step puts every one back and takes the same update as a run where nothing did.
+  auto a = make(base("flat_a"));
+  auto b = make(base("flat_b"));
+  a->train_step();
+  b->train_step();
+  torch::nn::Module& m = b->model().module();
+  m.zero_grad();  // set to none
+  auto params = m.parameters();
+  ASSERT_FALSE(params.empty());
+  ASSERT_FALSE(params[0].grad().defined());
+  params[1].mutable_grad() = at::full_like(params[1], 7.0);  // a stray gradient, not a view
+  const StepResult ra = a->train_step();
+  const StepResult rb = b->train_step();
+  EXPECT_DOUBLE_EQ(ra.loss, rb.loss);
+  EXPECT_DOUBLE_EQ(ra.grad_norm, rb.grad_norm);
+  const auto pa = parameters(*a), pb = parameters(*b);
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
+  // Every trainable parameter has its gradient again.
+  for (const auto& p : m.parameters())
+    if (p.requires_grad()) EXPECT_TRUE(p.grad().defined());
 }
 
 TEST_F(TrainerTest, OptimizerStateHasOneMomentBufferForATiedParameter) {
