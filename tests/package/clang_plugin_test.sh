@@ -24,7 +24,7 @@ readelf -p .comment "$plugin" | grep -q clang || fail "the plugin was not compil
 
 out="$("$loom" plugins inspect "$plugin")" || { echo "$out"; fail "the gcc-built Loom refuses the clang-built plugin"; }
 echo "$out" | grep -E "compiler|status"
-echo "$out" | grep -qE "compiler +clang" || fail "the fingerprint does not name clang"
+grep -qE "compiler +clang" <<<"$out" || fail "the fingerprint does not name clang"
 "$loom" doctor | grep -E "compiler" || true
 
 echo "--- train with it"
@@ -32,5 +32,5 @@ out="$("$loom" train --plugin-dir "$work/example" --set model.name=mlp_classifie
   --set trainer.max_steps=40 --set trainer.batch_size=32 --set trainer.device=cpu --set precision.name=fp32 \
   --set trainer.work_dir="$work/runs" --set trainer.name=clang 2>&1)" || { echo "$out"; fail "the run failed"; }
 echo "$out" | grep -E "model|test step|done" | head -5
-echo "$out" | grep -qE "test step 40: loss [0-9.]+, accuracy [0-9.]+ %" || fail "no test evaluation"
+grep -qE "test step 40: loss [0-9.]+, accuracy [0-9.]+ %" <<<"$out" || fail "no test evaluation"
 echo "clang plugin test passed"

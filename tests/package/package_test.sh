@@ -68,8 +68,8 @@ out="$("$loom" train --plugin-dir "$work/example" --set data.name=sine_regressio
   --set trainer.max_steps=60 --set trainer.eval_every=30 --set trainer.device=cpu --set precision.name=fp32 \
   --set trainer.work_dir="$work/runs" --set trainer.name=regression 2>&1)" || { echo "$out"; fail "the run failed"; }
 echo "$out" | grep -E "plan|validation step|test step|done"
-echo "$out" | grep -qE "plan: 64 = 64 x 1 x 1 -> 16 x 4 x 1 \(micro_batch_cap" || fail "the policy did not split the batch"
-echo "$out" | grep -qE "test step 60: loss [0-9.]+, MAE [0-9.]+, MSE [0-9.]+" || fail "no test evaluation with MSE and MAE"
+grep -qE "plan: 64 = 64 x 1 x 1 -> 16 x 4 x 1 \(micro_batch_cap" <<<"$out" || fail "the policy did not split the batch"
+grep -qE "test step 60: loss [0-9.]+, MAE [0-9.]+, MSE [0-9.]+" <<<"$out" || fail "no test evaluation with MSE and MAE"
 test -f "$work/runs/regression/checkpoints/best_mse.safetensors" || fail "no best_mse.safetensors (best_metric auto: the first metric)"
 step "a run that the out-of-tree callback stops"
 # factor 1: any logged loss above the lowest so far counts as diverging, so it stops early.
@@ -112,8 +112,8 @@ if echo "$needed" | grep -iE 'torch|c10|stdc\+\+|loom'; then fail "the C plugin 
 [ "$(nm -D --defined-only "$c_plugin" | awk '{print $3}' | sort -u)" = "loom_plugin_entry_v1" ] || fail "the C plugin exports more than its entry point"
 out="$("$loom" plugins inspect "$c_plugin")" || { echo "$out"; fail "inspect does not accept the C plugin"; }
 echo "$out" | grep -E "tier|status|C interface"
-echo "$out" | grep -qE "tier +c$" || fail "the C plugin's fingerprint does not say tier c"
-echo "$out" | grep -q "libtorch" && fail "the C plugin's fingerprint names a LibTorch"
+grep -qE "tier +c$" <<<"$out" || fail "the C plugin's fingerprint does not say tier c"
+grep -q "libtorch" <<<"$out" && fail "the C plugin's fingerprint names a LibTorch"
 check="$("$loom" plugins check "$c_plugin" 2>&1)" || { echo "$check"; fail "the C plugin does not pass loom plugins check"; }
 echo "$check" | tail -1
 if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
@@ -123,7 +123,7 @@ if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     --set trainer.device=cpu --set precision.name=fp32 --set trainer.work_dir="$work/runs" --set trainer.name=c_data 2>&1)" \
     || { echo "$out"; fail "the run on the C dataset failed"; }
   echo "$out" | grep -E "Fashion-MNIST \(C tier\)|test step"
-  echo "$out" | grep -qE "test step 30: loss [0-9.]+, accuracy [0-9.]+ %" || fail "no test evaluation on the C dataset"
+  grep -qE "test step 30: loss [0-9.]+, accuracy [0-9.]+ %" <<<"$out" || fail "no test evaluation on the C dataset"
 fi
 
 echo "package test passed"
