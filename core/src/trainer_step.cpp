@@ -24,6 +24,45 @@ namespace loom::core {
 
 using namespace detail;
 
+namespace {
+
+using Sums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
+
+/// The loss sum, the count and each metric's sum and count (metrics by name) as one tensor on
+/// the device: what a step or an evaluation reports, reduced across ranks in one call and read
+/// to the host once.
+at::Tensor pack_report(const at::Tensor& loss_sum, const at::Tensor& count, const Sums& sums) {
+  std::vector<at::Tensor> parts{loss_sum.reshape({1}), count.reshape({1})};
+  for (const auto& [name, pair] : sums) {
+    parts.push_back(pair.first.reshape({1}));
+    parts.push_back(pair.second.reshape({1}));
+  }
+  return at::cat(parts);
+}
+
+struct ReportValues {
+  int64_t samples = 0;
+  double loss = 0;
+  std::map<std::string, double> metrics;  ///< sum / count; NaN where a count is 0
+};
+
+/// One read of a packed report.
+ReportValues read_report(const at::Tensor& totals, const Sums& sums) {
+  const at::Tensor host = totals.to(at::kCPU, at::kDouble);
+  const double* v = host.data_ptr<double>();
+  ReportValues out;
+  out.samples = static_cast<int64_t>(v[1]);
+  out.loss = v[0] / std::max(1.0, v[1]);
+  size_t i = 2;
+  for (const auto& [name, pair] : sums) {
+    out.metrics[name] = v[i + 1] > 0 ? v[i] / v[i + 1] : std::nan("");
+    i += 2;
+  }
+  return out;
+}
+
+}  // namespace
+
 StepState Trainer::capture() const {
   StepState s;
   s.step = step_;
@@ -87,21 +126,6 @@ void Trainer::add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const {
   }
 }
 
-std::map<std::string, double> Trainer::reduce_metrics(MetricSums& sums) const {
-  std::vector<at::Tensor> totals;
-  for (auto& [name, pair] : sums) {
-    totals.push_back(pair.first);
-    totals.push_back(pair.second);
-  }
-  if (!totals.empty()) parallel_->all_reduce_sum(totals);
-  std::map<std::string, double> out;
-  for (auto& [name, pair] : sums) {
-    const double count = pair.second.item<double>();
-    out[name] = count > 0 ? pair.first.item<double>() / count : std::nan("");
-  }
-  return out;
-}
-
 std::vector<std::string> Trainer::metric_names() const {
   std::vector<std::string> names;
   for (const auto& [name, spec] : metric_specs_) names.push_back(name);
@@ -159,17 +183,10 @@ StepResult Trainer::train_step() {
   // report (loss, count, metric sums and counts) travels as one tensor in the same reduction.
   std::vector<at::Tensor> grads = parameters_.gradients();
   const std::vector<at::Tensor> flats = parameters_.flat_gradients();  // the same memory, a few tensors
-  std::vector<std::string> metric_order;
   at::Tensor totals;
   {
     LOOM_PHASE("reduce");
-    std::vector<at::Tensor> parts{loss_sum.reshape({1}), count.reshape({1})};
-    for (auto& [name, pair] : metric_sums) {
-      metric_order.push_back(name);
-      parts.push_back(pair.first.reshape({1}));
-      parts.push_back(pair.second.reshape({1}));
-    }
-    totals = at::cat(parts);
+    totals = pack_report(loss_sum, count, metric_sums);
     std::vector<at::Tensor> reduced = flats;
     reduced.push_back(totals);
     parallel_->all_reduce_sum(reduced);
@@ -185,14 +202,10 @@ StepResult Trainer::train_step() {
   StepResult result;
   {
     LOOM_PHASE("report");
-    const at::Tensor host = totals.to(at::kCPU, at::kDouble);
-    const double* v = host.data_ptr<double>();
-    result.samples = static_cast<int64_t>(v[1]);
-    result.loss = v[0] / std::max(1.0, v[1]);
-    for (size_t i = 0; i < metric_order.size(); ++i) {
-      const double c = v[3 + 2 * i];
-      result.metrics[metric_order[i]] = c > 0 ? v[2 + 2 * i] / c : std::nan("");
-    }
+    ReportValues values = read_report(totals, metric_sums);
+    result.samples = values.samples;
+    result.loss = values.loss;
+    result.metrics = std::move(values.metrics);
     result.lr = current_lr();
   }
   // Unscaling and clipping change only the gradients, which a replay zeroes: up to here an
@@ -275,16 +288,16 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
   MetricSums sums;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
     const sdk::ModelOutput out = run_micro_batch(loader.next(), /*train=*/false);
-    loss_sum.add_(out.loss_sum.to(at::kFloat));
-    count.add_(out.count.to(at::kFloat));
+    loss_sum.add_(out.loss_sum.to(device_, at::kFloat));
+    count.add_(out.count.to(device_, at::kFloat));
     add_metrics(sums, out);
   }
-  std::vector<at::Tensor> totals{loss_sum, count};
+  std::vector<at::Tensor> totals{pack_report(loss_sum, count, sums)};
   parallel_->all_reduce_sum(totals);
-  const double n = std::max(1.0, count.item<double>());
-  result.samples = static_cast<int64_t>(count.item<double>());
-  result.loss = loss_sum.item<double>() / n;
-  result.metrics = reduce_metrics(sums);
+  ReportValues values = read_report(totals.front(), sums);
+  result.samples = values.samples;
+  result.loss = values.loss;
+  result.metrics = std::move(values.metrics);
   result.seconds = seconds_since(start);
   module.train();
   return result;

@@ -250,8 +250,6 @@ class Trainer {
   /// Per metric: (sum, count) over the micro-batches so far.
   using MetricSums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
   void add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const;
-  /// sum / count of each metric over every rank.
-  std::map<std::string, double> reduce_metrics(MetricSums& sums) const;
   std::vector<std::string> metric_names() const;
   double current_lr() const;
   std::string state_json() const;
