@@ -29,7 +29,19 @@ macro(loom_find_torch)
     find_package(Torch REQUIRED CONFIG)
 
     add_library(loom::torch INTERFACE IMPORTED GLOBAL)
-    target_link_libraries(loom::torch INTERFACE torch)
+    # Note [libstdc++ first]
+    # Some torch wheels export copies of libstdc++'s std::filesystem functions without symbol
+    # versions (torch 2.11's libtorch.so; 2.15's libtorch_cpu.so). A binary whose references the
+    # linker bound to such a copy carries unversioned references, and the dynamic linker then
+    # prefers an unversioned definition to libstdc++'s versioned one wherever libstdc++ sits in
+    # the load order: torch 2.11's remove_all calls through a null pointer, which crashed every
+    # run that pruned a checkpoint, cleaned a work folder or ended a test on the H200 (and the
+    # H100 before it). So libstdc++ is named on the link line after the binary's objects and
+    # before LibTorch, for every binary that links LibTorch (executables, plugins, the SDK's
+    # users): its versioned symbols bind first. An earlier form, a link *option* (placed before
+    # the objects), passed here but not on the GPU machine's Ubuntu toolchain.
+    # tests/unit/sdk/link_order_test.cpp checks the result; `loom doctor` shows it.
+    target_link_libraries(loom::torch INTERFACE "-Wl,--push-state,--no-as-needed,-lstdc++,--pop-state" torch)
     if(TORCH_CUDA_LIBRARIES)
       set(LOOM_TORCH_CUDA 1)
     else()
@@ -51,16 +63,6 @@ macro(loom_find_torch)
       list(JOIN _loom_nvidia_lib_dirs ":" _loom_rpath_link)
       target_link_options(loom::torch INTERFACE "LINKER:-rpath-link,${_loom_rpath_link}")
     endif()
-    # Note [libstdc++ first]
-    # Some torch wheels export copies of libstdc++'s std::filesystem functions (torch 2.11's
-    # libtorch.so; 2.15's libtorch_cpu.so), and an executable that lists LibTorch before
-    # libstdc++ in its DT_NEEDED entries binds every std::filesystem call, its plugins' too, to
-    # them: torch 2.11's remove_all calls through a null pointer, which crashed every run that
-    # pruned a checkpoint on the GPU machine. An executable therefore names libstdc++ first
-    # (before its objects, kept although nothing needs it yet at that point), so that its symbols
-    # win the process-wide lookup. tests/unit/sdk/link_order_test.cpp checks it.
-    target_link_options(loom::torch INTERFACE
-      "$<$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>:LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state>")
     message(STATUS "Loom: LibTorch ${LOOM_TORCH_BUILD} (${_loom_torch_lib_dir}), commit ${LOOM_TORCH_GIT}, CUDA: ${LOOM_TORCH_CUDA_VERSION}; "
                    "binaries built here, installed or not, load it from there (their RUNPATH)")
   endif()

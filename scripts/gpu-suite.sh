@@ -181,6 +181,11 @@ else
   # Boost under /opt/gpu-deps is the one to use.
   boost=()
   for d in /opt/gpu-deps/usr/lib/x86_64-linux-gnu/cmake/Boost-*; do [ -d "$d" ] && boost=(-DBoost_DIR="$d"); done
+  # Its CMake sets no CMAKE_LIBRARY_ARCHITECTURE, so find_library does not look in the staged
+  # lib/x86_64-linux-gnu: name the staged libelf (seen on the H200: "libelf not found").
+  for f in /opt/gpu-deps/usr/lib/x86_64-linux-gnu/libelf.so; do
+    [ -e "$f" ] && boost+=(-DLOOM_LIBELF_LIBRARY="$f" -DLOOM_LIBELF_INCLUDE_DIR=/opt/gpu-deps/usr/include)
+  done
   run_step configure 10 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLOOM_PYTHON="$py" "${boost[@]}" || exit 1
 fi

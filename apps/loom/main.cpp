@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <loom/core/crash_report.hpp>
+#include <loom/core/link_check.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/sdk/version.hpp>
@@ -62,6 +63,13 @@ namespace {
 
 int run_loom(int argc, char** argv) {
   loom::core::install_crash_report("loom");
+  // Note [libstdc++ first] (cmake/LoomTorch.cmake): where std::filesystem went to a LibTorch copy,
+  // torch 2.11's crashes the first time a folder is removed. Say so before that happens.
+  if (const std::string provider = loom::core::std_filesystem_provider();
+      provider.find("libstdc++.so") == std::string::npos)
+    loom::core::log::warn("std::filesystem resolves to ", provider,
+                          ", not to libstdc++: this loom was linked with LibTorch before libstdc++ and may crash "
+                          "when it removes a folder; rebuild it with Loom's CMake files (`loom doctor` shows the row)");
   std::vector<std::string> args(argv + 1, argv + argc);
   // The command is the first argument that is not an option (or the value of --log-level /
   // --plugin-dir given before it).
