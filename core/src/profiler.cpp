@@ -23,6 +23,12 @@ using torch::profiler::impl::ActivityType;
 using torch::profiler::impl::ProfilerConfig;
 using torch::profiler::impl::ProfilerState;
 
+// The CUDA runtime calls that block the host until the device has caught up.
+bool is_host_sync(const std::string& name) {
+  return name == "cudaStreamSynchronize" || name == "cudaDeviceSynchronize" || name == "cudaEventSynchronize" ||
+         name == "cudaMemcpy" || name == "cuStreamSynchronize" || name == "cuCtxSynchronize";
+}
+
 std::set<ActivityType> activities_for(const c10::Device& device) {
   std::set<ActivityType> out{ActivityType::CPU};
   if (device.is_cuda()) out.insert(ActivityType::CUDA);
@@ -92,12 +98,21 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
   std::map<std::string, ProfileRow> operators, kernels, phases;
   std::map<std::string, uint64_t> phase_first;
   ProfileReport report;
+  std::map<std::string, ProfileRow> syncs;
   for (const auto& e : result->events()) {
     if (e.deviceType() != c10::DeviceType::CPU) {
+      // Kineto mirrors each user range on the device's timeline (gpu_user_annotation): a phase
+      // there spans kernels, it is not one.
+      if (is_phase(e.name())) continue;
       const double us = static_cast<double>(e.durationNs()) / 1e3;
       add(kernels, e.name(), us, us);
       report.kernels_us += us;
       continue;
+    }
+    if (is_host_sync(e.name())) {
+      const double us = static_cast<double>(e.durationNs()) / 1e3;
+      add(syncs, e.name(), us, us);
+      ++report.host_sync_count;
     }
     by_thread[e.startThreadId()].push_back({&e, e.startNs(), e.endNs()});
   }
@@ -133,6 +148,7 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
   }
   report.operators = sorted_by_self(operators);
   report.kernels = sorted_by_self(kernels);
+  report.host_syncs = sorted_by_self(syncs);
   for (auto& [name, row] : phases) report.phases.push_back(row);
   std::sort(report.phases.begin(), report.phases.end(), [&](const ProfileRow& a, const ProfileRow& b) {
     return phase_first[a.name] < phase_first[b.name];
@@ -164,6 +180,17 @@ std::string format_profile(const ProfileReport& report, size_t top, int64_t step
   table("phase (loom::*, total time; % of loom::step)", report.phases, step_us, report.phases.size(), false);
   table("operator (by self time; % of all operators' self time)", report.operators, report.operators_self_us, top, true);
   table("device kernel or copy (by time)", report.kernels, report.kernels_us, top, true);
+  if (report.host_sync_count > 0) {
+    std::snprintf(line, sizeof line, "\nhost waits for the device: %lld calls in %lld steps (%.1f per step, the last one "
+                  "ends the profile)\n", static_cast<long long>(report.host_sync_count), static_cast<long long>(steps),
+                  static_cast<double>(report.host_sync_count) / n);
+    out += line;
+    for (const ProfileRow& r : report.host_syncs) {
+      std::snprintf(line, sizeof line, "  %-50s %8lld %12.2f ms\n", r.name.c_str(), static_cast<long long>(r.calls),
+                    r.self_us / 1e3);
+      out += line;
+    }
+  }
   return out;
 }
 

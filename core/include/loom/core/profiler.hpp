@@ -30,6 +30,11 @@ struct ProfileReport {
   std::vector<ProfileRow> kernels;    ///< device kernels and copies, by time, descending (CUDA)
   double operators_self_us = 0;       ///< sum of the operators' self time
   double kernels_us = 0;
+  /// Calls that make the host wait for the device (cudaStreamSynchronize, cudaDeviceSynchronize,
+  /// cudaEventSynchronize, blocking cudaMemcpy), by name: each is a stall of the CPU that queues
+  /// the next kernels. Includes the one synchronisation that ends the profile.
+  std::vector<ProfileRow> host_syncs;
+  int64_t host_sync_count = 0;
 };
 
 /// Profiles from construction to stop(). One at a time per process; the device's activity
