@@ -11,9 +11,13 @@
 #include <loom/sdk/precision.hpp>
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -160,6 +164,34 @@ void check_optimizer(Suite& s, const PluginRegistry& r, const ComponentInfo& c) 
     step(*a, {p1});
     step(*b, {p2});
     if (!at::equal(p1, p2)) return "after load_state_dict(state_dict()) the next step differs: a resumed run would not continue exactly";
+    return {};
+  });
+  // Interface 1.1 (Note [The step on the device]): step_on_device(lr, found_inf) is step(lr) when
+  // found_inf is 0, and changes nothing, step count included, when it is 1.
+  s.run("step_on_device_matches_step", [&]() -> std::string {
+    at::Tensor p1 = parameter(0), p2 = parameter(0);
+    auto a = r.create<sdk::Optimizer>(c.name), b = r.create<sdk::Optimizer>(c.name);
+    if (!b.implements(1)) return {};
+    a->setup({group("w", {p1})});
+    b->setup({group("w", {p2})});
+    const auto lr = at::full({}, 0.1, at::TensorOptions().dtype(at::kDouble));
+    const auto taken = at::zeros({1}), skipped = at::ones({1});
+    auto close = [](const at::Tensor& x, const at::Tensor& y) { return at::allclose(x, y, 1e-6, 1e-7); };
+    step(*a, {p1});
+    p2.mutable_grad() = p2.detach().sin();
+    b->step_on_device(lr, taken);
+    if (!close(p1, p2)) return "step_on_device(lr, found_inf = 0) updates differently from step(lr)";
+    const at::Tensor before = p2.detach().clone();
+    const sdk::State state_before = b->state_dict();
+    p2.mutable_grad() = at::full_like(p2, std::nan(""));
+    b->step_on_device(lr, skipped);
+    if (!at::equal(p2, before)) return "step_on_device(lr, found_inf = 1) changed the parameters (it must skip the update)";
+    if (const std::string d = state_difference(state_before, b->state_dict()); !d.empty())
+      return "step_on_device(lr, found_inf = 1) changed the state: " + d;
+    step(*a, {p1});
+    p2.mutable_grad() = p2.detach().sin();
+    b->step_on_device(lr, taken);
+    if (!close(p1, p2)) return "after a skipped step_on_device, the next update differs from step(): the skipped step was counted";
     return {};
   });
   s.run("state_bytes", [&]() -> std::string {

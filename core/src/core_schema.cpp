@@ -40,6 +40,9 @@ Schema core_schema() {
                 "[schedule]); auto: warmup_cosine when use_scheduler is true, else constant"),
             key(LOOM_OPTION_BOOL, "use_scheduler", "true", "with schedule = auto: warm-up then cosine decay (false: constant)"),
             key(LOOM_OPTION_FLOAT, "clip_grad_norm", "1.0", 0, 1e6, "clip gradients to this global norm; 0 turns clipping off"),
+            key(LOOM_OPTION_BOOL, "device_step", "true",
+                "decide on the device whether a step with non-finite gradients is skipped (fused optimizer with "
+                "found-inf; the host does not wait before the update); false: check on the host first"),
             key(LOOM_OPTION_INT, "reference_batch", "0", 0, 16777216, "linear LR scaling: lr x batch_size / reference_batch; 0 turns it off"),
             key(LOOM_OPTION_LIST, "callbacks", "progress, jsonl, tensorboard, checkpoint, best, memory_summary",
                 "callback plugins, called in this order (their options in [callback.<name>]); add early_stopping "

@@ -67,6 +67,7 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.schedule = value_of(c, "trainer.schedule");
   o.lr = float_of(c, "trainer.lr");
   o.clip_grad_norm = float_of(c, "trainer.clip_grad_norm");
+  o.device_step = bool_of(c, "trainer.device_step");
   o.reference_batch = int_of(c, "trainer.reference_batch");
   o.eval_every = int_of(c, "trainer.eval_every");
   o.log_every = int_of(c, "trainer.log_every");

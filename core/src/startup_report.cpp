@@ -80,7 +80,8 @@ void Trainer::report_startup() const {
     groups += (groups.empty() ? "" : ", ") + g.name + " " + std::to_string(g.params.size()) +
               (g.lr_scale != 1.0 ? " (lr x " + std::to_string(g.lr_scale).substr(0, 5) + ")" : std::string());
   log::info("optimizer ", optimizer_->describe().empty() ? options_.optimizer : optimizer_->describe(), "; groups ",
-            groups, "; clip ", options_.clip_grad_norm);
+            groups, "; clip ", options_.clip_grad_norm,
+            step_on_device_ ? "; non-finite steps skipped on the device" : "; non-finite steps checked on the host");
   log::info("schedule  ", options_.schedule, ": peak lr ", base_lr_,
             schedule_->describe().empty() ? std::string() : ", " + schedule_->describe());
   log::info("precision ", value_of(config_, "precision.name"), ": ", manifest);

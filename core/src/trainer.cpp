@@ -159,7 +159,9 @@ void Trainer::build_model() {
 void Trainer::build_precision() {
   const std::string name = value_of(config_, "precision.name");
   const auto& info = registry_.require(LOOM_KIND_PRECISION, name);
-  precision_ = registry_.create<sdk::PrecisionStrategy>(name, component_values(config_, info));
+  auto precision = registry_.create<sdk::PrecisionStrategy>(name, component_values(config_, info));
+  precision_on_device_ = precision.implements(1);  // 1.1: unscale_gradients_on_device, update_on_device
+  precision_ = std::move(precision);
   precision_->setup(device_);
 }
 
@@ -214,7 +216,9 @@ void Trainer::build_plan() {
 void Trainer::build_optimizer() {
   parameters_ = Parameters::of(*model_);
   const auto& info = registry_.require(LOOM_KIND_OPTIMIZER, options_.optimizer);
-  optimizer_ = registry_.create<sdk::Optimizer>(options_.optimizer, component_values(config_, info));
+  auto optimizer = registry_.create<sdk::Optimizer>(options_.optimizer, component_values(config_, info));
+  step_on_device_ = options_.device_step && precision_on_device_ && optimizer.implements(1);  // 1.1: step_on_device
+  optimizer_ = std::move(optimizer);
   optimizer_->setup(parameters_.trainable());
   // Optimizer state and gradients exist from the start, so memory planning measures the steady
   // state. (Before its gradient exists, backward hands a parameter the incoming buffer; after,

@@ -46,8 +46,8 @@ struct ReportValues {
   std::map<std::string, double> metrics;  ///< sum / count; NaN where a count is 0
 };
 
-/// One read of a packed report.
-ReportValues read_report(const at::Tensor& totals, const Sums& sums) {
+/// One read of a packed report; `tail`, if given, receives the values packed after it.
+ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector<double>* tail = nullptr) {
   const at::Tensor host = totals.to(at::kCPU, at::kDouble);
   const double* v = host.data_ptr<double>();
   ReportValues out;
@@ -58,6 +58,7 @@ ReportValues read_report(const at::Tensor& totals, const Sums& sums) {
     out.metrics[name] = v[i + 1] > 0 ? v[i] / v[i + 1] : std::nan("");
     i += 2;
   }
+  if (tail != nullptr) tail->assign(v + i, v + host.numel());
   return out;
 }
 
@@ -155,6 +156,73 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
   return out;
 }
 
+// Note [The step on the device]
+// The update of a step needs three facts the host used to read from the device, each a wait for
+// every kernel queued before it: whether the gradients are finite (the precision's check), their
+// norm (for clipping and the report), and the report itself. On a GPU each wait drains the queue
+// (the H200 profile: 3 per step). Where the precision and the optimizer implement interface 1.1,
+// the decision stays on the device: the gradients are unscaled in place, their norm is computed
+// and clipped with tensors, "non-finite" is `!isfinite(norm)` (any inf or NaN makes the norm so),
+// the fused optimizer takes the learning rate as a tensor and found_inf, and skips itself, the
+// loss scaler updates from found_inf; the host reads the report, the norm and the decision
+// together once, after the update is queued. trainer.device_step = false (or a 1.0 plugin) keeps
+// the host path: read, check, then step. The two give the same parameters (a test, on CPU).
+// What differs: on_before_optimizer_step runs before every update on the device path, skipped or
+// not, and a gradient norm that overflows float32 counts as non-finite there.
+bool Trainer::update_on_device(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
+                               const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats) {
+  at::Tensor norm, found;
+  {
+    LOOM_PHASE("optimizer");
+    at::NoGradGuard no_grad;
+    precision_->unscale_gradients_on_device(flats);
+    norm = clip_grad_norm(flats, options_.clip_grad_norm).to(at::kFloat).reshape({1});
+    found = norm.isfinite().logical_not().to(at::kFloat);
+    committed_ = true;
+    notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
+    if (!lr_on_device_.defined())  // float on CUDA (the fused kernels' type there), double on CPU
+      lr_on_device_ = at::empty({}, at::TensorOptions().device(device_).dtype(device_.is_cpu() ? at::kDouble : at::kFloat));
+    lr_on_device_.fill_(result.lr);
+    optimizer_->step_on_device(lr_on_device_, found);
+    precision_->update_on_device(found);
+  }
+  LOOM_PHASE("report");
+  std::vector<double> tail;
+  ReportValues values = read_report(at::cat({totals, norm.to(totals.device()), found.to(totals.device())}), metric_sums, &tail);
+  result.samples = values.samples;
+  result.loss = values.loss;
+  result.metrics = std::move(values.metrics);
+  const bool finite = tail.size() == 2 && tail[1] == 0;
+  if (finite) result.grad_norm = tail[0];
+  return finite;
+}
+
+bool Trainer::update_on_host(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
+                             const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats) {
+  // What the step reports does not depend on the update: read first (one read of one tensor),
+  // so that nothing after the update allocates more than the scaler's few bytes.
+  {
+    LOOM_PHASE("report");
+    ReportValues values = read_report(totals, metric_sums);
+    result.samples = values.samples;
+    result.loss = values.loss;
+    result.metrics = std::move(values.metrics);
+  }
+  // Unscaling and clipping change only the gradients, which a replay zeroes: up to here an
+  // out-of-memory can be replayed. From the commit on, the step changes the run's state.
+  LOOM_PHASE("optimizer");
+  const bool finite = precision_->unscale_gradients(grads);
+  if (finite) result.grad_norm = clip_grad_norm(flats, options_.clip_grad_norm).item<double>();
+  committed_ = true;
+  if (finite) {
+    notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
+    optimizer_->step(result.lr);
+    if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
+  }
+  precision_->update(!finite);
+  return finite;
+}
+
 StepResult Trainer::train_step() {
   LOOM_PHASE("step");
   committed_ = false;
@@ -197,38 +265,16 @@ StepResult Trainer::train_step() {
   if (gradient_hook_) gradient_hook_(grads);
   notify("on_after_backward", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_after_backward(run, grads); });
   if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after backward: ", memory_->stats().peak);
-  // What the step reports does not depend on the update: read first (one read of one tensor),
-  // so that nothing after the update allocates more than the scaler's few bytes.
   StepResult result;
-  {
-    LOOM_PHASE("report");
-    ReportValues values = read_report(totals, metric_sums);
-    result.samples = values.samples;
-    result.loss = values.loss;
-    result.metrics = std::move(values.metrics);
-    result.lr = current_lr();
-  }
-  // Unscaling and clipping change only the gradients, which a replay zeroes: up to here an
-  // out-of-memory can be replayed. From the commit on, the step changes the run's state.
-  bool finite = false;
-  {
-    LOOM_PHASE("optimizer");
-    finite = precision_->unscale_gradients(grads);
-    if (finite) result.grad_norm = clip_grad_norm(flats, options_.clip_grad_norm).item<double>();
-    committed_ = true;
-    if (finite) {
-      notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
-      optimizer_->step(result.lr);
-      if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
-    }
-  }
+  result.lr = current_lr();
+  const bool finite = step_on_device_ ? update_on_device(result, totals, metric_sums, grads, flats)
+                                      : update_on_host(result, totals, metric_sums, grads, flats);
   if (!finite) {
     ++skipped_steps_;
     result.skipped = true;
     log::warn("step ", step_ + 1, ": non-finite gradients, update skipped (", skipped_steps_, " skipped so far)");
   }
   ++step_;
-  precision_->update(!finite);
   // Every step since a resume skipped: the checkpoint's weights or optimizer state are bad. Stop
   // before a checkpoint of this state is saved and pruning deletes the good ones.
   constexpr int64_t kSkippedAfterResume = 5;

@@ -34,27 +34,30 @@ class GroupedOptimizer : public sdk::Optimizer {
   }
 
   void step(double lr) override {
-    materialize();
-    at::NoGradGuard no_grad;
-    for (auto& g : groups_) {
-      std::vector<at::Tensor> params, grads;
-      std::vector<std::vector<at::Tensor>> state(slots_.size());
-      for (size_t i = 0; i < g.spec.params.size(); ++i) {
-        const at::Tensor& p = g.spec.params[i];
-        if (!p.grad().defined()) continue;
-        params.push_back(p);
-        grads.push_back(p.grad());
-        for (size_t s = 0; s < slots_.size(); ++s) state[s].push_back(g.state[s][i]);
-      }
-      if (!params.empty()) update(params, grads, state, lr * g.spec.lr_scale, g.weight_decay);
-    }
+    for_each_group([&](Group& g, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
+                       std::vector<std::vector<at::Tensor>>& state) {
+      update(params, grads, state, lr * g.spec.lr_scale, g.weight_decay);
+    });
     ++steps_;
+  }
+
+  // Optimizer 1.1: the fused kernels take the learning rate as a tensor and skip themselves where
+  // found_inf is set; the skipped steps are counted on the device too, read only for a checkpoint.
+  void step_on_device(const at::Tensor& lr, const at::Tensor& found_non_finite) override {
+    at::NoGradGuard no_grad;
+    const at::Tensor found = found_non_finite.reshape({1}).to(at::kFloat);
+    for_each_group([&](Group& g, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
+                       std::vector<std::vector<at::Tensor>>& state) {
+      update_on_device(params, grads, state, g.spec.lr_scale == 1.0 ? lr : lr * g.spec.lr_scale, g.weight_decay, found);
+    });
+    ++steps_;
+    skipped_ = skipped_.defined() ? skipped_.add_(found) : found.clone();
   }
 
   sdk::State state_dict() const override {
     sdk::State out;
     out.text["kind"] = kind_;
-    out.text["steps"] = std::to_string(steps_);
+    out.text["steps"] = std::to_string(steps_taken());
     if (!materialized_) return out;
     for (const auto& g : groups_)
       for (size_t s = 0; s < slots_.size(); ++s)
@@ -71,6 +74,7 @@ class GroupedOptimizer : public sdk::Optimizer {
     const auto parsed = steps == state.text.end() ? std::nullopt : sdk::parse_int(steps->second);
     if (!parsed || *parsed < 0) throw sdk::Error("the checkpoint's optimizer state has no valid step count");
     steps_ = *parsed;
+    skipped_ = at::Tensor();
     materialized_ = false;
     if (state.tensors.empty()) return;  // saved before the first step
     materialize();
@@ -95,7 +99,17 @@ class GroupedOptimizer : public sdk::Optimizer {
   /// the parameters' order. `steps_taken()` updates came before this one.
   virtual void update(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                       std::vector<std::vector<at::Tensor>>& state, double lr, double weight_decay) = 0;
-  int64_t steps_taken() const { return steps_; }
+  /// The same with `lr` a 0-dim tensor and `found_inf` (one float element) on the parameters'
+  /// device: where found_inf is nonzero, nothing may change (state included).
+  virtual void update_on_device(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
+                                std::vector<std::vector<at::Tensor>>& state, const at::Tensor& lr,
+                                double weight_decay, const at::Tensor& found_inf) = 0;
+  /// Updates taken so far (skipped ones not counted; reads the device's count of skipped steps).
+  int64_t steps_taken() const {
+    return skipped_.defined() ? steps_ - static_cast<int64_t>(skipped_.item<double>()) : steps_;
+  }
+  /// Calls to step() and step_on_device() so far, skipped or not (no read from the device).
+  int64_t steps_called() const { return steps_; }
   double weight_decay() const { return weight_decay_; }
 
  private:
@@ -104,11 +118,31 @@ class GroupedOptimizer : public sdk::Optimizer {
     double weight_decay;
     std::vector<std::vector<at::Tensor>> state;  // [slot][parameter]
   };
+
+  // Calls fn(group, params, grads, state) for each group's parameters that have a gradient.
+  template <typename Fn>
+  void for_each_group(Fn&& fn) {
+    materialize();
+    at::NoGradGuard no_grad;
+    for (auto& g : groups_) {
+      std::vector<at::Tensor> params, grads;
+      std::vector<std::vector<at::Tensor>> state(slots_.size());
+      for (size_t i = 0; i < g.spec.params.size(); ++i) {
+        const at::Tensor& p = g.spec.params[i];
+        if (!p.grad().defined()) continue;
+        params.push_back(p);
+        grads.push_back(p.grad());
+        for (size_t s = 0; s < slots_.size(); ++s) state[s].push_back(g.state[s][i]);
+      }
+      if (!params.empty()) fn(g, params, grads, state);
+    }
+  }
   std::string kind_;
   std::vector<std::string> slots_;
   double weight_decay_;
   std::vector<Group> groups_;
   int64_t steps_ = 0;
+  at::Tensor skipped_;  // on the device: steps that step_on_device skipped (undefined: none yet)
   bool materialized_ = false;
 };
 

@@ -53,6 +53,17 @@ class Sgd final : public loom::plugins::GroupedOptimizer {
                     dampening_, nesterov_, /*maximize=*/false, /*is_first_step=*/steps_taken() == 0);
   }
 
+  // The first call starts the momentum buffers (the host cannot know, without waiting, whether an
+  // earlier call was skipped: with dampening 0, the only difference, a skipped first step and a
+  // buffer of zeros give the same update).
+  void update_on_device(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
+                        std::vector<std::vector<at::Tensor>>& state, const at::Tensor& lr, double weight_decay,
+                        const at::Tensor& found_inf) override {
+    at::_fused_sgd_(params, grads, state.empty() ? std::vector<at::Tensor>{} : state[0], weight_decay, momentum_, lr,
+                    dampening_, nesterov_, /*maximize=*/false, /*is_first_step=*/steps_called() == 0,
+                    /*grad_scale=*/std::nullopt, found_inf);
+  }
+
  private:
   double momentum_, dampening_;
   bool nesterov_;

@@ -34,6 +34,10 @@ class Bf16Amp final : public loom::sdk::PrecisionStrategy {
     return std::make_unique<Scope>(device_type_);
   }
 
+  // No loss scale: nothing to unscale or update, and no wait for the device (interface 1.1).
+  void unscale_gradients_on_device(const std::vector<at::Tensor>&) override {}
+  void update_on_device(const at::Tensor&) override {}
+
   loom::sdk::TextMap manifest() const override {
     const char* tf32 = tf32_ && device_type_ == c10::kCUDA ? "on" : "off";
     return {{"precision", "bf16_amp"}, {"autocast", "bfloat16"}, {"tf32_matmul", tf32}, {"tf32_cudnn", tf32},

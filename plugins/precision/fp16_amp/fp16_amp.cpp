@@ -58,6 +58,10 @@ class Fp16Amp final : public loom::sdk::PrecisionStrategy {
   at::Tensor scale_loss(const at::Tensor& loss) override { return scaler_.scale(loss); }
   bool unscale_gradients(const std::vector<at::Tensor>& gradients) override { return scaler_.unscale(gradients); }
   void update(bool found_non_finite) override { scaler_.update(found_non_finite); }
+  void unscale_gradients_on_device(const std::vector<at::Tensor>& gradients) override {
+    scaler_.unscale_on_device(gradients);
+  }
+  void update_on_device(const at::Tensor& found_non_finite) override { scaler_.update_on_device(found_non_finite); }
 
   loom::sdk::TextMap manifest() const override {
     const char* tf32 = tf32_ && device_type_ == c10::kCUDA ? "on" : "off";

@@ -20,6 +20,10 @@ class Fp32 final : public loom::sdk::PrecisionStrategy {
 
   std::unique_ptr<loom::sdk::Guard> forward_guard() override { return std::make_unique<loom::sdk::Guard>(); }
 
+  // No loss scale: nothing to unscale or update, and no wait for the device (interface 1.1).
+  void unscale_gradients_on_device(const std::vector<at::Tensor>&) override {}
+  void update_on_device(const at::Tensor&) override {}
+
   loom::sdk::TextMap manifest() const override {
     return {{"precision", "fp32"}, {"autocast", "off"}, {"tf32_matmul", "off"}, {"tf32_cudnn", "off"},
             {"loss_scale", "none"}};

@@ -25,6 +25,10 @@ class Tf32 final : public loom::sdk::PrecisionStrategy {
 
   std::unique_ptr<loom::sdk::Guard> forward_guard() override { return std::make_unique<loom::sdk::Guard>(); }
 
+  // No loss scale: nothing to unscale or update, and no wait for the device (interface 1.1).
+  void unscale_gradients_on_device(const std::vector<at::Tensor>&) override {}
+  void update_on_device(const at::Tensor&) override {}
+
   loom::sdk::TextMap manifest() const override {
     const char* tf32 = on_gpu_ ? "on" : "off (cpu)";
     return {{"precision", "tf32"}, {"autocast", "off"}, {"tf32_matmul", tf32}, {"tf32_cudnn", tf32},

@@ -249,6 +249,52 @@ TEST_F(TrainerTest, TheTransformersKernelChoicesComputeTheSameModel) {
   }
 }
 
+TEST_F(TrainerTest, TheStepOnTheDeviceUpdatesAsTheHostPathDoes) {
+  // Note [The step on the device]: with trainer.device_step the skip of a non-finite step is
+  // decided on the device (fused optimizer with found-inf, the scaler updated from it); without,
+  // on the host. Both must train the same model: the same losses, the same steps skipped, the
+  // same weights. fp16_amp starts at a scale of 1e6, which overflows float16 gradients in the
+  // first steps, so both paths skip some steps and take the rest.
+  auto run = [&](const std::string& name, const char* optimizer, const char* precision, bool on_device) {
+    Config c = base(name);
+    for (const auto& kv : {"model.flavour=standard", "model.num_layers=1", "model.d_model=32", "model.num_heads=2",
+                           "model.patch_size=7", "model.stem_channels=4", "model.dropout=0", "data.image_size=28",
+                           "data.num_workers=0"})
+      c.set_assignment(kv);
+    c.set_assignment(std::string("trainer.optimizer=") + optimizer);
+    c.set_assignment(std::string("precision.name=") + precision);
+    if (std::string(precision) == "fp16_amp") c.set_assignment("precision.init_scale=1e6");
+    c.set_assignment(std::string("trainer.device_step=") + (on_device ? "true" : "false"));
+    auto t = make(c);
+    std::vector<double> losses;
+    std::vector<bool> skipped;
+    for (int i = 0; i < 12; ++i) {
+      const StepResult r = t->train_step();
+      losses.push_back(r.loss);
+      skipped.push_back(r.skipped);
+    }
+    std::map<std::string, at::Tensor> weights;
+    for (const auto& item : t->model().module().named_parameters()) weights[item.key()] = item.value().detach().clone();
+    return std::make_tuple(losses, skipped, weights, t->skipped_steps());
+  };
+  for (const char* optimizer : {"adamw", "sgd"})
+    for (const char* precision : {"fp32", "fp16_amp"}) {
+      SCOPED_TRACE(std::string(optimizer) + " + " + precision);
+      const std::string name = std::string("device_step_") + optimizer + "_" + precision;
+      const auto [host_losses, host_skipped, host_weights, host_skips] = run(name + "_host", optimizer, precision, false);
+      const auto [losses, skipped, weights, skips] = run(name + "_device", optimizer, precision, true);
+      EXPECT_EQ(skipped, host_skipped);
+      EXPECT_EQ(skips, host_skips);
+      if (std::string(precision) == "fp16_amp") {
+        EXPECT_GT(host_skips, 0) << "the test needs skipped steps: init_scale no longer overflows";
+        EXPECT_LT(host_skips, 12) << "the test needs taken steps after the skipped ones";
+      }
+      for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], host_losses[i], 1e-6 * std::abs(host_losses[i])) << "step " << i + 1;
+      for (const auto& [key, w] : host_weights)
+        EXPECT_TRUE(at::allclose(weights.at(key), w, 1e-5, 1e-7)) << key << " differs after 12 steps";
+    }
+}
+
 // ---- metrics -----------------------------------------------------------------------------------
 
 /// Per logged evaluation step, the value of `key` in metrics.jsonl.

@@ -47,6 +47,7 @@ struct TrainerOptions {
   int64_t seed = 0, threads = 0, epochs = 1, max_steps = 0, batch_size = 128, accumulation = 1;
   std::string optimizer = "adamw", schedule = "constant";  ///< component names (schedule resolved from auto)
   double lr = 1e-3, clip_grad_norm = 1.0;
+  bool device_step = true;  ///< Note [The step on the device]
   int64_t reference_batch = 0;
   int64_t eval_every = 0, log_every = 10, checkpoint_every = 0, keep_last = 3;
   std::string best_metric = "accuracy";
@@ -250,6 +251,12 @@ class Trainer {
   /// Per metric: (sum, count) over the micro-batches so far.
   using MetricSums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
   void add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const;
+  // The end of a step after the reduction: unscale, clip, update, read (Note [The step on the
+  // device]); each returns whether the update was taken.
+  bool update_on_device(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
+                        const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats);
+  bool update_on_host(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
+                      const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats);
   std::vector<std::string> metric_names() const;
   double current_lr() const;
   std::string state_json() const;
@@ -278,6 +285,9 @@ class Trainer {
   int64_t total_steps_ = 0;
   int64_t step_ = 0;
   int64_t skipped_steps_ = 0;
+  bool precision_on_device_ = false;  ///< the precision implements interface 1.1
+  bool step_on_device_ = false;  ///< trainer.device_step and both plugins implement interface 1.1
+  at::Tensor lr_on_device_;      ///< the step's learning rate, for the fused kernels
   int64_t skipped_at_resume_ = 0;  ///< skipped_steps_ when the run resumed
   Parameters parameters_;
   std::shared_ptr<sdk::Optimizer> optimizer_;

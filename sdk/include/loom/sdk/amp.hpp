@@ -129,11 +129,31 @@ class GradScaler {
     return !found_inf_;
   }
 
+  /// Divides the gradients by the scale, in place, on their device: the inverse is computed
+  /// there, nothing is read back (PrecisionStrategy 1.1).
+  void unscale_on_device(const std::vector<at::Tensor>& gradients) {
+    at::NoGradGuard no_grad;
+    for (auto& [device, grads] : by_device(gradients)) {
+      if (scale_.device() != device) {
+        scale_ = scale_.to(device);
+        growth_tracker_ = growth_tracker_.to(device);
+      }
+      at::Tensor ignored = at::zeros({1}, scale_.options());  // the host finds non-finite from the norm
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, ignored, scale_.reciprocal());
+    }
+  }
+
   /// After the step (taken or skipped): halves the scale after an overflow, grows it after
   /// growth_interval finite steps. A static scale stays as it is.
   void update(bool found_non_finite) {
     if (!options_.dynamic) return;
-    at::Tensor found = at::full({1}, found_non_finite ? 1.0 : 0.0, scale_.options());
+    update_on_device(at::full({1}, found_non_finite ? 1.0 : 0.0, scale_.options()));
+  }
+
+  /// update() with `found_non_finite` (one float element, 1 = skipped) on the scale's device.
+  void update_on_device(const at::Tensor& found_non_finite) {
+    if (!options_.dynamic) return;
+    at::Tensor found = found_non_finite.to(scale_.device(), at::kFloat).reshape({1});
     at::_amp_update_scale_(scale_, growth_tracker_, found, options_.growth_factor, options_.backoff_factor,
                            options_.growth_interval);
   }

@@ -6,7 +6,9 @@
 // Order of the hooks in one run (Lightning's names):
 //   on_run_begin
 //   per step:  on_step_begin -> on_after_backward -> on_before_optimizer_step (not for a skipped
-//              update) -> [on_log every trainer.log_every steps] -> [evaluation: on_log of its
+//              update on the host path; with trainer.device_step the skip is decided on the
+//              device and the hook runs before every update, whose gradients then may hold inf
+//              or NaN) -> [on_log every trainer.log_every steps] -> [evaluation: on_log of its
 //              values, on_evaluation_end] -> on_step_end (which sees whether the step evaluated)
 //   after the last step: [the test evaluation: on_log, on_evaluation_end] -> on_run_end
 //   on_checkpoint_saved after any checkpoint is written; on_checkpoint_loaded after a resume
@@ -136,7 +138,8 @@ class LOOM_SDK_API Callback {
   /// unscaling and clipping (a loss-scaled strategy's are still scaled). Read them; changing
   /// them changes the update.
   virtual void on_after_backward(RunContext& run, const std::vector<at::Tensor>& gradients) { (void)run, (void)gradients; }
-  /// The final gradients (unscaled, clipped), just before the optimizer uses them.
+  /// The final gradients (unscaled, clipped), just before the optimizer uses them (or, with
+  /// trainer.device_step, skips them on the device: StepReport::skipped says which, later).
   virtual void on_before_optimizer_step(RunContext& run, const std::vector<at::Tensor>& gradients) {
     (void)run, (void)gradients;
   }

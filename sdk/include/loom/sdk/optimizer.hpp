@@ -39,7 +39,7 @@ class LOOM_SDK_API Optimizer {
   using Interface = Optimizer;
   static constexpr uint32_t kKind = LOOM_KIND_OPTIMIZER;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 0;
+  static constexpr uint32_t kInterfaceMinor = 1;  // 1.1: step_on_device
 
   virtual ~Optimizer();  // defined in libloom_sdk: its type info has one home
 
@@ -54,6 +54,16 @@ class LOOM_SDK_API Optimizer {
   /// One update from the parameters' gradients (final: averaged, unscaled, clipped) with learning
   /// rate `lr` (a group's is lr x lr_scale). A parameter without a gradient is left alone.
   virtual void step(double lr) = 0;
+
+  /// 1.1: step() with the learning rate and the decision to skip on the device, so that the host
+  /// queues the update without waiting for the device: `lr` is a 0-dim floating tensor on the
+  /// parameters' device (a group's rate is lr x lr_scale); where `found_non_finite` (a float
+  /// tensor of one element, same device) is nonzero, nothing changes: no update, no step counted
+  /// (the fused kernels' found_inf). The default reads both to the host and calls step(): right,
+  /// but it waits for the device.
+  virtual void step_on_device(const at::Tensor& lr, const at::Tensor& found_non_finite) {
+    if (found_non_finite.item<double>() == 0) step(lr.item<double>());
+  }
 
   /// The bytes of state it keeps for `parameter` (for the memory estimate).
   virtual int64_t state_bytes(const at::Tensor& parameter) const = 0;

@@ -23,12 +23,18 @@ class LOOM_SDK_API Guard {
 ///   finite = unscale_gradients(grads)   // once, after the last micro-batch, before clipping
 ///   if (finite) optimizer.step();       // else the step is skipped and the LR does not move
 ///   update(!finite)
+/// or, where the precision and the optimizer both implement interface 1.1 (Note [The step on the
+/// device] in core/src/trainer_step.cpp), without the host waiting for the device:
+///   unscale_gradients_on_device(grads)  // in place, no check
+///   found = the gradients' norm is not finite (a tensor on the device)
+///   optimizer.step_on_device(lr, found) // the fused kernel skips itself where found
+///   update_on_device(found)
 class LOOM_SDK_API PrecisionStrategy {
  public:
   using Interface = PrecisionStrategy;
   static constexpr uint32_t kKind = LOOM_KIND_PRECISION;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 0;
+  static constexpr uint32_t kInterfaceMinor = 1;  // 1.1: unscale_gradients_on_device, update_on_device
 
   virtual ~PrecisionStrategy();  // defined in libloom_sdk
 
@@ -51,6 +57,19 @@ class LOOM_SDK_API PrecisionStrategy {
 
   /// Updates the loss scale after a step that was taken (`found_non_finite` false) or skipped.
   virtual void update(bool found_non_finite) { (void)found_non_finite; }
+
+  /// 1.1: divides the gradients by the loss scale in place without reading anything back to the
+  /// host (the host derives "non-finite" from the gradients' norm). The default calls
+  /// unscale_gradients(), so that a strategy that overrides only that stays right, at the cost of
+  /// the host's wait; a strategy without a loss scale overrides this with nothing.
+  virtual void unscale_gradients_on_device(const std::vector<at::Tensor>& gradients) {
+    (void)unscale_gradients(gradients);
+  }
+
+  /// 1.1: update() with the decision on the device: `found_non_finite` is a float tensor of one
+  /// element on the gradients' device, 1 after a skipped step, 0 after a taken one. The default
+  /// reads it and calls update() (right, with a wait); override it to keep the step wait-free.
+  virtual void update_on_device(const at::Tensor& found_non_finite) { update(found_non_finite.item<double>() != 0); }
 
   /// What this precision does (autocast dtype, TF32 switches, scaler policy and parameters):
   /// printed at start-up and stored in every checkpoint; resuming under a different manifest
