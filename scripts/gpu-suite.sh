@@ -205,9 +205,22 @@ run_step test-gpu 20 ctest --test-dir "$build_dir" -L gpu --output-on-failure --
 # phases (traces/ in the output), and its tables in the log.
 mkdir -p "$out/traces"
 if [ $dry_run = 1 ]; then profile_device=cpu; else profile_device=cuda; fi
-run_step bench-profile 20 "$build_dir/bin/loom" profile --steps 20 --warmup 5 --set trainer.device=$profile_device \
-  --set data.name=synthetic --set data.image_size=28 --set data.train_size=8192 --set data.test_size=256 \
-  --set trainer.batch_size=128 --trace "$out/traces/loom-profile-$profile_device.json"
+# One trace per precision (the default job's model on synthetic data at micro-batch 128); the
+# tables, with the host's waits for the device per step, go to the log.
+profile_all() {
+  local p status=0
+  for p in fp32 bf16_amp fp16_amp; do
+    echo "== loom profile, precision $p"
+    "$build_dir/bin/loom" profile --steps 20 --warmup 5 --set trainer.device=$profile_device \
+      --set data.name=synthetic --set data.image_size=28 --set data.train_size=8192 --set data.test_size=256 \
+      --set trainer.batch_size=128 --set precision.name=$p --trace "$out/traces/loom-profile-$profile_device-$p.json" ||
+      status=1
+  done
+  return $status
+}
+export -f profile_all
+export build_dir out profile_device
+run_step bench-profile 20 bash -c profile_all
 fmnist=""
 for d in /usr/share/datasets/fashion-mnist /opt/gpu-deps/usr/share/datasets/fashion-mnist; do
   [ -f "$d/train-images-idx3-ubyte.gz" ] && { fmnist="$d"; break; }

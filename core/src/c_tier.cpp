@@ -323,6 +323,8 @@ class CCallback final : public sdk::Callback, CObject {
     call("on_run_begin", [&](loom_error* e) { return t_->on_run_begin(t_->self, &r.table, e); });
   }
 
+  bool reads_every_step() const override { return t_->on_step_end != nullptr; }  // the C tier gets the loss
+
   void on_step_end(sdk::RunContext& run, const sdk::StepReport& report) override {
     if (!t_->on_step_end) return;
     CRun r(run);

@@ -98,7 +98,10 @@ void Trainer::report_startup() const {
     if (log::enabled(LOOM_LOG_DEBUG) && !text.empty()) log::debug("callback  ", text);
   }
   log::info("callbacks ", names.empty() ? std::string("none") : join(names, ", "), "; evaluation every ", eval_every_,
-            " steps on the ", sdk::split_name(selection_split()), " split, best by ", options_.best_metric);
+            " steps on the ", sdk::split_name(selection_split()), " split, best by ", options_.best_metric,
+            step_on_device_ && read_every_step_
+                ? "; " + step_readers_ + " read every step's values (the host waits for the device each step)"
+                : std::string());
 }
 
 }  // namespace loom::core

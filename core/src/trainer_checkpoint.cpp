@@ -88,6 +88,7 @@ std::string Trainer::state_json() const {
 }
 
 fs::path Trainer::save_checkpoint() {
+  flush_window();  // the skipped steps and the window's sums are part of the state
   // Since resuming, no update had finite gradients: this state is the resumed checkpoint's at
   // best, and perhaps damaged; writing it could let pruning delete the good checkpoints.
   if (resumed_at_ >= 0 && step_ > resumed_at_ && skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_) {
@@ -172,6 +173,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global());
   train_loader_->seek(position);
   window_ = window;
+  taken_on_device_ = lr_table_ = at::Tensor();  // made again from step_ and the loaded schedule
   resumed_at_ = step_;
   resumed_from_ = dir;
   log::info("resumed from ", dir.string(), " at step ", step_);

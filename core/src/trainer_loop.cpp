@@ -13,9 +13,10 @@ using namespace detail;
 
 void Trainer::LogWindow::add(const StepResult& r, double dt) {
   seconds += dt;
+  ++steps;
+  if (!r.read) return;  // its values are in device_sums
   loss += r.loss;
   samples += r.samples;
-  ++steps;
   for (const auto& [k, v] : r.metrics) metrics[k] += v;
 }
 
@@ -36,13 +37,17 @@ TrainSummary Trainer::train() {
   while (step_ < total_steps_ && stop_reason_.empty()) {
     notify("on_step_begin", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_begin(run, step_ + 1); });
     const auto start = Clock::now();
-    const StepResult r = in_phase("training step " + std::to_string(step_ + 1), [&] { return step_with_recovery(); });
+    // Only log steps read the step's values from the device, unless a callback reads every step.
+    const bool log_step = (step_ + 1) % options_.log_every == 0 || step_ + 1 == total_steps_;
+    const StepResult r = in_phase("training step " + std::to_string(step_ + 1),
+                                  [&] { return step_with_recovery(read_every_step_ || log_step); });
     const double dt = seconds_since(start);
     train_seconds += dt;
     window_.add(r, dt);
     const int sig = stop_signal_received();  // stop now: a checkpoint, no evaluation
     if (sig != 0 && stop_reason_.empty()) stop_reason_ = signal_name(sig) + " received";
     if (step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty()) {
+      flush_window();
       const auto values = window_.take(step_values(r));
       notify("on_log", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_log(run, step_, values); });
     }

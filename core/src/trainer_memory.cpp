@@ -136,11 +136,11 @@ std::string Trainer::oom_advice(const std::string& message) const {
   return text;
 }
 
-StepResult Trainer::step_with_recovery() {
+StepResult Trainer::step_with_recovery(bool read_values) {
   const StepState start = capture();
   while (true) {
     try {
-      return train_step();
+      return train_step(read_values);
     } catch (const c10::OutOfMemoryError& e) {
       const auto t0 = Clock::now();
       const std::string message = e.what_without_backtrace();

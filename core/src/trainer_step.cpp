@@ -11,6 +11,9 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <torch/nn/module.h>
 
@@ -170,7 +173,7 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
 // What differs: on_before_optimizer_step runs before every update on the device path, skipped or
 // not, and a gradient norm that overflows float32 counts as non-finite there.
 bool Trainer::update_on_device(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
-                               const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats) {
+                               const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats, bool read) {
   at::Tensor norm, found;
   {
     LOOM_PHASE("optimizer");
@@ -180,20 +183,48 @@ bool Trainer::update_on_device(StepResult& result, const at::Tensor& totals, con
     found = norm.isfinite().logical_not().to(at::kFloat);
     committed_ = true;
     notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
-    if (!lr_on_device_.defined())  // float on CUDA (the fused kernels' type there), double on CPU
-      lr_on_device_ = at::empty({}, at::TensorOptions().device(device_).dtype(device_.is_cpu() ? at::kDouble : at::kFloat));
-    lr_on_device_.fill_(result.lr);
+    // Skipped updates do not advance the schedule, and the host does not know which were
+    // skipped: the rate is looked up on the device, in a table of the schedule's rate after k
+    // taken updates, at the count of taken updates kept there.
+    if (!lr_table_.defined() || lr_table_.size(0) != total_steps_ + 1) {
+      std::vector<double> rates(static_cast<size_t>(total_steps_ + 1));
+      const int64_t taken = step_ - skipped_steps_;  // exact here: nothing is unread yet
+      for (int64_t k = 0; k <= total_steps_; ++k) {
+        const double factor = schedule_->factor(k, total_steps_);
+        if (!std::isfinite(factor) || factor < 0)
+          throw Error("schedule '" + options_.schedule + "' gave the learning-rate factor " + std::to_string(factor) +
+                      " after " + std::to_string(k) + " updates; a factor is finite and >= 0");
+        rates[static_cast<size_t>(k)] = base_lr_ * factor;
+      }
+      // float on CUDA (the fused kernels' type there), double on CPU
+      const auto dtype = device_.is_cpu() ? at::kDouble : at::kFloat;
+      lr_table_ = at::from_blob(rates.data(), {total_steps_ + 1}, at::TensorOptions().dtype(at::kDouble)).to(device_, dtype, false, /*copy=*/true);
+      taken_on_device_ = at::full({1}, taken, at::TensorOptions().dtype(at::kLong)).to(device_);
+      lr_on_device_ = at::empty({}, at::TensorOptions().device(device_).dtype(dtype));
+    }
+    lr_on_device_.copy_(lr_table_.index_select(0, taken_on_device_.clamp_max(total_steps_)).reshape({}));
     optimizer_->step_on_device(lr_on_device_, found);
     precision_->update_on_device(found);
+    taken_on_device_.add_(found.logical_not().to(at::kLong));
   }
   LOOM_PHASE("report");
+  const at::Tensor packed = at::cat({totals, norm.to(totals.device()), found.to(totals.device()),
+                                     lr_on_device_.to(totals.device(), at::kFloat).reshape({1})});
+  if (!read) {  // a step between log steps: its values join the window on the device
+    add_unread(packed, metric_sums);
+    result.read = false;
+    result.loss = result.grad_norm = result.lr = std::nan("");
+    return true;  // not known here: flush_window() counts the skipped steps
+  }
   std::vector<double> tail;
-  ReportValues values = read_report(at::cat({totals, norm.to(totals.device()), found.to(totals.device())}), metric_sums, &tail);
+  ReportValues values = read_report(packed, metric_sums, &tail);
   result.samples = values.samples;
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);
-  const bool finite = tail.size() == 2 && tail[1] == 0;
+  const bool finite = tail.size() == 3 && tail[1] == 0;
   if (finite) result.grad_norm = tail[0];
+  // On CPU the table holds doubles (the report's floats would round the rate); reading is free there.
+  if (tail.size() == 3) result.lr = device_.is_cpu() ? lr_on_device_.item<double>() : tail[2];
   return finite;
 }
 
@@ -223,7 +254,44 @@ bool Trainer::update_on_host(StepResult& result, const at::Tensor& totals, const
   return finite;
 }
 
-StepResult Trainer::train_step() {
+void Trainer::add_unread(const at::Tensor& packed, const MetricSums& metric_sums) {
+  at::NoGradGuard no_grad;
+  const int64_t m = static_cast<int64_t>(metric_sums.size());
+  const at::Tensor count = packed.narrow(0, 1, 1);
+  const at::Tensor pairs = packed.narrow(0, 2, 2 * m).view({m, 2});
+  const at::Tensor norm = packed.narrow(0, 2 + 2 * m, 1), found = packed.narrow(0, 3 + 2 * m, 1);
+  const at::Tensor values = at::cat({packed.narrow(0, 0, 1) / count.clamp_min(1), count,
+                                     pairs.select(1, 0) / pairs.select(1, 1), norm.masked_fill(found > 0, 0), found});
+  if (window_.device_sums.defined()) {
+    window_.device_sums.add_(values);
+  } else {
+    window_.device_sums = values.clone();
+    window_.device_metrics.clear();
+    for (const auto& [name, pair] : metric_sums) window_.device_metrics.push_back(name);
+  }
+  ++window_.device_steps;
+}
+
+void Trainer::flush_window() {
+  if (!window_.device_sums.defined()) return;
+  const at::Tensor host = window_.device_sums.to(at::kCPU, at::kDouble);
+  const double* v = host.data_ptr<double>();
+  const int64_t n = window_.device_steps;
+  window_.loss += v[0];
+  window_.samples += std::llround(v[1]);
+  size_t i = 2;
+  for (const auto& name : window_.device_metrics) window_.metrics[name] += v[i++];
+  const int64_t skipped = std::llround(v[i + 1]);
+  window_.device_sums = at::Tensor();
+  window_.device_steps = 0;
+  if (skipped > 0) {
+    skipped_steps_ += skipped;
+    log::warn(skipped, " of the ", n, " steps before step ", step_ + 1, " (their values read now) had non-finite gradients, ",
+              "updates skipped (", skipped_steps_, " skipped so far)");
+  }
+}
+
+StepResult Trainer::train_step(bool read_values) {
   LOOM_PHASE("step");
   committed_ = false;
   auto& module = model_->module();
@@ -266,8 +334,11 @@ StepResult Trainer::train_step() {
   notify("on_after_backward", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_after_backward(run, grads); });
   if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after backward: ", memory_->stats().peak);
   StepResult result;
-  result.lr = current_lr();
-  const bool finite = step_on_device_ ? update_on_device(result, totals, metric_sums, grads, flats)
+  if (!step_on_device_) result.lr = current_lr();  // on the device: looked up there, read with the report
+  // The first steps after a resume are read: the check below needs each one's skip.
+  constexpr int64_t kSkippedAfterResume = 5;
+  const bool read = read_values || (resumed_at_ >= 0 && step_ - resumed_at_ < kSkippedAfterResume);
+  const bool finite = step_on_device_ ? update_on_device(result, totals, metric_sums, grads, flats, read)
                                       : update_on_host(result, totals, metric_sums, grads, flats);
   if (!finite) {
     ++skipped_steps_;
@@ -277,7 +348,6 @@ StepResult Trainer::train_step() {
   ++step_;
   // Every step since a resume skipped: the checkpoint's weights or optimizer state are bad. Stop
   // before a checkpoint of this state is saved and pruning deletes the good ones.
-  constexpr int64_t kSkippedAfterResume = 5;
   if (!finite && resumed_at_ >= 0 && step_ - resumed_at_ >= kSkippedAfterResume &&
       skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_)
     throw Error("every step since resuming from " + resumed_from_.string() + " (" + std::to_string(step_ - resumed_at_) +

@@ -26,6 +26,9 @@ class DivergenceGuard final : public loom::sdk::Callback {
     if (grace_ < 0) throw loom::sdk::Error("callback.divergence_guard.grace must be >= 0");
   }
 
+  // It reads only on_log's means: the host need not read every step's loss from the device.
+  bool reads_every_step() const override { return false; }
+
   void on_log(loom::sdk::RunContext& run, int64_t step, const std::map<std::string, double>& values) override {
     auto it = values.find("train/loss");
     if (it == values.end()) return;  // an evaluation's values

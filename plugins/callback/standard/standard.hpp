@@ -20,6 +20,7 @@ using sdk::RunContext;
 /// Redrawn in place on a terminal; plain lines, at most one every 5 s, otherwise.
 class Progress final : public sdk::Callback {
  public:
+  bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
   explicit Progress(const sdk::Options&) {}
   void on_run_begin(RunContext& run) override;
   void on_step_end(RunContext& run, const sdk::StepReport& report) override;
@@ -41,6 +42,7 @@ class Progress final : public sdk::Callback {
 /// On resume, lines of steps after the checkpoint (written by the interrupted run) are dropped.
 class Jsonl final : public sdk::Callback {
  public:
+  bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
   explicit Jsonl(const sdk::Options&) {}
   void on_run_begin(RunContext& run) override;
   void on_log(RunContext& run, int64_t step, const std::map<std::string, double>& values) override;
@@ -54,6 +56,7 @@ class Jsonl final : public sdk::Callback {
 /// TensorBoard event files in <run>/tensorboard; on resume, a purge marker drops later events.
 class TensorBoard final : public sdk::Callback {
  public:
+  bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
   explicit TensorBoard(const sdk::Options&) {}
   void on_run_begin(RunContext& run) override;
   void on_log(RunContext& run, int64_t step, const std::map<std::string, double>& values) override;
@@ -67,6 +70,7 @@ class TensorBoard final : public sdk::Callback {
 /// step, and where the run stops early.
 class Checkpoint final : public sdk::Callback {
  public:
+  bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
   explicit Checkpoint(const sdk::Options&) {}
   void on_step_end(RunContext& run, const sdk::StepReport& report) override;
   void on_run_end(RunContext& run, const sdk::RunReport& report) override;
@@ -81,6 +85,7 @@ class Checkpoint final : public sdk::Callback {
 /// checkpoint, so a resumed run compares against the value of its own past.
 class Best final : public sdk::Callback {
  public:
+  bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
   explicit Best(const sdk::Options&) {}
   void on_evaluation_end(RunContext& run, const sdk::EvalReport& report) override;
   sdk::State state_dict() const override;
@@ -95,6 +100,7 @@ class Best final : public sdk::Callback {
 /// The end-of-run memory line: the estimator's predicted peak against the measured one.
 class MemorySummary final : public sdk::Callback {
  public:
+  bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
   explicit MemorySummary(const sdk::Options&) {}
   void on_run_end(RunContext& run, const sdk::RunReport& report) override;
   std::string describe() const override { return "memory_summary: predicted against measured peak"; }
@@ -104,6 +110,7 @@ class MemorySummary final : public sdk::Callback {
 /// improved by more than min_delta for `patience` evaluations in a row.
 class EarlyStopping final : public sdk::Callback {
  public:
+  bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
   static constexpr loom_option_spec kOptions[] = {
       sdk::option_string("metric", "auto", "metric to watch (\"loss\" or one the model declares); auto: trainer.best_metric"),
       sdk::option_int("patience", "3", "evaluations without improvement before the run stops", "1..1000000"),

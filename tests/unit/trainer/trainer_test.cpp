@@ -310,6 +310,42 @@ std::map<int64_t, double> eval_values(const fs::path& jsonl, const std::string& 
   return out;
 }
 
+TEST_F(TrainerTest, StepsBetweenLogStepsKeepTheirValuesOnTheDeviceAndLogTheSameMeans) {
+  // With the built-in callbacks (none reads every step's values, Callback 1.1) and the update on
+  // the device, only log steps read their values; the steps between add theirs to the window on
+  // the device. The logged means, the skipped steps and the weights must be those of the host
+  // path, which reads every step. fp16_amp at a scale of 1e6 skips its first steps.
+  auto run = [&](const std::string& name, bool on_device) {
+    Config c = base(name);
+    for (const auto& kv : {"model.flavour=standard", "model.num_layers=1", "model.d_model=32", "model.num_heads=2",
+                           "model.patch_size=7", "model.stem_channels=4", "model.dropout=0", "data.image_size=28",
+                           "data.num_workers=0", "precision.name=fp16_amp", "precision.init_scale=1e6",
+                           "trainer.max_steps=12", "trainer.log_every=4"})
+      c.set_assignment(kv);
+    c.set_assignment(std::string("trainer.device_step=") + (on_device ? "true" : "false"));
+    auto t = make(c);
+    t->train();
+    std::map<std::string, at::Tensor> weights;
+    for (const auto& item : t->model().module().named_parameters()) weights[item.key()] = item.value().detach().clone();
+    const fs::path jsonl = t->run_dir() / "metrics.jsonl";
+    return std::make_tuple(eval_values(jsonl, "train/loss"), eval_values(jsonl, "train/accuracy"),
+                           eval_values(jsonl, "train/skipped_steps"), weights, t->skipped_steps());
+  };
+  const auto [host_loss, host_accuracy, host_skipped, host_weights, host_skips] = run("window_host", false);
+  const auto [loss, accuracy, skipped, weights, skips] = run("window_device", true);
+  ASSERT_EQ(host_loss.size(), 3u) << "a log at steps 4, 8 and 12";
+  ASSERT_EQ(loss.size(), host_loss.size());
+  EXPECT_GT(host_skips, 0) << "the test needs skipped steps: init_scale no longer overflows";
+  EXPECT_EQ(skips, host_skips);
+  for (const auto& [step, v] : host_loss) {
+    EXPECT_NEAR(loss.at(step), v, 1e-5 * std::abs(v)) << "train/loss at step " << step;
+    EXPECT_NEAR(accuracy.at(step), host_accuracy.at(step), 1e-5) << "train/accuracy at step " << step;
+    EXPECT_EQ(skipped.at(step), host_skipped.at(step)) << "train/skipped_steps at step " << step;
+  }
+  for (const auto& [key, w] : host_weights)
+    EXPECT_TRUE(at::allclose(weights.at(key), w, 1e-5, 1e-7)) << key << " differs after 12 steps";
+}
+
 /// The base run with the metric test model instead of the transformer.
 Config metric_run(const fs::path& dir, const std::string& name) {
   return loom::testing::config_of({"model.name=metric_model", "data.name=synthetic", "data.train_size=512",

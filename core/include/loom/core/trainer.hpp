@@ -72,6 +72,7 @@ struct StepResult {
   bool skipped = false;  ///< non-finite gradients: no update
   int64_t samples = 0;
   std::map<std::string, double> metrics;  ///< e.g. accuracy of the batch
+  bool read = true;      ///< false: loss, metrics, grad_norm, skipped, samples stayed on the device
 };
 
 /// One evaluation over a whole split (the callbacks' EvalReport).
@@ -123,14 +124,16 @@ class Trainer {
   /// trainer.eval_every steps; the callbacks write, checkpoint and report (sdk/callback.hpp).
   TrainSummary train();
 
-  /// One optimizer step.
-  StepResult train_step();
+  /// One optimizer step. With `read_values` false (and the update on the device, Note [The step
+  /// on the device]) the step's loss, metrics and norm stay on the device, added to the log
+  /// window, and the host does not wait for the device: the result's values are NaN (read false).
+  StepResult train_step(bool read_values = true);
 
   /// One optimizer step that survives running out of memory: the step unwinds (no update is
   /// applied), memory is freed, the memory policies re-plan (oom_recovery halves the
   /// micro-batch), and the step replays from its saved state. When no policy can help, throws
   /// loom::Error with advice.
-  StepResult step_with_recovery();
+  StepResult step_with_recovery(bool read_values = true);
 
   /// Peak memory of a forward and backward at micro-batch `b` (model states included), with no
   /// trace left: gradients zeroed, RNG restored, weights and optimizer untouched. Throws
@@ -224,11 +227,20 @@ class Trainer {
     double seconds = 0, loss = 0;
     int64_t steps = 0, samples = 0;
     std::map<std::string, double> metrics;
+    // Steps whose values stayed on the device: [loss mean, samples, metric means..., norm of a
+    // taken update, skipped] summed, until flush_window() reads them.
+    at::Tensor device_sums;
+    std::vector<std::string> device_metrics;
+    int64_t device_steps = 0;
     void add(const StepResult& r, double dt);
     /// Adds the window's means to `values` and starts a new window.
     std::map<std::string, double> take(std::map<std::string, double> values);
   };
   LogWindow window_;
+  /// Reads the window's device sums into it (one wait), counts and reports the skipped steps.
+  void flush_window();
+  bool read_every_step_ = true;  ///< some callback reads every step's values (Callback 1.1)
+  std::string step_readers_;     ///< which ones, for the start-up report
   /// Calls `hook` on each callback in order; an error names the callback and the hook.
   void notify(const char* hook, const std::function<void(sdk::Callback&, sdk::RunContext&)>& call);
   /// The split evaluations during training use: validation when the run has one, else test.
@@ -251,10 +263,13 @@ class Trainer {
   /// Per metric: (sum, count) over the micro-batches so far.
   using MetricSums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
   void add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const;
+  /// Adds a step's packed report (pack_report, then the norm and found-inf) to the log window's
+  /// device sums.
+  void add_unread(const at::Tensor& packed, const MetricSums& metric_sums);
   // The end of a step after the reduction: unscale, clip, update, read (Note [The step on the
   // device]); each returns whether the update was taken.
   bool update_on_device(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
-                        const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats);
+                        const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats, bool read);
   bool update_on_host(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
                       const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats);
   std::vector<std::string> metric_names() const;
@@ -288,6 +303,8 @@ class Trainer {
   bool precision_on_device_ = false;  ///< the precision implements interface 1.1
   bool step_on_device_ = false;  ///< trainer.device_step and both plugins implement interface 1.1
   at::Tensor lr_on_device_;      ///< the step's learning rate, for the fused kernels
+  at::Tensor lr_table_;          ///< the learning rate after k taken updates, k = 0..total_steps
+  at::Tensor taken_on_device_;   ///< updates taken so far ([1], int64): the schedule's position
   int64_t skipped_at_resume_ = 0;  ///< skipped_steps_ when the run resumed
   Parameters parameters_;
   std::shared_ptr<sdk::Optimizer> optimizer_;

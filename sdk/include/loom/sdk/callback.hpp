@@ -34,11 +34,18 @@
 namespace loom::sdk {
 
 /// One optimizer step, as it ended.
+///
+/// loss, metrics, grad_norm, skipped and samples live on the device until the host reads them,
+/// and each read makes the host wait for the device. They are read on every step when some
+/// callback of the run reads every step (Callback::reads_every_step, true unless a callback says
+/// otherwise), else only on log steps (trainer.log_every, the last step): between those, loss and
+/// grad_norm are NaN, metrics empty, skipped false and samples 0. on_log always gets the window's
+/// means.
 struct StepReport {
   int64_t step = 0;            ///< the step just taken, 1-based
   int64_t total_steps = 0;
   int64_t epoch = 0;           ///< the training data's pass the step read from (0-based)
-  double loss = 0;             ///< mean over the global batch
+  double loss = 0;             ///< mean over the global batch (NaN where not read, above)
   std::map<std::string, double> metrics;  ///< the model's metrics over the global batch
   double lr = 0;
   double grad_norm = 0;        ///< before clipping; 0 for a skipped update
@@ -127,9 +134,15 @@ class LOOM_SDK_API Callback {
   using Interface = Callback;
   static constexpr uint32_t kKind = LOOM_KIND_CALLBACK;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 0;
+  static constexpr uint32_t kInterfaceMinor = 1;  // 1.1: reads_every_step
 
   virtual ~Callback();  // defined in libloom_sdk
+
+  /// 1.1: whether on_step_end reads the step's loss, metrics, grad_norm, skipped or samples on
+  /// every step (see StepReport). Return false if it does not: the host then reads them from the
+  /// device on log steps only, and steps in between do not wait for the device. The default, and
+  /// every callback built against 1.0, reads every step.
+  virtual bool reads_every_step() const { return true; }
 
   virtual void on_run_begin(RunContext& run) { (void)run; }
   /// `step` is the step about to run, 1-based.
