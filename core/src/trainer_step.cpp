@@ -174,6 +174,28 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
 // not, and a gradient norm that overflows float32 counts as non-finite there.
 bool Trainer::update_on_device(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
                                const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats, bool read) {
+  // Skipped updates do not advance the schedule, and the host does not know which were
+  // skipped: the rate is looked up on the device, in a table of the schedule's rate after k
+  // taken updates, at the count of taken updates kept there. Made before the commit point: an
+  // out-of-memory here is replayed like one in backward.
+  if (!lr_table_.defined() || lr_table_.size(0) != total_steps_ + 1) {
+    std::vector<double> rates(static_cast<size_t>(total_steps_ + 1));
+    const int64_t taken = step_ - skipped_steps_;  // exact when first made: nothing is unread yet
+    for (int64_t k = 0; k <= total_steps_; ++k) {
+      const double factor = schedule_->factor(k, total_steps_);
+      if (!std::isfinite(factor) || factor < 0)
+        throw Error("schedule '" + options_.schedule + "' gave the learning-rate factor " + std::to_string(factor) +
+                    " after " + std::to_string(k) + " updates; a factor is finite and >= 0");
+      rates[static_cast<size_t>(k)] = base_lr_ * factor;
+    }
+    // float on CUDA (the fused kernels' type there), double on CPU
+    const auto dtype = device_.is_cpu() ? at::kDouble : at::kFloat;
+    lr_table_ = at::from_blob(rates.data(), {total_steps_ + 1}, at::TensorOptions().dtype(at::kDouble))
+                    .to(device_, dtype, /*non_blocking=*/false, /*copy=*/true);
+    if (!taken_on_device_.defined())  // (a resume resets it; a table made again keeps the count)
+      taken_on_device_ = at::full({1}, taken, at::TensorOptions().dtype(at::kLong)).to(device_);
+    lr_on_device_ = at::empty({}, at::TensorOptions().device(device_).dtype(dtype));
+  }
   at::Tensor norm, found;
   {
     LOOM_PHASE("optimizer");
@@ -183,25 +205,6 @@ bool Trainer::update_on_device(StepResult& result, const at::Tensor& totals, con
     found = norm.isfinite().logical_not().to(at::kFloat);
     committed_ = true;
     notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
-    // Skipped updates do not advance the schedule, and the host does not know which were
-    // skipped: the rate is looked up on the device, in a table of the schedule's rate after k
-    // taken updates, at the count of taken updates kept there.
-    if (!lr_table_.defined() || lr_table_.size(0) != total_steps_ + 1) {
-      std::vector<double> rates(static_cast<size_t>(total_steps_ + 1));
-      const int64_t taken = step_ - skipped_steps_;  // exact here: nothing is unread yet
-      for (int64_t k = 0; k <= total_steps_; ++k) {
-        const double factor = schedule_->factor(k, total_steps_);
-        if (!std::isfinite(factor) || factor < 0)
-          throw Error("schedule '" + options_.schedule + "' gave the learning-rate factor " + std::to_string(factor) +
-                      " after " + std::to_string(k) + " updates; a factor is finite and >= 0");
-        rates[static_cast<size_t>(k)] = base_lr_ * factor;
-      }
-      // float on CUDA (the fused kernels' type there), double on CPU
-      const auto dtype = device_.is_cpu() ? at::kDouble : at::kFloat;
-      lr_table_ = at::from_blob(rates.data(), {total_steps_ + 1}, at::TensorOptions().dtype(at::kDouble)).to(device_, dtype, false, /*copy=*/true);
-      taken_on_device_ = at::full({1}, taken, at::TensorOptions().dtype(at::kLong)).to(device_);
-      lr_on_device_ = at::empty({}, at::TensorOptions().device(device_).dtype(dtype));
-    }
     lr_on_device_.copy_(lr_table_.index_select(0, taken_on_device_.clamp_max(total_steps_)).reshape({}));
     optimizer_->step_on_device(lr_on_device_, found);
     precision_->update_on_device(found);
@@ -333,6 +336,14 @@ StepResult Trainer::train_step(bool read_values) {
   if (gradient_hook_) gradient_hook_(grads);
   notify("on_after_backward", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_after_backward(run, grads); });
   if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after backward: ", memory_->stats().peak);
+  // The device path keeps a table of the schedule's rate per taken update (Note [The step on the
+  // device]); past a few million steps that table would be large: such runs check on the host.
+  constexpr int64_t kLargestRateTable = int64_t{1} << 22;
+  if (step_on_device_ && total_steps_ >= kLargestRateTable && !lr_table_.defined()) {
+    step_on_device_ = false;
+    log::warn("trainer.device_step: ", total_steps_, " steps are more than its table of learning rates holds (",
+              kLargestRateTable - 1, "); non-finite steps are checked on the host instead");
+  }
   StepResult result;
   if (!step_on_device_) result.lr = current_lr();  // on the device: looked up there, read with the report
   // The first steps after a resume are read: the check below needs each one's skip.

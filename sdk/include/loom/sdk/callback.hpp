@@ -35,12 +35,12 @@ namespace loom::sdk {
 
 /// One optimizer step, as it ended.
 ///
-/// loss, metrics, grad_norm, skipped and samples live on the device until the host reads them,
-/// and each read makes the host wait for the device. They are read on every step when some
-/// callback of the run reads every step (Callback::reads_every_step, true unless a callback says
-/// otherwise), else only on log steps (trainer.log_every, the last step): between those, loss and
-/// grad_norm are NaN, metrics empty, skipped false and samples 0. on_log always gets the window's
-/// means.
+/// loss, metrics, lr, grad_norm, skipped and samples live on the device until the host reads
+/// them (with trainer.device_step, the default), and each read makes the host wait for the
+/// device. They are read on every step when some callback of the run reads every step
+/// (Callback::reads_every_step, true unless a callback says otherwise), else only on log steps
+/// (trainer.log_every, the last step): between those, loss, lr and grad_norm are NaN, metrics
+/// empty, skipped false and samples 0. on_log always gets the window's means.
 struct StepReport {
   int64_t step = 0;            ///< the step just taken, 1-based
   int64_t total_steps = 0;
