@@ -53,9 +53,10 @@ class Sgd final : public loom::plugins::GroupedOptimizer {
                     dampening_, nesterov_, /*maximize=*/false, /*is_first_step=*/steps_taken() == 0);
   }
 
-  // The first call starts the momentum buffers (the host cannot know, without waiting, whether an
-  // earlier call was skipped: with dampening 0, the only difference, a skipped first step and a
-  // buffer of zeros give the same update).
+  // The first call starts the momentum buffers, skipped or not: the host cannot know without
+  // waiting. A skipped first call leaves them at zero, and the next one then computes
+  // momentum x 0 + (1 - dampening) x grad, which is the first step's update when dampening is 0
+  // (the default); with dampening, that one update is (1 - dampening) times smaller.
   void update_on_device(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                         std::vector<std::vector<at::Tensor>>& state, const at::Tensor& lr, double weight_decay,
                         const at::Tensor& found_inf) override {
