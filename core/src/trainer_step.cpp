@@ -103,10 +103,14 @@ void Trainer::restore(const StepState& s) {
 
 double Trainer::current_lr() const {
   // Skipped steps (non-finite gradients) do not advance the schedule.
-  const double factor = schedule_->factor(step_ - skipped_steps_, total_steps_);
+  return rate_after(step_ - skipped_steps_);
+}
+
+double Trainer::rate_after(int64_t taken) const {
+  const double factor = schedule_->factor(taken, total_steps_);
   if (!std::isfinite(factor) || factor < 0)
     throw Error("schedule '" + options_.schedule + "' gave the learning-rate factor " + std::to_string(factor) +
-                " at step " + std::to_string(step_ + 1) + "; a factor is finite and >= 0");
+                " after " + std::to_string(taken) + " updates; a factor is finite and >= 0");
   return base_lr_ * factor;
 }
 
@@ -181,13 +185,7 @@ bool Trainer::update_on_device(StepResult& result, const at::Tensor& totals, con
   if (!lr_table_.defined() || lr_table_.size(0) != total_steps_ + 1) {
     std::vector<double> rates(static_cast<size_t>(total_steps_ + 1));
     const int64_t taken = step_ - skipped_steps_;  // exact when first made: nothing is unread yet
-    for (int64_t k = 0; k <= total_steps_; ++k) {
-      const double factor = schedule_->factor(k, total_steps_);
-      if (!std::isfinite(factor) || factor < 0)
-        throw Error("schedule '" + options_.schedule + "' gave the learning-rate factor " + std::to_string(factor) +
-                    " after " + std::to_string(k) + " updates; a factor is finite and >= 0");
-      rates[static_cast<size_t>(k)] = base_lr_ * factor;
-    }
+    for (int64_t k = 0; k <= total_steps_; ++k) rates[static_cast<size_t>(k)] = rate_after(k);
     // float on CUDA (the fused kernels' type there), double on CPU
     const auto dtype = device_.is_cpu() ? at::kDouble : at::kFloat;
     lr_table_ = at::from_blob(rates.data(), {total_steps_ + 1}, at::TensorOptions().dtype(at::kDouble))
@@ -262,9 +260,9 @@ void Trainer::add_unread(const at::Tensor& packed, const MetricSums& metric_sums
   const int64_t m = static_cast<int64_t>(metric_sums.size());
   const at::Tensor count = packed.narrow(0, 1, 1);
   const at::Tensor pairs = packed.narrow(0, 2, 2 * m).view({m, 2});
-  const at::Tensor norm = packed.narrow(0, 2 + 2 * m, 1), found = packed.narrow(0, 3 + 2 * m, 1);
-  const at::Tensor values = at::cat({packed.narrow(0, 0, 1) / count.clamp_min(1), count,
-                                     pairs.select(1, 0) / pairs.select(1, 1), norm.masked_fill(found > 0, 0), found});
+  const at::Tensor found = packed.narrow(0, 3 + 2 * m, 1);  // after the norm
+  const at::Tensor values =
+      at::cat({packed.narrow(0, 0, 1) / count.clamp_min(1), count, pairs.select(1, 0) / pairs.select(1, 1), found});
   if (window_.device_sums.defined()) {
     window_.device_sums.add_(values);
   } else {
@@ -284,7 +282,7 @@ void Trainer::flush_window() {
   window_.samples += std::llround(v[1]);
   size_t i = 2;
   for (const auto& name : window_.device_metrics) window_.metrics[name] += v[i++];
-  const int64_t skipped = std::llround(v[i + 1]);
+  const int64_t skipped = std::llround(v[i]);
   window_.device_sums = at::Tensor();
   window_.device_steps = 0;
   if (skipped > 0) {

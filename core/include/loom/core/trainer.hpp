@@ -227,8 +227,8 @@ class Trainer {
     double seconds = 0, loss = 0;
     int64_t steps = 0, samples = 0;
     std::map<std::string, double> metrics;
-    // Steps whose values stayed on the device: [loss mean, samples, metric means..., norm of a
-    // taken update, skipped] summed, until flush_window() reads them.
+    // Steps whose values stayed on the device: [loss mean, samples, metric means..., skipped]
+    // summed, until flush_window() reads them.
     at::Tensor device_sums;
     std::vector<std::string> device_metrics;
     int64_t device_steps = 0;
@@ -274,6 +274,8 @@ class Trainer {
                       const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats);
   std::vector<std::string> metric_names() const;
   double current_lr() const;
+  /// The schedule's learning rate after `taken` updates (checked: finite, >= 0).
+  double rate_after(int64_t taken) const;
   std::string state_json() const;
   sdk::TensorMap model_tensors() const;
   void restore_model(const sdk::TensorMap& tensors, const std::string& what);
