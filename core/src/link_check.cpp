@@ -8,11 +8,35 @@
 namespace loom::core {
 
 std::string std_filesystem_provider() {
-  // The address of a function of a shared library is the one the dynamic linker chose for the
-  // whole process (the canonical address), so dladdr names the library that won.
-  using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&, std::error_code&);
-  const RemoveAll f = &std::filesystem::remove_all;
-  return library_of(reinterpret_cast<const void*>(f));
+  // The dynamic linker binds a reference to the first object of the global scope that defines
+  // the symbol, in load order (the executable, then its libraries breadth-first). The address of
+  // the function as this code sees it is no answer: a position-dependent executable that takes
+  // it gets a stub of its own (the H100 machine's loom reported itself). So walk the loaded
+  // objects in order and ask each whether it defines the symbol itself.
+  struct Search {
+    std::string found;
+  } search;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* s = static_cast<Search*>(data);
+        if (info->dlpi_name == nullptr || info->dlpi_name[0] == '\0') return 0;  // the executable, the vDSO
+        void* handle = ::dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+        if (handle == nullptr) return 0;
+        // std::filesystem::remove_all(const path&, error_code&)
+        void* symbol = ::dlsym(handle, "_ZNSt10filesystem10remove_allERKNS_7__cxx114pathERSt10error_code");
+        ::dlclose(handle);
+        Dl_info where{};
+        // dlsym also searches the object's dependencies: count it only where this object defines it.
+        if (symbol == nullptr || ::dladdr(symbol, &where) == 0 || where.dli_fname == nullptr ||
+            std::string(where.dli_fname) != info->dlpi_name)
+          return 0;
+        std::error_code ec;
+        const auto canonical = std::filesystem::canonical(info->dlpi_name, ec);
+        s->found = ec ? std::string(info->dlpi_name) : canonical.string();
+        return 1;
+      },
+      &search);
+  return search.found.empty() ? "(not loaded)" : search.found;
 }
 
 std::string library_of(const void* address) {

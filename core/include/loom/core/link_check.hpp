@@ -5,7 +5,8 @@
 
 namespace loom::core {
 
-/// The file that defines std::filesystem::remove_all as this process resolved it. Some LibTorch
+/// The file of the first loaded library (in the dynamic linker's search order) that defines
+/// std::filesystem::remove_all: where an unversioned reference to it binds. Some LibTorch
 /// wheels export their own copies of std::filesystem's functions (torch 2.11's libtorch.so: a
 /// copy that crashes in remove_all); an executable that lists a LibTorch library before
 /// libstdc++ binds to them. Loom's executables link libstdc++ first (cmake/LoomTorch.cmake), so
