@@ -8,6 +8,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,12 @@ class GroupedOptimizer : public sdk::Optimizer {
       update(params, grads, state, lr * g.spec.lr_scale, g.weight_decay);
     });
     ++steps_;
+    ++host_taken_;
   }
 
   // Optimizer 1.1: the fused kernels take the learning rate as a tensor and skip themselves where
-  // found_inf is set; the skipped steps are counted on the device too, read only for a checkpoint.
+  // found_inf is set; the updates taken are counted on the device too (read only for a
+  // checkpoint), so that a CUDA graph's replays of this call count (step.cuda_graph).
   void step_on_device(const at::Tensor& lr, const at::Tensor& found_non_finite) override {
     at::NoGradGuard no_grad;
     const at::Tensor found = found_non_finite.reshape({1}).to(at::kFloat);
@@ -51,7 +54,8 @@ class GroupedOptimizer : public sdk::Optimizer {
       update_on_device(params, grads, state, g.spec.lr_scale == 1.0 ? lr : lr * g.spec.lr_scale, g.weight_decay, found);
     });
     ++steps_;
-    skipped_ = skipped_.defined() ? skipped_.add_(found) : found.clone();
+    if (taken_on_device_.defined()) taken_on_device_.sub_(found).add_(1);
+    else taken_on_device_ = found.to(at::kDouble).neg_().add_(1);  // double: exact past 2^24 steps
   }
 
   sdk::State state_dict() const override {
@@ -73,8 +77,8 @@ class GroupedOptimizer : public sdk::Optimizer {
     auto steps = state.text.find("steps");
     const auto parsed = steps == state.text.end() ? std::nullopt : sdk::parse_int(steps->second);
     if (!parsed || *parsed < 0) throw sdk::Error("the checkpoint's optimizer state has no valid step count");
-    steps_ = *parsed;
-    skipped_ = at::Tensor();
+    steps_ = host_taken_ = *parsed;
+    taken_on_device_ = at::Tensor();
     materialized_ = false;
     if (state.tensors.empty()) return;  // saved before the first step
     materialize();
@@ -104,11 +108,12 @@ class GroupedOptimizer : public sdk::Optimizer {
   virtual void update_on_device(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                                 std::vector<std::vector<at::Tensor>>& state, const at::Tensor& lr,
                                 double weight_decay, const at::Tensor& found_inf) = 0;
-  /// Updates taken so far (skipped ones not counted; reads the device's count of skipped steps).
+  /// Updates taken so far (skipped ones not counted; reads the device's count).
   int64_t steps_taken() const {
-    return skipped_.defined() ? steps_ - static_cast<int64_t>(skipped_.item<double>()) : steps_;
+    return host_taken_ + (taken_on_device_.defined() ? std::llround(taken_on_device_.item<double>()) : 0);
   }
-  /// Calls to step() and step_on_device() so far, skipped or not (no read from the device).
+  /// Calls to step() and step_on_device() the host made so far, skipped or not (no read from the
+  /// device; a CUDA graph's replays are not calls: only its capture is).
   int64_t steps_called() const { return steps_; }
   double weight_decay() const { return weight_decay_; }
 
@@ -141,8 +146,9 @@ class GroupedOptimizer : public sdk::Optimizer {
   std::vector<std::string> slots_;
   double weight_decay_;
   std::vector<Group> groups_;
-  int64_t steps_ = 0;
-  at::Tensor skipped_;  // on the device: steps that step_on_device skipped (undefined: none yet)
+  int64_t steps_ = 0;       // calls made by the host
+  int64_t host_taken_ = 0;  // updates step() took, and those of a loaded checkpoint
+  at::Tensor taken_on_device_;  // updates step_on_device took (undefined: no call yet)
   bool materialized_ = false;
 };
 

@@ -61,6 +61,12 @@ class LOOM_SDK_API Optimizer {
   /// tensor of one element, same device) is nonzero, nothing changes: no update, no step counted
   /// (the fused kernels' found_inf). The default reads both to the host and calls step(): right,
   /// but it waits for the device.
+  /// With `step.cuda_graph`, the trainer captures the whole step, this call included, into a
+  /// CUDA graph and replays it: the call runs on the host once per capture, its device work once
+  /// per step. So it queues device work only: no read of a tensor, no host-side count that
+  /// changes per call (keep such counts in device tensors, as the in-tree optimizers do), the
+  /// same state tensors from call to call. A read makes the capture fail, which the trainer
+  /// reports.
   virtual void step_on_device(const at::Tensor& lr, const at::Tensor& found_non_finite) {
     if (found_non_finite.item<double>() == 0) step(lr.item<double>());
   }

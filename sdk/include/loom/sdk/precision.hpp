@@ -29,6 +29,9 @@ class LOOM_SDK_API Guard {
 ///   found = the gradients' norm is not finite (a tensor on the device)
 ///   optimizer.step_on_device(lr, found) // the fused kernel skips itself where found
 ///   update_on_device(found)
+/// With `step.cuda_graph` these on-device calls, and forward_guard() and scale_loss(), are
+/// captured into a CUDA graph and replayed (see Optimizer::step_on_device): device work only,
+/// no reads, no host state that changes per step.
 class LOOM_SDK_API PrecisionStrategy {
  public:
   using Interface = PrecisionStrategy;
