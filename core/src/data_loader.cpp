@@ -1,12 +1,15 @@
 // The data loader. See loader.hpp.
 #include <loom/core/error.hpp>
 #include <loom/core/data_loader.hpp>
+#include <loom/core/log.hpp>
 
 #include <system_error>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
 #include <ATen/ops/randperm.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/ParallelGuard.h>
 
 #include <numeric>
@@ -79,6 +82,7 @@ const std::vector<int64_t>& DataLoader::order(int64_t epoch) {
 }
 
 void DataLoader::restart() {
+  staged_.reset();  // planned from the position before it
   std::lock_guard<std::mutex> lock(mutex_);
   ++generation_;
   jobs_.clear();
@@ -130,13 +134,6 @@ sdk::Batch DataLoader::fetch(const std::vector<int64_t>& indices) const {
   return batch;
 }
 
-sdk::Batch DataLoader::to_device(sdk::Batch batch) const {
-  if (options_.device.is_cpu()) return batch;
-  const bool non_blocking = options_.pin_memory;
-  for (auto& [name, t] : batch) t = t.to(options_.device, /*non_blocking=*/non_blocking);
-  return batch;
-}
-
 void DataLoader::worker_loop() {
   // Note [Data loader threads run operators serially]
   // An ATen operator called from a thread that is not in a parallel region may start its own
@@ -168,9 +165,10 @@ void DataLoader::worker_loop() {
   }
 }
 
-sdk::Batch DataLoader::next() {
+std::pair<sdk::Batch, DataLoader::Position> DataLoader::take() {
   schedule();
   sdk::Batch batch;
+  Position after;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const uint64_t want = next_to_hand_;
@@ -192,12 +190,48 @@ sdk::Batch DataLoader::next() {
       batch = std::move(results_[want]);
       results_.erase(want);
     }
-    position_ = position_after_[want];
+    after = position_after_[want];
     position_after_.erase(want);
     ++next_to_hand_;
   }
   schedule();
-  return to_device(std::move(batch));
+  return {std::move(batch), after};
+}
+
+DataLoader::Staged DataLoader::stage(std::pair<sdk::Batch, Position> taken) {
+  const auto* cuda = c10::impl::getDeviceGuardImpl(options_.device.type());
+  if (!copy_stream_) copy_stream_ = cuda->getStreamFromGlobalPool(options_.device, /*isHighPriority=*/false);
+  Staged staged;
+  staged.after = taken.second;
+  const c10::StreamGuard on_copy_stream(*copy_stream_);
+  for (auto& [name, t] : taken.first) staged.batch[name] = t.to(options_.device, /*non_blocking=*/options_.pin_memory);
+  staged.copied.record(*copy_stream_);
+  return staged;
+}
+
+sdk::Batch DataLoader::next() {
+  if (!options_.device.is_cuda()) {
+    auto [batch, after] = take();
+    position_ = after;
+    if (options_.device.is_cpu()) return batch;
+    for (auto& [name, t] : batch) t = t.to(options_.device);
+    return batch;
+  }
+  Staged current = staged_ ? std::move(*staged_) : stage(take());
+  staged_.reset();
+  position_ = current.after;
+  const c10::Stream compute = c10::impl::getDeviceGuardImpl(options_.device.type())->getStream(options_.device);
+  current.copied.block(compute);
+  for (auto& [name, t] : current.batch) t.record_stream(compute);
+  // The following batch: its copy runs while the caller computes on this one. A failure to get
+  // it is not this batch's: the next call fetches it again and reports it then.
+  try {
+    staged_ = stage(take());
+  } catch (const std::exception& e) {
+    log::debug("loader: prefetching the next batch failed (asked again at the next batch): ", e.what());
+    restart();
+  }
+  return std::move(current.batch);
 }
 
 }  // namespace loom::core

@@ -7,12 +7,21 @@
 // exact sequence of batches, and it stays valid when the micro-batch changes (OOM recovery).
 //
 // Threads: `workers` threads fetch upcoming batches (Dataset::get_batch), at most
-// workers x prefetch ahead, and pin them when the target device is CUDA; next() hands them out
-// in order and copies them to the device (non_blocking from pinned memory). The threads live as
-// long as the loader, across epochs.
+// workers x prefetch ahead, and pin them when the target device is CUDA (PyTorch's caching host
+// allocator reuses the pinned blocks); next() hands them out in order. The threads live as long
+// as the loader, across epochs.
+//
+// On CUDA one batch more is already on the device: next() hands out the batch copied during the
+// previous step and queues the copy of the following one on a copy stream of its own, so that
+// the copy overlaps the step's kernels. The compute stream waits for the copy's event, and the
+// batch's memory is marked in use by the compute stream (record_stream) so that the caching
+// allocator does not hand it out again before the step is done with it.
 #pragma once
 
 #include <loom/sdk/dataset.hpp>
+
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -21,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -80,7 +90,17 @@ class DataLoader {
   void schedule();      // queue jobs up to the prefetch depth
   void worker_loop();
   sdk::Batch fetch(const std::vector<int64_t>& indices) const;
-  sdk::Batch to_device(sdk::Batch batch) const;
+  /// The next batch in order, on the host, and the position once it is handed out.
+  std::pair<sdk::Batch, Position> take();
+  /// A batch whose copy to the device is queued on the copy stream (CUDA).
+  struct Staged {
+    sdk::Batch batch;
+    Position after;
+    c10::Event copied{c10::DeviceType::CUDA};
+  };
+  Staged stage(std::pair<sdk::Batch, Position> taken);
+  std::optional<Staged> staged_;          // the next batch, on its way to the device
+  std::optional<c10::Stream> copy_stream_;
 
   std::shared_ptr<sdk::Dataset> dataset_;
   sdk::Split split_;
