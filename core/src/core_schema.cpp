@@ -88,6 +88,14 @@ Schema core_schema() {
             key(LOOM_OPTION_BOOL, "estimate", "true", "probe twice at start and report the estimate's error against the measured peak"),
         });
   s.add("parallel", "parallel", {key(LOOM_OPTION_STRING, "name", "single", "parallel strategy plugin")});
+  s.add("step", "step",
+        {
+            key(LOOM_OPTION_BOOL, "cuda_graph", "false",
+                "CUDA: capture the whole training step (forward, backward, update) as a CUDA graph and replay it, one "
+                "launch per step instead of hundreds; needs fixed shapes and trainer.device_step"),
+            key(LOOM_OPTION_INT, "cuda_graph_warmup", "3", 1, 1000,
+                "eager steps before the step is captured (after the start and after each new plan)"),
+        });
   return s;
 }
 

@@ -68,6 +68,8 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.lr = float_of(c, "trainer.lr");
   o.clip_grad_norm = float_of(c, "trainer.clip_grad_norm");
   o.device_step = bool_of(c, "trainer.device_step");
+  o.cuda_graph = bool_of(c, "step.cuda_graph");
+  o.cuda_graph_warmup = int_of(c, "step.cuda_graph_warmup");
   o.reference_batch = int_of(c, "trainer.reference_batch");
   o.eval_every = int_of(c, "trainer.eval_every");
   o.log_every = int_of(c, "trainer.log_every");

@@ -82,6 +82,9 @@ void Trainer::report_startup() const {
   log::info("optimizer ", optimizer_->describe().empty() ? options_.optimizer : optimizer_->describe(), "; groups ",
             groups, "; clip ", options_.clip_grad_norm,
             step_on_device_ ? "; non-finite steps skipped on the device" : "; non-finite steps checked on the host");
+  if (graphs_)
+    log::info("step      CUDA graph: ", options_.cuda_graph_warmup, " eager steps, then the step is captured and "
+              "replayed (on_after_backward and on_before_optimizer_step run on the eager steps and the capture only)");
   log::info("schedule  ", options_.schedule, ": peak lr ", base_lr_,
             schedule_->describe().empty() ? std::string() : ", " + schedule_->describe());
   log::info("precision ", value_of(config_, "precision.name"), ": ", manifest);

@@ -10,6 +10,7 @@
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/trainer.hpp>
 #include "run_context.hpp"
+#include "step_graph.hpp"
 #include "trainer_internal.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -30,6 +31,7 @@ Trainer::Trainer(Resolved config, const PluginRegistry& registry)
     : config_(std::move(config)), registry_(registry), options_(TrainerOptions::from(config_)) {}
 
 Trainer::~Trainer() {
+  graphs_.reset();
   train_loader_.reset();
   val_loader_.reset();
   test_loader_.reset();
@@ -62,6 +64,7 @@ void Trainer::setup() {
   in_phase("set-up", [&] {
     build_components(/*with_optimizer=*/true);
     build_plan();
+    build_step_graphs();
     build_loaders();
     build_callbacks();
   });
@@ -227,6 +230,25 @@ void Trainer::build_optimizer() {
   // memory.)
   optimizer_->materialize();
   parameters_.gradients();
+}
+
+void Trainer::build_step_graphs() {
+  if (!options_.cuda_graph) return;
+  auto graphs = std::make_unique<StepGraphs>(device_, options_.cuda_graph_warmup);  // refuses a CPU device
+  if (!step_on_device_)
+    throw Error(std::string("step.cuda_graph needs the step on the device (a step that waits for the device cannot be "
+                            "captured), and ") +
+                (!options_.device_step ? "trainer.device_step is false: set it to true"
+                 : !precision_on_device_
+                     ? "precision '" + value_of(config_, "precision.name") + "' implements interface 1.0 (1.1 has the "
+                       "on-device calls): update the plugin, or set step.cuda_graph = false"
+                     : "optimizer '" + options_.optimizer + "' implements interface 1.0 (1.1 has step_on_device): update "
+                       "the plugin, or set step.cuda_graph = false"));
+  if (parallel_->world_size() > 1)
+    throw Error("step.cuda_graph: parallel strategy '" + value_of(config_, "parallel.name") + "' runs " +
+                std::to_string(parallel_->world_size()) + " ranks; CUDA graphs are captured for one process on one "
+                "device here: set step.cuda_graph = false");
+  graphs_ = std::move(graphs);
 }
 
 void Trainer::build_schedule() {

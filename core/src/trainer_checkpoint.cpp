@@ -8,6 +8,7 @@
 #include <loom/core/files.hpp>
 #include <loom/core/trainer.hpp>
 #include "saved_state.hpp"
+#include "step_graph.hpp"
 #include "trainer_internal.hpp"
 
 #include <loom/sdk/version.hpp>
@@ -174,6 +175,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   train_loader_->seek(position);
   window_ = window;
   taken_on_device_ = lr_table_ = at::Tensor();  // made again from step_ and the loaded schedule
+  if (graphs_) graphs_->clear();  // they read the optimizer's and the scaler's tensors of before
   resumed_at_ = step_;
   resumed_from_ = dir;
   log::info("resumed from ", dir.string(), " at step ", step_);

@@ -6,6 +6,7 @@
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
+#include "step_graph.hpp"
 #include "trainer_internal.hpp"
 
 #include <torch/nn/module.h>
@@ -154,6 +155,7 @@ StepResult Trainer::step_with_recovery(bool read_values) {
       // Unwind: nothing of the step was applied; drop its gradients, return cached blocks, and
       // put the data position and the RNG back where the step began.
       restore(start);
+      if (graphs_) graphs_->clear();  // their memory, before the policies measure what is free
       memory_->empty_cache();
       sdk::OomContext context;
       context.memory = memory_.get();

@@ -6,6 +6,7 @@
 #include <loom/core/profiler.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
+#include "step_graph.hpp"
 #include "trainer_internal.hpp"
 
 #include <ATen/core/grad_mode.h>
@@ -176,41 +177,49 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
 // the host path: read, check, then step. The two give the same parameters (a test, on CPU).
 // What differs: on_before_optimizer_step runs before every update on the device path, skipped or
 // not, and a gradient norm that overflows float32 counts as non-finite there.
-bool Trainer::update_on_device(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
-                               const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats, bool read) {
+void Trainer::ensure_rate_table() {
   // Skipped updates do not advance the schedule, and the host does not know which were
   // skipped: the rate is looked up on the device, in a table of the schedule's rate after k
   // taken updates, at the count of taken updates kept there. Made before the commit point: an
   // out-of-memory here is replayed like one in backward.
-  if (!lr_table_.defined() || lr_table_.size(0) != total_steps_ + 1) {
-    std::vector<double> rates(static_cast<size_t>(total_steps_ + 1));
-    const int64_t taken = step_ - skipped_steps_;  // exact when first made: nothing is unread yet
-    for (int64_t k = 0; k <= total_steps_; ++k) rates[static_cast<size_t>(k)] = rate_after(k);
-    // float on CUDA (the fused kernels' type there), double on CPU
-    const auto dtype = device_.is_cpu() ? at::kDouble : at::kFloat;
-    lr_table_ = at::from_blob(rates.data(), {total_steps_ + 1}, at::TensorOptions().dtype(at::kDouble))
-                    .to(device_, dtype, /*non_blocking=*/false, /*copy=*/true);
-    if (!taken_on_device_.defined())  // (a resume resets it; a table made again keeps the count)
-      taken_on_device_ = at::full({1}, taken, at::TensorOptions().dtype(at::kLong)).to(device_);
-    lr_on_device_ = at::empty({}, at::TensorOptions().device(device_).dtype(dtype));
-  }
+  if (lr_table_.defined() && lr_table_.size(0) == total_steps_ + 1) return;
+  std::vector<double> rates(static_cast<size_t>(total_steps_ + 1));
+  const int64_t taken = step_ - skipped_steps_;  // exact when first made: nothing is unread yet
+  for (int64_t k = 0; k <= total_steps_; ++k) rates[static_cast<size_t>(k)] = rate_after(k);
+  // float on CUDA (the fused kernels' type there), double on CPU
+  const auto dtype = device_.is_cpu() ? at::kDouble : at::kFloat;
+  lr_table_ = at::from_blob(rates.data(), {total_steps_ + 1}, at::TensorOptions().dtype(at::kDouble))
+                  .to(device_, dtype, /*non_blocking=*/false, /*copy=*/true);
+  if (!taken_on_device_.defined())  // (a resume resets it; a table made again keeps the count)
+    taken_on_device_ = at::full({1}, taken, at::TensorOptions().dtype(at::kLong)).to(device_);
+  lr_on_device_ = at::empty({}, at::TensorOptions().device(device_).dtype(dtype));
+  if (graphs_) graphs_->clear();  // they read the table that was
+}
+
+at::Tensor Trainer::queue_update(const StepWork& work) {
   at::Tensor norm, found;
   {
     LOOM_PHASE("optimizer");
     at::NoGradGuard no_grad;
-    precision_->unscale_gradients_on_device(flats);
-    norm = clip_grad_norm(flats, options_.clip_grad_norm).to(at::kFloat).reshape({1});
+    precision_->unscale_gradients_on_device(work.flats);
+    norm = clip_grad_norm(work.flats, options_.clip_grad_norm).to(at::kFloat).reshape({1});
     found = norm.isfinite().logical_not().to(at::kFloat);
     committed_ = true;
-    notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
+    notify("on_before_optimizer_step",
+           [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, work.grads); });
     lr_on_device_.copy_(lr_table_.index_select(0, taken_on_device_.clamp_max(total_steps_)).reshape({}));
     optimizer_->step_on_device(lr_on_device_, found);
     precision_->update_on_device(found);
     taken_on_device_.add_(found.logical_not().to(at::kLong));
   }
   LOOM_PHASE("report");
-  const at::Tensor packed = at::cat({totals, norm.to(totals.device()), found.to(totals.device()),
-                                     lr_on_device_.to(totals.device(), at::kFloat).reshape({1})});
+  const at::Tensor& totals = work.totals;
+  return at::cat({totals, norm.to(totals.device()), found.to(totals.device()),
+                  lr_on_device_.to(totals.device(), at::kFloat).reshape({1})});
+}
+
+bool Trainer::finish_on_device(StepResult& result, const at::Tensor& packed, const MetricSums& metric_sums, bool read) {
+  LOOM_PHASE("report");
   if (!read) {  // a step between log steps: its values join the window on the device
     add_unread(packed, metric_sums);
     result.read = false;
@@ -229,13 +238,13 @@ bool Trainer::update_on_device(StepResult& result, const at::Tensor& totals, con
   return finite;
 }
 
-bool Trainer::update_on_host(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
-                             const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats) {
+bool Trainer::update_on_host(StepResult& result, const StepWork& work) {
+  const auto& grads = work.grads;
   // What the step reports does not depend on the update: read first (one read of one tensor),
   // so that nothing after the update allocates more than the scaler's few bytes.
   {
     LOOM_PHASE("report");
-    ReportValues values = read_report(totals, metric_sums);
+    ReportValues values = read_report(work.totals, work.metric_sums);
     result.samples = values.samples;
     result.loss = values.loss;
     result.metrics = std::move(values.metrics);
@@ -244,7 +253,7 @@ bool Trainer::update_on_host(StepResult& result, const at::Tensor& totals, const
   // out-of-memory can be replayed. From the commit on, the step changes the run's state.
   LOOM_PHASE("optimizer");
   const bool finite = precision_->unscale_gradients(grads);
-  if (finite) result.grad_norm = clip_grad_norm(flats, options_.clip_grad_norm).item<double>();
+  if (finite) result.grad_norm = clip_grad_norm(work.flats, options_.clip_grad_norm).item<double>();
   committed_ = true;
   if (finite) {
     notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
@@ -292,63 +301,118 @@ void Trainer::flush_window() {
   }
 }
 
-StepResult Trainer::train_step(bool read_values) {
-  LOOM_PHASE("step");
-  committed_ = false;
+Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64_t)>& batch_of) {
   auto& module = model_->module();
   module.train();
   parameters_.zero_grad();
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
-  MetricSums metric_sums;
+  StepWork work;
   for (int64_t micro = 0; micro < plan_.accumulation; ++micro) {
-    sdk::Batch batch;
-    {
-      LOOM_PHASE("data");
-      batch = train_loader_->next();
-    }
-    const sdk::ModelOutput out = run_micro_batch(batch, /*train=*/true);
-    {
-      LOOM_PHASE("report");
-      loss_sum.add_(out.loss_sum.detach().to(device_, at::kFloat));
-      count.add_(out.count.detach().to(device_, at::kFloat));
-      add_metrics(metric_sums, out);
-    }
+    const sdk::ModelOutput out = run_micro_batch(batch_of(micro), /*train=*/true);
+    LOOM_PHASE("report");
+    loss_sum.add_(out.loss_sum.detach().to(device_, at::kFloat));
+    count.add_(out.count.detach().to(device_, at::kFloat));
+    add_metrics(work.metric_sums, out);
   }
   // Gradients hold sums over this rank's samples: add up the ranks, then divide by the global
   // count once, so the update does not depend on how the global batch was split. The step's
   // report (loss, count, metric sums and counts) travels as one tensor in the same reduction.
-  std::vector<at::Tensor> grads = parameters_.gradients();
-  const std::vector<at::Tensor> flats = parameters_.flat_gradients();  // the same memory, a few tensors
-  at::Tensor totals;
+  work.grads = parameters_.gradients();
+  work.flats = parameters_.flat_gradients();  // the same memory, a few tensors
   {
     LOOM_PHASE("reduce");
-    totals = pack_report(loss_sum, count, metric_sums);
-    std::vector<at::Tensor> reduced = flats;
-    reduced.push_back(totals);
+    std::vector<at::Tensor> reduced = work.flats;
+    reduced.push_back(pack_report(loss_sum, count, work.metric_sums));
     parallel_->all_reduce_sum(reduced);
-    totals = reduced.back();
+    work.totals = reduced.back();
     at::NoGradGuard no_grad;
-    if (!flats.empty()) at::_foreach_mul_(flats, totals[1].clamp_min(1).reciprocal());
+    if (!work.flats.empty()) at::_foreach_mul_(work.flats, work.totals[1].clamp_min(1).reciprocal());
   }
-  if (gradient_hook_) gradient_hook_(grads);
-  notify("on_after_backward", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_after_backward(run, grads); });
+  if (gradient_hook_) gradient_hook_(work.grads);
+  notify("on_after_backward", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_after_backward(run, work.grads); });
   if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after backward: ", memory_->stats().peak);
+  return work;
+}
+
+int64_t Trainer::graph_captures() const { return graphs_ ? graphs_->captures() : 0; }
+
+bool Trainer::graphed_step(StepResult& result, bool read) {
+  const StepGraphs::Scope scope(*graphs_);
+  std::vector<sdk::Batch> batches;
+  {
+    LOOM_PHASE("data");
+    for (int64_t micro = 0; micro < plan_.accumulation; ++micro) batches.push_back(train_loader_->next());
+  }
+  if (!(graph_plan_ == plan_)) {  // a new plan: new shapes; free the old graphs' memory first
+    graphs_->clear();
+    graph_plan_ = plan_;
+  }
+  const std::string key = StepGraphs::key_of(batches);
+  CapturedStep* step = graphs_->find(key);
+  if (step == nullptr && graphs_->warming_up()) {  // eager, on the graphs' stream
+    graphs_->count_eager_step();
+    const StepWork work = forward_backward([&](int64_t micro) { return batches[static_cast<size_t>(micro)]; });
+    return finish_on_device(result, queue_update(work), work.metric_sums, read);
+  }
+  if (step == nullptr) {
+    LOOM_PHASE("capture");
+    try {
+      step = &graphs_->capture(key, batches, [&](CapturedStep& s) {
+        const StepWork work = forward_backward([&](int64_t micro) { return s.inputs[static_cast<size_t>(micro)]; });
+        s.packed = queue_update(work);
+        s.metric_sums = work.metric_sums;
+      });
+    } catch (const c10::OutOfMemoryError&) {
+      committed_ = false;  // the capture ran nothing: the step can be replayed at a smaller plan
+      throw;
+    }
+    log::info("step      captured as CUDA graph ", graphs_->size(), " (micro-batches ", key, ") at step ", step_ + 1,
+              "; replayed from now on");
+  }
+  committed_ = true;
+  {
+    LOOM_PHASE("replay");
+    graphs_->replay(*step, batches);
+  }
+  return finish_on_device(result, step->packed, step->metric_sums, read);
+}
+
+StepResult Trainer::train_step(bool read_values) {
+  LOOM_PHASE("step");
+  committed_ = false;
   // The device path keeps a table of the schedule's rate per taken update (Note [The step on the
   // device]); past a few million steps that table would be large: such runs check on the host.
   constexpr int64_t kLargestRateTable = int64_t{1} << 22;
   if (step_on_device_ && total_steps_ >= kLargestRateTable && !lr_table_.defined()) {
+    if (graphs_)
+      throw Error("step.cuda_graph: " + std::to_string(total_steps_) + " steps are more than the step on the device's " +
+                  "table of learning rates holds (" + std::to_string(kLargestRateTable - 1) +
+                  "); train fewer steps per run, or set step.cuda_graph = false");
     step_on_device_ = false;
     log::warn("trainer.device_step: ", total_steps_, " steps are more than its table of learning rates holds (",
               kLargestRateTable - 1, "); non-finite steps are checked on the host instead");
   }
-  StepResult result;
-  if (!step_on_device_) result.lr = current_lr();  // on the device: looked up there, read with the report
+  if (step_on_device_) ensure_rate_table();
   // The first steps after a resume are read: the check below needs each one's skip.
   constexpr int64_t kSkippedAfterResume = 5;
   const bool read = read_values || (resumed_at_ >= 0 && step_ - resumed_at_ < kSkippedAfterResume);
-  const bool finite = step_on_device_ ? update_on_device(result, totals, metric_sums, grads, flats, read)
-                                      : update_on_host(result, totals, metric_sums, grads, flats);
+  StepResult result;
+  bool finite = true;
+  if (graphs_) {
+    finite = graphed_step(result, read);
+  } else {
+    const StepWork work = forward_backward([&](int64_t) {
+      LOOM_PHASE("data");
+      return train_loader_->next();
+    });
+    if (step_on_device_) {
+      finite = finish_on_device(result, queue_update(work), work.metric_sums, read);
+    } else {
+      result.lr = current_lr();
+      finite = update_on_host(result, work);
+    }
+  }
   if (!finite) {
     ++skipped_steps_;
     result.skipped = true;

@@ -189,6 +189,20 @@ TEST_F(TrainerTest, DamagedCheckpointIsNamedAndResumeAutoFallsBackToTheOneBefore
   EXPECT_EQ(t->step(), 4);  // step 8 is damaged; step 4 is not
 }
 
+TEST_F(TrainerTest, CudaGraphsOnTheCpuAreRefusedBeforeTheRunFolderIsMade) {
+  Config c = base("graph_on_cpu");
+  c.set_assignment("step.cuda_graph=true");
+  try {
+    make(c);
+    FAIL() << "expected a refusal";
+  } catch (const loom::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("step.cuda_graph needs a CUDA"), std::string::npos) << message;
+    EXPECT_NE(message.find("set step.cuda_graph = false"), std::string::npos) << message;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "graph_on_cpu"));
+}
+
 TEST_F(TrainerTest, GlobalBatchMustSplitEvenly) {
   Config c = base("uneven");
   c.set_assignment("trainer.gradient_accumulation_steps=3");

@@ -40,6 +40,7 @@ namespace loom::core {
 
 class CheckpointStore;
 class FileLock;
+class StepGraphs;
 
 /// The [trainer] and [data] loader settings, read once from the resolved configuration.
 struct TrainerOptions {
@@ -48,6 +49,8 @@ struct TrainerOptions {
   std::string optimizer = "adamw", schedule = "constant";  ///< component names (schedule resolved from auto)
   double lr = 1e-3, clip_grad_norm = 1.0;
   bool device_step = true;  ///< Note [The step on the device]
+  bool cuda_graph = false;  ///< step.cuda_graph: Note [The step as a CUDA graph]
+  int64_t cuda_graph_warmup = 3;
   int64_t reference_batch = 0;
   int64_t eval_every = 0, log_every = 10, checkpoint_every = 0, keep_last = 3;
   std::string best_metric = "accuracy";
@@ -181,6 +184,8 @@ class Trainer {
   int64_t probes_run() const { return probes_run_; }
   int64_t predicted_peak() const { return predicted_peak_; }
   int64_t oom_recoveries() const { return oom_recoveries_; }
+  /// step.cuda_graph: the step's captures so far (0 without graphs).
+  int64_t graph_captures() const;
 
   int64_t step() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
@@ -207,6 +212,8 @@ class Trainer {
   void build_plan();
   void build_optimizer();
   void build_schedule();
+  /// step.cuda_graph: checks that the step can be captured (Note [The step as a CUDA graph]).
+  void build_step_graphs();
   void build_loaders();
   void build_callbacks();
   /// Chooses, claims and locks the run folder, resumes (run_folder.cpp).
@@ -266,12 +273,30 @@ class Trainer {
   /// Adds a step's packed report (pack_report, then the norm and found-inf) to the log window's
   /// device sums.
   void add_unread(const at::Tensor& packed, const MetricSums& metric_sums);
-  // The end of a step after the reduction: unscale, clip, update, read (Note [The step on the
-  // device]); each returns whether the update was taken.
-  bool update_on_device(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
-                        const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats, bool read);
-  bool update_on_host(StepResult& result, const at::Tensor& totals, const MetricSums& metric_sums,
-                      const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& flats);
+  /// What a step's micro-batches leave for its update: the packed report, reduced across ranks,
+  /// and the gradients, divided by the global count.
+  struct StepWork {
+    at::Tensor totals;
+    MetricSums metric_sums;
+    std::vector<at::Tensor> grads, flats;
+  };
+  /// Forward and backward over the step's micro-batches (`batch_of(i)` gives micro-batch i),
+  /// the reduction, the division; the device work a CUDA graph captures up to the update.
+  StepWork forward_backward(const std::function<sdk::Batch(int64_t)>& batch_of);
+  /// The update on the device (Note [The step on the device]): unscale, clip, the fused update
+  /// that skips itself on non-finite gradients, the scaler; returns the packed report
+  /// [totals, norm, found-inf, rate]. Queues device work only.
+  at::Tensor queue_update(const StepWork& work);
+  /// The host's side of a step on the device: reads the packed report (`read`) or adds it to the
+  /// log window's device sums. Whether the update was taken (true when not read).
+  bool finish_on_device(StepResult& result, const at::Tensor& packed, const MetricSums& metric_sums, bool read);
+  /// The update on the host: read, check, then step. Whether the update was taken.
+  bool update_on_host(StepResult& result, const StepWork& work);
+  /// The table of the schedule's rates the device looks the step's rate up in (made before the
+  /// commit point and outside a capture).
+  void ensure_rate_table();
+  /// A step with step.cuda_graph: warm-up, capture or replay (Note [The step as a CUDA graph]).
+  bool graphed_step(StepResult& result, bool read);
   std::vector<std::string> metric_names() const;
   double current_lr() const;
   /// The schedule's learning rate after `taken` updates (checked: finite, >= 0).
@@ -307,6 +332,8 @@ class Trainer {
   at::Tensor lr_on_device_;      ///< the step's learning rate, for the fused kernels
   at::Tensor lr_table_;          ///< the learning rate after k taken updates, k = 0..total_steps
   at::Tensor taken_on_device_;   ///< updates taken so far ([1], int64): the schedule's position
+  std::unique_ptr<StepGraphs> graphs_;  ///< step.cuda_graph
+  sdk::BatchPlan graph_plan_;           ///< the plan the graphs were captured at
   int64_t skipped_at_resume_ = 0;  ///< skipped_steps_ when the run resumed
   Parameters parameters_;
   std::shared_ptr<sdk::Optimizer> optimizer_;
