@@ -19,6 +19,14 @@ Fashion-MNIST with AdamW, warm-up + cosine, clipping at 1.0. Throughput is measu
 of steps after the first (warm-up) window, training steps only; peak memory is the process's
 maximum resident set (wait4). Each side runs --repeats times, interleaved; the table shows
 medians and the Loom / PyTorch ratios.
+
+--variants adds two more ways to run the same job, each timed like the others and set against
+PyTorch eager in a second table: `loom_graph`, Loom with `step.cuda_graph=true` (CUDA only: Loom
+refuses it on a CPU device, so on --device cpu it is skipped with a note), and
+`pytorch_compile`, `pytorch_vit.py --compile` (torch.compile in default mode from the same wheel;
+the compilation falls in the first window, which the throughput leaves out). `loom` and
+`pytorch` are the two sides above and always run; a variant that fails is reported and the rest
+of the configuration still runs.
 """
 import argparse
 import json
@@ -52,14 +60,19 @@ def run(cmd):
         return stdout, stderr, usage.ru_maxrss * 1024
 
 
+# --variants: the name on the command line and in the variants table.
+VARIANTS = {"loom": "Loom eager", "loom_graph": "Loom with CUDA graphs", "pytorch": "PyTorch eager",
+            "pytorch_compile": "PyTorch torch.compile"}
+
+
 def rate(windows):
     """Samples/s over the windows after the first (equal windows: harmonic mean)."""
     w = windows[1:] or windows
     return len(w) / sum(1.0 / r for r in w)
 
 
-def loom(exe, batch, steps, window, threads, work, precision, device, data):
-    name = f"bench_b{batch}_{precision}"
+def loom(exe, batch, steps, window, threads, work, precision, device, data, cuda_graph=False):
+    name = f"bench_b{batch}_{precision}" + ("_graph" if cuda_graph else "")
     shutil.rmtree(os.path.join(work, name), ignore_errors=True)  # a repeat: Loom refuses to write over a run
     args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
             "--set", f"data.path={data}", "--set", "data.validation_fraction=0",  # all of train, as the Python side
@@ -68,7 +81,7 @@ def loom(exe, batch, steps, window, threads, work, precision, device, data):
             "--set", f"trainer.batch_size={batch}", "--set", f"trainer.max_steps={steps}",
             "--set", f"trainer.log_every={window}", "--set", "trainer.use_scheduler=true",
             "--set", "trainer.lr=2e-3", "--set", f"trainer.threads={threads}", "--set", f"trainer.device={device}",
-            "--set", f"precision.name={precision}"]
+            "--set", f"precision.name={precision}"] + (["--set", "step.cuda_graph=true"] if cuda_graph else [])
     _, _, rss = run(args)
     with open(os.path.join(work, name, "metrics.jsonl")) as f:
         lines = [json.loads(l) for l in f]
@@ -77,11 +90,11 @@ def loom(exe, batch, steps, window, threads, work, precision, device, data):
     return rate([l["train/samples_per_s"] for l in train]), train[-1]["train/loss"], peak
 
 
-def pytorch(batch, steps, window, threads, precision, device, data, kernels="pytorch"):
+def pytorch(batch, steps, window, threads, precision, device, data, kernels="pytorch", compiled=False):
     out, _, rss = run([sys.executable, os.path.join(HERE, "pytorch_vit.py"), "--batch-size", str(batch),
                        "--data", data, "--kernels", kernels,
                        "--steps", str(steps), "--window", str(window), "--threads", str(threads),
-                       "--precision", precision, "--device", device])
+                       "--precision", precision, "--device", device] + (["--compile"] if compiled else []))
     result = json.loads(out.strip().splitlines()[-1])
     peak = rss if device == "cpu" else result["device_peak"]
     return rate(result["windows"]), result["final_loss"], peak, result
@@ -151,9 +164,26 @@ def main():
                    help="also run the default job (`loom train`, 7 epochs, --default-job-repeats times, after "
                    "the comparison; medians): samples/s, share of the sgemm peak, test accuracy")
     p.add_argument("--default-job-repeats", type=int, default=3)
+    p.add_argument("--variants", default="loom,pytorch",
+                   help="comma-separated, from " + ", ".join(VARIANTS) + "; loom and pytorch are the two sides "
+                   "and must be in the list; any other adds a row per configuration to a second table "
+                   "(default %(default)s: that table is left out)")
     p.add_argument("--write-readme", action="store_true",
                    help="write the table into bench/README.md between its generated-table markers")
     a = p.parse_args()
+    variants = a.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)} (valid: {', '.join(VARIANTS)})")
+    if "loom" not in variants or "pytorch" not in variants:
+        p.error(f"--variants {a.variants}: loom and pytorch must be in the list (the two sides of the "
+                "comparison; the other variants are set against pytorch)")
+    skipped = []  # notes on the variants left out, printed now and under the variants table
+    if "loom_graph" in variants and a.device == "cpu":
+        variants.remove("loom_graph")
+        skipped.append("loom_graph skipped: step.cuda_graph captures CUDA graphs, and Loom refuses it on a "
+                       "CPU device")
+    extras = [v for v in variants if v not in ("loom", "pytorch")]
     # The same wheel Loom's LibTorch comes from; asked in a child, not imported (see sgemm_peak).
     torch_version = run([sys.executable, "-c", "import torch; print(torch.__version__)"])[0].strip().splitlines()[-1]
 
@@ -170,14 +200,19 @@ def main():
     flops = flops_per_sample(a.data)
     print(f"model: {flops / 1e6:.2f} MFLOP per training sample"
           + (f"; sgemm peak {peak:.0f} GFLOP/s" if peak else ""), flush=True)
+    for note in skipped:
+        print(note, flush=True)
     work = tempfile.mkdtemp(prefix="loom-bench-")
     rows = []
+    variant_rows = []  # (precision, batch, variant, (samples/s, / PyTorch eager, memory, loss) or None: failed)
     failed = []  # a configuration that failed is reported and the others still run
     job = None
     try:
         for precision in a.precisions.split(","):
             for batch in [int(b) for b in a.batches.split(",")]:
                 runs = []
+                extra_runs = {v: [] for v in extras}  # (samples/s, / PyTorch eager, memory, loss) per repeat
+                extra_failed = set()  # not run again in the next repeats: it would fail the same way
                 try:
                     for _ in range(a.repeats):  # interleaved, so a noisy neighbour hits all sides alike
                         l_rate, l_loss, l_mem = loom(a.loom, batch, a.steps, a.window, a.threads, work, precision,
@@ -188,8 +223,30 @@ def main():
                         k_rate = pytorch(batch, a.steps, a.window, a.threads, precision, a.device, a.data,
                                          kernels="loom")[0] if a.device == "cpu" else float("nan")
                         runs.append((l_rate, p_rate, k_rate, l_mem, p_mem, l_loss, p_loss))
+                        fields = ""
+                        for v in extras:
+                            if v in extra_failed:
+                                continue
+                            try:
+                                if v == "loom_graph":
+                                    v_rate, v_loss, v_mem = loom(a.loom, batch, a.steps, a.window, a.threads, work,
+                                                                 precision, a.device, a.data, cuda_graph=True)
+                                    first = ""
+                                else:
+                                    v_rate, v_loss, v_mem, result = pytorch(batch, a.steps, a.window, a.threads,
+                                                                            precision, a.device, a.data,
+                                                                            compiled=True)
+                                    first = f" (first step, compilation included, {result['first_step_s']:.1f} s)"
+                            except RunFailed as e:
+                                print(f"  {precision} batch {batch}, {v}: FAILED\n{e}", flush=True)
+                                failed.append(f"{v} {precision} batch {batch}")
+                                extra_failed.add(v)
+                                fields += f", {VARIANTS[v]} FAILED"
+                                continue
+                            extra_runs[v].append((v_rate, v_rate / p_rate, v_mem, v_loss))
+                            fields += f", {VARIANTS[v]} {v_rate:.0f}{first}"
                         print(f"  {precision} batch {batch}: Loom {l_rate:.0f} samples/s, PyTorch {p_rate:.0f}, "
-                              f"PyTorch with Loom's kernels {k_rate:.0f}", flush=True)
+                              f"PyTorch with Loom's kernels {k_rate:.0f}{fields}", flush=True)
                 except RunFailed as e:
                     print(f"  {precision} batch {batch}: FAILED\n{e}", flush=True)
                     failed.append(f"{precision} batch {batch}")
@@ -199,6 +256,18 @@ def main():
                 # alike, so the median of the pairs' ratios is steadier than the ratio of medians.
                 ratio = statistics.median(r[0] / r[1] for r in runs)
                 rows.append((precision, batch, *med, ratio, runs[0][5], runs[0][6]))
+                if extras:
+                    for v in variants:
+                        if v == "loom":
+                            r = (med[0], ratio, med[3], runs[0][5])
+                        elif v == "pytorch":
+                            r = (med[1], 1.0, med[4], runs[0][6])
+                        elif v in extra_failed:  # a partial set of repeats would not be comparable
+                            r = None
+                        else:
+                            r = (*(statistics.median(x[i] for x in extra_runs[v]) for i in range(3)),
+                                 extra_runs[v][0][3])
+                        variant_rows.append((precision, batch, v, r))
         if a.default_job:
             try:
                 jobs = []
@@ -237,6 +306,22 @@ def main():
     lines += ["", f"Medians of {a.repeats} interleaved repeats (Loom / PyTorch: the median of the {a.repeats} "
               "interleaved pairs' ratios, which a noisy neighbour affects least); "
               "`bench/compare_fashion_mnist.py --default-job --write-readme` regenerates this table."]
+    if extras:
+        lines += ["", "| precision | micro-batch | variant | samples/s | / PyTorch eager (pairs) | "
+                  f"GFLOP/s (of peak) | {mem} | memory / PyTorch eager | final loss |", "|" + " --- |" * 9]
+        eager_mem = {(r[0], r[1]): r[6] for r in rows}
+        for precision, batch, v, r in variant_rows:
+            if r is None:
+                lines.append(f"| {precision} | {batch} | {VARIANTS[v]} | failed (see above) | - | - | - | - | - |")
+                continue
+            v_rate, v_ratio, v_mem, v_loss = r
+            lines.append(f"| {precision} | {batch} | {VARIANTS[v]} | {v_rate:.0f} | **{v_ratio:.2f}x** | "
+                         f"{share(v_rate)} | {v_mem / 2**20:.0f} MiB | {v_mem / eager_mem[precision, batch]:.2f}x | "
+                         f"{v_loss:.3f} |")
+        lines += ["", f"Variants {', '.join(variants)}, each run in every interleaved repeat; / PyTorch eager: the "
+                  "median of the repeats' ratios to the PyTorch eager run of the same repeat."]
+    for note in skipped:
+        lines += ["", note + "."]
     table = "\n".join(lines)
     print()
     print(table)

@@ -1,7 +1,9 @@
 """The lightweight transformer on Fashion-MNIST in plain Python PyTorch: the same model, data,
 loss normalization, optimizer, clipping and schedule as `loom train`, written as a PyTorch user
 would (torch.nn modules, torch.optim.AdamW with its defaults). Used by compare_fashion_mnist.py;
-prints one JSON line with the throughput of each window of steps.
+prints one JSON line with the throughput of each window of steps. With --compile the model runs
+through torch.compile (default mode; the optimizer stays eager): the compilation happens in the
+first step, which falls in the first window, and its time goes to stderr.
 
     python pytorch_vit.py --batch-size 8 --steps 300 --window 50 --threads 2
 """
@@ -10,6 +12,7 @@ import gzip
 import json
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -118,6 +121,8 @@ def main():
                    help="pytorch: the model as a PyTorch user writes it (SDPA, Conv2d patches); loom: the same "
                    "model computed with the kernels Loom's plugin picks on CPU (attention as batched matmuls, "
                    "patches as one matmul)")
+    p.add_argument("--compile", action="store_true", help="wrap the model in torch.compile (default mode); the "
+                   "optimizer, clipping and loss stay eager")
     p.add_argument("--flops", action="store_true", help="print the training FLOPs per sample (forward + backward, "
                    "torch.utils.flop_counter) as JSON and exit")
     a = p.parse_args()
@@ -158,6 +163,8 @@ def main():
                             reduction="sum").backward()
         print(json.dumps({"flops_per_sample": counter.get_total_flops() / a.batch_size}))
         return
+    if a.compile:
+        model = torch.compile(model)
     g = torch.Generator().manual_seed(a.seed)
     order = torch.randperm(len(images), generator=g)
     mean, std = 0.2860, 0.3530
@@ -185,6 +192,11 @@ def main():
         scaler.step(opt)
         scaler.update()
         losses.append(loss_sum.item() / len(y))
+        if step == 0:  # item() has waited for the device: the whole step (with --compile, the compilation too)
+            first_step = time.perf_counter() - t0
+            if a.compile:
+                print(f"torch.compile: first step (compilation included) {first_step:.1f} s", file=sys.stderr,
+                      flush=True)
         if (step + 1) % a.window == 0:
             t1 = time.perf_counter()
             windows.append(a.window * a.batch_size / (t1 - t0))
@@ -192,11 +204,11 @@ def main():
     if profiler is not None:
         profiler.__exit__(None, None, None)
         profiler.export_chrome_trace(a.profile)
-        import sys
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30), file=sys.stderr)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     print(json.dumps({"windows": windows, "final_loss": sum(losses[-a.window:]) / a.window,
-                      "threads": torch.get_num_threads(), "torch": torch.__version__, "device_peak": peak}))
+                      "threads": torch.get_num_threads(), "torch": torch.__version__, "device_peak": peak,
+                      "first_step_s": first_step}))
 
 
 if __name__ == "__main__":

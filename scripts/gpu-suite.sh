@@ -18,6 +18,8 @@
 #   --out DIR        where logs, JUnit XML and summary.md go (default $OUT, else ./gpu-suite-out)
 #   --build-dir DIR  the build tree (default build-gpu; with --dry-run, $LOOM_BUILD_DIR or build)
 #   --jobs N         build and test parallelism (default: every core)
+#   --skip STEPS     comma-separated steps not to run this time (bench-precision,test-rest: a
+#                    second call on a lent machine that already has the earlier figures)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -27,6 +29,7 @@ budget=540
 out="${OUT:-$root/gpu-suite-out}"
 build_dir=""
 jobs="$(nproc)"
+skip=","
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -34,6 +37,7 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift ;;
     --build-dir) build_dir="$2"; shift ;;
     --jobs) jobs="$2"; shift ;;
+    --skip) skip=",$2,"; shift ;;
     -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-suite: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -47,7 +51,7 @@ mkdir -p "$out/logs" "$out/junit"
 out="$(cd "$out" && pwd)"
 summary="$out/summary.md"
 step_rows=()   # "| step | status | seconds | log |" rows, in order
-planned=(unpack setup configure build test-gpu bench-profile bench-precision bench-memory test-rest)
+planned=(unpack setup configure build test-gpu bench-profile bench-precision bench-variants bench-memory test-rest)
 failures=0
 
 remaining() { echo $((deadline - $(date +%s))); }
@@ -59,6 +63,11 @@ run_step() {
   local name="$1" need="$2"
   shift 2
   local log="$out/logs/$name.log" left t0 rc status
+  if [[ "$skip" == *",$name,"* ]]; then
+    step_rows+=("| $name | skipped (--skip) | 0 | |")
+    echo "[gpu-suite] $name: skipped (--skip)" >&2
+    return 0
+  fi
   left=$(remaining)
   if [ "$left" -lt "$need" ]; then
     step_rows+=("| $name | **not run**: ${left} s of the budget left, at least ${need} s needed | 0 | |")
@@ -209,11 +218,15 @@ if [ $dry_run = 1 ]; then profile_device=cpu; else profile_device=cuda; fi
 # tables, with the host's waits for the device per step, go to the log.
 profile_all() {
   local p status=0
-  for p in fp32 bf16_amp fp16_amp; do
+  local graph=()
+  for p in fp32 bf16_amp fp16_amp fp32_graph; do
+    # fp32_graph: the step as a CUDA graph (step.cuda_graph), captured in the warm-up steps
+    [ "$p" = fp32_graph ] && { [ "$profile_device" = cuda ] || continue; graph=(--set step.cuda_graph=true); }
     echo "== loom profile, precision $p"
     "$build_dir/bin/loom" profile --steps 20 --warmup 5 --set trainer.device=$profile_device \
       --set data.name=synthetic --set data.image_size=28 --set data.train_size=8192 --set data.test_size=256 \
-      --set trainer.batch_size=128 --set precision.name=$p --trace "$out/traces/loom-profile-$profile_device-$p.json" ||
+      --set trainer.batch_size=128 --set precision.name=${p%_graph} "${graph[@]}" \
+      --trace "$out/traces/loom-profile-$profile_device-$p.json" ||
       status=1
   done
   return $status
@@ -225,15 +238,27 @@ fmnist=""
 for d in /usr/share/datasets/fashion-mnist /opt/gpu-deps/usr/share/datasets/fashion-mnist; do
   [ -f "$d/train-images-idx3-ubyte.gz" ] && { fmnist="$d"; break; }
 done
+# bench-variants: the same job run four ways, each against PyTorch eager (samples/s, peak memory):
+# Loom, Loom with CUDA graphs (step.cuda_graph), PyTorch eager and torch.compile from the same torch.
 if [ -z "$fmnist" ]; then
-  step_rows+=("| bench-precision | not run: no Fashion-MNIST (stage it: GPU_EXTRA_DEBS=dataset-fashion-mnist, docs/gpu.md) | 0 | |")
+  for step in bench-precision bench-variants; do
+    step_rows+=("| $step | not run: no Fashion-MNIST (stage it: GPU_EXTRA_DEBS=dataset-fashion-mnist, docs/gpu.md) | 0 | |")
+  done
 elif [ $dry_run = 1 ]; then
   run_step bench-precision 30 "$py" "$root/bench/compare_fashion_mnist.py" --loom "$build_dir/bin/loom" \
     --data "$fmnist" --device cpu --precisions fp32 --batches 8 --steps 30 --window 10 --repeats 1
+  # loom_graph is refused on CPU (the script says it skips it); torch.compile is left out here: it
+  # builds C++ kernels with g++, about a minute on the 2-core CI machine with a cold cache.
+  run_step bench-variants 30 "$py" "$root/bench/compare_fashion_mnist.py" --loom "$build_dir/bin/loom" \
+    --data "$fmnist" --device cpu --precisions fp32 --batches 8 --variants loom,loom_graph,pytorch \
+    --steps 30 --window 10 --repeats 1
 else
   run_step bench-precision 60 "$py" "$root/bench/compare_fashion_mnist.py" --loom "$build_dir/bin/loom" \
     --data "$fmnist" --device cuda --precisions fp32,tf32,fp16_amp,bf16_amp --batches 128,1024 \
     --steps 300 --window 50 --repeats 1
+  run_step bench-variants 60 "$py" "$root/bench/compare_fashion_mnist.py" --loom "$build_dir/bin/loom" \
+    --data "$fmnist" --device cuda --precisions fp32,bf16_amp --batches 128 \
+    --variants loom,loom_graph,pytorch,pytorch_compile --steps 300 --window 50 --repeats 1
 fi
 if [ $dry_run = 1 ]; then
   run_step bench-memory 30 "$build_dir/bin/loom_memory_figures" --device cpu
