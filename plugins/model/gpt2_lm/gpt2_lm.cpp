@@ -1,0 +1,117 @@
+// gpt2_lm: GPT-2 as a language model (../gpt2.hpp), the logits tied to the token embedding:
+// next-token cross-entropy summed over the tokens, and the share of tokens predicted right.
+// The model of the GPT-2 benchmark (bench/compare_gpt2.py) and the encoder the recommender of
+// issue 12 builds on.
+#include "../gpt2.hpp"
+
+#include <loom/sdk/sdk.hpp>
+
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/scalar_tensor.h>
+
+#include <cstdio>
+
+namespace {
+
+using loom::sdk::Error;
+namespace gpt2 = loom::plugins::gpt2;
+
+class Gpt2Lm final : public loom::sdk::Model {
+ public:
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_enum("size", "gpt2", "gpt2|gpt2-medium|debug",
+                             "gpt2: 124M (12 layers, 12 heads, 768); gpt2-medium: 350M (24, 16, 1024); debug: 2, 2, 64"),
+      loom::sdk::option_int("vocab_size", "0",
+                            "token embeddings (0: the data's vocabulary; larger pads it, e.g. 50304 for faster kernels)",
+                            "0..10000000"),
+      loom::sdk::option_int("n_ctx", "0", "positions (0: the size's, 1024; debug 256)", "0..1048576"),
+      loom::sdk::option_float("dropout", "0.0", "dropout on embeddings, attention and MLP outputs", "0..0.99"),
+  };
+
+  explicit Gpt2Lm(const loom::sdk::Options& o)
+      : size_(o.get_string("size")), vocab_(o.get_int("vocab_size")), n_ctx_(o.get_int("n_ctx")),
+        dropout_(o.get_float("dropout")) {
+    if (vocab_ < 0 || n_ctx_ < 0) throw Error("gpt2_lm: vocab_size and n_ctx must be >= 0");
+    if (dropout_ < 0 || dropout_ >= 1) throw Error("gpt2_lm: dropout must be in [0, 1)");
+  }
+
+  void setup(const loom::sdk::DataSpec& data) override {
+    input_key_ = data.input_key;
+    target_key_ = data.target_key;
+    for (const std::string& key : {input_key_, target_key_}) {
+      auto field = data.fields.find(key);
+      if (field == data.fields.end())
+        throw Error("gpt2_lm: the dataset has no field '" + key + "' (it needs token ids: input and target)");
+      if (field->second.shape.size() != 1 || field->second.dtype != c10::ScalarType::Long)
+        throw Error("gpt2_lm: field '" + key + "' must be a sequence of token ids (shape [T], int64); the dataset " +
+                    "gives " + std::to_string(field->second.shape.size()) + " dimensions of " +
+                    c10::toString(field->second.dtype));
+    }
+    seq_len_ = data.fields.at(input_key_).shape[0];
+    gpt2::Config c = gpt2::Config::of_size(size_);
+    if (data.num_classes < 2)
+      throw Error("gpt2_lm: the dataset does not say its vocabulary (DataSpec::num_classes); a token dataset does");
+    if (vocab_ > 0 && vocab_ < data.num_classes)
+      throw Error("gpt2_lm: model.vocab_size " + std::to_string(vocab_) + " is smaller than the data's vocabulary of " +
+                  std::to_string(data.num_classes) + " tokens; set it to 0 or at least " + std::to_string(data.num_classes));
+    c.vocab_size = vocab_ > 0 ? vocab_ : data.num_classes;
+    if (n_ctx_ > 0) c.n_ctx = n_ctx_;
+    if (seq_len_ > c.n_ctx)
+      throw Error("gpt2_lm: the data's sequences have " + std::to_string(seq_len_) + " tokens, the model " +
+                  std::to_string(c.n_ctx) + " positions; set model.n_ctx >= " + std::to_string(seq_len_) +
+                  " or data.seq_len <= " + std::to_string(c.n_ctx));
+    c.dropout = dropout_;
+    net_ = gpt2::Model(c);
+  }
+
+  torch::nn::Module& module() override { return *net_; }
+
+  loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool) override {
+    const at::Tensor& tokens = batch.at(input_key_);
+    const at::Tensor& target = batch.at(target_key_);
+    const at::Tensor hidden = net_->forward(tokens);
+    const at::Tensor logits = at::linear(hidden, net_->wte->weight);  // the head tied to the embedding
+    const int64_t vocab = logits.size(-1);
+    const at::Tensor flat_logits = logits.reshape({-1, vocab});
+    const at::Tensor flat_target = target.reshape({-1});
+    const at::Tensor loss_sum =
+        at::cross_entropy_loss(flat_logits.to(at::kFloat), flat_target, /*weight=*/{}, at::Reduction::Sum);
+    const at::Tensor correct = at::argmax(flat_logits, 1).eq(flat_target).sum();
+    return {loss_sum, at::scalar_tensor(static_cast<double>(flat_target.numel()), logits.options().dtype(at::kFloat)),
+            {{"accuracy", {correct, {}}}}};
+  }
+
+  std::vector<loom::sdk::MetricSpec> metrics() const override {
+    return {{"accuracy", "token accuracy", loom::sdk::Direction::kMaximize, /*percent=*/true}};
+  }
+
+  // Weight decay on the matrices and embeddings (as nanoGPT), not on biases and LayerNorms.
+  bool decays(const std::string&, const at::Tensor& parameter) const override { return parameter.dim() >= 2; }
+
+  std::string describe() const override {
+    const gpt2::Config& c = net_->config();
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "GPT-2 %s: %lld layers x %lld, %lld heads, vocabulary %lld, %lld positions, sequences of %lld tokens; "
+                  "head tied to the token embedding",
+                  size_.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
+                  static_cast<long long>(c.n_head), static_cast<long long>(c.vocab_size),
+                  static_cast<long long>(c.n_ctx), static_cast<long long>(seq_len_));
+    return text;
+  }
+
+ private:
+  std::string size_;
+  int64_t vocab_, n_ctx_;
+  double dropout_;
+  int64_t seq_len_ = 0;
+  std::string input_key_, target_key_;
+  gpt2::Model net_{nullptr};
+};
+
+}  // namespace
+
+LOOM_PLUGIN("gpt2_lm", "1.0.0",
+            loom::sdk::component<Gpt2Lm>("gpt2_lm", "GPT-2 language model (124M, 350M or debug), tied head"))
