@@ -2,6 +2,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/safetensors.hpp>
+#include <loom/sdk/safetensors.hpp>
 
 #include <ATen/ops/empty.h>
 
@@ -32,12 +33,6 @@ const char* dtype_name(c10::ScalarType t) {
   for (const auto& d : kDtypes)
     if (d.type == t) return d.name;
   throw Error(std::string("safetensors: cannot store tensors of type ") + c10::toString(t));
-}
-
-std::optional<c10::ScalarType> dtype_of(const std::string& name) {
-  for (const auto& d : kDtypes)
-    if (name == d.name) return d.type;
-  return std::nullopt;
 }
 
 /// Note [Checkpoint checksums]
@@ -104,78 +99,24 @@ std::string to_safetensors(const sdk::TensorMap& tensors, const sdk::TextMap& me
 }
 
 sdk::TensorMap from_safetensors(const std::string& bytes, const std::string& what, sdk::TextMap* metadata) {
-  auto bad = [&](const std::string& why) {
-    return Error(what + " is not a valid safetensors file: " + why +
-                 "; the checkpoint is damaged, use an earlier one (or --resume auto picks the newest good one)");
-  };
-  if (bytes.size() < 8) throw bad("shorter than its 8-byte header length");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  if (n > 100'000'000 || 8 + n > bytes.size()) throw bad("header length " + std::to_string(n) + " is past the end of the file");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
-  } catch (const std::exception& e) {
-    throw bad(std::string("header is not JSON (") + e.what() + ")");
-  }
-  if (!header.is_object()) throw bad("header is not a JSON object");
-  const size_t data_start = 8 + n;
-  const size_t data_size = bytes.size() - data_start;
+  const std::string advice = "; the checkpoint is damaged, use an earlier one (or --resume auto picks the newest good one)";
+  const sdk::SafetensorsHeader header = sdk::parse_safetensors_header(bytes.data(), bytes.size(), what, advice);
+  if (metadata) *metadata = header.metadata;
+  const char* data = bytes.data() + header.data_start;
+  const size_t data_size = bytes.size() - header.data_start;
   sdk::TensorMap out;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
   std::vector<TensorEntry> entries;
-  std::string expected_crc;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it.value().is_object()) throw bad("__metadata__ is not an object of texts");
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) {
-        if (!m.value().is_string()) throw bad("__metadata__ value '" + m.key() + "' is not text");
-        if (m.key() == "loom_crc32") expected_crc = m.value().get<std::string>();
-        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    const auto& entry = it.value();
-    try {
-      const auto type = dtype_of(entry.at("dtype").get<std::string>());
-      if (!type) throw bad("tensor '" + it.key() + "' has an unknown dtype " + entry.at("dtype").dump());
-      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
-        throw bad("tensor '" + it.key() + "' has data offsets outside the file (truncated?)");
-      // The size the shape needs, checked against the bytes the file has before anything is
-      // allocated: a header declaring a huge shape is refused, not allocated.
-      uint64_t expected = c10::elementSize(*type);
-      for (int64_t d : shape) {
-        if (d < 0) throw bad("tensor '" + it.key() + "' has a negative dimension");
-        if (d != 0 && expected > data_size / static_cast<uint64_t>(d))
-          throw bad("tensor '" + it.key() + "' declares a shape larger than the file");
-        expected *= static_cast<uint64_t>(d);
-      }
-      if (offsets[1] - offsets[0] != expected)
-        throw bad("tensor '" + it.key() + "' holds " + std::to_string(offsets[1] - offsets[0]) +
-                  " bytes but its shape needs " + std::to_string(expected));
-      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*type));
-      if (expected) std::memcpy(t.data_ptr(), bytes.data() + data_start + offsets[0], expected);
-      ranges.emplace_back(offsets[0], offsets[1]);
-      entries.push_back({it.key(), entry.at("dtype").get<std::string>(), shape, offsets[0], offsets[1]});
-      out[it.key()] = t;
-    } catch (const nlohmann::json::exception& e) {
-      throw bad("tensor '" + it.key() + "': " + e.what());
-    }
+  for (const auto& e : header.entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    entries.push_back({e.name, e.dtype_name, e.shape, e.begin, e.end});
+    out[e.name] = t;
   }
-  std::sort(ranges.begin(), ranges.end());
-  uint64_t end = 0;
-  for (const auto& [b, e] : ranges) {
-    if (b != end) throw bad("tensor data overlaps or leaves a gap at byte " + std::to_string(b));
-    end = e;
-  }
-  if (end != data_size) throw bad("the data is " + std::to_string(data_size) + " bytes but the tensors cover " + std::to_string(end));
-  if (!expected_crc.empty()) {
-    const std::string actual = checksum(entries, bytes.data() + data_start, data_size);
-    if (actual != expected_crc)
-      throw bad("its checksum is " + actual + ", the file says " + expected_crc +
-                ": its tensors changed after Loom wrote them (a flipped byte, a relabelled dtype)");
+  if (auto crc = header.metadata.find("loom_crc32"); crc != header.metadata.end()) {  // Note [Checkpoint checksums]
+    const std::string actual = checksum(entries, data, data_size);
+    if (actual != crc->second)
+      throw Error(what + " is not a valid safetensors file: its checksum is " + actual + ", the file says " + crc->second +
+                  ": its tensors changed after Loom wrote them (a flipped byte, a relabelled dtype)" + advice);
   }
   return out;
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <loom/sdk/error.hpp>
+#include <loom/sdk/safetensors.hpp>
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/dropout.h>
@@ -19,8 +20,15 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
 #include <string>
+#include <vector>
 
 namespace loom::plugins::gpt2 {
 
@@ -29,6 +37,7 @@ struct Config {
   int64_t n_ctx = 1024;  ///< positions
   int64_t n_layer = 12, n_head = 12, n_embd = 768;
   double dropout = 0.0;
+  double layer_norm_epsilon = 1e-5;
 
   /// The sizes GPT-2 was released in, and `debug` (a few layers, for tests).
   static Config of_size(const std::string& size) {
@@ -94,9 +103,9 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const Config& c)
       : dropout_(c.dropout),
-        ln_1(register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(1e-5)))),
+        ln_1(register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)))),
         attn(register_module("attn", Attention(c))),
-        ln_2(register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(1e-5)))),
+        ln_2(register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)))),
         mlp(register_module("mlp", Mlp(c))) {}
 
   at::Tensor forward(at::Tensor x) {
@@ -124,7 +133,7 @@ class ModelImpl : public torch::nn::Module {
         wte(register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd))),
         wpe(register_module("wpe", torch::nn::Embedding(c.n_ctx, c.n_embd))),
         h(register_module("h", torch::nn::ModuleList())),
-        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(1e-5)))) {
+        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)))) {
     if (c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1 || c.vocab_size < 1 || c.n_ctx < 1)
       throw sdk::Error("gpt2: layers, heads, width, vocabulary and positions must be positive");
     if (c.n_embd % c.n_head != 0)
@@ -170,5 +179,97 @@ class ModelImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_f;
 };
 TORCH_MODULE(Model);
+
+// ---- Hugging Face GPT-2 files ----------------------------------------------------------------
+// A folder as `save_pretrained` writes it: config.json and model.safetensors (vocab.json and
+// merges.txt are the tokenizer's). Weights saved from GPT2LMHeadModel carry a "transformer."
+// prefix and may hold lm_head.weight (the tied head, equal to wte); older files hold the causal
+// masks as h.N.attn.bias and h.N.attn.masked_bias. GPT-2's Conv1D layers store their weights as
+// [in, out], the transpose of a Linear's.
+
+/// The model's sizes from `dir`/config.json; refuses a model that is not GPT-2 as built here.
+inline Config hf_config(const std::filesystem::path& dir) {
+  const auto path = dir / "config.json";
+  std::ifstream in(path);
+  if (!in) throw sdk::Error("model.pretrained: no " + path.string() + " (a Hugging Face model folder has config.json and model.safetensors)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw sdk::Error(path.string() + " is not JSON: " + e.what());
+  }
+  Config c;
+  try {
+    if (j.contains("model_type") && j.at("model_type").get<std::string>() != "gpt2")
+      throw sdk::Error(path.string() + " describes a '" + j.at("model_type").get<std::string>() + "' model; this is GPT-2");
+    const std::string activation = j.value("activation_function", std::string("gelu_new"));
+    if (activation != "gelu_new" && activation != "gelu_pytorch_tanh")
+      throw sdk::Error(path.string() + ": activation_function '" + activation +
+                       "' (this GPT-2 computes GELU with the tanh approximation, gelu_new)");
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.n_ctx = j.contains("n_positions") ? j.at("n_positions").get<int64_t>() : j.at("n_ctx").get<int64_t>();
+    c.n_layer = j.at("n_layer").get<int64_t>();
+    c.n_head = j.at("n_head").get<int64_t>();
+    c.n_embd = j.at("n_embd").get<int64_t>();
+    c.layer_norm_epsilon = j.value("layer_norm_epsilon", 1e-5);
+  } catch (const nlohmann::json::exception& e) {
+    throw sdk::Error(path.string() + ": " + e.what() + " (a GPT-2 config has vocab_size, n_positions, n_layer, n_head, n_embd)");
+  }
+  return c;
+}
+
+/// Copies `dir`/model.safetensors into `model` (built with hf_config(dir)), memory-mapped. Every
+/// parameter must be in the file with its shape and nothing else may be: one error names every
+/// missing, unexpected and mis-shaped tensor.
+inline void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
+  const auto file = dir / "model.safetensors";
+  if (!std::filesystem::exists(file)) {
+    if (std::filesystem::exists(dir / "pytorch_model.bin"))
+      throw sdk::Error("model.pretrained: " + dir.string() + " has pytorch_model.bin, a pickle, which Loom does not load "
+                       "(unpickling runs code). Convert it once: python -c \"from transformers import GPT2Model; "
+                       "GPT2Model.from_pretrained('" + dir.string() + "').save_pretrained('" + dir.string() +
+                       "', safe_serialization=True)\"");
+    throw sdk::Error("model.pretrained: no " + file.string());
+  }
+  sdk::TensorMap tensors = sdk::map_safetensors(file);
+  std::map<std::string, at::Tensor> by_name;
+  static const std::regex kMask(R"(h\.[0-9]+\.attn\.(masked_)?bias)");
+  for (auto& [name, t] : tensors) {
+    std::string key = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
+    if (key == "lm_head.weight" || std::regex_match(key, kMask)) continue;  // the tied head; causal masks
+    by_name[key] = t;
+  }
+  static const std::regex kConv1d(R"(h\.[0-9]+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight)");
+  std::vector<std::string> missing, misshaped;
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    auto it = by_name.find(item.key());
+    if (it == by_name.end()) {
+      missing.push_back(item.key());
+      continue;
+    }
+    at::Tensor source = std::regex_match(item.key(), kConv1d) ? it->second.t() : it->second;
+    if (source.sizes() != item.value().sizes())
+      misshaped.push_back(item.key() + " (file " + c10::str(it->second.sizes()) + ", model " + c10::str(item.value().sizes()) +
+                          (std::regex_match(item.key(), kConv1d) ? ", stored transposed" : "") + ")");
+    else
+      item.value().copy_(source);
+    by_name.erase(it);
+  }
+  if (missing.empty() && misshaped.empty() && by_name.empty()) return;
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (size_t i = 0; i < names.size() && i < 12; ++i) out += (i ? ", " : "") + names[i];
+    if (names.size() > 12) out += " and " + std::to_string(names.size() - 12) + " more";
+    return out;
+  };
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : by_name) unexpected.push_back(name);
+  std::string message = "model.pretrained: " + file.string() + " does not fit a GPT-2 of config.json's sizes:";
+  if (!missing.empty()) message += "\n  missing: " + list(missing);
+  if (!unexpected.empty()) message += "\n  unexpected: " + list(unexpected);
+  if (!misshaped.empty()) message += "\n  other shape: " + list(misshaped);
+  throw sdk::Error(message + "\n(a GPT2Model or GPT2LMHeadModel saved with save_pretrained fits)");
+}
 
 }  // namespace loom::plugins::gpt2

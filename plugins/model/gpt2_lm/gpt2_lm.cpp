@@ -11,6 +11,7 @@
 #include <ATen/ops/linear.h>
 #include <ATen/ops/scalar_tensor.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace {
@@ -28,11 +29,14 @@ class Gpt2Lm final : public loom::sdk::Model {
                             "0..10000000"),
       loom::sdk::option_int("n_ctx", "0", "positions (0: the size's, 1024; debug 256)", "0..1048576"),
       loom::sdk::option_float("dropout", "0.0", "dropout on embeddings, attention and MLP outputs", "0..0.99"),
+      loom::sdk::option_string("pretrained", "",
+                               "a Hugging Face GPT-2 folder (config.json, model.safetensors): its sizes and weights "
+                               "replace size, n_ctx and the random start; vocab_size may pad its vocabulary"),
   };
 
   explicit Gpt2Lm(const loom::sdk::Options& o)
       : size_(o.get_string("size")), vocab_(o.get_int("vocab_size")), n_ctx_(o.get_int("n_ctx")),
-        dropout_(o.get_float("dropout")) {
+        dropout_(o.get_float("dropout")), pretrained_(o.get_string("pretrained")) {
     if (vocab_ < 0 || n_ctx_ < 0) throw Error("gpt2_lm: vocab_size and n_ctx must be >= 0");
     if (dropout_ < 0 || dropout_ >= 1) throw Error("gpt2_lm: dropout must be in [0, 1)");
   }
@@ -50,20 +54,46 @@ class Gpt2Lm final : public loom::sdk::Model {
                     c10::toString(field->second.dtype));
     }
     seq_len_ = data.fields.at(input_key_).shape[0];
-    gpt2::Config c = gpt2::Config::of_size(size_);
+    gpt2::Config c = pretrained_.empty() ? gpt2::Config::of_size(size_) : gpt2::hf_config(pretrained_);
+    const int64_t stored_vocab = c.vocab_size;
     if (data.num_classes < 2)
       throw Error("gpt2_lm: the dataset does not say its vocabulary (DataSpec::num_classes); a token dataset does");
     if (vocab_ > 0 && vocab_ < data.num_classes)
       throw Error("gpt2_lm: model.vocab_size " + std::to_string(vocab_) + " is smaller than the data's vocabulary of " +
                   std::to_string(data.num_classes) + " tokens; set it to 0 or at least " + std::to_string(data.num_classes));
-    c.vocab_size = vocab_ > 0 ? vocab_ : data.num_classes;
+    if (!pretrained_.empty() && std::max(vocab_, data.num_classes) > stored_vocab && vocab_ == 0)
+      throw Error("gpt2_lm: the data has " + std::to_string(data.num_classes) + " tokens, the pretrained model " +
+                  std::to_string(stored_vocab) + " (" + pretrained_ + "/config.json); use the model's tokenizer");
+    c.vocab_size = vocab_ > 0 ? vocab_ : pretrained_.empty() ? data.num_classes : stored_vocab;
+    if (!pretrained_.empty() && c.vocab_size < stored_vocab)
+      throw Error("gpt2_lm: model.vocab_size " + std::to_string(c.vocab_size) + " is smaller than the pretrained model's " +
+                  std::to_string(stored_vocab) + " tokens");
+    if (n_ctx_ > 0 && !pretrained_.empty() && n_ctx_ != c.n_ctx)
+      throw Error("gpt2_lm: model.n_ctx " + std::to_string(n_ctx_) + " differs from the pretrained model's " +
+                  std::to_string(c.n_ctx) + " positions; leave it at 0");
     if (n_ctx_ > 0) c.n_ctx = n_ctx_;
     if (seq_len_ > c.n_ctx)
       throw Error("gpt2_lm: the data's sequences have " + std::to_string(seq_len_) + " tokens, the model " +
                   std::to_string(c.n_ctx) + " positions; set model.n_ctx >= " + std::to_string(seq_len_) +
                   " or data.seq_len <= " + std::to_string(c.n_ctx));
     c.dropout = dropout_;
+    if (pretrained_.empty()) {
+      net_ = gpt2::Model(c);
+      return;
+    }
+    // Padding rows past the stored vocabulary keep their random start (no data token uses them).
+    gpt2::Config stored = c;
+    stored.vocab_size = stored_vocab;
+    gpt2::Model loaded(stored);
+    gpt2::load_hf_weights(*loaded, pretrained_);
     net_ = gpt2::Model(c);
+    torch::NoGradGuard no_grad;
+    for (auto& item : net_->named_parameters()) {
+      const at::Tensor& from = loaded->named_parameters()[item.key()];
+      if (item.key() == "wte.weight") item.value().narrow(0, 0, stored_vocab).copy_(from);
+      else item.value().copy_(from);
+    }
+    loom::sdk::log::info("gpt2_lm: weights from ", pretrained_);
   }
 
   torch::nn::Module& module() override { return *net_; }
@@ -99,13 +129,14 @@ class Gpt2Lm final : public loom::sdk::Model {
                   size_.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd),
                   static_cast<long long>(c.n_head), static_cast<long long>(c.vocab_size),
                   static_cast<long long>(c.n_ctx), static_cast<long long>(seq_len_));
-    return text;
+    return text + (pretrained_.empty() ? std::string("; random start") : "; weights from " + pretrained_);
   }
 
  private:
   std::string size_;
   int64_t vocab_, n_ctx_;
   double dropout_;
+  std::string pretrained_;
   int64_t seq_len_ = 0;
   std::string input_key_, target_key_;
   gpt2::Model net_{nullptr};

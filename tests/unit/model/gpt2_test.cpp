@@ -5,15 +5,24 @@
 #include "trainer_testing.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/sdk/safetensors.hpp>
 
 #include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randint.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace {
 
@@ -60,6 +69,109 @@ TEST(Gpt2, APositionSeesOnlyTheTokensBeforeIt) {
   EXPECT_THROW(model->forward(at::zeros({1, c.n_ctx + 1}, at::TensorOptions().dtype(at::kLong))), loom::sdk::Error);
 }
 
+/// Tiny random GPT-2 folders written by transformers (tests/support/make_hf_gpt2.py), once per
+/// process; empty when transformers is not installed.
+const std::filesystem::path& hf_models() {
+  static const std::filesystem::path dir = [] {
+    const auto d = std::filesystem::temp_directory_path() / ("loom_hf_gpt2_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(d);
+    const std::string command = std::string("\"") + LOOM_TEST_PYTHON + "\" \"" + LOOM_SOURCE_DIR +
+                                "/tests/support/make_hf_gpt2.py\" \"" + d.string() + "\"";
+    const int status = std::system(command.c_str());
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return std::filesystem::path();
+    if (status != 0) throw std::runtime_error("make_hf_gpt2.py failed: " + command);
+    return d;
+  }();
+  return dir;
+}
+
+#define LOOM_REQUIRE_TRANSFORMERS() \
+  if (hf_models().empty()) GTEST_SKIP() << "transformers is not installed in " LOOM_TEST_PYTHON " (scripts/setup.sh)"
+
+TEST(Gpt2, HuggingFaceWeightsGiveTransformersHiddenStates) {
+  // GPT2LMHeadModel's files ("transformer." names, no head) and GPT2Model's (no prefix) load into
+  // the same module, whose hidden states are transformers' within 1e-5 (fp32).
+  LOOM_REQUIRE_TRANSFORMERS();
+  const auto expected = loom::sdk::map_safetensors(hf_models() / "expected.safetensors");
+  for (const char* folder : {"lm", "base"}) {
+    SCOPED_TRACE(folder);
+    const auto dir = hf_models() / folder;
+    const gpt2::Config c = gpt2::hf_config(dir);
+    EXPECT_EQ(c.n_layer, 2);
+    EXPECT_EQ(c.n_embd, 32);
+    EXPECT_EQ(c.vocab_size, 97);
+    gpt2::Model model(c);
+    gpt2::load_hf_weights(*model, dir);
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const at::Tensor hidden = model->forward(expected.at("input_ids"));
+    EXPECT_LT((hidden - expected.at("hidden")).abs().max().item<double>(), 1e-5);
+  }
+}
+
+TEST(Gpt2, AFolderThatDoesNotFitIsOneErrorNamingEveryTensor) {
+  LOOM_REQUIRE_TRANSFORMERS();
+  const auto broken = hf_models() / "broken";
+  gpt2::Model model(gpt2::hf_config(broken));
+  try {
+    gpt2::load_hf_weights(*model, broken);
+    FAIL() << "expected an error";
+  } catch (const loom::sdk::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("missing: h.1.mlp.c_fc.bias"), std::string::npos) << message;
+    EXPECT_NE(message.find("unexpected: extra"), std::string::npos) << message;
+  }
+  gpt2::Config small = gpt2::hf_config(hf_models() / "lm");
+  small.n_embd = 16;
+  small.n_head = 2;
+  gpt2::Model narrower(small);
+  try {
+    gpt2::load_hf_weights(*narrower, hf_models() / "lm");
+    FAIL() << "expected an error";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("other shape: "), std::string::npos) << e.what();
+  }
+  try {
+    gpt2::load_hf_weights(*model, hf_models() / "pickle");
+    FAIL() << "expected an error";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pytorch_model.bin, a pickle"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("safe_serialization=True"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SafetensorsMapped, TensorsViewTheFileAndOutliveTheirMap) {
+  // map_safetensors: the tensors read the file's bytes without a copy, stay valid after the map
+  // that returned them is gone, and an in-place change touches neither the file nor a new map.
+  const auto dir = loom::testing::fresh_test_dir("loom_mapped");
+  const auto file = dir / "t.safetensors";
+  loom::sdk::TensorMap written{{"a", at::arange(12, at::TensorOptions().dtype(at::kFloat)).reshape({3, 4})},
+                               {"b", at::ones({2}, at::TensorOptions().dtype(at::kLong))}};
+  {
+    // the writer of Loom's checkpoints; the reader under test is the SDK's
+    std::ofstream out(file, std::ios::binary);
+    const std::string header = R"({"a":{"dtype":"F32","shape":[3,4],"data_offsets":[0,48]},"b":{"dtype":"I64","shape":[2],"data_offsets":[48,64]}})";
+    const uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header;
+    out.write(static_cast<const char*>(written["a"].data_ptr()), 48);
+    out.write(static_cast<const char*>(written["b"].data_ptr()), 16);
+  }
+  at::Tensor a;
+  {
+    const auto mapped = loom::sdk::map_safetensors(file);
+    a = mapped.at("a");
+    EXPECT_TRUE(at::equal(mapped.at("b"), written["b"]));
+  }
+  EXPECT_TRUE(at::equal(a, written["a"]));
+  a.mul_(2);
+  EXPECT_TRUE(at::equal(loom::sdk::map_safetensors(file).at("a"), written["a"]));
+  std::filesystem::resize_file(file, 40);  // truncated inside b's data
+  EXPECT_THROW(loom::sdk::map_safetensors(file), loom::sdk::Error);
+  EXPECT_THROW(loom::sdk::map_safetensors(dir), loom::sdk::Error);  // a folder: named, no hang
+  std::filesystem::remove_all(dir);
+}
+
 class Gpt2LmTest : public ::testing::Test {
  protected:
   void SetUp() override { dir_ = loom::testing::fresh_test_dir("loom_gpt2"); }
@@ -82,6 +194,26 @@ TEST_F(Gpt2LmTest, LearnsThePlantedNextTokenRule) {
   ASSERT_TRUE(summary.final_eval.has_value());
   EXPECT_GT(summary.final_eval->metrics.at("accuracy"), 0.8);
   EXPECT_LT(summary.final_eval->loss, 1.5);
+}
+
+TEST_F(Gpt2LmTest, PretrainedWeightsArePaddedToTheVocabularyAsked) {
+  // model.pretrained: config.json's sizes and the file's weights; model.vocab_size = 128 pads the
+  // 97 stored token embeddings, whose rows stay the file's.
+  LOOM_REQUIRE_TRANSFORMERS();
+  const auto dir = hf_models() / "lm";
+  loom::core::Config c = config_of({"model.name=gpt2_lm", "model.vocab_size=128", "data.name=synthetic_tokens",
+                                    "data.vocab_size=97", "data.seq_len=16", "data.train_size=64", "data.test_size=8",
+                                    "data.num_workers=0", "trainer.batch_size=8"},
+                                   dir_, "pretrained");
+  c.set_assignment("model.pretrained=" + dir.string());
+  auto t = make_trainer(c);
+  const auto file = loom::sdk::map_safetensors(dir / "model.safetensors");
+  const auto params = t->model().module().named_parameters();
+  const at::Tensor wte = params["wte.weight"];
+  ASSERT_EQ(wte.size(0), 128);
+  EXPECT_TRUE(at::equal(wte.narrow(0, 0, 97), file.at("transformer.wte.weight")));
+  EXPECT_TRUE(at::equal(params["h.1.attn.c_attn.weight"], file.at("transformer.h.1.attn.c_attn.weight").t()));
+  EXPECT_TRUE(std::isfinite(t->train_step().loss));
 }
 
 TEST_F(Gpt2LmTest, SequencesLongerThanThePositionsAreRefusedWithTheFix) {
