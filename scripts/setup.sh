@@ -28,6 +28,7 @@ apt_packages=(
   libgtest-dev libgmock-dev
   nlohmann-json3-dev zlib1g-dev
   libelf-dev                             # the fingerprint note of a plugin file, read before loading it
+  libpcre2-dev                           # the GPT-2 tokenizer's pre-tokenizer (Unicode classes \p{L}, \p{N})
   dataset-fashion-mnist
   python3 python3-venv python3-pip
   clang-14 libclang-rt-14-dev            # the fuzz targets (scripts/fuzz.sh): libFuzzer

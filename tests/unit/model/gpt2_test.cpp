@@ -1,6 +1,7 @@
 // GPT-2 (plugins/model/gpt2.hpp) and its language-model plugin: the sizes and names users load
 // Hugging Face weights by, causal attention, and a run that learns synthetic_tokens' rule.
 #include "gpt2.hpp"
+#include "gpt2_tokenizer.hpp"
 
 #include "trainer_testing.hpp"
 
@@ -169,6 +170,66 @@ TEST(SafetensorsMapped, TensorsViewTheFileAndOutliveTheirMap) {
   std::filesystem::resize_file(file, 40);  // truncated inside b's data
   EXPECT_THROW(loom::sdk::map_safetensors(file), loom::sdk::Error);
   EXPECT_THROW(loom::sdk::map_safetensors(dir), loom::sdk::Error);  // a folder: named, no hang
+  std::filesystem::remove_all(dir);
+}
+
+/// A byte-level BPE vocabulary trained by Hugging Face `tokenizers`, and the ids it gives 1,200
+/// varied strings (tests/support/make_bpe_corpus.py); empty when tokenizers is not installed.
+const std::filesystem::path& bpe_corpus() {
+  static const std::filesystem::path dir = [] {
+    const auto d = std::filesystem::temp_directory_path() / ("loom_bpe_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(d);
+    const std::string command = std::string("\"") + LOOM_TEST_PYTHON + "\" \"" + LOOM_SOURCE_DIR +
+                                "/tests/support/make_bpe_corpus.py\" \"" + d.string() + "\"";
+    const int status = std::system(command.c_str());
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return std::filesystem::path();
+    if (status != 0) throw std::runtime_error("make_bpe_corpus.py failed: " + command);
+    return d;
+  }();
+  return dir;
+}
+
+TEST(Gpt2Tokenizer, IdsEqualHuggingFaceTokenizersOnVariedText) {
+  // Accents, combining marks, CJK, emoji with joiners, digits, punctuation, contractions, runs of
+  // spaces and newlines, NBSP and other Unicode spaces: the ids of `tokenizers`' ByteLevel BPE
+  // for the same vocab.json and merges.txt, and decode gives the text back.
+  if (bpe_corpus().empty()) GTEST_SKIP() << "tokenizers is not installed in " LOOM_TEST_PYTHON " (scripts/setup.sh)";
+  const gpt2::Tokenizer tokenizer(bpe_corpus());
+  std::ifstream in(bpe_corpus() / "corpus.json");
+  const nlohmann::json corpus = nlohmann::json::parse(in);
+  ASSERT_GE(corpus.size(), 1000u);
+  int differ = 0;
+  for (const auto& item : corpus) {
+    const std::string text = item.at("text").get<std::string>();
+    const std::vector<int64_t> ids = tokenizer.encode(text);
+    if (ids != item.at("ids").get<std::vector<int64_t>>() && ++differ <= 5)
+      ADD_FAILURE() << "ids differ for " << nlohmann::json(text).dump() << ": tokenizers " << item.at("ids").dump()
+                    << ", Loom " << nlohmann::json(ids).dump();
+    EXPECT_EQ(tokenizer.decode(ids), text);
+  }
+  EXPECT_EQ(differ, 0) << "of " << corpus.size() << " strings";
+}
+
+TEST(Gpt2Tokenizer, BadTextAndBadFilesAreNamed) {
+  if (bpe_corpus().empty()) GTEST_SKIP() << "tokenizers is not installed in " LOOM_TEST_PYTHON " (scripts/setup.sh)";
+  const gpt2::Tokenizer tokenizer(bpe_corpus());
+  try {
+    tokenizer.encode("ok \xff\xfe bytes");
+    FAIL() << "expected an error";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("UTF-8"), std::string::npos) << e.what();
+  }
+  const auto dir = loom::testing::fresh_test_dir("loom_bpe_bad");
+  std::filesystem::copy_file(bpe_corpus() / "vocab.json", dir / "vocab.json");
+  std::ofstream(dir / "merges.txt") << "#version: 0.2\na b\nnot-a-merge\n";
+  try {
+    gpt2::Tokenizer bad(dir);
+    FAIL() << "expected an error";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("merges.txt:3"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(dir / "vocab.json");
+  EXPECT_THROW(gpt2::Tokenizer missing(dir), loom::sdk::Error);
   std::filesystem::remove_all(dir);
 }
 

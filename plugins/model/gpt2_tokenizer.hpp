@@ -1,0 +1,229 @@
+// GPT-2's byte-level BPE tokenizer (Radford et al. 2019; the algorithm of openai/gpt-2's
+// encoder.py, whose ids Hugging Face `tokenizers`' ByteLevel BPE also gives), from a Hugging Face
+// folder's vocab.json and merges.txt:
+//   1. the text is cut into pieces by GPT-2's pattern (contractions, runs of letters, of digits,
+//      of other symbols, each with at most one leading space; runs of whitespace), with PCRE2's
+//      Unicode classes (std::regex has no \p{L});
+//   2. each piece's UTF-8 bytes become characters through GPT-2's byte-to-unicode table, so that
+//      every byte has a printable stand-in and no byte is unknown;
+//   3. the piece's characters are merged pairwise, the pair ranked first in merges.txt first,
+//      every occurrence of it left to right, until no ranked pair is left;
+//   4. each symbol is looked up in vocab.json.
+// Users: link PCRE2 (pkg-config libpcre2-8) and nlohmann_json.
+#pragma once
+
+#include <loom/sdk/error.hpp>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace loom::plugins::gpt2 {
+
+class Tokenizer {
+ public:
+  /// Reads `dir`/vocab.json and `dir`/merges.txt; throws sdk::Error naming the file and line of
+  /// anything malformed.
+  explicit Tokenizer(const std::filesystem::path& dir) {
+    build_byte_table();
+    read_vocab(dir / "vocab.json");
+    read_merges(dir / "merges.txt");
+    int error = 0;
+    PCRE2_SIZE offset = 0;
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
+                                     PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+    if (code == nullptr) throw sdk::Error("gpt2 tokenizer: the pre-tokenizer pattern does not compile: " + pcre2_message(error));
+    pattern_.reset(code);
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // where JIT is unavailable, matching still works
+  }
+
+  /// The ids of `text` (UTF-8). Throws sdk::Error on text that is not valid UTF-8.
+  std::vector<int64_t> encode(const std::string& text) const {
+    std::vector<int64_t> ids;
+    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
+        pcre2_match_data_create_from_pattern(pattern_.get(), nullptr), &pcre2_match_data_free);
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    PCRE2_SIZE start = 0;
+    uint32_t options = 0;  // the UTF check once, on the first match
+    while (start < text.size()) {
+      const int rc = pcre2_match(pattern_.get(), subject, text.size(), start, options, match.get(), nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;  // the pattern's last branch takes any whitespace, the others the rest
+      if (rc < 0) {
+        const PCRE2_SIZE at = pcre2_get_startchar(match.get());
+        throw sdk::Error("gpt2 tokenizer: " + pcre2_message(rc) + " (byte " + std::to_string(at) +
+                         " of a text of " + std::to_string(text.size()) + " bytes); texts must be UTF-8");
+      }
+      options = PCRE2_NO_UTF_CHECK;
+      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
+      if (ovector[1] == ovector[0]) {  // cannot happen with this pattern; never loop on it
+        ++start;
+        continue;
+      }
+      for (int64_t id : bpe(text.substr(ovector[0], ovector[1] - ovector[0]))) ids.push_back(id);
+      start = ovector[1];
+    }
+    return ids;
+  }
+
+  /// The text of `ids` (the inverse of encode for ids it made).
+  std::string decode(const std::vector<int64_t>& ids) const {
+    std::string out;
+    for (int64_t id : ids) {
+      auto it = token_of_.find(id);
+      if (it == token_of_.end()) throw sdk::Error("gpt2 tokenizer: id " + std::to_string(id) + " is not in the vocabulary");
+      const std::string& token = it->second;
+      for (size_t i = 0; i < token.size();) {
+        const size_t n = utf8_length(static_cast<unsigned char>(token[i]));
+        auto byte = byte_of_char_.find(token.substr(i, n));
+        if (byte == byte_of_char_.end()) throw sdk::Error("gpt2 tokenizer: token '" + token + "' is not byte-level");
+        out.push_back(static_cast<char>(byte->second));
+        i += n;
+      }
+    }
+    return out;
+  }
+
+  int64_t vocab_size() const { return static_cast<int64_t>(id_of_.size()); }
+
+ private:
+  static constexpr const char* kPattern =
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+  struct PatternFree {
+    void operator()(pcre2_code* code) const { pcre2_code_free(code); }
+  };
+
+  static std::string pcre2_message(int code) {
+    PCRE2_UCHAR buffer[256];
+    pcre2_get_error_message(code, buffer, sizeof buffer);
+    return reinterpret_cast<const char*>(buffer);
+  }
+
+  static size_t utf8_length(unsigned char lead) {
+    return lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xe ? 3 : 4;
+  }
+
+  static std::string utf8(uint32_t cp) {
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      s.push_back(static_cast<char>(0xc0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+    } else {
+      s.push_back(static_cast<char>(0xe0 | (cp >> 12)));
+      s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+    }
+    return s;
+  }
+
+  // GPT-2's bytes_to_unicode: the printable bytes stand for themselves, the other 68 for
+  // U+0100 onwards, in byte order.
+  void build_byte_table() {
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+      char_of_byte_[b] = utf8(printable ? b : next++);
+      byte_of_char_[char_of_byte_[b]] = static_cast<uint8_t>(b);
+    }
+  }
+
+  void read_vocab(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    if (!in) throw sdk::Error("gpt2 tokenizer: no " + path.string() + " (the tokenizer's files: vocab.json, merges.txt)");
+    try {
+      const nlohmann::json j = nlohmann::json::parse(in);
+      if (!j.is_object()) throw sdk::Error(path.string() + " is not a JSON object of token: id");
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        const int64_t id = it.value().get<int64_t>();
+        id_of_[it.key()] = id;
+        token_of_[id] = it.key();
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw sdk::Error(path.string() + ": " + e.what() + " (vocab.json maps each token to its id)");
+    }
+  }
+
+  void read_merges(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    if (!in) throw sdk::Error("gpt2 tokenizer: no " + path.string() + " (the tokenizer's files: vocab.json, merges.txt)");
+    std::string line;
+    int line_number = 0;
+    int rank = 0;
+    while (std::getline(in, line)) {
+      ++line_number;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty() || line.rfind("#version", 0) == 0) continue;
+      const size_t space = line.find(' ');
+      if (space == std::string::npos || space == 0 || space + 1 == line.size() || line.find(' ', space + 1) != std::string::npos)
+        throw sdk::Error(path.string() + ":" + std::to_string(line_number) + ": '" + line +
+                         "' is not a merge (two symbols separated by one space)");
+      rank_.emplace(line.substr(0, space) + " " + line.substr(space + 1), rank++);
+    }
+  }
+
+  int rank_of(const std::string& a, const std::string& b) const {
+    auto it = rank_.find(a + " " + b);
+    return it == rank_.end() ? INT_MAX : it->second;
+  }
+
+  std::vector<int64_t> bpe(const std::string& piece) const {
+    if (auto hit = cache_.find(piece); hit != cache_.end()) return hit->second;
+    std::vector<std::string> symbols;
+    for (unsigned char byte : piece) symbols.push_back(char_of_byte_[byte]);
+    while (symbols.size() > 1) {
+      int best = INT_MAX;
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+        const int r = rank_of(symbols[i], symbols[i + 1]);
+        if (r < best) best = r, at = i;
+      }
+      if (best == INT_MAX) break;
+      const std::string first = symbols[at], second = symbols[at + 1];
+      std::vector<std::string> merged;
+      for (size_t i = 0; i < symbols.size();) {
+        if (i + 1 < symbols.size() && symbols[i] == first && symbols[i + 1] == second) {
+          merged.push_back(first + second);
+          i += 2;
+        } else {
+          merged.push_back(symbols[i++]);
+        }
+      }
+      symbols = std::move(merged);
+    }
+    std::vector<int64_t> ids;
+    for (const auto& s : symbols) {
+      auto it = id_of_.find(s);
+      if (it == id_of_.end())
+        throw sdk::Error("gpt2 tokenizer: the symbol '" + s + "' is not in vocab.json (a byte-level vocabulary has all 256 bytes)");
+      ids.push_back(it->second);
+    }
+    if (cache_.size() < kCacheLimit) cache_.emplace(piece, ids);
+    return ids;
+  }
+
+  static constexpr size_t kCacheLimit = 1 << 16;  // pieces; item texts repeat their words
+
+  std::array<std::string, 256> char_of_byte_;
+  std::unordered_map<std::string, uint8_t> byte_of_char_;
+  std::unordered_map<std::string, int64_t> id_of_;
+  std::unordered_map<int64_t, std::string> token_of_;
+  std::unordered_map<std::string, int> rank_;
+  std::unique_ptr<pcre2_code, PatternFree> pattern_;
+  mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;  // not thread-safe: one tokenizer per thread
+};
+
+}  // namespace loom::plugins::gpt2
