@@ -31,44 +31,15 @@ of the configuration still runs.
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
+from bench_common import VARIANTS, RunFailed, cpu_name, rate, run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-class RunFailed(Exception):
-    pass
-
-
-def run(cmd):
-    """Runs cmd; returns (stdout, stderr, peak RSS in bytes)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read().decode(), err.read().decode()
-        if os.waitstatus_to_exitcode(status) != 0:
-            tail = "\n".join((stdout + "\n" + stderr).strip().splitlines()[-40:])
-            raise RunFailed(f"{' '.join(cmd)} failed (exit {os.waitstatus_to_exitcode(status)}):\n{tail}")
-        return stdout, stderr, usage.ru_maxrss * 1024
-
-
-# --variants: the name on the command line and in the variants table.
-VARIANTS = {"loom": "Loom eager", "loom_graph": "Loom with CUDA graphs", "pytorch": "PyTorch eager",
-            "pytorch_compile": "PyTorch torch.compile"}
-
-
-def rate(windows):
-    """Samples/s over the windows after the first (equal windows: harmonic mean)."""
-    w = windows[1:] or windows
-    return len(w) / sum(1.0 / r for r in w)
 
 
 def loom(exe, batch, steps, window, threads, work, precision, device, data, cuda_graph=False):
@@ -187,13 +158,7 @@ def main():
     # The same wheel Loom's LibTorch comes from; asked in a child, not imported (see sgemm_peak).
     torch_version = run([sys.executable, "-c", "import torch; print(torch.__version__)"])[0].strip().splitlines()[-1]
 
-    cpu = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    machine = (f"{cpu}, {os.cpu_count()} cores; torch {torch_version}; {a.threads} threads each; "
+    machine = (f"{cpu_name()}, {os.cpu_count()} cores; torch {torch_version}; {a.threads} threads each; "
                f"{a.steps} steps, throughput over steps {a.window + 1}..{a.steps}")
     print("machine:", machine)
     peak = sgemm_peak(a.threads) if a.device == "cpu" else None

@@ -1,0 +1,47 @@
+"""What the side-by-side benchmarks (compare_fashion_mnist.py, compare_gpt2.py) share: running a
+side in a child process with its peak resident memory, the steady throughput of a run's windows,
+the variants' names and the CPU's name. Standard library only: a script that imports torch
+itself would lend its resident set to every child it starts (see compare_fashion_mnist.sgemm_peak).
+"""
+import os
+import platform
+import subprocess
+import tempfile
+
+
+class RunFailed(Exception):
+    pass
+
+
+def run(cmd):
+    """Runs cmd; returns (stdout, stderr, peak RSS in bytes)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+        if os.waitstatus_to_exitcode(status) != 0:
+            tail = "\n".join((stdout + "\n" + stderr).strip().splitlines()[-40:])
+            raise RunFailed(f"{' '.join(cmd)} failed (exit {os.waitstatus_to_exitcode(status)}):\n{tail}")
+        return stdout, stderr, usage.ru_maxrss * 1024
+
+
+# --variants: the name on the command line and in the variants table.
+VARIANTS = {"loom": "Loom eager", "loom_graph": "Loom with CUDA graphs", "pytorch": "PyTorch eager",
+            "pytorch_compile": "PyTorch torch.compile"}
+
+
+def rate(windows):
+    """Throughput over the windows after the first (equal windows: harmonic mean). The first
+    holds the warm-up: allocator growth, a CUDA graph's capture, torch.compile's compilation."""
+    w = windows[1:] or windows
+    return len(w) / sum(1.0 / r for r in w)
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "cpu"

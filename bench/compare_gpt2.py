@@ -1,0 +1,246 @@
+"""GPT-2 training four ways, side by side: Loom eager, Loom with CUDA graphs (step.cuda_graph), and
+the same model in plain Python PyTorch from the same wheel, eager and through torch.compile
+(`pytorch_gpt2.py`). Tokens/s, peak memory, final loss and model FLOPs utilization (MFU) against
+the card's dense bf16 peak.
+
+    build/bin/loom with the gpt2_lm and synthetic_tokens plugins must exist; on the GPU machine:
+    $(scripts/setup.sh --print-venv)/bin/python bench/compare_gpt2.py --device cuda --size gpt2 \\
+        --vocab-size 50304 --seq-len 1024 --batch-size 8 --steps 60 --window 10
+
+Both sides train on synthetic tokens from a fixed random order-1 rule (the same rule, each side
+its own generator), with AdamW (lr 6e-4, betas 0.9 / 0.95, weight decay 0.1 on the matrices and
+embeddings), warm-up then cosine, clipping at 1.0, bf16 autocast on CUDA. Throughput is measured
+over windows of --window steps after the first (warm-up, CUDA graph capture, compilation);
+Loom's windows time the training steps only, so its final evaluation and checkpoint stay out.
+Peak memory: peak allocated device memory on CUDA, the process's peak resident set on CPU.
+Each variant runs --repeats times, interleaved; the table shows medians and, against PyTorch
+eager, the median of the repeats' ratios.
+
+MFU = tokens/s x model FLOPs per token / peak FLOP/s, with model FLOPs per token
+6 N + 12 n_layer n_embd T (PaLM, appendix B; nanoGPT's estimate_mfu): N counts every parameter,
+the embeddings included and the tied head once; the second term is the attention's scores and
+weighted sum, forward and backward, over T = --seq-len positions. The peak is --peak-tflops, or
+the dense bf16 peak of a card recognised by name.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+
+from bench_common import VARIANTS, RunFailed, cpu_name, rate, run
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# layers, heads, width, positions: as gpt2_lm's model.size (plugins/model/gpt2.hpp).
+SIZES = {"gpt2": (12, 12, 768, 1024), "gpt2-medium": (24, 16, 1024, 1024), "debug": (2, 2, 64, 256)}
+
+
+def parameters(size, vocab):
+    """GPT-2's parameters: token and position embeddings, per block two LayerNorms, c_attn, attn.c_proj,
+    c_fc and mlp.c_proj with their biases, the final LayerNorm; the tied head adds none."""
+    layers, _, d, n_ctx = SIZES[size]
+    return vocab * d + n_ctx * d + layers * (12 * d * d + 13 * d) + 2 * d
+
+
+def peak_tflops(device_name):
+    """Dense bf16 tensor-core TFLOPS of the cards whose peak is known here (NVIDIA's data sheets;
+    the H100 PCIe and NVL have lower peaks, so only the SXM part, which names its HBM3, is matched)."""
+    if "H200" in device_name:
+        return 989.0
+    if "H100" in device_name and ("HBM3" in device_name or "SXM" in device_name):
+        return 989.0
+    if "A100" in device_name:
+        return 312.0
+    return None
+
+
+# Loom's words for a component its loaded plugins lack (core/src/plugin_registry.cpp, require()).
+MISSING_PLUGIN = re.compile(r"no (?:model|dataset) '[\w.-]+' in the loaded plugins|"
+                            r"(?:model|dataset) '[\w.-]+' is not available: its plugin was refused")
+
+
+class PluginMissing(Exception):
+    pass
+
+
+def loom(exe, a, data_vocab, threads, work, precision, cuda_graph=False):
+    name = "bench_gpt2" + ("_graph" if cuda_graph else "")
+    shutil.rmtree(os.path.join(work, name), ignore_errors=True)  # a repeat: Loom refuses to write over a run
+    args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
+            "--set", "model.name=gpt2_lm", "--set", f"model.size={a.size}", "--set", f"model.vocab_size={a.vocab_size}",
+            "--set", "model.dropout=0.0",
+            "--set", "data.name=synthetic_tokens", "--set", f"data.vocab_size={data_vocab}",
+            "--set", f"data.seq_len={a.seq_len}", "--set", f"data.train_size={a.train_size}",
+            "--set", "data.validation_fraction=0",  # all of train, as the Python side
+            "--set", f"trainer.batch_size={a.batch_size}", "--set", f"trainer.max_steps={a.steps}",
+            "--set", f"trainer.log_every={a.window}", "--set", "trainer.use_scheduler=true",
+            "--set", "trainer.lr=6e-4", "--set", "optimizer.beta2=0.95", "--set", "optimizer.weight_decay=0.1",
+            "--set", f"trainer.threads={threads}", "--set", f"trainer.device={a.device}",
+            "--set", f"precision.name={precision}"] + (["--set", "step.cuda_graph=true"] if cuda_graph else [])
+    try:
+        _, _, rss = run(args)
+    except RunFailed as e:
+        missing = MISSING_PLUGIN.search(str(e))
+        if missing:
+            raise PluginMissing(f"{exe} reports {missing.group(0)}: build (or rebuild) the gpt2_lm and "
+                                "synthetic_tokens plugins")
+        raise
+    with open(os.path.join(work, name, "metrics.jsonl")) as f:
+        lines = [json.loads(l) for l in f]
+    train = [l for l in lines if "train/samples_per_s" in l]
+    # Loom counts what the model's loss sums over: gpt2_lm's count is the batch's tokens, so its
+    # "samples" per second are tokens per second.
+    peak = rss if a.device == "cpu" else max(l["memory/peak_bytes"] for l in train)
+    return rate([l["train/samples_per_s"] for l in train]), peak, train[-1]["train/loss"], None
+
+
+def pytorch(a, data_vocab, threads, precision, compiled=False):
+    out, _, _ = run([sys.executable, os.path.join(HERE, "pytorch_gpt2.py"), "--size", a.size,
+                     "--vocab-size", str(a.vocab_size), "--data-vocab-size", str(data_vocab),
+                     "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps", str(a.steps),
+                     "--window", str(a.window), "--train-size", str(a.train_size), "--threads", str(threads),
+                     "--precision", precision, "--device", a.device] + (["--compile"] if compiled else []))
+    result = json.loads(out.strip().splitlines()[-1])
+    if result["parameters"] != parameters(a.size, a.vocab_size):
+        raise RunFailed(f"pytorch_gpt2.py has {result['parameters']} parameters, the MFU counts "
+                        f"{parameters(a.size, a.vocab_size)}")
+    return result["tokens_per_s"], result["peak_memory"], result["final_loss"], result["first_step_s"]
+
+
+# The torch Loom's LibTorch comes from, and the card; asked in a child, not imported (bench_common).
+INFO = """
+import json, sys, torch
+print(json.dumps({"torch": torch.__version__,
+                  "device": torch.cuda.get_device_name(sys.argv[1]) if sys.argv[1].startswith("cuda") else None}))
+"""
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--loom", default=os.path.join(ROOT, "build", "bin", "loom"))
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS)
+                   + " (default: all)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each variant, interleaved; medians are reported")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
+    p.add_argument("--size", choices=list(SIZES), default="gpt2")
+    p.add_argument("--vocab-size", type=int, default=50304, help="the model's token embeddings (%(default)s: "
+                   "GPT-2's 50257 padded to a multiple of 64)")
+    p.add_argument("--data-vocab-size", type=int, default=0, help="tokens the data uses (0: the smaller of 50257 "
+                   "and --vocab-size)")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--window", type=int, default=10)
+    p.add_argument("--train-size", type=int, default=0, help="sequences of training data (0: --batch-size x "
+                   "--steps, at least 512: one epoch covers the run, so Loom evaluates only at the end)")
+    p.add_argument("--precision", choices=["auto", "bf16_amp", "fp32"], default="auto",
+                   help="auto: bf16_amp on CUDA, fp32 on CPU")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of each side")
+    p.add_argument("--peak-tflops", type=float, help="the card's dense bf16 peak in TFLOPS, for the MFU "
+                   "(default: recognised from the card's name: H100 SXM and H200 989, A100 312)")
+    a = p.parse_args()
+    variants = a.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)} (valid: {', '.join(VARIANTS)})")
+    if a.steps < 2 * a.window:
+        p.error(f"--steps {a.steps}: at least two windows of {a.window} (the first is left out)")
+    cuda = a.device.startswith("cuda")
+    precision = a.precision if a.precision != "auto" else ("bf16_amp" if cuda else "fp32")
+    data_vocab = a.data_vocab_size or min(50257, a.vocab_size)
+    a.train_size = a.train_size or max(512, a.batch_size * a.steps)
+    layers, heads, d, n_ctx = SIZES[a.size]
+    info = json.loads(run([sys.executable, "-c", INFO, a.device])[0].strip().splitlines()[-1])
+    peak = (a.peak_tflops or peak_tflops(info["device"])) if cuda else None
+    if cuda and peak is None:
+        p.error(f"the dense bf16 peak of '{info['device']}' is not known here: give it with --peak-tflops")
+    skipped = {}  # variant -> why it is left out
+    if "loom_graph" in variants and not cuda:
+        skipped["loom_graph"] = "step.cuda_graph captures CUDA graphs, and Loom refuses it on a CPU device"
+    for v in ("loom", "loom_graph"):
+        if v in variants and v not in skipped and not os.path.exists(a.loom):
+            skipped[v] = f"no Loom binary at {a.loom} (./loom builds it)"
+
+    n = parameters(a.size, a.vocab_size)
+    flops = 6 * n + 12 * layers * d * a.seq_len
+    device = info["device"] if cuda else f"{cpu_name()}, {os.cpu_count()} cores"
+    setup = (f"Device: {device}; torch {info['torch']}; {a.threads} CPU threads each. GPT-2 {a.size} ({layers} layers, "
+             f"{heads} heads, width {d}, {n_ctx} positions), vocabulary {a.vocab_size} (data {data_vocab}); "
+             f"{a.batch_size} x {a.seq_len} tokens per step, {precision}; {a.steps} steps, throughput over steps "
+             f"{a.window + 1}..{a.steps}.")
+    formula = (f"Model FLOPs per token = 6 N + 12 n_layer n_embd T = 6 x {n:,} + 12 x {layers} x {d} x {a.seq_len} "
+               f"= {flops / 1e6:.1f} MFLOP (N: all parameters, embeddings included, the tied head once). "
+               + (f"MFU = tokens/s x FLOPs per token / {peak:g} TFLOPS (dense bf16, "
+                  + ("--peak-tflops" if a.peak_tflops else f"recognised from '{device}'") + ")."
+                  if peak else "MFU: none on CPU."))
+    print(setup)
+    print(formula, flush=True)
+    for v, why in skipped.items():
+        print(f"{v} skipped: {why}", flush=True)
+
+    work = tempfile.mkdtemp(prefix="loom-bench-gpt2-")
+    runs = {v: [] for v in variants}  # (tokens/s, peak memory, final loss) per repeat
+    failed = {}
+    eager = []  # PyTorch eager's tokens/s per repeat, None where it failed
+    try:
+        for repeat in range(a.repeats):  # interleaved, so a noisy neighbour hits all variants alike
+            eager_rate = None
+            fields = []
+            for v in variants:
+                if v in skipped or v in failed:  # not run again: it would fail the same way
+                    continue
+                try:
+                    if v.startswith("loom"):
+                        result = loom(a.loom, a, data_vocab, a.threads, work, precision, cuda_graph=v == "loom_graph")
+                    else:
+                        result = pytorch(a, data_vocab, a.threads, precision, compiled=v == "pytorch_compile")
+                except PluginMissing as e:
+                    skipped[v] = str(e)
+                    print(f"  {v} skipped: {e}", flush=True)
+                    continue
+                except RunFailed as e:
+                    failed[v] = str(e)
+                    print(f"  {v}: FAILED\n{e}", flush=True)
+                    continue
+                tokens, memory, loss, first = result
+                runs[v].append((repeat, tokens, memory, loss))
+                if v == "pytorch":
+                    eager_rate = tokens
+                compiled = f" (first step, compilation included, {first:.1f} s)" if v == "pytorch_compile" else ""
+                fields.append(f"{VARIANTS[v]} {tokens:.0f}{compiled}")
+            eager.append(eager_rate)
+            print(f"  repeat {repeat + 1}: tokens/s " + ", ".join(fields), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    mem = "peak allocated" if cuda else "peak RSS"
+    lines = [setup, "", formula, "",
+             f"| variant | tokens/s | / PyTorch eager | {mem} | final loss | MFU |", "|" + " --- |" * 6]
+    for v in variants:
+        if v in skipped or v in failed:  # a partial set of repeats would not be comparable
+            why = "skipped (see below)" if v in skipped else "failed (see above)"
+            lines.append(f"| {VARIANTS[v]} | {why} | - | - | - | - |")
+            continue
+        tokens = statistics.median(r[1] for r in runs[v])
+        memory = statistics.median(r[2] for r in runs[v])
+        ratios = [r[1] / eager[r[0]] for r in runs[v] if eager[r[0]]]
+        ratio = f"**{statistics.median(ratios):.2f}x**" if ratios else "-"
+        mfu = f"{100 * tokens * flops / (peak * 1e12):.1f} %" if peak else "-"
+        lines.append(f"| {VARIANTS[v]} | {tokens:.0f} | {ratio} | {memory / 2**20:.0f} MiB | {runs[v][0][3]:.3f} | "
+                     f"{mfu} |")
+    lines += ["", f"Medians of {a.repeats} interleaved repeats; / PyTorch eager: the median of the repeats' ratios "
+              "to the PyTorch eager run of the same repeat; final loss: the last window's mean, first repeat."]
+    lines += [f"{VARIANTS[v]} skipped: {why}." for v, why in skipped.items() if v in variants]
+    print()
+    print("\n".join(lines))
+    if failed:
+        sys.exit("failed: " + ", ".join(failed))
+
+
+if __name__ == "__main__":
+    main()
