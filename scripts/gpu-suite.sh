@@ -51,7 +51,7 @@ mkdir -p "$out/logs" "$out/junit"
 out="$(cd "$out" && pwd)"
 summary="$out/summary.md"
 step_rows=()   # "| step | status | seconds | log |" rows, in order
-planned=(unpack setup configure build test-gpu bench-profile bench-precision bench-variants bench-memory test-rest)
+planned=(unpack setup configure build test-gpu bench-profile bench-precision bench-variants bench-gpt2 bench-memory test-rest)
 failures=0
 
 remaining() { echo $((deadline - $(date +%s))); }
@@ -195,6 +195,9 @@ else
   for f in /opt/gpu-deps/usr/lib/x86_64-linux-gnu/libelf.so; do
     [ -e "$f" ] && boost+=(-DLOOM_LIBELF_LIBRARY="$f" -DLOOM_LIBELF_INCLUDE_DIR=/opt/gpu-deps/usr/include)
   done
+  for f in /opt/gpu-deps/usr/lib/x86_64-linux-gnu/libpcre2-8.so; do  # the same for PCRE2
+    [ -e "$f" ] && boost+=(-DLOOM_PCRE2_LIBRARY="$f" -DLOOM_PCRE2_INCLUDE_DIR=/opt/gpu-deps/usr/include)
+  done
   run_step configure 10 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLOOM_PYTHON="$py" "${boost[@]}" || exit 1
 fi
@@ -259,6 +262,16 @@ else
   run_step bench-variants 60 "$py" "$root/bench/compare_fashion_mnist.py" --loom "$build_dir/bin/loom" \
     --data "$fmnist" --device cuda --precisions fp32,bf16_amp --batches 128 \
     --variants loom,loom_graph,pytorch,pytorch_compile --steps 300 --window 50 --repeats 1
+fi
+# bench-gpt2: GPT-2 124M in bf16 at sequence 1024, the four variants, tokens/s and MFU against
+# the card's bf16 peak (the dry run: the debug size on CPU, Loom and PyTorch eager).
+if [ $dry_run = 1 ]; then
+  run_step bench-gpt2 30 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cpu \
+    --size debug --vocab-size 512 --seq-len 64 --batch-size 4 --steps 20 --window 5 --variants loom,pytorch --repeats 1
+else
+  run_step bench-gpt2 60 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cuda \
+    --size gpt2 --vocab-size 50304 --seq-len 1024 --batch-size 8 --steps 60 --window 10 \
+    --variants loom,loom_graph,pytorch,pytorch_compile --repeats 1
 fi
 if [ $dry_run = 1 ]; then
   run_step bench-memory 30 "$build_dir/bin/loom_memory_figures" --device cpu
