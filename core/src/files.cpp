@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,20 +35,24 @@ void fsync_dir(const fs::path& dir) {
   ::close(fd);
 }
 
-void write_file_atomic(const fs::path& path, std::string_view bytes) {
+void write_file_atomic(const fs::path& path, std::string_view bytes) { write_file_atomic(path, std::vector{bytes}); }
+
+void write_file_atomic(const fs::path& path, const std::vector<std::string_view>& parts) {
   const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("cannot create", tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail("cannot write", tmp);
+  for (const std::string_view bytes : parts) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        fail("cannot write", tmp);
+      }
+      done += static_cast<size_t>(n);
     }
-    done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0) {
     ::close(fd);
@@ -67,9 +72,12 @@ void rename_durable(const fs::path& from, const fs::path& to) {
   fsync_dir(to.parent_path());
 }
 
-std::string read_file(const fs::path& path, int64_t max_bytes) {
-  // O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting for a writer; the
-  // fstat then refuses anything that is not a regular file (a FIFO, a device behind a symlink).
+namespace {
+
+/// Opens `path` for reading if it is a regular file (O_NONBLOCK: opening a FIFO returns at once
+/// instead of waiting for a writer; the fstat then refuses anything that is not a regular file,
+/// a FIFO or a device behind a symlink); its size in `size`.
+int open_regular(const fs::path& path, off_t& size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) fail("cannot read", path);
   struct stat st {};
@@ -82,12 +90,41 @@ std::string read_file(const fs::path& path, int64_t max_bytes) {
     throw Error("cannot read " + path.string() + ": not a regular file (" + file_type_name(st.st_mode) +
                 "); Loom reads its files only from regular files");
   }
-  if (st.st_size > max_bytes) {
+  size = st.st_size;
+  return fd;
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const fs::path& path) {
+  off_t size = 0;
+  const int fd = open_regular(path, size);
+  size_ = static_cast<size_t>(size);
+  if (size_ > 0) {
+    // Copy-on-write: a tensor viewing the mapping may be written in place without touching the file.
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      fail("cannot map", path);
+    }
+    data_ = static_cast<const char*>(p);
+  }
+  ::close(fd);  // the mapping keeps the file
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+}
+
+std::string read_file(const fs::path& path, int64_t max_bytes) {
+  off_t size = 0;
+  const int fd = open_regular(path, size);
+  if (size > max_bytes) {
     ::close(fd);
-    throw Error("cannot read " + path.string() + ": it is " + std::to_string(st.st_size) + " bytes, more than the " +
+    throw Error("cannot read " + path.string() + ": it is " + std::to_string(size) + " bytes, more than the " +
                 std::to_string(max_bytes) + " such a file may have; it is not the file Loom wrote");
   }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
+  std::string out(static_cast<size_t>(size), '\0');
   size_t done = 0;
   while (done < out.size()) {
     const ssize_t n = ::read(fd, out.data() + done, out.size() - done);

@@ -5,6 +5,7 @@
 #include <loom/sdk/safetensors.hpp>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include <nlohmann/json.hpp>
 #include <zlib.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 namespace loom::core {
 
@@ -47,7 +49,8 @@ struct TensorEntry {
   uint64_t begin = 0, end = 0;
 };
 
-std::string checksum(std::vector<TensorEntry> entries, const char* data, size_t size) {
+/// The CRC over the entries (by name) and the data, given as consecutive parts.
+std::string checksum(std::vector<TensorEntry> entries, const std::vector<std::string_view>& data) {
   std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   uLong crc = crc32(0L, Z_NULL, 0);
   for (const auto& e : entries) {
@@ -56,64 +59,82 @@ std::string checksum(std::vector<TensorEntry> entries, const char* data, size_t 
     line += "|" + std::to_string(e.begin) + "|" + std::to_string(e.end) + "\n";
     crc = crc32(crc, reinterpret_cast<const Bytef*>(line.data()), static_cast<uInt>(line.size()));
   }
-  for (size_t done = 0; done < size;) {  // zlib takes at most 4 GiB at a time
-    const size_t chunk = std::min<size_t>(size - done, size_t{1} << 30);
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data + done), static_cast<uInt>(chunk));
-    done += chunk;
-  }
+  for (const std::string_view part : data)
+    for (size_t done = 0; done < part.size();) {  // zlib takes at most 4 GiB at a time
+      const size_t chunk = std::min<size_t>(part.size() - done, size_t{1} << 30);
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(part.data() + done), static_cast<uInt>(chunk));
+      done += chunk;
+    }
   char text[16];
   std::snprintf(text, sizeof text, "%08lx", static_cast<unsigned long>(crc));
   return text;
 }
 
-}  // namespace
+/// A safetensors file laid out: its header (length and JSON) and its tensors' bytes in order,
+/// as views of contiguous CPU tensors it keeps (a CPU tensor that already is contiguous is not
+/// copied).
+struct Layout {
+  std::string header;
+  std::vector<at::Tensor> keep;
+  std::vector<std::string_view> data;
+};
 
-std::string to_safetensors(const sdk::TensorMap& tensors, const sdk::TextMap& metadata) {
+Layout lay_out(const sdk::TensorMap& tensors, const sdk::TextMap& metadata) {
   // Larger alignments first, then by name: every tensor starts aligned to its element size.
   std::vector<std::pair<std::string, at::Tensor>> ordered;
   for (const auto& [name, t] : tensors) ordered.emplace_back(name, t.detach().to(at::kCPU).contiguous());
   std::stable_sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
     return a.second.element_size() > b.second.element_size();
   });
+  Layout out;
   std::vector<TensorEntry> entries;
-  std::string data;
+  uint64_t offset = 0;
   for (const auto& [name, t] : ordered) {
     const size_t bytes = t.numel() * t.element_size();
-    entries.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec(), data.size(), data.size() + bytes});
-    data.append(static_cast<const char*>(t.data_ptr()), bytes);
+    entries.push_back({name, dtype_name(t.scalar_type()), t.sizes().vec(), offset, offset + bytes});
+    out.data.emplace_back(static_cast<const char*>(t.data_ptr()), bytes);
+    out.keep.push_back(t);
+    offset += bytes;
   }
   sdk::TextMap all = metadata;
-  all["loom_crc32"] = checksum(entries, data.data(), data.size());  // Note [Checkpoint checksums]
+  all["loom_crc32"] = checksum(entries, out.data);  // Note [Checkpoint checksums]
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   header["__metadata__"] = all;
   for (const auto& e : entries) header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');
-  std::string out;
-  out.reserve(8 + json.size() + data.size());
   const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out += json;
-  out += data;
+  for (int i = 0; i < 8; ++i) out.header.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out.header += json;
   return out;
 }
 
-sdk::TensorMap from_safetensors(const std::string& bytes, const std::string& what, sdk::TextMap* metadata) {
+/// The tensors of safetensors bytes: copies, or, given the file's mapping, views of it that keep
+/// it mapped while they live.
+sdk::TensorMap parse(const char* bytes, size_t size, const std::string& what, sdk::TextMap* metadata,
+                     const std::shared_ptr<const MappedFile>& mapping = nullptr) {
   const std::string advice = "; the checkpoint is damaged, use an earlier one (or --resume auto picks the newest good one)";
-  const sdk::SafetensorsHeader header = sdk::parse_safetensors_header(bytes.data(), bytes.size(), what, advice);
+  const sdk::SafetensorsHeader header = sdk::parse_safetensors_header(bytes, size, what, advice);
   if (metadata) *metadata = header.metadata;
-  const char* data = bytes.data() + header.data_start;
-  const size_t data_size = bytes.size() - header.data_start;
+  const char* data = bytes + header.data_start;
+  const size_t data_size = size - header.data_start;
   sdk::TensorMap out;
   std::vector<TensorEntry> entries;
   for (const auto& e : header.entries) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    at::Tensor t;
+    if (mapping) {
+      auto* keep = new std::shared_ptr<const MappedFile>(mapping);
+      t = at::from_blob(const_cast<char*>(data + e.begin), e.shape, [keep](void*) { delete keep; },
+                        at::TensorOptions().dtype(e.dtype));
+    } else {
+      t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+      if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    }
     entries.push_back({e.name, e.dtype_name, e.shape, e.begin, e.end});
     out[e.name] = t;
   }
   if (auto crc = header.metadata.find("loom_crc32"); crc != header.metadata.end()) {  // Note [Checkpoint checksums]
-    const std::string actual = checksum(entries, data, data_size);
+    const std::string actual = checksum(entries, {std::string_view(data, data_size)});
     if (actual != crc->second)
       throw Error(what + " is not a valid safetensors file: its checksum is " + actual + ", the file says " + crc->second +
                   ": its tensors changed after Loom wrote them (a flipped byte, a relabelled dtype)" + advice);
@@ -121,12 +142,31 @@ sdk::TensorMap from_safetensors(const std::string& bytes, const std::string& wha
   return out;
 }
 
+}  // namespace
+
+std::string to_safetensors(const sdk::TensorMap& tensors, const sdk::TextMap& metadata) {
+  const Layout layout = lay_out(tensors, metadata);
+  std::string out = layout.header;
+  for (const std::string_view part : layout.data) out += part;
+  return out;
+}
+
+sdk::TensorMap from_safetensors(const std::string& bytes, const std::string& what, sdk::TextMap* metadata) {
+  return parse(bytes.data(), bytes.size(), what, metadata);
+}
+
 void save_safetensors(const std::filesystem::path& path, const sdk::TensorMap& tensors, const sdk::TextMap& metadata) {
-  write_file_atomic(path, to_safetensors(tensors, metadata));
+  const Layout layout = lay_out(tensors, metadata);
+  std::vector<std::string_view> parts{layout.header};
+  parts.insert(parts.end(), layout.data.begin(), layout.data.end());
+  write_file_atomic(path, parts);  // streamed: the tensors are not copied into one buffer first
 }
 
 sdk::TensorMap load_safetensors(const std::filesystem::path& path, sdk::TextMap* metadata) {
-  return from_safetensors(read_file(path), path.string(), metadata);
+  // No copy of the file and no size cap: the tensors view the mapping (copy-on-write), which
+  // stays while any of them lives; a resume copies them into the model and the optimizer.
+  const auto file = std::make_shared<const MappedFile>(path);
+  return parse(file->data(), file->size(), path.string(), metadata, file);
 }
 
 }  // namespace loom::core

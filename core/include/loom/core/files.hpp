@@ -8,11 +8,33 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom::core {
 
 /// Atomically replaces `path` with `bytes`. Throws loom::Error naming the path on failure.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes);
+
+/// The same with the file's bytes given in parts, written one after the other and never joined
+/// in memory (a checkpoint's tensors: a copy of them all would double the process's memory).
+void write_file_atomic(const std::filesystem::path& path, const std::vector<std::string_view>& parts);
+
+/// A regular file mapped into memory (copy-on-write: writes stay private) while the object
+/// lives: read_file's refusals (missing, a FIFO, a device, a socket), without its size cap and
+/// without a copy.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::filesystem::path& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 /// Reads a whole regular file of at most `max_bytes`; throws loom::Error naming the path for a
 /// missing file, a FIFO, a device or a socket (refused before reading, so nothing hangs or reads

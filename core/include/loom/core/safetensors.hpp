@@ -24,7 +24,8 @@ sdk::TensorMap from_safetensors(const std::string& bytes, const std::string& wha
 void save_safetensors(const std::filesystem::path& path, const sdk::TensorMap& tensors,
                       const sdk::TextMap& metadata = {});
 
-/// Reads a safetensors file.
+/// Reads a safetensors file, memory-mapped: the tensors view the file (copy-on-write) and keep it
+/// mapped while they live.
 sdk::TensorMap load_safetensors(const std::filesystem::path& path, sdk::TextMap* metadata = nullptr);
 
 }  // namespace loom::core
