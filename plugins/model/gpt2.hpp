@@ -190,6 +190,9 @@ TORCH_MODULE(Model);
 /// The model's sizes from `dir`/config.json; refuses a model that is not GPT-2 as built here.
 inline Config hf_config(const std::filesystem::path& dir) {
   const auto path = dir / "config.json";
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))  // a FIFO would block the open
+    throw sdk::Error("model.pretrained: " + path.string() + " is not a regular file");
   std::ifstream in(path);
   if (!in) throw sdk::Error("model.pretrained: no " + path.string() + " (a Hugging Face model folder has config.json and model.safetensors)");
   nlohmann::json j;

@@ -141,7 +141,15 @@ class Tokenizer {
     }
   }
 
+  // Opening a FIFO for reading blocks until a writer comes: refuse anything but a regular file.
+  static void require_regular(const std::filesystem::path& path) {
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+      throw sdk::Error("gpt2 tokenizer: " + path.string() + " is not a regular file");
+  }
+
   void read_vocab(const std::filesystem::path& path) {
+    require_regular(path);
     std::ifstream in(path);
     if (!in) throw sdk::Error("gpt2 tokenizer: no " + path.string() + " (the tokenizer's files: vocab.json, merges.txt)");
     try {
@@ -158,6 +166,7 @@ class Tokenizer {
   }
 
   void read_merges(const std::filesystem::path& path) {
+    require_regular(path);
     std::ifstream in(path);
     if (!in) throw sdk::Error("gpt2 tokenizer: no " + path.string() + " (the tokenizer's files: vocab.json, merges.txt)");
     std::string line;

@@ -22,6 +22,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -132,6 +133,12 @@ TEST(Gpt2, AFolderThatDoesNotFitIsOneErrorNamingEveryTensor) {
   } catch (const loom::sdk::Error& e) {
     EXPECT_NE(std::string(e.what()).find("other shape: "), std::string::npos) << e.what();
   }
+  const auto fifo = loom::testing::fresh_test_dir("loom_hf_fifo");
+  ASSERT_EQ(::mkfifo((fifo / "config.json").c_str(), 0600), 0);
+  EXPECT_THROW(gpt2::hf_config(fifo), loom::sdk::Error);  // named, not waited on
+  ASSERT_EQ(::mkfifo((fifo / "model.safetensors").c_str(), 0600), 0);
+  EXPECT_THROW(gpt2::load_hf_weights(*model, fifo), loom::sdk::Error);
+  std::filesystem::remove_all(fifo);
   try {
     gpt2::load_hf_weights(*model, hf_models() / "pickle");
     FAIL() << "expected an error";
@@ -230,6 +237,13 @@ TEST(Gpt2Tokenizer, BadTextAndBadFilesAreNamed) {
   }
   std::filesystem::remove(dir / "vocab.json");
   EXPECT_THROW(gpt2::Tokenizer missing(dir), loom::sdk::Error);
+  ASSERT_EQ(::mkfifo((dir / "vocab.json").c_str(), 0600), 0);  // named, not waited on
+  try {
+    gpt2::Tokenizer fifo(dir);
+    FAIL() << "expected an error";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
   std::filesystem::remove_all(dir);
 }
 
