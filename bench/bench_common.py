@@ -45,3 +45,22 @@ def cpu_name():
             return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or "cpu"
+
+
+# GPT-2 sizes (layers, heads, width, positions), as Loom's gpt2_lm has them.
+GPT2_SIZES = {"gpt2": (12, 12, 768, 1024), "gpt2-medium": (24, 16, 1024, 1024), "debug": (2, 2, 64, 256)}
+
+
+def add_gpt2_arguments(p):
+    """The GPT-2 benchmark's model and data shape, the same for Loom's side and PyTorch's."""
+    p.add_argument("--size", choices=list(GPT2_SIZES), default="gpt2")
+    p.add_argument("--vocab-size", type=int, default=50304, help="the model's token embeddings (%(default)s: "
+                   "GPT-2's 50257 padded to a multiple of 64)")
+    p.add_argument("--data-vocab-size", type=int, default=0, help="tokens the data uses (0: the smaller of 50257 "
+                   "and --vocab-size)")
+    p.add_argument("--seq-len", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--window", type=int, default=10)
+    p.add_argument("--precision", choices=["auto", "bf16_amp", "fp32"], default="auto",
+                   help="auto: bf16_amp on CUDA, fp32 on CPU")

@@ -31,13 +31,13 @@ import statistics
 import sys
 import tempfile
 
-from bench_common import VARIANTS, RunFailed, cpu_name, rate, run
+from bench_common import GPT2_SIZES, VARIANTS, RunFailed, add_gpt2_arguments, cpu_name, rate, run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 # layers, heads, width, positions: as gpt2_lm's model.size (plugins/model/gpt2.hpp).
-SIZES = {"gpt2": (12, 12, 768, 1024), "gpt2-medium": (24, 16, 1024, 1024), "debug": (2, 2, 64, 256)}
+SIZES = GPT2_SIZES
 
 
 def parameters(size, vocab):
@@ -127,19 +127,9 @@ def main():
                    + " (default: all)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each variant, interleaved; medians are reported")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
-    p.add_argument("--size", choices=list(SIZES), default="gpt2")
-    p.add_argument("--vocab-size", type=int, default=50304, help="the model's token embeddings (%(default)s: "
-                   "GPT-2's 50257 padded to a multiple of 64)")
-    p.add_argument("--data-vocab-size", type=int, default=0, help="tokens the data uses (0: the smaller of 50257 "
-                   "and --vocab-size)")
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--window", type=int, default=10)
+    add_gpt2_arguments(p)
     p.add_argument("--train-size", type=int, default=0, help="sequences of training data (0: --batch-size x "
                    "--steps, at least 512: one epoch covers the run, so Loom evaluates only at the end)")
-    p.add_argument("--precision", choices=["auto", "bf16_amp", "fp32"], default="auto",
-                   help="auto: bf16_amp on CUDA, fp32 on CPU")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of each side")
     p.add_argument("--peak-tflops", type=float, help="the card's dense bf16 peak in TFLOPS, for the MFU "
                    "(default: recognised from the card's name: H100 SXM and H200 989, A100 312)")

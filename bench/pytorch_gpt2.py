@@ -20,10 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench_common import rate
+from bench_common import GPT2_SIZES, add_gpt2_arguments, rate
 
 # layers, heads, width, positions: as gpt2_lm's model.size (plugins/model/gpt2.hpp).
-SIZES = {"gpt2": (12, 12, 768, 1024), "gpt2-medium": (24, 16, 1024, 1024), "debug": (2, 2, 64, 256)}
+SIZES = GPT2_SIZES
 
 
 def synthetic_tokens(count, seq_len, vocab, noise, seed):
@@ -105,23 +105,13 @@ class Gpt2(nn.Module):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=list(SIZES), default="gpt2")
-    p.add_argument("--vocab-size", type=int, default=50304, help="token embeddings (%(default)s: GPT-2's 50257 "
-                   "padded to a multiple of 64)")
-    p.add_argument("--data-vocab-size", type=int, default=0, help="tokens the data uses (0: the smaller of 50257 "
-                   "and --vocab-size)")
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--window", type=int, default=10)
+    add_gpt2_arguments(p)
     p.add_argument("--train-size", type=int, default=512, help="sequences of training data (reshuffled each epoch)")
     p.add_argument("--noise", type=float, default=0.1, help="share of tokens drawn uniformly instead of by the rule")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--precision", choices=["auto", "bf16_amp", "fp32"], default="auto",
-                   help="auto: bf16_amp on CUDA, fp32 on CPU")
     p.add_argument("--device", default="cuda")
     p.add_argument("--compile", action="store_true", help="wrap the model (loss included) in torch.compile "
                    "(default mode); the optimizer and clipping stay eager")

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -71,21 +72,24 @@ TEST(Gpt2, APositionSeesOnlyTheTokensBeforeIt) {
   EXPECT_THROW(model->forward(at::zeros({1, c.n_ctx + 1}, at::TensorOptions().dtype(at::kLong))), loom::sdk::Error);
 }
 
-/// Tiny random GPT-2 folders written by transformers (tests/support/make_hf_gpt2.py), once per
-/// process; empty when transformers is not installed.
-const std::filesystem::path& hf_models() {
-  static const std::filesystem::path dir = [] {
-    const auto d = std::filesystem::temp_directory_path() / ("loom_hf_gpt2_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(d);
-    const std::string command = std::string("\"") + LOOM_TEST_PYTHON + "\" \"" + LOOM_SOURCE_DIR +
-                                "/tests/support/make_hf_gpt2.py\" \"" + d.string() + "\"";
-    const int status = std::system(command.c_str());
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return std::filesystem::path();
-    if (status != 0) throw std::runtime_error("make_hf_gpt2.py failed: " + command);
-    return d;
-  }();
-  return dir;
+/// Runs tests/support/`script` with the venv's Python into a fresh folder, once per process per
+/// script; an empty path when the script exits 77 (its Python package is not installed).
+std::filesystem::path python_fixture(const std::string& script) {
+  static std::map<std::string, std::filesystem::path> made;
+  if (auto it = made.find(script); it != made.end()) return it->second;
+  const auto d = std::filesystem::temp_directory_path() /
+                 ("loom_" + script.substr(0, script.find('.')) + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  const std::string command = std::string("\"") + LOOM_TEST_PYTHON + "\" \"" + LOOM_SOURCE_DIR + "/tests/support/" +
+                              script + "\" \"" + d.string() + "\"";
+  const int status = std::system(command.c_str());
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return made[script] = std::filesystem::path();
+  if (status != 0) throw std::runtime_error(script + " failed: " + command);
+  return made[script] = d;
 }
+
+/// Tiny random GPT-2 folders written by transformers (make_hf_gpt2.py).
+std::filesystem::path hf_models() { return python_fixture("make_hf_gpt2.py"); }
 
 #define LOOM_REQUIRE_TRANSFORMERS() \
   if (hf_models().empty()) GTEST_SKIP() << "transformers is not installed in " LOOM_TEST_PYTHON " (scripts/setup.sh)"
@@ -181,20 +185,8 @@ TEST(SafetensorsMapped, TensorsViewTheFileAndOutliveTheirMap) {
 }
 
 /// A byte-level BPE vocabulary trained by Hugging Face `tokenizers`, and the ids it gives 1,200
-/// varied strings (tests/support/make_bpe_corpus.py); empty when tokenizers is not installed.
-const std::filesystem::path& bpe_corpus() {
-  static const std::filesystem::path dir = [] {
-    const auto d = std::filesystem::temp_directory_path() / ("loom_bpe_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(d);
-    const std::string command = std::string("\"") + LOOM_TEST_PYTHON + "\" \"" + LOOM_SOURCE_DIR +
-                                "/tests/support/make_bpe_corpus.py\" \"" + d.string() + "\"";
-    const int status = std::system(command.c_str());
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) return std::filesystem::path();
-    if (status != 0) throw std::runtime_error("make_bpe_corpus.py failed: " + command);
-    return d;
-  }();
-  return dir;
-}
+/// varied strings (make_bpe_corpus.py).
+std::filesystem::path bpe_corpus() { return python_fixture("make_bpe_corpus.py"); }
 
 TEST(Gpt2Tokenizer, IdsEqualHuggingFaceTokenizersOnVariedText) {
   // Accents, combining marks, CJK, emoji with joiners, digits, punctuation, contractions, runs of
