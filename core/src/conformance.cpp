@@ -150,20 +150,23 @@ void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo
   });
 }
 
-/// The dataset a model is checked with: the option, else one from the model's own plugin, else
-/// the first fallback the registry has.
-std::string dataset_for(const PluginRegistry& registry, const ComponentInfo& model, const ConformanceOptions& o) {
-  if (!o.dataset.empty()) return o.dataset;
+/// The datasets a model may be checked with, in order: the option alone, else one from the
+/// model's own plugin, else the fallbacks the registry has (the first whose data the model's
+/// setup accepts is used: a language model refuses image-like data with a clear error).
+std::vector<std::string> datasets_for(const PluginRegistry& registry, const ComponentInfo& model,
+                                      const ConformanceOptions& o) {
+  if (!o.dataset.empty()) return {o.dataset};
   for (const auto& c : registry.components())
-    if (c.kind == LOOM_KIND_DATASET && c.plugin == model.plugin) return c.name;
+    if (c.kind == LOOM_KIND_DATASET && c.plugin == model.plugin) return {c.name};
+  std::vector<std::string> out;
   for (const auto& name : o.fallback_datasets)
-    if (registry.find(LOOM_KIND_DATASET, name)) return name;
-  return {};
+    if (registry.find(LOOM_KIND_DATASET, name)) out.push_back(name);
+  return out;
 }
 
 void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& c, const ConformanceOptions& o) {
-  const std::string dataset = dataset_for(registry, c, o);
-  s.report().context = "with dataset " + (dataset.empty() ? std::string("(none)") : dataset);
+  const std::vector<std::string> datasets = datasets_for(registry, c, o);
+  s.report().context = "with dataset " + (datasets.empty() ? std::string("(none)") : datasets.front());
   std::shared_ptr<sdk::Model> m;
   std::shared_ptr<sdk::Dataset> d;
   sdk::Batch four;
@@ -172,10 +175,19 @@ void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& 
     return std::string();
   });
   s.require("setup", [&]() -> std::string {
-    if (dataset.empty()) throw conformance::Skip("no dataset to shape the model to: pass --dataset NAME");
-    d = registry.create<sdk::Dataset>(dataset);
-    d->setup();
-    m->setup(d->spec());
+    if (datasets.empty()) throw conformance::Skip("no dataset to shape the model to: pass --dataset NAME");
+    for (size_t i = 0;; ++i) {
+      d = registry.create<sdk::Dataset>(datasets[i]);
+      d->setup();
+      try {
+        m->setup(d->spec());
+        s.report().context = "with dataset " + datasets[i];
+        break;
+      } catch (const sdk::Error&) {
+        if (i + 1 == datasets.size()) throw;  // the last one's refusal is the report's
+        m = registry.create<sdk::Model>(c.name);  // a fresh instance for the next data
+      }
+    }
     if (m->module().parameters().empty()) return "module() has no parameters after setup()";
     four = d->get_batch(sdk::Split::kTrain, indices(d->size(sdk::Split::kTrain), 4));
     return {};

@@ -22,7 +22,7 @@ class SyntheticTokens final : public loom::sdk::TensorDataset {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_int("vocab_size", "50257", "tokens in the vocabulary (GPT-2's 50257)", "2..10000000"),
-      loom::sdk::option_int("seq_len", "1024", "tokens per sample", "1..1048576"),
+      loom::sdk::option_int("seq_len", "128", "tokens per sample", "1..1048576"),
       loom::sdk::option_int("train_size", "512", "training sequences", "1..100000000"),
       loom::sdk::option_int("test_size", "64", "test sequences", "1..100000000"),
       loom::sdk::option_float("noise", "0.1", "probability that a token does not follow the rule", "0..1"),

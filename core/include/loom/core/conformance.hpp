@@ -28,9 +28,10 @@ struct ConformanceReport {
 
 struct ConformanceOptions {
   /// For a model: the dataset component it is shaped to and fed from. Empty: a dataset of the
-  /// model's own plugin if it has one, else the first of `fallback_datasets` the registry has.
+  /// model's own plugin if it has one, else the first of `fallback_datasets` the registry has
+  /// whose data the model's setup accepts (synthetic_tokens for a language model).
   std::string dataset;
-  std::vector<std::string> fallback_datasets{"synthetic", "fashion_mnist"};
+  std::vector<std::string> fallback_datasets{"synthetic", "synthetic_tokens", "fashion_mnist"};
 };
 
 /// Runs the suite of `component`'s kind on a fresh instance built with its default options.
