@@ -26,7 +26,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -235,14 +234,25 @@ inline void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) 
     throw sdk::Error("model.pretrained: no " + file.string());
   }
   sdk::TensorMap tensors = sdk::map_safetensors(file);
+  // "h.<N>.<rest>" -> "<rest>", else "".
+  auto in_block = [](const std::string& key) -> std::string {
+    if (key.rfind("h.", 0) != 0) return {};
+    size_t i = 2;
+    while (i < key.size() && key[i] >= '0' && key[i] <= '9') ++i;
+    return i > 2 && i < key.size() && key[i] == '.' ? key.substr(i + 1) : std::string();
+  };
   std::map<std::string, at::Tensor> by_name;
-  static const std::regex kMask(R"(h\.[0-9]+\.attn\.(masked_)?bias)");
   for (auto& [name, t] : tensors) {
     std::string key = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
-    if (key == "lm_head.weight" || std::regex_match(key, kMask)) continue;  // the tied head; causal masks
+    const std::string rest = in_block(key);
+    if (key == "lm_head.weight" || rest == "attn.bias" || rest == "attn.masked_bias") continue;  // the tied head; causal masks
     by_name[key] = t;
   }
-  static const std::regex kConv1d(R"(h\.[0-9]+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight)");
+  auto conv1d = [&](const std::string& key) {
+    const std::string rest = in_block(key);
+    return rest == "attn.c_attn.weight" || rest == "attn.c_proj.weight" || rest == "mlp.c_fc.weight" ||
+           rest == "mlp.c_proj.weight";
+  };
   std::vector<std::string> missing, misshaped;
   torch::NoGradGuard no_grad;
   for (auto& item : model.named_parameters()) {
@@ -251,10 +261,10 @@ inline void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) 
       missing.push_back(item.key());
       continue;
     }
-    at::Tensor source = std::regex_match(item.key(), kConv1d) ? it->second.t() : it->second;
+    at::Tensor source = conv1d(item.key()) ? it->second.t() : it->second;
     if (source.sizes() != item.value().sizes())
       misshaped.push_back(item.key() + " (file " + c10::str(it->second.sizes()) + ", model " + c10::str(item.value().sizes()) +
-                          (std::regex_match(item.key(), kConv1d) ? ", stored transposed" : "") + ")");
+                          (conv1d(item.key()) ? ", stored transposed" : "") + ")");
     else
       item.value().copy_(source);
     by_name.erase(it);

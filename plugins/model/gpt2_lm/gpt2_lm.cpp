@@ -88,8 +88,9 @@ class Gpt2Lm final : public loom::sdk::Model {
     gpt2::load_hf_weights(*loaded, pretrained_);
     net_ = gpt2::Model(c);
     torch::NoGradGuard no_grad;
+    const auto stored_parameters = loaded->named_parameters();  // (a reference into a temporary would dangle)
     for (auto& item : net_->named_parameters()) {
-      const at::Tensor& from = loaded->named_parameters()[item.key()];
+      const at::Tensor from = stored_parameters[item.key()];
       if (item.key() == "wte.weight") item.value().narrow(0, 0, stored_vocab).copy_(from);
       else item.value().copy_(from);
     }
