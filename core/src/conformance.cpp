@@ -76,15 +76,30 @@ std::string num(double v) {
 /// The first `n` indices of a split, spread over it.
 std::vector<int64_t> indices(int64_t size, int64_t n) {
   std::vector<int64_t> out;
+  if (size <= 0) return out;  // (a dataset whose setup failed: the checks after it are blocked)
   for (int64_t i = 0; i < n; ++i) out.push_back(size <= n ? i % size : i * (size / n));
   return out;
 }
 
-void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo& c) {
+/// The options `name` is checked with: ConformanceOptions::options, else its defaults.
+std::map<std::string, std::string> options_of(const ConformanceOptions& o, const std::string& name) {
+  auto it = o.options.find(name);
+  return it == o.options.end() ? std::map<std::string, std::string>() : it->second;
+}
+
+void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo& c, const ConformanceOptions& o) {
   Created<sdk::Dataset> d;
   sdk::DataSpec spec;
   s.require("create", [&] {
-    d = registry.create<sdk::Dataset>(c.name);
+    try {
+      d = registry.create<sdk::Dataset>(c.name, options_of(o, c.name));
+    } catch (const std::exception& e) {
+      // A dataset of the user's files (a folder to read) cannot be made without them.
+      if (!o.options.count(c.name))
+        throw conformance::Skip(std::string("cannot be created with its default options (") + e.what() +
+                                "); check it with its options");
+      throw;
+    }
     return std::string();
   });
   s.require("setup_and_spec", [&]() -> std::string {
@@ -150,14 +165,17 @@ void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo
   });
 }
 
-/// The datasets a model may be checked with, in order: the option alone, else one from the
-/// model's own plugin, else the fallbacks the registry has (the first whose data the model's
-/// setup accepts is used: a language model refuses image-like data with a clear error).
+/// The datasets a model may be checked with, in order: the option alone, else those of the
+/// model's own plugin, else the fallbacks the registry has. The first that sets up with its
+/// defaults and whose data the model's setup accepts is used (a language model refuses image-like
+/// data with a clear error; a dataset that needs a folder cannot set up without one).
 std::vector<std::string> datasets_for(const PluginRegistry& registry, const ComponentInfo& model,
                                       const ConformanceOptions& o) {
   if (!o.dataset.empty()) return {o.dataset};
+  std::vector<std::string> own;
   for (const auto& c : registry.components())
-    if (c.kind == LOOM_KIND_DATASET && c.plugin == model.plugin) return {c.name};
+    if (c.kind == LOOM_KIND_DATASET && c.plugin == model.plugin) own.push_back(c.name);
+  if (!own.empty()) return own;
   std::vector<std::string> out;
   for (const auto& name : o.fallback_datasets)
     if (registry.find(LOOM_KIND_DATASET, name)) out.push_back(name);
@@ -167,8 +185,8 @@ std::vector<std::string> datasets_for(const PluginRegistry& registry, const Comp
 void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& c, const ConformanceOptions& o) {
   const std::vector<std::string> datasets = datasets_for(registry, c, o);
   s.report().context = "with dataset " + (datasets.empty() ? std::string("(none)") : datasets.front());
-  std::shared_ptr<sdk::Model> m;
-  std::shared_ptr<sdk::Dataset> d;
+  Created<sdk::Model> m;
+  Created<sdk::Dataset> d;
   sdk::Batch four;
   s.require("create", [&] {
     m = registry.create<sdk::Model>(c.name);
@@ -177,13 +195,17 @@ void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& 
   s.require("setup", [&]() -> std::string {
     if (datasets.empty()) throw conformance::Skip("no dataset to shape the model to: pass --dataset NAME");
     for (size_t i = 0;; ++i) {
-      d = registry.create<sdk::Dataset>(datasets[i]);
-      d->setup();
       try {
+        d = registry.create<sdk::Dataset>(datasets[i], options_of(o, datasets[i]));
+        d->setup();
         m->setup(d->spec());
+        if (d.implements(2) && m.implements(1)) {  // the shared tables, as the trainer hands them over
+          const sdk::TensorMap tables = d->tables();
+          if (!tables.empty()) m->use_tables(tables);
+        }
         s.report().context = "with dataset " + datasets[i];
         break;
-      } catch (const sdk::Error&) {
+      } catch (const std::exception&) {
         if (i + 1 == datasets.size()) throw;  // the last one's refusal is the report's
         m = registry.create<sdk::Model>(c.name);  // a fresh instance for the next data
       }
@@ -284,7 +306,7 @@ ConformanceReport check_component(const PluginRegistry& registry, const Componen
   Suite s(kind_name(component.kind), component.name);
   switch (component.kind) {
     case LOOM_KIND_MODEL: check_model(s, registry, component, options); break;
-    case LOOM_KIND_DATASET: check_dataset(s, registry, component); break;
+    case LOOM_KIND_DATASET: check_dataset(s, registry, component, options); break;
     default: conformance::check_other_kind(s, registry, component); break;
   }
   return s.report();

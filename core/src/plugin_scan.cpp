@@ -2,6 +2,7 @@
 #include "plugin_scan.hpp"
 
 #include <loom/core/files.hpp>
+#include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 
 #include <loom/sdk/version.hpp>
@@ -54,7 +55,10 @@ std::string key_of(const fs::path& file) {
   std::ostringstream k;
   // "report-2": the format of the cached reports (2: component flags, the fingerprint note); entries of an older format are scanned again.
   k << file.string() << '|' << st.st_size << '|' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec << '|' << LOOM_SDK_VERSION
-    << "|report-2";
+    << "|report-2|";
+  // The host's interface versions: a host rebuilt with a newer interface under the same SDK
+  // version must not reuse a verdict ("the plugin is newer than this Loom") made by the older one.
+  for (const auto& kind : kinds()) k << kind.interface_major << '.' << kind.interface_minor << ',';
   return k.str();
 }
 

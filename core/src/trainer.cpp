@@ -132,6 +132,10 @@ void Trainer::build_model() {
   const auto& info = registry_.require(LOOM_KIND_MODEL, name);
   model_ = registry_.create<sdk::Model>(name, component_values(config_, info));
   model_->setup(data_spec_);
+  if (dataset_.implements(2) && model_.implements(1)) {  // Dataset 1.2 and Model 2.1: the shared tables
+    sdk::TensorMap tables = dataset_->tables();
+    if (!tables.empty()) model_->use_tables(tables);
+  }
   model_->module().to(device_);
   metric_specs_.clear();
   metric_specs_["loss"] = sdk::MetricSpec{"loss", "loss", sdk::Direction::kMinimize, false};

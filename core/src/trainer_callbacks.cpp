@@ -89,6 +89,7 @@ sdk::StepReport Trainer::step_report(const StepResult& r, double seconds) const 
   report.epoch = train_loader_->position().epoch;
   report.loss = r.loss;
   report.metrics = r.metrics;
+  finish_metrics(report.metrics);
   report.lr = r.lr;
   report.grad_norm = r.grad_norm;
   report.skipped = r.skipped;

@@ -48,7 +48,8 @@ TrainSummary Trainer::train() {
     if (sig != 0 && stop_reason_.empty()) stop_reason_ = signal_name(sig) + " received";
     if (step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty()) {
       flush_window();
-      const auto values = window_.take(step_values(r));
+      auto values = window_.take(step_values(r));
+      finish_metrics(values, "train/");
       notify("on_log", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_log(run, step_, values); });
     }
     sdk::StepReport report = step_report(r, dt);

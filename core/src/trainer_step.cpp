@@ -150,6 +150,15 @@ std::string Trainer::format_metric(const std::string& name, double value) const 
   return shown + " " + text;
 }
 
+void Trainer::finish_metrics(std::map<std::string, double>& values, const std::string& prefix) const {
+  if (!model_.implements(1)) return;  // Model 2.1: metric_value
+  for (auto& [key, value] : values) {
+    if (key.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string name = key.substr(prefix.size());
+    if (name != "loss" && metric_specs_.count(name)) value = model_->metric_value(name, value);
+  }
+}
+
 sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
   sdk::ModelOutput out;
   {
@@ -487,6 +496,7 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
   result.samples = values.samples;
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);
+  finish_metrics(result.metrics);
   result.seconds = seconds_since(start);
   module.train();
   return result;

@@ -77,7 +77,7 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"libloom_dataset_broken_torch_version.so", "fingerprint", "built against LibTorch 1.13.1, host has"},
         BrokenCase{"libloom_dataset_broken_cxx11_abi.so", "fingerprint", "built against the standard library ABI pre-cxx11, host has cxx11"},
         BrokenCase{"libloom_dataset_broken_newer_minor.so", "interface",
-                   "dataset 'broken_newer_minor' implements dataset interface 1.2, host has 1.1: the plugin is newer than this Loom"},
+                   "dataset 'broken_newer_minor' implements dataset interface 1.3, host has 1.2: the plugin is newer than this Loom"},
         BrokenCase{"libloom_dataset_broken_unknown_flags.so", "descriptor", "dataset 'broken_unknown_flags': unknown flags 16"},
         BrokenCase{"libloom_dataset_broken_no_note.so", "fingerprint", "an ABI 1.4 plugin without its fingerprint note (.note.loom)"},
         BrokenCase{"libloom_dataset_broken_duplicate.so", "register", "dataset 'counting' is already provided by"},

@@ -7,6 +7,7 @@
 
 #include <loom/core/plugin_registry.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,10 @@ struct ConformanceOptions {
   /// whose data the model's setup accepts (synthetic_tokens for a language model).
   std::string dataset;
   std::vector<std::string> fallback_datasets{"synthetic", "synthetic_tokens", "fashion_mnist"};
+  /// Options of components by name (a dataset of the user's files needs its folder); the others
+  /// are built with their defaults. A dataset that cannot be created with its defaults, and has
+  /// none here, is skipped with the reason.
+  std::map<std::string, std::map<std::string, std::string>> options;
 };
 
 /// Runs the suite of `component`'s kind on a fresh instance built with its default options.

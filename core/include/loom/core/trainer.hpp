@@ -200,6 +200,10 @@ class Trainer {
   const std::map<std::string, sdk::MetricSpec>& metric_specs() const { return metric_specs_; }
   /// "accuracy 88.89 %", "RMSE 0.8123": a metric's value as its spec says to show it.
   std::string format_metric(const std::string& name, double value) const;
+  /// Replaces each metric mean in `values` (keys `prefix` + name) by the value the model reports
+  /// for it (Model::metric_value, 2.1: RMSE from the mean squared error). Means are what steps,
+  /// windows and evaluations add up; the values are what is shown and written.
+  void finish_metrics(std::map<std::string, double>& values, const std::string& prefix = "") const;
 
  private:
   /// Threads, seed, parallel strategy, data, device memory, model, precision (and optimizer).
@@ -315,7 +319,7 @@ class Trainer {
 
   std::shared_ptr<sdk::ParallelStrategy> parallel_;
   Created<sdk::Dataset> dataset_;  // with its interface version: kValidation needs 1.1
-  std::shared_ptr<sdk::Model> model_;
+  Created<sdk::Model> model_;      // with its interface version: use_tables, metric_value and predict need 2.1
   std::shared_ptr<sdk::PrecisionStrategy> precision_;
   std::vector<std::shared_ptr<sdk::MemoryPolicy>> memory_policies_;
   sdk::DataSpec data_spec_;

@@ -16,7 +16,7 @@ class LOOM_SDK_API Dataset {
   using Interface = Dataset;
   static constexpr uint32_t kKind = LOOM_KIND_DATASET;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 1;  // 1.1: Split::kValidation
+  static constexpr uint32_t kInterfaceMinor = 2;  // 1.1: Split::kValidation; 1.2: tables()
 
   virtual ~Dataset();  // defined in libloom_sdk: its type info has one home
 
@@ -36,6 +36,12 @@ class LOOM_SDK_API Dataset {
   /// dimension is indices.size(). CPU tensors, contiguous. Thread-safe: the loader calls it from
   /// several worker threads at once, so it must not modify shared state without a lock.
   virtual Batch get_batch(Split split, const std::vector<int64_t>& indices) const = 0;
+
+  /// Data the whole dataset shares rather than each sample (since 1.2): an item catalogue, each
+  /// user's known items. CPU tensors, asked once after setup; the host hands them to the model
+  /// (Model::use_tables, Model 2.1). Their names and meaning are a contract between a dataset and
+  /// the models that read it, documented by both. Default: none.
+  virtual TensorMap tables() const { return {}; }
 };
 
 }  // namespace loom::sdk

@@ -42,7 +42,7 @@ class LOOM_SDK_API Model {
   using Interface = Model;
   static constexpr uint32_t kKind = LOOM_KIND_MODEL;
   static constexpr uint32_t kInterfaceMajor = 2;
-  static constexpr uint32_t kInterfaceMinor = 0;  // parameter_groups() arrived with 2.0
+  static constexpr uint32_t kInterfaceMinor = 1;  // 2.1: use_tables, metric_value, predict
 
   virtual ~Model();  // defined in libloom_sdk: its type info has one home
 
@@ -82,6 +82,30 @@ class LOOM_SDK_API Model {
 
   /// A one-line description for the start-up report ("ViT 6x256, patch 4, 28x28 -> 10").
   virtual std::string describe() const { return {}; }
+
+  // ---- 2.1 -------------------------------------------------------------------------------
+  // The host calls these only on models built against 2.1 or newer.
+
+  /// The dataset's shared tables (Dataset::tables, Dataset 1.2), after setup(spec) and before
+  /// module() moves to the device; not called when the dataset has none to give. CPU tensors the
+  /// model may keep. Default: ignored.
+  virtual void use_tables(const TensorMap& tables) { (void)tables; }
+
+  /// The value reported for metric `name` whose mean is `mean`: the sum over its counts for an
+  /// evaluation, the mean of the steps' values for a log window. For a metric that is a function
+  /// of a mean: RMSE = sqrt(mean squared error), perplexity = exp(mean loss). Default: the mean.
+  virtual double metric_value(const std::string& name, double mean) const {
+    (void)name;
+    return mean;
+  }
+
+  /// Outputs for inputs, outside training: what `loom recommend` and other inference paths ask
+  /// (a recommender: {"user": [B] int64} -> {"scores": [B, items]}). The tensors are on the
+  /// module's device; called in evaluation mode under no-grad. Default: the model has none.
+  virtual Batch predict(const Batch& inputs) {
+    (void)inputs;
+    throw Error("this model has no predict path (Model::predict)");
+  }
 };
 
 }  // namespace loom::sdk
