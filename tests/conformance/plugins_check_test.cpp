@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -42,11 +43,29 @@ class PluginsCheck : public testing::Test {
 
 TEST_F(PluginsCheck, EveryLoadedPluginConforms) {
   const auto& registry = loom::testing::registry();
+  // interactions reads MovieLens from a folder: a small ml-latest one, written here.
+  const fs::path movielens = scratch_ / "ml-latest-small";
+  fs::create_directories(movielens);
+  std::ofstream(movielens / "movies.csv") << "movieId,title,genres\n1,Heat (1995),Action|Crime\n"
+                                             "2,\"Babe, the Pig (1995)\",Children\n3,Fargo (1996),Crime\n4,Up (2009),Animation\n"
+                                             "5,Alien (1979),Horror|Sci-Fi\n6,Amélie (2001),Comedy|Romance\n";
+  std::ofstream ratings(movielens / "ratings.csv");
+  ratings << "userId,movieId,rating,timestamp\n";
+  for (int user = 1; user <= 6; ++user)
+    for (int movie = 1; movie <= 6; ++movie) ratings << user << "," << movie << "," << (user + movie) % 5 + 1 << ".0," << movie << "\n";
+  ratings.close();
+  loom::core::ConformanceOptions options;
+  options.options["interactions"] = {{"root", movielens.string()}};
   std::set<std::string> kinds;
   int checks = 0;
   for (const auto& component : registry.components()) {
-    const ConformanceReport r = loom::core::check_component(registry, component);
+    const ConformanceReport r = loom::core::check_component(registry, component, options);
     EXPECT_TRUE(r.passed()) << r.kind << " '" << component.name << "' " << r.context << failures(r);
+    for (const auto& c : r.checks) {  // none skipped for want of options or data
+      if (component.kind == LOOM_KIND_DATASET || component.kind == LOOM_KIND_MODEL) {
+        EXPECT_NE(c.outcome, ConformanceCheck::Outcome::kSkip) << component.name << " " << c.name << ": " << c.reason;
+      }
+    }
     EXPECT_GE(r.checks.size(), 2u) << component.name;
     checks += static_cast<int>(r.checks.size());
     kinds.insert(r.kind);
@@ -55,6 +74,18 @@ TEST_F(PluginsCheck, EveryLoadedPluginConforms) {
   for (const char* kind : {"model", "dataset", "precision", "memory", "parallel", "optimizer", "schedule", "callback"})
     EXPECT_TRUE(kinds.count(kind)) << kind;
   EXPECT_GT(checks, 100);
+}
+
+TEST_F(PluginsCheck, ADatasetThatNeedsItsFilesIsSkippedWithTheReasonWithoutThem) {
+  const auto& registry = loom::testing::registry();
+  const auto* interactions = registry.find(LOOM_KIND_DATASET, "interactions");
+  ASSERT_NE(interactions, nullptr);
+  const ConformanceReport r = loom::core::check_component(registry, *interactions);
+  EXPECT_TRUE(r.passed()) << failures(r);
+  const ConformanceCheck* create = find(r, "create");
+  ASSERT_NE(create, nullptr);
+  EXPECT_EQ(create->outcome, ConformanceCheck::Outcome::kSkip);
+  EXPECT_NE(create->reason.find("data.root is not set"), std::string::npos) << create->reason;
 }
 
 TEST_F(PluginsCheck, TheModelIsCheckedWithItsOwnPluginsDataset) {
@@ -84,7 +115,9 @@ TEST_F(PluginsCheck, ANonConformingPluginFailsTheChecksItBreaksAndOnlyThose) {
   EXPECT_EQ(sum->outcome, ConformanceCheck::Outcome::kFail);
   EXPECT_NE(sum->reason.find("return the loss summed over samples with its count, not a mean"), std::string::npos) << sum->reason;
   for (const auto& c : model.checks)
-    if (c.name != "loss_is_a_sum") EXPECT_EQ(c.outcome, ConformanceCheck::Outcome::kPass) << c.name << ": " << c.reason;
+    if (c.name != "loss_is_a_sum") {
+      EXPECT_EQ(c.outcome, ConformanceCheck::Outcome::kPass) << c.name << ": " << c.reason;
+    }
 
   const ConformanceReport& callback = reports[1];
   EXPECT_EQ(callback.component, "forgetful");

@@ -7,7 +7,10 @@ OUT/lm      GPT2LMHeadModel.save_pretrained (names with "transformer.", the tied
 OUT/base    GPT2Model.save_pretrained (names without a prefix)
 OUT/broken  OUT/lm's tensors with h.1.mlp.c_fc.bias removed and an unexpected "transformer.extra"
 OUT/pickle  config.json and a pytorch_model.bin only
-OUT/expected.safetensors  input_ids [2, 20] and transformers' last_hidden_state for them
+OUT/expected.safetensors  input_ids [2, 20] and transformers' last_hidden_state for them; text_ids
+                          [3, 12] right-padded with 0 to text_lengths (12, 7, 1), and each text's
+                          vector from transformers run on the text alone (no padding): the mean of
+                          its hidden states (text_mean) and its last one (text_last)
 
 Exit 77 (the test reports "skipped") when transformers is not installed.
 """
@@ -38,7 +41,18 @@ model.transformer.save_pretrained(os.path.join(out, "base"), safe_serialization=
 ids = torch.randint(0, config.vocab_size, (2, 20))
 with torch.no_grad():
     hidden = model.transformer(ids).last_hidden_state
-save_file({"input_ids": ids, "hidden": hidden.contiguous()}, os.path.join(out, "expected.safetensors"))
+lengths = torch.tensor([12, 7, 1])
+text_ids = torch.zeros(3, 12, dtype=torch.long)
+means, lasts = [], []
+with torch.no_grad():
+    for i, n in enumerate(lengths.tolist()):
+        text_ids[i, :n] = torch.randint(1, config.vocab_size, (n,))
+        h = model.transformer(text_ids[i:i + 1, :n]).last_hidden_state[0]
+        means.append(h.mean(0))
+        lasts.append(h[-1])
+save_file({"input_ids": ids, "hidden": hidden.contiguous(), "text_ids": text_ids, "text_lengths": lengths,
+           "text_mean": torch.stack(means), "text_last": torch.stack(lasts)},
+          os.path.join(out, "expected.safetensors"))
 
 broken = os.path.join(out, "broken")
 shutil.copytree(os.path.join(out, "lm"), broken)

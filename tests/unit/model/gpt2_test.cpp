@@ -1,6 +1,7 @@
 // GPT-2 (plugins/model/gpt2.hpp) and its language-model plugin: the sizes and names users load
 // Hugging Face weights by, causal attention, and a run that learns synthetic_tokens' rule.
 #include "gpt2.hpp"
+#include "gpt2_text.hpp"
 #include "gpt2_tokenizer.hpp"
 
 #include "trainer_testing.hpp"
@@ -113,6 +114,23 @@ TEST(Gpt2, HuggingFaceWeightsGiveTransformersHiddenStates) {
     const at::Tensor hidden = model->forward(expected.at("input_ids"));
     EXPECT_LT((hidden - expected.at("hidden")).abs().max().item<double>(), 1e-5);
   }
+}
+
+TEST(Gpt2, TextVectorsOfPaddedTextsAreTransformersOfTheTextsAlone) {
+  // The recommender's item vectors: texts right-padded to one length, GPT-2 over the batch, then
+  // the mean over each text's tokens or its last token; transformers ran each text unpadded.
+  LOOM_REQUIRE_TRANSFORMERS();
+  const auto expected = loom::sdk::map_safetensors(hf_models() / "expected.safetensors");
+  gpt2::Model model(gpt2::hf_config(hf_models() / "lm"));
+  gpt2::load_hf_weights(*model, hf_models() / "lm");
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const at::Tensor& ids = expected.at("text_ids");
+  const at::Tensor& lengths = expected.at("text_lengths");
+  const at::Tensor mean = gpt2::encode_texts(*model, ids, lengths, gpt2::Pooling::kMean);
+  const at::Tensor last = gpt2::encode_texts(*model, ids, lengths, gpt2::Pooling::kLast);
+  EXPECT_LT((mean - expected.at("text_mean")).abs().max().item<double>(), 1e-5);
+  EXPECT_LT((last - expected.at("text_last")).abs().max().item<double>(), 1e-5);
 }
 
 TEST(Gpt2, AFolderThatDoesNotFitIsOneErrorNamingEveryTensor) {

@@ -1,0 +1,339 @@
+// interactions: MovieLens as users download it (https://grouplens.org/datasets/movielens/), read
+// from data.root without network: ml-100k (u.data tab-separated; u.item pipe-separated, Latin-1,
+// 19 genre flags; u.genre), ml-1m (ratings.dat and movies.dat, "::"-separated, Latin-1) and
+// ml-latest / ml-latest-small (ratings.csv, movies.csv with quoted titles, tags.csv if present).
+// Every row is checked: a malformed one is one error naming file:line and the field.
+#include "datasets.hpp"
+
+#include <loom/sdk/log.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string_view>
+#include <unordered_map>
+
+namespace fs = std::filesystem;
+
+namespace loom::plugins::recommender {
+
+namespace {
+
+/// A whole regular file; a FIFO, a device or a folder is an error, never a blocking read.
+std::string read_file(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw sdk::Error("interactions: cannot open " + path.string() + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw sdk::Error("interactions: " + path.string() + " is not a regular file; point data.root at a MovieLens folder");
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t got = ::read(fd, out.data() + done, out.size() - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    done += static_cast<size_t>(got);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
+}
+
+/// The rows of a file with their line numbers, for messages that name file:line.
+class Rows {
+ public:
+  explicit Rows(const fs::path& path) : path_(path), text_(read_file(path)) {}
+
+  /// The next non-empty line (without its line ending); false at the end.
+  bool next(std::string_view& line) {
+    while (pos_ < text_.size()) {
+      const size_t end = std::min(text_.find('\n', pos_), text_.size());
+      line = std::string_view(text_).substr(pos_, end - pos_);
+      pos_ = end + 1;
+      ++number_;
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+      if (!line.empty()) return true;
+    }
+    return false;
+  }
+
+  /// "interactions: /data/ml-1m/ratings.dat:17: <what>".
+  sdk::Error error(const std::string& what) const {
+    return sdk::Error("interactions: " + path_.string() + ":" + std::to_string(number_) + ": " + what);
+  }
+
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+  std::string text_;
+  size_t pos_ = 0;
+  int64_t number_ = 0;
+};
+
+std::vector<std::string_view> split_on(std::string_view line, std::string_view sep) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  while (true) {
+    const size_t at = line.find(sep, start);
+    if (at == std::string_view::npos) {
+      out.push_back(line.substr(start));
+      return out;
+    }
+    out.push_back(line.substr(start, at - start));
+    start = at + sep.size();
+  }
+}
+
+/// One CSV row (RFC 4180: fields in double quotes may hold commas, "" is a quote).
+std::vector<std::string> csv_fields(std::string_view line, const Rows& rows) {
+  std::vector<std::string> out(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') out.back() += '"', ++i;
+      else if (c == '"') quoted = false;
+      else out.back() += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      out.emplace_back();
+    } else {
+      out.back() += c;
+    }
+  }
+  if (quoted) throw rows.error("a quoted field is not closed");
+  return out;
+}
+
+std::string trimmed(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return std::string(s);
+}
+
+int64_t integer(std::string_view text, const char* field, const Rows& rows) {
+  const std::string t = trimmed(text);
+  int64_t value = 0;
+  const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
+  if (t.empty() || ec != std::errc() || end != t.data() + t.size())
+    throw rows.error(std::string(field) + " '" + t + "' is not an integer");
+  return value;
+}
+
+float number(std::string_view text, const char* field, const Rows& rows) {
+  const std::string t = trimmed(text);
+  double value = 0;
+  const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
+  if (t.empty() || ec != std::errc() || end != t.data() + t.size() || !std::isfinite(value))
+    throw rows.error(std::string(field) + " '" + t + "' is not a number");
+  return static_cast<float>(value);
+}
+
+/// Builds RawData row by row: the catalogue first, then the interactions (users in order of
+/// first appearance).
+class Reader {
+ public:
+  void add_item(Item item, const Rows& rows) {
+    if (!item_index_.emplace(item.id, static_cast<int64_t>(data_.items.size())).second)
+      throw rows.error("item id " + item.id + " appears twice");
+    item.title = to_utf8_line(item.title);
+    item.genres = to_utf8_line(item.genres);
+    data_.items.push_back(std::move(item));
+  }
+
+  void add_tag(const std::string& item_id, const std::string& tag, size_t max_tags) {
+    auto it = item_index_.find(item_id);
+    if (it == item_index_.end() || tag.empty()) return;  // tags of movies not in the catalogue carry nothing
+    auto& tags = tags_[it->second];
+    const std::string clean = to_utf8_line(tag);
+    if (tags.size() < max_tags && std::find(tags.begin(), tags.end(), clean) == tags.end()) tags.push_back(clean);
+  }
+
+  void add_interaction(const std::string& user_id, const std::string& item_id, float rating, int64_t time,
+                       const Rows& rows, const std::string& catalogue) {
+    auto item = item_index_.find(item_id);
+    if (item == item_index_.end()) throw rows.error("item id " + item_id + " is not in " + catalogue);
+    auto [user, added] = user_index_.emplace(user_id, static_cast<int64_t>(data_.user_ids.size()));
+    if (added) data_.user_ids.push_back(user_id);
+    data_.user.push_back(user->second);
+    data_.item.push_back(item->second);
+    data_.rating.push_back(rating);
+    data_.time.push_back(time);
+  }
+
+  RawData take() {
+    for (auto& [index, tags] : tags_) {
+      std::string joined;
+      for (const auto& t : tags) joined += (joined.empty() ? "" : ", ") + t;
+      data_.items[index].tags = joined;
+    }
+    return std::move(data_);
+  }
+
+ private:
+  RawData data_;
+  std::unordered_map<std::string, int64_t> item_index_, user_index_;
+  std::map<int64_t, std::vector<std::string>> tags_;
+};
+
+const char* const kMl100kGenres[] = {"unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime",
+                                      "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
+                                      "Romance", "Sci-Fi", "Thriller", "War", "Western"};
+
+RawData read_ml100k(const fs::path& root) {
+  Reader reader;
+  std::vector<std::string> genres(std::begin(kMl100kGenres), std::end(kMl100kGenres));
+  std::string_view line;
+  if (fs::exists(root / "u.genre")) {
+    genres.clear();
+    Rows rows(root / "u.genre");
+    while (rows.next(line)) {
+      const auto f = split_on(line, "|");
+      if (f.size() != 2) throw rows.error("expected name|index");
+      const int64_t index = integer(f[1], "genre index", rows);
+      if (index != static_cast<int64_t>(genres.size())) throw rows.error("genre index " + std::to_string(index) + " out of order");
+      genres.push_back(to_utf8_line(std::string(f[0])));
+    }
+  }
+  {
+    Rows rows(root / "u.item");
+    while (rows.next(line)) {
+      const auto f = split_on(line, "|");
+      if (f.size() != 5 + genres.size())
+        throw rows.error(std::to_string(f.size()) + " fields, expected " + std::to_string(5 + genres.size()) +
+                         " (movie id|title|release date|video release date|IMDb URL|one flag per genre)");
+      Item item;
+      item.id = std::to_string(integer(f[0], "movie id", rows));
+      item.title = std::string(f[1]);
+      for (size_t g = 0; g < genres.size(); ++g) {
+        const int64_t flag = integer(f[5 + g], "genre flag", rows);
+        if (flag != 0 && flag != 1) throw rows.error("genre flag " + std::to_string(g + 1) + " is " + std::to_string(flag) + ", not 0 or 1");
+        if (flag == 1 && genres[g] != "unknown") item.genres += (item.genres.empty() ? "" : ", ") + genres[g];
+      }
+      reader.add_item(std::move(item), rows);
+    }
+  }
+  Rows rows(root / "u.data");
+  while (rows.next(line)) {
+    const auto f = split_on(line, "\t");
+    if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (user id, item id, rating, timestamp; tab-separated)");
+    reader.add_interaction(std::to_string(integer(f[0], "user id", rows)), std::to_string(integer(f[1], "item id", rows)),
+                           number(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "u.item");
+  }
+  return reader.take();
+}
+
+RawData read_ml1m(const fs::path& root) {
+  Reader reader;
+  std::string_view line;
+  {
+    Rows rows(root / "movies.dat");
+    while (rows.next(line)) {
+      const auto f = split_on(line, "::");
+      if (f.size() != 3) throw rows.error(std::to_string(f.size()) + " fields, expected 3 (MovieID::Title::Genres)");
+      Item item;
+      item.id = std::to_string(integer(f[0], "MovieID", rows));
+      item.title = std::string(f[1]);
+      for (auto g : split_on(f[2], "|")) item.genres += (item.genres.empty() ? "" : ", ") + std::string(g);
+      reader.add_item(std::move(item), rows);
+    }
+  }
+  Rows rows(root / "ratings.dat");
+  while (rows.next(line)) {
+    const auto f = split_on(line, "::");
+    if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (UserID::MovieID::Rating::Timestamp)");
+    reader.add_interaction(std::to_string(integer(f[0], "UserID", rows)), std::to_string(integer(f[1], "MovieID", rows)),
+                           number(f[2], "Rating", rows), integer(f[3], "Timestamp", rows), rows, "movies.dat");
+  }
+  return reader.take();
+}
+
+RawData read_ml_latest(const fs::path& root, size_t max_tags) {
+  Reader reader;
+  std::string_view line;
+  auto header = [&](Rows& rows, const char* expected) {
+    if (!rows.next(line)) throw rows.error("the file is empty; expected the header " + std::string(expected));
+    if (trimmed(line).rfind(expected, 0) != 0) throw rows.error("the header is '" + std::string(line) + "', expected " + expected);
+  };
+  {
+    Rows rows(root / "movies.csv");
+    header(rows, "movieId,title,genres");
+    while (rows.next(line)) {
+      const auto f = csv_fields(line, rows);
+      if (f.size() != 3) throw rows.error(std::to_string(f.size()) + " fields, expected 3 (movieId,title,genres; quote a title with commas)");
+      Item item;
+      item.id = std::to_string(integer(f[0], "movieId", rows));
+      item.title = trimmed(f[1]);
+      if (f[2] != "(no genres listed)")
+        for (auto g : split_on(f[2], "|")) item.genres += (item.genres.empty() ? "" : ", ") + std::string(g);
+      reader.add_item(std::move(item), rows);
+    }
+  }
+  if (fs::exists(root / "tags.csv") && max_tags > 0) {
+    Rows rows(root / "tags.csv");
+    header(rows, "userId,movieId,tag");
+    while (rows.next(line)) {
+      const auto f = csv_fields(line, rows);
+      if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (userId,movieId,tag,timestamp)");
+      reader.add_tag(std::to_string(integer(f[1], "movieId", rows)), trimmed(f[2]), max_tags);
+    }
+  }
+  Rows rows(root / "ratings.csv");
+  header(rows, "userId,movieId,rating,timestamp");
+  while (rows.next(line)) {
+    const auto f = split_on(line, ",");
+    if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (userId,movieId,rating,timestamp)");
+    reader.add_interaction(std::to_string(integer(f[0], "userId", rows)), std::to_string(integer(f[1], "movieId", rows)),
+                           number(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "movies.csv");
+  }
+  return reader.take();
+}
+
+}  // namespace
+
+Interactions::Interactions(const sdk::Options& o)
+    : InteractionDataset("interactions"), root_(o.get_string("root")), format_(o.get_string("format")),
+      max_tags_(o.get_int("max_tags")) {
+  split_.task = parse_task(o.get_string("task"));
+  split_.split = o.get_string("split");
+  split_.min_interactions = o.get_int("min_interactions");
+  split_.holdout = o.get_float("holdout");
+  split_.seed = static_cast<uint64_t>(o.get_int("seed"));
+  if (root_.empty())
+    throw sdk::Error("interactions: data.root is not set; point it at a MovieLens folder as downloaded (ml-100k, ml-1m, "
+                     "ml-latest-small or ml-latest from https://grouplens.org/datasets/movielens/)");
+}
+
+void Interactions::setup() {
+  const fs::path root = root_;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec))
+    throw sdk::Error("interactions: data.root " + root.string() + " is not a folder; point it at a MovieLens folder");
+  std::string format = format_;
+  if (format == "auto") {
+    if (fs::exists(root / "u.data")) format = "ml-100k";
+    else if (fs::exists(root / "ratings.dat")) format = "ml-1m";
+    else if (fs::exists(root / "ratings.csv")) format = "ml-latest";
+    else
+      throw sdk::Error("interactions: " + root.string() + " holds no MovieLens ratings (u.data for ml-100k, ratings.dat "
+                       "for ml-1m, ratings.csv for ml-latest); set data.root to the unpacked folder");
+  }
+  RawData data = format == "ml-100k" ? read_ml100k(root)
+                 : format == "ml-1m" ? read_ml1m(root)
+                                     : read_ml_latest(root, static_cast<size_t>(max_tags_));
+  if (data.user.empty()) throw sdk::Error("interactions: " + root.string() + " (" + format + ") has no ratings");
+  build(std::move(data), split_, format + " at " + root.string());
+}
+
+}  // namespace loom::plugins::recommender

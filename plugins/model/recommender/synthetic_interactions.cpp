@@ -1,0 +1,134 @@
+// synthetic_interactions: a catalogue and users whose best achievable metric is known, for the
+// recommender's quality checks. Each item has one genre, named in its text ("The Silver Harbor |
+// comedy"); each user prefers one genre, hidden. A user's items are drawn one after another
+// without replacement, an item of the preferred genre `w` times as likely as another, w chosen
+// so that the first draw is from the preferred genre with probability `affinity`; the order of
+// the draws is the user's history. Ratings are 3 + the item's quality + 1 (preferred genre) or
+// -0.5 (another) + Gaussian noise of standard deviation `noise`.
+//
+// The best achievable metrics, from the generator (attributes optimum.hr_at_10, optimum.rmse):
+// the next draw favours the preferred genre, so the Bayes-optimal ranking puts a user's unseen
+// items of that genre first (in any order among themselves). With M such candidates and K others
+// for a user whose test item is t, its expected HR@10 is min(1, 10 / M) when t is of the
+// preferred genre and max(0, 10 - M) / K otherwise; the optimum is the mean over users. For
+// ratings the conditional mean is the best predictor, and its RMSE is the noise's deviation.
+#include "datasets.hpp"
+
+#include <loom/sdk/log.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+namespace loom::plugins::recommender {
+
+namespace {
+
+const char* const kGenreWords[] = {"action",  "comedy",  "drama",   "horror", "romance",     "western",
+                                   "mystery", "musical", "fantasy", "war",    "documentary", "thriller",
+                                   "crime",   "sports",  "history", "animation"};
+const char* const kAdjectives[] = {"Silver", "Hidden", "Last", "Broken", "Golden", "Quiet", "Red", "Lost",
+                                   "Northern", "Endless", "Little", "Burning", "Secret", "Wild", "Frozen", "Distant"};
+const char* const kNouns[] = {"Harbor", "Garden", "River", "Kingdom", "Letter", "Train", "Mountain", "Promise",
+                              "Island", "Winter", "Road", "Mirror", "Station", "Forest", "Song", "Bridge"};
+
+/// Uniform in (0, 1) and Gaussian draws from one engine, the same on every platform (the
+/// standard distributions' algorithms are the library's choice).
+struct Random {
+  explicit Random(uint64_t seed) : engine(seed) {}
+  double uniform() { return (static_cast<double>(engine() >> 11) + 0.5) * 0x1.0p-53; }
+  double normal() { return std::sqrt(-2.0 * std::log(uniform())) * std::cos(2.0 * M_PI * uniform()); }
+  std::mt19937_64 engine;
+};
+
+}  // namespace
+
+SyntheticInteractions::SyntheticInteractions(const sdk::Options& o)
+    : InteractionDataset("synthetic_interactions"), users_(o.get_int("users")), items_(o.get_int("items")),
+      genres_(o.get_int("genres")), per_user_(o.get_int("per_user")), affinity_(o.get_float("affinity")),
+      noise_(o.get_float("noise")) {
+  split_.task = parse_task(o.get_string("task"));
+  split_.split = o.get_string("split");
+  split_.min_interactions = o.get_int("min_interactions");
+  split_.holdout = o.get_float("holdout");
+  split_.seed = static_cast<uint64_t>(o.get_int("seed"));
+  if (per_user_ > items_)
+    throw sdk::Error("synthetic_interactions: per_user " + std::to_string(per_user_) + " is more than the " +
+                     std::to_string(items_) + " items; a user meets an item once");
+  if (genres_ > items_) throw sdk::Error("synthetic_interactions: more genres than items");
+  if (static_cast<double>(users_) * static_cast<double>(items_) > 2e9)
+    throw sdk::Error("synthetic_interactions: users x items above 2e9 would take minutes to generate; make them smaller");
+  if (!(affinity_ > 0 && affinity_ < 1)) throw sdk::Error("synthetic_interactions: affinity must be in (0, 1)");
+}
+
+void SyntheticInteractions::setup() {
+  Random random(split_.seed);
+  RawData data;
+  std::vector<int64_t> genre_of(items_);
+  std::vector<double> quality(items_);
+  std::vector<int64_t> genre_size(genres_, 0);
+  for (int64_t i = 0; i < items_; ++i) {
+    genre_of[i] = i % genres_;
+    ++genre_size[genre_of[i]];
+    quality[i] = 0.3 * random.normal();
+    Item item;
+    item.id = std::to_string(i + 1);
+    item.title = std::string("The ") + kAdjectives[(i / genres_) % 16] + " " + kNouns[(i / genres_ / 16) % 16];
+    if (i / genres_ >= 256) item.title += " " + std::to_string(i / genres_ / 256 + 1);
+    const int64_t g = genre_of[i];
+    item.genres = g < 16 ? kGenreWords[g] : "genre " + std::to_string(g + 1);
+    data.items.push_back(std::move(item));
+  }
+  double optimum_hr = 0;
+  std::vector<std::pair<double, int64_t>> keys(items_);
+  std::vector<char> seen(items_);
+  for (int64_t u = 0; u < users_; ++u) {
+    const int64_t preferred = static_cast<int64_t>(random.uniform() * static_cast<double>(genres_)) % genres_;
+    const double in = static_cast<double>(genre_size[preferred]), out = static_cast<double>(items_) - in;
+    // P(first draw preferred) = w in / (w in + out) = affinity.
+    const double w = out > 0 ? affinity_ * out / ((1 - affinity_) * in) : 1.0;
+    // Efraimidis-Spirakis: sorting by u^(1 / weight), descending, is sequential weighted sampling
+    // without replacement, in draw order.
+    for (int64_t i = 0; i < items_; ++i)
+      keys[i] = {std::log(random.uniform()) / (genre_of[i] == preferred ? w : 1.0), i};
+    std::partial_sort(keys.begin(), keys.begin() + per_user_, keys.end(),
+                      [](const auto& a, const auto& b) { return a.first > b.first; });
+    data.user_ids.push_back(std::to_string(u + 1));
+    std::fill(seen.begin(), seen.end(), 0);
+    for (int64_t k = 0; k < per_user_; ++k) {
+      const int64_t i = keys[k].second;
+      data.user.push_back(u);
+      data.item.push_back(i);
+      data.time.push_back(k);
+      const double mean = 3.0 + quality[i] + (genre_of[i] == preferred ? 1.0 : -0.5);
+      data.rating.push_back(static_cast<float>(mean + noise_ * random.normal()));
+      if (k + 1 < per_user_) seen[i] = 1;  // training and validation items
+    }
+    const int64_t test = keys[per_user_ - 1].second;
+    int64_t m = 0, other = 0;
+    for (int64_t i = 0; i < items_; ++i)
+      if (!seen[i]) (genre_of[i] == preferred ? m : other) += 1;
+    optimum_hr += genre_of[test] == preferred ? std::min(1.0, 10.0 / static_cast<double>(m))
+                                              : (other > 0 ? std::max<double>(0, 10 - m) / static_cast<double>(other) : 0.0);
+  }
+  if (split_.min_interactions > per_user_)
+    throw sdk::Error("synthetic_interactions: data.min_interactions " + std::to_string(split_.min_interactions) +
+                     " is more than per_user " + std::to_string(per_user_) + ": every user would be left out");
+  char source[128];
+  std::snprintf(source, sizeof source, "generated (%lld genres, affinity %.2f, rating noise %.2f)",
+                static_cast<long long>(genres_), affinity_, noise_);
+  build(std::move(data), split_, source);
+  // Every user is kept (per_user >= min_interactions), so the split is the generator's order.
+  const bool leave_last_out = split_.split == "leave_last_out" || (split_.split == "auto" && split_.task == Task::kRanking);
+  const double best_hr = optimum_hr / static_cast<double>(users_);
+  if (leave_last_out) set_attribute("optimum.hr_at_10", std::to_string(best_hr));
+  set_attribute("optimum.rmse", std::to_string(noise_));
+  if (split_.task == Task::kRanking && leave_last_out)
+    sdk::log::info("synthetic_interactions: the best achievable test HR@10 is ", best_hr, " (the Bayes-optimal ranking)");
+  else if (split_.task == Task::kRating)
+    sdk::log::info("synthetic_interactions: the best achievable RMSE is ", noise_, " (the noise's deviation)");
+}
+
+}  // namespace loom::plugins::recommender

@@ -1,0 +1,349 @@
+// The recommender plugin (plugins/model/recommender, docs/recommender.md): MovieLens in its three
+// download formats from small files written here (Latin-1 and UTF-8 titles, commas in quoted
+// titles, malformed rows, special files), the splits and tables, cached against dynamic text
+// vectors, a frozen GPT-2, exact resume for both tasks, the cache after a checkpoint is loaded,
+// and the metrics against a reference computed here from predict().
+#include "trainer_testing.hpp"
+
+#include <loom/core/checkpoint.hpp>
+#include <loom/sdk/dataset.hpp>
+#include <loom/sdk/model.hpp>
+#include <loom/sdk/safetensors.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using loom::sdk::Split;
+using loom::testing::config_of;
+using loom::testing::make_trainer;
+using loom::testing::registry;
+
+void write(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+class RecommenderData : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = loom::testing::fresh_test_dir("loom_movielens"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  loom::core::Created<loom::sdk::Dataset> open(std::map<std::string, std::string> options = {}) {
+    options.emplace("root", dir_.string());
+    options.emplace("min_interactions", "3");
+    auto d = registry().create<loom::sdk::Dataset>("interactions", options);
+    d->setup();
+    return d;
+  }
+
+  /// The (user, item) pairs of a split as the data's own ids.
+  std::vector<std::pair<std::string, std::string>> pairs(loom::sdk::Dataset& d, Split split) {
+    const auto spec = d.spec();
+    const auto users = lines(spec.attributes.at("users.ids")), items = lines(spec.attributes.at("items.ids"));
+    std::vector<int64_t> all(d.size(split));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+    const auto b = d.get_batch(split, all);
+    std::vector<std::pair<std::string, std::string>> out;
+    for (size_t i = 0; i < all.size(); ++i)
+      out.emplace_back(users[b.at("user")[i].item<int64_t>()], items[b.at("item")[i].item<int64_t>()]);
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+std::string ml100k_item(int id, const std::string& title, std::initializer_list<int> genres) {
+  std::string flags;
+  for (int g = 0; g < 19; ++g) flags += std::string("|") + (std::find(genres.begin(), genres.end(), g) != genres.end() ? "1" : "0");
+  return std::to_string(id) + "|" + title + "|01-Jan-1995||http://example.org/" + std::to_string(id) + flags + "\n";
+}
+
+TEST_F(RecommenderData, MovieLens100kIsReadWithLatin1TitlesGenreFlagsAndAChronologicalSplit) {
+  write(dir_ / "u.item", ml100k_item(1, "Caf\xe9 Society (1995)", {3, 4, 5}) + ml100k_item(2, "Heat (1995)", {1, 6, 16}) +
+                             ml100k_item(3, "Babe (1995)", {0}) + ml100k_item(4, "Se7en (1995)", {6, 16}));
+  // User 7's items by time: 2 (t=10), 3 (t=20), 1 (t=30), 4 (t=40); the file is not in time order.
+  write(dir_ / "u.data", "7\t1\t5\t30\n7\t2\t3\t10\n7\t4\t4\t40\n7\t3\t1\t20\n9\t1\t2\t5\n9\t2\t4\t6\n9\t3\t5\t7\n8\t1\t1\t1\n");
+  auto d = open();
+  const auto spec = d->spec();
+  EXPECT_EQ(spec.attributes.at("users.count"), "2");  // user 8 has 1 interaction < 3
+  EXPECT_EQ(spec.attributes.at("items.count"), "4");
+  EXPECT_EQ(spec.attributes.at("task"), "ranking");
+  const auto titles = lines(spec.attributes.at("items.title"));
+  EXPECT_EQ(titles[0], "Caf\xc3\xa9 Society (1995)");  // Latin-1 0xE9 read as U+00E9
+  EXPECT_EQ(lines(spec.attributes.at("items.text"))[0], "Caf\xc3\xa9 Society (1995) | Animation, Children's, Comedy");
+  EXPECT_EQ(lines(spec.attributes.at("items.text"))[2], "Babe (1995)");  // "unknown" is no genre
+  using P = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(pairs(*d, Split::kTest), (P{{"7", "4"}, {"9", "3"}}));
+  EXPECT_EQ(pairs(*d, Split::kValidation), (P{{"7", "1"}, {"9", "2"}}));
+  EXPECT_EQ(pairs(*d, Split::kTrain), (P{{"7", "2"}, {"7", "3"}, {"9", "1"}}));
+  // Each user's training and validation items, sorted: the mask of full-catalogue ranking.
+  const auto tables = d->tables();
+  EXPECT_TRUE(at::equal(tables.at("seen.indptr"), at::tensor(std::vector<int64_t>{0, 3, 5})));
+  EXPECT_TRUE(at::equal(tables.at("seen.items"), at::tensor(std::vector<int64_t>{0, 1, 2, 0, 1})));
+  // Ranking: every interaction is a positive.
+  EXPECT_TRUE(at::equal(d->get_batch(Split::kTrain, {0, 1, 2}).at("rating"), at::ones({3})));
+}
+
+TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
+  write(dir_ / "movies.dat", "1::American President, The (1995)::Comedy|Drama|Romance\n2::Misérables, Les (1995)::Drama\n"
+                             "3::Heat (1995)::Action|Crime|Thriller\n");
+  write(dir_ / "ratings.dat", "1::1::5::978300760\n1::2::3::978300761\n1::3::4::978300762\n2::3::2::978300763\n"
+                              "2::1::1::978300764\n2::2::4::978300765\n");
+  auto d = open({{"task", "rating"}, {"split", "leave_last_out"}});
+  const auto spec = d->spec();
+  EXPECT_EQ(lines(spec.attributes.at("items.title"))[0], "American President, The (1995)");
+  EXPECT_EQ(lines(spec.attributes.at("items.title"))[1], "Misérables, Les (1995)");  // UTF-8 stays UTF-8
+  EXPECT_EQ(lines(spec.attributes.at("items.text"))[2], "Heat (1995) | Action, Crime, Thriller");
+  const auto test = d->get_batch(Split::kTest, {0, 1});
+  EXPECT_TRUE(at::equal(test.at("rating"), at::tensor(std::vector<float>{4, 4})));  // the last ratings kept
+  EXPECT_EQ(spec.attributes.at("rating.mean"), std::to_string((5.0 + 2.0) / 2));
+}
+
+TEST_F(RecommenderData, MovieLensLatestReadsQuotedTitlesWithCommasAndTags) {
+  write(dir_ / "movies.csv", "movieId,title,genres\n1,Toy Story (1995),Adventure|Animation\n"
+                             "2,\"City of Lost Children, The (Cité des enfants perdus, La) (1995)\",Drama|Mystery\n"
+                             "3,\"Dr. \"\"Strangelove\"\" (1964)\",(no genres listed)\n");
+  write(dir_ / "tags.csv", "userId,movieId,tag,timestamp\n1,2,dreamlike,1\n2,2,dreamlike,2\n2,2,\"dark, strange\",3\n");
+  write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,100\n1,2,3.5,101\n1,3,5.0,102\n"
+                              "2,1,0.5,200\n2,2,4.5,201\n2,3,3.0,202\n");
+  auto d = open();
+  const auto text = lines(d->spec().attributes.at("items.text"));
+  EXPECT_EQ(text[1], "City of Lost Children, The (Cité des enfants perdus, La) (1995) | Drama, Mystery | dreamlike, dark, strange");
+  EXPECT_EQ(text[2], "Dr. \"Strangelove\" (1964)");
+  EXPECT_EQ(d->size(Split::kTrain) + d->size(Split::kValidation) + d->size(Split::kTest), 6);
+}
+
+TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
+  write(dir_ / "movies.dat", "1::Heat (1995)::Action\n2::Babe (1995)::Comedy\n");
+  write(dir_ / "ratings.dat", "1::1::5::1\n1::2::4::2\n1::2::x::3\n");
+  std::string message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.dat:3: Rating 'x' is not a number"), std::string::npos) << message;
+  write(dir_ / "ratings.dat", "1::1::5::1\n1::9::4::2\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.dat:2: item id 9 is not in movies.dat"), std::string::npos) << message;
+  write(dir_ / "ratings.dat", "1::1::5\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.dat:1: 3 fields, expected 4 (UserID::MovieID::Rating::Timestamp)"), std::string::npos) << message;
+  fs::remove(dir_ / "ratings.dat");
+  fs::remove(dir_ / "movies.dat");
+  write(dir_ / "movies.csv", "movieId,title,genres\n1,\"Heat, the (1995),Action\n");
+  write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,1\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("movies.csv:2: a quoted field is not closed"), std::string::npos) << message;
+}
+
+TEST_F(RecommenderData, SpecialFilesAndMissingFoldersAreNamedNotWaitedOn) {
+  write(dir_ / "movies.csv", "movieId,title,genres\n1,Heat (1995),Action\n");
+  ASSERT_EQ(::mkfifo((dir_ / "ratings.csv").c_str(), 0600), 0);
+  std::string message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.csv is not a regular file"), std::string::npos) << message;
+  message = error_of([&] { open({{"root", (dir_ / "nowhere").string()}}); });
+  EXPECT_NE(message.find("is not a folder"), std::string::npos) << message;
+  message = error_of([&] { registry().create<loom::sdk::Dataset>("interactions"); });
+  EXPECT_NE(message.find("data.root is not set"), std::string::npos) << message;
+}
+
+// ---- the model -----------------------------------------------------------------------------
+
+class Gpt2RecommenderTest : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = loom::testing::fresh_test_dir("loom_recommender"); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  loom::core::Config config(const std::string& name, std::initializer_list<const char*> more = {}) {
+    loom::core::Config c = config_of({"model.name=gpt2_recommender", "model.size=debug", "model.text_tokens=16",
+                                      "model.embedding_dim=16", "model.hidden=32", "data.name=synthetic_interactions",
+                                      "data.users=40", "data.items=48", "data.per_user=12", "data.num_workers=0",
+                                      "trainer.batch_size=32", "trainer.max_steps=8", "trainer.eval_every=4",
+                                      "trainer.lr=0.01", "trainer.seed=3"},
+                                     dir_, name);
+    for (const char* kv : more) c.set_assignment(kv);
+    return c;
+  }
+
+  static std::map<std::string, at::Tensor> gpt2_parameters(loom::core::Trainer& t) {
+    std::map<std::string, at::Tensor> out;
+    for (const auto& item : t.model().module().named_parameters())
+      if (item.key().rfind("gpt2.", 0) == 0) out[item.key()] = item.value().detach().clone();
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Gpt2RecommenderTest, CachedAndDynamicTextVectorsGiveTheSameScores) {
+  auto cached = make_trainer(config("cached", {"model.use_cache=true"}));
+  auto dynamic = make_trainer(config("dynamic", {"model.use_cache=false"}));
+  {
+    torch::NoGradGuard no_grad;
+    auto from = cached->model().module().named_parameters();
+    for (auto& item : dynamic->model().module().named_parameters()) item.value().copy_(from[item.key()]);
+  }
+  const auto a = cached->evaluate(), b = dynamic->evaluate();
+  EXPECT_NEAR(a.loss, b.loss, 1e-6);
+  for (const auto& [name, value] : a.metrics) EXPECT_NEAR(value, b.metrics.at(name), 1e-6) << name;
+  const loom::sdk::Batch users{{"user", at::arange(40, at::kLong)}};
+  cached->model().module().eval();
+  dynamic->model().module().eval();
+  EXPECT_TRUE(at::allclose(cached->model().predict(users).at("scores"), dynamic->model().predict(users).at("scores"), 1e-5, 1e-6));
+  // Training steps too: the same negatives (same seed), the same losses.
+  // (Both draw from the process's CPU generator: the second draws what the first drew.)
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  for (int i = 0; i < 3; ++i) {
+    const auto state = generator.get_state();
+    const double a_loss = cached->train_step().loss;
+    generator.set_state(state);
+    EXPECT_NEAR(a_loss, dynamic->train_step().loss, 1e-5) << "step " << i + 1;
+  }
+}
+
+TEST_F(Gpt2RecommenderTest, UseCacheWithAGpt2ThatTrainsIsRefused) {
+  const std::string message = error_of([&] { make_trainer(config("refused", {"model.freeze_gpt2=false"})); });
+  EXPECT_NE(message.find("use_cache = true needs freeze_gpt2 = true"), std::string::npos) << message;
+}
+
+TEST_F(Gpt2RecommenderTest, AFrozenGpt2StaysBitIdenticalAndHasNoOptimizerState) {
+  for (const bool frozen : {true, false}) {
+    SCOPED_TRACE(frozen ? "frozen" : "trained");
+    const std::string name = frozen ? "frozen" : "trained";
+    auto t = make_trainer(config(name, {frozen ? "model.freeze_gpt2=true" : "model.freeze_gpt2=false",
+                                        frozen ? "model.use_cache=true" : "model.use_cache=false"}));
+    const auto before = gpt2_parameters(*t);
+    ASSERT_FALSE(before.empty());
+    for (int i = 0; i < 4; ++i) t->train_step();
+    const auto after = gpt2_parameters(*t);
+    int changed = 0;
+    for (const auto& [key, value] : before) changed += at::equal(value, after.at(key)) ? 0 : 1;
+    if (frozen) EXPECT_EQ(changed, 0);
+    else EXPECT_EQ(changed, static_cast<int>(before.size()));
+    const auto states = t->model_states();
+    EXPECT_EQ(states.frozen > 0, frozen);
+    t->save_checkpoint();
+    const auto optimizer = loom::sdk::map_safetensors(dir_ / name / "checkpoints" / loom::core::step_dir_name(4) / "optimizer.safetensors");
+    int gpt2_states = 0;
+    for (const auto& [key, value] : optimizer) gpt2_states += key.find(".gpt2.") != std::string::npos ? 1 : 0;
+    if (frozen) EXPECT_EQ(gpt2_states, 0);
+    else EXPECT_GT(gpt2_states, 0);
+  }
+}
+
+TEST_F(Gpt2RecommenderTest, AResumedRunGivesTheSameLossesForBothTasks) {
+  for (const std::string name : {"ranking", "rating"}) {
+    SCOPED_TRACE(name);
+    const std::string task = "data.task=" + name;
+    auto full = make_trainer(config(name, {task.c_str()}));
+    std::vector<double> losses;
+    while (full->step() < full->total_steps()) {
+      losses.push_back(full->train_step().loss);
+      if (full->step() == 4) full->save_checkpoint();
+    }
+    auto resumed_config = config(name + "_resumed", {task.c_str()});
+    resumed_config.set_assignment("trainer.resume_from=" + (dir_ / name / "checkpoints" / loom::core::step_dir_name(4)).string());
+    auto again = make_trainer(resumed_config);
+    ASSERT_EQ(again->step(), 4);
+    for (size_t i = 4; i < losses.size(); ++i) EXPECT_DOUBLE_EQ(again->train_step().loss, losses[i]) << "step " << i + 1;
+    const auto a = loom::testing::parameters_of(*full), b = loom::testing::parameters_of(*again);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i], b[i])) << "parameter " << i;
+  }
+}
+
+TEST_F(Gpt2RecommenderTest, TheCacheIsRebuiltWhenACheckpointIsLoaded) {
+  // Two runs of other seeds have other (frozen, random) GPT-2 weights. Loading the first's
+  // checkpoint into the second, whose cache holds its own vectors, gives the first's scores.
+  auto first = make_trainer(config("first"));
+  first->train_step();
+  const fs::path checkpoint = first->save_checkpoint();
+  auto second = make_trainer(config("second", {"trainer.seed=4"}));
+  const loom::sdk::Batch users{{"user", at::arange(40, at::kLong)}};
+  first->model().module().eval();
+  second->model().module().eval();
+  const at::Tensor expected = first->model().predict(users).at("scores");
+  const at::Tensor own = second->model().predict(users).at("scores");  // builds the second's cache
+  EXPECT_FALSE(at::allclose(own, expected));
+  second->load_weights(checkpoint);
+  second->model().module().eval();
+  EXPECT_TRUE(at::allclose(second->model().predict(users).at("scores"), expected, 1e-6, 1e-6));
+}
+
+TEST_F(Gpt2RecommenderTest, RankingMetricsAreThoseOfTheFullCatalogueWithKnownItemsMasked) {
+  // A reference computed here from predict(): each test user's rank of its item among all items
+  // but its training and validation items, as HR@10, NDCG@10 and MRR.
+  auto t = make_trainer(config("ranks"));
+  for (int i = 0; i < 4; ++i) t->train_step();
+  const auto e = t->evaluate(Split::kTest);
+  auto d = registry().create<loom::sdk::Dataset>(
+      "synthetic_interactions", {{"users", "40"}, {"items", "48"}, {"per_user", "12"}});
+  d->setup();
+  std::vector<int64_t> all(d->size(Split::kTest));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  const auto test = d->get_batch(Split::kTest, all);
+  const auto tables = d->tables();
+  t->model().module().eval();
+  const at::Tensor scores = t->model().predict({{"user", test.at("user")}}).at("scores");
+  const int64_t* indptr = tables.at("seen.indptr").data_ptr<int64_t>();
+  const int64_t* seen = tables.at("seen.items").data_ptr<int64_t>();
+  double hr = 0, ndcg = 0, mrr = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const int64_t user = test.at("user")[i].item<int64_t>(), item = test.at("item")[i].item<int64_t>();
+    at::Tensor row = scores[i].clone();
+    for (int64_t k = indptr[user]; k < indptr[user + 1]; ++k)
+      if (seen[k] != item) row[seen[k]].fill_(-INFINITY);
+    const double rank = row.gt(row[item]).sum().item<double>();
+    hr += rank < 10 ? 1 : 0;
+    ndcg += rank < 10 ? 1 / std::log2(rank + 2) : 0;
+    mrr += 1 / (rank + 1);
+  }
+  const double n = static_cast<double>(all.size());
+  EXPECT_NEAR(e.metrics.at("hr_at_10"), hr / n, 1e-6);
+  EXPECT_NEAR(e.metrics.at("ndcg_at_10"), ndcg / n, 1e-6);
+  EXPECT_NEAR(e.metrics.at("mrr"), mrr / n, 1e-6);
+}
+
+TEST_F(Gpt2RecommenderTest, RmseIsTheRootOfTheMeanSquaredError) {
+  // The model reports the squared errors' sum; the host's mean of it, through metric_value, is
+  // reported as its root (Model 2.1), while the loss stays the mean squared error.
+  auto t = make_trainer(config("rmse", {"data.task=rating"}));
+  t->train_step();
+  const auto e = t->evaluate(Split::kTest);
+  EXPECT_NEAR(e.metrics.at("rmse"), std::sqrt(e.loss), 1e-6 * std::sqrt(e.loss));
+  EXPECT_LT(e.metrics.at("mae"), e.metrics.at("rmse") + 1e-9);
+}
+
+}  // namespace
