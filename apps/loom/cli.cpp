@@ -20,6 +20,15 @@ const std::vector<Command>& commands() {
                          "a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
        },
        cmd_eval},
+      {"recommend", "a recommender checkpoint's top items for a user (their known items left out)",
+       "loom recommend --checkpoint PATH --user ID [--top 10] [-c FILE] [--set ...]", true,
+       [](po::options_description& d) {
+         d.add_options()("checkpoint", po::value<std::string>()->value_name("PATH"),
+                         "a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file")(
+             "user", po::value<std::string>()->value_name("ID"), "the user, by the data's own id")(
+             "top", po::value<int64_t>()->default_value(10), "items listed");
+       },
+       cmd_recommend},
       {"memory", "estimate a run's memory per device, or suggest the batch that fits a target",
        "loom memory estimate [-c FILE] [--devices N] [--batch B] | loom memory suggest --target 8GiB [--devices N]",
        true,

@@ -39,10 +39,15 @@ core::Config config_from(const po::variables_map& options);
 void scan_plugins(core::PluginRegistry& registry, const po::variables_map& options,
                   bool log_refusals = true);
 
+/// The configuration a checkpoint was trained with (its run's model and data), then the user's
+/// files and flags over it: what `loom eval` and `loom recommend` build. Checks --checkpoint.
+core::Config checkpoint_config(const Invocation& invocation);
+
 int cmd_plugins(const Invocation& invocation);
 int cmd_config(const Invocation& invocation);
 int cmd_train(const Invocation& invocation);
 int cmd_eval(const Invocation& invocation);
+int cmd_recommend(const Invocation& invocation);
 int cmd_memory(const Invocation& invocation);
 int cmd_doctor(const Invocation& invocation);
 int cmd_bench(const Invocation& invocation);

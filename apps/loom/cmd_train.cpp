@@ -70,19 +70,24 @@ int cmd_train(const Invocation& invocation) {
   return 0;
 }
 
-int cmd_eval(const Invocation& invocation) {
+core::Config checkpoint_config(const Invocation& invocation) {
   if (!invocation.options.count("checkpoint"))
-    throw Error("loom eval needs --checkpoint PATH: a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
+    throw Error("--checkpoint PATH is needed: a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
   const fs::path checkpoint = invocation.options["checkpoint"].as<std::string>();
   if (!fs::exists(checkpoint)) throw Error("--checkpoint " + checkpoint.string() + ": no such file or folder");
-  core::PluginRegistry registry;
-  scan_plugins(registry, invocation.options);
-  // The model and data the checkpoint was trained with, then the user's files and flags.
   core::Config config;
   for (const auto& [key, value] : core::checkpoint_run_config(checkpoint))
     config.set(key, value, core::Origin{"checkpoint", {}, 0});
   const core::Config user = config_from(invocation.options);
   for (const auto& [key, value] : user.values()) config.set(key, value.value, value.origin);
+  return config;
+}
+
+int cmd_eval(const Invocation& invocation) {
+  const core::Config config = checkpoint_config(invocation);
+  const fs::path checkpoint = invocation.options["checkpoint"].as<std::string>();
+  core::PluginRegistry registry;
+  scan_plugins(registry, invocation.options);
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
   trainer.setup_for_evaluation();

@@ -163,6 +163,28 @@ void Trainer::build_model() {
   }
 }
 
+sdk::Batch Trainer::predict(const sdk::Batch& inputs) {
+  const std::string name = value_of(config_, "model.name");
+  if (!model_.implements(1))
+    throw Error("model '" + name + "' is built against model interface 2.0, which has no predict path; rebuild it against this SDK");
+  sdk::Batch on_device;
+  for (const auto& [key, tensor] : inputs) on_device[key] = tensor.to(device_);
+  auto& module = model_->module();
+  const bool was_training = module.is_training();
+  module.eval();
+  sdk::Batch out;
+  {
+    at::NoGradGuard no_grad;
+    const auto autocast = precision_->forward_guard();
+    out = model_->predict(on_device);
+  }
+  module.train(was_training);
+  for (auto& [key, tensor] : out) tensor = tensor.to(at::kCPU);
+  return out;
+}
+
+sdk::TensorMap Trainer::dataset_tables() const { return dataset_.implements(2) ? dataset_->tables() : sdk::TensorMap(); }
+
 void Trainer::build_precision() {
   const std::string name = value_of(config_, "precision.name");
   const auto& info = registry_.require(LOOM_KIND_PRECISION, name);

@@ -16,6 +16,7 @@
 #include <ATen/ops/_unique2.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/log2.h>
@@ -28,6 +29,8 @@
 #include <ATen/ops/where.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <tuple>
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -69,7 +72,9 @@ class NetImpl : public torch::nn::Module {
         text_proj(register_module("text_proj", torch::nn::Linear(c.n_embd, dim))),
         mlp_in(register_module("mlp_in", torch::nn::Linear(3 * dim, hidden))),
         mlp_hidden(register_module("mlp_hidden", torch::nn::Linear(hidden, hidden / 2))),
-        mlp_out(register_module("mlp_out", torch::nn::Linear(hidden / 2, 1))) {
+        mlp_out(register_module("mlp_out", torch::nn::Linear(hidden / 2, 1))),
+        user_ids(register_buffer("user_ids", at::zeros({users}, at::kLong))),
+        item_ids(register_buffer("item_ids", at::zeros({items}, at::kLong))) {
     torch::NoGradGuard no_grad;
     user->weight.normal_(0.0, 0.1);
     item->weight.normal_(0.0, 0.1);
@@ -99,8 +104,24 @@ class NetImpl : public torch::nn::Module {
   gpt2::Model gpt2;
   torch::nn::Embedding user, item;
   torch::nn::Linear text_proj, mlp_in, mlp_hidden, mlp_out;
+  /// The data's own user and item ids by index, saved with every checkpoint: the dense indices
+  /// mean these ids and no others (a checkpoint of other data is refused, `loom recommend`
+  /// prints them). Ids that are not integers are stored as -1.
+  at::Tensor user_ids, item_ids;
 };
 TORCH_MODULE(Net);
+
+/// The data's ids (one per line) as integers; -1 for one that is not.
+at::Tensor ids_tensor(const std::vector<std::string>& ids) {
+  at::Tensor out = at::empty({static_cast<int64_t>(ids.size())}, at::kLong);
+  int64_t* p = out.data_ptr<int64_t>();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    char* end = nullptr;
+    const long long v = std::strtoll(ids[i].c_str(), &end, 10);
+    p[i] = !ids[i].empty() && end != nullptr && *end == '\0' ? v : -1;
+  }
+  return out;
+}
 
 class Gpt2Recommender final : public sdk::Model {
  public:
@@ -185,6 +206,15 @@ class Gpt2Recommender final : public sdk::Model {
       throw Error("gpt2_recommender: model.text_tokens " + std::to_string(text_tokens_) + " is more than GPT-2's " +
                   std::to_string(c.n_ctx) + " positions");
     net_ = Net(c, users_, items_, dim_, hidden_);
+    data_user_ids_ = ids_tensor(lines_of(attribute(data, "users.ids")));
+    data_item_ids_ = ids_tensor(lines_of(attribute(data, "items.ids")));
+    if (data_user_ids_.numel() != users_ || data_item_ids_.numel() != items_)
+      throw Error("gpt2_recommender: the dataset's users.ids or items.ids do not match users.count and items.count");
+    {
+      torch::NoGradGuard no_grad;
+      net_->user_ids.copy_(data_user_ids_);
+      net_->item_ids.copy_(data_item_ids_);
+    }
     if (!pretrained_.empty()) {
       gpt2::load_hf_weights(*net_->gpt2, pretrained_);
       sdk::log::info("gpt2_recommender: GPT-2 weights from ", pretrained_);
@@ -206,6 +236,7 @@ class Gpt2Recommender final : public sdk::Model {
   torch::nn::Module& module() override { return *net_; }
 
   sdk::ModelOutput forward(const sdk::Batch& batch, bool train) override {
+    check_ids();
     const at::Tensor& users = batch.at("user");
     const at::Tensor& items = batch.at("item");
     const at::Tensor rating = batch.at("rating").to(at::kFloat);
@@ -264,6 +295,7 @@ class Gpt2Recommender final : public sdk::Model {
   sdk::Batch predict(const sdk::Batch& inputs) override {
     auto it = inputs.find("user");
     if (it == inputs.end()) throw Error("gpt2_recommender: predict needs 'user' (int64 user indices)");
+    check_ids();
     at::NoGradGuard no_grad;
     const at::Tensor u = net_->user->forward(it->second);
     at::Tensor scores = score_all(u);
@@ -300,6 +332,25 @@ class Gpt2Recommender final : public sdk::Model {
   }
 
  private:
+  /// After the id buffers changed (a checkpoint was loaded: copying bumps their version): they
+  /// must be the data's, or every index would mean another user or item.
+  void check_ids() {
+    const int64_t version = net_->user_ids._version() + net_->item_ids._version();
+    if (version == checked_ids_version_) return;
+    for (const auto& [what, saved, data] : {std::tuple{"user", net_->user_ids, data_user_ids_},
+                                           std::tuple{"item", net_->item_ids, data_item_ids_}}) {
+      const at::Tensor differs = saved.cpu().ne(data).nonzero();
+      if (differs.numel() > 0) {
+        const int64_t i = differs[0][0].item<int64_t>();
+        throw Error(std::string("gpt2_recommender: the weights were trained on other data: ") + what + " " +
+                    std::to_string(i) + " is id " + std::to_string(saved.cpu()[i].item<int64_t>()) + " in the checkpoint, " +
+                    std::to_string(data[i].item<int64_t>()) + " in the data (" + std::to_string(differs.size(0)) + " " +
+                    what + "s differ). Point data.root (and data.min_interactions, data.split) at what it was trained with");
+      }
+    }
+    checked_ids_version_ = version;
+  }
+
   /// Text vectors [K, E] of items [K] (undefined: all items, in order).
   at::Tensor text_vectors(const at::Tensor& items, bool train) {
     if (use_cache_) {
@@ -410,6 +461,8 @@ class Gpt2Recommender final : public sdk::Model {
   at::Tensor seen_indptr_, seen_items_;
   at::Tensor cache_;
   int64_t cache_version_ = -1;
+  at::Tensor data_user_ids_, data_item_ids_;
+  int64_t checked_ids_version_ = -1;
   Net net_{nullptr};
 };
 

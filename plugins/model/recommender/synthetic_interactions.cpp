@@ -75,8 +75,8 @@ void SyntheticInteractions::setup() {
     quality[i] = 0.3 * random.normal();
     Item item;
     item.id = std::to_string(i + 1);
-    item.title = std::string("The ") + kAdjectives[(i / genres_) % 16] + " " + kNouns[(i / genres_ / 16) % 16];
-    if (i / genres_ >= 256) item.title += " " + std::to_string(i / genres_ / 256 + 1);
+    item.title = std::string("The ") + kAdjectives[i % 16] + " " + kNouns[(i / 16) % 16];  // says nothing of the genre
+    if (i >= 256) item.title += " " + std::to_string(i / 256 + 1);
     const int64_t g = genre_of[i];
     item.genres = g < 16 ? kGenreWords[g] : "genre " + std::to_string(g + 1);
     data.items.push_back(std::move(item));

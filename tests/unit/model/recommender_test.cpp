@@ -336,6 +336,20 @@ TEST_F(Gpt2RecommenderTest, RankingMetricsAreThoseOfTheFullCatalogueWithKnownIte
   EXPECT_NEAR(e.metrics.at("mrr"), mrr / n, 1e-6);
 }
 
+TEST_F(Gpt2RecommenderTest, WeightsOfOtherDataAreRefusedByTheirIds) {
+  // The data's own ids travel with the weights (buffers user_ids, item_ids): weights whose ids
+  // are not the data's are one error naming the first that differs, not silent nonsense.
+  auto t = make_trainer(config("ids"));
+  t->train_step();
+  auto buffers = t->model().module().named_buffers();
+  ASSERT_TRUE(buffers.contains("user_ids"));
+  EXPECT_EQ(buffers["user_ids"][3].item<int64_t>(), 4);  // synthetic users are 1..40
+  EXPECT_EQ(buffers["item_ids"][0].item<int64_t>(), 1);
+  buffers["user_ids"][3].fill_(999);  // as a checkpoint of other data would load it
+  const std::string message = error_of([&] { t->train_step(); });
+  EXPECT_NE(message.find("trained on other data: user 3 is id 999 in the checkpoint, 4 in the data"), std::string::npos) << message;
+}
+
 TEST_F(Gpt2RecommenderTest, RmseIsTheRootOfTheMeanSquaredError) {
   // The model reports the squared errors' sum; the host's mean of it, through metric_value, is
   // reported as its root (Model 2.1), while the loss stays the mean squared error.

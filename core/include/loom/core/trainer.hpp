@@ -192,6 +192,14 @@ class Trainer {
   const sdk::BatchPlan& plan() const { return plan_; }
   c10::Device device() const { return device_; }
   sdk::Model& model() { return *model_; }
+  /// The model's outputs for `inputs` (Model::predict, 2.1): moved to the device, evaluation
+  /// mode, no gradients, the precision's forward guard; the outputs on the CPU. Throws Error
+  /// naming the model when it has no predict path.
+  sdk::Batch predict(const sdk::Batch& inputs);
+  sdk::Dataset& dataset() { return *dataset_; }
+  /// The dataset's shared tables (Dataset::tables, 1.2; empty for an older dataset).
+  sdk::TensorMap dataset_tables() const;
+  const sdk::DataSpec& data_spec() const { return data_spec_; }
   const std::filesystem::path& run_dir() const { return run_dir_; }
   const TrainerOptions& options() const { return options_; }
   /// The run's callbacks by name, in trainer.callbacks order (after setup).

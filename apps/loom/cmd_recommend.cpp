@@ -1,0 +1,114 @@
+// `loom recommend`: a recommender checkpoint's top items for one user. The model scores every item
+// (Model::predict: {"user"} -> {"scores"}); the items the user already has in the data (the
+// dataset's seen table: training and validation, and the test split's rows) are left out; the
+// data's own ids and titles come from the dataset's attributes (users.ids, items.ids,
+// items.title), as interaction datasets give them.
+#include "cli.hpp"
+
+#include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/trainer.hpp>
+#include <loom/sdk/dataset.hpp>
+
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/topk.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace loom::cli {
+
+namespace {
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+/// The items of `user` in the test split's rows (the seen table holds training and validation).
+void add_test_items(sdk::Dataset& data, int64_t user, std::set<int64_t>& known) {
+  const int64_t n = data.size(sdk::Split::kTest);
+  for (int64_t start = 0; start < n; start += 4096) {
+    std::vector<int64_t> indices;
+    for (int64_t i = start; i < std::min(n, start + 4096); ++i) indices.push_back(i);
+    const sdk::Batch rows = data.get_batch(sdk::Split::kTest, indices);
+    const at::Tensor users = rows.at("user").to(at::kLong), items = rows.at("item").to(at::kLong);
+    for (int64_t i = 0; i < users.size(0); ++i)
+      if (users[i].item<int64_t>() == user) known.insert(items[i].item<int64_t>());
+  }
+}
+
+}  // namespace
+
+int cmd_recommend(const Invocation& invocation) {
+  if (!invocation.options.count("user")) throw Error("loom recommend needs --user ID (the data's own user id)");
+  const std::string user_id = invocation.options["user"].as<std::string>();
+  const int64_t top = invocation.options["top"].as<int64_t>();
+  if (top < 1) throw Error("--top must be at least 1");
+  const core::Config config = checkpoint_config(invocation);
+  const fs::path checkpoint = invocation.options["checkpoint"].as<std::string>();
+  core::PluginRegistry registry;
+  scan_plugins(registry, invocation.options);
+  core::Trainer trainer(core::resolve_run(config, registry), registry);
+  trainer.setup_for_evaluation();
+  trainer.load_weights(checkpoint);
+
+  const auto& attributes = trainer.data_spec().attributes;
+  for (const char* key : {"users.ids", "items.ids", "items.title"})
+    if (!attributes.count(key))
+      throw Error("loom recommend needs a dataset of users and items (interactions, synthetic_interactions); data.name = " +
+                  config.get("data.name").value_or("?") + " gives no " + key);
+  const std::vector<std::string> users = lines_of(attributes.at("users.ids"));
+  const std::vector<std::string> item_ids = lines_of(attributes.at("items.ids"));
+  const std::vector<std::string> titles = lines_of(attributes.at("items.title"));
+  const auto found = std::find(users.begin(), users.end(), user_id);
+  if (found == users.end())
+    throw Error("user " + user_id + " is not in the data (" + std::to_string(users.size()) + " users, ids " + users.front() +
+                " ... " + users.back() + "; users with fewer than data.min_interactions interactions are left out)");
+  const int64_t user = found - users.begin();
+
+  std::set<int64_t> known;
+  const sdk::TensorMap tables = trainer.dataset_tables();
+  if (tables.count("seen.indptr") && tables.count("seen.items")) {
+    const at::Tensor indptr = tables.at("seen.indptr"), items = tables.at("seen.items");
+    for (int64_t k = indptr[user].item<int64_t>(); k < indptr[user + 1].item<int64_t>(); ++k) known.insert(items[k].item<int64_t>());
+  }
+  add_test_items(trainer.dataset(), user, known);
+
+  const sdk::Batch out = trainer.predict({{"user", at::tensor(std::vector<int64_t>{user}, at::kLong)}});
+  auto scores_it = out.find("scores");
+  if (scores_it == out.end() || scores_it->second.dim() != 2 ||
+      scores_it->second.size(1) != static_cast<int64_t>(item_ids.size()))
+    throw Error("model '" + config.get("model.name").value_or("?") + "' does not predict one score per item ({\"scores\": [1, " +
+                std::to_string(item_ids.size()) + "]})");
+  at::Tensor scores = scores_it->second[0].to(at::kFloat).clone();
+  for (int64_t item : known) scores[item].fill_(-std::numeric_limits<float>::infinity());
+  const int64_t n = std::min<int64_t>(top, static_cast<int64_t>(item_ids.size() - known.size()));
+  if (n < 1) {
+    std::cout << "user " << user_id << " knows every item of the catalogue: nothing to recommend\n";
+    return 0;
+  }
+  const auto [values, indices] = at::topk(scores, n);
+  const bool rating = attributes.count("task") && attributes.at("task") == "rating";
+  std::cout << "top " << n << " for user " << user_id << " (" << known.size() << " items they know left out) from "
+            << checkpoint.string() << ":\n";
+  std::printf("  %4s  %-10s  %10s  %s\n", "rank", "item", rating ? "rating" : "score", "title");
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t item = indices[i].item<int64_t>();
+    std::printf("  %4lld  %-10s  %10.4f  %s\n", static_cast<long long>(i + 1), item_ids[item].c_str(), values[i].item<double>(),
+                titles[item].c_str());
+  }
+  return 0;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,68 @@
+"""The GPT-2 recommender end to end (configs/gpt2_recommender_debug.ini, docs/recommender.md):
+
+- quality: on synthetic_interactions, whose best achievable metrics follow from its generator,
+  the debug GPT-2 recommender reaches HR@10 >= 0.9 x the Bayes-optimal HR@10 (ranking) and
+  RMSE <= 1.1 x the noise's deviation (rating) on the test split, on CPU, well within 10 minutes;
+- `loom recommend` on the checkpoint: the top items of a user, none of the items the user has.
+
+    python recommender_test.py LOOM_EXE SOURCE_DIR
+"""
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import loom, workdir  # noqa: E402
+
+exe, source = sys.argv[1], sys.argv[2]
+config = os.path.join(source, "configs", "gpt2_recommender_debug.ini")
+work = workdir()
+
+
+def train(name, *extra):
+    r = loom(exe, "train", "-c", config, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
+             "--set", "trainer.device=cpu", *extra)
+    return r.stdout + r.stderr
+
+
+def number(pattern, text):
+    m = re.search(pattern, text)
+    if not m:
+        print(text)
+        raise SystemExit(f"no match for {pattern!r}")
+    return float(m.group(1))
+
+
+# Ranking, the config as it is.
+out = train("ranking")
+best = number(r"best achievable test HR@10 is ([0-9.]+)", out)
+hr = number(r"test step \d+: .*HR@10 ([0-9.]+)", out)
+print(f"ranking: test HR@10 {hr:.4f}, optimum {best:.4f} ({hr / best:.3f} x)")
+assert hr >= 0.9 * best, f"HR@10 {hr} < 0.9 x the optimum {best}"
+
+# Rating: users who rate every genre (affinity 0.2), 60 ratings each.
+out = train("rating", "--set", "data.task=rating", "--set", "data.affinity=0.2", "--set", "data.per_user=60",
+            "--set", "trainer.max_steps=600", "--set", "trainer.eval_every=200")
+floor = number(r"best achievable RMSE is ([0-9.]+)", out)
+rmse = number(r"test step \d+: .*RMSE ([0-9.]+)", out)
+print(f"rating: test RMSE {rmse:.4f}, noise floor {floor:.4f} ({rmse / floor:.3f} x)")
+assert rmse <= 1.1 * floor, f"RMSE {rmse} > 1.1 x the noise floor {floor}"
+
+# The top 10 of user 7, from the ranking run's best checkpoint.
+checkpoint = os.path.join(work, "ranking", "checkpoints", "best_hr_at_10.safetensors")
+r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "7", "--top", "10")
+rows = [line.split() for line in r.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+-?[0-9.]+\s", line)]
+print(r.stdout)
+assert len(rows) == 10, r.stdout
+known = int(re.search(r"\((\d+) items they know left out\)", r.stdout).group(1))
+assert known == 30, r.stdout  # data.per_user: each user's 28 training, 1 validation and 1 test items
+scores = [float(row[2]) for row in rows]
+assert scores == sorted(scores, reverse=True), scores
+# The whole catalogue asked for: every item but the 30 the user has, each once.
+r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "7", "--top", "100000")
+listed = [line.split()[1] for line in r.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
+assert len(listed) == 240 - 30 and len(set(listed)) == len(listed), len(listed)
+
+r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "9999", check=False)
+assert r.returncode != 0 and "user 9999 is not in the data" in r.stderr + r.stdout, r.stderr
+print("ok")
