@@ -10,7 +10,8 @@
 
 namespace loom::core {
 
-ActivationFit fit_activations(const std::function<int64_t(int64_t)>& probe, int64_t small, int64_t large) {
+ActivationFit fit_activations(const std::function<int64_t(int64_t)>& probe, int64_t small, int64_t large,
+                              const std::function<int64_t(int64_t)>& eval_probe) {
   if (small < 1 || large <= small) throw Error("estimator: probe sizes must satisfy 1 <= small < large");
   ActivationFit f;
   f.probe_small = small;
@@ -19,6 +20,12 @@ ActivationFit fit_activations(const std::function<int64_t(int64_t)>& probe, int6
   f.peak_large = probe(large);
   f.per_sample = std::max(0.0, static_cast<double>(f.peak_large - f.peak_small) / static_cast<double>(large - small));
   f.fixed = static_cast<double>(f.peak_small) - f.per_sample * static_cast<double>(small);
+  if (eval_probe) {
+    const int64_t a = eval_probe(small), b = eval_probe(large);
+    f.has_eval = true;
+    f.eval_per_sample = std::max(0.0, static_cast<double>(b - a) / static_cast<double>(large - small));
+    f.eval_fixed = static_cast<double>(a) - f.eval_per_sample * static_cast<double>(small);
+  }
   return f;
 }
 
@@ -34,6 +41,8 @@ MemoryEstimate estimate(const ModelStates& states, const ActivationFit& fit, int
       states.total(), static_cast<int64_t>(std::llround(fit.fixed + fit.per_sample * static_cast<double>(micro_batch))));
   e.workspace = std::max<int64_t>(0, static_cast<int64_t>(std::llround(fit.fixed)) - states.total());
   e.activations = total - states.total() - e.workspace;
+  if (fit.has_eval)
+    e.evaluation = static_cast<int64_t>(std::llround(fit.eval_fixed + fit.eval_per_sample * static_cast<double>(micro_batch)));
   return e;
 }
 
@@ -56,12 +65,19 @@ std::string format_estimate(const MemoryEstimate& e, const std::string& device) 
       << "), micro-batch " << e.micro_batch << ":\n";
   row("parameters", e.states.parameters,
       std::to_string(e.states.trainable + e.states.frozen) + " parameters (" + std::to_string(e.states.frozen) + " frozen)");
+  for (const auto& [what, bytes] : e.states.held) row(what.c_str(), bytes, "held by the model (Model::held_memory)");
+  std::snprintf(line, sizeof line, "  %-18s %12lld   %s\n", "batch per device", static_cast<long long>(e.micro_batch),
+                "samples in one forward");
+  out << line;
+  row("activations", e.activations, "measured per sample, times the micro-batch");
   row("gradients", e.states.gradients, "trainable parameters only");
   row("optimizer states", e.states.optimizer_states, "from the optimizer and the parameters' dtypes");
-  row("activations", e.activations, "measured per sample, times the micro-batch");
   row("workspace", e.workspace, "what the probes held beyond model states and activations");
   out << "  " << std::string(60, '-') << "\n";
-  row("total", e.total(), "");
+  row("total", e.total(), "the training step's peak");
+  if (e.evaluation >= 0)
+    row("evaluation", e.evaluation,
+        e.evaluation > e.total() ? "an evaluation's peak, above the step's: the run's peak" : "an evaluation's peak (below the step's)");
   return out.str();
 }
 

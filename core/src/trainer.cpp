@@ -232,7 +232,7 @@ void Trainer::build_plan() {
   if (options_.estimate_memory && plan_.micro_batch >= 2) {
     // Probes now, so the end of the run can say how far the estimate was off.
     fit_ = activation_fit(plan_.micro_batch);
-    if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).total();
+    if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).peak();
   }
   base_lr_ = options_.lr;
   if (options_.reference_batch > 0) {

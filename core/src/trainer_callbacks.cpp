@@ -109,7 +109,7 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   summary.final_eval = last_eval_;
   summary.peak_memory = memory_->stats().peak;
   summary.peak_resident = peak_resident_bytes();
-  if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).total();  // the final plan
+  if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).peak();  // the final plan
   summary.predicted_peak = predicted_peak_;
   summary.oom_recoveries = oom_recoveries_;
   summary.recovery_seconds = recovery_seconds_;

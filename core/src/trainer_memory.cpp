@@ -35,6 +35,7 @@ ModelStates Trainer::model_states() const {
     m.gradients += bytes;
     m.optimizer_states += optimizer_->state_bytes(p);
   }
+  if (model_.implements(1)) m.held = model_->held_memory();  // Model 2.1
   return m;
 }
 
@@ -46,7 +47,8 @@ std::optional<ActivationFit> Trainer::activation_fit(int64_t micro) {
   const int64_t limit = std::max<int64_t>(2, dataset_->size(sdk::Split::kTrain) / parallel_->world_size());
   for (int64_t large = std::clamp<int64_t>(micro / 2, 2, limit); large >= 2; large /= 2) {
     try {
-      return fit_activations([this](int64_t b) { return probe_peak(b); }, std::max<int64_t>(1, large / 2), large);
+      return fit_activations([this](int64_t b) { return probe_peak(b); }, std::max<int64_t>(1, large / 2), large,
+                             [this](int64_t b) { return probe_peak(b, /*train=*/false); });
     } catch (const c10::OutOfMemoryError&) {
       memory_->empty_cache();
       log::debug("memory estimate: probe at ", large, " ran out of memory; probing smaller");
@@ -62,8 +64,15 @@ std::string Trainer::config_key() const {
   return key + "optimizer=" + options_.optimizer + ";libtorch=" + TORCH_VERSION;
 }
 
-int64_t Trainer::probe_peak(int64_t b) {
+int64_t Trainer::probe_peak(int64_t b, bool train) {
   ++probes_run_;
+  if (!probed_) {
+    // What a model builds lazily on its first forward and keeps (a recommender's cache of text
+    // vectors, kernels' workspaces) is there in every step after it: built now, unmeasured, it
+    // counts in the probes' fixed part and not as a per-sample cost of the first probe.
+    probed_ = true;
+    probe_peak(1, false);
+  }
   at::Generator cpu = cpu_generator();
   const at::Tensor cpu_state = cpu.get_state();
   at::Tensor device_state;
@@ -80,13 +89,22 @@ int64_t Trainer::probe_peak(int64_t b) {
   memory_->reset_peak();
   int64_t peak = 0;
   try {
-    const int64_t n = dataset_->size(sdk::Split::kTrain);
+    // An evaluation forward reads the test split (the samples it evaluates), without gradients.
+    const sdk::Split split = !train && dataset_->size(sdk::Split::kTest) > 0 ? sdk::Split::kTest : sdk::Split::kTrain;
+    const int64_t n = dataset_->size(split);
     std::vector<int64_t> indices(static_cast<size_t>(b));
     for (int64_t i = 0; i < b; ++i) indices[static_cast<size_t>(i)] = i % n;
-    sdk::Batch batch = dataset_->get_batch(sdk::Split::kTrain, indices);
+    sdk::Batch batch = dataset_->get_batch(split, indices);
     for (auto& [name, t] : batch) t = t.to(device_);
-    model_->module().train();
-    run_micro_batch(batch, /*train=*/true);
+    if (train) {
+      model_->module().train();
+      run_micro_batch(batch, /*train=*/true);
+    } else {
+      at::NoGradGuard no_grad;
+      model_->module().eval();
+      run_micro_batch(batch, /*train=*/false);
+      model_->module().train();
+    }
     peak = memory_->stats().peak;
   } catch (...) {
     restore_state();

@@ -133,6 +133,9 @@ class Gpt2Recommender final : public sdk::Model {
                          "its sizes, weights and tokenizer"),
       sdk::option_string("tokenizer", "",
                          "without `pretrained`: a folder with vocab.json and merges.txt (none: the text's UTF-8 bytes)"),
+      sdk::option_int("vocab_size", "0",
+                      "GPT-2's token embeddings (0: the tokenizer's; 50257 gives GPT-2's size with a byte tokenizer)",
+                      "0..10000000"),
       sdk::option_int("text_tokens", "32", "tokens of an item's text GPT-2 reads (longer texts are cut)", "1..1024"),
       sdk::option_enum("pooling", "mean", "mean|last", "one vector per text: the mean over its tokens, or the last token"),
       sdk::option_bool("use_cache", "true",
@@ -150,7 +153,7 @@ class Gpt2Recommender final : public sdk::Model {
 
   explicit Gpt2Recommender(const sdk::Options& o)
       : size_(o.get_string("size")), pretrained_(o.get_string("pretrained")), tokenizer_dir_(o.get_string("tokenizer")),
-        text_tokens_(o.get_int("text_tokens")), pooling_(gpt2::parse_pooling(o.get_string("pooling"))),
+        vocab_size_(o.get_int("vocab_size")), text_tokens_(o.get_int("text_tokens")), pooling_(gpt2::parse_pooling(o.get_string("pooling"))),
         use_cache_(o.get_bool("use_cache")), freeze_(o.get_bool("freeze_gpt2")), gpt2_lr_scale_(o.get_float("gpt2_lr_scale")),
         task_option_(o.get_string("task")), dim_(o.get_int("embedding_dim")), hidden_(o.get_int("hidden")),
         negatives_(o.get_int("negatives")), softmax_(o.get_string("loss") == "softmax"), top_k_(o.get_int("top_k")) {
@@ -193,8 +196,13 @@ class Gpt2Recommender final : public sdk::Model {
     tokens_ = gpt2::tokenize(texts, tokenizer ? &*tokenizer : nullptr, text_tokens_);
 
     gpt2::Config c = pretrained_.empty() ? gpt2::Config::of_size(size_) : gpt2::hf_config(pretrained_);
+    if (vocab_size_ > 0 && vocab_size_ < tokens_.vocab_size)
+      throw Error("gpt2_recommender: model.vocab_size " + std::to_string(vocab_size_) + " is below the tokenizer's " +
+                  std::to_string(tokens_.vocab_size) + " tokens");
+    if (vocab_size_ > 0 && !pretrained_.empty())
+      throw Error("gpt2_recommender: model.vocab_size is for a GPT-2 without model.pretrained (whose config.json says it)");
     if (pretrained_.empty()) {
-      c.vocab_size = tokens_.vocab_size;
+      c.vocab_size = vocab_size_ > 0 ? vocab_size_ : tokens_.vocab_size;
       c.n_ctx = std::max(c.n_ctx, text_tokens_);
       sdk::log::warn("gpt2_recommender: no model.pretrained: GPT-2 (", size_, ") starts from random weights, so the item ",
                      "text carries little until it trains; point model.pretrained at a Hugging Face GPT-2 folder");
@@ -237,6 +245,7 @@ class Gpt2Recommender final : public sdk::Model {
 
   sdk::ModelOutput forward(const sdk::Batch& batch, bool train) override {
     check_ids();
+    if (train) evaluation_vectors_ = at::Tensor();  // an evaluation's catalogue vectors, freed
     const at::Tensor& users = batch.at("user");
     const at::Tensor& items = batch.at("item");
     const at::Tensor rating = batch.at("rating").to(at::kFloat);
@@ -290,6 +299,11 @@ class Gpt2Recommender final : public sdk::Model {
 
   double metric_value(const std::string& name, double mean) const override {
     return name == "rmse" ? std::sqrt(std::max(0.0, mean)) : mean;
+  }
+
+  std::map<std::string, int64_t> held_memory() const override {
+    if (!use_cache_) return {};
+    return {{"cached embeddings", items_ * net_->gpt2->config().n_embd * static_cast<int64_t>(sizeof(float))}};
   }
 
   sdk::Batch predict(const sdk::Batch& inputs) override {
@@ -357,10 +371,15 @@ class Gpt2Recommender final : public sdk::Model {
       refresh_cache();
       return items.defined() ? cache_.index_select(0, items) : cache_;
     }
-    if (!items.defined()) return encode(at::arange(items_, device_options()), false);
-    // Each distinct item once.
+    if (!items.defined()) return catalogue_vectors();
+    // Evaluation: the catalogue's vectors, computed once for the whole evaluation.
+    if (!train) return catalogue_vectors().index_select(0, items);
+    // GPT-2 training: every candidate's text through it, repeats too, so that a step's memory is
+    // the same at every step (b x (1 + negatives) texts), as the memory plan measured it.
+    if (!freeze_) return encode(items, true);
+    // A frozen GPT-2 without the cache: each distinct item once, without gradients, in chunks.
     const auto [unique, inverse, counts] = at::_unique2(items, /*sorted=*/true, /*return_inverse=*/true);
-    return encode(unique, train && !freeze_).index_select(0, inverse);
+    return encode(unique, false).index_select(0, inverse);
   }
 
   at::Tensor item_vectors(const at::Tensor& items, bool train) {
@@ -370,7 +389,7 @@ class Gpt2Recommender final : public sdk::Model {
   /// Scores of users' embeddings [B, d] against every item: [B, items], in chunks of items that
   /// keep the grid's [B, chunk, hidden] below 2M elements (8 MiB in fp32).
   at::Tensor score_all(const at::Tensor& u) {
-    const at::Tensor v = net_->item->weight + net_->text_proj->forward(text_vectors({}, false).to(net_->text_proj->weight.dtype()));
+    const at::Tensor v = net_->item->weight + net_->text_proj->forward(catalogue_vectors().to(net_->text_proj->weight.dtype()));
     const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 21) / std::max<int64_t>(1, u.size(0) * hidden_));
     std::vector<at::Tensor> parts;
     for (int64_t start = 0; start < items_; start += chunk)
@@ -406,7 +425,8 @@ class Gpt2Recommender final : public sdk::Model {
   }
 
   /// GPT-2's vectors of items [K]: with gradients (GPT-2 in the module's mode), or without them
-  /// in evaluation mode, in chunks of 256 texts.
+  /// in evaluation mode, in chunks whose [texts, tokens, width] stays near 512K elements (the
+  /// transient of encoding a whole catalogue stays below a training step's).
   at::Tensor encode(const at::Tensor& items, bool grad) {
     const at::Tensor ids = tokens_on_device().first.index_select(0, items);
     const at::Tensor lengths = tokens_.lengths.to(ids.device()).index_select(0, items);
@@ -415,19 +435,44 @@ class Gpt2Recommender final : public sdk::Model {
     const bool was_training = net_->gpt2->is_training();
     net_->gpt2->eval();
     std::vector<at::Tensor> parts;
-    for (int64_t start = 0; start < ids.size(0); start += 256) {
-      const int64_t n = std::min<int64_t>(256, ids.size(0) - start);
+    const int64_t chunk = std::clamp<int64_t>((int64_t{1} << 19) / (text_tokens_ * net_->gpt2->config().n_embd), 1, 256);
+    for (int64_t start = 0; start < ids.size(0); start += chunk) {
+      const int64_t n = std::min<int64_t>(chunk, ids.size(0) - start);
       parts.push_back(gpt2::encode_texts(*net_->gpt2, ids.narrow(0, start, n), lengths.narrow(0, start, n), pooling_));
     }
     net_->gpt2->train(was_training);
     return at::cat(parts);
   }
 
+  /// Every item's text vector, for ranking the whole catalogue. With the cache, the cache.
+  /// Without it, computed once per evaluation (while GPT-2's parameters stay as they are) and
+  /// dropped at the next training forward: an evaluation of B batches encodes the catalogue once,
+  /// not B times, and training holds nothing.
+  at::Tensor catalogue_vectors() {
+    if (use_cache_) {
+      refresh_cache();
+      return cache_;
+    }
+    const int64_t version = gpt2_version();
+    if (!evaluation_vectors_.defined() || evaluation_vectors_.device() != net_->user->weight.device() ||
+        version != evaluation_version_) {
+      evaluation_vectors_ = at::Tensor();  // (freed before the new one is made)
+      evaluation_vectors_ = encode(at::arange(items_, device_options()), false);
+      evaluation_version_ = version;
+    }
+    return evaluation_vectors_;
+  }
+
+  int64_t gpt2_version() const {
+    int64_t version = 0;
+    for (const auto& p : net_->gpt2->parameters()) version += p._version();
+    return version;
+  }
+
   /// The cache of all items' vectors, rebuilt when GPT-2's parameters changed under it (loading a
   /// checkpoint bumps their version counters) or the module moved.
   void refresh_cache() {
-    int64_t version = 0;
-    for (const auto& p : net_->gpt2->parameters()) version += p._version();
+    const int64_t version = gpt2_version();
     const c10::Device device = net_->user->weight.device();
     if (cache_.defined() && cache_.device() == device && version == cache_version_) return;
     cache_ = encode(at::arange(items_, device_options()), false);
@@ -446,7 +491,7 @@ class Gpt2Recommender final : public sdk::Model {
   at::TensorOptions device_options() const { return at::TensorOptions().dtype(at::kLong).device(net_->user->weight.device()); }
 
   std::string size_, pretrained_, tokenizer_dir_;
-  int64_t text_tokens_;
+  int64_t vocab_size_, text_tokens_;
   gpt2::Pooling pooling_;
   bool use_cache_, freeze_;
   double gpt2_lr_scale_;
@@ -461,6 +506,8 @@ class Gpt2Recommender final : public sdk::Model {
   at::Tensor seen_indptr_, seen_items_;
   at::Tensor cache_;
   int64_t cache_version_ = -1;
+  at::Tensor evaluation_vectors_;
+  int64_t evaluation_version_ = -1;
   at::Tensor data_user_ids_, data_item_ids_;
   int64_t checked_ids_version_ = -1;
   Net net_{nullptr};

@@ -12,7 +12,9 @@
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <string>
 
 namespace loom::core {
@@ -22,7 +24,15 @@ struct ModelStates {
   int64_t gradients = 0;         ///< bytes of the gradients of trainable parameters
   int64_t optimizer_states = 0;  ///< AdamW: two moments and a step per trainable parameter; SGD: momentum
   int64_t trainable = 0, frozen = 0;  ///< parameter counts
-  int64_t total() const { return parameters + gradients + optimizer_states; }
+  /// What the model holds besides its parameters, by what it is (Model::held_memory, 2.1): a
+  /// recommender's "cached embeddings".
+  std::map<std::string, int64_t> held;
+  int64_t held_total() const {
+    int64_t n = 0;
+    for (const auto& [what, bytes] : held) n += bytes;
+    return n;
+  }
+  int64_t total() const { return parameters + held_total() + gradients + optimizer_states; }
 };
 
 struct ActivationFit {
@@ -30,6 +40,11 @@ struct ActivationFit {
   int64_t peak_small = 0, peak_large = 0;    ///< their measured peaks
   double per_sample = 0;                     ///< activation bytes per sample
   double fixed = 0;                          ///< peak at batch 0: model states + workspace
+  /// The same line for an evaluation forward (no gradients) at the same probes: a model whose
+  /// evaluation does more than its training step (a recommender ranks the whole catalogue) peaks
+  /// there. has_eval false: not probed.
+  bool has_eval = false;
+  double eval_per_sample = 0, eval_fixed = 0;
 };
 
 struct MemoryEstimate {
@@ -39,11 +54,16 @@ struct MemoryEstimate {
   int64_t activations = 0;
   int64_t workspace = 0;
   int64_t total() const { return states.total() + activations + workspace; }
+  int64_t evaluation = -1;  ///< an evaluation forward's peak at the micro-batch; -1: not probed
+  /// The run's peak: the training step's, or an evaluation's where that is larger.
+  int64_t peak() const { return std::max(total(), evaluation); }
 };
 
 /// Fits activations from two probes (probe(b) returns the peak bytes of a forward and backward
 /// at micro-batch b, model states included).
-ActivationFit fit_activations(const std::function<int64_t(int64_t)>& probe, int64_t small, int64_t large);
+/// `eval_probe`, if given, is probed at the same sizes for the evaluation line.
+ActivationFit fit_activations(const std::function<int64_t(int64_t)>& probe, int64_t small, int64_t large,
+                              const std::function<int64_t(int64_t)>& eval_probe = nullptr);
 
 /// The estimate for a micro-batch per device.
 MemoryEstimate estimate(const ModelStates& states, const ActivationFit& fit, int64_t micro_batch, int64_t devices = 1);

@@ -141,7 +141,8 @@ class Trainer {
   /// Peak memory of a forward and backward at micro-batch `b` (model states included), with no
   /// trace left: gradients zeroed, RNG restored, weights and optimizer untouched. Throws
   /// c10::OutOfMemoryError past the cap. See sdk::PlanContext::probe.
-  int64_t probe_peak(int64_t b);
+  /// `train` false: an evaluation forward's peak (no gradients, evaluation mode, test samples).
+  int64_t probe_peak(int64_t b, bool train = true);
 
   /// Parameter, gradient and optimizer-state bytes of this run.
   ModelStates model_states() const;
@@ -365,6 +366,7 @@ class Trainer {
   std::function<void(const std::vector<at::Tensor>&)> gradient_hook_;
   std::unique_ptr<sdk::DeviceMemory> memory_;
   int64_t probes_run_ = 0;
+  bool probed_ = false;  ///< the unmeasured forward before the first probe ran
   int64_t oom_recoveries_ = 0;
   double recovery_seconds_ = 0;
   bool committed_ = false;  ///< the running step has begun to change the run's state (no replay)

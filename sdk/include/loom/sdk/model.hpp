@@ -42,7 +42,7 @@ class LOOM_SDK_API Model {
   using Interface = Model;
   static constexpr uint32_t kKind = LOOM_KIND_MODEL;
   static constexpr uint32_t kInterfaceMajor = 2;
-  static constexpr uint32_t kInterfaceMinor = 1;  // 2.1: use_tables, metric_value, predict
+  static constexpr uint32_t kInterfaceMinor = 1;  // 2.1: use_tables, metric_value, held_memory, predict
 
   virtual ~Model();  // defined in libloom_sdk: its type info has one home
 
@@ -98,6 +98,11 @@ class LOOM_SDK_API Model {
     (void)name;
     return mean;
   }
+
+  /// Memory the model holds on the device besides its parameters and buffers, by what it is, in
+  /// bytes: a cache of computed vectors ("cached embeddings"). Called after setup; the memory
+  /// estimate shows each as a row. Default: none.
+  virtual std::map<std::string, int64_t> held_memory() const { return {}; }
 
   /// Outputs for inputs, outside training: what `loom recommend` and other inference paths ask
   /// (a recommender: {"user": [B] int64} -> {"scores": [B, items]}). The tensors are on the
