@@ -36,7 +36,7 @@ from bench_common import GPT2_SIZES, VARIANTS, RunFailed, add_gpt2_arguments, cp
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# layers, heads, width, positions: as gpt2_lm's model.size (plugins/model/gpt2.hpp).
+# layers, heads, width, positions: as gpt2_lm's model.size (<loom/sdk/gpt2.hpp>).
 SIZES = GPT2_SIZES
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from bench_common import GPT2_SIZES, add_gpt2_arguments, rate
 
-# layers, heads, width, positions: as gpt2_lm's model.size (plugins/model/gpt2.hpp).
+# layers, heads, width, positions: as gpt2_lm's model.size (<loom/sdk/gpt2.hpp>).
 SIZES = GPT2_SIZES
 
 

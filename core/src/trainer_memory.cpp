@@ -79,6 +79,7 @@ int64_t Trainer::probe_peak(int64_t b, bool train) {
   if (device_.is_cuda()) device_state = device_generator(device_).get_state();
   const std::vector<at::Tensor> buffers = save_buffers();
   auto restore_state = [&] {
+    model_->module().train();  // (an evaluation probe that ran out of memory left it in evaluation mode)
     parameters_.zero_grad();
     cpu.set_state(cpu_state);
     if (device_state.defined()) device_generator(device_).set_state(device_state);
@@ -103,7 +104,6 @@ int64_t Trainer::probe_peak(int64_t b, bool train) {
       at::NoGradGuard no_grad;
       model_->module().eval();
       run_micro_batch(batch, /*train=*/false);
-      model_->module().train();
     }
     peak = memory_->stats().peak;
   } catch (...) {

@@ -1,9 +1,8 @@
-// gpt2_lm: GPT-2 as a language model (../gpt2.hpp), the logits tied to the token embedding:
+// gpt2_lm: GPT-2 as a language model (<loom/sdk/gpt2.hpp>), the logits tied to the token embedding:
 // next-token cross-entropy summed over the tokens, and the share of tokens predicted right.
 // The model of the GPT-2 benchmark (bench/compare_gpt2.py) and the encoder the recommender of
 // issue 12 builds on.
-#include "../gpt2.hpp"
-
+#include <loom/sdk/gpt2.hpp>
 #include <loom/sdk/sdk.hpp>
 
 #include <ATen/ops/argmax.h>
@@ -17,7 +16,7 @@
 namespace {
 
 using loom::sdk::Error;
-namespace gpt2 = loom::plugins::gpt2;
+namespace gpt2 = loom::sdk::gpt2;
 
 class Gpt2Lm final : public loom::sdk::Model {
  public:

@@ -1,5 +1,5 @@
 // gpt2_recommender: seed 002's GPT2RecommenderEnhanced (docs/recommender.md). An item is its id
-// embedding plus a projection of its text's GPT-2 vector (../gpt2_text.hpp); a user is an id
+// embedding plus a projection of its text's GPT-2 vector (<loom/sdk/gpt2_text.hpp>); a user is an id
 // embedding; an MLP over [user, item, user * item] scores the pair. Task `rating` predicts the
 // rating (MSE; RMSE and MAE), task `ranking` scores an interaction above sampled negatives (BCE or
 // sampled softmax) and is evaluated against the full catalogue with the user's known items
@@ -8,8 +8,9 @@
 //
 // The plugin also holds the two interaction datasets (datasets.hpp), so `loom plugins check`
 // shapes the model with its own data.
-#include "../gpt2_text.hpp"
 #include "datasets.hpp"
+
+#include <loom/sdk/gpt2_text.hpp>
 
 #include <loom/sdk/sdk.hpp>
 
@@ -39,6 +40,7 @@ namespace loom::plugins::recommender {
 
 namespace {
 
+namespace gpt2 = sdk::gpt2;
 using sdk::Error;
 
 std::vector<std::string> lines_of(const std::string& text) {

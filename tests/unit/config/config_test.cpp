@@ -297,6 +297,6 @@ TEST_F(ConfigTest, AConfigurationIsFoundByNameFromAnyFolder) {
   // A name that is nowhere: what was searched, what there is, and the closest.
   const std::string m = error_of([] { find_config("debg"); });
   EXPECT_CONTAINS(m, "config file 'debg' not found");
-  EXPECT_CONTAINS(m, "(debug, fashion_mnist)");
+  EXPECT_CONTAINS(m, "(debug, fashion_mnist, gpt2_recommender, gpt2_recommender_debug)");
   EXPECT_CONTAINS(m, "Did you mean 'debug'?");
 }

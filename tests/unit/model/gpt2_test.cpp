@@ -1,13 +1,15 @@
-// GPT-2 (plugins/model/gpt2.hpp) and its language-model plugin: the sizes and names users load
+// GPT-2 (sdk/include/loom/sdk/gpt2.hpp) and its language-model plugin: the sizes and names users load
 // Hugging Face weights by, causal attention, and a run that learns synthetic_tokens' rule.
-#include "gpt2.hpp"
-#include "gpt2_text.hpp"
-#include "gpt2_tokenizer.hpp"
+#include <loom/sdk/gpt2.hpp>
+#include <loom/sdk/gpt2_text.hpp>
+#include <loom/sdk/gpt2_tokenizer.hpp>
 
 #include "trainer_testing.hpp"
 
 #include <loom/core/error.hpp>
 #include <loom/sdk/safetensors.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
@@ -30,7 +32,7 @@
 
 namespace {
 
-namespace gpt2 = loom::plugins::gpt2;
+namespace gpt2 = loom::sdk::gpt2;
 using loom::testing::config_of;
 using loom::testing::make_trainer;
 

@@ -1,12 +1,12 @@
 // Texts through GPT-2, one vector each: tokenized once (GPT-2's byte-level BPE, or plain UTF-8
 // bytes where no vocabulary is given), truncated and right-padded to a fixed length, encoded by
-// ../gpt2.hpp and pooled over the real tokens (their mean, or the last one). GPT-2 is causal, so a
+// gpt2.hpp and pooled over the real tokens (their mean, or the last one). GPT-2 is causal, so a
 // real token's hidden state never sees the padding after it: the pooled vector of a padded text
 // equals that of the text alone. The recommender encodes its item catalogue with it.
 #pragma once
 
-#include "gpt2.hpp"
-#include "gpt2_tokenizer.hpp"
+#include <loom/sdk/gpt2.hpp>
+#include <loom/sdk/gpt2_tokenizer.hpp>
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/from_blob.h>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace loom::plugins::gpt2 {
+namespace loom::sdk::gpt2 {
 
 /// Token ids of texts, right-padded: ids [N, L] (padding 0) and lengths [N] (each >= 1), int64.
 struct TokenizedTexts {
@@ -71,4 +71,4 @@ inline at::Tensor encode_texts(ModelImpl& model, const at::Tensor& ids, const at
   return pool(model.forward(ids), lengths, pooling);
 }
 
-}  // namespace loom::plugins::gpt2
+}  // namespace loom::sdk::gpt2

@@ -1,18 +1,6 @@
-// GPT-2's byte-level BPE tokenizer (Radford et al. 2019; the algorithm of openai/gpt-2's
-// encoder.py, whose ids Hugging Face `tokenizers`' ByteLevel BPE also gives), from a Hugging Face
-// folder's vocab.json and merges.txt:
-//   1. the text is cut into pieces by GPT-2's pattern (contractions, runs of letters, of digits,
-//      of other symbols, each with at most one leading space; runs of whitespace), with PCRE2's
-//      Unicode classes (std::regex has no \p{L});
-//   2. each piece's UTF-8 bytes become characters through GPT-2's byte-to-unicode table, so that
-//      every byte has a printable stand-in and no byte is unknown;
-//   3. the piece's characters are merged pairwise, the pair ranked first in merges.txt first,
-//      every occurrence of it left to right, until no ranked pair is left;
-//   4. each symbol is looked up in vocab.json.
-// Users: link PCRE2 (pkg-config libpcre2-8) and nlohmann_json.
-#pragma once
-
-#include <loom/sdk/error.hpp>
+// GPT-2's byte-level BPE tokenizer (gpt2_tokenizer.hpp): PCRE2 and nlohmann/json stay inside
+// libloom_sdk, so a plugin that tokenizes needs neither.
+#include <loom/sdk/gpt2_tokenizer.hpp>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -21,7 +9,6 @@
 #include <array>
 #include <climits>
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -30,13 +17,15 @@
 #include <utility>
 #include <vector>
 
-namespace loom::plugins::gpt2 {
+namespace loom::sdk::gpt2 {
 
-class Tokenizer {
+namespace {
+
+class TokenizerImpl {
  public:
   /// Reads `dir`/vocab.json and `dir`/merges.txt; throws sdk::Error naming the file and line of
   /// anything malformed.
-  explicit Tokenizer(const std::filesystem::path& dir) {
+  explicit TokenizerImpl(const std::filesystem::path& dir) {
     build_byte_table();
     read_vocab(dir / "vocab.json");
     read_merges(dir / "merges.txt");
@@ -235,4 +224,20 @@ class Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;  // not thread-safe: one tokenizer per thread
 };
 
-}  // namespace loom::plugins::gpt2
+
+}  // namespace
+
+class Tokenizer::Impl : public TokenizerImpl {
+ public:
+  using TokenizerImpl::TokenizerImpl;
+};
+
+Tokenizer::Tokenizer(const std::filesystem::path& dir) : impl_(std::make_unique<Impl>(dir)) {}
+Tokenizer::~Tokenizer() = default;
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+std::vector<int64_t> Tokenizer::encode(const std::string& text) const { return impl_->encode(text); }
+std::string Tokenizer::decode(const std::vector<int64_t>& ids) const { return impl_->decode(ids); }
+int64_t Tokenizer::vocab_size() const { return impl_->vocab_size(); }
+
+}  // namespace loom::sdk::gpt2

@@ -1,0 +1,110 @@
+// GPT-2's Hugging Face files (gpt2.hpp): config.json through nlohmann/json, the weights through
+// map_safetensors. Both inside libloom_sdk, so plugins need neither JSON nor a safetensors reader.
+#include <loom/sdk/gpt2.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+namespace loom::sdk::gpt2 {
+
+/// The model's sizes from `dir`/config.json; refuses a model that is not GPT-2 as built here.
+Config hf_config(const std::filesystem::path& dir) {
+  const auto path = dir / "config.json";
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))  // a FIFO would block the open
+    throw sdk::Error("model.pretrained: " + path.string() + " is not a regular file");
+  std::ifstream in(path);
+  if (!in) throw sdk::Error("model.pretrained: no " + path.string() + " (a Hugging Face model folder has config.json and model.safetensors)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw sdk::Error(path.string() + " is not JSON: " + e.what());
+  }
+  Config c;
+  try {
+    if (j.contains("model_type") && j.at("model_type").get<std::string>() != "gpt2")
+      throw sdk::Error(path.string() + " describes a '" + j.at("model_type").get<std::string>() + "' model; this is GPT-2");
+    const std::string activation = j.value("activation_function", std::string("gelu_new"));
+    if (activation != "gelu_new" && activation != "gelu_pytorch_tanh")
+      throw sdk::Error(path.string() + ": activation_function '" + activation +
+                       "' (this GPT-2 computes GELU with the tanh approximation, gelu_new)");
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.n_ctx = j.contains("n_positions") ? j.at("n_positions").get<int64_t>() : j.at("n_ctx").get<int64_t>();
+    c.n_layer = j.at("n_layer").get<int64_t>();
+    c.n_head = j.at("n_head").get<int64_t>();
+    c.n_embd = j.at("n_embd").get<int64_t>();
+    c.layer_norm_epsilon = j.value("layer_norm_epsilon", 1e-5);
+  } catch (const nlohmann::json::exception& e) {
+    throw sdk::Error(path.string() + ": " + e.what() + " (a GPT-2 config has vocab_size, n_positions, n_layer, n_head, n_embd)");
+  }
+  return c;
+}
+
+/// Copies `dir`/model.safetensors into `model` (built with hf_config(dir)), memory-mapped. Every
+/// parameter must be in the file with its shape and nothing else may be: one error names every
+/// missing, unexpected and mis-shaped tensor.
+void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
+  const auto file = dir / "model.safetensors";
+  if (!std::filesystem::exists(file)) {
+    if (std::filesystem::exists(dir / "pytorch_model.bin"))
+      throw sdk::Error("model.pretrained: " + dir.string() + " has pytorch_model.bin, a pickle, which Loom does not load "
+                       "(unpickling runs code). Convert it once: python -c \"from transformers import GPT2Model; "
+                       "GPT2Model.from_pretrained('" + dir.string() + "').save_pretrained('" + dir.string() +
+                       "', safe_serialization=True)\"");
+    throw sdk::Error("model.pretrained: no " + file.string());
+  }
+  sdk::TensorMap tensors = sdk::map_safetensors(file);
+  // "h.<N>.<rest>" -> "<rest>", else "".
+  auto in_block = [](const std::string& key) -> std::string {
+    if (key.rfind("h.", 0) != 0) return {};
+    size_t i = 2;
+    while (i < key.size() && key[i] >= '0' && key[i] <= '9') ++i;
+    return i > 2 && i < key.size() && key[i] == '.' ? key.substr(i + 1) : std::string();
+  };
+  std::map<std::string, at::Tensor> by_name;
+  for (auto& [name, t] : tensors) {
+    std::string key = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
+    const std::string rest = in_block(key);
+    if (key == "lm_head.weight" || rest == "attn.bias" || rest == "attn.masked_bias") continue;  // the tied head; causal masks
+    by_name[key] = t;
+  }
+  auto conv1d = [&](const std::string& key) {
+    const std::string rest = in_block(key);
+    return rest == "attn.c_attn.weight" || rest == "attn.c_proj.weight" || rest == "mlp.c_fc.weight" ||
+           rest == "mlp.c_proj.weight";
+  };
+  std::vector<std::string> missing, misshaped;
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    auto it = by_name.find(item.key());
+    if (it == by_name.end()) {
+      missing.push_back(item.key());
+      continue;
+    }
+    at::Tensor source = conv1d(item.key()) ? it->second.t() : it->second;
+    if (source.sizes() != item.value().sizes())
+      misshaped.push_back(item.key() + " (file " + c10::str(it->second.sizes()) + ", model " + c10::str(item.value().sizes()) +
+                          (conv1d(item.key()) ? ", stored transposed" : "") + ")");
+    else
+      item.value().copy_(source);
+    by_name.erase(it);
+  }
+  if (missing.empty() && misshaped.empty() && by_name.empty()) return;
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (size_t i = 0; i < names.size() && i < 12; ++i) out += (i ? ", " : "") + names[i];
+    if (names.size() > 12) out += " and " + std::to_string(names.size() - 12) + " more";
+    return out;
+  };
+  std::vector<std::string> unexpected;
+  for (const auto& [name, t] : by_name) unexpected.push_back(name);
+  std::string message = "model.pretrained: " + file.string() + " does not fit a GPT-2 of config.json's sizes:";
+  if (!missing.empty()) message += "\n  missing: " + list(missing);
+  if (!unexpected.empty()) message += "\n  unexpected: " + list(unexpected);
+  if (!misshaped.empty()) message += "\n  other shape: " + list(misshaped);
+  throw sdk::Error(message + "\n(a GPT2Model or GPT2LMHeadModel saved with save_pretrained fits)");
+}
+
+}  // namespace loom::sdk::gpt2
