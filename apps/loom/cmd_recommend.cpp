@@ -8,6 +8,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/trainer.hpp>
+#include <loom/sdk/attributes.hpp>
 #include <loom/sdk/dataset.hpp>
 
 #include <ATen/ops/tensor.h>
@@ -23,17 +24,6 @@ namespace fs = std::filesystem;
 namespace loom::cli {
 
 namespace {
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t end = std::min(text.find('\n', start), text.size());
-    out.push_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
 
 /// The items of `user` in the test split's rows (the seen table holds training and validation).
 void add_test_items(sdk::Dataset& data, int64_t user, std::set<int64_t>& known) {
@@ -68,9 +58,9 @@ int cmd_recommend(const Invocation& invocation) {
     if (!attributes.count(key))
       throw Error("loom recommend needs a dataset of users and items (interactions, synthetic_interactions); data.name = " +
                   config.get("data.name").value_or("?") + " gives no " + key);
-  const std::vector<std::string> users = lines_of(attributes.at("users.ids"));
-  const std::vector<std::string> item_ids = lines_of(attributes.at("items.ids"));
-  const std::vector<std::string> titles = lines_of(attributes.at("items.title"));
+  const std::vector<std::string> users = sdk::attribute_lines(attributes.at("users.ids"));
+  const std::vector<std::string> item_ids = sdk::attribute_lines(attributes.at("items.ids"));
+  const std::vector<std::string> titles = sdk::attribute_lines(attributes.at("items.title"));
   const auto found = std::find(users.begin(), users.end(), user_id);
   if (found == users.end())
     throw Error("user " + user_id + " is not in the data (" + std::to_string(users.size()) + " users, ids " + users.front() +

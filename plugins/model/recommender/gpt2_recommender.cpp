@@ -10,6 +10,7 @@
 // shapes the model with its own data.
 #include "datasets.hpp"
 
+#include <loom/sdk/attributes.hpp>
 #include <loom/sdk/gpt2_text.hpp>
 
 #include <loom/sdk/sdk.hpp>
@@ -42,17 +43,6 @@ namespace {
 
 namespace gpt2 = sdk::gpt2;
 using sdk::Error;
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t end = std::min(text.find('\n', start), text.size());
-    out.push_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
 
 std::string attribute(const sdk::DataSpec& data, const std::string& key) {
   auto it = data.attributes.find(key);
@@ -179,7 +169,7 @@ class Gpt2Recommender final : public sdk::Model {
     users_ = std::stoll(attribute(data, "users.count"));
     items_ = std::stoll(attribute(data, "items.count"));
     rating_mean_ = std::stod(attribute(data, "rating.mean"));
-    const std::vector<std::string> texts = lines_of(attribute(data, "items.text"));
+    const std::vector<std::string> texts = sdk::attribute_lines(attribute(data, "items.text"));
     if (static_cast<int64_t>(texts.size()) != items_)
       throw Error("gpt2_recommender: the dataset gives " + std::to_string(texts.size()) + " item texts for " +
                   std::to_string(items_) + " items");
@@ -216,8 +206,8 @@ class Gpt2Recommender final : public sdk::Model {
       throw Error("gpt2_recommender: model.text_tokens " + std::to_string(text_tokens_) + " is more than GPT-2's " +
                   std::to_string(c.n_ctx) + " positions");
     net_ = Net(c, users_, items_, dim_, hidden_);
-    data_user_ids_ = ids_tensor(lines_of(attribute(data, "users.ids")));
-    data_item_ids_ = ids_tensor(lines_of(attribute(data, "items.ids")));
+    data_user_ids_ = ids_tensor(sdk::attribute_lines(attribute(data, "users.ids")));
+    data_item_ids_ = ids_tensor(sdk::attribute_lines(attribute(data, "items.ids")));
     if (data_user_ids_.numel() != users_ || data_item_ids_.numel() != items_)
       throw Error("gpt2_recommender: the dataset's users.ids or items.ids do not match users.count and items.count");
     {

@@ -28,6 +28,16 @@ Task parse_task(const std::string& name) {
 
 const char* task_name(Task task) { return task == Task::kRating ? "rating" : "ranking"; }
 
+SplitOptions SplitOptions::from(const sdk::Options& o) {
+  SplitOptions s;
+  s.task = parse_task(o.get_string("task"));
+  s.split = o.get_string("split");
+  s.min_interactions = o.get_int("min_interactions");
+  s.holdout = o.get_float("holdout");
+  s.seed = static_cast<uint64_t>(o.get_int("seed"));
+  return s;
+}
+
 std::string to_utf8_line(const std::string& text) {
   // Valid UTF-8: well-formed sequences, no overlong forms, no surrogates, <= U+10FFFF.
   auto valid = [&] {
@@ -88,7 +98,7 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
   const size_t n = data.user.size();
   if (data.item.size() != n || data.rating.size() != n || data.time.size() != n)
     throw sdk::Error(name_ + ": interactions of unequal lengths (a bug in the reader)");
-  const bool leave_last_out = o.split == "leave_last_out" || (o.split == "auto" && o.task == Task::kRanking);
+  const bool leave_last_out = o.leave_last_out();
   if (!leave_last_out && o.split != "random" && o.split != "auto")
     throw sdk::Error(name_ + ": data.split '" + o.split + "' is not auto, leave_last_out or random");
   if (leave_last_out && o.min_interactions < 3)

@@ -5,6 +5,7 @@
 // into a RawData, `synthetic_interactions` generates one; InteractionDataset does the rest.
 #pragma once
 
+#include <loom/sdk/options.hpp>
 #include <loom/sdk/tensor_dataset.hpp>
 
 #include <cstdint>
@@ -43,6 +44,10 @@ struct SplitOptions {
   int64_t min_interactions = 5;
   double holdout = 0.1;        ///< random: the test share, and the validation share
   uint64_t seed = 0;
+  /// From a dataset's options (LOOM_RECOMMENDER_SPLIT_OPTIONS, datasets.hpp).
+  static SplitOptions from(const sdk::Options& o);
+  /// Whether the split is per user by time (auto: for ranking).
+  bool leave_last_out() const { return split == "leave_last_out" || (split == "auto" && task == Task::kRanking); }
 };
 
 /// A dataset of interactions: samples are (user, item, rating) with every field a scalar (user

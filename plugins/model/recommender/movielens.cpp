@@ -304,12 +304,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
 
 Interactions::Interactions(const sdk::Options& o)
     : InteractionDataset("interactions"), root_(o.get_string("root")), format_(o.get_string("format")),
-      max_tags_(o.get_int("max_tags")) {
-  split_.task = parse_task(o.get_string("task"));
-  split_.split = o.get_string("split");
-  split_.min_interactions = o.get_int("min_interactions");
-  split_.holdout = o.get_float("holdout");
-  split_.seed = static_cast<uint64_t>(o.get_int("seed"));
+      max_tags_(o.get_int("max_tags")), split_(SplitOptions::from(o)) {
   if (root_.empty())
     throw sdk::Error("interactions: data.root is not set; point it at a MovieLens folder as downloaded (ml-100k, ml-1m, "
                      "ml-latest-small or ml-latest from https://grouplens.org/datasets/movielens/)");

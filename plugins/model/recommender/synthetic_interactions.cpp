@@ -48,12 +48,7 @@ struct Random {
 SyntheticInteractions::SyntheticInteractions(const sdk::Options& o)
     : InteractionDataset("synthetic_interactions"), users_(o.get_int("users")), items_(o.get_int("items")),
       genres_(o.get_int("genres")), per_user_(o.get_int("per_user")), affinity_(o.get_float("affinity")),
-      noise_(o.get_float("noise")) {
-  split_.task = parse_task(o.get_string("task"));
-  split_.split = o.get_string("split");
-  split_.min_interactions = o.get_int("min_interactions");
-  split_.holdout = o.get_float("holdout");
-  split_.seed = static_cast<uint64_t>(o.get_int("seed"));
+      noise_(o.get_float("noise")), split_(SplitOptions::from(o)) {
   if (per_user_ > items_)
     throw sdk::Error("synthetic_interactions: per_user " + std::to_string(per_user_) + " is more than the " +
                      std::to_string(items_) + " items; a user meets an item once");
@@ -121,7 +116,7 @@ void SyntheticInteractions::setup() {
                 static_cast<long long>(genres_), affinity_, noise_);
   build(std::move(data), split_, source);
   // Every user is kept (per_user >= min_interactions), so the split is the generator's order.
-  const bool leave_last_out = split_.split == "leave_last_out" || (split_.split == "auto" && split_.task == Task::kRanking);
+  const bool leave_last_out = split_.leave_last_out();
   const double best_hr = optimum_hr / static_cast<double>(users_);
   if (leave_last_out) set_attribute("optimum.hr_at_10", std::to_string(best_hr));
   set_attribute("optimum.rmse", std::to_string(noise_));

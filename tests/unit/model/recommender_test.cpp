@@ -6,6 +6,7 @@
 #include "trainer_testing.hpp"
 
 #include <loom/core/checkpoint.hpp>
+#include <loom/sdk/attributes.hpp>
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/model.hpp>
 #include <loom/sdk/safetensors.hpp>
@@ -30,6 +31,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using loom::sdk::attribute_lines;
 using loom::sdk::Split;
 using loom::testing::config_of;
 using loom::testing::make_trainer;
@@ -38,17 +40,6 @@ using loom::testing::registry;
 void write(const fs::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
   out << bytes;
-}
-
-std::vector<std::string> lines(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t end = std::min(text.find('\n', start), text.size());
-    out.push_back(text.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -76,7 +67,7 @@ class RecommenderData : public ::testing::Test {
   /// The (user, item) pairs of a split as the data's own ids.
   std::vector<std::pair<std::string, std::string>> pairs(loom::sdk::Dataset& d, Split split) {
     const auto spec = d.spec();
-    const auto users = lines(spec.attributes.at("users.ids")), items = lines(spec.attributes.at("items.ids"));
+    const auto users = attribute_lines(spec.attributes.at("users.ids")), items = attribute_lines(spec.attributes.at("items.ids"));
     std::vector<int64_t> all(d.size(split));
     for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
     const auto b = d.get_batch(split, all);
@@ -105,10 +96,10 @@ TEST_F(RecommenderData, MovieLens100kIsReadWithLatin1TitlesGenreFlagsAndAChronol
   EXPECT_EQ(spec.attributes.at("users.count"), "2");  // user 8 has 1 interaction < 3
   EXPECT_EQ(spec.attributes.at("items.count"), "4");
   EXPECT_EQ(spec.attributes.at("task"), "ranking");
-  const auto titles = lines(spec.attributes.at("items.title"));
+  const auto titles = attribute_lines(spec.attributes.at("items.title"));
   EXPECT_EQ(titles[0], "Caf\xc3\xa9 Society (1995)");  // Latin-1 0xE9 read as U+00E9
-  EXPECT_EQ(lines(spec.attributes.at("items.text"))[0], "Caf\xc3\xa9 Society (1995) | Animation, Children's, Comedy");
-  EXPECT_EQ(lines(spec.attributes.at("items.text"))[2], "Babe (1995)");  // "unknown" is no genre
+  EXPECT_EQ(attribute_lines(spec.attributes.at("items.text"))[0], "Caf\xc3\xa9 Society (1995) | Animation, Children's, Comedy");
+  EXPECT_EQ(attribute_lines(spec.attributes.at("items.text"))[2], "Babe (1995)");  // "unknown" is no genre
   using P = std::vector<std::pair<std::string, std::string>>;
   EXPECT_EQ(pairs(*d, Split::kTest), (P{{"7", "4"}, {"9", "3"}}));
   EXPECT_EQ(pairs(*d, Split::kValidation), (P{{"7", "1"}, {"9", "2"}}));
@@ -128,9 +119,9 @@ TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
                               "2::1::1::978300764\n2::2::4::978300765\n");
   auto d = open({{"task", "rating"}, {"split", "leave_last_out"}});
   const auto spec = d->spec();
-  EXPECT_EQ(lines(spec.attributes.at("items.title"))[0], "American President, The (1995)");
-  EXPECT_EQ(lines(spec.attributes.at("items.title"))[1], "Misérables, Les (1995)");  // UTF-8 stays UTF-8
-  EXPECT_EQ(lines(spec.attributes.at("items.text"))[2], "Heat (1995) | Action, Crime, Thriller");
+  EXPECT_EQ(attribute_lines(spec.attributes.at("items.title"))[0], "American President, The (1995)");
+  EXPECT_EQ(attribute_lines(spec.attributes.at("items.title"))[1], "Misérables, Les (1995)");  // UTF-8 stays UTF-8
+  EXPECT_EQ(attribute_lines(spec.attributes.at("items.text"))[2], "Heat (1995) | Action, Crime, Thriller");
   const auto test = d->get_batch(Split::kTest, {0, 1});
   EXPECT_TRUE(at::equal(test.at("rating"), at::tensor(std::vector<float>{4, 4})));  // the last ratings kept
   EXPECT_EQ(spec.attributes.at("rating.mean"), std::to_string((5.0 + 2.0) / 2));
@@ -144,7 +135,7 @@ TEST_F(RecommenderData, MovieLensLatestReadsQuotedTitlesWithCommasAndTags) {
   write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,100\n1,2,3.5,101\n1,3,5.0,102\n"
                               "2,1,0.5,200\n2,2,4.5,201\n2,3,3.0,202\n");
   auto d = open();
-  const auto text = lines(d->spec().attributes.at("items.text"));
+  const auto text = attribute_lines(d->spec().attributes.at("items.text"));
   EXPECT_EQ(text[1], "City of Lost Children, The (Cité des enfants perdus, La) (1995) | Drama, Mystery | dreamlike, dark, strange");
   EXPECT_EQ(text[2], "Dr. \"Strangelove\" (1964)");
   EXPECT_EQ(d->size(Split::kTrain) + d->size(Split::kValidation) + d->size(Split::kTest), 6);
