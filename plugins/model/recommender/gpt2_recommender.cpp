@@ -52,6 +52,16 @@ std::string attribute(const sdk::DataSpec& data, const std::string& key) {
   return it->second;
 }
 
+/// A numeric attribute; a text that is not a number is one error naming the key.
+double number_attribute(const sdk::DataSpec& data, const std::string& key) {
+  const std::string text = attribute(data, key);
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end == nullptr || *end != '\0' || !std::isfinite(value))
+    throw Error("gpt2_recommender: the dataset's attribute '" + key + "' is '" + text + "', not a number");
+  return value;
+}
+
 /// The network: GPT-2 for the text, id embeddings, the MLP. Parameter names: gpt2.*, user.*,
 /// item.*, text_proj.*, mlp_in.*, mlp_hidden.*, mlp_out.*.
 class NetImpl : public torch::nn::Module {
@@ -166,9 +176,12 @@ class Gpt2Recommender final : public sdk::Model {
     if (r == data.fields.end() || !r->second.shape.empty())
       throw Error("gpt2_recommender: the dataset needs a field 'rating' of scalars");
     task_ = parse_task(task_option_ == "auto" ? attribute(data, "task") : task_option_);
-    users_ = std::stoll(attribute(data, "users.count"));
-    items_ = std::stoll(attribute(data, "items.count"));
-    rating_mean_ = std::stod(attribute(data, "rating.mean"));
+    users_ = static_cast<int64_t>(number_attribute(data, "users.count"));
+    items_ = static_cast<int64_t>(number_attribute(data, "items.count"));
+    rating_mean_ = number_attribute(data, "rating.mean");
+    if (users_ < 1 || items_ < 1)
+      throw Error("gpt2_recommender: the dataset has " + std::to_string(users_) + " users and " + std::to_string(items_) +
+                  " items; it needs at least one of each");
     const std::vector<std::string> texts = sdk::attribute_lines(attribute(data, "items.text"));
     if (static_cast<int64_t>(texts.size()) != items_)
       throw Error("gpt2_recommender: the dataset gives " + std::to_string(texts.size()) + " item texts for " +
