@@ -232,6 +232,16 @@ profile_all() {
       --trace "$out/traces/loom-profile-$profile_device-$p.json" ||
       status=1
   done
+  # GPT-2 as bench-gpt2 trains it (on the CPU: the debug size), so that its MFU comes with a trace
+  local gpt2=(--set model.size=gpt2 --set model.vocab_size=50304 --set data.seq_len=1024 --set trainer.batch_size=8
+              --set precision.name=bf16_amp)
+  [ "$profile_device" = cuda ] || gpt2=(--set model.size=debug --set model.vocab_size=512 --set data.vocab_size=512
+                                        --set data.seq_len=64 --set trainer.batch_size=4 --set precision.name=fp32)
+  echo "== loom profile, GPT-2"
+  "$build_dir/bin/loom" profile --steps 10 --warmup 3 --set trainer.device=$profile_device \
+    --set model.name=gpt2_lm --set model.dropout=0.0 --set data.name=synthetic_tokens --set data.train_size=512 \
+    --set data.validation_fraction=0 "${gpt2[@]}" --trace "$out/traces/loom-profile-$profile_device-gpt2.json" ||
+    status=1
   return $status
 }
 export -f profile_all
