@@ -3,6 +3,7 @@
 // (multi-head self-attention through at::scaled_dot_product_attention, and a GELU MLP), mean
 // pooling (or a class token) and a linear head. Options follow the seeds' flags: num_layers,
 // d_model, image_size (resize, as `--image_size 160`).
+#include <loom/sdk/nn.hpp>
 #include <loom/sdk/sdk.hpp>
 
 #include <ATen/ops/argmax.h>
@@ -54,7 +55,7 @@ class AttentionImpl : public torch::nn::Module {
     // [B, N, 3, H, hd] -> q, k, v of [B, H, N, hd]. unbind, not select: its backward stacks the
     // three gradients into one tensor, where three selects would each zero and fill a full-size
     // one and the view would copy the sum again.
-    std::vector<at::Tensor> qkv = qkv_->forward(x).view({b, n, 3, heads_, d / heads_}).unbind(2);
+    std::vector<at::Tensor> qkv = loom::sdk::nn::linear(qkv_, x).view({b, n, 3, heads_, d / heads_}).unbind(2);
     for (auto& t : qkv) t = t.transpose(1, 2);
     const double p = is_training() ? dropout_ : 0.0;
     const bool math = kernel_ == AttentionKernel::kMath ||
@@ -68,7 +69,7 @@ class AttentionImpl : public torch::nn::Module {
     } else {
       out = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{}, p);
     }
-    return proj_->forward(out.transpose(1, 2).reshape({b, n, d}));
+    return loom::sdk::nn::linear(proj_, out.transpose(1, 2).reshape({b, n, d}));
   }
 
  private:
@@ -92,8 +93,8 @@ class BlockImpl : public torch::nn::Module {
   at::Tensor forward(at::Tensor x) {
     const bool train = is_training();
     x = x + at::dropout(attn_->forward(norm1_->forward(x)), dropout_, train);
-    at::Tensor h = at::gelu(fc1_->forward(norm2_->forward(x)));
-    return x + at::dropout(fc2_->forward(at::dropout(h, dropout_, train)), dropout_, train);
+    at::Tensor h = at::gelu(loom::sdk::nn::linear(fc1_, norm2_->forward(x)));
+    return x + at::dropout(loom::sdk::nn::linear(fc2_, at::dropout(h, dropout_, train)), dropout_, train);
   }
 
  private:
@@ -154,14 +155,14 @@ class VitImpl : public torch::nn::Module {
       x = stem_ ? at::gelu(stem_->forward(input)) : input;
       x = embed_patches(x);  // [B, N, d]
     } else {
-      x = token_embed_->forward(input);
+      x = loom::sdk::nn::linear(token_embed_, input);
     }
     if (cls_) x = at::cat({cls_token_.expand({x.size(0), 1, x.size(2)}), x}, 1);
     x = at::dropout(x + pos_embed_, dropout_, is_training());
     for (const auto& block : *blocks_) x = block->as<BlockImpl>()->forward(x);
     x = norm_->forward(x);
     x = cls_ ? x.select(1, 0) : x.mean(1);
-    return head_->forward(x);
+    return loom::sdk::nn::linear(head_, x);
   }
 
  private:

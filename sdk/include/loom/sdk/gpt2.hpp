@@ -8,6 +8,7 @@
 #pragma once
 
 #include <loom/sdk/error.hpp>
+#include <loom/sdk/nn.hpp>
 #include <loom/sdk/safetensors.hpp>
 
 #include <ATen/ops/arange.h>
@@ -67,11 +68,11 @@ class AttentionImpl : public torch::nn::Module {
 
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
-    std::vector<at::Tensor> qkv = c_attn->forward(x).view({b, t, 3, heads_, d / heads_}).unbind(2);
+    std::vector<at::Tensor> qkv = nn::linear(c_attn, x).view({b, t, 3, heads_, d / heads_}).unbind(2);
     for (auto& part : qkv) part = part.transpose(1, 2);  // [B, H, T, hd]
     const at::Tensor y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
                                                           is_training() ? dropout_ : 0.0, /*is_causal=*/true);
-    return c_proj->forward(y.transpose(1, 2).reshape({b, t, d}));
+    return nn::linear(c_proj, y.transpose(1, 2).reshape({b, t, d}));
   }
 
  private:
@@ -89,7 +90,7 @@ class MlpImpl : public torch::nn::Module {
       : c_fc(register_module("c_fc", torch::nn::Linear(c.n_embd, 4 * c.n_embd))),
         c_proj(register_module("c_proj", torch::nn::Linear(4 * c.n_embd, c.n_embd))) {}
 
-  at::Tensor forward(const at::Tensor& x) { return c_proj->forward(at::gelu(c_fc->forward(x), "tanh")); }
+  at::Tensor forward(const at::Tensor& x) { return nn::linear(c_proj, at::gelu(nn::linear(c_fc, x), "tanh")); }
 
   torch::nn::Linear c_fc, c_proj;
 };

@@ -1,0 +1,21 @@
+// Layers as Python PyTorch runs them. LibTorch's C++ frontend has kernels of its own for some
+// modules: `torch::nn::Linear::forward` (torch/nn/functional/linear.h) multiplies and then adds the
+// bias in place whenever the input is not 2-D, where Python's nn.Linear calls at::linear, which
+// folds a contiguous N-D input to 2-D and adds the bias in the matrix multiply's epilogue
+// (addmm). Under bf16 autocast the in-place add also mixes dtypes (a bf16 product, an fp32 bias)
+// and takes ATen's slowest elementwise path: on an H200 it cost GPT-2 124M 3.1 ms of its 31 ms
+// step (four adds per block; docs/gpu.md, "The fourth run"). Models call these instead of the
+// modules' forward.
+#pragma once
+
+#include <ATen/ops/linear.h>
+#include <torch/nn/modules/linear.h>
+
+namespace loom::sdk::nn {
+
+/// x W^T + b through at::linear (addmm with the bias in the epilogue), as Python's nn.Linear.
+inline at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
+  return at::linear(x, layer->weight, layer->bias);
+}
+
+}  // namespace loom::sdk::nn
