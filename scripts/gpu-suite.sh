@@ -117,6 +117,12 @@ write_summary() {
     echo "- nvcc: $( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version 2>/dev/null) | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -n 1)"
     echo "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
     echo "- build: $build_dir"
+    local sdk
+    sdk="$(ls "$build_dir"/lib/libloom_sdk.so.* 2>/dev/null | head -n 1)"
+    if [ -n "$sdk" ]; then
+      echo "- compiler: $(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt" 2>/dev/null);" \
+        "libloom_sdk needs libstdc++.so: $(readelf -d "$sdk" 2>/dev/null | grep -q 'libstdc++' && echo yes || echo '**no** (a copy of its own)')"
+    fi
     echo
     echo "| step | status | seconds | log |"
     echo "| --- | --- | --- | --- |"
@@ -198,6 +204,16 @@ else
   for f in /opt/gpu-deps/usr/lib/x86_64-linux-gnu/libpcre2-8.so; do  # the same for PCRE2
     [ -e "$f" ] && boost+=(-DLOOM_PCRE2_LIBRARY="$f" -DLOOM_PCRE2_INCLUDE_DIR=/opt/gpu-deps/usr/include)
   done
+  # The H200 of 2026-11-27 configured with /opt/gcc/bin/g++ (from its environment), whose link
+  # finds no shared libstdc++: every Loom library carried its own copy of libstdc++'s code
+  # (libloom_sdk.so defined 121 std::filesystem functions and needed no libstdc++.so.6), and
+  # PluginScan.CrashingExitingAndHangingPluginsAreRefusedByNameAndTheOthersLoad died of SIGSEGV
+  # there (docs/gpu.md, "The fourth run"). Such a compiler is passed over for the system's.
+  cxx="${CXX:-$(command -v c++ || command -v g++)}"
+  if [ -n "$cxx" ] && [ "$("$cxx" -print-file-name=libstdc++.so 2>/dev/null)" = "libstdc++.so" ] && [ -x /usr/bin/g++ ]; then
+    echo "[gpu-suite] $cxx links no shared libstdc++: using /usr/bin/g++" >&2
+    boost+=(-DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_C_COMPILER=/usr/bin/gcc)
+  fi
   run_step configure 10 cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLOOM_PYTHON="$py" "${boost[@]}" || exit 1
 fi

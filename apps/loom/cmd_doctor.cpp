@@ -52,9 +52,9 @@ int cmd_doctor(const Invocation& invocation) {
   row("plugin fingerprint", host.at("stdlib") + " " + host.at("stdlib_version") + " (" + host.at("stdlib_abi") +
                                 "), sanitizers " + host.at("sanitizers") + ", value-type layout " + host.at("layout"));
   const std::string provider = core::std_filesystem_provider();
-  row("C++ library", provider.find("libstdc++.so") != std::string::npos
+  row("C++ library", !core::is_libtorch_library(provider)
                          ? provider
-                         : provider + " (not libstdc++: LibTorch's copies of std::filesystem won; rebuild Loom, whose"
+                         : provider + " (LibTorch's copies of std::filesystem won over libstdc++'s; rebuild Loom, whose"
                                       " executables link libstdc++ first)");
 
   std::cout << "\nCPU\n";

@@ -66,9 +66,9 @@ int run_loom(int argc, char** argv) {
   // Note [libstdc++ first] (cmake/LoomTorch.cmake): where std::filesystem went to a LibTorch copy,
   // torch 2.11's crashes the first time a folder is removed. Say so before that happens.
   if (const std::string provider = loom::core::std_filesystem_provider();
-      provider.find("libstdc++.so") == std::string::npos)
+      loom::core::is_libtorch_library(provider))
     loom::core::log::warn("std::filesystem resolves to ", provider,
-                          ", not to libstdc++: this loom was linked with LibTorch before libstdc++ and may crash "
+                          ", LibTorch's copy, not libstdc++'s: this loom was linked with LibTorch before libstdc++ and may crash "
                           "when it removes a folder; rebuild it with Loom's CMake files (`loom doctor` shows the row)");
   std::vector<std::string> args(argv + 1, argv + argc);
   // The command is the first argument that is not an option (or the value of --log-level /

@@ -67,4 +67,9 @@ std::string loaded_library(const std::string& prefix) {
   return search.found;
 }
 
+bool is_libtorch_library(const std::string& provider) {
+  const std::string file = std::filesystem::path(provider).filename().string();
+  return file.rfind("libtorch", 0) == 0 || file.rfind("libc10", 0) == 0;
+}
+
 }  // namespace loom::core
