@@ -29,6 +29,7 @@ apt_packages=(
   nlohmann-json3-dev zlib1g-dev
   libelf-dev                             # the fingerprint note of a plugin file, read before loading it
   libpcre2-dev                           # the GPT-2 tokenizer's pre-tokenizer (Unicode classes \p{L}, \p{N})
+  libgloo-dev                            # Gloo's headers, which torch's ProcessGroupGloo.hpp includes (the ddp strategy on CPU; the wheel ships the code)
   dataset-fashion-mnist
   python3 python3-venv python3-pip
   clang-14 libclang-rt-14-dev            # the fuzz targets (scripts/fuzz.sh): libFuzzer

@@ -29,6 +29,20 @@ const std::vector<Command>& commands() {
              "top", po::value<int64_t>()->default_value(10), "items listed");
        },
        cmd_recommend},
+      {"launch", "start this node's processes of a multi-process job (parallel = ddp), watch them, stop all if one fails",
+       "loom launch --nproc-per-node N [--nnodes M --node-rank R --master-addr HOST --master-port P] -- train ...",
+       false,
+       [](po::options_description& d) {
+         d.add_options()("nproc-per-node", po::value<int64_t>()->required(), "processes on this node (one per GPU)")(
+             "nnodes", po::value<int64_t>()->default_value(1), "nodes in the job")(
+             "node-rank", po::value<int64_t>()->default_value(0), "this node's place, 0 ... nnodes - 1")(
+             "master-addr", po::value<std::string>()->default_value("127.0.0.1"), "rank 0's host, as every node reaches it")(
+             "master-port", po::value<int64_t>()->default_value(0),
+             "rank 0's port (0: a free one, on one node only)")(
+             "grace", po::value<double>()->default_value(10.0),
+             "seconds the others get to stop (SIGTERM) when one rank failed, before SIGKILL");
+       },
+       cmd_launch},
       {"memory", "estimate a run's memory per device, or suggest the batch that fits a target",
        "loom memory estimate [-c FILE] [--devices N] [--batch B] | loom memory suggest --target 8GiB [--devices N]",
        true,

@@ -48,6 +48,7 @@ int cmd_config(const Invocation& invocation);
 int cmd_train(const Invocation& invocation);
 int cmd_eval(const Invocation& invocation);
 int cmd_recommend(const Invocation& invocation);
+int cmd_launch(const Invocation& invocation);
 int cmd_memory(const Invocation& invocation);
 int cmd_doctor(const Invocation& invocation);
 int cmd_bench(const Invocation& invocation);

@@ -52,7 +52,13 @@ DataLoader::~DataLoader() {
   for (auto& t : threads_) t.join();
 }
 
-int64_t DataLoader::samples_per_epoch() const { return size_ / options_.world_size; }
+// Training drops the tail that does not divide by the world (every rank takes as many samples,
+// so the ranks step together); evaluation keeps it, rank r taking samples r, r + world, ...,
+// and the ranks' sums and counts add up to the whole split's.
+int64_t DataLoader::samples_per_epoch() const {
+  if (options_.drop_last) return size_ / options_.world_size;
+  return (size_ - options_.rank + options_.world_size - 1) / options_.world_size;
+}
 
 int64_t DataLoader::batches_per_epoch() const {
   const int64_t n = samples_per_epoch();
@@ -73,7 +79,8 @@ const std::vector<int64_t>& DataLoader::order(int64_t epoch) {
   }
   std::vector<int64_t> mine;
   mine.reserve(static_cast<size_t>(samples_per_epoch()));
-  for (int64_t i = options_.rank; i < samples_per_epoch() * options_.world_size; i += options_.world_size) {
+  const int64_t end = options_.drop_last ? samples_per_epoch() * options_.world_size : size_;
+  for (int64_t i = options_.rank; i < end; i += options_.world_size) {
     const int64_t position = all[static_cast<size_t>(i)];
     mine.push_back(options_.subset.empty() ? position : options_.subset[static_cast<size_t>(position)]);
   }

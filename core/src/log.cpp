@@ -75,6 +75,14 @@ void write(loom_log_level level, const std::string& message) {
 
 void flush() { logger()->flush(); }
 
+void set_rank(int64_t rank, int64_t world_size) {
+  if (world_size <= 1) return;
+  const auto l = logger();
+  l->set_pattern(std::string(::isatty(STDERR_FILENO) ? "\r\033[2K" : "") + "%^[%H:%M:%S %L rank " +
+                 std::to_string(rank) + "]%$ %v");
+  if (rank != 0 && l->level() > spdlog::level::debug && l->level() < spdlog::level::warn) l->set_level(spdlog::level::warn);
+}
+
 Capture::Capture(loom_log_level level) {
   std::lock_guard<std::mutex> lock(capture_mutex);
   if (captured != nullptr) throw sdk::Error("internal: a log capture is already active");

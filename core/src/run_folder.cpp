@@ -15,7 +15,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+
+#include <cstring>
 #include <ctime>
+#include <optional>
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -121,7 +126,56 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
             " with that timeline's best files and metrics; nothing resumes or prunes them there");
 }
 
+namespace {
+
+// Rank 0's text on every rank, through the strategy's broadcast: its size (-1: rank 0 failed,
+// so that no rank waits for it until the timeout), then its bytes. `text` is read on rank 0.
+std::optional<std::string> from_rank0(sdk::ParallelStrategy& parallel, const std::optional<std::string>& text) {
+  HostMemoryScope host;
+  at::Tensor size = at::full({1}, text ? static_cast<int64_t>(text->size()) : int64_t{-1}, at::kLong);
+  parallel.broadcast({size});
+  const int64_t n = size.item<int64_t>();
+  if (n < 0) return std::nullopt;
+  at::Tensor bytes = at::zeros({std::max<int64_t>(n, 1)}, at::kByte);
+  if (parallel.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr(), text->data(), static_cast<size_t>(n));
+  if (n > 0) parallel.broadcast({bytes});
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
+}
+
+}  // namespace
+
+// With several ranks, rank 0 alone chooses, locks and writes the run folder; it hands the folder
+// and the checkpoint it resumed from to the others, which load that checkpoint and write nothing.
 void Trainer::open_run() {
+  if (parallel_->world_size() <= 1) return open_run_here();
+  if (parallel_->rank() != 0) return join_run();
+  try {
+    open_run_here();
+  } catch (...) {
+    try {
+      from_rank0(*parallel_, std::nullopt);  // the others stop now, not at the timeout
+    } catch (...) {
+    }
+    throw;
+  }
+  from_rank0(*parallel_, run_dir_.string() + "\n" + (resumed_at_ >= 0 ? resumed_from_.string() : std::string()));
+}
+
+void Trainer::join_run() {
+  const std::optional<std::string> shared = from_rank0(*parallel_, std::nullopt);
+  if (!shared)
+    throw Error("rank 0 could not open the run folder (its log says why); rank " + std::to_string(parallel_->rank()) +
+                " stops with it");
+  const size_t cut = shared->find('\n');
+  run_dir_ = shared->substr(0, cut);
+  const std::string checkpoint = cut == std::string::npos ? std::string() : shared->substr(cut + 1);
+  if (!checkpoint.empty()) {
+    load_checkpoint(checkpoint);
+    notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });
+  }
+}
+
+void Trainer::open_run_here() {
   const fs::path work_dir = options_.work_dir;
   std::string name = options_.name;
   fs::path checkpoint;

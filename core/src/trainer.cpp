@@ -69,6 +69,8 @@ void Trainer::setup() {
     build_callbacks();
   });
   in_phase("opening the run folder", [&] { open_run(); });
+  if (parallel_->world_size() > 1) in_phase("agreeing on the weights", [&] { broadcast_model(); });
+  seed_rank();
   report_startup();
 }
 
@@ -100,6 +102,7 @@ void Trainer::build_parallel() {
   parallel_ = registry_.create<sdk::ParallelStrategy>(name, component_values(config_, info));
   parallel_->setup(options_.device);
   device_ = parallel_->device();
+  log::set_rank(parallel_->rank(), parallel_->world_size());
 }
 
 void Trainer::build_memory() {

@@ -46,6 +46,7 @@ void Trainer::notify(const char* hook, const std::function<void(sdk::Callback&, 
 sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::kValidation : sdk::Split::kTest; }
 
 fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap& metadata) {
+  if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / file_name;  // rank 0 writes (save_checkpoint)
   const json state = json::parse(state_json());
   sdk::TextMap all = metadata;
   all["model"] = state["model"].dump();
@@ -114,9 +115,9 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   summary.oom_recoveries = oom_recoveries_;
   summary.recovery_seconds = recovery_seconds_;
   // A stop asked for at the last step is no early stop.
-  if (step_ >= total_steps_ && stop_signal_received() == 0) stop_reason_.clear();
+  if (step_ >= total_steps_ && stop_signal() == 0) stop_reason_.clear();
   summary.stop_reason = stop_reason_;
-  summary.signal = stop_signal_received();
+  summary.signal = stop_signal();
   if (!stop_reason_.empty()) log::info("stopped   early at step ", step_, " of ", total_steps_, ": ", stop_reason_);
 
   sdk::RunReport report;

@@ -90,6 +90,9 @@ std::string Trainer::state_json() const {
 
 fs::path Trainer::save_checkpoint() {
   flush_window();  // the skipped steps and the window's sums are part of the state
+  // Rank 0 writes; every rank holds the same state (the weights were broadcast and every update
+  // is the same sum), so the others only name the folder rank 0 writes.
+  if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / step_dir_name(step_);
   // Since resuming, no update had finite gradients: this state is the resumed checkpoint's at
   // best, and perhaps damaged; writing it could let pruning delete the good checkpoints.
   if (resumed_at_ >= 0 && step_ > resumed_at_ && skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_) {
@@ -116,7 +119,8 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   const Checkpoint c = CheckpointStore::load(dir);
   // Every field is read with its type and range before anything changes: a damaged file leaves
   // the run as it was (and --resume auto falls back to an older checkpoint).
-  const SavedState saved = parse_state_json(c.state_json, dir / "state.json", train_loader_->samples_per_epoch());
+  const SavedState saved =
+      parse_state_json(c.state_json, dir / "state.json", train_loader_->samples_per_epoch() * parallel_->world_size());
   const int64_t step = saved.step;
   const std::string& model_name = saved.model_name;
   const auto& model_config = saved.model_config;
@@ -127,7 +131,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   schedule.text = saved.schedule;
   const std::string& schedule_name = saved.schedule_name;
   const sdk::BatchPlan saved_plan = saved.plan;
-  const DataLoader::Position position{saved.epoch, saved.offset};
+  const DataLoader::Position position = position_for_world(saved.epoch, saved.offset, saved.plan.world_size);
   LogWindow window;
   window.steps = saved.window_steps;
   window.samples = saved.window_samples;

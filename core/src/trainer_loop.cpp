@@ -44,7 +44,7 @@ TrainSummary Trainer::train() {
     const double dt = seconds_since(start);
     train_seconds += dt;
     window_.add(r, dt);
-    const int sig = stop_signal_received();  // stop now: a checkpoint, no evaluation
+    const int sig = stop_signal();  // stop now: a checkpoint, no evaluation (agreed by every rank)
     if (sig != 0 && stop_reason_.empty()) stop_reason_ = signal_name(sig) + " received";
     if (step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty()) {
       flush_window();
@@ -57,10 +57,14 @@ TrainSummary Trainer::train() {
       report.evaluated = evaluate_and_report(selection_split());
     report.last = step_ == total_steps_ || !stop_reason_.empty();
     notify("on_step_end", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_end(run, report); });
+    // A callback that stops one rank's run stops every rank's (their next step would wait for it).
+    if (parallel_->world_size() > 1 && any_rank(!stop_reason_.empty()) && stop_reason_.empty())
+      stop_reason_ = "another rank's callback stopped the run";
   }
   // The test split, once, at the end (when validation chose the best checkpoint).
-  if (selection_split() == sdk::Split::kValidation && step_ > first_step && stop_signal_received() == 0)
+  if (selection_split() == sdk::Split::kValidation && step_ > first_step && stop_signal() == 0)
     evaluate_and_report(sdk::Split::kTest);
+  check_replicas();
   return finish_run(first_step, train_seconds);
 }
 

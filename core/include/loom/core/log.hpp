@@ -10,6 +10,7 @@
 #include <loom/sdk/abi.h>
 #include <loom/sdk/log.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ bool enabled(loom_log_level level);
 void write(loom_log_level level, const std::string& message);
 /// Writes pending lines (before the process exits or hands the terminal to a progress line).
 void flush();
+
+/// A process of a multi-process job: its lines carry "rank R" after the time, and ranks other
+/// than 0 keep only warnings and errors (unless the level asked is debug or trace), so a job's
+/// console reads as one run's with each rank's problems.
+void set_rank(int64_t rank, int64_t world_size);
 
 /// While alive, also keeps every line written at `level` or above (the host's lines that pass the
 /// logger's level, and every plugin's), for tests and for callers that quote a component.

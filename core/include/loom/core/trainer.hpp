@@ -231,6 +231,15 @@ class Trainer {
   void build_callbacks();
   /// Chooses, claims and locks the run folder, resumes (run_folder.cpp).
   void open_run();
+  void open_run_here();  // rank 0 (or a single process): chooses, locks and writes the run folder
+  void join_run();       // other ranks: rank 0's run folder and checkpoint, nothing written
+  // Several ranks (trainer_parallel.cpp): what every rank must agree on.
+  void broadcast_model();         // rank 0's parameters and buffers on every rank
+  void seed_rank();               // ranks > 0 draw their own dropout
+  bool any_rank(bool local);      // true on every rank when it is true on one
+  int stop_signal();              // a stop signal any rank received (agreed once per step)
+  void check_replicas();          // at the end: every rank's weights are rank 0's
+  DataLoader::Position position_for_world(int64_t epoch, int64_t offset, int64_t saved_world) const;
   void lock_run(const std::filesystem::path& dir);
   /// Loads the newest checkpoint of a run folder that loads; false (with the reasons added to
   /// `problems`) when none does. A checkpoint that does not fit this run (ResumeRefused) throws.
@@ -361,6 +370,7 @@ class Trainer {
   std::optional<EvalResult> last_eval_;
   int64_t eval_every_ = 1;
   int64_t resumed_at_ = -1;
+  int agreed_signal_ = 0;  // a stop signal of another rank, agreed at the step (stop_signal())
   std::filesystem::path resumed_from_;
   std::unique_ptr<FileLock> run_lock_;  ///< held while the trainer lives
   std::function<void(const std::vector<at::Tensor>&)> gradient_hook_;

@@ -1,0 +1,260 @@
+// `loom launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P] --
+// train ...`: starts this node's N processes of a multi-process job (parallel = ddp), each with the
+// variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+// MASTER_ADDR, MASTER_PORT), forwards their output, and watches them: when one fails, the others
+// are stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits non-zero naming
+// the rank, how it ended and its last line. Ctrl-C (SIGINT/SIGTERM) is passed on to every rank; a
+// launcher that is killed outright stops its ranks (SIGTERM, through PR_SET_PDEATHSIG).
+#include "cli.hpp"
+
+#include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace loom::cli {
+
+namespace {
+
+volatile std::sig_atomic_t interrupted = 0;
+void on_signal(int signal) { interrupted = signal; }
+
+struct Child {
+  int64_t rank = 0;
+  pid_t pid = -1;
+  int out = -1;          // the read end of its stdout and stderr
+  std::string partial;   // a line not yet ended
+  std::string last;      // its last complete, non-empty line
+  bool running = true;
+  int status = 0;
+};
+
+/// A port nothing listens on now (the kernel's choice), for a one-node job without --master-port.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error(std::string("loom launch: no socket for choosing a port: ") + std::strerror(errno));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof address;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0;
+  ::close(fd);
+  if (!ok) throw Error("loom launch: could not choose a free port; give one with --master-port");
+  return ntohs(address.sin_port);
+}
+
+std::string ended(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+                                  ::strsignal(WTERMSIG(status)) + ")";
+  return "ended";
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& env, const std::vector<std::string>& args) {
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) throw Error(std::string("loom launch: pipe: ") + std::strerror(errno));
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> strings = args;
+  strings.insert(strings.begin(), ec ? std::string("loom") : self.string());
+  std::vector<char*> argv;
+  for (auto& s : strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> environment;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const auto& mine : env) replaced = replaced || mine.rfind(name + "=", 0) == 0;
+    if (!replaced && name != "RANK" && name != "LOCAL_RANK") environment.push_back(entry);
+  }
+  for (const auto& e : env) environment.push_back(e);
+  environment.push_back("RANK=" + std::to_string(rank));
+  environment.push_back("LOCAL_RANK=" + std::to_string(local_rank));
+  std::vector<char*> envp;
+  for (auto& s : environment) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  const pid_t launcher = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(std::string("loom launch: fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::dup2(pipe_fds[1], STDOUT_FILENO);
+    ::dup2(pipe_fds[1], STDERR_FILENO);
+    ::setpgid(0, 0);  // the terminal's Ctrl-C reaches the launcher, which passes it on
+    // A launcher killed outright (kill -9, an out-of-memory killer) takes its ranks with it:
+    // they stop as on Ctrl-C, after the step, rank 0 writing a checkpoint.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != launcher) ::_exit(1);  // it died before prctl
+    ::execve(argv[0], argv.data(), envp.data());
+    const char message[] = "loom launch: could not start the rank's process\n";
+    (void)!::write(STDERR_FILENO, message, sizeof message - 1);
+    ::_exit(127);
+  }
+  ::close(pipe_fds[1]);
+  Child c;
+  c.rank = rank;
+  c.pid = pid;
+  c.out = pipe_fds[0];
+  return c;
+}
+
+// Forwards what a child wrote, line by line (a line of one rank is never cut by another's).
+void drain(Child& c, bool all) {
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(c.out, buffer, sizeof buffer);
+    if (n <= 0) {
+      if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        if (!c.partial.empty()) {
+          std::cerr << c.partial << "\n";
+          c.last = c.partial;
+          c.partial.clear();
+        }
+        ::close(c.out);
+        c.out = -1;
+      }
+      return;
+    }
+    c.partial.append(buffer, static_cast<size_t>(n));
+    size_t start = 0, end;
+    while ((end = c.partial.find('\n', start)) != std::string::npos) {
+      std::string line = c.partial.substr(start, end - start);
+      std::cerr << line << "\n";
+      const size_t cr = line.rfind('\r');  // a progress line redrawn in place: its last state
+      if (cr != std::string::npos) line = line.substr(cr + 1);
+      if (!line.empty()) c.last = line;
+      start = end + 1;
+    }
+    c.partial.erase(0, start);
+    std::cerr.flush();
+    if (!all) return;
+  }
+}
+
+void signal_all(std::vector<Child>& children, int signal) {
+  for (auto& c : children)
+    if (c.running) ::kill(c.pid, signal);
+}
+
+}  // namespace
+
+int cmd_launch(const Invocation& invocation) {
+  const auto& o = invocation.options;
+  const int64_t nproc = o["nproc-per-node"].as<int64_t>();
+  const int64_t nnodes = o["nnodes"].as<int64_t>();
+  const int64_t node_rank = o["node-rank"].as<int64_t>();
+  const std::string master = o["master-addr"].as<std::string>();
+  int64_t port = o["master-port"].as<int64_t>();
+  const double grace = o["grace"].as<double>();
+  if (nproc < 1 || nproc > 1024) throw Error("loom launch: --nproc-per-node " + std::to_string(nproc) + " is not in 1 ... 1024");
+  if (nnodes < 1 || nnodes > 65536) throw Error("loom launch: --nnodes " + std::to_string(nnodes) + " is not in 1 ... 65536");
+  if (node_rank < 0 || node_rank >= nnodes)
+    throw Error("loom launch: --node-rank " + std::to_string(node_rank) + " is not in 0 ... " + std::to_string(nnodes - 1));
+  if (port < 0 || port > 65535) throw Error("loom launch: --master-port " + std::to_string(port) + " is not a port");
+  if (port == 0) {
+    if (nnodes > 1) throw Error("loom launch: --nnodes " + std::to_string(nnodes) + " needs --master-port, the same on every node");
+    port = free_port();
+  }
+  if (invocation.args.empty())
+    throw Error("loom launch: no command to launch; e.g. loom launch --nproc-per-node 2 -- train -c my.ini "
+                "--set parallel.name=ddp");
+  const std::string world = std::to_string(nproc * nnodes);
+  const std::vector<std::string> env{"WORLD_SIZE=" + world, "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
+                                     "GROUP_RANK=" + std::to_string(node_rank), "MASTER_ADDR=" + master,
+                                     "MASTER_PORT=" + std::to_string(port)};
+  core::log::info("launch    ", nproc, " process", nproc == 1 ? "" : "es", " on node ", node_rank, " of ", nnodes,
+                  " (ranks ", node_rank * nproc, " ... ", node_rank * nproc + nproc - 1, " of ", world, "), rank 0 at ",
+                  master, ":", port);
+
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  std::vector<Child> children;
+  for (int64_t i = 0; i < nproc; ++i) children.push_back(start(node_rank * nproc + i, i, env, invocation.args));
+
+  const Child* first_failure = nullptr;
+  bool forwarded = false;
+  std::chrono::steady_clock::time_point stop_by{};
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<Child*> owners;
+    for (auto& c : children)
+      if (c.out >= 0) {
+        fds.push_back({c.out, POLLIN, 0});
+        owners.push_back(&c);
+      }
+    if (!fds.empty()) {
+      const int ready = ::poll(fds.data(), fds.size(), 200);
+      for (size_t i = 0; ready > 0 && i < fds.size(); ++i)
+        if (fds[i].revents != 0) drain(*owners[i], false);
+    } else {
+      ::usleep(50 * 1000);
+    }
+    int status = 0;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, WNOHANG)) > 0)
+      for (auto& c : children)
+        if (c.pid == pid) {
+          c.running = false;
+          c.status = status;
+          if (c.out >= 0) drain(c, true);
+          if (failed(status) && first_failure == nullptr && !interrupted) {
+            first_failure = &c;
+            signal_all(children, SIGTERM);
+            stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
+          }
+        }
+    if (interrupted && !forwarded) {
+      signal_all(children, interrupted);
+      forwarded = true;
+      stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
+    }
+    bool any = false;
+    for (const auto& c : children) any = any || c.running;
+    if (!any) break;
+    if (stop_by != std::chrono::steady_clock::time_point{} && std::chrono::steady_clock::now() > stop_by) {
+      signal_all(children, SIGKILL);
+      stop_by = {};
+    }
+  }
+  for (auto& c : children)
+    if (c.out >= 0) drain(c, true);
+  if (first_failure != nullptr) {
+    core::log::error("launch: rank ", first_failure->rank, " ", ended(first_failure->status),
+                     "; the other ranks were stopped. Its last line: ",
+                     first_failure->last.empty() ? "(none)" : first_failure->last);
+    return 1;
+  }
+  if (interrupted) {
+    core::log::warn("launch: interrupted (", ::strsignal(interrupted), "), passed on to every rank");
+    return 128 + interrupted;
+  }
+  return 0;
+}
+
+}  // namespace loom::cli

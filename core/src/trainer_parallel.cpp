@@ -1,0 +1,99 @@
+// What the ranks of a multi-process run (parallel = ddp) must agree on, beyond the gradients and
+// the reports the step sums (trainer_step.cpp): the weights at the start, when to stop, where in
+// the data a resumed run with another world size goes on, and, at the end, that every rank still
+// holds the same weights. Rank 0's run folder and checkpoint: run_folder.cpp.
+#include <loom/core/log.hpp>
+#include <loom/core/trainer.hpp>
+#include "trainer_internal.hpp"
+
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/GradMode.h>
+
+#include <csignal>
+
+namespace loom::core {
+
+void Trainer::broadcast_model() {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> tensors;
+  for (const auto& [name, t] : model_tensors()) tensors.push_back(t);  // by name: the same order on every rank
+  parallel_->broadcast(tensors);
+}
+
+// Rank 0 keeps the run's seed, so that its stream is a single process's; the others draw
+// dropout (and anything else random in the step) of their own. The model was built before, from
+// the same seed on every rank, then broadcast; the data's order has its own generator.
+void Trainer::seed_rank() {
+  if (parallel_->rank() == 0) return;
+  at::manual_seed(static_cast<uint64_t>(options_.seed) + 1000003ULL * static_cast<uint64_t>(parallel_->rank()) +
+                  static_cast<uint64_t>(step_));
+}
+
+bool Trainer::any_rank(bool local) {
+  if (parallel_->world_size() <= 1) return local;
+  HostMemoryScope host;
+  at::Tensor flag = at::full({1}, local ? 1.0f : 0.0f, at::kFloat);
+  parallel_->all_reduce_sum({flag});
+  return flag.item<float>() > 0;
+}
+
+// A Ctrl-C reaches the ranks at different moments: the step at which the run stops, skips its
+// evaluation and writes its checkpoint must be the same on all, or one would wait in a
+// collective the others never join.
+int Trainer::stop_signal() {
+  const int local = stop_signal_received();
+  if (parallel_->world_size() <= 1) return local;
+  if (agreed_signal_ == 0 && any_rank(local != 0)) agreed_signal_ = local != 0 ? local : SIGTERM;
+  return agreed_signal_;
+}
+
+void Trainer::check_replicas() {
+  if (parallel_->world_size() <= 1) return;
+  at::NoGradGuard no_grad;
+  HostMemoryScope host;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> mine, theirs;
+  for (const auto& [name, t] : model_tensors()) {
+    names.push_back(name);
+    mine.push_back(t.detach().to(at::kCPU));
+    theirs.push_back(mine.back().clone());
+  }
+  parallel_->broadcast(theirs);  // rank 0's
+  int64_t differ = 0;
+  std::string first;
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (!at::equal(mine[i], theirs[i]) && differ++ == 0) first = names[i];
+  if (!any_rank(differ > 0)) {
+    log::info("parallel  weights identical on all ", parallel_->world_size(), " ranks at the end (", mine.size(),
+              " tensors compared with rank 0's)");
+    return;
+  }
+  throw Error("the ranks ended with different weights" +
+              (differ > 0 ? ": rank " + std::to_string(parallel_->rank()) + " differs from rank 0 in " +
+                                std::to_string(differ) + " tensors (first: " + first + ")"
+                          : std::string(" (the ranks that differ name their tensors)")) +
+              "; a plugin that draws or reduces differently per rank is the likely cause. Rank 0's checkpoints "
+              "were written");
+}
+
+// The data position of a checkpoint is a rank's offset into its share of the epoch; every rank
+// of a world of W has taken as many samples, so the epoch's global position is offset x W, and
+// in a world of W' each rank resumes at that / W'. The permutation of an epoch does not depend on
+// the world, so the samples left are the same.
+DataLoader::Position Trainer::position_for_world(int64_t epoch, int64_t offset, int64_t saved_world) const {
+  const int64_t world = parallel_->world_size();
+  if (saved_world == world) return {epoch, offset};
+  const int64_t global = offset * saved_world;
+  if (global % world != 0)
+    log::warn("the checkpoint's data position (", global, " samples into epoch ", epoch, " over ", saved_world,
+              " ranks) does not divide among ", world, " ranks; each rank goes on from sample ", global / world,
+              " of its share");
+  log::info("resuming a run of ", saved_world, " rank", saved_world == 1 ? "" : "s", " with ", world, ": ", global,
+            " samples into epoch ", epoch, " are ", global / world, " of each rank's share");
+  return {epoch, std::min(global / world, train_loader_->samples_per_epoch())};
+}
+
+}  // namespace loom::core

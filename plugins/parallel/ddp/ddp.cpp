@@ -1,0 +1,207 @@
+// ddp: one process per device, the processes of a job joined in a c10d process group (Gloo on the
+// CPU; NCCL on CUDA where this build has it), as PyTorch's DistributedDataParallel joins them.
+// The launcher's variables (<loom/sdk/launch.hpp>: torchrun, `loom launch`, Slurm, Open MPI)
+// give the rank, the world and rank 0's address; rank 0 hosts a c10d::TCPStore there (under
+// torchrun's elastic agent the agent's store is joined instead) and every rank builds its
+// process group on it. The trainer sums gradients and the step's report over the ranks through
+// all_reduce_sum and divides by the global count once, so the update is that of one process
+// with the whole global batch.
+#include <loom/sdk/launch.hpp>
+#include <loom/sdk/sdk.hpp>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/cuda.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+using loom::sdk::Error;
+
+bool is_loopback(const std::string& address) {
+  return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
+}
+
+class Ddp final : public loom::sdk::ParallelStrategy {
+ public:
+  static constexpr loom_option_spec kOptions[] = {
+      loom::sdk::option_enum("backend", "auto", "auto|gloo|nccl",
+                             "the collective engine: auto is NCCL on CUDA, Gloo on the CPU"),
+      loom::sdk::option_float("timeout", "300",
+                              "seconds a collective (or the rendezvous) waits for the other ranks before the run "
+                              "stops with an error: a rank that died or hangs",
+                              "1..86400"),
+  };
+
+  explicit Ddp(const loom::sdk::Options& o)
+      : backend_(o.get_string("backend")),
+        timeout_(std::chrono::milliseconds(static_cast<int64_t>(o.get_float("timeout") * 1000))) {}
+
+  void setup(const std::string& device) override {
+    const auto env = loom::sdk::launch_environment();
+    if (!env)
+      throw Error(
+          "parallel = ddp runs one process per device, started by a launcher: `loom launch --nproc-per-node N -- "
+          "train ...`, `torchrun --no-python --nproc-per-node N loom train ...`, srun or mpirun (none of RANK, "
+          "SLURM_PROCID, OMPI_COMM_WORLD_RANK is set). For one process use parallel = single");
+    env_ = *env;
+    choose_device(device);
+    if (backend_ == "auto") backend_ = device_.is_cuda() ? "nccl" : "gloo";
+    if (backend_ == "nccl")
+      throw Error("parallel.backend = nccl: this build of the ddp plugin has Gloo only (NCCL comes with issue 13's "
+                  "GPU part); set parallel.backend = gloo, which also reduces CUDA tensors through host copies");
+    join();
+  }
+
+  int64_t rank() const override { return env_.rank; }
+  int64_t world_size() const override { return env_.world_size; }
+  c10::Device device() const override { return device_; }
+
+  void broadcast(const std::vector<at::Tensor>& tensors) override {
+    for (const auto& t : tensors) {
+      std::vector<at::Tensor> one{host(t)};
+      run("a broadcast from rank 0", [&] { return group_->broadcast(one); });
+      copy_back(t, one.front());
+    }
+  }
+
+  void all_reduce_sum(const std::vector<at::Tensor>& tensors) override {
+    // One all-reduce per tensor (the trainer hands a few flat gradient buffers and one report),
+    // all queued before the first wait so that Gloo runs them back to back.
+    std::vector<std::vector<at::Tensor>> buffers;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    buffers.reserve(tensors.size());
+    for (const auto& t : tensors) buffers.push_back({host(t)});
+    for (auto& b : buffers)
+      works.push_back(call("an all-reduce", [&] { return group_->allreduce(b, c10d::AllreduceOptions{}); }));
+    for (auto& w : works) wait("an all-reduce", w);
+    for (size_t i = 0; i < tensors.size(); ++i) copy_back(tensors[i], buffers[i].front());
+  }
+
+  void barrier() override { run("a barrier", [&] { return group_->barrier(); }); }
+
+  void teardown() override {
+    group_.reset();
+    store_.reset();
+  }
+
+ private:
+  void choose_device(const std::string& device) {
+    const bool cuda = torch::cuda::is_available();
+    if (device == "auto" || device == "cuda") {
+      if (cuda && env_.local_rank < static_cast<int64_t>(torch::cuda::device_count())) {
+        device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank));
+        return;
+      }
+      if (device == "cuda")
+        throw Error("trainer.device = cuda, parallel = ddp: local rank " + std::to_string(env_.local_rank) +
+                    " has no CUDA device of its own (" + std::to_string(cuda ? torch::cuda::device_count() : 0) +
+                    " visible); start as many processes per node as GPUs, or use trainer.device = cpu");
+      device_ = c10::Device(c10::kCPU);
+      return;
+    }
+    if (device == "cpu") {
+      device_ = c10::Device(c10::kCPU);
+      return;
+    }
+    throw Error("trainer.device = '" + device + "' with parallel = ddp: use auto, cpu or cuda (each process takes the "
+                "GPU of its local rank)");
+  }
+
+  void join() {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(env_.port);
+    options.isServer = env_.rank == 0 && !env_.agent_store;
+    options.numWorkers = static_cast<size_t>(env_.world_size);
+    options.waitWorkers = !env_.agent_store;
+    options.timeout = timeout_;
+    c10::intrusive_ptr<c10d::Store> store;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, options);
+    } catch (const std::exception& e) {
+      throw Error("ddp: rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) +
+                  " could not meet the others at " + env_.master_addr + ":" + std::to_string(env_.port) + " within " +
+                  seconds() + " (" + first_line(e.what()) +
+                  "). Are all ranks started, MASTER_ADDR reachable and the port free? parallel.timeout waits longer");
+    }
+    if (env_.agent_store)
+      store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env_.restart), store);
+    store_ = store;
+    auto gloo = c10d::ProcessGroupGloo::Options::create(timeout_);
+    const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
+    try {
+      if (interface != nullptr && *interface != '\0')
+        gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(interface));
+      else if (is_loopback(env_.master_addr))
+        gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      else
+        gloo->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, static_cast<int>(env_.rank),
+                                                           static_cast<int>(env_.world_size), gloo);
+    } catch (const std::exception& e) {
+      throw Error("ddp: rank " + std::to_string(env_.rank) + " could not join the Gloo process group: " +
+                  first_line(e.what()) + " (GLOO_SOCKET_IFNAME names the network interface to use)");
+    }
+  }
+
+  // Gloo reduces host memory: a CUDA tensor travels through a host copy (NCCL will not need one).
+  static at::Tensor host(const at::Tensor& t) { return t.is_cpu() && t.is_contiguous() ? t : t.to(at::kCPU).contiguous(); }
+  static void copy_back(const at::Tensor& target, const at::Tensor& buffer) {
+    if (!buffer.is_same(target)) target.copy_(buffer);
+  }
+
+  template <typename F>
+  c10::intrusive_ptr<c10d::Work> call(const char* what, F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      throw failed(what, e);
+    }
+  }
+  void wait(const char* what, const c10::intrusive_ptr<c10d::Work>& work) {
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      throw failed(what, e);
+    }
+  }
+  template <typename F>
+  void run(const char* what, F&& f) {
+    wait(what, call(what, std::forward<F>(f)));
+  }
+
+  // A collective fails when another rank is gone (its connection closes) or silent for the
+  // timeout. Which rank: with two, the other one; with more, the launcher says (loom launch names
+  // the rank that exited first).
+  Error failed(const char* what, const std::exception& e) const {
+    const std::string who = env_.world_size == 2 ? "rank " + std::to_string(1 - env_.rank)
+                                                 : "another rank (the launcher's log names which)";
+    return Error("ddp: " + std::string(what) + " on rank " + std::to_string(env_.rank) + " of " +
+                 std::to_string(env_.world_size) + " failed: " + who + " stopped or did not answer within " + seconds() +
+                 " (" + first_line(e.what()) + ")");
+  }
+
+  std::string seconds() const { return std::to_string(timeout_.count() / 1000) + " s (parallel.timeout)"; }
+
+  static std::string first_line(const std::string& text) {
+    std::string line = text.substr(0, text.find('\n'));
+    return line.size() > 300 ? line.substr(0, 300) + "..." : line;
+  }
+
+  std::string backend_;
+  std::chrono::milliseconds timeout_;
+  loom::sdk::LaunchEnvironment env_;
+  c10::Device device_{c10::kCPU};
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+};
+
+}  // namespace
+
+LOOM_PLUGIN("ddp", "1.0.0",
+            loom::sdk::component<Ddp>("ddp", "one process per device, gradients summed over a c10d process group"))

@@ -1,0 +1,193 @@
+"""parallel = ddp on the CPU over loopback (Gloo): two processes train as one process with the same
+global batch does; launched by `loom launch`, by torchrun and as two "nodes"; a rank that dies
+stops the other with an error naming it; a job killed with SIGKILL resumes with another world
+size and goes on as the run that never stopped."""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from common import SMALL, loom, metrics, workdir
+
+exe = sys.argv[1]
+torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+BASE = [*SMALL, "--set", "model.dropout=0", "--set", "trainer.threads=1", "--set", "parallel.timeout=20"]
+DDP = ["--set", "parallel.name=ddp"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def losses(run):
+    return {m["step"]: m["train/loss"] for m in metrics(run) if "train/loss" in m}
+
+
+def close(a, b, what, rel=1e-5):
+    assert sorted(a) == sorted(b), f"{what}: steps {sorted(a)} != {sorted(b)}"
+    for s in a:
+        assert abs(a[s] - b[s]) <= rel * max(abs(b[s]), 1e-8), f"{what}, step {s}: {a[s]} != {b[s]}"
+
+
+def launch(*args, timeout=600, check=True):
+    r = subprocess.run([exe, "launch", *args], capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        print(r.stdout, r.stderr, sep="\n")
+        raise SystemExit(f"loom launch {' '.join(args)} failed with {r.returncode}")
+    return r
+
+
+def weights(run):
+    from safetensors.numpy import load_file
+    step = sorted(d for d in os.listdir(os.path.join(run, "checkpoints")) if d.startswith("step_"))[-1]
+    return load_file(os.path.join(run, "checkpoints", step, "model.safetensors"))
+
+
+work = workdir()
+try:
+    args = [*BASE, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=20"]
+
+    # 1. Two ranks of 16 equal one process of 32: losses and weights (and every rank holds rank 0's).
+    loom(exe, "train", *args, "--set", "trainer.name=single")
+    r = launch("--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "trainer.name=ddp")
+    assert "batch 32 = 16 x 1 x 2" in r.stderr, r.stderr
+    assert "weights identical on all 2 ranks" in r.stderr, r.stderr
+    single = losses(os.path.join(work, "single"))
+    close(losses(os.path.join(work, "ddp")), single, "ddp x 2 against single")
+    # Weights within 1e-5 of single's, except where single differs from itself as much: AdamW
+    # divides by the root of the squared gradients, so a parameter whose true gradient is zero
+    # (the key part of an attention's qkv bias: softmax ignores a constant added to every key)
+    # moves by rounding noise, about lr per step, however the sums are ordered. The same single
+    # run on 2 threads instead of 1 measures that noise.
+    loom(exe, "train", *args, "--set", "trainer.name=single_2t", "--set", "trainer.threads=2")
+    ws, wd, wt = (weights(os.path.join(work, n)) for n in ("single", "ddp", "single_2t"))
+    assert sorted(ws) == sorted(wd)
+    worst = 0.0
+    for k in ws:
+        diff, noise = float(abs(ws[k] - wd[k]).max()), float(abs(ws[k] - wt[k]).max())
+        assert diff <= max(1e-5, 4 * noise), f"{k}: ddp differs from single by {diff} (single 1 vs 2 threads: {noise})"
+        worst = max(worst, diff) if noise <= 1e-5 else worst
+    print(f"ddp x 2 = single over 20 steps (weights within {worst:.1e} where single agrees with itself); ranks identical")
+
+    # 2. With accumulation: 8 x 2 micro-batches on each of 2 ranks, against 16 x 2 in one process.
+    acc = ["--set", "trainer.gradient_accumulation_steps=2"]
+    loom(exe, "train", *args, *acc, "--set", "trainer.name=single_acc")
+    r = launch("--nproc-per-node", "2", "--", "train", *args, *acc, *DDP, "--set", "trainer.name=ddp_acc")
+    assert "batch 32 = 8 x 2 x 2" in r.stderr, r.stderr
+    close(losses(os.path.join(work, "ddp_acc")), losses(os.path.join(work, "single_acc")), "ddp with accumulation")
+    print("ddp x 2 with accumulation = single with accumulation")
+
+    # 3. Started by torchrun (its elastic agent hosts the store) instead of loom launch.
+    if os.path.exists(torchrun):
+        t = subprocess.run([torchrun, "--no-python", "--nproc-per-node", "2", "--master-port", str(free_port()), exe,
+                            "train", *args, *DDP, "--set", "trainer.name=torchrun"],
+                           capture_output=True, text=True, timeout=600)
+        if t.returncode != 0:
+            print(t.stdout, t.stderr, sep="\n")
+            raise SystemExit(f"torchrun failed with {t.returncode}")
+        close(losses(os.path.join(work, "torchrun")), single, "ddp under torchrun")
+        print("ddp x 2 under torchrun --no-python = single")
+    else:
+        print(f"(no {torchrun}: the torchrun case is left out)")
+
+    # 4. Two "nodes" of one process each, on loopback.
+    port = str(free_port())
+    nodes = [subprocess.Popen([exe, "launch", "--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "1",
+                               "--master-port", port, "--", "train", *args, *DDP, "--set", "trainer.name=nodes"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in nodes]
+    for n, p in enumerate(nodes):
+        assert p.returncode == 0, f"node {n}: {outs[n][1]}"
+    close(losses(os.path.join(work, "nodes")), single, "two nodes")
+    print("two nodes of one rank each = single")
+
+    # 5. A rank killed: the other stops with an error naming it, well within a minute.
+    long = [*BASE, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=100000", "--set",
+            "parallel.timeout=30", *DDP, "--set", "trainer.name=killed_rank"]
+    port = str(free_port())
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    ranks = [subprocess.Popen([exe, "train", *long], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    jsonl = os.path.join(work, "killed_rank", "metrics.jsonl")
+    deadline = time.time() + 120
+    while not (os.path.exists(jsonl) and os.path.getsize(jsonl) > 0):
+        assert time.time() < deadline and ranks[0].poll() is None, "rank 0 did not start training"
+        time.sleep(0.05)
+    ranks[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    _, err = ranks[0].communicate(timeout=90)
+    waited = time.time() - killed_at
+    ranks[1].communicate()
+    assert ranks[0].returncode != 0, "rank 0 went on without rank 1"
+    assert "rank 1 stopped" in err, err[-2000:]
+    assert waited <= 60, f"rank 0 took {waited:.0f} s to stop"
+    print(f"rank 1 killed: rank 0 stopped {waited:.1f} s later naming it")
+
+    # ... and under loom launch, which names the rank and stops the rest.
+    p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=killed_launch"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    jsonl = os.path.join(work, "killed_launch", "metrics.jsonl")
+    deadline = time.time() + 120
+    while not (os.path.exists(jsonl) and os.path.getsize(jsonl) > 0):
+        assert time.time() < deadline and p.poll() is None, "the launched job did not start training"
+        time.sleep(0.05)
+    children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    rank1 = [c for c in children if "RANK=1" in open(f"/proc/{c}/environ", "rb").read().decode(errors="replace").split("\0")]
+    assert rank1, f"no rank 1 among {children}"
+    os.kill(int(rank1[0]), signal.SIGKILL)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode != 0 and "launch: rank 1 was killed by signal 9" in err, err[-2000:]
+    print("loom launch: rank 1 killed -> the job stopped, the launcher named rank 1")
+
+    # 6. A whole job killed with SIGKILL resumes with another world size (the global batch and
+    # the data position kept) and goes on as the run that never stopped.
+    STEPS = 300
+    res = [*BASE, "--set", f"trainer.work_dir={work}", "--set", f"trainer.max_steps={STEPS}",
+           "--set", "trainer.checkpoint_every=20", "--set", "trainer.eval_every=100"]
+    loom(exe, "train", *res, "--set", "trainer.name=straight")
+    straight = losses(os.path.join(work, "straight"))
+    for first, then in ((2, 1), (1, 2), (2, 2)):
+        name = f"resume_{first}_{then}"
+        run = os.path.join(work, name)
+        cmd = ([exe, "launch", "--nproc-per-node", str(first), "--", "train", *res, *DDP] if first > 1
+               else [exe, "train", *res])
+        job = subprocess.Popen(cmd + ["--set", f"trainer.name={name}"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+        checkpoints = os.path.join(run, "checkpoints")
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            done = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+            if any(d.startswith("step_") and int(d[5:]) >= 60 for d in done):
+                break
+            assert job.poll() is None, "the job ended before it could be killed"
+            time.sleep(0.01)
+        # The whole job at once, as a scheduler kills it: every rank, then the launcher.
+        ranks = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+        for pid in [*map(int, ranks), job.pid]:
+            os.kill(pid, signal.SIGKILL)
+        job.wait()
+        for pid in map(int, ranks):
+            while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+                time.sleep(0.01)
+        last = max(int(d[5:]) for d in os.listdir(checkpoints) if d.startswith("step_"))
+        assert last < STEPS
+        again = [*res, "--set", f"trainer.name={name}", "--resume", "auto"]
+        if then > 1:
+            out = launch("--nproc-per-node", str(then), "--", "train", *again, *DDP)
+        else:
+            out = loom(exe, "train", *again)
+        assert f"at step {last}" in out.stderr, out.stderr[-3000:]
+        resumed = losses(run)
+        assert sorted(resumed) == list(range(1, STEPS + 1)), "metrics.jsonl must hold every step once"
+        close({s: v for s, v in resumed.items() if s > last}, {s: v for s, v in straight.items() if s > last},
+              f"killed with {first} rank(s), resumed with {then}")
+        print(f"killed with {first} rank(s) after step {last}, resumed with {then}: steps {last + 1}..{STEPS} "
+              "as the run that never stopped")
+finally:
+    shutil.rmtree(work, ignore_errors=True)
+print("ddp test passed")
