@@ -232,6 +232,7 @@ void Trainer::build_plan() {
                 " (", policy->describe(), ")");
     plan_ = context.plan;
   }
+  plan_ = agree_plan(plan_);
   if (options_.estimate_memory && plan_.micro_batch >= 2) {
     // Probes now, so the end of the run can say how far the estimate was off.
     fit_ = activation_fit(plan_.micro_batch);

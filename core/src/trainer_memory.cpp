@@ -188,6 +188,16 @@ StepResult Trainer::step_with_recovery(bool read_values) {
         }
       if (replanned && context.plan.global() != plan_.global())
         throw Error("memory policy changed the global batch while recovering from out-of-memory; refusing");
+      // Every rank re-plans (the others learnt of the failure at the step's agreement); they go
+      // on with the smallest micro-batch any chose. A rank with no policy that can re-plan stops
+      // the run on every rank.
+      if (parallel_->world_size() > 1 && any_rank(!replanned)) {
+        if (replanned)  // the rank that could not re-plan says why below
+          throw Error("a rank ran out of memory at step " + std::to_string(step_ + 1) +
+                      " and could not re-plan (its log says why); every rank stops");
+      } else if (replanned) {
+        context.plan = agree_plan(context.plan);
+      }
       if (!replanned) {
         if (options_.snapshot_on_oom && device_.is_cuda()) {
           const auto path = run_dir_ / "oom_snapshot.pickle";

@@ -40,6 +40,27 @@ bool Trainer::any_rank(bool local) {
   return flag.item<float>() > 0;
 }
 
+// Memory policies plan on every rank, each from its own device's memory: the ranks go on with
+// the plan of the smallest micro-batch (the first such rank's), so that every rank fits it.
+sdk::BatchPlan Trainer::agree_plan(const sdk::BatchPlan& mine) {
+  const int64_t world = parallel_->world_size();
+  if (world <= 1) return mine;
+  HostMemoryScope host;
+  at::Tensor plans = at::zeros({world, 2}, at::kDouble);  // each rank fills its row; the sum is everyone's
+  plans[parallel_->rank()][0] = static_cast<double>(mine.micro_batch);
+  plans[parallel_->rank()][1] = static_cast<double>(mine.accumulation);
+  parallel_->all_reduce_sum({plans});
+  const auto* v = plans.data_ptr<double>();
+  int64_t chosen = 0;
+  for (int64_t r = 1; r < world; ++r)
+    if (v[2 * r] < v[2 * chosen]) chosen = r;
+  sdk::BatchPlan agreed{static_cast<int64_t>(v[2 * chosen]), static_cast<int64_t>(v[2 * chosen + 1]), world};
+  if (!(agreed == mine))
+    log::info("plan: ", mine.micro_batch, " x ", mine.accumulation, " x ", world, " -> ", agreed.micro_batch, " x ",
+              agreed.accumulation, " x ", world, " (rank ", chosen, "'s plan: the smallest micro-batch of the ranks)");
+  return agreed;
+}
+
 // A Ctrl-C reaches the ranks at different moments: the step at which the run stops, skips its
 // evaluation and writes its checkpoint must be the same on all, or one would wait in a
 // collective the others never join.

@@ -317,13 +317,28 @@ Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   StepWork work;
+  // With several ranks an out-of-memory is not thrown at once: the rank stops its micro-batches
+  // and says so at the agreement below, before any rank enters the gradients' all-reduce, so
+  // that all re-plan and replay the step together (step_with_recovery) and none waits for it.
+  const bool ranks = parallel_->world_size() > 1;
+  std::string out_of_memory;
   for (int64_t micro = 0; micro < plan_.accumulation; ++micro) {
-    const sdk::ModelOutput out = run_micro_batch(batch_of(micro), /*train=*/true);
+    sdk::ModelOutput out;
+    try {
+      out = run_micro_batch(batch_of(micro), /*train=*/true);
+    } catch (const c10::OutOfMemoryError& e) {
+      if (!ranks) throw;
+      out_of_memory = e.what_without_backtrace();
+      break;
+    }
     LOOM_PHASE("report");
     loss_sum.add_(out.loss_sum.detach().to(device_, at::kFloat));
     count.add_(out.count.detach().to(device_, at::kFloat));
     add_metrics(work.metric_sums, out);
   }
+  if (ranks && any_rank(!out_of_memory.empty()))
+    throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                out_of_memory.empty() ? "another rank ran out of memory in this step" : out_of_memory);
   // Gradients hold sums over this rank's samples: add up the ranks, then divide by the global
   // count once, so the update does not depend on how the global batch was split. The step's
   // report (loss, count, metric sums and counts) travels as one tensor in the same reduction.

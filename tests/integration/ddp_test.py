@@ -74,6 +74,21 @@ try:
         worst = max(worst, diff) if noise <= 1e-5 else worst
     print(f"ddp x 2 = single over 20 steps (weights within {worst:.1e} where single agrees with itself); ranks identical")
 
+    # 1b. Out of memory on rank 1 alone (a budget on that rank only): both ranks re-plan to
+    # 8 x 2 and replay the step, and the run stays the single run's.
+    port = str(free_port())
+    oom = [*args, *DDP, "--set", "memory.policies=oom_recovery", "--set", "trainer.name=ddp_oom"]
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    ranks = [subprocess.Popen([exe, "train", *oom, *(["--device-memory-limit", "400KiB"] if r == 1 else [])],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in ranks]
+    assert all(p.returncode == 0 for p in ranks), outs
+    assert "32 = 16 x 1 x 2 -> 8 x 2 x 2 after running out of memory at step 1" in outs[0][1], outs[0][1]
+    assert "weights identical on all 2 ranks" in outs[0][1], outs[0][1]
+    close(losses(os.path.join(work, "ddp_oom")), single, "ddp with an out-of-memory on rank 1")
+    print("out of memory on rank 1 only: both ranks re-planned to 8 x 2 x 2 and the run = single")
+
     # 2. With accumulation: 8 x 2 micro-batches on each of 2 ranks, against 16 x 2 in one process.
     acc = ["--set", "trainer.gradient_accumulation_steps=2"]
     loom(exe, "train", *args, *acc, "--set", "trainer.name=single_acc")

@@ -237,6 +237,7 @@ class Trainer {
   void broadcast_model();         // rank 0's parameters and buffers on every rank
   void seed_rank();               // ranks > 0 draw their own dropout
   bool any_rank(bool local);      // true on every rank when it is true on one
+  sdk::BatchPlan agree_plan(const sdk::BatchPlan& mine);  // the plan of the smallest micro-batch
   int stop_signal();              // a stop signal any rank received (agreed once per step)
   void check_replicas();          // at the end: every rank's weights are rank 0's
   DataLoader::Position position_for_world(int64_t epoch, int64_t offset, int64_t saved_world) const;

@@ -60,7 +60,8 @@ inline std::string text_or(const GetEnv& env, const char* name, const std::strin
 
 }  // namespace launch_detail
 
-/// The first host of a Slurm node list: "node[07-09,12],gpu3" -> "node07"; "a,b" -> "a".
+/// The first host of a Slurm node list: "node[07-09,12],gpu3" -> "node07"; "a,b" -> "a";
+/// "rack[2-3]-n[1-4]" -> "rack2-n1".
 inline std::string first_slurm_host(const std::string& list) {
   std::string first;
   int depth = 0;
@@ -70,14 +71,15 @@ inline std::string first_slurm_host(const std::string& list) {
     if (c == ',' && depth == 0) break;
     first += c;
   }
-  const size_t open = first.find('[');
-  if (open == std::string::npos) return first;
-  const size_t close = first.find(']', open);
-  if (close == std::string::npos) throw Error("SLURM_JOB_NODELIST = '" + list + "': a '[' is not closed");
-  std::string range = first.substr(open + 1, close - open - 1);
-  range = range.substr(0, range.find(','));
-  range = range.substr(0, range.find('-'));
-  return first.substr(0, open) + range + first.substr(close + 1);
+  for (size_t open; (open = first.find('[')) != std::string::npos;) {  // each bracket: its first value
+    const size_t close = first.find(']', open);
+    if (close == std::string::npos) throw Error("SLURM_JOB_NODELIST = '" + list + "': a '[' is not closed");
+    std::string range = first.substr(open + 1, close - open - 1);
+    range = range.substr(0, range.find(','));
+    range = range.substr(0, range.find('-'));
+    first = first.substr(0, open) + range + first.substr(close + 1);
+  }
+  return first;
 }
 
 /// The launcher's view of this process, or nothing when no launcher's rank variable is set.
@@ -87,7 +89,6 @@ inline std::optional<LaunchEnvironment> launch_environment(const GetEnv& env = [
   using launch_detail::integer;
   using launch_detail::text_or;
   LaunchEnvironment e;
-  const char* launcher_rank = nullptr;
   if (env("RANK") != nullptr) {
     e.launcher = "torchrun";
     e.world_size = integer(env, "WORLD_SIZE", "torchrun (or loom launch)", 1, 1 << 20);
@@ -101,7 +102,7 @@ inline std::optional<LaunchEnvironment> launch_environment(const GetEnv& env = [
     if (e.agent_store) e.restart = integer(env, "TORCHELASTIC_RESTART_COUNT", e.launcher, 0, 1 << 20);
     return e;
   }
-  if ((launcher_rank = env("SLURM_PROCID")) != nullptr) {
+  if (env("SLURM_PROCID") != nullptr) {
     e.launcher = "slurm";
     e.world_size = integer(env, "SLURM_NTASKS", "Slurm", 1, 1 << 20);
     e.rank = integer(env, "SLURM_PROCID", e.launcher, 0, e.world_size - 1);
@@ -117,7 +118,7 @@ inline std::optional<LaunchEnvironment> launch_environment(const GetEnv& env = [
     e.port = env("MASTER_PORT") != nullptr ? static_cast<int>(integer(env, "MASTER_PORT", e.launcher, 1, 65535)) : 29500;
     return e;
   }
-  if ((launcher_rank = env("OMPI_COMM_WORLD_RANK")) != nullptr) {
+  if (env("OMPI_COMM_WORLD_RANK") != nullptr) {
     e.launcher = "mpi";
     e.world_size = integer(env, "OMPI_COMM_WORLD_SIZE", "Open MPI", 1, 1 << 20);
     e.rank = integer(env, "OMPI_COMM_WORLD_RANK", e.launcher, 0, e.world_size - 1);
