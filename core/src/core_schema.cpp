@@ -87,7 +87,13 @@ Schema core_schema() {
             key(LOOM_OPTION_BOOL, "snapshot_on_oom", "false", "CUDA: write <run>/oom_snapshot.pickle when out of memory cannot be recovered"),
             key(LOOM_OPTION_BOOL, "estimate", "true", "probe twice at start and report the estimate's error against the measured peak"),
         });
-  s.add("parallel", "parallel", {key(LOOM_OPTION_STRING, "name", "single", "parallel strategy plugin")});
+  s.add("parallel", "parallel",
+        {
+            key(LOOM_OPTION_STRING, "name", "single", "parallel strategy plugin"),
+            key(LOOM_OPTION_FLOAT, "bucket_mb", "25", 0, 1 << 20,
+                "several ranks: gradients are summed in buckets of this many MiB as backward completes them, "
+                "overlapping communication with backward (0: one reduction after backward)"),
+        });
   s.add("step", "step",
         {
             key(LOOM_OPTION_BOOL, "cuda_graph", "false",

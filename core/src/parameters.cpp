@@ -11,7 +11,9 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <map>
+#include <tuple>
 #include <set>
 
 namespace loom::core {
@@ -136,6 +138,33 @@ std::vector<at::Tensor> Parameters::gradients() {
 std::vector<at::Tensor> Parameters::flat_gradients() {
   bind_gradients();
   return flats_;
+}
+
+std::vector<Parameters::Bucket> Parameters::buckets(int64_t bytes) {
+  bind_gradients();
+  std::vector<Bucket> out;
+  for (const auto& flat : flats_) {
+    // The slices of this buffer, in buffer order: (offset, numel, parameter).
+    std::vector<std::tuple<int64_t, int64_t, at::Tensor>> here;
+    const auto* base = static_cast<const char*>(flat.data_ptr());
+    for (const auto& [p, view] : slices_)
+      if (view.data_ptr() >= flat.data_ptr() && static_cast<const char*>(view.data_ptr()) < base + flat.nbytes())
+        here.emplace_back((static_cast<const char*>(view.data_ptr()) - base) / flat.element_size(), view.numel(), p);
+    std::sort(here.begin(), here.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+    int64_t end = flat.numel();  // walk from the back
+    Bucket bucket;
+    for (auto it = here.rbegin(); it != here.rend(); ++it) {
+      bucket.params.push_back(std::get<2>(*it));
+      const int64_t start = std::get<0>(*it);
+      if ((end - start) * flat.element_size() >= bytes || std::next(it) == here.rend()) {
+        bucket.slice = flat.narrow(0, start, end - start);
+        out.push_back(std::move(bucket));
+        bucket = {};
+        end = start;
+      }
+    }
+  }
+  return out;
 }
 
 void Parameters::zero_grad() {

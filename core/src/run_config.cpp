@@ -67,6 +67,7 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.schedule = value_of(c, "trainer.schedule");
   o.lr = float_of(c, "trainer.lr");
   o.clip_grad_norm = float_of(c, "trainer.clip_grad_norm");
+  o.bucket_mb = float_of(c, "parallel.bucket_mb");
   o.device_step = bool_of(c, "trainer.device_step");
   o.cuda_graph = bool_of(c, "step.cuda_graph");
   o.cuda_graph_warmup = int_of(c, "step.cuda_graph_warmup");

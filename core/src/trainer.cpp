@@ -9,6 +9,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/trainer.hpp>
+#include "gradient_sync.hpp"
 #include "run_context.hpp"
 #include "step_graph.hpp"
 #include "trainer_internal.hpp"
@@ -71,6 +72,7 @@ void Trainer::setup() {
   in_phase("opening the run folder", [&] { open_run(); });
   if (parallel_->world_size() > 1) in_phase("agreeing on the weights", [&] { broadcast_model(); });
   seed_rank();
+  build_gradient_sync();
   report_startup();
 }
 

@@ -4,6 +4,7 @@
 // holds the same weights. Rank 0's run folder and checkpoint: run_folder.cpp.
 #include <loom/core/log.hpp>
 #include <loom/core/trainer.hpp>
+#include "gradient_sync.hpp"
 #include "trainer_internal.hpp"
 
 #include <ATen/ops/equal.h>
@@ -21,6 +22,16 @@ void Trainer::broadcast_model() {
   std::vector<at::Tensor> tensors;
   for (const auto& [name, t] : model_tensors()) tensors.push_back(t);  // by name: the same order on every rank
   parallel_->broadcast(tensors);
+}
+
+void Trainer::build_gradient_sync() {
+  sync_.reset();
+  if (parallel_->world_size() <= 1 || !parallel_.implements(1) || options_.bucket_mb <= 0) return;
+  auto buckets = parameters_.buckets(static_cast<int64_t>(options_.bucket_mb * 1024 * 1024));
+  if (buckets.empty()) return;
+  sync_ = std::make_unique<GradientSync>(*parallel_, std::move(buckets));
+  log::debug("parallel  ", sync_->buckets(), " gradient buckets of about ", options_.bucket_mb,
+             " MiB, reduced during backward");
 }
 
 // Rank 0 keeps the run's seed, so that its stream is a single process's; the others draw
@@ -90,6 +101,12 @@ void Trainer::check_replicas() {
   if (!any_rank(differ > 0)) {
     log::info("parallel  weights identical on all ", parallel_->world_size(), " ranks at the end (", mine.size(),
               " tensors compared with rank 0's)");
+    if (sync_ && sync_->steps() > 0)
+      log::info("parallel  gradients in ", sync_->buckets(), " bucket", sync_->buckets() == 1 ? "" : "s", " of about ",
+                options_.bucket_mb, " MiB; ",
+                100.0 * static_cast<double>(sync_->overlapped_total()) /
+                    static_cast<double>(sync_->steps() * static_cast<int64_t>(sync_->buckets())),
+                " % of them started during backward, over ", sync_->steps(), " steps");
     return;
   }
   throw Error("the ranks ended with different weights" +

@@ -6,6 +6,7 @@
 #include <loom/core/profiler.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
+#include "gradient_sync.hpp"
 #include "step_graph.hpp"
 #include "trainer_internal.hpp"
 
@@ -324,6 +325,7 @@ Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64
   std::string out_of_memory;
   for (int64_t micro = 0; micro < plan_.accumulation; ++micro) {
     sdk::ModelOutput out;
+    if (sync_ && micro == plan_.accumulation - 1) sync_->arm();  // the last backward reduces as it goes
     try {
       out = run_micro_batch(batch_of(micro), /*train=*/true);
     } catch (const c10::OutOfMemoryError& e) {
@@ -336,6 +338,10 @@ Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64
     count.add_(out.count.detach().to(device_, at::kFloat));
     add_metrics(work.metric_sums, out);
   }
+  if (sync_) {  // every bucket started and summed, even in a step cut short (Note [Overlapped gradient reduction])
+    LOOM_PHASE("reduce");
+    sync_->finish();
+  }
   if (ranks && any_rank(!out_of_memory.empty()))
     throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                                 out_of_memory.empty() ? "another rank ran out of memory in this step" : out_of_memory);
@@ -346,7 +352,7 @@ Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64
   work.flats = parameters_.flat_gradients();  // the same memory, a few tensors
   {
     LOOM_PHASE("reduce");
-    std::vector<at::Tensor> reduced = work.flats;
+    std::vector<at::Tensor> reduced = sync_ ? std::vector<at::Tensor>{} : work.flats;  // summed already
     reduced.push_back(pack_report(loss_sum, count, work.metric_sums));
     parallel_->all_reduce_sum(reduced);
     work.totals = reduced.back();

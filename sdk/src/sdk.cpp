@@ -22,6 +22,19 @@ PrecisionStrategy::~PrecisionStrategy() = default;
 DeviceMemory::~DeviceMemory() = default;
 MemoryPolicy::~MemoryPolicy() = default;
 ParallelStrategy::~ParallelStrategy() = default;
+PendingReduction::~PendingReduction() = default;
+
+namespace {
+class Done final : public PendingReduction {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
+std::unique_ptr<PendingReduction> ParallelStrategy::start_all_reduce_sum(const std::vector<at::Tensor>& tensors) {
+  all_reduce_sum(tensors);
+  return std::make_unique<Done>();
+}
 Optimizer::~Optimizer() = default;
 Schedule::~Schedule() = default;
 RunContext::~RunContext() = default;

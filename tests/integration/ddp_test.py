@@ -74,6 +74,17 @@ try:
         worst = max(worst, diff) if noise <= 1e-5 else worst
     print(f"ddp x 2 = single over 20 steps (weights within {worst:.1e} where single agrees with itself); ranks identical")
 
+    # 1a. The gradients in many small buckets, reduced while backward runs, and in one reduction
+    # after backward: the same run.
+    r = launch("--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "parallel.bucket_mb=0.002",
+               "--set", "trainer.name=ddp_buckets")
+    assert "started during backward" in r.stderr and "gradients in 1 bucket" not in r.stderr, r.stderr[-2000:]
+    close(losses(os.path.join(work, "ddp_buckets")), single, "ddp with 2 KiB buckets")
+    launch("--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "parallel.bucket_mb=0",
+           "--set", "trainer.name=ddp_after")
+    close(losses(os.path.join(work, "ddp_after")), single, "ddp reducing after backward")
+    print("ddp with small buckets (overlapped) and with one reduction after backward = single")
+
     # 1b. Out of memory on rank 1 alone (a budget on that rank only): both ranks re-plan to
     # 8 x 2 and replay the step, and the run stays the single run's.
     port = str(free_port())

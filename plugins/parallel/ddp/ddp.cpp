@@ -83,6 +83,19 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     for (size_t i = 0; i < tensors.size(); ++i) copy_back(tensors[i], buffers[i].front());
   }
 
+  // Interface 1.1: the trainer starts one per gradient bucket from autograd's thread as backward
+  // completes it; Gloo's threads reduce it while backward goes on.
+  std::unique_ptr<loom::sdk::PendingReduction> start_all_reduce_sum(const std::vector<at::Tensor>& tensors) override {
+    auto pending = std::make_unique<Pending>(*this);
+    for (const auto& t : tensors) {
+      pending->targets.push_back(t);
+      pending->buffers.push_back({host(t)});
+    }
+    for (auto& b : pending->buffers)
+      pending->works.push_back(call("an all-reduce", [&] { return group_->allreduce(b, c10d::AllreduceOptions{}); }));
+    return pending;
+  }
+
   void barrier() override { run("a barrier", [&] { return group_->barrier(); }); }
 
   void teardown() override {
@@ -192,6 +205,18 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     std::string line = text.substr(0, text.find('\n'));
     return line.size() > 300 ? line.substr(0, 300) + "..." : line;
   }
+
+  struct Pending final : loom::sdk::PendingReduction {
+    explicit Pending(Ddp& owner) : ddp(owner) {}
+    void wait() override {
+      for (auto& w : works) ddp.wait("an all-reduce of gradients", w);
+      for (size_t i = 0; i < targets.size(); ++i) copy_back(targets[i], buffers[i].front());
+    }
+    Ddp& ddp;
+    std::vector<at::Tensor> targets;
+    std::vector<std::vector<at::Tensor>> buffers;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  };
 
   std::string backend_;
   std::chrono::milliseconds timeout_;

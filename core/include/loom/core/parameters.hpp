@@ -37,6 +37,14 @@ class Parameters {
   std::vector<at::Tensor> flat_gradients();
   /// Sets every gradient to zero (one fill per buffer).
   void zero_grad();
+  /// The flat buffers cut into buckets of about `bytes` (at least one parameter each), each a
+  /// contiguous slice of one buffer with the parameters whose gradients it holds; the last
+  /// parameters first, as backward produces their gradients first.
+  struct Bucket {
+    at::Tensor slice;
+    std::vector<at::Tensor> params;
+  };
+  std::vector<Bucket> buckets(int64_t bytes);
   /// Parameters (elements), all and trainable.
   int64_t count() const;
   int64_t trainable_count() const;

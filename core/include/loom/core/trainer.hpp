@@ -41,11 +41,13 @@ namespace loom::core {
 class CheckpointStore;
 class FileLock;
 class StepGraphs;
+class GradientSync;
 
 /// The [trainer] and [data] loader settings, read once from the resolved configuration.
 struct TrainerOptions {
   std::string name, work_dir, device;
   int64_t seed = 0, threads = 0, epochs = 1, max_steps = 0, batch_size = 128, accumulation = 1;
+  double bucket_mb = 25;  ///< parallel.bucket_mb: gradient buckets reduced during backward (0: after it)
   std::string optimizer = "adamw", schedule = "constant";  ///< component names (schedule resolved from auto)
   double lr = 1e-3, clip_grad_norm = 1.0;
   bool device_step = true;  ///< Note [The step on the device]
@@ -240,6 +242,7 @@ class Trainer {
   sdk::BatchPlan agree_plan(const sdk::BatchPlan& mine);  // the plan of the smallest micro-batch
   int stop_signal();              // a stop signal any rank received (agreed once per step)
   void check_replicas();          // at the end: every rank's weights are rank 0's
+  void build_gradient_sync();
   DataLoader::Position position_for_world(int64_t epoch, int64_t offset, int64_t saved_world) const;
   void lock_run(const std::filesystem::path& dir);
   /// Loads the newest checkpoint of a run folder that loads; false (with the reasons added to
@@ -336,9 +339,10 @@ class Trainer {
   const PluginRegistry& registry_;
   TrainerOptions options_;
 
-  std::shared_ptr<sdk::ParallelStrategy> parallel_;
+  Created<sdk::ParallelStrategy> parallel_;  // with its interface version: start_all_reduce_sum needs 1.1
   Created<sdk::Dataset> dataset_;  // with its interface version: kValidation needs 1.1
   Created<sdk::Model> model_;      // with its interface version: use_tables, metric_value and predict need 2.1
+  std::unique_ptr<GradientSync> sync_;  // several ranks: buckets reduced during backward (gradient_sync.hpp)
   std::shared_ptr<sdk::PrecisionStrategy> precision_;
   std::vector<std::shared_ptr<sdk::MemoryPolicy>> memory_policies_;
   sdk::DataSpec data_spec_;

@@ -4,17 +4,26 @@
 #include <loom/sdk/abi.h>
 #include <loom/sdk/types.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace loom::sdk {
+
+/// A reduction in flight (ParallelStrategy::start_all_reduce_sum).
+class LOOM_SDK_API PendingReduction {
+ public:
+  virtual ~PendingReduction();  // defined in libloom_sdk
+  /// Blocks until the tensors hold the sums over all ranks. Throws Error when a rank failed.
+  virtual void wait() = 0;
+};
 
 class LOOM_SDK_API ParallelStrategy {
  public:
   using Interface = ParallelStrategy;
   static constexpr uint32_t kKind = LOOM_KIND_PARALLEL;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 0;
+  static constexpr uint32_t kInterfaceMinor = 1;
 
   virtual ~ParallelStrategy();  // defined in libloom_sdk: its type info has one home
 
@@ -33,6 +42,13 @@ class LOOM_SDK_API ParallelStrategy {
 
   /// Sums the tensors over all ranks, in place (gradients, loss sums and counts).
   virtual void all_reduce_sum(const std::vector<at::Tensor>& tensors) { (void)tensors; }
+
+  /// Interface 1.1: starts summing `tensors` over all ranks and returns at once; they must not
+  /// be read or written until the handle's wait() returned. Every rank starts the same
+  /// reductions in the same order. The trainer starts one per gradient bucket (a slice of a flat
+  /// gradient buffer) as backward completes it, so that the reduction overlaps the rest of
+  /// backward. Called from autograd's threads. The default sums at once (no overlap).
+  virtual std::unique_ptr<PendingReduction> start_all_reduce_sum(const std::vector<at::Tensor>& tensors);
 
   /// Waits for every rank.
   virtual void barrier() {}
