@@ -90,9 +90,10 @@ Schema core_schema() {
   s.add("parallel", "parallel",
         {
             key(LOOM_OPTION_STRING, "name", "single", "parallel strategy plugin"),
-            key(LOOM_OPTION_FLOAT, "bucket_mb", "25", 0, 1 << 20,
+            key(LOOM_OPTION_STRING, "bucket_mb", "auto",
                 "several ranks: gradients are summed in buckets of this many MiB as backward completes them, "
-                "overlapping communication with backward (0: one reduction after backward)"),
+                "overlapping communication with backward; 0: one reduction after backward; auto: 25 on CUDA, 0 on "
+                "the CPU (where Gloo's threads take the cores backward needs: bench/ddp_cpu.py)"),
         });
   s.add("step", "step",
         {

@@ -11,6 +11,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <cctype>
 
@@ -67,7 +68,13 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.schedule = value_of(c, "trainer.schedule");
   o.lr = float_of(c, "trainer.lr");
   o.clip_grad_norm = float_of(c, "trainer.clip_grad_norm");
-  o.bucket_mb = float_of(c, "parallel.bucket_mb");
+  if (const std::string bucket = value_of(c, "parallel.bucket_mb"); bucket != "auto") {
+    char* end = nullptr;
+    o.bucket_mb = std::strtod(bucket.c_str(), &end);
+    if (bucket.empty() || *end != '\0' || !(o.bucket_mb >= 0 && o.bucket_mb <= 1048576))
+      throw Error("parallel.bucket_mb = '" + bucket + "': use auto, 0 (one reduction after backward) or a size in MiB "
+                  "up to 1048576, e.g. 25");
+  }
   o.device_step = bool_of(c, "trainer.device_step");
   o.cuda_graph = bool_of(c, "step.cuda_graph");
   o.cuda_graph_warmup = int_of(c, "step.cuda_graph_warmup");

@@ -47,7 +47,7 @@ class GradientSync;
 struct TrainerOptions {
   std::string name, work_dir, device;
   int64_t seed = 0, threads = 0, epochs = 1, max_steps = 0, batch_size = 128, accumulation = 1;
-  double bucket_mb = 25;  ///< parallel.bucket_mb: gradient buckets reduced during backward (0: after it)
+  double bucket_mb = -1;  ///< parallel.bucket_mb: gradient buckets reduced during backward (0: after it; -1: auto)
   std::string optimizer = "adamw", schedule = "constant";  ///< component names (schedule resolved from auto)
   double lr = 1e-3, clip_grad_norm = 1.0;
   bool device_step = true;  ///< Note [The step on the device]
@@ -375,6 +375,7 @@ class Trainer {
   std::optional<EvalResult> last_eval_;
   int64_t eval_every_ = 1;
   int64_t resumed_at_ = -1;
+  double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
   int agreed_signal_ = 0;  // a stop signal of another rank, agreed at the step (stop_signal())
   std::filesystem::path resumed_from_;
   std::unique_ptr<FileLock> run_lock_;  ///< held while the trainer lives
