@@ -137,7 +137,7 @@ TEST_F(ConfigTest, UnknownSectionSuggestsTheClosestSection) {
 TEST_F(ConfigTest, FarOffKeyListsTheSectionsKeys) {
   Config config;
   config.set_assignment("parallel.zzzzzzzz=1");
-  EXPECT_CONTAINS(error_of([&] { validate(config, core_schema()); }), "[parallel] has parallel.name");
+  EXPECT_CONTAINS(error_of([&] { validate(config, core_schema()); }), "[parallel] has parallel.bucket_mb, parallel.name");
 }
 
 TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
