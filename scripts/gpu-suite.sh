@@ -204,6 +204,8 @@ else
   for f in /opt/gpu-deps/usr/lib/x86_64-linux-gnu/libpcre2-8.so; do  # the same for PCRE2
     [ -e "$f" ] && boost+=(-DLOOM_PCRE2_LIBRARY="$f" -DLOOM_PCRE2_INCLUDE_DIR=/opt/gpu-deps/usr/include)
   done
+  # and for Gloo's headers (libgloo-dev, staged), which the ddp plugin compiles with
+  [ -f /opt/gpu-deps/usr/include/gloo/algorithm.h ] && boost+=(-DLOOM_GLOO_INCLUDE_DIR=/opt/gpu-deps/usr/include)
   # The H200 of 2026-11-27 configured with /opt/gcc/bin/g++ (from its environment), whose link
   # finds no shared libstdc++: every Loom library carried its own copy of libstdc++'s code
   # (libloom_sdk.so defined 121 std::filesystem functions and needed no libstdc++.so.6), and
