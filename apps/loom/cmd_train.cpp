@@ -62,8 +62,12 @@ int cmd_train(const Invocation& invocation) {
   if (fs::exists(run / "tensorboard")) files.push_back((run / "tensorboard").string() + " (tensorboard --logdir " + run.string() + ")");
   core::log::info("files     ", files.empty() ? std::string("none (trainer.callbacks selects no writer)") : core::join(files, ", "));
   if (s.signal != 0) {
+    const int64_t world = trainer.plan().world_size;
     core::log::warn("stopped by ", core::signal_name(s.signal), " after step ", s.steps, " of ", trainer.total_steps(),
-                    "; continue with: loom train --resume auto --set trainer.name=", run.filename().string());
+                    "; continue with: ",
+                    world > 1 ? "the same launch (any number of ranks that divides the global batch) with "
+                              : "loom train ",
+                    "--resume auto --set trainer.name=", run.filename().string());
     core::log::flush();
     return 128 + s.signal;
   }

@@ -170,6 +170,23 @@ try:
     assert p.returncode != 0 and "launch: rank 1 was killed by signal 9" in err, err[-2000:]
     print("loom launch: rank 1 killed -> the job stopped, the launcher named rank 1")
 
+    # 5b. Ctrl-C of a launched job: passed on to every rank, which stop after the same step,
+    # rank 0 writing its checkpoint; the launcher exits 130.
+    p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=interrupted"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    jsonl = os.path.join(work, "interrupted", "metrics.jsonl")
+    deadline = time.time() + 120
+    while not (os.path.exists(jsonl) and os.path.getsize(jsonl) > 0):
+        assert time.time() < deadline and p.poll() is None, "the launched job did not start training"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    stops = sorted({l.split("after step ")[1].split()[0] for l in err.splitlines() if "stopped by SIGINT after step" in l})
+    assert p.returncode == 130 and len(stops) == 1, (p.returncode, err[-2000:])
+    assert err.count("stopped by SIGINT") == 2, err[-2000:]
+    assert os.path.isdir(os.path.join(work, "interrupted", "checkpoints", f"step_{int(stops[0]):08d}")), err[-2000:]
+    print(f"Ctrl-C of a launched job: both ranks stopped after step {stops[0]}, its checkpoint written")
+
     # 6. A whole job killed with SIGKILL resumes with another world size (the global batch and
     # the data position kept) and goes on as the run that never stopped.
     STEPS = 300
