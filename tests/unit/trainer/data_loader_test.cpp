@@ -123,6 +123,28 @@ TEST(DataLoader, EvaluationOrderCoversEverySampleOnce) {
   for (int64_t i = 0; i < 23; ++i) EXPECT_EQ(all[i], i);
 }
 
+// Evaluation on several ranks keeps the tail: rank r takes samples r, r + world, ..., so the
+// ranks' sums and counts add up to the whole split's (23 samples over 4 ranks: 6, 6, 6, 5).
+TEST(DataLoader, EvaluationSharesOfRanksCoverTheSplitWithItsTail) {
+  auto data = std::make_shared<Numbers>(23);
+  std::set<int64_t> seen;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    auto o = options(5, 1);
+    o.shuffle = false;
+    o.drop_last = false;
+    o.rank = rank;
+    o.world_size = 4;
+    DataLoader l(data, loom::sdk::Split::kTest, o);
+    EXPECT_EQ(l.samples_per_epoch(), rank < 3 ? 6 : 5);
+    EXPECT_EQ(l.batches_per_epoch(), rank < 3 ? 2 : 1);  // ranks may evaluate different counts of batches
+    for (int64_t v : take(l, l.batches_per_epoch())) {
+      EXPECT_EQ(v % 4, rank);
+      EXPECT_TRUE(seen.insert(v).second) << v << " given to two ranks";
+    }
+  }
+  EXPECT_EQ(seen.size(), 23u);
+}
+
 TEST(DataLoader, TooFewSamplesForOneBatchIsAClearError) {
   auto data = std::make_shared<Numbers>(10);
   try {
