@@ -41,12 +41,16 @@ GradientSync::~GradientSync() {
   for (auto& remove : remove_hooks_) remove();
 }
 
-void GradientSync::arm() {
-  std::lock_guard<std::mutex> lock(mutex_);
+void GradientSync::reset() {
   std::fill(done_.begin(), done_.end(), 0);
   pending_.clear();
   next_ = 0;
   overlapped_ = 0;
+}
+
+void GradientSync::arm() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  reset();
   armed_ = true;
 }
 
@@ -72,12 +76,7 @@ void GradientSync::finish() {
   std::vector<std::unique_ptr<sdk::PendingReduction>> pending;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!armed_) {  // not armed: nothing started this step; start all now
-      std::fill(done_.begin(), done_.end(), 0);
-      pending_.clear();
-      next_ = 0;
-      overlapped_ = 0;
-    }
+    if (!armed_) reset();  // not armed: nothing started this step; start all now
     armed_ = false;
     start_ready(true);
     pending.swap(pending_);

@@ -46,6 +46,7 @@ class GradientSync {
  private:
   void ready(size_t bucket);              // a parameter of `bucket` is done (autograd's thread)
   void start_ready(bool all);             // under mutex_
+  void reset();                           // under mutex_: no bucket started, none done
 
   sdk::ParallelStrategy& parallel_;
   std::vector<Parameters::Bucket> buckets_;

@@ -48,6 +48,15 @@ def weights(run):
     return load_file(os.path.join(run, "checkpoints", step, "model.safetensors"))
 
 
+def wait_for_training(run, proc, what):
+    """Until `run` has logged a step (its metrics.jsonl is not empty), while `proc` runs."""
+    jsonl = os.path.join(work, run, "metrics.jsonl")
+    deadline = time.time() + 120
+    while not (os.path.exists(jsonl) and os.path.getsize(jsonl) > 0):
+        assert time.time() < deadline and proc.poll() is None, f"{what} did not start training"
+        time.sleep(0.05)
+
+
 work = workdir()
 try:
     args = [*BASE, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=20"]
@@ -139,11 +148,7 @@ try:
     env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     ranks = [subprocess.Popen([exe, "train", *long], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    jsonl = os.path.join(work, "killed_rank", "metrics.jsonl")
-    deadline = time.time() + 120
-    while not (os.path.exists(jsonl) and os.path.getsize(jsonl) > 0):
-        assert time.time() < deadline and ranks[0].poll() is None, "rank 0 did not start training"
-        time.sleep(0.05)
+    wait_for_training("killed_rank", ranks[0], "rank 0")
     ranks[1].send_signal(signal.SIGKILL)
     killed_at = time.time()
     _, err = ranks[0].communicate(timeout=90)
@@ -157,11 +162,7 @@ try:
     # ... and under loom launch, which names the rank and stops the rest.
     p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=killed_launch"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    jsonl = os.path.join(work, "killed_launch", "metrics.jsonl")
-    deadline = time.time() + 120
-    while not (os.path.exists(jsonl) and os.path.getsize(jsonl) > 0):
-        assert time.time() < deadline and p.poll() is None, "the launched job did not start training"
-        time.sleep(0.05)
+    wait_for_training("killed_launch", p, "the launched job")
     children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
     rank1 = [c for c in children if "RANK=1" in open(f"/proc/{c}/environ", "rb").read().decode(errors="replace").split("\0")]
     assert rank1, f"no rank 1 among {children}"
@@ -174,11 +175,7 @@ try:
     # rank 0 writing its checkpoint; the launcher exits 130.
     p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=interrupted"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    jsonl = os.path.join(work, "interrupted", "metrics.jsonl")
-    deadline = time.time() + 120
-    while not (os.path.exists(jsonl) and os.path.getsize(jsonl) > 0):
-        assert time.time() < deadline and p.poll() is None, "the launched job did not start training"
-        time.sleep(0.05)
+    wait_for_training("interrupted", p, "the launched job")
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     stops = sorted({l.split("after step ")[1].split()[0] for l in err.splitlines() if "stopped by SIGINT after step" in l})
