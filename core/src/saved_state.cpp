@@ -67,7 +67,6 @@ class StateFields {
     return out;
   }
 
- private:
   bool has(std::initializer_list<const char*> path) const {
     const json* node = &s_;
     for (const char* key : path) {
@@ -76,6 +75,8 @@ class StateFields {
     }
     return true;
   }
+
+ private:
   [[noreturn]] void damaged(std::initializer_list<const char*> path, const std::string& why) const {
     std::string field;
     for (const char* key : path) field += (field.empty() ? "" : ".") + std::string(key);
@@ -112,6 +113,8 @@ SavedState parse_state_json(const std::string& text, const fs::path& file, int64
                             f.integer({"plan", "world_size"}, 1, int64_t{1} << 20)};
   out.epoch = f.integer({"loader", "epoch"}, 0, int64_t{1} << 40);
   out.offset = f.integer({"loader", "offset"}, 0, samples_per_epoch);
+  // Older files have no "ranks": their plan's world_size was the number of ranks.
+  out.ranks = f.has({"loader", "ranks"}) ? f.integer({"loader", "ranks"}, 1, int64_t{1} << 20) : out.plan.world_size;
   if (s.contains("log_window")) {
     out.window_steps = f.integer({"log_window", "steps"}, 0, out.step);
     out.window_samples = f.integer({"log_window", "samples"}, 0, int64_t{1} << 50);

@@ -22,6 +22,7 @@ struct SavedState {
   std::string schedule_name;
   sdk::BatchPlan plan;
   int64_t epoch = 0, offset = 0;  ///< the data position
+  int64_t ranks = 1;              ///< the processes the epoch was shared among (offset is one's share)
   /// The log window at the checkpoint (empty in files of older Loom versions).
   int64_t window_steps = 0, window_samples = 0;
   double window_loss = 0, window_seconds = 0;

@@ -3,6 +3,7 @@
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
+#include "replicas.hpp"
 #include "trainer_internal.hpp"
 
 #include <loom/sdk/version.hpp>
@@ -63,6 +64,10 @@ void Trainer::report_startup() const {
   log::info("Loom ", LOOM_SDK_VERSION, ", LibTorch ", TORCH_VERSION, LOOM_TORCH_CUDA ? " (CUDA build)" : " (CPU build)",
             "; run folder ", run_dir_.string());
   log::info("device    ", device);
+  if (replicas_)
+    log::info("parallel  ", value_of(config_, "parallel.name"), ": ", replicas_->size(), " devices in this process (",
+              describe_devices(replicas_->devices()), "), a model replica on each; each micro-batch of ",
+              plan_.micro_batch * replicas_->size(), " cut across them, gradients summed on ", device_.str());
   const std::string validation =
       held_out_ > 0 ? " (" + std::to_string(held_out_) + " of them held out for validation)"
                     : val_loader_ ? ", " + std::to_string(val_loader_->samples_per_epoch()) + " validation"
@@ -73,7 +78,7 @@ void Trainer::report_startup() const {
   log::info("model     ", value_of(config_, "model.name"), ": ", model_->describe(), "; ", format_count(params),
             " parameters (", format_count(trainable), " trainable, ", format_bytes(bytes), ")");
   log::info("plan      batch ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ",
-            plan_.world_size, " (micro-batch x accumulation x world); ", per_epoch, " steps/epoch, ", total_steps_,
+            plan_.world_size, " (micro-batch x accumulation x devices); ", per_epoch, " steps/epoch, ", total_steps_,
             " steps", options_.max_steps == 0 ? " (" + std::to_string(options_.epochs) + " epochs)" : std::string());
   std::string groups;
   for (const auto& g : parameters_.trainable())

@@ -10,6 +10,7 @@
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/trainer.hpp>
 #include "gradient_sync.hpp"
+#include "replicas.hpp"
 #include "run_context.hpp"
 #include "step_graph.hpp"
 #include "trainer_internal.hpp"
@@ -84,6 +85,7 @@ void Trainer::build_components(bool with_optimizer) {
   build_memory();
   try {
     build_model();
+    build_replicas();
     build_precision();
     if (with_optimizer) {
       build_optimizer();
@@ -132,15 +134,37 @@ void Trainer::build_data() {
   data_spec_ = dataset_->spec();
 }
 
-void Trainer::build_model() {
+Created<sdk::Model> Trainer::make_model() {
   const std::string name = value_of(config_, "model.name");
   const auto& info = registry_.require(LOOM_KIND_MODEL, name);
-  model_ = registry_.create<sdk::Model>(name, component_values(config_, info));
-  model_->setup(data_spec_);
-  if (dataset_.implements(2) && model_.implements(1)) {  // Dataset 1.2 and Model 2.1: the shared tables
+  Created<sdk::Model> model = registry_.create<sdk::Model>(name, component_values(config_, info));
+  model->setup(data_spec_);
+  if (dataset_.implements(2) && model.implements(1)) {  // Dataset 1.2 and Model 2.1: the shared tables
     sdk::TensorMap tables = dataset_->tables();
-    if (!tables.empty()) model_->use_tables(tables);
+    if (!tables.empty()) model->use_tables(tables);
   }
+  return model;
+}
+
+void Trainer::build_replicas() {
+  replicas_.reset();
+  replica_memory_.clear();
+  if (!parallel_.implements(2)) return;  // ParallelStrategy 1.2: devices()
+  const std::vector<c10::Device> devices = parallel_->devices();
+  if (devices.size() <= 1) return;
+  if (devices.front() != device_)
+    throw Error("parallel strategy '" + value_of(config_, "parallel.name") + "' trains on " + device_.str() +
+                " but lists " + describe_devices(devices) + " as its devices; the first must be its device()");
+  replicas_ = std::make_unique<Replicas>(*model_, devices, [this] { return make_model(); }, value_of(config_, "model.name"));
+  if (device_.is_cuda())
+    for (const auto& d : devices) replica_memory_.push_back(make_device_memory(d));
+}
+
+int64_t Trainer::local_devices() const { return replicas_ ? replicas_->size() : 1; }
+
+void Trainer::build_model() {
+  const std::string name = value_of(config_, "model.name");
+  model_ = make_model();
   model_->module().to(device_);
   metric_specs_.clear();
   metric_specs_["loss"] = sdk::MetricSpec{"loss", "loss", sdk::Direction::kMinimize, false};
@@ -200,7 +224,7 @@ void Trainer::build_precision() {
 }
 
 void Trainer::build_plan() {
-  const int64_t world = parallel_->world_size();
+  const int64_t world = devices_in_world();  // ranks x the devices of each (data_parallel)
   const int64_t per_step = options_.accumulation * world;
   if (options_.batch_size % per_step != 0)
     throw Error("trainer.batch_size " + std::to_string(options_.batch_size) + " is not divisible by " +
@@ -276,9 +300,9 @@ void Trainer::build_step_graphs() {
                        "on-device calls): update the plugin, or set step.cuda_graph = false"
                      : "optimizer '" + options_.optimizer + "' implements interface 1.0 (1.1 has step_on_device): update "
                        "the plugin, or set step.cuda_graph = false"));
-  if (parallel_->world_size() > 1)
+  if (devices_in_world() > 1)
     throw Error("step.cuda_graph: parallel strategy '" + value_of(config_, "parallel.name") + "' runs " +
-                std::to_string(parallel_->world_size()) + " ranks; CUDA graphs are captured for one process on one "
+                std::to_string(devices_in_world()) + " devices; CUDA graphs are captured for one process on one "
                 "device here: set step.cuda_graph = false");
   graphs_ = std::move(graphs);
 }
@@ -290,7 +314,7 @@ void Trainer::build_schedule() {
 
 void Trainer::build_loaders() {
   DataLoader::Options train;
-  train.micro_batch = plan_.micro_batch;
+  train.micro_batch = plan_.micro_batch * local_devices();  // cut across this process's devices
   train.shuffle = options_.shuffle;
   train.drop_last = true;
   train.seed = static_cast<uint64_t>(options_.seed);
@@ -349,7 +373,7 @@ DataLoader* Trainer::eval_loader(sdk::Split split) const {
 
 void Trainer::setup_for_evaluation() {
   build_components(/*with_optimizer=*/false);
-  plan_ = sdk::BatchPlan{std::max<int64_t>(1, options_.batch_size / parallel_->world_size()), 1, parallel_->world_size()};
+  plan_ = sdk::BatchPlan{std::max<int64_t>(1, options_.batch_size / devices_in_world()), 1, devices_in_world()};
   build_loaders();
 }
 

@@ -12,6 +12,8 @@
 #include <loom/sdk/helpers.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
@@ -73,7 +75,7 @@ bool Trainer::evaluate_and_report(sdk::Split split) {
 
 std::map<std::string, double> Trainer::step_values(const StepResult& last) const {
   const sdk::MemoryStats mem = memory_->stats();
-  return {{"train/lr", last.lr},
+  std::map<std::string, double> values{{"train/lr", last.lr},
           {"train/grad_norm", last.grad_norm},
           {"train/epoch", static_cast<double>(train_loader_->position().epoch)},
           {"train/skipped_steps", static_cast<double>(skipped_steps_)},
@@ -81,6 +83,15 @@ std::map<std::string, double> Trainer::step_values(const StepResult& last) const
           {"memory/allocated_bytes", static_cast<double>(mem.allocated)},
           {"memory/reserved_bytes", static_cast<double>(mem.reserved)},
           {"memory/peak_bytes", static_cast<double>(mem.peak)}};
+  // data_parallel on GPUs: each device's own (memory/cuda_1/peak_bytes, ...), for the progress line.
+  for (const auto& device_memory : replica_memory_) {
+    const sdk::MemoryStats stats = device_memory->stats();
+    std::string name = device_memory->device().str();
+    std::replace(name.begin(), name.end(), ':', '_');
+    values["memory/" + name + "/allocated_bytes"] = static_cast<double>(stats.allocated);
+    values["memory/" + name + "/peak_bytes"] = static_cast<double>(stats.peak);
+  }
+  return values;
 }
 
 sdk::StepReport Trainer::step_report(const StepResult& r, double seconds) const {

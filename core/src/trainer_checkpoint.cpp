@@ -70,7 +70,9 @@ std::string Trainer::state_json() const {
   s["total_steps"] = total_steps_;
   s["skipped_steps"] = skipped_steps_;
   const auto position = train_loader_->position();
-  s["loader"] = {{"epoch", position.epoch}, {"offset", position.offset}, {"seed", options_.seed}};
+  // The offset is into this rank's share of the epoch; "ranks" says how many shares there were
+  // (the plan's world_size counts devices, several per rank with data_parallel).
+  s["loader"] = {{"epoch", position.epoch}, {"offset", position.offset}, {"seed", options_.seed}, {"ranks", parallel_->world_size()}};
   s["plan"] = {{"micro_batch", plan_.micro_batch}, {"accumulation", plan_.accumulation}, {"world_size", plan_.world_size}};
   s["schedule"] = {{"name", options_.schedule}, {"base_lr", base_lr_}, {"step", step_}, {"state", schedule_->state_dict().text}};
   const sdk::State optimizer = optimizer_->state_dict();
@@ -131,7 +133,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   schedule.text = saved.schedule;
   const std::string& schedule_name = saved.schedule_name;
   const sdk::BatchPlan saved_plan = saved.plan;
-  const DataLoader::Position position = position_for_world(saved.epoch, saved.offset, saved.plan.world_size);
+  const DataLoader::Position position = position_for_world(saved.epoch, saved.offset, saved.ranks);
   LogWindow window;
   window.steps = saved.window_steps;
   window.samples = saved.window_samples;

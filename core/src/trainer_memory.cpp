@@ -44,7 +44,7 @@ std::optional<ActivationFit> Trainer::activation_fit(int64_t micro) {
   // peak is the larger of two lines in the batch (the activations early in the backward, or the
   // largest weight's gradient buffer late in it, when the activations are mostly freed), and
   // probes far below the micro-batch can sit on the flat one (bench/memory_figures.cpp).
-  const int64_t limit = std::max<int64_t>(2, dataset_->size(sdk::Split::kTrain) / parallel_->world_size());
+  const int64_t limit = std::max<int64_t>(2, dataset_->size(sdk::Split::kTrain) / devices_in_world());
   for (int64_t large = std::clamp<int64_t>(micro / 2, 2, limit); large >= 2; large /= 2) {
     try {
       return fit_activations([this](int64_t b) { return probe_peak(b); }, std::max<int64_t>(1, large / 2), large,
@@ -210,7 +210,7 @@ StepResult Trainer::step_with_recovery(bool read_values) {
                 " -> ", context.plan.micro_batch, " x ", context.plan.accumulation, " x ", context.plan.world_size,
                 " after running out of memory at step ", step_ + 1);
       plan_ = context.plan;
-      train_loader_->set_micro_batch(plan_.micro_batch);
+      train_loader_->set_micro_batch(plan_.micro_batch * local_devices());
       ++oom_recoveries_;
       recovery_seconds_ += seconds_since(t0);
     }

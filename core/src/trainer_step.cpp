@@ -7,6 +7,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include "gradient_sync.hpp"
+#include "replicas.hpp"
 #include "step_graph.hpp"
 #include "trainer_internal.hpp"
 
@@ -174,6 +175,26 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
   return out;
 }
 
+sdk::ModelOutput Trainer::run_spread(const sdk::Batch& batch, bool train) {
+  if (!replicas_) return run_micro_batch(batch, train);
+  sdk::ModelOutput out;
+  {
+    LOOM_PHASE("forward");
+    std::vector<sdk::Batch> parts;
+    {
+      LOOM_PHASE("scatter");
+      parts = replicas_->scatter(batch);
+    }
+    const auto autocast = precision_->forward_guard();
+    out = replicas_->forward(parts, train);
+  }
+  if (train) {
+    LOOM_PHASE("backward");
+    precision_->scale_loss(out.loss_sum).backward();  // reaches every replica (Note [Replicas in one process])
+  }
+  return out;
+}
+
 // Note [The step on the device]
 // The update of a step needs three facts the host used to read from the device, each a wait for
 // every kernel queued before it: whether the gradients are finite (the precision's check), their
@@ -315,6 +336,10 @@ Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64
   auto& module = model_->module();
   module.train();
   parameters_.zero_grad();
+  if (replicas_) {  // the replicas start the step with the weights of the primary, which alone was updated
+    replicas_->copy_weights();
+    replicas_->zero_grad();
+  }
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   StepWork work;
@@ -327,7 +352,7 @@ Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64
     sdk::ModelOutput out;
     if (sync_ && micro == plan_.accumulation - 1) sync_->arm();  // the last backward reduces as it goes
     try {
-      out = run_micro_batch(batch_of(micro), /*train=*/true);
+      out = run_spread(batch_of(micro), /*train=*/true);
     } catch (const c10::OutOfMemoryError& e) {
       if (!ranks) throw;
       out_of_memory = e.what_without_backtrace();
@@ -337,6 +362,10 @@ Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64
     loss_sum.add_(out.loss_sum.detach().to(device_, at::kFloat));
     count.add_(out.count.detach().to(device_, at::kFloat));
     add_metrics(work.metric_sums, out);
+  }
+  if (replicas_) {
+    LOOM_PHASE("reduce");
+    replicas_->add_gradients_to(parameters_);
   }
   if (sync_) {  // every bucket started and summed, even in a step cut short (Note [Overlapped gradient reduction])
     LOOM_PHASE("reduce");
@@ -469,7 +498,7 @@ EvalResult Trainer::evaluate(sdk::Split split) {
   int64_t micro = std::min(plan_.micro_batch, eval_micro_batch_cap_);
   while (true) {
     try {
-      loader->set_micro_batch(micro);
+      loader->set_micro_batch(micro * local_devices());
       EvalResult result = evaluate_once(*loader);
       result.split = split;
       return result;
@@ -502,11 +531,12 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
   module.eval();
   at::NoGradGuard no_grad;
   loader.seek({0, 0});
+  if (replicas_) replicas_->copy_weights();
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   MetricSums sums;
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
-    const sdk::ModelOutput out = run_micro_batch(loader.next(), /*train=*/false);
+    const sdk::ModelOutput out = run_spread(loader.next(), /*train=*/false);
     loss_sum.add_(out.loss_sum.to(device_, at::kFloat));
     count.add_(out.count.to(device_, at::kFloat));
     add_metrics(sums, out);

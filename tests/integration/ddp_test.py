@@ -94,6 +94,13 @@ try:
     close(losses(os.path.join(work, "ddp_after")), single, "ddp reducing after backward")
     print("ddp with small buckets (overlapped) and with one reduction after backward = single")
 
+    # 1c. NCCL reduces CUDA tensors: asked for on CPU ranks, one error on each, naming the key.
+    r = launch("--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "parallel.backend=nccl",
+               "--set", "trainer.name=nccl_on_cpu", check=False, timeout=120)
+    assert r.returncode != 0 and "parallel.backend = nccl" in r.stderr, r.stderr[-2000:]
+    assert "terminate called" not in r.stderr and "Segmentation" not in r.stderr, r.stderr[-2000:]
+    print("parallel.backend = nccl on CPU ranks: refused, naming the key")
+
     # 1b. Out of memory on rank 1 alone (a budget on that rank only): both ranks re-plan to
     # 8 x 2 and replay the step, and the run stays the single run's.
     port = str(free_port())

@@ -3,6 +3,7 @@
 
 #include <loom/sdk/helpers.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -57,6 +58,29 @@ std::string number(double v) {
 
 // ---- progress ------------------------------------------------------------------------------
 
+namespace {
+
+/// " | cuda:0 1.2 GiB (peak 3.4 GiB), cuda:1 ...": each device's memory where the host reports
+/// several (memory/<device>/..._bytes, data_parallel on GPUs); empty otherwise.
+std::string per_device_memory(const std::map<std::string, double>& values) {
+  std::string out;
+  const std::string prefix = "memory/", suffix = "/peak_bytes";
+  for (const auto& [key, peak] : values) {
+    if (key.size() <= prefix.size() + suffix.size() || key.compare(0, prefix.size(), prefix) != 0 ||
+        key.compare(key.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string device = key.substr(prefix.size(), key.size() - prefix.size() - suffix.size());
+    std::string shown = device;
+    std::replace(shown.begin(), shown.end(), '_', ':');
+    out += (out.empty() ? " | " : ", ") + shown + " " +
+           sdk::format_bytes(static_cast<int64_t>(value_or_nan(values, prefix + device + "/allocated_bytes"))) + " (peak " +
+           sdk::format_bytes(static_cast<int64_t>(peak)) + ")";
+  }
+  return out;
+}
+
+}  // namespace
+
 void Progress::on_run_begin(RunContext&) { tty_ = ::isatty(STDERR_FILENO) != 0; }
 
 void Progress::on_step_end(RunContext&, const sdk::StepReport& report) {
@@ -79,15 +103,16 @@ void Progress::on_log(RunContext& run, int64_t step, const std::map<std::string,
                 steps_timed_ > 0 ? sdk::format_duration(eta).c_str() : "?",
                 sdk::format_bytes(static_cast<int64_t>(value_or_nan(values, "memory/allocated_bytes"))).c_str(),
                 sdk::format_bytes(static_cast<int64_t>(value_or_nan(values, "memory/peak_bytes"))).c_str());
+  std::string text = line + per_device_memory(values);
   if (tty_) {
-    std::cerr << "\r\033[2K" << line << std::flush;
+    std::cerr << "\r\033[2K" << text << std::flush;
     live_ = true;
     return;
   }
   const double now = now_seconds();
   if (now - last_plain_ < 5.0 && step != total) return;
   last_plain_ = now;
-  std::cerr << line << "\n" << std::flush;
+  std::cerr << text << "\n" << std::flush;
 }
 
 // The host logs the evaluation's line just before this hook; on a terminal the log line replaced

@@ -1,5 +1,6 @@
 // ddp: one process per device, the processes of a job joined in a c10d process group (Gloo on the
-// CPU; NCCL on CUDA where this build has it), as PyTorch's DistributedDataParallel joins them.
+// CPU; NCCL on CUDA where this build has it: LOOM_DDP_NCCL, from a CUDA wheel's nvidia/nccl), as
+// PyTorch's DistributedDataParallel joins them.
 // The launcher's variables (<loom/sdk/launch.hpp>: torchrun, `loom launch`, Slurm, Open MPI)
 // give the rank, the world and rank 0's address; rank 0 hosts a c10d::TCPStore there (under
 // torchrun's elastic agent the agent's store is joined instead) and every rank builds its
@@ -9,10 +10,15 @@
 #include <loom/sdk/launch.hpp>
 #include <loom/sdk/sdk.hpp>
 
+#include <ATen/ops/ones.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/cuda.h>
+#if LOOM_DDP_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <chrono>
 #include <cstdlib>
@@ -51,11 +57,18 @@ class Ddp final : public loom::sdk::ParallelStrategy {
           "SLURM_PROCID, OMPI_COMM_WORLD_RANK is set). For one process use parallel = single");
     env_ = *env;
     choose_device(device);
-    if (backend_ == "auto") backend_ = device_.is_cuda() ? "nccl" : "gloo";
-    if (backend_ == "nccl")
-      throw Error("parallel.backend = nccl: this build of the ddp plugin has Gloo only (NCCL comes with issue 13's "
-                  "GPU part); set parallel.backend = gloo, which also reduces CUDA tensors through host copies");
+    if (backend_ == "auto") backend_ = device_.is_cuda() && kHasNccl ? "nccl" : "gloo";
+    if (backend_ == "nccl" && !kHasNccl)
+      throw Error("parallel.backend = nccl: this build of the ddp plugin has no NCCL (its LibTorch has no CUDA, or "
+                  "NCCL's headers were not found beside it when Loom was configured); set parallel.backend = gloo, "
+                  "which also reduces CUDA tensors, through host copies");
+    if (backend_ == "nccl" && !device_.is_cuda())
+      throw Error("parallel.backend = nccl reduces CUDA tensors, and rank " + std::to_string(env_.rank) +
+                  " trains on " + device_.str() + "; use parallel.backend = gloo (or auto) on the CPU");
+    nccl_ = backend_ == "nccl";
     join();
+    loom::sdk::log::info("ddp: rank ", env_.rank, " of ", env_.world_size, " on ", device_.str(), ", joined over ",
+                         nccl_ ? "NCCL" : "Gloo", " (", env_.master_addr, ":", env_.port, ")");
   }
 
   int64_t rank() const override { return env_.rank; }
@@ -96,7 +109,13 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     return pending;
   }
 
-  void barrier() override { run("a barrier", [&] { return group_->barrier(); }); }
+  void barrier() override {
+    if (!nccl_) return run("a barrier", [&] { return group_->barrier(); });
+    // NCCL's wait orders the streams only: a one-element sum read back makes the host wait too.
+    std::vector<at::Tensor> one{at::ones({1}, at::TensorOptions().device(device_))};
+    run("a barrier", [&] { return group_->allreduce(one, c10d::AllreduceOptions{}); });
+    (void)one.front().item<float>();
+  }
 
   void teardown() override {
     group_.reset();
@@ -145,6 +164,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     if (env_.agent_store)
       store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env_.restart), store);
     store_ = store;
+    if (nccl_) return join_nccl();
     auto gloo = c10d::ProcessGroupGloo::Options::create(timeout_);
     const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
     try {
@@ -162,8 +182,27 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     }
   }
 
-  // Gloo reduces host memory: a CUDA tensor travels through a host copy (NCCL will not need one).
-  static at::Tensor host(const at::Tensor& t) { return t.is_cpu() && t.is_contiguous() ? t : t.to(at::kCPU).contiguous(); }
+  void join_nccl() {
+#if LOOM_DDP_NCCL
+    c10::cuda::set_device(device_.index());
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout_;
+    try {
+      group_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store_, static_cast<int>(env_.rank),
+                                                           static_cast<int>(env_.world_size), options);
+    } catch (const std::exception& e) {
+      throw Error("ddp: rank " + std::to_string(env_.rank) + " could not join the NCCL process group on " +
+                  device_.str() + ": " + first_line(e.what()) + " (NCCL_DEBUG=INFO says more)");
+    }
+#endif
+  }
+
+  // What a collective reduces: NCCL the tensor itself, on its device (contiguous); Gloo host
+  // memory, so a CUDA tensor travels through a host copy.
+  at::Tensor host(const at::Tensor& t) const {
+    if (nccl_) return t.is_contiguous() ? t : t.contiguous();
+    return t.is_cpu() && t.is_contiguous() ? t : t.to(at::kCPU).contiguous();
+  }
   static void copy_back(const at::Tensor& target, const at::Tensor& buffer) {
     if (!buffer.is_same(target)) target.copy_(buffer);
   }
@@ -218,12 +257,18 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
   };
 
+#if LOOM_DDP_NCCL
+  static constexpr bool kHasNccl = true;
+#else
+  static constexpr bool kHasNccl = false;
+#endif
   std::string backend_;
+  bool nccl_ = false;
   std::chrono::milliseconds timeout_;
   loom::sdk::LaunchEnvironment env_;
   c10::Device device_{c10::kCPU};
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  c10::intrusive_ptr<c10d::Backend> group_;  // ProcessGroupGloo or ProcessGroupNCCL
 };
 
 }  // namespace

@@ -42,6 +42,7 @@ class CheckpointStore;
 class FileLock;
 class StepGraphs;
 class GradientSync;
+class Replicas;
 
 /// The [trainer] and [data] loader settings, read once from the resolved configuration.
 struct TrainerOptions {
@@ -223,6 +224,13 @@ class Trainer {
   void build_memory();
   void build_data();
   void build_model();
+  /// The model's plugin's object, set up and given the dataset's tables, on the CPU.
+  Created<sdk::Model> make_model();
+  /// A strategy with several devices in this process (data_parallel): the model's replicas.
+  void build_replicas();
+  /// Devices this process trains on (replicas included) and over all ranks.
+  int64_t local_devices() const;
+  int64_t devices_in_world() const { return parallel_->world_size() * local_devices(); }
   void build_precision();
   void build_plan();
   void build_optimizer();
@@ -292,6 +300,9 @@ class Trainer {
   /// One micro-batch, the same for a training step, an evaluation and a memory probe: forward
   /// under the precision strategy's guard and, when `train`, the scaled loss's backward.
   sdk::ModelOutput run_micro_batch(const sdk::Batch& batch, bool train);
+  /// run_micro_batch over every device of this process: the batch cut across the replicas
+  /// (Note [Replicas in one process]); the primary model alone without replicas.
+  sdk::ModelOutput run_spread(const sdk::Batch& batch, bool train);
   DataLoader* eval_loader(sdk::Split split) const;
   /// Per metric: (sum, count) over the micro-batches so far.
   using MetricSums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
@@ -342,7 +353,9 @@ class Trainer {
   Created<sdk::ParallelStrategy> parallel_;  // with its interface version: start_all_reduce_sum needs 1.1
   Created<sdk::Dataset> dataset_;  // with its interface version: kValidation needs 1.1
   Created<sdk::Model> model_;      // with its interface version: use_tables, metric_value and predict need 2.1
-  std::unique_ptr<GradientSync> sync_;  // several ranks: buckets reduced during backward (gradient_sync.hpp)
+  std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<Replicas> replicas_;  // data_parallel: the model on the other devices of this process
+  std::vector<std::unique_ptr<sdk::DeviceMemory>> replica_memory_;  // their memory, for the per-device line (CUDA)  // several ranks: buckets reduced during backward (gradient_sync.hpp)
   std::shared_ptr<sdk::PrecisionStrategy> precision_;
   std::vector<std::shared_ptr<sdk::MemoryPolicy>> memory_policies_;
   sdk::DataSpec data_spec_;

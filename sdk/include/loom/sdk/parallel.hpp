@@ -23,7 +23,7 @@ class LOOM_SDK_API ParallelStrategy {
   using Interface = ParallelStrategy;
   static constexpr uint32_t kKind = LOOM_KIND_PARALLEL;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 1;
+  static constexpr uint32_t kInterfaceMinor = 2;  // 1.1: start_all_reduce_sum; 1.2: devices
 
   virtual ~ParallelStrategy();  // defined in libloom_sdk: its type info has one home
 
@@ -49,6 +49,13 @@ class LOOM_SDK_API ParallelStrategy {
   /// gradient buffer) as backward completes it, so that the reduction overlaps the rest of
   /// backward. Called from autograd's threads. The default sums at once (no overlap).
   virtual std::unique_ptr<PendingReduction> start_all_reduce_sum(const std::vector<at::Tensor>& tensors);
+
+  /// Interface 1.2: every device this process trains on, device() first. More than one: the
+  /// host builds a replica of the model per further device through the model's plugin (Note
+  /// [Replicas in one process], core/src/replicas.hpp), cuts each micro-batch across the
+  /// devices and sums the replicas' gradients into device()'s model, which alone is updated.
+  /// Devices of one type, each once (CPU replicas, for tests, may repeat "cpu").
+  virtual std::vector<c10::Device> devices() const { return {device()}; }
 
   /// Waits for every rank.
   virtual void barrier() {}
