@@ -51,7 +51,7 @@ mkdir -p "$out/logs" "$out/junit"
 out="$(cd "$out" && pwd)"
 summary="$out/summary.md"
 step_rows=()   # "| step | status | seconds | log |" rows, in order
-planned=(unpack setup configure build test-gpu bench-profile bench-precision bench-variants bench-gpt2 bench-memory test-rest)
+planned=(unpack setup configure build test-gpu bench-profile bench-precision bench-variants bench-gpt2 bench-parallel bench-memory test-rest)
 failures=0
 
 remaining() { echo $((deadline - $(date +%s))); }
@@ -300,6 +300,15 @@ else
   run_step bench-gpt2 60 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cuda \
     --size gpt2 --vocab-size 50304 --seq-len 1024 --batch-size 8 --steps 60 --window 10 \
     --variants loom,loom_graph,pytorch,pytorch_compile --repeats 1
+fi
+# bench-parallel: single against ddp with a world of one (NCCL) and data_parallel on one GPU (and
+# on two where there are two): what each strategy costs per step (the dry run: on the CPU, Gloo).
+if [ $dry_run = 1 ]; then
+  run_step bench-parallel 30 "$py" "$root/bench/parallel_overhead.py" --loom "$build_dir/bin/loom" --device cpu \
+    --steps 40 --window 10 --repeats 1
+else
+  run_step bench-parallel 60 "$py" "$root/bench/parallel_overhead.py" --loom "$build_dir/bin/loom" --device cuda \
+    --steps 300 --window 50 --repeats 2
 fi
 if [ $dry_run = 1 ]; then
   run_step bench-memory 30 "$build_dir/bin/loom_memory_figures" --device cpu

@@ -73,12 +73,15 @@ try:
     close(losses(os.path.join(work, "dp_acc")), losses(os.path.join(work, "single_acc")), "with accumulation")
     print("data_parallel with accumulation 2 = single with accumulation 2")
 
-    # 3. Three replicas: 48 = 16 x 1 x 3; the micro-batch of 48 is cut 16/16/16.
-    three = [*BASE, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=10", "--set", "trainer.batch_size=48"]
+    # 3. Three replicas: 48 = 16 x 1 x 3; each micro-batch of 48 is cut 16/16/16. The test split
+    # of 49 ends with a batch of one sample, which only the first replica gets.
+    three = [*BASE, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=10", "--set", "trainer.batch_size=48",
+             "--set", "data.test_size=49"]
     loom(exe, "train", *three, "--set", "trainer.name=single_48")
     loom(exe, "train", *three, *DP[:2], "--set", "parallel.devices=cpu,cpu,cpu", "--set", "trainer.name=dp3")
     close(losses(os.path.join(work, "dp3")), losses(os.path.join(work, "single_48")), "three replicas")
-    print("data_parallel on three CPU replicas = single")
+    close(test_values(os.path.join(work, "dp3")), test_values(os.path.join(work, "single_48")), "three replicas, test")
+    print("data_parallel on three CPU replicas = single (the test split's last batch of one sample included)")
 
     # 4. Stopped (SIGINT: a checkpoint) with data_parallel, resumed with single: the data position
     # and the rest go on as in the run that never stopped.

@@ -119,6 +119,7 @@ TEST_F(CheckpointIntegrityTest, ImpossibleValuesInStateJsonAreDamageNamedByField
       {R"re("step": 4,)re", R"("step": "four",)", "field 'step' is \"four\", not an integer"},
       {R"re("micro_batch": 32)re", R"("micro_batch": 0)", "field 'plan.micro_batch' = 0 is outside"},
       {R"re("format": 1)re", R"("format": 7)", "field 'format' = 7 is outside [1, 1]"},
+      {R"re("ranks": 1)re", R"("ranks": 0)", "field 'loader.ranks' = 0 is outside"},
   };
   for (const auto& [from, to, expected] : cases) {
     fs::remove_all(newest_);
@@ -154,3 +155,11 @@ TEST_F(CheckpointIntegrityTest, AResumeWhoseStepsAreAllNonFiniteStopsAndSavesNot
 }
 
 }  // namespace
+
+TEST_F(CheckpointIntegrityTest, AStateJsonWithoutRanksIsAnOlderFileAndResumes) {
+  // Loom before data_parallel wrote no loader.ranks: the plan's world_size was the ranks then.
+  rewrite_state(R"re(,\s*"ranks": 1)re", "");
+  ASSERT_EQ(read_file(newest_ / "state.json").find("\"ranks\""), std::string::npos);
+  const auto [step, warnings] = resume();
+  EXPECT_EQ(step, 4) << warnings;
+}

@@ -54,10 +54,10 @@ inline BatchPlan split_global_batch(int64_t global, int64_t world, int64_t limit
   return BatchPlan{micro, per_rank / micro, world};
 }
 
-/// "micro-batch 32 x accumulation 4 = 128" (with " x 8 ranks" when there are several).
+/// "micro-batch 32 x accumulation 4 = 128" (with " x 8 devices" when there are several).
 inline std::string plan_text(const BatchPlan& p) {
   return "micro-batch " + std::to_string(p.micro_batch) + " x accumulation " + std::to_string(p.accumulation) +
-         (p.world_size > 1 ? " x " + std::to_string(p.world_size) + " ranks" : std::string()) + " = " +
+         (p.world_size > 1 ? " x " + std::to_string(p.world_size) + " devices" : std::string()) + " = " +
          std::to_string(p.global());
 }
 

@@ -76,7 +76,9 @@ struct MetricSpec {
 };
 
 /// A batch plan: global batch = micro_batch x accumulation x world_size. The configured global
-/// batch never changes silently; a change of plan is logged from what to what.
+/// batch never changes silently; a change of plan is logged from what to what. micro_batch is
+/// what one device holds in one forward; world_size counts the devices over all ranks (ranks x
+/// each rank's devices, several with data_parallel), so a memory policy plans one device.
 struct BatchPlan {
   int64_t micro_batch = 1;
   int64_t accumulation = 1;
