@@ -7,13 +7,16 @@
 #include <loom/sdk/sdk.hpp>
 
 #include <ATen/ops/argmax.h>
+#include <ATen/ops/baddbmm.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/softmax.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/upsample_bilinear2d.h>
@@ -25,6 +28,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -151,7 +156,9 @@ class VitImpl : public torch::nn::Module {
 
   at::Tensor forward(const at::Tensor& input) {
     at::Tensor x;
-    if (shape_.image) {
+    if (shape_.image && stem_ && patches_as_matmul(input)) {
+      x = stem_and_patches(input);  // [B, N, d]
+    } else if (shape_.image) {
       x = stem_ ? at::gelu(stem_->forward(input)) : input;
       x = embed_patches(x);  // [B, N, d]
     } else {
@@ -173,14 +180,61 @@ class VitImpl : public torch::nn::Module {
   // backward for this shape is slow: forward and backward of the 16 -> 96, 7x7/7 embedding at
   // batch 128 take 11.4 ms as a convolution and 8.8 ms as a product, 102 against 43 ms for a
   // 224 x 224 image in 16 x 16 patches at batch 32 (bench/attention_kernels.py, 2 cores).
+  bool patches_as_matmul(const at::Tensor& x) const {
+    return patch_kernel_ == PatchKernel::kMatmul || (patch_kernel_ == PatchKernel::kAuto && x.is_cpu());
+  }
+
   at::Tensor embed_patches(const at::Tensor& x) {
     const int64_t b = x.size(0), c = x.size(1), side = x.size(2), g = side / patch_;
-    const bool matmul = patch_kernel_ == PatchKernel::kMatmul || (patch_kernel_ == PatchKernel::kAuto && x.is_cpu());
-    if (!matmul) return patch_embed_->forward(x).flatten(2).transpose(1, 2);
+    if (!patches_as_matmul(x)) return patch_embed_->forward(x).flatten(2).transpose(1, 2);
     const at::Tensor patches = x.reshape({b, c, g, patch_, g, patch_})
                                    .permute({0, 2, 4, 1, 3, 5})
                                    .reshape({b, g * g, c * patch_ * patch_});
     return at::linear(patches, patch_embed_->weight.view({patch_embed_->weight.size(0), -1}), patch_embed_->bias);
+  }
+
+  // Note [Stem and patches in patch order]
+  // With a stem, the patch product above reorders the stem's output, [B, C, H, W], into patches:
+  // a strided copy of the largest activation forward and another of its gradient backward (3.4 of
+  // the default job's 44.7 ms per step on the 2-core CI machine, `loom profile`). Here the 3x3
+  // stem is a product over the input's 3x3 neighbourhoods gathered in patch order (pixel (gy, gx,
+  // py, px), each row C x 3 x 3 values: the stem weight's own order), so its output is already
+  // [B, patches, p x p x S] and the patch embedding takes it with no copy, against its weight
+  // permuted to (p, p, S) order. The input needs no gradient: the gather (one index_select over
+  // the padded input, 4x faster than the same copy as a permute) is forward only. The stem's
+  // product is batched per sample: as one [B*H*W, 9] x [9, S] matrix product its weight gradient
+  // is a reduction over 100k rows that MKL runs 4x slower than B small ones summed. The same
+  // weights and parameter shapes as the convolutions: checkpoints load either way.
+  at::Tensor stem_and_patches(const at::Tensor& x) {
+    const int64_t b = x.size(0), c = x.size(1), side = x.size(2), g = side / patch_, p = patch_;
+    const at::Tensor& w = stem_->weight;  // [S, C, 3, 3]
+    const int64_t s = w.size(0), d = patch_embed_->weight.size(0), rows = g * g * p * p;
+    const at::Tensor padded = at::constant_pad_nd(x, {1, 1, 1, 1}).reshape({b, -1});
+    const at::Tensor gathered = padded.index_select(1, gather_index(c, side, x.device())).view({b, rows, c * 9});
+    const at::Tensor stem = at::gelu(at::baddbmm(stem_->bias.expand({b, rows, s}), gathered,
+                                                 w.view({s, c * 9}).t().expand({b, c * 9, s})));  // [B, rows, S]
+    const at::Tensor weight = patch_embed_->weight.permute({0, 2, 3, 1}).reshape({d, p * p * s});
+    return at::linear(stem.view({b, g * g, p * p * s}), weight, patch_embed_->bias);
+  }
+
+  /// Into the padded input ([C, side + 2, side + 2] flattened): for each pixel in patch order
+  /// (gy, gx, py, px), its C x 3 x 3 neighbourhood. Made once per input geometry and device.
+  const at::Tensor& gather_index(int64_t c, int64_t side, const c10::Device& device) {
+    if (gather_.defined() && gather_.device() == device && gather_geometry_ == std::make_pair(c, side)) return gather_;
+    const int64_t g = side / patch_, p = patch_, padded = side + 2;
+    std::vector<int64_t> index;
+    index.reserve(static_cast<size_t>(side * side * c * 9));
+    for (int64_t gy = 0; gy < g; ++gy)
+      for (int64_t gx = 0; gx < g; ++gx)
+        for (int64_t py = 0; py < p; ++py)
+          for (int64_t px = 0; px < p; ++px)
+            for (int64_t ch = 0; ch < c; ++ch)
+              for (int64_t ky = 0; ky < 3; ++ky)
+                for (int64_t kx = 0; kx < 3; ++kx)
+                  index.push_back(ch * padded * padded + (gy * p + py + ky) * padded + (gx * p + px + kx));
+    gather_ = at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(device);
+    gather_geometry_ = {c, side};
+    return gather_;
   }
 
   Shape shape_;
@@ -189,6 +243,8 @@ class VitImpl : public torch::nn::Module {
   int64_t patch_;
   PatchKernel patch_kernel_;
   torch::nn::Conv2d stem_{nullptr}, patch_embed_{nullptr};
+  at::Tensor gather_;  // Note [Stem and patches in patch order]; not a buffer: no part of the checkpoint
+  std::pair<int64_t, int64_t> gather_geometry_{-1, -1};
   torch::nn::Linear token_embed_{nullptr};
   at::Tensor cls_token_, pos_embed_;
   torch::nn::ModuleList blocks_{nullptr};
