@@ -139,6 +139,23 @@ void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo
       if (!b.count(name) || !at::equal(t, b.at(name))) return "two reads of the same indices differ in field '" + name + "'";
     return {};
   });
+  s.run("get_batch_into_matches_get_batch", [&]() -> std::string {
+    // Dataset 1.3: the loader's reused buffer, filled with a batch, another, then a smaller one
+    // (an epoch's tail): each time what get_batch gives for the same indices.
+    if (!d.implements(3)) throw conformance::Skip("built against Dataset 1.2 or older: no get_batch_into");
+    const int64_t n = d->size(sdk::Split::kTrain);
+    sdk::Batch buffer;
+    for (const auto& want : {idx, std::vector<int64_t>{n - 1, 0, 1, n / 2}, std::vector<int64_t>{1, 0}}) {
+      d->get_batch_into(sdk::Split::kTrain, want, buffer);
+      const sdk::Batch fresh = d->get_batch(sdk::Split::kTrain, want);
+      if (buffer.size() != fresh.size())
+        return "get_batch_into gave " + std::to_string(buffer.size()) + " fields, get_batch " + std::to_string(fresh.size());
+      for (const auto& [name, t] : fresh)
+        if (!buffer.count(name) || !at::equal(t, buffer.at(name)))
+          return "get_batch_into's field '" + name + "' differs from get_batch's for the same indices";
+    }
+    return {};
+  });
   s.run("thread_safe", [&]() -> std::string {
     // The loader's threads read concurrently: each thread's batches equal the serial ones.
     const int64_t n = d->size(sdk::Split::kTrain);

@@ -1,4 +1,16 @@
-// The data loader. See loader.hpp.
+// The data loader. See data_loader.hpp.
+//
+// Note [Reused batch buffers]
+// Each job is fetched into a buffer of a ring (Dataset::get_batch_into, 1.3: index_select's out=
+// form), pinned for a CUDA device, so that a run in its steady state allocates no batch memory and
+// pins nothing anew. A buffer is written again only when nothing but the ring holds its tensors
+// (their reference counts, storage included: a caller that keeps a batch, a view of it, autograd's
+// saved input all count), and, on CUDA, once the copy to the device made from it is done (its
+// event, queried without waiting). Otherwise the job takes fresh memory, as before buffers: a
+// caller that keeps batches loses nothing, it only allocates. The ring holds depth + workers + 3
+// buffers: the jobs in flight, a batch handed out, the next one staged on the device, and a
+// job of an older generation a worker may still be filling after a seek (buffers are numbered
+// by a counter a seek does not reset, and a busy flag keeps two jobs off one buffer).
 #include <loom/core/error.hpp>
 #include <loom/core/data_loader.hpp>
 #include <loom/core/log.hpp>
@@ -12,6 +24,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/ParallelGuard.h>
 
+#include <algorithm>
 #include <numeric>
 
 namespace loom::core {
@@ -27,6 +40,10 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
                 " samples, too few for one micro-batch of " + std::to_string(options_.micro_batch) +
                 (options_.world_size > 1 ? " on each of " + std::to_string(options_.world_size) + " ranks" : std::string()) +
                 "; lower the batch size");
+  if (options_.fills_buffers || (options_.pin_memory && options_.device.is_cuda())) {
+    const int64_t depth = std::max<int64_t>(1, options_.workers * options_.prefetch);
+    buffers_.resize(static_cast<size_t>(depth + options_.workers + 3));
+  }
   try {
     for (int64_t i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
   } catch (const std::system_error& e) {
@@ -126,7 +143,8 @@ void DataLoader::schedule() {
     lock.lock();
     planned_.offset = end;
     position_after_[next_sequence_] = planned_;
-    jobs_.push_back(Job{generation_, next_sequence_, std::move(indices)});
+    const size_t buffer = buffers_.empty() ? 0 : static_cast<size_t>(next_buffer_++ % buffers_.size());
+    jobs_.push_back(Job{generation_, next_sequence_, std::move(indices), buffer});
     ++next_sequence_;
     added = true;
     if (threads_.empty()) break;  // synchronous: one at a time
@@ -134,11 +152,64 @@ void DataLoader::schedule() {
   if (added) work_ready_.notify_all();
 }
 
-sdk::Batch DataLoader::fetch(const std::vector<int64_t>& indices) const {
-  sdk::Batch batch = dataset_->get_batch(split_, indices);
-  if (options_.pin_memory && options_.device.is_cuda())
-    for (auto& [name, t] : batch) t = t.pin_memory();
-  return batch;
+bool DataLoader::unheld(const sdk::Batch& batch) {
+  return std::all_of(batch.begin(), batch.end(), [](const auto& field) {
+    const at::Tensor& t = field.second;
+    return !t.defined() || (t.use_count() == 1 && t.storage().use_count() == 1);
+  });
+}
+
+int64_t DataLoader::fresh_batches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return fresh_;
+}
+
+sdk::Batch DataLoader::fetch(const Job& job) {
+  const bool pin = options_.pin_memory && options_.device.is_cuda();
+  // Fills `into` (empty: fresh memory) with the job's samples, pinned where the device is CUDA.
+  auto fill = [&](sdk::Batch& into) {
+    if (options_.fills_buffers) {
+      dataset_->get_batch_into(split_, job.indices, into);
+    } else {  // an older dataset: its batch copied into pinned buffers (pin is true here when into is not empty)
+      sdk::Batch fresh = dataset_->get_batch(split_, job.indices);
+      for (auto it = into.begin(); it != into.end();) it = fresh.count(it->first) ? std::next(it) : into.erase(it);
+      for (auto& [name, t] : fresh) {
+        at::Tensor& target = into[name];
+        if (target.defined() && target.scalar_type() == t.scalar_type()) target.resize_(t.sizes()).copy_(t);
+        else target = t;
+      }
+    }
+    if (pin)
+      for (auto& [name, t] : into)
+        if (!t.is_pinned()) t = t.pin_memory();
+  };
+  bool reuse = false;
+  if (!buffers_.empty()) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Buffer& buffer = buffers_[job.buffer];
+    reuse = !buffer.busy && unheld(buffer.batch);
+    if (reuse) buffer.busy = true;
+    if (reuse && buffer.batch.empty()) ++fresh_;  // its first fill allocates
+  }
+  if (!reuse) {
+    sdk::Batch batch;
+    fill(batch);
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++fresh_;
+    return batch;
+  }
+  Buffer& buffer = buffers_[job.buffer];
+  try {
+    fill(buffer.batch);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    buffer.batch.clear();  // half written
+    buffer.busy = false;
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  buffer.busy = false;
+  return buffer.batch;  // shares its tensors: held from here until the caller lets go
 }
 
 void DataLoader::worker_loop() {
@@ -160,7 +231,7 @@ void DataLoader::worker_loop() {
     sdk::Batch batch;
     std::exception_ptr error;
     try {
-      batch = fetch(job.indices);
+      batch = fetch(job);
     } catch (...) {
       error = std::current_exception();
     }
@@ -183,7 +254,7 @@ std::pair<sdk::Batch, DataLoader::Position> DataLoader::take() {
       Job job = std::move(jobs_.front());
       jobs_.pop_front();
       lock.unlock();
-      batch = fetch(job.indices);  // an exception propagates as is
+      batch = fetch(job);  // an exception propagates as is
       lock.lock();
     } else {
       result_ready_.wait(lock, [&] { return results_.count(want) || errors_.count(want); });
@@ -208,11 +279,15 @@ std::pair<sdk::Batch, DataLoader::Position> DataLoader::take() {
 DataLoader::Staged DataLoader::stage(std::pair<sdk::Batch, Position> taken) {
   const auto* cuda = c10::impl::getDeviceGuardImpl(options_.device.type());
   if (!copy_stream_) copy_stream_ = cuda->getStreamFromGlobalPool(options_.device, /*isHighPriority=*/false);
+  // Host batches whose copies are done let go of their buffers (Note [Reused batch buffers]).
+  while (!copying_.empty() && copying_.front().second.query()) copying_.pop_front();
   Staged staged;
   staged.after = taken.second;
   const c10::StreamGuard on_copy_stream(*copy_stream_);
   for (auto& [name, t] : taken.first) staged.batch[name] = t.to(options_.device, /*non_blocking=*/options_.pin_memory);
   staged.copied.record(*copy_stream_);
+  copying_.emplace_back(std::move(taken.first), c10::Event(options_.device.type()));
+  copying_.back().second.record(*copy_stream_);
   return staged;
 }
 

@@ -326,6 +326,7 @@ void Trainer::build_loaders() {
   train.workers = options_.num_workers >= 0 ? options_.num_workers : (device_.is_cpu() ? 0 : 2);
   train.prefetch = options_.prefetch;
   train.pin_memory = options_.pin_memory;
+  train.fills_buffers = dataset_.implements(3);  // Dataset 1.3: get_batch_into (Note [Reused batch buffers])
   train.device = device_;
 
   // Validation: the dataset's own split (interface 1.1 and newer), else a share of train held

@@ -2,6 +2,8 @@
 // of micro-batch), ranks get disjoint shares, worker threads change nothing but speed.
 #include <loom/core/data_loader.hpp>
 
+#include <loom/sdk/tensor_dataset.hpp>
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
@@ -25,6 +27,22 @@ class Numbers final : public loom::sdk::Dataset {
   loom::sdk::Batch get_batch(loom::sdk::Split, const std::vector<int64_t>& indices) const override {
     return {{"x", at::tensor(indices, at::TensorOptions().dtype(at::kLong))}};
   }
+
+ private:
+  int64_t n_;
+};
+
+/// Sample i is x = (i, i + 0.5), y = i, held as tensors: a TensorDataset, which implements
+/// get_batch_into (Dataset 1.3), so the loader fetches into its reused buffers.
+class Table final : public loom::sdk::TensorDataset {
+ public:
+  explicit Table(int64_t n) : TensorDataset("table"), n_(n) {}
+  void setup() override {
+    at::Tensor x = at::arange(n_, at::TensorOptions().dtype(at::kFloat)).unsqueeze(1).repeat({1, 2});
+    x.select(1, 1).add_(0.5);
+    set_split(loom::sdk::Split::kTrain, {{"x", x}, {"y", at::arange(n_, at::TensorOptions().dtype(at::kLong))}});
+  }
+  loom::sdk::DataSpec spec() const override { return {}; }
 
  private:
   int64_t n_;
@@ -156,3 +174,55 @@ TEST(DataLoader, TooFewSamplesForOneBatchIsAClearError) {
 }
 
 }  // namespace
+
+TEST(DataLoader, ReusedBuffersGiveTheSameBatchesAndAllocateNothingInTheSteadyState) {
+  // Note [Reused batch buffers]: a caller that lets go of each batch before the next gets the
+  // same batches as from fresh memory, written into a ring of buffers that stops growing.
+  auto data = std::make_shared<Table>(100);
+  data->setup();
+  for (int64_t workers : {0, 2}) {
+    SCOPED_TRACE("workers " + std::to_string(workers));
+    DataLoader::Options reused = options(16, workers), fresh = options(16, workers);
+    reused.drop_last = fresh.drop_last = false;  // a tail of 4 each epoch: the buffers shrink and grow back
+    reused.fills_buffers = true;
+    DataLoader a(data, loom::sdk::Split::kTrain, reused), b(data, loom::sdk::Split::kTrain, fresh);
+    std::set<const void*> memory;
+    int64_t fresh_after_warm_up = -1;
+    for (int i = 0; i < 70; ++i) {  // ten epochs
+      if (i == 35) fresh_after_warm_up = a.fresh_batches();
+      const loom::sdk::Batch x = a.next(), y = b.next();
+      ASSERT_TRUE(at::equal(x.at("x"), y.at("x")) && at::equal(x.at("y"), y.at("y"))) << "batch " << i;
+      if (i >= 35) memory.insert(x.at("x").data_ptr());  // after a buffer first filled by a tail has grown
+    }
+    const int64_t ring = std::max<int64_t>(1, workers * 2) + workers + 3;
+    EXPECT_LE(static_cast<int64_t>(memory.size()), ring) << "the batches' memory is a ring of buffers";
+    EXPECT_EQ(a.fresh_batches(), fresh_after_warm_up) << "no fresh memory once every buffer is in use";
+    EXPECT_LE(a.fresh_batches(), ring);
+    EXPECT_GE(b.fresh_batches(), 70) << "without get_batch_into every batch is fresh on the CPU";
+  }
+}
+
+TEST(DataLoader, ABatchOrAViewOfItThatACallerKeepsIsNeverOverwritten) {
+  auto data = std::make_shared<Table>(100);
+  data->setup();
+  for (int64_t workers : {0, 2}) {
+    SCOPED_TRACE("workers " + std::to_string(workers));
+    DataLoader::Options o = options(10, workers);
+    o.fills_buffers = true;
+    DataLoader loader(data, loom::sdk::Split::kTrain, o);
+    std::vector<at::Tensor> kept, views, copies, view_copies;
+    for (int i = 0; i < 30; ++i) {
+      const at::Tensor x = loader.next().at("x");
+      copies.push_back(x.clone());
+      if (i % 2 == 0) {
+        kept.push_back(x);  // the batch itself
+      } else {
+        views.push_back(x.select(1, 1));  // only a view: its storage is the buffer's
+        view_copies.push_back(views.back().clone());
+      }
+    }
+    for (size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(at::equal(kept[i], copies[2 * i])) << "kept batch " << 2 * i;
+    for (size_t i = 0; i < views.size(); ++i) EXPECT_TRUE(at::equal(views[i], view_copies[i])) << "kept view " << 2 * i + 1;
+    EXPECT_GE(loader.fresh_batches(), 20) << "held buffers are not reused: the batches took fresh memory";
+  }
+}

@@ -6,10 +6,13 @@
 // steps). The position (epoch, samples consumed in it) is all a checkpoint needs to resume the
 // exact sequence of batches, and it stays valid when the micro-batch changes (OOM recovery).
 //
-// Threads: `workers` threads fetch upcoming batches (Dataset::get_batch), at most
-// workers x prefetch ahead, and pin them when the target device is CUDA (PyTorch's caching host
-// allocator reuses the pinned blocks); next() hands them out in order. The threads live as long
-// as the loader, across epochs.
+// Threads: `workers` threads fetch upcoming batches, at most workers x prefetch ahead; next()
+// hands them out in order. The threads live as long as the loader, across epochs.
+//
+// Buffers (Note [Reused batch buffers]): a batch is fetched into one of a ring of buffers
+// (pinned host memory when the device is CUDA) that the loader reuses once nobody holds the
+// batch it last handed out from it, so a steady state allocates no batch memory; a buffer still
+// held (a caller keeps the batch) is left alone and the batch gets fresh memory.
 //
 // On CUDA one batch more is already on the device: next() hands out the batch copied during the
 // previous step and queues the copy of the following one on a copy stream of its own, so that
@@ -48,6 +51,9 @@ class DataLoader {
     int64_t workers = 2;     ///< 0: fetch on the calling thread
     int64_t prefetch = 2;    ///< batches each worker may prepare ahead
     bool pin_memory = true;  ///< only used when `device` is CUDA
+    /// The dataset implements Dataset::get_batch_into (interface 1.3): batches are fetched into
+    /// the loader's reused buffers. Without it, buffers are used only to pin (CUDA).
+    bool fills_buffers = false;
     c10::Device device{c10::kCPU};
     /// The split's samples this loader draws from, as dataset indices (a held-out validation
     /// share of train, or the rest); empty: the whole split.
@@ -79,17 +85,28 @@ class DataLoader {
   int64_t samples_per_epoch() const;
   int64_t batches_per_epoch() const;
 
+  /// Batches fetched into fresh memory because their buffer was still held (or there is none
+  /// to reuse: the first of each buffer, a dataset without get_batch_into on the CPU).
+  int64_t fresh_batches() const;
+
  private:
   struct Job {
     uint64_t generation;
     uint64_t sequence;
     std::vector<int64_t> indices;
+    size_t buffer;  // the ring's buffer it is fetched into
+  };
+  struct Buffer {
+    sdk::Batch batch;
+    bool busy = false;  // a worker is filling it (under mutex_)
   };
   const std::vector<int64_t>& order(int64_t epoch);  // this rank's indices of an epoch
   void restart();       // drop queued work, plan from position_
   void schedule();      // queue jobs up to the prefetch depth
   void worker_loop();
-  sdk::Batch fetch(const std::vector<int64_t>& indices) const;
+  sdk::Batch fetch(const Job& job);
+  /// Whether nobody but the buffer holds its tensors (then they may be written again).
+  static bool unheld(const sdk::Batch& batch);
   /// The next batch in order, on the host, and the position once it is handed out.
   std::pair<sdk::Batch, Position> take();
   /// A batch whose copy to the device is queued on the copy stream (CUDA).
@@ -100,6 +117,9 @@ class DataLoader {
   };
   Staged stage(std::pair<sdk::Batch, Position> taken);
   std::optional<Staged> staged_;          // the next batch, on its way to the device
+  // Host batches whose copy to the device may still run: held (so their buffer is not written)
+  // until their event says the copy is done. Main thread only.
+  std::deque<std::pair<sdk::Batch, c10::Event>> copying_;
   std::optional<c10::Stream> copy_stream_;
 
   std::shared_ptr<sdk::Dataset> dataset_;
@@ -122,6 +142,9 @@ class DataLoader {
   std::map<uint64_t, sdk::Batch> results_;
   std::map<uint64_t, std::exception_ptr> errors_;
   std::map<uint64_t, Position> position_after_;  // sequence -> the position once it is handed out
+  std::vector<Buffer> buffers_;  // Note [Reused batch buffers]
+  uint64_t next_buffer_ = 0;     // never reset: a job of an older generation may still fill one
+  int64_t fresh_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };

@@ -16,7 +16,7 @@ class LOOM_SDK_API Dataset {
   using Interface = Dataset;
   static constexpr uint32_t kKind = LOOM_KIND_DATASET;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 2;  // 1.1: Split::kValidation; 1.2: tables()
+  static constexpr uint32_t kInterfaceMinor = 3;  // 1.1: Split::kValidation; 1.2: tables(); 1.3: get_batch_into
 
   virtual ~Dataset();  // defined in libloom_sdk: its type info has one home
 
@@ -42,6 +42,18 @@ class LOOM_SDK_API Dataset {
   /// (Model::use_tables, Model 2.1). Their names and meaning are a contract between a dataset and
   /// the models that read it, documented by both. Default: none.
   virtual TensorMap tables() const { return {}; }
+
+  /// get_batch into `out`, whose tensors the host's loader reuses from batch to batch (pinned
+  /// host memory for a CUDA device), so that a steady state allocates no batch memory (since
+  /// 1.3). Where `out` has a field of the right dtype, write the samples into that tensor,
+  /// resizing it to the batch's shape (index_select's out= form: TensorDataset does); other
+  /// fields may be replaced; fields the batch does not have are removed. The host owns `out` and
+  /// guarantees nobody else reads it meanwhile. Thread-safe as get_batch. Default: `out` becomes
+  /// get_batch's batch (fresh memory each time; no LibTorch call inline here, so that this header
+  /// still builds a plugin the host refuses for its C++ ABI and can name).
+  virtual void get_batch_into(Split split, const std::vector<int64_t>& indices, Batch& out) const {
+    out = get_batch(split, indices);
+  }
 };
 
 }  // namespace loom::sdk

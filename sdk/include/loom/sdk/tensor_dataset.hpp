@@ -1,11 +1,13 @@
 // A dataset held in memory as tensors, one set of named fields per split: a plugin loads or
 // makes its data in setup() and hands each split to set_split(); size() and get_batch() (index
-// checks, index_select, safe for the loader's worker threads) come from here. Fashion-MNIST, the
+// checks, index_select, safe for the loader's worker threads) come from here, and
+// get_batch_into (index_select's out= form: the loader's reused buffers, no allocation). Fashion-MNIST, the
 // synthetic data and the regression example are such datasets.
 #pragma once
 
 #include <loom/sdk/dataset.hpp>
 
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/tensor.h>
 
@@ -23,17 +25,27 @@ class TensorDataset : public Dataset {
   }
 
   Batch get_batch(Split split, const std::vector<int64_t>& indices) const override {
-    auto it = splits_.find(split);
-    if (it == splits_.end()) throw Error(name_ + " has no " + split_name(split) + " split");
-    const int64_t n = it->second.size;
-    for (int64_t i : indices)
-      if (i < 0 || i >= n)
-        throw Error(name_ + ": index " + std::to_string(i) + " out of range [0, " + std::to_string(n) + ") of the " +
-                    split_name(split) + " split");
-    const at::Tensor index = at::tensor(indices, at::TensorOptions().dtype(at::kLong));
     Batch out;
-    for (const auto& [field, tensor] : it->second.fields) out[field] = at::index_select(tensor, 0, index);
+    get_batch_into(split, indices, out);
     return out;
+  }
+
+  void get_batch_into(Split split, const std::vector<int64_t>& indices, Batch& out) const override {
+    const Stored& stored = checked(split, indices);
+    // A view of the indices, not a copy: nothing here allocates when `out` fits.
+    const at::Tensor index = at::from_blob(const_cast<int64_t*>(indices.data()), {static_cast<int64_t>(indices.size())},
+                                           at::TensorOptions().dtype(at::kLong));
+    for (auto it = out.begin(); it != out.end();) it = stored.fields.count(it->first) ? std::next(it) : out.erase(it);
+    for (const auto& [field, tensor] : stored.fields) {
+      at::Tensor& into = out[field];
+      if (into.defined() && into.scalar_type() == tensor.scalar_type() && into.device() == tensor.device()) {
+        std::vector<int64_t> shape = tensor.sizes().vec();
+        shape[0] = index.size(0);
+        into.resize_(shape);  // within its memory when the batch is not larger (an epoch's tail and back)
+        at::index_select_out(into, tensor, 0, index);
+      } else
+        into = at::index_select(tensor, 0, index);
+    }
   }
 
  protected:
@@ -67,6 +79,16 @@ class TensorDataset : public Dataset {
     Batch fields;
     int64_t size = 0;
   };
+  const Stored& checked(Split split, const std::vector<int64_t>& indices) const {
+    auto it = splits_.find(split);
+    if (it == splits_.end()) throw Error(name_ + " has no " + split_name(split) + " split");
+    const int64_t n = it->second.size;
+    for (int64_t i : indices)
+      if (i < 0 || i >= n)
+        throw Error(name_ + ": index " + std::to_string(i) + " out of range [0, " + std::to_string(n) + ") of the " +
+                    split_name(split) + " split");
+    return it->second;
+  }
   std::string name_;
   std::map<Split, Stored> splits_;
 };
