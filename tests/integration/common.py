@@ -40,3 +40,16 @@ def metrics(run_dir):
 
 def workdir():
     return tempfile.mkdtemp(prefix="loom-it-")
+
+
+def losses(run_dir):
+    """Step -> the logged training loss of a run."""
+    return {m["step"]: m["train/loss"] for m in metrics(run_dir) if "train/loss" in m}
+
+
+def close(a, b, what, rel=1e-5):
+    """Two {key: value} maps with the same keys and values within `rel` of b's."""
+    assert sorted(a) == sorted(b), f"{what}: keys {sorted(a)} != {sorted(b)}"
+    for k in a:
+        assert abs(a[k] - b[k]) <= rel * max(abs(b[k]), 1e-8), f"{what}, {k}: {a[k]} != {b[k]}"
+

@@ -9,25 +9,15 @@ import subprocess
 import sys
 import time
 
-from common import SMALL, loom, metrics, workdir
+from common import SMALL, close, loom, losses, metrics, workdir
 
 exe = sys.argv[1]
 BASE = [*SMALL, "--set", "model.dropout=0", "--set", "trainer.threads=1"]
 DP = ["--set", "parallel.name=data_parallel", "--set", "parallel.devices=cpu,cpu"]
 
 
-def losses(run):
-    return {m["step"]: m["train/loss"] for m in metrics(run) if "train/loss" in m}
-
-
 def test_values(run):
     return {k: v for m in metrics(run) for k, v in m.items() if k.startswith("test/")}
-
-
-def close(a, b, what, rel=1e-5):
-    assert sorted(a) == sorted(b), f"{what}: steps {sorted(a)} != {sorted(b)}"
-    for s in a:
-        assert abs(a[s] - b[s]) <= rel * max(abs(b[s]), 1e-8), f"{what}, {s}: {a[s]} != {b[s]}"
 
 
 def weights(run):

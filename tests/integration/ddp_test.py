@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from common import SMALL, loom, metrics, workdir
+from common import SMALL, close, loom, losses, workdir
 
 exe = sys.argv[1]
 torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -22,16 +22,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def losses(run):
-    return {m["step"]: m["train/loss"] for m in metrics(run) if "train/loss" in m}
-
-
-def close(a, b, what, rel=1e-5):
-    assert sorted(a) == sorted(b), f"{what}: steps {sorted(a)} != {sorted(b)}"
-    for s in a:
-        assert abs(a[s] - b[s]) <= rel * max(abs(b[s]), 1e-8), f"{what}, step {s}: {a[s]} != {b[s]}"
 
 
 def launch(*args, timeout=600, check=True):

@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 
-from common import SKIP, SMALL, loom, metrics, workdir
+from common import SKIP, SMALL, close, loom, losses, workdir
 
 exe = sys.argv[1]
 try:
@@ -20,16 +20,6 @@ if gpus == 0:
 
 GPU = [a if a != "trainer.device=cpu" else "trainer.device=auto" for a in SMALL]
 BASE = [*GPU, "--set", "model.dropout=0", "--set", "precision.name=fp32", "--set", "trainer.max_steps=20"]
-
-
-def losses(run):
-    return {m["step"]: m["train/loss"] for m in metrics(run) if "train/loss" in m}
-
-
-def close(a, b, what, rel=1e-5):
-    assert sorted(a) == sorted(b), f"{what}: steps {sorted(a)} != {sorted(b)}"
-    for s in a:
-        assert abs(a[s] - b[s]) <= rel * max(abs(b[s]), 1e-8), f"{what}, step {s}: {a[s]} != {b[s]}"
 
 
 work = workdir()

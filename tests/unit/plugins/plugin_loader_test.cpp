@@ -42,7 +42,7 @@ const loom::core::PluginRefusal* refusal_of(const std::string& file) {
 struct BrokenCase {
   const char* file;
   const char* stage;
-  const char* reason;  // a part of the reason
+  std::string reason;  // a part of the reason
 };
 
 std::ostream& operator<<(std::ostream& out, const BrokenCase& c) { return out << c.file; }
@@ -76,8 +76,10 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"libloom_dataset_broken_abi_minor.so", "descriptor", "plugin ABI 1.5 is newer than the host's 1.4"},
         BrokenCase{"libloom_dataset_broken_torch_version.so", "fingerprint", "built against LibTorch 1.13.1, host has"},
         BrokenCase{"libloom_dataset_broken_cxx11_abi.so", "fingerprint", "built against the standard library ABI pre-cxx11, host has cxx11"},
-        BrokenCase{"libloom_dataset_broken_newer_minor.so", "interface",
-                   "dataset 'broken_newer_minor' implements dataset interface 1.3, host has 1.2: the plugin is newer than this Loom"},
+        BrokenCase{"libloom_dataset_broken_newer_minor.so", "interface",  // the plugin declares the host's minor + 1
+                   "dataset 'broken_newer_minor' implements dataset interface 1." +
+                       std::to_string(loom::sdk::Dataset::kInterfaceMinor + 1) + ", host has 1." +
+                       std::to_string(loom::sdk::Dataset::kInterfaceMinor) + ": the plugin is newer than this Loom"},
         BrokenCase{"libloom_dataset_broken_unknown_flags.so", "descriptor", "dataset 'broken_unknown_flags': unknown flags 16"},
         BrokenCase{"libloom_dataset_broken_no_note.so", "fingerprint", "an ABI 1.4 plugin without its fingerprint note (.note.loom)"},
         BrokenCase{"libloom_dataset_broken_duplicate.so", "register", "dataset 'counting' is already provided by"},
