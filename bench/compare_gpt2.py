@@ -92,11 +92,11 @@ def loom(exe, a, data_vocab, threads, work, precision, cuda_graph=False):
         raise
     with open(os.path.join(work, name, "metrics.jsonl")) as f:
         lines = [json.loads(l) for l in f]
-    train = [l for l in lines if "train/samples_per_s" in l]
-    # Loom counts what the model's loss sums over: gpt2_lm's count is the batch's tokens, so its
-    # "samples" per second are tokens per second.
+    train = [l for l in lines if "train/loss_terms_per_s" in l]
+    # gpt2_lm's loss averages over the batch's tokens: Loom logs their rate as loss terms per second
+    # (train/samples_per_s counts sequences).
     peak = rss if a.device == "cpu" else max(l["memory/peak_bytes"] for l in train)
-    return rate([l["train/samples_per_s"] for l in train]), peak, train[-1]["train/loss"], None
+    return rate([l["train/loss_terms_per_s"] for l in train]), peak, train[-1]["train/loss"], None
 
 
 def pytorch(a, data_vocab, threads, precision, compiled=False):

@@ -118,6 +118,9 @@ SavedState parse_state_json(const std::string& text, const fs::path& file, int64
   if (s.contains("log_window")) {
     out.window_steps = f.integer({"log_window", "steps"}, 0, out.step);
     out.window_samples = f.integer({"log_window", "samples"}, 0, int64_t{1} << 50);
+    // Older files counted the loss's terms as samples, and had no "terms".
+    out.window_terms = f.has({"log_window", "terms"}) ? f.integer({"log_window", "terms"}, 0, int64_t{1} << 50)
+                                                        : out.window_samples;
     out.window_loss = f.number({"log_window", "loss"});
     out.window_seconds = f.number({"log_window", "seconds"});
     out.window_metrics = f.numbers({"log_window", "metrics"});

@@ -24,7 +24,7 @@ struct SavedState {
   int64_t epoch = 0, offset = 0;  ///< the data position
   int64_t ranks = 1;              ///< the processes the epoch was shared among (offset is one's share)
   /// The log window at the checkpoint (empty in files of older Loom versions).
-  int64_t window_steps = 0, window_samples = 0;
+  int64_t window_steps = 0, window_samples = 0, window_terms = 0;
   double window_loss = 0, window_seconds = 0;
   std::map<std::string, double> window_metrics;
   nlohmann::ordered_json callbacks = nlohmann::ordered_json::object();  ///< name -> text state

@@ -105,7 +105,7 @@ sdk::StepReport Trainer::step_report(const StepResult& r, double seconds) const 
   report.lr = r.lr;
   report.grad_norm = r.grad_norm;
   report.skipped = r.skipped;
-  report.samples = r.samples;
+  report.samples = r.read ? r.samples : 0;
   report.seconds = seconds;
   report.plan = plan_;
   report.memory = memory_->stats();

@@ -83,6 +83,7 @@ std::string Trainer::state_json() const {
   s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
   s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}};
   s["log_window"] = {{"steps", window_.steps}, {"loss", window_.loss}, {"samples", window_.samples},
+                     {"terms", window_.terms},
                      {"seconds", window_.seconds}, {"metrics", window_.metrics}};
   json callbacks = json::object();
   for (const auto& [name, callback] : callbacks_) callbacks[name] = callback->state_dict().text;
@@ -137,6 +138,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   LogWindow window;
   window.steps = saved.window_steps;
   window.samples = saved.window_samples;
+  window.terms = saved.window_terms;
   window.loss = saved.window_loss;
   window.seconds = saved.window_seconds;
   window.metrics = saved.window_metrics;

@@ -14,15 +14,18 @@ using namespace detail;
 void Trainer::LogWindow::add(const StepResult& r, double dt) {
   seconds += dt;
   ++steps;
+  samples += r.samples;
   if (!r.read) return;  // its values are in device_sums
   loss += r.loss;
-  samples += r.samples;
+  terms += r.terms;
   for (const auto& [k, v] : r.metrics) metrics[k] += v;
 }
 
 std::map<std::string, double> Trainer::LogWindow::take(std::map<std::string, double> values) {
   values["train/loss"] = loss / static_cast<double>(steps);
   values["train/samples_per_s"] = static_cast<double>(samples) / std::max(1e-9, seconds);
+  // Where the loss averages over something else than samples (gpt2_lm: tokens), its rate too.
+  if (terms != samples) values["train/loss_terms_per_s"] = static_cast<double>(terms) / std::max(1e-9, seconds);
   for (const auto& [k, v] : metrics) values["train/" + k] = v / static_cast<double>(steps);
   *this = {};
   return values;

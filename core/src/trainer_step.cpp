@@ -47,7 +47,7 @@ at::Tensor pack_report(const at::Tensor& loss_sum, const at::Tensor& count, cons
 }
 
 struct ReportValues {
-  int64_t samples = 0;
+  int64_t count = 0;  ///< the loss's terms (the model's count)
   double loss = 0;
   std::map<std::string, double> metrics;  ///< sum / count; NaN where a count is 0
 };
@@ -57,7 +57,7 @@ ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector
   const at::Tensor host = totals.to(at::kCPU, at::kDouble);
   const double* v = host.data_ptr<double>();
   ReportValues out;
-  out.samples = static_cast<int64_t>(v[1]);
+  out.count = static_cast<int64_t>(v[1]);
   out.loss = v[0] / std::max(1.0, v[1]);
   size_t i = 2;
   for (const auto& [name, pair] : sums) {
@@ -259,7 +259,7 @@ bool Trainer::finish_on_device(StepResult& result, const at::Tensor& packed, con
   }
   std::vector<double> tail;
   ReportValues values = read_report(packed, metric_sums, &tail);
-  result.samples = values.samples;
+  result.terms = values.count;
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);
   const bool finite = tail.size() == 3 && tail[1] == 0;
@@ -276,7 +276,7 @@ bool Trainer::update_on_host(StepResult& result, const StepWork& work) {
   {
     LOOM_PHASE("report");
     ReportValues values = read_report(work.totals, work.metric_sums);
-    result.samples = values.samples;
+    result.terms = values.count;
     result.loss = values.loss;
     result.metrics = std::move(values.metrics);
   }
@@ -319,7 +319,7 @@ void Trainer::flush_window() {
   const double* v = host.data_ptr<double>();
   const int64_t n = window_.device_steps;
   window_.loss += v[0];
-  window_.samples += std::llround(v[1]);
+  window_.terms += std::llround(v[1]);
   size_t i = 2;
   for (const auto& name : window_.device_metrics) window_.metrics[name] += v[i++];
   const int64_t skipped = std::llround(v[i]);
@@ -486,6 +486,7 @@ StepResult Trainer::train_step(bool read_values) {
                 " steps) had non-finite gradients: the checkpoint is probably damaged. Stopping before a checkpoint "
                 "of this state replaces the good ones; resume from an earlier checkpoint with --resume-from");
   result.step = step_;
+  result.samples = plan_.global();
   return result;
 }
 
@@ -544,7 +545,7 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
   std::vector<at::Tensor> totals{pack_report(loss_sum, count, sums)};
   parallel_->all_reduce_sum(totals);
   ReportValues values = read_report(totals.front(), sums);
-  result.samples = values.samples;
+  result.samples = loader.size();
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);
   finish_metrics(result.metrics);

@@ -95,11 +95,18 @@ void Progress::on_log(RunContext& run, int64_t step, const std::map<std::string,
   const double per_step = train_seconds_ / static_cast<double>(std::max<int64_t>(1, steps_timed_));
   const double eta = static_cast<double>(total - step) * per_step;
   const std::string width = std::to_string(std::to_string(total).size());
-  char line[320];
+  // A loss over something else than samples (gpt2_lm: tokens) adds that rate: "8 samples/s (8192 loss terms/s)".
+  char rate[96];
+  const auto terms = values.find("train/loss_terms_per_s");
+  if (terms != values.end())
+    std::snprintf(rate, sizeof rate, "%.0f samples/s (%.0f loss terms/s)", value_or_nan(values, "train/samples_per_s"), terms->second);
+  else
+    std::snprintf(rate, sizeof rate, "%.0f samples/s", value_or_nan(values, "train/samples_per_s"));
+  char line[400];
   std::snprintf(line, sizeof line,
-                ("step %" + width + "lld/%lld | loss %.4f | lr %.2e | %.0f samples/s | ETA %s | mem %s (peak %s)").c_str(),
+                ("step %" + width + "lld/%lld | loss %.4f | lr %.2e | %s | ETA %s | mem %s (peak %s)").c_str(),
                 static_cast<long long>(step), static_cast<long long>(total), value_or_nan(values, "train/loss"),
-                value_or_nan(values, "train/lr"), value_or_nan(values, "train/samples_per_s"),
+                value_or_nan(values, "train/lr"), rate,
                 steps_timed_ > 0 ? sdk::format_duration(eta).c_str() : "?",
                 sdk::format_bytes(static_cast<int64_t>(value_or_nan(values, "memory/allocated_bytes"))).c_str(),
                 sdk::format_bytes(static_cast<int64_t>(value_or_nan(values, "memory/peak_bytes"))).c_str());

@@ -275,12 +275,26 @@ TEST_F(Gpt2LmTest, LearnsThePlantedNextTokenRule) {
                                    "data.validation_fraction=0", "data.num_workers=0", "trainer.batch_size=32",
                                    "trainer.max_steps=80", "trainer.lr=3e-3"},
                                   dir_, "learns"));
-  const double first = t->train_step().loss;
-  EXPECT_NEAR(first, std::log(64.0), 0.5);
+  const auto first = t->train_step();
+  EXPECT_NEAR(first.loss, std::log(64.0), 0.5);
+  // Samples are sequences; the loss averages over their tokens, logged as loss terms.
+  EXPECT_EQ(first.samples, 32);
+  EXPECT_EQ(first.terms, 32 * 32);
   const auto summary = t->train();
   ASSERT_TRUE(summary.final_eval.has_value());
   EXPECT_GT(summary.final_eval->metrics.at("accuracy"), 0.8);
   EXPECT_LT(summary.final_eval->loss, 1.5);
+  EXPECT_EQ(summary.final_eval->samples, 32) << "the test split's sequences, not its tokens";
+  std::ifstream metrics(summary.run_dir / "metrics.jsonl");
+  int windows = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto values = nlohmann::json::parse(line);
+    if (!values.contains("train/samples_per_s")) continue;
+    ++windows;
+    EXPECT_NEAR(values["train/loss_terms_per_s"].get<double>() / values["train/samples_per_s"].get<double>(), 32.0, 1e-9)
+        << line;
+  }
+  EXPECT_GT(windows, 0);
 }
 
 TEST_F(Gpt2LmTest, PretrainedWeightsArePaddedToTheVocabularyAsked) {

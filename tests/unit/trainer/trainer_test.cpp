@@ -132,9 +132,14 @@ TEST_F(TrainerTest, TrainWritesCheckpointsBestModelAndMetrics) {
   EXPECT_TRUE(fs::exists(run / "config.json"));
   std::ifstream in(run / "metrics.jsonl");
   int lines = 0;
-  for (std::string line; std::getline(in, line);) ++lines;
+  for (std::string line; std::getline(in, line);) {
+    ++lines;
+    // a per-sample loss: its terms are the samples, so no second rate
+    EXPECT_EQ(line.find("loss_terms_per_s"), std::string::npos) << line;
+  }
   EXPECT_EQ(lines, 8 + 2 + 1);  // a line per step, one per validation, the test split at the end
   EXPECT_EQ(s.final_eval->split, loom::sdk::Split::kTest);
+  EXPECT_EQ(s.final_eval->samples, 128) << "every sample of the test split";
   EXPECT_FALSE(fs::is_empty(run / "tensorboard"));
 }
 

@@ -84,6 +84,8 @@ class DataLoader {
   /// drop_last; otherwise the last may be smaller).
   int64_t samples_per_epoch() const;
   int64_t batches_per_epoch() const;
+  /// The samples of the split (or subset) across every rank.
+  int64_t size() const { return size_; }
 
   /// Batches fetched into fresh memory because their buffer was still held (or there is none
   /// to reuse: the first of each buffer, a dataset without get_batch_into on the CPU).

@@ -76,7 +76,8 @@ struct StepResult {
   double lr = 0;
   double grad_norm = 0;
   bool skipped = false;  ///< non-finite gradients: no update
-  int64_t samples = 0;
+  int64_t samples = 0;   ///< the global batch: known on the host, read or not
+  int64_t terms = 0;     ///< what the loss averages over (the model's count: samples, tokens, ...)
   std::map<std::string, double> metrics;  ///< e.g. accuracy of the batch
   bool read = true;      ///< false: loss, metrics, grad_norm, skipped, samples stayed on the device
 };
@@ -266,9 +267,9 @@ class Trainer {
   /// stopped.
   struct LogWindow {
     double seconds = 0, loss = 0;
-    int64_t steps = 0, samples = 0;
+    int64_t steps = 0, samples = 0, terms = 0;  ///< samples of every step; the loss's terms of those read
     std::map<std::string, double> metrics;
-    // Steps whose values stayed on the device: [loss mean, samples, metric means..., skipped]
+    // Steps whose values stayed on the device: [loss mean, loss terms, metric means..., skipped]
     // summed, until flush_window() reads them.
     at::Tensor device_sums;
     std::vector<std::string> device_metrics;
