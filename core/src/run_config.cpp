@@ -177,8 +177,7 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
   TrainerOptions::from(resolved);
   for (const auto& choice : chosen_components(config)) {
     const ComponentInfo& info = registry.require(choice.kind, choice.name);
-    in_phase(std::string(find_kind(choice.kind)->noun) + " '" + choice.name + "'",
-             [&] { registry.check_options(info, detail::component_values(resolved, info)); });
+    registry.check_options(info, detail::component_values(resolved, info));  // its errors name it
   }
   return resolved;
 }

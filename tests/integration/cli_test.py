@@ -54,6 +54,13 @@ try:
            "unknown key with file:line and suggestion", r)
     expect("bad.ini:5: model.num_layers = 'two' is not valid: expected an integer" in r.stderr, "bad value", r)
     expect(not os.path.exists(os.path.join(work, "runs")), "nothing is built or written before validation", r)
+    # A value the model's factory refuses: one line naming the model once, the reason and the fix.
+    r = loom(exe, "train", "-c", os.path.join(configs, "fashion_mnist.ini"), "--set", f"trainer.work_dir={work}",
+             "--set", "model.d_model=97", "--set", "model.num_heads=4", check=False)
+    expect(r.returncode == 1 and r.stderr.count("lightweight_transformer") == 2  # the message and the plugin's file
+           and "model 'lightweight_transformer' could not be created: num_heads 4 does not divide d_model 97: "
+               "set model.d_model to a multiple of it (96 or 100)" in r.stderr,
+           "a value the model refuses is named once, with its fix", r)
 
     loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev",
          "--set", "trainer.max_steps=10", "--set", "trainer.eval_every=5")

@@ -306,7 +306,9 @@ class LightweightTransformer final : public loom::sdk::Model {
       throw Error("lightweight_transformer: num_layers, d_model, num_heads, patch_size and mlp_ratio must be positive");
     if (d_model_ % heads_ != 0)
       throw Error("lightweight_transformer: num_heads " + std::to_string(heads_) + " does not divide d_model " +
-                  std::to_string(d_model_));
+                  std::to_string(d_model_) + ": set model.d_model to a multiple of it (" +
+                  std::to_string(d_model_ / heads_ * heads_ > 0 ? d_model_ / heads_ * heads_ : heads_) + " or " +
+                  std::to_string((d_model_ / heads_ + 1) * heads_) + "), or model.num_heads to a divisor of it");
     if (dropout_ < 0 || dropout_ >= 1) throw Error("lightweight_transformer: dropout must be in [0, 1)");
     if (image_size_ < 0 || classes_ < 0 || stem_channels_ < 0) throw Error("lightweight_transformer: image_size and num_classes must be >= 0");
   }
