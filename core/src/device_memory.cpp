@@ -33,14 +33,6 @@ namespace loom::core {
 
 namespace {
 
-// Note [CPU budget allocator]
-// Every CPU tensor's storage goes through c10::GetCPUAllocator(). This allocator replaces it
-// (c10::SetCPUAllocator, priority 1): it allocates with c10::alloc_cpu like the default one,
-// remembers each block's size in a side table (data == context, so LibTorch's copy-on-write
-// still sees a simple data pointer), counts live bytes and their peak, and throws
-// c10::OutOfMemoryError when a budget would be exceeded, as the CUDA caching allocator does.
-// It lives for the whole process (deleters may run at exit); a block allocated before it was
-// installed keeps the default allocator's deleter and is never counted.
 // Note [Freed tensors stay in the heap]
 // c10::alloc_cpu is glibc's posix_memalign. glibc maps a block above its mmap threshold (128 KiB
 // at first, then raised to the largest such block freed) with mmap and unmaps it when freed, and
@@ -64,6 +56,13 @@ void keep_freed_blocks_in_the_heap() {
 #endif
 }
 
+// Note [CPU budget allocator]
+// Every CPU tensor's storage goes through c10::GetCPUAllocator(). This allocator replaces it
+// (c10::SetCPUAllocator, priority 1): it allocates with c10::alloc_cpu like the default one,
+// remembers each block's size in a header in front of it (Note [Size in a header]), counts live bytes and their peak, and throws
+// c10::OutOfMemoryError when a budget would be exceeded, as the CUDA caching allocator does.
+// It lives for the whole process (deleters may run at exit); a block allocated before it was
+// installed keeps the default allocator's deleter and is never counted.
 class BudgetAllocator final : public c10::Allocator {
  public:
   static BudgetAllocator& instance() {
