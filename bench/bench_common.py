@@ -13,10 +13,10 @@ class RunFailed(Exception):
     pass
 
 
-def run(cmd):
-    """Runs cmd; returns (stdout, stderr, peak RSS in bytes)."""
+def run(cmd, env=None):
+    """Runs cmd (with env added to this process's environment); returns (stdout, stderr, peak RSS in bytes)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=dict(os.environ, **env) if env else None)
         _, status, usage = os.wait4(proc.pid, 0)
         out.seek(0)
         err.seek(0)

@@ -1,7 +1,8 @@
 """GPT-2 training four ways, side by side: Loom eager, Loom with CUDA graphs (step.cuda_graph), and
 the same model in plain Python PyTorch from the same wheel, eager and through torch.compile
-(`pytorch_gpt2.py`). Tokens/s, peak memory, final loss and model FLOPs utilization (MFU) against
-the card's dense bf16 peak.
+(`pytorch_gpt2.py`); and, on request, Loom eager with ATen's cross-entropy in place of Loom's fused
+kernel (loom_aten_ce: LOOM_FUSED_KERNELS=0), which shows what the kernel gains. Tokens/s, peak
+memory, final loss and model FLOPs utilization (MFU) against the card's dense bf16 peak.
 
     build/bin/loom with the gpt2_lm and synthetic_tokens plugins must exist; on the GPU machine:
     $(scripts/setup.sh --print-venv)/bin/python bench/compare_gpt2.py --device cuda --size gpt2 \\
@@ -31,7 +32,11 @@ import statistics
 import sys
 import tempfile
 
-from bench_common import GPT2_SIZES, VARIANTS, RunFailed, add_gpt2_arguments, cpu_name, rate, run
+from bench_common import GPT2_SIZES, RunFailed, add_gpt2_arguments, cpu_name, rate, run
+from bench_common import VARIANTS as COMMON_VARIANTS
+
+VARIANTS = dict(COMMON_VARIANTS, loom_aten_ce="Loom eager, ATen's cross-entropy")
+DEFAULT_VARIANTS = list(COMMON_VARIANTS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -68,8 +73,8 @@ class PluginMissing(Exception):
     pass
 
 
-def loom(exe, a, data_vocab, threads, work, precision, cuda_graph=False):
-    name = "bench_gpt2" + ("_graph" if cuda_graph else "")
+def loom(exe, a, data_vocab, threads, work, precision, cuda_graph=False, fused=True):
+    name = "bench_gpt2" + ("_graph" if cuda_graph else "") + ("" if fused else "_aten_ce")
     shutil.rmtree(os.path.join(work, name), ignore_errors=True)  # a repeat: Loom refuses to write over a run
     args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
             "--set", "model.name=gpt2_lm", "--set", f"model.size={a.size}", "--set", f"model.vocab_size={a.vocab_size}",
@@ -83,7 +88,7 @@ def loom(exe, a, data_vocab, threads, work, precision, cuda_graph=False):
             "--set", f"trainer.threads={threads}", "--set", f"trainer.device={a.device}",
             "--set", f"precision.name={precision}"] + (["--set", "step.cuda_graph=true"] if cuda_graph else [])
     try:
-        _, _, rss = run(args)
+        _, _, rss = run(args, env=None if fused else {"LOOM_FUSED_KERNELS": "0"})
     except RunFailed as e:
         missing = MISSING_PLUGIN.search(str(e))
         if missing:
@@ -123,8 +128,8 @@ print(json.dumps({"torch": torch.__version__,
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--loom", default=os.path.join(ROOT, "build", "bin", "loom"))
-    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS)
-                   + " (default: all)")
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS)
+                   + " (default: " + ",".join(DEFAULT_VARIANTS) + ")")
     p.add_argument("--repeats", type=int, default=3, help="runs of each variant, interleaved; medians are reported")
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     add_gpt2_arguments(p)
@@ -152,7 +157,7 @@ def main():
     skipped = {}  # variant -> why it is left out
     if "loom_graph" in variants and not cuda:
         skipped["loom_graph"] = "step.cuda_graph captures CUDA graphs, and Loom refuses it on a CPU device"
-    for v in ("loom", "loom_graph"):
+    for v in ("loom", "loom_graph", "loom_aten_ce"):
         if v in variants and v not in skipped and not os.path.exists(a.loom):
             skipped[v] = f"no Loom binary at {a.loom} (./loom builds it)"
 
@@ -186,7 +191,8 @@ def main():
                     continue
                 try:
                     if v.startswith("loom"):
-                        result = loom(a.loom, a, data_vocab, a.threads, work, precision, cuda_graph=v == "loom_graph")
+                        result = loom(a.loom, a, data_vocab, a.threads, work, precision, cuda_graph=v == "loom_graph",
+                                      fused=v != "loom_aten_ce")
                     else:
                         result = pytorch(a, data_vocab, a.threads, precision, compiled=v == "pytorch_compile")
                 except PluginMissing as e:

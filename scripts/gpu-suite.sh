@@ -295,11 +295,11 @@ fi
 # the card's bf16 peak (the dry run: the debug size on CPU, Loom and PyTorch eager).
 if [ $dry_run = 1 ]; then
   run_step bench-gpt2 30 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cpu \
-    --size debug --vocab-size 512 --seq-len 64 --batch-size 4 --steps 20 --window 5 --variants loom,pytorch --repeats 1
+    --size debug --vocab-size 512 --seq-len 64 --batch-size 4 --steps 20 --window 5 --variants loom,loom_aten_ce,pytorch --repeats 1
 else
   run_step bench-gpt2 60 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cuda \
     --size gpt2 --vocab-size 50304 --seq-len 1024 --batch-size 8 --steps 60 --window 10 \
-    --variants loom,loom_graph,pytorch,pytorch_compile --repeats 1
+    --variants loom,loom_aten_ce,loom_graph,pytorch,pytorch_compile --repeats 1
 fi
 # bench-parallel: single against ddp with a world of one (NCCL) and data_parallel on one GPU (and
 # on two where there are two): what each strategy costs per step (the dry run: on the CPU, Gloo).

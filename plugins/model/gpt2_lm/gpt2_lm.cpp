@@ -1,12 +1,12 @@
 // gpt2_lm: GPT-2 as a language model (<loom/sdk/gpt2.hpp>), the logits tied to the token embedding:
-// next-token cross-entropy summed over the tokens, and the share of tokens predicted right.
+// next-token cross-entropy summed over the tokens, and the share of tokens predicted right, both
+// from one pass over the logits in their own dtype on CUDA (<loom/sdk/cross_entropy.hpp>).
 // The model of the GPT-2 benchmark (bench/compare_gpt2.py) and the encoder the recommender of
 // issue 12 builds on.
+#include <loom/sdk/cross_entropy.hpp>
 #include <loom/sdk/gpt2.hpp>
 #include <loom/sdk/sdk.hpp>
 
-#include <ATen/ops/argmax.h>
-#include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/scalar_tensor.h>
 
@@ -106,11 +106,16 @@ class Gpt2Lm final : public loom::sdk::Model {
     const int64_t vocab = logits.size(-1);
     const at::Tensor flat_logits = logits.reshape({-1, vocab});
     const at::Tensor flat_target = target.reshape({-1});
-    const at::Tensor loss_sum =
-        at::cross_entropy_loss(flat_logits.to(at::kFloat), flat_target, /*weight=*/{}, at::Reduction::Sum);
-    const at::Tensor correct = at::argmax(flat_logits, 1).eq(flat_target).sum();
-    return {loss_sum, at::scalar_tensor(static_cast<double>(flat_target.numel()), logits.options().dtype(at::kFloat)),
-            {{"accuracy", {correct, {}}}}};
+    if (flat_logits.is_cuda() && !announced_) {
+      announced_ = true;
+      const std::string why = loom::sdk::nn::fused_cross_entropy_unavailable(flat_logits);
+      if (why.empty()) loom::sdk::log::info("gpt2_lm: the loss and the token accuracy in Loom's fused cross-entropy kernel");
+      else if (why == "LOOM_FUSED_KERNELS=0") loom::sdk::log::info("gpt2_lm: the loss through ATen (", why, ")");
+      else loom::sdk::log::warn("gpt2_lm: the loss through ATen, slower: the fused cross-entropy kernel is unavailable: ", why);
+    }
+    const auto sums = loom::sdk::nn::cross_entropy_sum(flat_logits, flat_target);
+    return {sums.loss_sum, at::scalar_tensor(static_cast<double>(flat_target.numel()), logits.options().dtype(at::kFloat)),
+            {{"accuracy", {sums.correct, {}}}}};
   }
 
   std::vector<loom::sdk::MetricSpec> metrics() const override {
@@ -140,6 +145,7 @@ class Gpt2Lm final : public loom::sdk::Model {
   int64_t seq_len_ = 0;
   std::string input_key_, target_key_;
   gpt2::Model net_{nullptr};
+  bool announced_ = false;  // which cross-entropy runs, said once
 };
 
 }  // namespace

@@ -1,0 +1,60 @@
+// loom::sdk::nn::cross_entropy_sum (<loom/sdk/cross_entropy.hpp>) on CPU, and its CUDA kernels
+// compiled by NVRTC without a GPU. The kernels' results on a GPU: tests/gpu/precision_gpu_test.cpp.
+#include <loom/sdk/cross_entropy.hpp>
+
+#include <ATen/ops/argmax.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
+#include <gtest/gtest.h>
+#include <torch/autograd.h>
+
+#include <string>
+
+namespace {
+
+using loom::sdk::nn::cross_entropy_sum;
+
+TEST(CrossEntropySum, EqualsAtenOnCpuWithIgnoredRowsAndTies) {
+  at::manual_seed(3);
+  const at::Tensor start = at::randn({6, 11});
+  start[4][2] = 9.0;  // a tie for the arg-max: the first index counts, as at::argmax
+  start[4][7] = 9.0;
+  const at::Tensor target = at::tensor(std::vector<int64_t>{3, -100, 0, 10, 7, 5});
+  const at::Tensor a = start.clone().requires_grad_(true);
+  const at::Tensor b = start.clone().requires_grad_(true);
+  const auto sums = cross_entropy_sum(a, target);
+  const at::Tensor expected = at::cross_entropy_loss(b, target, {}, at::Reduction::Sum);
+  EXPECT_NEAR(sums.loss_sum.item<double>(), expected.item<double>(), 1e-5);
+  EXPECT_EQ(sums.correct.scalar_type(), at::kLong);
+  EXPECT_EQ(sums.correct.item<int64_t>(), at::argmax(start, 1).eq(target).sum().item<int64_t>());
+  EXPECT_FALSE(sums.correct.requires_grad());
+  sums.loss_sum.mul(0.5).backward();
+  expected.mul(0.5).backward();
+  EXPECT_TRUE(at::allclose(a.grad(), b.grad(), 1e-6, 1e-7));
+  EXPECT_EQ(a.grad()[1].abs().sum().item<double>(), 0.0);  // the ignored row
+}
+
+TEST(CrossEntropySum, RefusesLogitsThatAreNotRowsOfClasses) {
+  const at::Tensor target = at::tensor(std::vector<int64_t>{1, 2});
+  try {
+    cross_entropy_sum(at::randn({2, 3, 4}), target);
+    FAIL() << "3-D logits accepted";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("logits must be [rows, classes]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(cross_entropy_sum(at::randn({2, 3}), target.to(at::kInt)), loom::sdk::Error);
+  EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_unavailable(at::randn({2, 3})), "not a CUDA tensor");
+}
+
+// The CUDA source is compiled here by the wheel's own NVRTC, for the GPUs Loom is measured on, so
+// that a mistake in it fails CI and not the next (rare) GPU run.
+TEST(FusedKernels, CompileWithNvrtcForAmpereAndHopper) {
+  for (const auto& [major, minor] : {std::pair{8, 0}, std::pair{9, 0}}) {
+    const std::string why = loom::sdk::nn::compile_fused_kernels(major, minor);
+    if (why.rfind("libnvrtc not found", 0) == 0) GTEST_SKIP() << why;  // a CPU-only LibTorch
+    EXPECT_EQ(why, "") << "sm_" << major << minor;
+  }
+}
+
+}  // namespace
