@@ -1,8 +1,9 @@
 """GPT-2 training four ways, side by side: Loom eager, Loom with CUDA graphs (step.cuda_graph), and
 the same model in plain Python PyTorch from the same wheel, eager and through torch.compile
-(`pytorch_gpt2.py`); and, on request, Loom eager with ATen's cross-entropy in place of Loom's fused
-kernel (loom_aten_ce: LOOM_FUSED_KERNELS=0), which shows what the kernel gains. Tokens/s, peak
-memory, final loss and model FLOPs utilization (MFU) against the card's dense bf16 peak.
+(`pytorch_gpt2.py`); and, on request, Loom eager without its fused kernels (loom_unfused:
+LOOM_FUSED_KERNELS=0, ATen's cross-entropy and LayerNorm) and with the fused cross-entropy only
+(loom_ce_only), which show what each kernel gains. Tokens/s, peak memory, final loss and model
+FLOPs utilization (MFU) against the card's dense bf16 peak.
 
     build/bin/loom with the gpt2_lm and synthetic_tokens plugins must exist; on the GPU machine:
     $(scripts/setup.sh --print-venv)/bin/python bench/compare_gpt2.py --device cuda --size gpt2 \\
@@ -35,7 +36,9 @@ import tempfile
 from bench_common import GPT2_SIZES, RunFailed, add_gpt2_arguments, cpu_name, rate, run
 from bench_common import VARIANTS as COMMON_VARIANTS
 
-VARIANTS = dict(COMMON_VARIANTS, loom_aten_ce="Loom eager, ATen's cross-entropy")
+VARIANTS = dict(COMMON_VARIANTS, loom_unfused="Loom eager, no fused kernels", loom_ce_only="Loom eager, fused cross-entropy only")
+# LOOM_FUSED_KERNELS of each Loom variant (<loom/sdk/cross_entropy.hpp>, <loom/sdk/layer_norm.hpp>)
+FUSED = {"loom": None, "loom_graph": None, "loom_unfused": "0", "loom_ce_only": "cross_entropy"}
 DEFAULT_VARIANTS = list(COMMON_VARIANTS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,8 +76,9 @@ class PluginMissing(Exception):
     pass
 
 
-def loom(exe, a, data_vocab, threads, work, precision, cuda_graph=False, fused=True):
-    name = "bench_gpt2" + ("_graph" if cuda_graph else "") + ("" if fused else "_aten_ce")
+def loom(exe, a, data_vocab, threads, work, precision, variant):
+    name = "bench_" + variant
+    cuda_graph = variant == "loom_graph"
     shutil.rmtree(os.path.join(work, name), ignore_errors=True)  # a repeat: Loom refuses to write over a run
     args = [exe, "train", "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
             "--set", "model.name=gpt2_lm", "--set", f"model.size={a.size}", "--set", f"model.vocab_size={a.vocab_size}",
@@ -88,7 +92,7 @@ def loom(exe, a, data_vocab, threads, work, precision, cuda_graph=False, fused=T
             "--set", f"trainer.threads={threads}", "--set", f"trainer.device={a.device}",
             "--set", f"precision.name={precision}"] + (["--set", "step.cuda_graph=true"] if cuda_graph else [])
     try:
-        _, _, rss = run(args, env=None if fused else {"LOOM_FUSED_KERNELS": "0"})
+        _, _, rss = run(args, env=None if FUSED[variant] is None else {"LOOM_FUSED_KERNELS": FUSED[variant]})
     except RunFailed as e:
         missing = MISSING_PLUGIN.search(str(e))
         if missing:
@@ -157,7 +161,7 @@ def main():
     skipped = {}  # variant -> why it is left out
     if "loom_graph" in variants and not cuda:
         skipped["loom_graph"] = "step.cuda_graph captures CUDA graphs, and Loom refuses it on a CPU device"
-    for v in ("loom", "loom_graph", "loom_aten_ce"):
+    for v in FUSED:
         if v in variants and v not in skipped and not os.path.exists(a.loom):
             skipped[v] = f"no Loom binary at {a.loom} (./loom builds it)"
 
@@ -191,8 +195,7 @@ def main():
                     continue
                 try:
                     if v.startswith("loom"):
-                        result = loom(a.loom, a, data_vocab, a.threads, work, precision, cuda_graph=v == "loom_graph",
-                                      fused=v != "loom_aten_ce")
+                        result = loom(a.loom, a, data_vocab, a.threads, work, precision, v)
                     else:
                         result = pytorch(a, data_vocab, a.threads, precision, compiled=v == "pytorch_compile")
                 except PluginMissing as e:

@@ -260,10 +260,13 @@ profile_all() {
     --set model.name=gpt2_lm --set model.dropout=0.0 --set data.name=synthetic_tokens --set data.train_size=512 \
     --set data.validation_fraction=0 "${gpt2[@]}" --trace "$out/traces/loom-profile-$profile_device-gpt2.json" ||
     status=1
+  # its device time by operator and by kernel (Loom's fused kernels under their loom_* names)
+  echo "== GPT-2's device time per step"
+  "$py" "$root/bench/gpu_kernels.py" "$out/traces/loom-profile-$profile_device-gpt2.json" 10 || status=1
   return $status
 }
 export -f profile_all
-export build_dir out profile_device
+export build_dir out profile_device py root
 run_step bench-profile 20 bash -c profile_all
 fmnist=""
 for d in /usr/share/datasets/fashion-mnist /opt/gpu-deps/usr/share/datasets/fashion-mnist; do
@@ -295,11 +298,11 @@ fi
 # the card's bf16 peak (the dry run: the debug size on CPU, Loom and PyTorch eager).
 if [ $dry_run = 1 ]; then
   run_step bench-gpt2 30 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cpu \
-    --size debug --vocab-size 512 --seq-len 64 --batch-size 4 --steps 20 --window 5 --variants loom,loom_aten_ce,pytorch --repeats 1
+    --size debug --vocab-size 512 --seq-len 64 --batch-size 4 --steps 20 --window 5 --variants loom,loom_unfused,pytorch --repeats 1
 else
   run_step bench-gpt2 60 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cuda \
     --size gpt2 --vocab-size 50304 --seq-len 1024 --batch-size 8 --steps 60 --window 10 \
-    --variants loom,loom_aten_ce,loom_graph,pytorch,pytorch_compile --repeats 1
+    --variants loom,loom_unfused,loom_ce_only,loom_graph,pytorch,pytorch_compile --repeats 1
 fi
 # bench-parallel: single against ddp with a world of one (NCCL) and data_parallel on one GPU (and
 # on two where there are two): what each strategy costs per step (the dry run: on the CPU, Gloo).

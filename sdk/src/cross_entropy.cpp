@@ -15,8 +15,6 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-#include <cstdlib>
-#include <cstring>
 
 namespace loom::sdk::nn {
 
@@ -27,31 +25,10 @@ namespace {
 // warp over the warps' values) into lse = m + log s, the row's loss lse - x[target] and whether
 // the arg-max is the target. Backward: (exp(x - lse) - [j == target]) * the loss's gradient,
 // written in the logits' dtype. Rows of a width divisible by the vector (8 half-precision or 4
-// float values, 16 bytes) read whole vectors; others one value at a time. Half-precision values
-// are converted by hand: NVRTC is given no headers.
+// float values, 16 bytes) read whole vectors; others one value at a time.
 constexpr const char* kSource = R"CUDA(
 #define NEG_INF (__int_as_float(0xff800000))
 #define NO_INDEX 0x7fffffffffffffffLL
-struct bf16_t { unsigned short bits; };
-struct half_t { unsigned short bits; };
-
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ float to_f(bf16_t v) { return __uint_as_float(((unsigned)v.bits) << 16); }
-__device__ __forceinline__ float to_f(half_t v) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits)); return f;
-}
-__device__ __forceinline__ void from_f(float v, float& out) { out = v; }
-__device__ __forceinline__ void from_f(float v, bf16_t& out) {
-  unsigned u = __float_as_uint(v);
-  if ((u & 0x7fffffffu) > 0x7f800000u) { out.bits = 0x7fc0; return; }  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                   // round to nearest even
-  out.bits = (unsigned short)(u >> 16);
-}
-__device__ __forceinline__ void from_f(float v, half_t& out) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v)); out.bits = h;
-}
-
-template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
 
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   const float top = fmaxf(m, m2);
@@ -163,7 +140,7 @@ std::vector<std::string> kernel_names() {
 }
 
 rtc::Kernels& kernels() {
-  static rtc::Kernels k(kSource, "loom_cross_entropy.cu", kernel_names());
+  static rtc::Kernels k(std::string(rtc::kDeviceHelpers) + kSource, "loom_cross_entropy.cu", kernel_names());
   return k;
 }
 
@@ -240,16 +217,11 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
 };
 #endif
 
-bool disabled_by_environment() {
-  const char* value = std::getenv("LOOM_FUSED_KERNELS");
-  return value != nullptr && std::strcmp(value, "0") == 0;
-}
-
 }  // namespace
 
 std::string fused_cross_entropy_unavailable(const at::Tensor& logits) {
   if (!logits.is_cuda()) return "not a CUDA tensor";
-  if (disabled_by_environment()) return "LOOM_FUSED_KERNELS=0";
+  if (std::string off = rtc::disabled_by_environment("cross_entropy"); !off.empty()) return off;
 #if LOOM_TORCH_CUDA
   if (logits.dim() != 2) return "logits are not [rows, classes]";
   const auto type = logits.scalar_type();
@@ -287,7 +259,7 @@ CrossEntropySums cross_entropy_sum(const at::Tensor& logits, const at::Tensor& t
 
 std::string compile_fused_kernels(int major, int minor) {
   try {
-    rtc::compile(kSource, "loom_cross_entropy.cu", major, minor);
+    rtc::compile(std::string(rtc::kDeviceHelpers) + kSource, "loom_cross_entropy.cu", major, minor);
   } catch (const Error& e) {
     return e.what();
   }

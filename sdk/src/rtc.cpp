@@ -18,6 +18,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -153,6 +154,26 @@ const Driver& driver() {
 }  // namespace
 
 std::string nvrtc_unavailable() { return nvrtc().why_not; }
+
+std::string disabled_by_environment(const std::string& op) {
+  const char* value = std::getenv("LOOM_FUSED_KERNELS");
+  if (value == nullptr) return "";
+  const std::string text = value;
+  if (text == "1" || text == "all") return "";
+  if (text == "0" || text == "none" || text.empty()) return "LOOM_FUSED_KERNELS=" + text;
+  bool listed = false;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string name = text.substr(start, end - start);
+    if (name != "cross_entropy" && name != "layer_norm")
+      throw Error("LOOM_FUSED_KERNELS=" + text + ": no fused operation '" + name +
+                  "' (there are cross_entropy and layer_norm; 0 for none, unset for all)");
+    listed = listed || name == op;
+    start = end + 1;
+  }
+  return listed ? "" : "LOOM_FUSED_KERNELS=" + text;
+}
 
 std::string compile(const std::string& source, const std::string& program_name, int major, int minor) {
   const Nvrtc& api = nvrtc();

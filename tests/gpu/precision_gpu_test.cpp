@@ -1,15 +1,18 @@
 // Precision plugins on a CUDA device: autocast dtypes, TF32 switches, and a short training run
-// per plugin; Loom's fused cross-entropy kernel against ATen. Label `gpu`; skipped where no CUDA device is visible.
+// per plugin; Loom's fused cross-entropy and LayerNorm kernels against ATen. Label `gpu`; skipped where no CUDA device is visible.
 #include <loom/core/config.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/trainer.hpp>
 #include <loom/sdk/cross_entropy.hpp>
+#include <loom/sdk/layer_norm.hpp>
 
 #include "trainer_testing.hpp"
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/layer_norm.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
@@ -118,6 +121,51 @@ TEST(PrecisionGpu, FusedCrossEntropyMatchesAten) {
       const double tolerance = dtype == at::kFloat ? 1e-6 : dtype == at::kHalf ? 5e-4 : 4e-3;
       EXPECT_LE(a.grad().to(at::kFloat).sub(b.grad().to(at::kFloat)).abs().max().item<double>(), tolerance);
       EXPECT_EQ(a.grad()[2].abs().sum().item<double>(), 0.0);  // the ignored row
+    }
+  }
+}
+
+// Loom's LayerNorm kernels (<loom/sdk/layer_norm.hpp>) against at::layer_norm: float32 in and out;
+// float32 in, bf16 out under autocast (the output in the dtype the next product takes); bf16 in
+// and out. Widths of whole vectors (768), with a part-filled last vector per lane (1600), and
+// small (64); gradients of x, weight and bias for an upstream gradient in the output's dtype.
+TEST(PrecisionGpu, FusedLayerNormMatchesAten) {
+  LOOM_REQUIRE_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  struct Case {
+    at::ScalarType in;
+    bool autocast;
+    at::ScalarType out;
+  };
+  for (const Case c : {Case{at::kFloat, false, at::kFloat}, Case{at::kFloat, true, at::kBFloat16},
+                       Case{at::kBFloat16, false, at::kBFloat16}}) {
+    for (const int64_t width : {768, 1600, 64}) {
+      SCOPED_TRACE(std::string(c10::toString(c.in)) + " -> " + c10::toString(c.out) + ", width " + std::to_string(width));
+      at::manual_seed(width);
+      const auto f32 = at::TensorOptions().device(cuda);
+      const at::Tensor x0 = at::randn({4, 37, width}, f32).mul(2).add(0.5).to(c.in);
+      const at::Tensor w0 = at::randn({width}, f32), b0 = at::randn({width}, f32);
+      const at::Tensor dy = at::randn({4, 37, width}, f32).to(c.out);
+      ASSERT_EQ(loom::sdk::nn::fused_layer_norm_unavailable(x0, w0, b0), "");
+      const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+                       b = b0.clone().requires_grad_(true);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      at::autocast::set_autocast_enabled(at::kCUDA, c.autocast);
+      const at::Tensor y = loom::sdk::nn::layer_norm(x, w, b, 1e-5);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      ASSERT_EQ(y.scalar_type(), c.out);
+      y.backward(dy);
+      const at::Tensor rx = x0.to(at::kFloat).requires_grad_(true), rw = w0.clone().requires_grad_(true),
+                       rb = b0.clone().requires_grad_(true);
+      const at::Tensor ry = at::layer_norm(rx, {width}, rw, rb, 1e-5);
+      ry.backward(dy.to(at::kFloat));
+      const bool half = c.out != at::kFloat || c.in != at::kFloat;
+      const double rtol = half ? 2e-2 : 1e-4, atol = half ? 2e-2 : 1e-4;
+      EXPECT_TRUE(at::allclose(y.to(at::kFloat), ry.to(c.out).to(at::kFloat), rtol, atol)) << "output";
+      EXPECT_TRUE(at::allclose(x.grad().to(at::kFloat), rx.grad().to(c.in).to(at::kFloat), rtol, atol)) << "dx";
+      // summed over 148 rows: relative to the sum's size
+      EXPECT_TRUE(at::allclose(w.grad(), rw.grad(), rtol, atol * 10)) << "dweight";
+      EXPECT_TRUE(at::allclose(b.grad(), rb.grad(), rtol, atol * 10)) << "dbias";
     }
   }
 }

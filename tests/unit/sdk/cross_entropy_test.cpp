@@ -1,9 +1,12 @@
-// loom::sdk::nn::cross_entropy_sum (<loom/sdk/cross_entropy.hpp>) on CPU, and its CUDA kernels
-// compiled by NVRTC without a GPU. The kernels' results on a GPU: tests/gpu/precision_gpu_test.cpp.
+// Loom's fused operations, cross_entropy_sum (<loom/sdk/cross_entropy.hpp>) and layer_norm
+// (<loom/sdk/layer_norm.hpp>), on CPU, and their CUDA kernels compiled by NVRTC without a GPU. The
+// kernels' results on a GPU: tests/gpu/precision_gpu_test.cpp.
 #include <loom/sdk/cross_entropy.hpp>
+#include <loom/sdk/layer_norm.hpp>
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/layer_norm.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
@@ -53,8 +56,20 @@ TEST(FusedKernels, CompileWithNvrtcForAmpereAndHopper) {
   for (const auto& [major, minor] : {std::pair{8, 0}, std::pair{9, 0}}) {
     const std::string why = loom::sdk::nn::compile_fused_kernels(major, minor);
     if (why.rfind("libnvrtc not found", 0) == 0) GTEST_SKIP() << why;  // a CPU-only LibTorch
-    EXPECT_EQ(why, "") << "sm_" << major << minor;
+    EXPECT_EQ(why, "") << "cross-entropy, sm_" << major << minor;
+    EXPECT_EQ(loom::sdk::nn::compile_layer_norm_kernels(major, minor), "") << "layer norm, sm_" << major << minor;
   }
+}
+
+TEST(LayerNorm, EqualsAtenOnCpu) {
+  at::manual_seed(5);
+  const at::Tensor x = at::randn({3, 5, 12}).requires_grad_(true);
+  const at::Tensor weight = at::randn({12}).requires_grad_(true);
+  const at::Tensor bias = at::randn({12}).requires_grad_(true);
+  const at::Tensor y = loom::sdk::nn::layer_norm(x, weight, bias, 1e-5);
+  EXPECT_TRUE(at::allclose(y, at::layer_norm(x, {12}, weight, bias, 1e-5)));
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_EQ(loom::sdk::nn::fused_layer_norm_unavailable(x, weight, bias), "not a CUDA tensor");
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 //
 // The kernels are compiled at first use by NVRTC (the libnvrtc a CUDA LibTorch ships) for the
 // device's own architecture: nothing is built with nvcc, and a CPU-only machine builds the same
-// code. Where NVRTC or the driver cannot be used, or LOOM_FUSED_KERNELS=0 is set, the same call
-// runs ATen's operators (cross_entropy_loss on fp32 logits, argmax): same results, slower.
+// code. Where NVRTC or the driver cannot be used, or LOOM_FUSED_KERNELS turns it off (0: every
+// fused kernel; a list such as layer_norm: only those), the same call runs ATen's operators (cross_entropy_loss on fp32 logits, argmax): same results, slower.
 // On CPU it always runs ATen's.
 #pragma once
 

@@ -2,12 +2,14 @@
 // and gpt2_recommender, which encodes item text with it): learned token and
 // position embeddings, pre-LayerNorm blocks of causal self-attention (scaled_dot_product_attention
 // with is_causal, so CUDA takes its flash or memory-efficient kernels) and a GELU (tanh) MLP of
-// 4 x the width, a final LayerNorm. Module names follow Hugging Face's GPT2Model (wte, wpe,
+// 4 x the width, a final LayerNorm. The LayerNorms run through nn::layer_norm (<loom/sdk/layer_norm.hpp>):
+// on CUDA under autocast their output, the hidden states included, comes in autocast's dtype. Module names follow Hugging Face's GPT2Model (wte, wpe,
 // h.N.ln_1, h.N.attn.c_attn, h.N.attn.c_proj, h.N.ln_2, h.N.mlp.c_fc, h.N.mlp.c_proj, ln_f), so
 // that its safetensors files map onto it by name (their Conv1D weights transposed).
 #pragma once
 
 #include <loom/sdk/error.hpp>
+#include <loom/sdk/layer_norm.hpp>
 #include <loom/sdk/nn.hpp>
 #include <loom/sdk/safetensors.hpp>
 
@@ -107,8 +109,8 @@ class BlockImpl : public torch::nn::Module {
 
   at::Tensor forward(at::Tensor x) {
     const bool train = is_training();
-    x = x + at::dropout(attn->forward(ln_1->forward(x)), dropout_, train);
-    return x + at::dropout(mlp->forward(ln_2->forward(x)), dropout_, train);
+    x = x + at::dropout(attn->forward(nn::layer_norm(ln_1, x)), dropout_, train);
+    return x + at::dropout(mlp->forward(nn::layer_norm(ln_2, x)), dropout_, train);
   }
 
  private:
@@ -122,7 +124,7 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-/// Token ids [B, T] -> hidden states [B, T, n_embd] (after ln_f).
+/// Token ids [B, T] -> hidden states [B, T, n_embd] (after ln_f; bf16 or fp16 under autocast on CUDA).
 class ModelImpl : public torch::nn::Module {
  public:
   explicit ModelImpl(const Config& c)
@@ -162,7 +164,7 @@ class ModelImpl : public torch::nn::Module {
     const at::Tensor positions = at::arange(t, tokens.options().dtype(at::kLong));
     at::Tensor x = at::dropout(wte->forward(tokens) + wpe->forward(positions), config_.dropout, is_training());
     for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);
-    return ln_f->forward(x);
+    return nn::layer_norm(ln_f, x);
   }
 
   const Config& config() const { return config_; }
