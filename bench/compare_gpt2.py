@@ -1,8 +1,8 @@
 """GPT-2 training four ways, side by side: Loom eager, Loom with CUDA graphs (step.cuda_graph), and
 the same model in plain Python PyTorch from the same wheel, eager and through torch.compile
-(`pytorch_gpt2.py`); and, on request, Loom eager without its fused kernels (loom_unfused:
-LOOM_FUSED_KERNELS=0, ATen's cross-entropy and LayerNorm) and with the fused cross-entropy only
-(loom_ce_only), which show what each kernel gains. Tokens/s, peak memory, final loss and model
+(`pytorch_gpt2.py`); and, on request, Loom eager without its fused operations (loom_unfused:
+LOOM_FUSED_KERNELS=0, ATen's cross-entropy, LayerNorm and linear), with the fused cross-entropy
+only (loom_ce_only), and without the fused linear (loom_no_linear), which show what each gains. Tokens/s, peak memory, final loss and model
 FLOPs utilization (MFU) against the card's dense bf16 peak.
 
     build/bin/loom with the gpt2_lm and synthetic_tokens plugins must exist; on the GPU machine:
@@ -36,9 +36,11 @@ import tempfile
 from bench_common import GPT2_SIZES, RunFailed, add_gpt2_arguments, cpu_name, rate, run
 from bench_common import VARIANTS as COMMON_VARIANTS
 
-VARIANTS = dict(COMMON_VARIANTS, loom_unfused="Loom eager, no fused kernels", loom_ce_only="Loom eager, fused cross-entropy only")
+VARIANTS = dict(COMMON_VARIANTS, loom_unfused="Loom eager, no fused operations",
+                loom_ce_only="Loom eager, fused cross-entropy only", loom_no_linear="Loom eager, no fused linear")
 # LOOM_FUSED_KERNELS of each Loom variant (<loom/sdk/cross_entropy.hpp>, <loom/sdk/layer_norm.hpp>)
-FUSED = {"loom": None, "loom_graph": None, "loom_unfused": "0", "loom_ce_only": "cross_entropy"}
+FUSED = {"loom": None, "loom_graph": None, "loom_unfused": "0", "loom_ce_only": "cross_entropy",
+         "loom_no_linear": "cross_entropy,layer_norm"}
 DEFAULT_VARIANTS = list(COMMON_VARIANTS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

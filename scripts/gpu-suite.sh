@@ -302,7 +302,7 @@ if [ $dry_run = 1 ]; then
 else
   run_step bench-gpt2 60 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cuda \
     --size gpt2 --vocab-size 50304 --seq-len 1024 --batch-size 8 --steps 60 --window 10 \
-    --variants loom,loom_unfused,loom_ce_only,loom_graph,pytorch,pytorch_compile --repeats 1
+    --variants loom,loom_unfused,loom_no_linear,loom_graph,pytorch,pytorch_compile --repeats 1
 fi
 # bench-parallel: single against ddp with a world of one (NCCL) and data_parallel on one GPU (and
 # on two where there are two): what each strategy costs per step (the dry run: on the CPU, Gloo).

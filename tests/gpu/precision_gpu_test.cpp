@@ -1,10 +1,11 @@
 // Precision plugins on a CUDA device: autocast dtypes, TF32 switches, and a short training run
-// per plugin; Loom's fused cross-entropy and LayerNorm kernels against ATen. Label `gpu`; skipped where no CUDA device is visible.
+// per plugin; Loom's fused cross-entropy, LayerNorm and linear against ATen. Label `gpu`; skipped where no CUDA device is visible.
 #include <loom/core/config.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/trainer.hpp>
 #include <loom/sdk/cross_entropy.hpp>
 #include <loom/sdk/layer_norm.hpp>
+#include <loom/sdk/nn.hpp>
 
 #include "trainer_testing.hpp"
 
@@ -166,6 +167,44 @@ TEST(PrecisionGpu, FusedLayerNormMatchesAten) {
       // summed over 148 rows: relative to the sum's size
       EXPECT_TRUE(at::allclose(w.grad(), rw.grad(), rtol, atol * 10)) << "dweight";
       EXPECT_TRUE(at::allclose(b.grad(), rb.grad(), rtol, atol * 10)) << "dbias";
+    }
+  }
+}
+
+// loom::sdk::nn::linear on CUDA (Note [A linear layer's gradients in float32]) against at::linear:
+// in float32 and under bf16 autocast, with and without a bias; the output and the gradients of
+// x, weight and bias (float32 parameters get float32 gradients, as under ATen's autocast).
+TEST(PrecisionGpu, LinearMatchesAten) {
+  LOOM_REQUIRE_CUDA();
+  const auto f32 = at::TensorOptions().device(c10::Device(c10::kCUDA, 0));
+  for (const bool autocast : {false, true}) {
+    for (const bool with_bias : {true, false}) {
+      SCOPED_TRACE(std::string(autocast ? "bf16 autocast" : "float32") + (with_bias ? ", bias" : ", no bias"));
+      at::manual_seed(11);
+      const at::Tensor x0 = at::randn({4, 37, 96}, f32), w0 = at::randn({80, 96}, f32).mul(0.1),
+                       b0 = at::randn({80}, f32);
+      const at::Tensor dy = at::randn({4, 37, 80}, f32);
+      std::vector<at::Tensor> got, want;
+      for (const bool loom : {true, false}) {
+        const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+                         b = with_bias ? b0.clone().requires_grad_(true) : at::Tensor();
+        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        at::autocast::set_autocast_enabled(at::kCUDA, autocast);
+        const at::Tensor y = loom ? loom::sdk::nn::linear(x, w, b) : at::linear(x, w, b);
+        at::autocast::set_autocast_enabled(at::kCUDA, false);
+        at::autocast::clear_cache();
+        ASSERT_EQ(y.scalar_type(), autocast ? at::kBFloat16 : at::kFloat);
+        y.backward(dy.to(y.scalar_type()));
+        ASSERT_EQ(w.grad().scalar_type(), at::kFloat);
+        auto& out = loom ? got : want;
+        out = {y.to(at::kFloat), x.grad(), w.grad()};
+        if (with_bias) out.push_back(b.grad());
+      }
+      const double tolerance = autocast ? 3e-2 : 1e-4;
+      const char* names[] = {"output", "dx", "dweight", "dbias"};
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(at::allclose(got[i], want[i], tolerance, tolerance))
+            << names[i] << ": largest difference " << got[i].sub(want[i]).abs().max().item<double>();
     }
   }
 }

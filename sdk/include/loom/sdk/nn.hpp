@@ -8,14 +8,22 @@
 // modules' forward.
 #pragma once
 
-#include <ATen/ops/linear.h>
+#include <loom/sdk/error.hpp>
+
+#include <ATen/core/Tensor.h>
 #include <torch/nn/modules/linear.h>
 
 namespace loom::sdk::nn {
 
-/// x W^T + b through at::linear (addmm with the bias in the epilogue), as Python's nn.Linear.
+/// x W^T + b as at::linear (addmm with the bias in the epilogue), as Python's nn.Linear. On CUDA
+/// (while autograd records) its backward writes the weight's and the bias's gradients in float32
+/// straight from cuBLAS, without bf16 copies to cast, and the bias's as a product (Note [A linear
+/// layer's gradients in float32], sdk/src/linear.cpp); LOOM_FUSED_KERNELS without "linear" turns
+/// that off (<loom/sdk/cross_entropy.hpp>).
+LOOM_SDK_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
 inline at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
-  return at::linear(x, layer->weight, layer->bias);
+  return linear(x, layer->weight, layer->bias);
 }
 
 }  // namespace loom::sdk::nn

@@ -1,0 +1,79 @@
+// loom::sdk::nn::linear on CUDA: see Note [A linear layer's gradients in float32] below.
+#include <loom/sdk/nn.hpp>
+
+#include "rtc.hpp"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace loom::sdk::nn {
+
+namespace {
+
+// Note [A linear layer's gradients in float32]
+// Under bf16 autocast, ATen's linear casts the float32 weight and bias to bf16, and its backward
+// writes their gradients in bf16: the weight's as a product, the bias's as a sum over the rows
+// (ATen's reduction, 1.06 ms per step for GPT-2 124M's 48 biases on an H200), each then cast to
+// float32 by the cast's backward (0.54 ms) before autograd adds it into the parameter's gradient.
+// Here the backward asks cuBLAS for float32 results of the bf16 products directly (mm with
+// out_dtype), and takes the bias's gradient as a product too, ones[1, rows] x dy, which cuBLAS
+// runs at the memory's speed. The forward is ATen's (addmm, the bias in the epilogue). The
+// results are those of ATen's linear up to rounding: the gradients are rounded once, to float32,
+// instead of to bf16 first. Not twice differentiable (no model in the tree needs it).
+class Linear : public torch::autograd::Function<Linear> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias) {
+    const c10::DeviceType device = x.device().type();
+    const at::ScalarType dtype =
+        at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
+    const at::Tensor xc = x.to(dtype), wc = weight.to(dtype);
+    const at::Tensor y = at::linear(xc, wc, bias.defined() ? bias.to(dtype) : bias);
+    ctx->save_for_backward({xc, wc});
+    ctx->saved_data["x_dtype"] = x.scalar_type();
+    ctx->saved_data["weight_dtype"] = weight.scalar_type();
+    ctx->saved_data["bias_dtype"] = bias.defined() ? bias.scalar_type() : weight.scalar_type();
+    ctx->saved_data["has_bias"] = bias.defined();
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &xc = saved[0], &wc = saved[1];
+    const int64_t in = wc.size(1), out = wc.size(0);
+    const at::Tensor dy = grads[0].to(wc.scalar_type()).reshape({-1, out});
+    const at::Tensor x2 = xc.reshape({-1, in});
+    // float32 out of a bf16 or fp16 product; the same dtype out of a float32 one
+    const auto product = [](const at::Tensor& a, const at::Tensor& b, at::ScalarType want) {
+      return a.scalar_type() == want ? at::mm(a, b) : at::mm(a, b, want);
+    };
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0))
+      dx = at::mm(dy, wc).reshape(xc.sizes()).to(ctx->saved_data["x_dtype"].toScalarType());
+    if (ctx->needs_input_grad(1)) {
+      const at::ScalarType want = ctx->saved_data["weight_dtype"].toScalarType();
+      dw = product(dy.t(), x2, want == at::kFloat ? at::kFloat : dy.scalar_type()).to(want);
+    }
+    if (ctx->needs_input_grad(2) && ctx->saved_data["has_bias"].toBool()) {
+      const at::ScalarType want = ctx->saved_data["bias_dtype"].toScalarType();
+      const at::Tensor ones = at::ones({1, dy.size(0)}, dy.options());
+      db = product(ones, dy, want == at::kFloat ? at::kFloat : dy.scalar_type()).reshape({out}).to(want);
+    }
+    return {dx, dw, db};
+  }
+};
+
+}  // namespace
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (x.is_cuda() && x.dim() >= 2 && weight.dim() == 2 && rtc::disabled_by_environment("linear").empty() &&
+      (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad())))
+    return Linear::apply(x, weight, bias);
+  return at::linear(x, weight, bias);
+}
+
+}  // namespace loom::sdk::nn
