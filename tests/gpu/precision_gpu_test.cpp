@@ -173,7 +173,8 @@ TEST(PrecisionGpu, FusedLayerNormMatchesAten) {
 
 // loom::sdk::nn::linear on CUDA (Note [A linear layer's gradients in float32]) against at::linear:
 // in float32 and under bf16 autocast, with and without a bias; the output and the gradients of
-// x, weight and bias (float32 parameters get float32 gradients, as under ATen's autocast).
+// x, weight and bias (float32 parameters get float32 gradients, as under ATen's autocast), after
+// two backward passes: the first returns the parameters' gradients, the second adds into them.
 TEST(PrecisionGpu, LinearMatchesAten) {
   LOOM_REQUIRE_CUDA();
   const auto f32 = at::TensorOptions().device(c10::Device(c10::kCUDA, 0));
@@ -188,13 +189,16 @@ TEST(PrecisionGpu, LinearMatchesAten) {
       for (const bool loom : {true, false}) {
         const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
                          b = with_bias ? b0.clone().requires_grad_(true) : at::Tensor();
-        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-        at::autocast::set_autocast_enabled(at::kCUDA, autocast);
-        const at::Tensor y = loom ? loom::sdk::nn::linear(x, w, b) : at::linear(x, w, b);
-        at::autocast::set_autocast_enabled(at::kCUDA, false);
-        at::autocast::clear_cache();
-        ASSERT_EQ(y.scalar_type(), autocast ? at::kBFloat16 : at::kFloat);
-        y.backward(dy.to(y.scalar_type()));
+        at::Tensor y;
+        for (int round = 0; round < 2; ++round) {  // the second adds into the gradients the first made
+          at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+          at::autocast::set_autocast_enabled(at::kCUDA, autocast);
+          y = loom ? loom::sdk::nn::linear(x, w, b) : at::linear(x, w, b);
+          at::autocast::set_autocast_enabled(at::kCUDA, false);
+          at::autocast::clear_cache();
+          ASSERT_EQ(y.scalar_type(), autocast ? at::kBFloat16 : at::kFloat);
+          y.backward(dy.to(y.scalar_type()));
+        }
         ASSERT_EQ(w.grad().scalar_type(), at::kFloat);
         auto& out = loom ? got : want;
         out = {y.to(at::kFloat), x.grad(), w.grad()};
