@@ -220,8 +220,8 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
 }  // namespace
 
 std::string fused_cross_entropy_unavailable(const at::Tensor& logits) {
-  if (!logits.is_cuda()) return "not a CUDA tensor";
   if (std::string off = rtc::disabled_by_environment("cross_entropy"); !off.empty()) return off;
+  if (!logits.is_cuda()) return "not a CUDA tensor";
 #if LOOM_TORCH_CUDA
   if (logits.dim() != 2) return "logits are not [rows, classes]";
   const auto type = logits.scalar_type();

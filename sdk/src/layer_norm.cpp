@@ -263,8 +263,8 @@ class FusedLayerNorm : public torch::autograd::Function<FusedLayerNorm> {
 }  // namespace
 
 std::string fused_layer_norm_unavailable(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!x.is_cuda()) return "not a CUDA tensor";
   if (std::string off = rtc::disabled_by_environment("layer_norm"); !off.empty()) return off;
+  if (!x.is_cuda()) return "not a CUDA tensor";
 #if LOOM_TORCH_CUDA
   const int64_t width = x.dim() == 0 ? 0 : x.size(-1);
   if (width < 4 || width % 4 != 0 || width > kMaxWidth)

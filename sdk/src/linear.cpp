@@ -21,8 +21,8 @@ namespace {
 // (ATen's reduction, 1.06 ms per step for GPT-2 124M's 48 biases on an H200), each then cast to
 // float32 by the cast's backward (0.54 ms) before autograd adds it into the parameter's gradient.
 // Here the backward asks cuBLAS for float32 results of the bf16 products directly (mm with
-// out_dtype), and takes the bias's gradient as a product too, ones[1, rows] x dy, which cuBLAS
-// runs at the memory's speed. The forward is ATen's (addmm, the bias in the epilogue). The
+// out_dtype), and takes the bias's gradient as a product too, ones[1, rows] x dy, instead of
+// ATen's reduction. The forward is ATen's (addmm, the bias in the epilogue). The
 // results are those of ATen's linear up to rounding: the gradients are rounded once, to float32,
 // instead of to bf16 first. Not twice differentiable (no model in the tree needs it).
 // Where the parameter already has a float32 gradient (Loom's trainer keeps every gradient as a
@@ -40,10 +40,9 @@ class Linear : public torch::autograd::Function<Linear> {
     const at::ScalarType dtype =
         at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
     const at::Tensor xc = x.to(dtype), wc = weight.to(dtype);
-    const at::Tensor y = at::linear(xc, wc, bias.defined() ? bias.to(dtype) : bias);
+    const at::Tensor y = at::linear(xc, wc, bias.to(dtype));
     ctx->save_for_backward({xc, wc, weight, bias});
     ctx->saved_data["x_dtype"] = x.scalar_type();
-    ctx->saved_data["has_bias"] = bias.defined();
     return y;
   }
 
@@ -76,7 +75,7 @@ class Linear : public torch::autograd::Function<Linear> {
     if (ctx->needs_input_grad(0))
       dx = at::mm(dy, wc).reshape(xc.sizes()).to(ctx->saved_data["x_dtype"].toScalarType());
     if (ctx->needs_input_grad(1)) gradient(dy.t(), x2, saved[2], dw);
-    if (ctx->needs_input_grad(2) && ctx->saved_data["has_bias"].toBool())
+    if (ctx->needs_input_grad(2))
       gradient(at::ones({1, dy.size(0)}, dy.options()), dy, saved[3], db);
     return {dx, dw, db};
   }
@@ -85,8 +84,10 @@ class Linear : public torch::autograd::Function<Linear> {
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  if (x.is_cuda() && x.dim() >= 2 && weight.dim() == 2 && rtc::disabled_by_environment("linear").empty() &&
-      (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad())))
+  // (a layer without bias takes ATen's path: LibTorch's custom functions take no undefined input)
+  if (x.is_cuda() && x.dim() >= 2 && weight.dim() == 2 && bias.defined() &&
+      rtc::disabled_by_environment("linear").empty() &&
+      (x.requires_grad() || weight.requires_grad() || bias.requires_grad()))
     return Linear::apply(x, weight, bias);
   return at::linear(x, weight, bias);
 }

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
+#include <cstdlib>
 #include <string>
 
 namespace {
@@ -48,6 +49,24 @@ TEST(CrossEntropySum, RefusesLogitsThatAreNotRowsOfClasses) {
   }
   EXPECT_THROW(cross_entropy_sum(at::randn({2, 3}), target.to(at::kInt)), loom::sdk::Error);
   EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_unavailable(at::randn({2, 3})), "not a CUDA tensor");
+}
+
+// LOOM_FUSED_KERNELS names the fused operations to use; a name Loom does not know is an error that
+// lists the ones it does, not a silent fallback.
+TEST(FusedKernels, LoomFusedKernelsPicksOperationsAndRefusesUnknownNames) {
+  const at::Tensor logits = at::randn({2, 3});
+  ::setenv("LOOM_FUSED_KERNELS", "layer_norm,linear", 1);
+  EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_unavailable(logits), "LOOM_FUSED_KERNELS=layer_norm,linear");
+  ::setenv("LOOM_FUSED_KERNELS", "cross_entropy,layernorm", 1);
+  try {
+    cross_entropy_sum(logits, at::tensor(std::vector<int64_t>{0, 2}));
+    ADD_FAILURE() << "an unknown name accepted";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no fused operation 'layernorm' (there are cross_entropy, layer_norm and linear"),
+              std::string::npos) << e.what();
+  }
+  ::unsetenv("LOOM_FUSED_KERNELS");
+  EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_unavailable(logits), "not a CUDA tensor");
 }
 
 // The CUDA source is compiled here by the wheel's own NVRTC, for the GPUs Loom is measured on, so

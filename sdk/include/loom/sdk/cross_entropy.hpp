@@ -10,8 +10,9 @@
 //
 // The kernels are compiled at first use by NVRTC (the libnvrtc a CUDA LibTorch ships) for the
 // device's own architecture: nothing is built with nvcc, and a CPU-only machine builds the same
-// code. Where NVRTC or the driver cannot be used, or LOOM_FUSED_KERNELS turns it off (0: every
-// fused kernel; a list such as layer_norm: only those), the same call runs ATen's operators (cross_entropy_loss on fp32 logits, argmax): same results, slower.
+// code. Where NVRTC or the driver cannot be used, or LOOM_FUSED_KERNELS turns it off (unset: every
+// fused operation; 0: none; a list of cross_entropy, layer_norm, linear: those), the same call
+// runs ATen's operators (cross_entropy_loss on fp32 logits, argmax): same results, slower.
 // On CPU it always runs ATen's.
 #pragma once
 
@@ -36,7 +37,7 @@ LOOM_SDK_API CrossEntropySums cross_entropy_sum(const at::Tensor& logits, const 
                                                 int64_t ignore_index = -100);
 
 /// Why cross_entropy_sum would not use the fused kernels for these logits ("" when it would):
-/// "CPU tensor", "LOOM_FUSED_KERNELS=0", "libnvrtc not found (...)", a compiler log. Compiles
+/// "not a CUDA tensor", "LOOM_FUSED_KERNELS=0", "libnvrtc not found (...)", a compiler log. Compiles
 /// and loads the kernels for the logits' device if they are not yet.
 LOOM_SDK_API std::string fused_cross_entropy_unavailable(const at::Tensor& logits);
 

@@ -7,7 +7,7 @@
 // autocast's dtype while autocast is on (otherwise in x's dtype); its backward takes the gradient
 // in that dtype. Loom's kernels (one warp per row; compiled at run time, Note [Kernels compiled at
 // run time] in sdk/src/rtc.cpp). Elsewhere (CPU, widths not a multiple of 4 or above 2048,
-// weights not float32, LOOM_FUSED_KERNELS=0, no NVRTC) it is at::layer_norm, whose output under
+// weights not float32, LOOM_FUSED_KERNELS without layer_norm, no NVRTC) it is at::layer_norm, whose output under
 // autocast is float32: the product after it casts as before.
 #pragma once
 
