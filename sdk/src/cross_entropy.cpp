@@ -140,7 +140,7 @@ std::vector<std::string> kernel_names() {
 }
 
 rtc::Kernels& kernels() {
-  static rtc::Kernels k(std::string(rtc::kDeviceHelpers) + kSource, "loom_cross_entropy.cu", kernel_names());
+  static rtc::Kernels k(kSource, "loom_cross_entropy.cu", kernel_names());
   return k;
 }
 
@@ -228,13 +228,8 @@ std::string fused_cross_entropy_unavailable(const at::Tensor& logits) {
   if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf)
     return std::string("logits of dtype ") + c10::toString(type);
   const c10::cuda::CUDAGuard guard(logits.device());
-  try {
-    int threads = 0;
-    kernels().function(logits.get_device(), kernel_for("forward", logits, threads));
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  int threads = 0;
+  return kernels().unavailable(logits.get_device(), kernel_for("forward", logits, threads));
 #else
   return "LibTorch without CUDA";
 #endif
@@ -257,13 +252,6 @@ CrossEntropySums cross_entropy_sum(const at::Tensor& logits, const at::Tensor& t
   return reference(logits, target, ignore_index);
 }
 
-std::string compile_fused_kernels(int major, int minor) {
-  try {
-    rtc::compile(std::string(rtc::kDeviceHelpers) + kSource, "loom_cross_entropy.cu", major, minor);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string compile_fused_kernels(int major, int minor) { return kernels().compile_only(major, minor); }
 
 }  // namespace loom::sdk::nn

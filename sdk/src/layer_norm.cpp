@@ -182,7 +182,7 @@ std::vector<std::string> kernel_names() {
 }
 
 rtc::Kernels& kernels() {
-  static rtc::Kernels k(std::string(rtc::kDeviceHelpers) + kSource, "loom_layer_norm.cu", kernel_names());
+  static rtc::Kernels k(kSource, "loom_layer_norm.cu", kernel_names());
   return k;
 }
 
@@ -280,12 +280,7 @@ std::string fused_layer_norm_unavailable(const at::Tensor& x, const at::Tensor& 
   if (in_name == nullptr || out_name == nullptr || (x.scalar_type() != at::kFloat && out != x.scalar_type()))
     return std::string("x of dtype ") + c10::toString(x.scalar_type()) + " with output " + c10::toString(out);
   const c10::cuda::CUDAGuard guard(x.device());
-  try {
-    kernels().function(x.get_device(), kernel_name("forward", x.scalar_type(), out, width));
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return kernels().unavailable(x.get_device(), kernel_name("forward", x.scalar_type(), out, width));
 #else
   return "LibTorch without CUDA";
 #endif
@@ -299,13 +294,6 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
   return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
 }
 
-std::string compile_layer_norm_kernels(int major, int minor) {
-  try {
-    rtc::compile(std::string(rtc::kDeviceHelpers) + kSource, "loom_layer_norm.cu", major, minor);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+std::string compile_layer_norm_kernels(int major, int minor) { return kernels().compile_only(major, minor); }
 
 }  // namespace loom::sdk::nn

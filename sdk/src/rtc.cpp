@@ -210,7 +210,25 @@ struct Kernels::Loaded {
 };
 
 Kernels::Kernels(std::string source, std::string program_name, std::vector<std::string> names)
-    : source_(std::move(source)), program_name_(std::move(program_name)), names_(std::move(names)) {}
+    : source_(kDeviceHelpers + source), program_name_(std::move(program_name)), names_(std::move(names)) {}
+
+std::string Kernels::compile_only(int major, int minor) const {
+  try {
+    compile(source_, program_name_, major, minor);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string Kernels::unavailable(int device, const std::string& name) {
+  try {
+    function(device, name);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 void* Kernels::function(int device, const std::string& name) {
   static std::mutex mutex;

@@ -71,7 +71,16 @@ std::string disabled_by_environment(const std::string& op);
 /// The kernels of one compiled source, loaded on each device that asks for them.
 class Kernels {
  public:
+  /// `source` follows kDeviceHelpers in the program NVRTC compiles.
   Kernels(std::string source, std::string program_name, std::vector<std::string> names);
+
+  /// Compiles the program for sm_<major><minor> without loading it: "" when it compiles, otherwise
+  /// why not (for tests: no GPU needed).
+  std::string compile_only(int major, int minor) const;
+
+  /// "" when kernel `name` can run on `device` (compiled and loaded there now if it was not),
+  /// otherwise why not.
+  std::string unavailable(int device, const std::string& name);
 
   /// The kernel `name` (one of the constructor's names) on CUDA device `device`: compiled and
   /// loaded at first use (thread-safe). Throws loom::sdk::Error when that is not possible; it is
