@@ -78,11 +78,18 @@ sdk::BatchPlan Trainer::agree_plan(const sdk::BatchPlan& mine) {
 
 // A Ctrl-C reaches the ranks at different moments: the step at which the run stops, skips its
 // evaluation and writes its checkpoint must be the same on all, or one would wait in a
-// collective the others never join.
+// collective the others never join. The ranks also agree on which signal it was (the lowest
+// rank's that has one): a rank the signal had not reached yet used to report SIGTERM for a Ctrl-C.
 int Trainer::stop_signal() {
   const int local = stop_signal_received();
-  if (parallel_->world_size() <= 1) return local;
-  if (agreed_signal_ == 0 && any_rank(local != 0)) agreed_signal_ = local != 0 ? local : SIGTERM;
+  const int64_t world = parallel_->world_size();
+  if (world <= 1) return local;
+  if (agreed_signal_ != 0) return agreed_signal_;
+  HostMemoryScope host;
+  at::Tensor received = at::zeros({world}, at::kFloat);  // each rank's signal at its index; the sum is everyone's
+  received[parallel_->rank()] = static_cast<float>(local);
+  parallel_->all_reduce_sum({received});
+  for (int64_t r = 0; r < world && agreed_signal_ == 0; ++r) agreed_signal_ = static_cast<int>(received[r].item<float>());
   return agreed_signal_;
 }
 

@@ -181,6 +181,22 @@ try:
     assert os.path.isdir(os.path.join(work, "interrupted", "checkpoints", f"step_{int(stops[0]):08d}")), err[-2000:]
     print(f"Ctrl-C of a launched job: both ranks stopped after step {stops[0]}, its checkpoint written")
 
+    # 5c. A signal that reaches one rank only (a scheduler signalling one process): every rank stops
+    # after the same step and names that signal, not a guessed one.
+    port = str(free_port())
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    ranks = [subprocess.Popen([exe, "train", *long[:-1], "trainer.name=one_rank_signalled"],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    wait_for_training("one_rank_signalled", ranks[0], "rank 0")
+    ranks[1].send_signal(signal.SIGINT)
+    errs = [rank.communicate(timeout=120)[1] for rank in ranks]
+    stops = [[l.split("after step ")[1].split()[0] for l in e.splitlines() if "stopped by SIGINT after step" in l]
+             for e in errs]
+    assert all(len(s) == 1 for s in stops) and stops[0] == stops[1], (stops, errs[0][-1500:], errs[1][-1500:])
+    assert "SIGTERM" not in errs[0], errs[0][-1500:]
+    print(f"SIGINT to rank 1 alone: both ranks stopped after step {stops[0][0]}, both naming SIGINT")
+
     # 6. A whole job killed with SIGKILL resumes with another world size (the global batch and
     # the data position kept) and goes on as the run that never stopped.
     STEPS = 300
