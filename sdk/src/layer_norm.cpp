@@ -169,7 +169,7 @@ LOOM_LN_WIDTHS(half_t, half_t, f16_f16)
 constexpr int kRowsPerWarp = 4;  // backward: 2048 warps, 256 blocks for GPT-2's 8192 rows
 constexpr int kMaxWidth = 2048;  // 32 lanes x 16 vectors of 4
 
-const char* short_name(at::ScalarType t) {
+[[maybe_unused]] const char* short_name(at::ScalarType t) {
   return t == at::kFloat ? "f32" : t == at::kBFloat16 ? "bf16" : t == at::kHalf ? "f16" : nullptr;
 }
 
@@ -186,17 +186,17 @@ rtc::Kernels& kernels() {
   return k;
 }
 
-at::ScalarType output_dtype(const at::Tensor& x) {
+[[maybe_unused]] at::ScalarType output_dtype(const at::Tensor& x) {
   return at::autocast::is_autocast_enabled(x.device().type()) ? at::autocast::get_autocast_dtype(x.device().type())
                                                                : x.scalar_type();
 }
 
-std::string kernel_name(const char* direction, at::ScalarType in, at::ScalarType out, int64_t width) {
+[[maybe_unused]] std::string kernel_name(const char* direction, at::ScalarType in, at::ScalarType out, int64_t width) {
   return std::string("loom_ln_") + direction + "_" + short_name(in) + "_" + short_name(out) + "_" +
          (width <= 1024 ? "8" : "16");
 }
 
-bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+[[maybe_unused]] bool aligned(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 #if LOOM_TORCH_CUDA
 class FusedLayerNorm : public torch::autograd::Function<FusedLayerNorm> {
