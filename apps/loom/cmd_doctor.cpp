@@ -7,6 +7,7 @@
 #include <loom/core/link_check.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/plugin_registry.hpp>
+#include <loom/sdk/cross_entropy.hpp>
 #include <loom/sdk/version.hpp>
 
 #include <ATen/Parallel.h>
@@ -87,7 +88,14 @@ int cmd_doctor(const Invocation& invocation) {
     row("devices", "visible, but this LibTorch has no CUDA");
 #endif
   }
-  for (const char* var : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_VISIBLE_DEVICES"}) {
+#if LOOM_TORCH_CUDA
+  // Loom's own CUDA kernels (GPT-2's cross-entropy and LayerNorm; docs/gpu.md): compiled at first use
+  const std::string compiler = loom::sdk::nn::fused_kernels_compiler();
+  row("Loom's kernels", compiler.rfind("unavailable", 0) == 0
+                            ? compiler + " (GPT-2's cross-entropy and LayerNorm take ATen's slower path)"
+                            : "compiled at first use by NVRTC, " + compiler);
+#endif
+  for (const char* var : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "LOOM_FUSED_KERNELS"}) {
     const char* v = std::getenv(var);
     row(var, v ? v : "(unset)");
   }

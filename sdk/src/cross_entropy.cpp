@@ -254,4 +254,9 @@ CrossEntropySums cross_entropy_sum(const at::Tensor& logits, const at::Tensor& t
 
 std::string compile_fused_kernels(int major, int minor) { return kernels().compile_only(major, minor); }
 
+std::string fused_kernels_compiler() {
+  const std::string why = rtc::nvrtc_unavailable();
+  return why.empty() ? rtc::nvrtc_path() : "unavailable: " + why;
+}
+
 }  // namespace loom::sdk::nn

@@ -46,6 +46,7 @@ struct Nvrtc {
   int (*destroy)(void**) = nullptr;
   const char* (*error_string)(int) = nullptr;
   std::string why_not;  // "" once loaded
+  std::string path;     // the file loaded
 
   std::string message(int result) const { return error_string != nullptr ? error_string(result) : std::to_string(result); }
 };
@@ -97,6 +98,9 @@ const Nvrtc& nvrtc() {
     bind(library, "nvrtcDestroyProgram", a.destroy, missing);
     bind(library, "nvrtcGetErrorString", a.error_string, missing);
     if (!missing.empty()) a.why_not = "libnvrtc lacks " + missing;
+    Dl_info info{};
+    if (a.create != nullptr && ::dladdr(reinterpret_cast<void*>(a.create), &info) != 0 && info.dli_fname != nullptr)
+      a.path = fs::path(info.dli_fname).lexically_normal().string();
     return a;
   }();
   return api;
@@ -154,6 +158,8 @@ const Driver& driver() {
 }  // namespace
 
 std::string nvrtc_unavailable() { return nvrtc().why_not; }
+
+std::string nvrtc_path() { return nvrtc().path; }
 
 std::string disabled_by_environment(const std::string& op) {
   const char* value = std::getenv("LOOM_FUSED_KERNELS");

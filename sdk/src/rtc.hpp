@@ -62,6 +62,9 @@ std::string compile(const std::string& source, const std::string& program_name, 
 /// "" when NVRTC can be opened, otherwise why not.
 std::string nvrtc_unavailable();
 
+/// The libnvrtc file opened ("" when none).
+std::string nvrtc_path();
+
 /// "" when the fused operation `op` ("cross_entropy", "layer_norm", "linear") may use its kernels, or
 /// "LOOM_FUSED_KERNELS=<value>" when that variable turns it off: unset, "1" or "all": every one;
 /// "0" or "none": none; otherwise the comma-separated names of those to use (to measure one

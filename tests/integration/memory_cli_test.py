@@ -55,6 +55,10 @@ try:
 
     r = loom(exe, "doctor")
     expect("CPU" in r.stdout and "Plugins" in r.stdout and "LibTorch" in r.stdout, "doctor reports", r)
+    # a CUDA LibTorch: doctor says what compiles Loom's own kernels (the wheel's NVRTC), or why nothing does
+    if "CUDA none)" not in r.stdout:
+        expect(re.search(r"Loom's kernels +(compiled at first use by NVRTC, \S*libnvrtc\.so\S*|unavailable: .+)\n",
+                         r.stdout) is not None, "doctor names the kernels' compiler", r)
 
     a, b = os.path.join(work, "a.ini"), os.path.join(work, "b.ini")
     with open(a, "w") as f:

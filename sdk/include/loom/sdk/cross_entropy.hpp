@@ -41,8 +41,12 @@ LOOM_SDK_API CrossEntropySums cross_entropy_sum(const at::Tensor& logits, const 
 /// and loads the kernels for the logits' device if they are not yet.
 LOOM_SDK_API std::string fused_cross_entropy_unavailable(const at::Tensor& logits);
 
+/// The compiler of Loom's CUDA kernels (cross-entropy, LayerNorm): the libnvrtc file found, or
+/// "unavailable: " and why (then those operations take ATen's path on CUDA). For `loom doctor`.
+LOOM_SDK_API std::string fused_kernels_compiler();
+
 /// Compiles the kernels with NVRTC for compute capability major.minor without loading them (no
-/// GPU needed): "" when they compile, otherwise why not. For tests and `loom doctor`.
+/// GPU needed): "" when they compile, otherwise why not. For tests.
 LOOM_SDK_API std::string compile_fused_kernels(int major, int minor);
 
 }  // namespace loom::sdk::nn
