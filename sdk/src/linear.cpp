@@ -11,6 +11,8 @@
 #include <ATen/ops/ones.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <atomic>
+
 namespace loom::sdk::nn {
 
 namespace {
@@ -60,13 +62,22 @@ class Linear : public torch::autograd::Function<Linear> {
     // a*b added into the parameter's float32 gradient (true), or returned in its dtype
     const auto gradient = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& parameter,
                               at::Tensor& result) {
+      // A LibTorch whose addmm with out_dtype refuses a float32 `self` beside bf16 products (older
+      // releases check that self's dtype is the products') throws before it writes anything: then
+      // this process returns the gradients instead, as below.
+      static std::atomic<bool> adds_into_gradients{true};
       at::Tensor into = parameter.grad();
-      if (!at::GradMode::is_enabled() && into.defined() && into.scalar_type() == at::kFloat && into.is_contiguous() &&
-          into.device() == a.device() && into.numel() == a.size(0) * b.size(1)) {
+      if (adds_into_gradients.load() && !at::GradMode::is_enabled() && into.defined() &&
+          into.scalar_type() == at::kFloat && into.is_contiguous() && into.device() == a.device() &&
+          into.numel() == a.size(0) * b.size(1)) {
         at::Tensor view = into.view({a.size(0), b.size(1)});
-        if (a.scalar_type() == at::kFloat) at::addmm_out(view, view, a, b);
-        else at::addmm_out(view, view, a, b, at::kFloat);
-        return;
+        try {
+          if (a.scalar_type() == at::kFloat) at::addmm_out(view, view, a, b);
+          else at::addmm_out(view, view, a, b, at::kFloat);
+          return;
+        } catch (const c10::Error&) {
+          adds_into_gradients = false;
+        }
       }
       const at::ScalarType want = parameter.scalar_type();
       result = product(a, b, want == at::kFloat ? at::kFloat : a.scalar_type()).reshape(parameter.sizes()).to(want);
