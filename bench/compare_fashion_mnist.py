@@ -11,7 +11,10 @@ patches); and the same Python loop computing the model with the kernels Loom's p
 CPU (`--kernels loom`), which shows how much of the difference is Loom's runtime and how much its
 kernel choice. FLOPs per sample are the model's training FLOPs as torch.utils.flop_counter counts
 them (forward + backward, the PyTorch-as-written model); the sgemm peak is the best of 2048^3
-float32 matrix products at the same thread count, measured before and after the runs.
+float32 matrix products at the same thread count, measured before and after the runs (the table's
+shares are against the best of them) and, for the default job, just before and after each run
+(each run's share is also given against the mean of those two: on a shared machine whose speed
+drifts by a third over minutes, a run and a peak measured twenty minutes apart do not compare).
 
 Both train the lightweight transformer (3x3 conv stem of 16 channels, patch 7, d_model 96,
 3 layers, 4 heads) on
@@ -235,10 +238,15 @@ def main():
                         variant_rows.append((precision, batch, v, r))
         if a.default_job:
             try:
-                jobs = []
+                jobs, beside = [], []  # beside: each run's share of the peak measured just before and after it
                 for _ in range(a.default_job_repeats):
+                    before = sgemm_peak(a.threads)
                     jobs.append(default_job(a.loom, a.threads, work))
-                    print(f"  default job: {jobs[-1][0]:.0f} samples/s, test accuracy {jobs[-1][1]:.2f} %", flush=True)
+                    after = sgemm_peak(a.threads)
+                    peak = max(peak, before, after)
+                    beside.append(100 * jobs[-1][0] * flops / 1e9 / ((before + after) / 2))
+                    print(f"  default job: {jobs[-1][0]:.0f} samples/s, test accuracy {jobs[-1][1]:.2f} %; sgemm peak "
+                          f"{before:.0f} before, {after:.0f} after: {beside[-1]:.0f} % of their mean", flush=True)
                 job = tuple(statistics.median(j[i] for j in jobs) for i in range(3))
             except RunFailed as e:
                 print(f"  default job: FAILED\n{e}", flush=True)
@@ -267,7 +275,9 @@ def main():
         lines += ["", f"Default job (`loom train`, configs/fashion_mnist.ini, {a.threads} threads; medians of "
                   f"{a.default_job_repeats} runs): {rate:.0f} "
                   f"training samples/s, {share(rate)} GFLOP/s of the sgemm peak, test accuracy {acc:.2f} %, "
-                  f"peak RSS {rss / 2**20:.0f} MiB."]
+                  f"peak RSS {rss / 2**20:.0f} MiB. Each run against the sgemm peak measured just before and "
+                  f"after it (the machine's speed drifts over minutes): "
+                  + ", ".join(f"{b:.0f} %" for b in beside) + f" (median {statistics.median(beside):.0f} %)."]
     lines += ["", f"Medians of {a.repeats} interleaved repeats (Loom / PyTorch: the median of the {a.repeats} "
               "interleaved pairs' ratios, which a noisy neighbour affects least); "
               "`bench/compare_fashion_mnist.py --default-job --write-readme` regenerates this table."]
