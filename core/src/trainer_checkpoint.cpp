@@ -53,6 +53,14 @@ void load_callback_states(const std::vector<std::pair<std::string, std::shared_p
   }
 }
 
+// "2" and "2.0" of a float option, "yes" and "true" of a bool: one value, however it was written
+bool same_value(const OptionSpec& spec, const std::string& a, const std::string& b) {
+  if (spec.type == LOOM_OPTION_FLOAT) return sdk::parse_float(a) == sdk::parse_float(b) && sdk::parse_float(a).has_value();
+  if (spec.type == LOOM_OPTION_INT) return sdk::parse_int(a) == sdk::parse_int(b) && sdk::parse_int(a).has_value();
+  if (spec.type == LOOM_OPTION_BOOL) return sdk::parse_bool(a) == sdk::parse_bool(b) && sdk::parse_bool(a).has_value();
+  return a == b;
+}
+
 }  // namespace
 
 sdk::TensorMap Trainer::model_tensors() const {
@@ -196,10 +204,33 @@ void Trainer::check_model_config(const std::string& saved_name, const std::map<s
   if (saved_name != value_of(config_, "model.name")) {
     differences.push_back("model.name: checkpoint '" + saved_name + "', this run '" + value_of(config_, "model.name") + "'");
   } else {
+    const ComponentInfo* model = registry_.find(LOOM_KIND_MODEL, saved_name);
+    const auto spec_of = [&](const std::string& key) -> const OptionSpec* {
+      if (!model) return nullptr;
+      for (const auto& o : model->options)
+        if (o.key == key) return &o;
+      return nullptr;
+    };
+    const auto same = [&](const std::string& key, const std::string& a, const std::string& b) {
+      const OptionSpec* spec = spec_of(key);
+      return spec ? same_value(*spec, a, b) : a == b;
+    };
     for (const auto& [key, value] : saved) {
       auto it = mine_all.find(key);
       const std::string mine = it == mine_all.end() ? "(unset)" : it->second;
-      if (mine != value) differences.push_back("model." + key + ": checkpoint " + value + ", this run " + mine);
+      if (!same(key, mine, value)) differences.push_back("model." + key + ": checkpoint " + value + ", this run " + mine);
+    }
+    // An option the checkpoint does not name is younger than it: the model was trained as the
+    // plugin behaved before the option existed, which is the option's default (the rule for
+    // plugin authors, docs/writing-a-plugin.md; `loom eval` rebuilds such a checkpoint's model
+    // with the default too). A run that sets it otherwise would resume another model.
+    for (const auto& [key, mine] : mine_all) {
+      const OptionSpec* spec = key == "name" || saved.count(key) ? nullptr : spec_of(key);
+      if (spec && spec->default_value.empty())  // a required option cannot have come later
+        differences.push_back("model." + key + ": not in the checkpoint, this run " + mine);
+      else if (spec && !same_value(*spec, mine, spec->default_value))
+        differences.push_back("model." + key + ": not in the checkpoint (written before the option existed, so " +
+                              "trained as its default " + spec->default_value + "), this run " + mine);
     }
   }
   if (!differences.empty())

@@ -163,3 +163,31 @@ TEST_F(CheckpointIntegrityTest, AStateJsonWithoutRanksIsAnOlderFileAndResumes) {
   const auto [step, warnings] = resume();
   EXPECT_EQ(step, 4) << warnings;
 }
+
+TEST_F(CheckpointIntegrityTest, AModelOptionYoungerThanTheCheckpointIsComparedAtItsDefault) {
+  // A checkpoint written before the plugin had an option does not name it, and its model ran as
+  // the option's default does. Resuming with the default resumes; with another value, it is
+  // another model, refused, naming the option (no key of the checkpoint differs).
+  rewrite_state(R"re("attention": "auto",\s*)re", "");
+  ASSERT_EQ(read_file(newest_ / "state.json").find("\"attention\""), std::string::npos);
+  EXPECT_EQ(resume().first, 4);
+  Config other = config("run", 8);
+  other.set_assignment("trainer.resume=auto");
+  other.set_assignment("model.attention=math");
+  try {
+    loom::testing::make_trainer(other);
+    FAIL() << "expected a refusal";
+  } catch (const loom::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("refusing to resume"), std::string::npos) << message;
+    EXPECT_NE(message.find("model.attention: not in the checkpoint (written before the option existed, so trained as "
+                           "its default auto), this run math"),
+              std::string::npos)
+        << message;
+  }
+  // A value written otherwise is the same value: 2 is the default mlp_ratio 2.0
+  Config spelled = config("run", 8);
+  spelled.set_assignment("trainer.resume=auto");
+  spelled.set_assignment("model.mlp_ratio=2");
+  EXPECT_EQ(loom::testing::make_trainer(spelled)->step(), 4);
+}
