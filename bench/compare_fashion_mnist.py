@@ -14,7 +14,7 @@ them (forward + backward, the PyTorch-as-written model); the sgemm peak is the b
 float32 matrix products at the same thread count, measured before and after the runs (the table's
 shares are against the best of them) and, for the default job, just before and after each run
 (each run's share is also given against the mean of those two: on a shared machine whose speed
-drifts by a third over minutes, a run and a peak measured twenty minutes apart do not compare).
+drifts by a third from one run to the next, a run and a peak measured twenty minutes apart do not compare).
 
 Both train the lightweight transformer (3x3 conv stem of 16 channels, patch 7, d_model 96,
 3 layers, 4 heads) on
@@ -276,7 +276,7 @@ def main():
                   f"{a.default_job_repeats} runs): {rate:.0f} "
                   f"training samples/s, {share(rate)} GFLOP/s of the sgemm peak, test accuracy {acc:.2f} %, "
                   f"peak RSS {rss / 2**20:.0f} MiB. Each run against the sgemm peak measured just before and "
-                  f"after it (the machine's speed drifts over minutes): "
+                  f"after it (the shared machine's speed drifts): "
                   + ", ".join(f"{b:.0f} %" for b in beside) + f" (median {statistics.median(beside):.0f} %)."]
     lines += ["", f"Medians of {a.repeats} interleaved repeats (Loom / PyTorch: the median of the {a.repeats} "
               "interleaved pairs' ratios, which a noisy neighbour affects least); "
