@@ -53,9 +53,12 @@ const std::vector<Command>& commands() {
        },
        cmd_memory},
       {"bench", "run configurations for a few steps each and compare batch, memory and speed",
-       "loom bench configs A.ini B.ini ... [--steps 100]", true,
+       "loom bench configs A.ini B.ini ... [--steps 100] [--repeats 1]", true,
        [](po::options_description& d) {
-         d.add_options()("steps", po::value<int64_t>()->default_value(100), "steps per configuration");
+         d.add_options()("steps", po::value<int64_t>()->default_value(100), "steps per configuration")(
+             "repeats", po::value<int64_t>()->default_value(1),
+             "rounds, each running every configuration once in order; medians, ranges and each round's ratio "
+             "to the first configuration");
        },
        cmd_bench},
       {"profile", "profile training steps: a Chrome trace with Loom's phases, the top operators by self time",

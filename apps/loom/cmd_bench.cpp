@@ -1,12 +1,14 @@
-// `loom bench configs A.ini B.ini ... --steps 100`: each configuration for a few steps, side by
-// side: micro-batch, accumulation, global batch, peak memory, samples/s (seed 004's comparison
-// script, built in). Runs in a temporary work folder that is removed afterwards.
+// `loom bench configs A.ini B.ini ... --steps 100 [--repeats N]`: each configuration for a few
+// steps, side by side: micro-batch, accumulation, global batch, peak memory, samples/s and the
+// ratio to the first configuration (seed 004's comparison script, built in), over N interleaved
+// rounds. Runs in a temporary work folder that is removed afterwards.
 #include "cli.hpp"
 
 #include <loom/core/error.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cctype>
@@ -21,55 +23,87 @@ namespace loom::cli {
 int cmd_bench(const Invocation& invocation) {
   std::vector<std::string> files(invocation.args.begin(), invocation.args.end());
   if (!files.empty() && files.front() == "configs") files.erase(files.begin());
-  if (files.empty()) throw Error("usage: loom bench configs A.ini B.ini ... [--steps 100] [--set ...]");
+  if (files.empty()) throw Error("usage: loom bench configs A.ini B.ini ... [--steps 100] [--repeats 1] [--set ...]");
   const int64_t steps = invocation.options["steps"].as<int64_t>();
   if (steps < 2) throw Error("--steps must be at least 2 (the first step is a warm-up)");
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   const fs::path work = fs::temp_directory_path() / ("loom-bench-" + std::to_string(::getpid()));
 
+  const int64_t repeats = invocation.options["repeats"].as<int64_t>();
+  if (repeats < 1 || repeats > 100) throw Error("--repeats must be between 1 and 100");
+
+  // Rounds, each running every configuration once in the order given: on a shared machine
+  // whose speed drifts (docs/performance.md, "The machine's two speeds") a configuration timed
+  // only after another would take the other's luck; interleaved, each round's ratio to the first
+  // configuration compares two runs minutes apart at most, and the median of those ratios is
+  // what a noisy neighbour moves least.
   struct Row {
     std::string name;
     sdk::BatchPlan plan;
-    int64_t peak;
-    double rate;
+    int64_t peak = 0;
+    std::vector<double> rates;
   };
-  std::vector<Row> rows;
-  for (const auto& file : files) {
-    core::Config config;
-    config.load_file(core::find_config(file));
-    const core::Config user = config_from(invocation.options);
-    for (const auto& [key, value] : user.values()) config.set(key, value.value, value.origin);
-    config.set("trainer.work_dir", work.string(), {"loom bench", {}, 0});
-    // One folder per configuration, even when two files share a name (a run refuses a used folder).
-    std::string stem = fs::path(file).stem().string();
-    for (char& ch : stem)
-      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
-    config.set("trainer.name", std::to_string(rows.size() + 1) + "-" + stem, {"loom bench", {}, 0});
-    config.set("trainer.max_steps", std::to_string(steps), {"--steps", {}, 0});
-    config.set("trainer.resume", "none", {"loom bench", {}, 0});
-    config.set("trainer.resume_from", "", {"loom bench", {}, 0});
-    core::Trainer trainer(core::resolve_run(config, registry), registry);
-    trainer.setup();
-    trainer.step_with_recovery();  // warm-up, not timed
-    trainer.memory().reset_peak();
-    const auto start = std::chrono::steady_clock::now();
-    int64_t samples = 0;
-    for (int64_t i = 1; i < steps; ++i) samples += trainer.step_with_recovery().samples;
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    rows.push_back({fs::path(file).filename().string(), trainer.plan(), trainer.memory().stats().peak, samples / seconds});
+  std::vector<Row> rows(files.size());
+  for (int64_t round = 0; round < repeats; ++round) {
+    for (size_t index = 0; index < files.size(); ++index) {
+      const std::string& file = files[index];
+      core::Config config;
+      config.load_file(core::find_config(file));
+      const core::Config user = config_from(invocation.options);
+      for (const auto& [key, value] : user.values()) config.set(key, value.value, value.origin);
+      config.set("trainer.work_dir", work.string(), {"loom bench", {}, 0});
+      // One folder per run, even when two files share a name (a run refuses a used folder).
+      std::string stem = fs::path(file).stem().string();
+      for (char& ch : stem)
+        if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+      config.set("trainer.name", std::to_string(round + 1) + "-" + std::to_string(index + 1) + "-" + stem,
+                 {"loom bench", {}, 0});
+      config.set("trainer.max_steps", std::to_string(steps), {"--steps", {}, 0});
+      config.set("trainer.resume", "none", {"loom bench", {}, 0});
+      config.set("trainer.resume_from", "", {"loom bench", {}, 0});
+      core::Trainer trainer(core::resolve_run(config, registry), registry);
+      trainer.setup();
+      trainer.step_with_recovery();  // warm-up, not timed
+      trainer.memory().reset_peak();
+      const auto start = std::chrono::steady_clock::now();
+      int64_t samples = 0;
+      for (int64_t i = 1; i < steps; ++i) samples += trainer.step_with_recovery().samples;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      Row& row = rows[index];
+      row.name = fs::path(file).filename().string();
+      row.plan = trainer.plan();
+      row.peak = std::max(row.peak, trainer.memory().stats().peak);
+      row.rates.push_back(samples / seconds);
+    }
   }
   std::error_code ec;
   fs::remove_all(work, ec);
 
-  std::printf("\n%-28s %11s %12s %12s %12s %12s\n", "configuration", "micro-batch", "accumulation", "global batch",
-              "peak memory", "samples/s");
-  for (const auto& r : rows)
-    std::printf("%-28s %11lld %12lld %12lld %12s %12.0f\n", r.name.c_str(), static_cast<long long>(r.plan.micro_batch),
-                static_cast<long long>(r.plan.accumulation), static_cast<long long>(r.plan.global()),
-                core::format_bytes(r.peak).c_str(), r.rate);
-  std::printf("(%lld steps each, the first one not timed; peak memory allocated on the device, on CPU by Loom's allocator)\n",
-              static_cast<long long>(steps));
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  std::printf("\n%-28s %11s %12s %12s %12s %12s %14s %9s\n", "configuration", "micro-batch", "accumulation",
+              "global batch", "peak memory", "samples/s", "range", "vs first");
+  for (const auto& r : rows) {
+    std::vector<double> ratios;
+    for (size_t k = 0; k < r.rates.size(); ++k) ratios.push_back(r.rates[k] / rows.front().rates[k]);
+    const auto [lo, hi] = std::minmax_element(r.rates.begin(), r.rates.end());
+    char range[32];
+    std::snprintf(range, sizeof range, "%.0f-%.0f", *lo, *hi);
+    std::printf("%-28s %11lld %12lld %12lld %12s %12.0f %14s %8.2fx\n", r.name.c_str(),
+                static_cast<long long>(r.plan.micro_batch), static_cast<long long>(r.plan.accumulation),
+                static_cast<long long>(r.plan.global()), core::format_bytes(r.peak).c_str(), median(r.rates),
+                repeats > 1 ? range : "-", median(ratios));
+  }
+  std::printf("(%lld steps each, the first one not timed; %s; vs first: %s; peak memory allocated on the device, on "
+              "CPU by Loom's allocator)\n",
+              static_cast<long long>(steps),
+              repeats > 1 ? (std::to_string(repeats) + " interleaved rounds, medians and their range").c_str()
+                          : "one round (--repeats N runs N interleaved rounds and gives medians)",
+              repeats > 1 ? "the median of each round's ratio to the first configuration" : "the ratio to the first configuration");
   return 0;
 }
 

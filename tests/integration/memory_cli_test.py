@@ -69,6 +69,16 @@ try:
     rows = [l for l in r.stdout.splitlines() if l.startswith(("a.ini", "b.ini"))]
     expect(len(rows) == 2, "bench prints a row per configuration", r)
     expect(rows[1].split()[1:4] == ["32", "2", "64"], "bench shows micro-batch, accumulation, global batch", r)
+    expect(rows[0].split()[-1] == "1.00x" and re.fullmatch(r"\d+\.\d\dx", rows[1].split()[-1]) is not None,
+           "bench gives each configuration's ratio to the first", r)
+    r = loom(exe, "bench", "configs", a, b, "--steps", "3", "--repeats", "2", *RUN)
+    rows = [l.split() for l in r.stdout.splitlines() if l.startswith(("a.ini", "b.ini"))]
+    expect(len(rows) == 2 and all(re.fullmatch(r"(\d+)-(\d+)", row[-2]) for row in rows)
+           and all(int(row[-2].split("-")[0]) <= float(row[-3]) <= int(row[-2].split("-")[1]) for row in rows),
+           "bench --repeats 2: a median inside its range per configuration", r)
+    expect("2 interleaved rounds" in r.stdout, "bench --repeats says how it measured", r)
+    r = loom(exe, "bench", "configs", a, "--repeats", "0", *RUN, check=False)
+    expect(r.returncode != 0 and "--repeats must be between 1 and 100" in r.stderr, "bench refuses --repeats 0", r)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("memory cli test passed")
