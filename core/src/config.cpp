@@ -121,6 +121,8 @@ fs::path find_config(const std::string& name) {
     for (const auto& entry : fs::directory_iterator(dir, ec))
       if (entry.path().extension() == ".ini") available.push_back(entry.path().stem().string());
   }
+  // Something here that is not a regular file (a FIFO, a folder): load_file says what it is.
+  if (fs::exists(fs::symlink_status(name, ec))) return name;
   std::sort(available.begin(), available.end());
   std::string message = "config file '" + name + "' not found: not a file here, and not one of Loom's configurations";
   if (!available.empty()) message += " (" + join(available, ", ") + ")";

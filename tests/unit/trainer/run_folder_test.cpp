@@ -156,6 +156,13 @@ TEST_F(RunFolderTest, AFifoOrADeviceInPlaceOfAFileIsAnErrorNotAHang) {
   } catch (const loom::Error& e) {
     EXPECT_NE(std::string(e.what()).find("not a regular file (a FIFO)"), std::string::npos) << e.what();
   }
+  {  // named bare (`loom train -c run.ini`): the FIFO here is what the user meant, and the error says what it is
+    const fs::path here = fs::current_path();
+    fs::current_path(dir_);
+    const fs::path found = find_config("run.ini");
+    fs::current_path(here);
+    EXPECT_EQ(found, fs::path("run.ini"));
+  }
   fs::create_symlink("/dev/zero", dir_ / "zero.safetensors");
   try {
     load_safetensors(dir_ / "zero.safetensors");
