@@ -14,14 +14,14 @@ const std::vector<Command>& commands() {
                          "auto: continue the newest checkpoint of the run (of the newest run without --set trainer.name)");
        },
        cmd_train},
-      {"eval", "evaluate a checkpoint on the test split", "loom eval --checkpoint PATH [-c FILE] [--set ...]", true,
+      {"eval", "evaluate a checkpoint on the test split", "loom eval [--checkpoint] PATH [-c FILE] [--set ...]", true,
        [](po::options_description& d) {
          d.add_options()("checkpoint", po::value<std::string>()->value_name("PATH"),
                          "a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
        },
        cmd_eval},
       {"recommend", "a recommender checkpoint's top items for a user (their known items left out)",
-       "loom recommend --checkpoint PATH --user ID [--top 10] [-c FILE] [--set ...]", true,
+       "loom recommend [--checkpoint] PATH --user ID [--top 10] [-c FILE] [--set ...]", true,
        [](po::options_description& d) {
          d.add_options()("checkpoint", po::value<std::string>()->value_name("PATH"),
                          "a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file")(

@@ -6,6 +6,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ void scan_plugins(core::PluginRegistry& registry, const po::variables_map& optio
 
 /// The configuration a checkpoint was trained with (its run's model and data), then the user's
 /// files and flags over it: what `loom eval` and `loom recommend` build. Checks --checkpoint.
+/// The checkpoint a command names, by --checkpoint PATH or as its only argument; it must exist.
+std::filesystem::path checkpoint_path(const Invocation& invocation);
 core::Config checkpoint_config(const Invocation& invocation);
 
 int cmd_plugins(const Invocation& invocation);

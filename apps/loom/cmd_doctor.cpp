@@ -42,6 +42,8 @@ void row(const std::string& what, const std::string& value) {
 }  // namespace
 
 int cmd_doctor(const Invocation& invocation) {
+  if (!invocation.args.empty())
+    throw Error("loom doctor takes no arguments (got '" + invocation.args[0] + "')");
   const auto& host = core::host_fingerprint();
   std::cout << "Loom " << LOOM_SDK_VERSION << " (plugin ABI " << LOOM_ABI_MAJOR << "." << LOOM_ABI_MINOR << ")\n";
   row("LibTorch", host.at("libtorch") + " (commit " + host.at("libtorch_git").substr(0, 12) + ", CUDA " + host.at("cuda") + ")");

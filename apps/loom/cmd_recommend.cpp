@@ -46,7 +46,7 @@ int cmd_recommend(const Invocation& invocation) {
   const int64_t top = invocation.options["top"].as<int64_t>();
   if (top < 1) throw Error("--top must be at least 1");
   const core::Config config = checkpoint_config(invocation);
-  const fs::path checkpoint = invocation.options["checkpoint"].as<std::string>();
+  const fs::path checkpoint = checkpoint_path(invocation);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Trainer trainer(core::resolve_run(config, registry), registry);

@@ -74,13 +74,22 @@ int cmd_train(const Invocation& invocation) {
   return 0;
 }
 
-core::Config checkpoint_config(const Invocation& invocation) {
-  if (!invocation.options.count("checkpoint"))
+fs::path checkpoint_path(const Invocation& invocation) {
+  // `loom eval runs/x/checkpoints/step_...` as well as `--checkpoint PATH`; one or the other.
+  const bool named = invocation.options.count("checkpoint") > 0;
+  if (invocation.args.size() > (named ? 0U : 1U))
+    throw Error("one checkpoint per command: '" + invocation.args[named ? 0 : 1] +
+                "' is one argument too many (the checkpoint goes as --checkpoint PATH or as the only argument)");
+  if (!named && invocation.args.empty())
     throw Error("--checkpoint PATH is needed: a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
-  const fs::path checkpoint = invocation.options["checkpoint"].as<std::string>();
-  if (!fs::exists(checkpoint)) throw Error("--checkpoint " + checkpoint.string() + ": no such file or folder");
+  const fs::path checkpoint = named ? invocation.options["checkpoint"].as<std::string>() : invocation.args[0];
+  if (!fs::exists(checkpoint)) throw Error("checkpoint " + checkpoint.string() + ": no such file or folder");
+  return checkpoint;
+}
+
+core::Config checkpoint_config(const Invocation& invocation) {
   core::Config config;
-  for (const auto& [key, value] : core::checkpoint_run_config(checkpoint))
+  for (const auto& [key, value] : core::checkpoint_run_config(checkpoint_path(invocation)))
     config.set(key, value, core::Origin{"checkpoint", {}, 0});
   const core::Config user = config_from(invocation.options);
   for (const auto& [key, value] : user.values()) config.set(key, value.value, value.origin);
@@ -89,7 +98,7 @@ core::Config checkpoint_config(const Invocation& invocation) {
 
 int cmd_eval(const Invocation& invocation) {
   const core::Config config = checkpoint_config(invocation);
-  const fs::path checkpoint = invocation.options["checkpoint"].as<std::string>();
+  const fs::path checkpoint = checkpoint_path(invocation);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   const core::Resolved resolved = core::resolve_run(config, registry);

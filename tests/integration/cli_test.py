@@ -69,6 +69,12 @@ try:
     expect("accuracy" in r.stderr and "on 256 test samples" in r.stderr, "eval of the best checkpoint", r)
     r = loom(exe, "eval", "--checkpoint", os.path.join(work, "ev", "checkpoints", "step_00000010"))
     expect("accuracy" in r.stderr, "eval of a step folder", r)
+    r = loom(exe, "eval", best, "--set", "data.test_size=256")
+    expect("on 256 test samples" in r.stderr, "eval of a checkpoint named as the only argument", r)
+    r = loom(exe, "eval", best, best, check=False)
+    expect(r.returncode == 1 and "one argument too many" in r.stderr, "eval refuses a second checkpoint", r)
+    r = loom(exe, "doctor", "gpu", check=False)
+    expect(r.returncode == 1 and "takes no arguments" in r.stderr, "doctor refuses an argument it would ignore", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "model.flavour=standard", check=False)
     expect(r.returncode == 1 and "is damaged or of another model" in r.stderr, "eval refuses weights of another model", r)
     # Plugins that crash, exit or hang while loading take no command down: each is refused by
