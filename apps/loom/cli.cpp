@@ -62,13 +62,17 @@ const std::vector<Command>& commands() {
        },
        cmd_bench},
       {"profile", "profile training steps: a Chrome trace with Loom's phases, the top operators by self time",
-       "loom profile [-c FILE]... [--set ...] [--steps 20] [--warmup 5] [--trace PATH] [--top 25]", true,
+       "loom profile [-c FILE]... [--set ...] [--steps 20] [--warmup 5] [--trace PATH] [--top 25] [--shapes] [--memory]",
+       true,
        [](po::options_description& d) {
          d.add_options()("steps", po::value<int64_t>()->default_value(20), "profiled training steps")(
              "warmup", po::value<int64_t>()->default_value(5), "steps run before profiling starts")(
              "trace", po::value<std::string>()->value_name("PATH"),
              "the Chrome trace to write (default: loom-profile-<time>.json here); never replaced")(
-             "top", po::value<int64_t>()->default_value(25), "operators listed");
+             "top", po::value<int64_t>()->default_value(25), "operators listed")(
+             "shapes", po::bool_switch(), "one row per operator and input shapes (`aten::mm [2048, 96], [96, 288]`)")(
+             "memory", po::bool_switch(),
+             "record every allocation and free (in the trace too) and list the operators that allocate the most");
        },
        cmd_profile},
       {"doctor", "what this machine offers: devices, memory, versions, TF32/bf16 support", "loom doctor", false,

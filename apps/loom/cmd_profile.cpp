@@ -1,6 +1,7 @@
-// `loom profile [-c FILE] [--steps 20] [--warmup 5] [--trace PATH]`: training steps of the run
-// under LibTorch's profiler: a Chrome trace (Perfetto, chrome://tracing) with Loom's phases as
-// named ranges, and the time per phase and the top operators by self time on the terminal. Runs
+// `loom profile [-c FILE] [--steps 20] [--warmup 5] [--trace PATH] [--shapes] [--memory]`:
+// training steps of the run under LibTorch's profiler: a Chrome trace (Perfetto, chrome://tracing)
+// with Loom's phases as named ranges, and the time per phase and the top operators by self time
+// (by input shapes with --shapes; with --memory, those that allocate the most) on the terminal. Runs
 // in a temporary work folder that is removed afterwards; the run's own folder is not touched.
 #include "cli.hpp"
 
@@ -71,7 +72,10 @@ int cmd_profile(const Invocation& invocation) {
   for (int64_t i = 0; i < warmup; ++i) trainer.step_with_recovery();
   core::log::info("profile   ", steps, " steps after ", warmup, " warm-up steps, micro-batch ", trainer.plan().micro_batch,
                   " x ", trainer.plan().accumulation, " on ", trainer.device().str());
-  core::Profiler profiler(trainer.device());
+  core::ProfileOptions options;
+  options.shapes = invocation.options["shapes"].as<bool>();
+  options.memory = invocation.options["memory"].as<bool>();
+  core::Profiler profiler(trainer.device(), options);
   const auto start = std::chrono::steady_clock::now();
   int64_t samples = 0;
   for (int64_t i = 0; i < steps; ++i) samples += trainer.step_with_recovery().samples;

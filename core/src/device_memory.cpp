@@ -114,6 +114,9 @@ class BudgetAllocator final : public c10::Allocator {
     int64_t peak = peak_.load(std::memory_order_relaxed);
     while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
     }
+    // `loom profile --memory` (the profiler's memory events, as the default CPU allocator reports them)
+    if (c10::memoryProfilingEnabled())
+      c10::reportMemoryUsageToProfiler(p, bytes, static_cast<size_t>(now), static_cast<size_t>(now), c10::Device(c10::kCPU));
     return {p, p, &release, c10::Device(c10::kCPU)};
   }
 
@@ -137,7 +140,10 @@ class BudgetAllocator final : public c10::Allocator {
   static void release(void* p) {
     if (p == nullptr) return;
     void* base = static_cast<char*>(p) - kHeader;
-    instance().allocated_.fetch_sub(static_cast<int64_t>(*static_cast<size_t*>(base)), std::memory_order_relaxed);
+    const auto bytes = static_cast<int64_t>(*static_cast<size_t*>(base));
+    const int64_t after = instance().allocated_.fetch_sub(bytes, std::memory_order_relaxed) - bytes;
+    if (c10::memoryProfilingEnabled())
+      c10::reportMemoryUsageToProfiler(p, -bytes, static_cast<size_t>(after), static_cast<size_t>(after), c10::Device(c10::kCPU));
     c10::free_cpu(base);
   }
 

@@ -35,40 +35,63 @@ std::set<ActivityType> activities_for(const c10::Device& device) {
   return out;
 }
 
-ProfilerConfig config() {
-  return ProfilerConfig(ProfilerState::KINETO, /*report_input_shapes=*/false, /*profile_memory=*/false);
+ProfilerConfig config(const ProfileOptions& options) {
+  return ProfilerConfig(ProfilerState::KINETO, /*report_input_shapes=*/options.shapes, /*profile_memory=*/options.memory);
 }
 
 bool is_phase(const std::string& name) { return name.rfind("loom::", 0) == 0; }
+
+// An allocation (bytes > 0) or a free (< 0), as the profiler records them: an instant on a thread.
+bool is_memory(const std::string& name) { return name == "[memory]"; }
 
 struct Span {
   const torch::autograd::profiler::KinetoEvent* event;
   uint64_t start, end;
 };
 
-void add(std::map<std::string, ProfileRow>& rows, const std::string& name, double self_us, double total_us) {
+/// "aten::mm [2048, 96], [96, 288]": the operator and its inputs' shapes ([] for a scalar or a
+/// value that is not a tensor), as torch.profiler's table groups them by input shape.
+std::string with_shapes(const torch::autograd::profiler::KinetoEvent& e) {
+  std::string out = e.name();
+  if (!e.hasShapes()) return out;
+  const auto shapes = e.shapes();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    out += i == 0 ? " [" : ", [";
+    for (size_t d = 0; d < shapes[i].size(); ++d) out += (d ? ", " : "") + std::to_string(shapes[i][d]);
+    out += "]";
+  }
+  return out;
+}
+
+ProfileRow& add(std::map<std::string, ProfileRow>& rows, const std::string& name, double self_us, double total_us) {
   ProfileRow& row = rows[name];
   row.name = name;
   ++row.calls;
   row.self_us += self_us;
   row.total_us += total_us;
+  return row;
+}
+
+template <class Key>
+std::vector<ProfileRow> sorted(std::map<std::string, ProfileRow>& rows, Key key) {
+  std::vector<ProfileRow> out;
+  for (auto& [name, row] : rows) out.push_back(std::move(row));
+  std::stable_sort(out.begin(), out.end(), [&](const ProfileRow& a, const ProfileRow& b) { return key(a) > key(b); });
+  return out;
 }
 
 std::vector<ProfileRow> sorted_by_self(std::map<std::string, ProfileRow>& rows) {
-  std::vector<ProfileRow> out;
-  for (auto& [name, row] : rows) out.push_back(std::move(row));
-  std::sort(out.begin(), out.end(), [](const ProfileRow& a, const ProfileRow& b) { return a.self_us > b.self_us; });
-  return out;
+  return sorted(rows, [](const ProfileRow& r) { return r.self_us; });
 }
 
 }  // namespace
 
-Profiler::Profiler(const c10::Device& device) : device_(device) {
+Profiler::Profiler(const c10::Device& device, ProfileOptions options) : device_(device), options_(options) {
   if (torch::profiler::impl::profilerEnabled())
     throw Error("a profiler is already running in this process; one profile at a time");
   const auto activities = activities_for(device);
-  kineto::prepareProfiler(config(), activities);
-  kineto::enableProfiler(config(), activities);
+  kineto::prepareProfiler(config(options_), activities);
+  kineto::enableProfiler(config(options_), activities);
   running_ = true;
 }
 
@@ -98,8 +121,14 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
   std::map<std::string, ProfileRow> operators, kernels, phases;
   std::map<std::string, uint64_t> phase_first;
   ProfileReport report;
+  report.memory = options_.memory;
   std::map<std::string, ProfileRow> syncs;
   for (const auto& e : result->events()) {
+    if (is_memory(e.name())) {  // on the thread that allocated, whatever the device: nests like an operator
+      if (e.nBytes() > 0) report.allocated_bytes += e.nBytes();
+      by_thread[e.startThreadId()].push_back({&e, e.startNs(), e.startNs()});
+      continue;
+    }
     if (e.deviceType() != c10::DeviceType::CPU) {
       // Kineto mirrors each user range on the device's timeline (gpu_user_annotation): a phase
       // there spans kernels, it is not one.
@@ -120,9 +149,23 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
     std::sort(spans.begin(), spans.end(),
               [](const Span& a, const Span& b) { return a.start != b.start ? a.start < b.start : a.end > b.end; });
     std::vector<double> self(spans.size());
+    std::vector<int64_t> allocated(spans.size()), allocations(spans.size());
     std::vector<size_t> stack;
     for (size_t i = 0; i < spans.size(); ++i) {
-      while (!stack.empty() && spans[stack.back()].end <= spans[i].start) stack.pop_back();
+      // (an allocation at the very end of an operator is still its own)
+      while (!stack.empty() && (spans[stack.back()].end < spans[i].start ||
+                                (spans[stack.back()].end == spans[i].start && !is_memory(spans[i].event->name()))))
+        stack.pop_back();
+      if (is_memory(spans[i].event->name())) {
+        // the innermost operator around it allocated it (a phase is not an operator)
+        size_t owner = stack.size();
+        while (owner > 0 && is_phase(spans[stack[owner - 1]].event->name())) --owner;
+        if (owner > 0 && spans[i].event->nBytes() > 0) {
+          allocated[stack[owner - 1]] += spans[i].event->nBytes();
+          ++allocations[stack[owner - 1]];
+        }
+        continue;
+      }
       const double us = static_cast<double>(spans[i].end - spans[i].start) / 1e3;
       self[i] = us;
       // A phase is not an operator: time an operator spends inside a phase stays its own.
@@ -135,16 +178,25 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
     }
     for (size_t i = 0; i < spans.size(); ++i) {
       const std::string name = spans[i].event->name();
+      if (is_memory(name)) continue;
       const double total = static_cast<double>(spans[i].end - spans[i].start) / 1e3;
       if (is_phase(name)) {
         add(phases, name, total, total);
         auto [it, inserted] = phase_first.emplace(name, spans[i].start);
         if (!inserted) it->second = std::min(it->second, spans[i].start);
       } else {
-        add(operators, name, self[i], total);
+        ProfileRow& row = add(operators, options_.shapes ? with_shapes(*spans[i].event) : name, self[i], total);
+        row.allocated_bytes += allocated[i];
+        row.allocations += allocations[i];
         report.operators_self_us += self[i];
       }
     }
+  }
+  if (options_.memory) {
+    std::map<std::string, ProfileRow> allocating;
+    for (const auto& [name, row] : operators)
+      if (row.allocated_bytes > 0) allocating.emplace(name, row);
+    report.allocators = sorted(allocating, [](const ProfileRow& r) { return r.allocated_bytes; });
   }
   report.operators = sorted_by_self(operators);
   report.kernels = sorted_by_self(kernels);
@@ -159,17 +211,24 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
 std::string format_profile(const ProfileReport& report, size_t top, int64_t steps) {
   const double n = static_cast<double>(std::max<int64_t>(1, steps));
   std::string out;
-  char line[256];
+  char line[512];
+  // Names with shapes get a wider column, up to 80 characters.
+  int width = 52;
+  for (const auto* rows : {&report.operators, &report.allocators})
+    for (size_t i = 0; i < rows->size() && i < top; ++i)
+      width = std::max(width, static_cast<int>(std::min<size_t>((*rows)[i].name.size(), 80)));
+  auto cut = [&](const std::string& name) {
+    return name.size() > static_cast<size_t>(width) ? name.substr(0, static_cast<size_t>(width) - 3) + "..." : name;
+  };
   auto table = [&](const char* title, const std::vector<ProfileRow>& rows, double total, size_t limit, bool self) {
     if (rows.empty()) return;
-    std::snprintf(line, sizeof line, "\n%-52s %8s %12s %8s %12s\n", title, "calls", self ? "self ms" : "ms", "%",
+    std::snprintf(line, sizeof line, "\n%-*s %8s %12s %8s %12s\n", width, title, "calls", self ? "self ms" : "ms", "%",
                   "ms/step");
     out += line;
     for (size_t i = 0; i < rows.size() && i < limit; ++i) {
       const ProfileRow& r = rows[i];
       const double ms = (self ? r.self_us : r.total_us) / 1e3;
-      std::string name = r.name.size() > 52 ? r.name.substr(0, 49) + "..." : r.name;
-      std::snprintf(line, sizeof line, "%-52s %8lld %12.2f %7.1f%% %12.3f\n", name.c_str(),
+      std::snprintf(line, sizeof line, "%-*s %8lld %12.2f %7.1f%% %12.3f\n", width, cut(r.name).c_str(),
                     static_cast<long long>(r.calls), ms, total > 0 ? 100.0 * ms * 1e3 / total : 0.0, ms / n);
       out += line;
     }
@@ -180,6 +239,25 @@ std::string format_profile(const ProfileReport& report, size_t top, int64_t step
   table("phase (loom::*, total time; % of loom::step)", report.phases, step_us, report.phases.size(), false);
   table("operator (by self time; % of all operators' self time)", report.operators, report.operators_self_us, top, true);
   table("device kernel or copy (by time)", report.kernels, report.kernels_us, top, true);
+  if (report.memory) {
+    const double mib = 1024.0 * 1024.0;
+    std::snprintf(line, sizeof line, "\n%-*s %8s %12s %8s %12s\n", width,
+                  "operator (by memory it allocated itself; % of all allocated)", "allocs", "MiB", "%", "MiB/step");
+    out += line;
+    for (size_t i = 0; i < report.allocators.size() && i < top; ++i) {
+      const ProfileRow& r = report.allocators[i];
+      const double bytes = static_cast<double>(r.allocated_bytes);
+      std::snprintf(line, sizeof line, "%-*s %8lld %12.2f %7.1f%% %12.3f\n", width, cut(r.name).c_str(),
+                    static_cast<long long>(r.allocations), bytes / mib,
+                    report.allocated_bytes > 0 ? 100.0 * bytes / static_cast<double>(report.allocated_bytes) : 0.0,
+                    bytes / mib / n);
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "%.2f MiB allocated in %lld steps%s\n",
+                  static_cast<double>(report.allocated_bytes) / mib, static_cast<long long>(steps),
+                  report.allocators.empty() ? " (no allocation inside an operator)" : "");
+    out += line;
+  }
   if (report.host_sync_count > 0) {
     std::snprintf(line, sizeof line, "\nhost waits for the device: %lld calls in %lld steps (%.1f per step, the last one "
                   "ends the profile)\n", static_cast<long long>(report.host_sync_count), static_cast<long long>(steps),

@@ -84,6 +84,28 @@ expect(trace in r.stdout and "ui.perfetto.dev" in r.stdout, "says where the trac
 if not check_with_trace_processor(trace):
     check_chrome_trace_format(trace)
 
+# --shapes --memory: rows per operator and input shapes, every allocation in the trace, and the
+# operators that allocate by bytes. The stem's GELU ([32, 784, 4] floats) allocates its output,
+# 401408 bytes, once per step: its row says so exactly, under its shapes.
+traced = os.path.join(work, "memory.json")
+r = loom(exe, "profile", *RUN, "--steps", str(STEPS), "--warmup", "2", "--trace", traced, "--top", "40",
+         "--shapes", "--memory")
+expect(any(line.startswith("aten::mm [") for line in r.stdout.splitlines()), "--shapes: operator rows with shapes", r)
+expect("by memory it allocated itself" in r.stdout, "--memory: the allocating operators' table", r)
+gelu = [line.split() for line in r.stdout.splitlines() if line.startswith("aten::gelu [32, 784, 4], []")]
+expect(len(gelu) == 2, f"the stem's GELU in both tables ({gelu})", r)
+allocs, mib = int(gelu[1][5]), float(gelu[1][6])
+expect(allocs == STEPS and abs(mib - STEPS * 401408 / 2**20) < 0.006,
+       f"the stem's GELU allocated {STEPS} x 401408 bytes (table: {allocs} allocations, {mib} MiB)", r)
+with open(traced) as f:
+    events = json.load(f)["traceEvents"]
+memory = [e["args"]["Bytes"] for e in events if e.get("name") == "[memory]"]
+expect(any(b > 0 for b in memory) and any(b < 0 for b in memory), "allocations and frees in the trace")
+total = [line for line in r.stdout.splitlines() if line.endswith(f"MiB allocated in {STEPS} steps")]
+expect(len(total) == 1 and abs(float(total[0].split()[0]) - sum(b for b in memory if b > 0) / 2**20) < 0.006,
+       f"the total allocated is the trace's allocations ({total})", r)
+expect(any("Input Dims" in e.get("args", {}) for e in events if e.get("ph") == "X"), "input shapes in the trace")
+
 # The trace is never replaced: a second profile to the same path is refused, the file unchanged.
 digest = hashlib.sha256(open(trace, "rb").read()).hexdigest()
 r = loom(exe, "profile", *RUN, "--steps", "2", "--trace", trace, check=False)

@@ -18,10 +18,21 @@
 namespace loom::core {
 
 struct ProfileRow {
-  std::string name;
+  std::string name;  ///< with ProfileOptions::shapes, an operator's name and its inputs' shapes
   int64_t calls = 0;
   double self_us = 0;   ///< time inside it, less the time of the operators it called
   double total_us = 0;  ///< time from its start to its end
+  int64_t allocated_bytes = 0;  ///< with ProfileOptions::memory: allocated by it, not by the operators it called
+  int64_t allocations = 0;
+};
+
+struct ProfileOptions {
+  /// Each operator's rows split by its inputs' shapes ("aten::mm [2048, 96], [96, 288]"), and
+  /// the shapes in the trace's events ("Input Dims").
+  bool shapes = false;
+  /// Every allocation and free on the device ("[memory]" events in the trace, Loom's CPU
+  /// allocator included), and the operators that allocate the most.
+  bool memory = false;
 };
 
 struct ProfileReport {
@@ -35,13 +46,18 @@ struct ProfileReport {
   /// the next kernels. Includes the one synchronisation that ends the profile.
   std::vector<ProfileRow> host_syncs;
   int64_t host_sync_count = 0;
+  /// With ProfileOptions::memory: the operators that allocated, by bytes, descending; and all
+  /// bytes allocated in the profile (those outside any operator too).
+  std::vector<ProfileRow> allocators;
+  int64_t allocated_bytes = 0;
+  bool memory = false;
 };
 
 /// Profiles from construction to stop(). One at a time per process; the device's activity
 /// (CUDA kernels and copies) is recorded when `device` is a CUDA device.
 class Profiler {
  public:
-  explicit Profiler(const c10::Device& device);
+  explicit Profiler(const c10::Device& device, ProfileOptions options = {});
   ~Profiler();
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
@@ -51,10 +67,11 @@ class Profiler {
 
  private:
   c10::Device device_;
+  ProfileOptions options_;
   bool running_ = false;
 };
 
-/// The phases per step and the `top` operators (and kernels), as a text table.
+/// The phases per step and the `top` operators (and kernels, and allocating operators), as text tables.
 std::string format_profile(const ProfileReport& report, size_t top, int64_t steps);
 
 }  // namespace loom::core
