@@ -52,7 +52,6 @@ def loom(exe, batch, steps, window, threads, work, precision, device, data, cuda
             "--set", f"data.path={data}", "--set", "data.validation_fraction=0",  # all of train, as the Python side
             "--set", "model.patch_size=7", "--set", "model.d_model=96", "--set", "model.num_layers=3",
             "--set", "model.num_heads=4", "--set", "model.dropout=0.0", "--set", "model.stem_channels=16",
-            "--set", "model.activation=relu",  # the default job's model (configs/fashion_mnist.ini); pytorch_vit.py's default
             "--set", f"trainer.batch_size={batch}", "--set", f"trainer.max_steps={steps}",
             "--set", f"trainer.log_every={window}", "--set", "trainer.use_scheduler=true",
             "--set", "trainer.lr=2e-3", "--set", f"trainer.threads={threads}", "--set", f"trainer.device={device}",

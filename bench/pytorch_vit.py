@@ -33,7 +33,6 @@ def read_idx(path):
 
 
 KERNELS = {"attention": "sdpa", "patch_embedding": "conv"}  # --kernels loom: Loom's CPU choices
-ACTIVATION = {"fn": F.relu}  # --activation: the stem's and the MLPs' (the default job's: ReLU)
 
 
 class Attention(nn.Module):
@@ -65,7 +64,7 @@ class Block(nn.Module):
 
     def forward(self, x):
         x = x + F.dropout(self.attn(self.norm1(x)), self.dropout, self.training)
-        h = ACTIVATION["fn"](self.fc1(self.norm2(x)))
+        h = F.gelu(self.fc1(self.norm2(x)))
         return x + F.dropout(self.fc2(F.dropout(h, self.dropout, self.training)), self.dropout, self.training)
 
 
@@ -82,7 +81,7 @@ class Vit(nn.Module):
 
     def forward(self, x):
         if self.stem is not None:
-            x = ACTIVATION["fn"](self.stem(x))
+            x = F.gelu(self.stem(x))
         if KERNELS["patch_embedding"] == "matmul":  # as Loom's lightweight_transformer on CPU
             b, c, side, _ = x.shape
             p, g = self.patch_embed.kernel_size[0], side // self.patch_embed.kernel_size[0]
@@ -109,8 +108,6 @@ def main():
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--patch", type=int, default=7)
     p.add_argument("--stem-channels", type=int, default=16)
-    p.add_argument("--activation", choices=["relu", "gelu"], default="relu",
-                   help="the stem's and the MLPs' nonlinearity (model.activation; the default job's is relu)")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
@@ -131,7 +128,6 @@ def main():
     a = p.parse_args()
     if a.kernels == "loom":
         KERNELS.update(attention="math", patch_embedding="matmul")
-    ACTIVATION["fn"] = F.relu if a.activation == "relu" else F.gelu
     device = torch.device(a.device)
     # The same settings as Loom's precision plugins.
     tf32 = a.precision == "tf32"

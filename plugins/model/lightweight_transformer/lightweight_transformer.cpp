@@ -42,9 +42,8 @@ enum class Activation { kGelu, kRelu };
 
 // The stem's and the MLPs' nonlinearity. ReLU's backward reads its output, which the next layer
 // keeps anyway; GELU's reads its input, kept for it alone: ReLU keeps fewer activations (18 % of
-// the default job's peak) and runs about 5 % faster on CPU (docs/performance.md); the default
-// job's configuration picks it. GELU stays the plugin's default: a checkpoint without the key was
-// written by a GELU model.
+// the default job's peak) and runs about 5 % faster on CPU (docs/performance.md). GELU stays the
+// default: a checkpoint without the key was written by a GELU model.
 at::Tensor activate(const at::Tensor& x, Activation activation) {
   return activation == Activation::kRelu ? at::relu(x) : at::gelu(x);
 }
