@@ -33,6 +33,13 @@ expect("lr = 0.01" in r.stdout and "# --set" in r.stdout, "config show: --set or
 expect("debug.ini:" in r.stdout and "fashion_mnist.ini:" in r.stdout, "config show: file:line origins", r)
 expect("flavour = debug" in r.stdout and "(model 'lightweight_transformer')" in r.stdout, "plugin keys", r)
 
+# configs/fashion_mnist.ini is the default job spelled out: `loom train` without -c runs exactly it.
+def settings(*args):
+    out = loom(exe, "config", "show", *args).stdout
+    return [line.split("#")[0].rstrip() for line in out.splitlines()]
+expect(settings() == settings("-c", os.path.join(configs, "fashion_mnist.ini")),
+       "configs/fashion_mnist.ini resolves to the defaults `loom train` runs without -c")
+
 r = loom(exe, "plugins", "inspect", "/no/such/libloom_plugin.so", check=False)
 expect(r.returncode == 1 and "no such file" in r.stdout and "iostream" not in r.stdout + r.stderr,
        "inspect of a missing file says so", r)
