@@ -40,10 +40,11 @@ core::Config config_from(const po::variables_map& options);
 void scan_plugins(core::PluginRegistry& registry, const po::variables_map& options,
                   bool log_refusals = true);
 
-/// The configuration a checkpoint was trained with (its run's model and data), then the user's
-/// files and flags over it: what `loom eval` and `loom recommend` build. Checks --checkpoint.
 /// The checkpoint a command names, by --checkpoint PATH or as its only argument; it must exist.
 std::filesystem::path checkpoint_path(const Invocation& invocation);
+
+/// The configuration a checkpoint was trained with (its run's model and data), then the user's
+/// files and flags over it: what `loom eval` and `loom recommend` build.
 core::Config checkpoint_config(const Invocation& invocation);
 
 int cmd_plugins(const Invocation& invocation);
