@@ -324,6 +324,7 @@ class CCallback final : public sdk::Callback, CObject {
   }
 
   bool reads_every_step() const override { return t_->on_step_end != nullptr; }  // the C tier gets the loss
+  bool reads_gradients() const override { return false; }  // the C tier has no gradient hooks
 
   void on_step_end(sdk::RunContext& run, const sdk::StepReport& report) override {
     if (!t_->on_step_end) return;

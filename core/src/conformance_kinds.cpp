@@ -194,6 +194,26 @@ void check_optimizer(Suite& s, const PluginRegistry& r, const ComponentInfo& c) 
     if (!close(p1, p2)) return "after a skipped step_on_device, the next update differs from step(): the skipped step was counted";
     return {};
   });
+  // Interface 1.2 (Note [One pass over the gradients]): step_on_device_dividing(lr, found_inf,
+  // divisor) on gradients g is step_on_device(lr, found_inf) on g / divisor.
+  s.run("step_on_device_dividing_matches_dividing_first", [&]() -> std::string {
+    at::Tensor p1 = parameter(0), p2 = parameter(0);
+    auto a = r.create<sdk::Optimizer>(c.name), b = r.create<sdk::Optimizer>(c.name);
+    if (!b.implements(2)) return {};
+    a->setup({group("w", {p1})});
+    b->setup({group("w", {p2})});
+    const auto lr = at::full({}, 0.1, at::TensorOptions().dtype(at::kDouble));
+    const auto taken = at::zeros({1}), divisor = at::full({1}, 8.0);
+    for (int i = 0; i < 2; ++i) {
+      p1.mutable_grad() = p1.detach().sin().div(8.0);
+      a->step_on_device(lr, taken);
+      p2.mutable_grad() = p2.detach().sin();
+      b->step_on_device_dividing(lr, taken, divisor, {p2.mutable_grad()});
+      if (!at::allclose(p1, p2, 1e-6, 1e-7))
+        return "step_on_device_dividing(lr, 0, divisor 8) updates differently from step_on_device on gradients / 8";
+    }
+    return {};
+  });
   s.run("state_bytes", [&]() -> std::string {
     at::Tensor p = parameter(0);
     auto o = r.create<sdk::Optimizer>(c.name);

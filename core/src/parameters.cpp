@@ -185,14 +185,18 @@ int64_t Parameters::trainable_count() const {
   return n;
 }
 
-at::Tensor clip_grad_norm(const std::vector<at::Tensor>& gradients, double max_norm) {
+at::Tensor gradient_norm(const std::vector<at::Tensor>& gradients) {
   if (gradients.empty()) return at::zeros({});
-  const auto norms = at::_foreach_norm(gradients, 2);
-  const at::Tensor total = at::stack(norms).norm();
-  if (max_norm > 0) {
-    const at::Tensor coef = at::clamp(total.add(1e-6).reciprocal().mul(max_norm), std::nullopt, 1.0);
-    at::_foreach_mul_(gradients, coef);
-  }
+  return at::stack(at::_foreach_norm(gradients, 2)).norm();
+}
+
+at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) {
+  return at::clamp(norm.add(1e-6).reciprocal().mul(max_norm), std::nullopt, 1.0);
+}
+
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& gradients, double max_norm) {
+  const at::Tensor total = gradient_norm(gradients);
+  if (max_norm > 0 && !gradients.empty()) at::_foreach_mul_(gradients, clip_coefficient(total, max_norm));
   return total;
 }
 

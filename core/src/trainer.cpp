@@ -277,6 +277,7 @@ void Trainer::build_optimizer() {
   const auto& info = registry_.require(LOOM_KIND_OPTIMIZER, options_.optimizer);
   auto optimizer = registry_.create<sdk::Optimizer>(options_.optimizer, component_values(config_, info));
   step_on_device_ = options_.device_step && precision_on_device_ && optimizer.implements(1);  // 1.1: step_on_device
+  optimizer_divides_ = optimizer.implements(2);  // 1.2: step_on_device_dividing
   optimizer_ = std::move(optimizer);
   optimizer_->setup(parameters_.trainable());
   // Optimizer state and gradients exist from the start, so memory planning measures the steady

@@ -24,6 +24,7 @@ using namespace detail;
 void Trainer::build_callbacks() {
   callbacks_.clear();
   std::vector<std::string> readers;
+  callbacks_read_gradients_ = false;
   for (const auto& name : sdk::parse_list(value_of(config_, "trainer.callbacks"))) {
     if (std::any_of(callbacks_.begin(), callbacks_.end(), [&](const auto& c) { return c.first == name; }))
       throw Error("trainer.callbacks lists '" + name + "' twice; each callback runs once");
@@ -31,6 +32,7 @@ void Trainer::build_callbacks() {
     auto callback = registry_.create<sdk::Callback>(name, component_values(config_, info));
     // A 1.0 callback may read any step's values; a 1.1 one says whether it does.
     if (!callback.implements(1) || callback->reads_every_step()) readers.push_back(name);
+    if (!callback.implements(2) || callback->reads_gradients()) callbacks_read_gradients_ = true;  // 1.2
     callbacks_.emplace_back(name, std::move(callback));
   }
   read_every_step_ = !readers.empty();

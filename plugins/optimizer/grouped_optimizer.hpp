@@ -47,15 +47,14 @@ class GroupedOptimizer : public sdk::Optimizer {
   // found_inf is set; the updates taken are counted on the device too (read only for a
   // checkpoint), so that a CUDA graph's replays of this call count (step.cuda_graph).
   void step_on_device(const at::Tensor& lr, const at::Tensor& found_non_finite) override {
-    at::NoGradGuard no_grad;
-    const at::Tensor found = found_non_finite.reshape({1}).to(at::kFloat);
-    for_each_group([&](Group& g, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
-                       std::vector<std::vector<at::Tensor>>& state) {
-      update_on_device(params, grads, state, g.spec.lr_scale == 1.0 ? lr : lr * g.spec.lr_scale, g.weight_decay, found);
-    });
-    ++steps_;
-    if (taken_on_device_.defined()) taken_on_device_.sub_(found).add_(1);
-    else taken_on_device_ = found.to(at::kDouble).neg_().add_(1);  // double: exact past 2^24 steps
+    queue(lr, found_non_finite, at::Tensor());
+  }
+
+  // Optimizer 1.2: the same, the kernels dividing each gradient by `divisor` as they read it
+  // (their grad_scale) instead of the host scaling every gradient beforehand.
+  void step_on_device_dividing(const at::Tensor& lr, const at::Tensor& found_non_finite, const at::Tensor& divisor,
+                               const std::vector<at::Tensor>&) override {
+    queue(lr, found_non_finite, divisor.reshape({1}).to(at::kFloat));
   }
 
   sdk::State state_dict() const override {
@@ -104,10 +103,11 @@ class GroupedOptimizer : public sdk::Optimizer {
   virtual void update(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                       std::vector<std::vector<at::Tensor>>& state, double lr, double weight_decay) = 0;
   /// The same with `lr` a 0-dim tensor and `found_inf` (one float element) on the parameters'
-  /// device: where found_inf is nonzero, nothing may change (state included).
+  /// device: where found_inf is nonzero, nothing may change (state included). Where `divisor`
+  /// (one float element) is defined, each gradient is to be divided by it first (grad_scale).
   virtual void update_on_device(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                                 std::vector<std::vector<at::Tensor>>& state, const at::Tensor& lr,
-                                double weight_decay, const at::Tensor& found_inf) = 0;
+                                double weight_decay, const at::Tensor& found_inf, const at::Tensor& divisor) = 0;
   /// Updates taken so far (skipped ones not counted; reads the device's count).
   int64_t steps_taken() const {
     return host_taken_ + (taken_on_device_.defined() ? std::llround(taken_on_device_.item<double>()) : 0);
@@ -123,6 +123,19 @@ class GroupedOptimizer : public sdk::Optimizer {
     double weight_decay;
     std::vector<std::vector<at::Tensor>> state;  // [slot][parameter]
   };
+
+  void queue(const at::Tensor& lr, const at::Tensor& found_non_finite, const at::Tensor& divisor) {
+    at::NoGradGuard no_grad;
+    const at::Tensor found = found_non_finite.reshape({1}).to(at::kFloat);
+    for_each_group([&](Group& g, std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
+                       std::vector<std::vector<at::Tensor>>& state) {
+      update_on_device(params, grads, state, g.spec.lr_scale == 1.0 ? lr : lr * g.spec.lr_scale, g.weight_decay, found,
+                       divisor);
+    });
+    ++steps_;
+    if (taken_on_device_.defined()) taken_on_device_.sub_(found).add_(1);
+    else taken_on_device_ = found.to(at::kDouble).neg_().add_(1);  // double: exact past 2^24 steps
+  }
 
   // Calls fn(group, params, grads, state) for each group's parameters that have a gradient.
   template <typename Fn>

@@ -12,6 +12,8 @@
 #include <loom/sdk/parallel.hpp>
 #include <loom/sdk/precision.hpp>
 
+#include <ATen/ops/_foreach_div.h>
+
 namespace loom::sdk {
 
 Error::~Error() = default;
@@ -36,6 +38,13 @@ std::unique_ptr<PendingReduction> ParallelStrategy::start_all_reduce_sum(const s
   return std::make_unique<Done>();
 }
 Optimizer::~Optimizer() = default;
+
+void Optimizer::step_on_device_dividing(const at::Tensor& lr, const at::Tensor& found_non_finite,
+                                        const at::Tensor& divisor, const std::vector<at::Tensor>& gradients) {
+  if (!gradients.empty()) at::_foreach_div_(gradients, divisor);
+  step_on_device(lr, found_non_finite);
+}
+
 Schedule::~Schedule() = default;
 RunContext::~RunContext() = default;
 Callback::~Callback() = default;

@@ -21,6 +21,7 @@ using sdk::RunContext;
 class Progress final : public sdk::Callback {
  public:
   bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
+  bool reads_gradients() const override { return false; }
   explicit Progress(const sdk::Options&) {}
   void on_run_begin(RunContext& run) override;
   void on_step_end(RunContext& run, const sdk::StepReport& report) override;
@@ -43,6 +44,7 @@ class Progress final : public sdk::Callback {
 class Jsonl final : public sdk::Callback {
  public:
   bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
+  bool reads_gradients() const override { return false; }
   explicit Jsonl(const sdk::Options&) {}
   void on_run_begin(RunContext& run) override;
   void on_log(RunContext& run, int64_t step, const std::map<std::string, double>& values) override;
@@ -57,6 +59,7 @@ class Jsonl final : public sdk::Callback {
 class TensorBoard final : public sdk::Callback {
  public:
   bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
+  bool reads_gradients() const override { return false; }
   explicit TensorBoard(const sdk::Options&) {}
   void on_run_begin(RunContext& run) override;
   void on_log(RunContext& run, int64_t step, const std::map<std::string, double>& values) override;
@@ -71,6 +74,7 @@ class TensorBoard final : public sdk::Callback {
 class Checkpoint final : public sdk::Callback {
  public:
   bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
+  bool reads_gradients() const override { return false; }
   explicit Checkpoint(const sdk::Options&) {}
   void on_step_end(RunContext& run, const sdk::StepReport& report) override;
   void on_run_end(RunContext& run, const sdk::RunReport& report) override;
@@ -86,6 +90,7 @@ class Checkpoint final : public sdk::Callback {
 class Best final : public sdk::Callback {
  public:
   bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
+  bool reads_gradients() const override { return false; }
   explicit Best(const sdk::Options&) {}
   void on_evaluation_end(RunContext& run, const sdk::EvalReport& report) override;
   sdk::State state_dict() const override;
@@ -101,6 +106,7 @@ class Best final : public sdk::Callback {
 class MemorySummary final : public sdk::Callback {
  public:
   bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
+  bool reads_gradients() const override { return false; }
   explicit MemorySummary(const sdk::Options&) {}
   void on_run_end(RunContext& run, const sdk::RunReport& report) override;
   std::string describe() const override { return "memory_summary: predicted against measured peak"; }
@@ -111,6 +117,7 @@ class MemorySummary final : public sdk::Callback {
 class EarlyStopping final : public sdk::Callback {
  public:
   bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm
+  bool reads_gradients() const override { return false; }
   static constexpr loom_option_spec kOptions[] = {
       sdk::option_string("metric", "auto", "metric to watch (\"loss\" or one the model declares); auto: trainer.best_metric"),
       sdk::option_int("patience", "3", "evaluations without improvement before the run stops", "1..1000000"),

@@ -54,14 +54,14 @@ class AdamW final : public loom::plugins::GroupedOptimizer {
 
   void update_on_device(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                         std::vector<std::vector<at::Tensor>>& state, const at::Tensor& lr, double weight_decay,
-                        const at::Tensor& found_inf) override {
+                        const at::Tensor& found_inf, const at::Tensor& divisor) override {
     // The step count moves by 1 - found_inf (PyTorch adds 1 and takes found_inf back off); the
     // kernel reads it for the bias correction and returns early where found_inf is set.
     const at::Tensor taken = found_inf.reshape({}).neg().add_(1);
     at::_foreach_add_(state[2], std::vector<at::Tensor>(state[2].size(), taken));
     at::_fused_adamw_(params, grads, state[0], state[1], /*max_exp_avg_sqs=*/{}, state[2], lr, beta1_, beta2_,
-                      weight_decay, eps_, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
-                      found_inf);
+                      weight_decay, eps_, /*amsgrad=*/false, /*maximize=*/false,
+                      /*grad_scale=*/divisor.defined() ? std::optional<at::Tensor>(divisor) : std::nullopt, found_inf);
   }
 
  private:

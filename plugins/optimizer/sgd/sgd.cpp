@@ -59,10 +59,10 @@ class Sgd final : public loom::plugins::GroupedOptimizer {
   // (the default); with dampening, that one update is (1 - dampening) times smaller.
   void update_on_device(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                         std::vector<std::vector<at::Tensor>>& state, const at::Tensor& lr, double weight_decay,
-                        const at::Tensor& found_inf) override {
+                        const at::Tensor& found_inf, const at::Tensor& divisor) override {
     at::_fused_sgd_(params, grads, state.empty() ? std::vector<at::Tensor>{} : state[0], weight_decay, momentum_, lr,
                     dampening_, nesterov_, /*maximize=*/false, /*is_first_step=*/steps_called() == 0,
-                    /*grad_scale=*/std::nullopt, found_inf);
+                    /*grad_scale=*/divisor.defined() ? std::optional<at::Tensor>(divisor) : std::nullopt, found_inf);
   }
 
  private:

@@ -317,6 +317,9 @@ TEST_F(TrainerTest, TheStepOnTheDeviceUpdatesAsTheHostPathDoes) {
     if (std::string(precision) == "fp16_amp") c.set_assignment("precision.init_scale=1e6");
     c.set_assignment(std::string("trainer.device_step=") + (on_device ? "true" : "false"));
     auto t = make(c);
+    // the built-in callbacks do not read the gradients: the update divides them (Note [One pass
+    // over the gradients]); the host path divides and clips them first
+    EXPECT_EQ(t->divides_in_update(), on_device);
     std::vector<double> losses;
     std::vector<bool> skipped;
     for (int i = 0; i < 12; ++i) {
@@ -341,8 +344,17 @@ TEST_F(TrainerTest, TheStepOnTheDeviceUpdatesAsTheHostPathDoes) {
         EXPECT_LT(host_skips, 12) << "the test needs taken steps after the skipped ones";
       }
       for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], host_losses[i], 1e-6 * std::abs(host_losses[i])) << "step " << i + 1;
+      // The device path divides each gradient by count / clip factor in the update, the host's by
+      // the count and then by the factor: the same values up to rounding. SGD's update is linear
+      // in the gradient, so a wrong divisor shows at once at 1e-7. AdamW normalizes the gradient,
+      // and the attention's key bias has a gradient of zero up to rounding (softmax does not see
+      // a shift of the keys): Adam turns that noise into updates of lr x noise / eps, which
+      // differ by a few 1e-5 between two orders of rounding; its tolerance allows that.
+      const double atol = std::string(optimizer) == "adamw" ? 1e-4 : 1e-7;
       for (const auto& [key, w] : host_weights)
-        EXPECT_TRUE(at::allclose(weights.at(key), w, 1e-5, 1e-7)) << key << " differs after 12 steps";
+        EXPECT_TRUE(at::allclose(weights.at(key), w, 1e-5, atol))
+            << key << " differs after 12 steps by up to " << (weights.at(key) - w).abs().max().item<double>()
+            << " at " << (weights.at(key) - w).abs().flatten().argmax().item<int64_t>() << " of " << w.numel();
     }
 }
 

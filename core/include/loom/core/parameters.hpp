@@ -62,4 +62,10 @@ class Parameters {
 /// before clipping (a 0-dim tensor, on the gradients' device). Each gradient must appear once.
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& gradients, double max_norm);
 
+/// The global L2 norm of `gradients` (a 0-dim tensor on their device, no read).
+at::Tensor gradient_norm(const std::vector<at::Tensor>& gradients);
+
+/// What clip_grad_norm multiplies the gradients by: min(1, max_norm / (norm + 1e-6)).
+at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm);
+
 }  // namespace loom::core

@@ -182,6 +182,10 @@ class Trainer {
   /// global count, before unscaling and clipping (before the callbacks' on_after_backward): for
   /// tests that inject faults (an inf or a NaN).
   void set_gradient_hook(std::function<void(const std::vector<at::Tensor>&)> hook) { gradient_hook_ = std::move(hook); }
+  /// Whether the steps' division by the count and clipping go into the update (Note [One pass
+  /// over the gradients], trainer_step.cpp): on the device, and no callback or hook looks at the
+  /// gradients.
+  bool divides_in_update() const { return step_on_device_ && !callbacks_read_gradients_ && !gradient_hook_; }
 
   sdk::PrecisionStrategy& precision() { return *precision_; }
   int64_t skipped_steps() const { return skipped_steps_; }
@@ -282,6 +286,7 @@ class Trainer {
   /// Reads the window's device sums into it (one wait), counts and reports the skipped steps.
   void flush_window();
   bool read_every_step_ = true;  ///< some callback reads every step's values (Callback 1.1)
+  bool callbacks_read_gradients_ = true;  ///< some callback reads the gradients (Callback 1.2)
   std::string step_readers_;     ///< which ones, for the start-up report
   /// Calls `hook` on each callback in order; an error names the callback and the hook.
   void notify(const char* hook, const std::function<void(sdk::Callback&, sdk::RunContext&)>& call);
@@ -317,6 +322,7 @@ class Trainer {
     at::Tensor totals;
     MetricSums metric_sums;
     std::vector<at::Tensor> grads, flats;
+    bool divided = true;  ///< the gradients are divided by the count (else the update divides them)
   };
   /// Forward and backward over the step's micro-batches (`batch_of(i)` gives micro-batch i),
   /// the reduction, the division; the device work a CUDA graph captures up to the update.
@@ -370,6 +376,7 @@ class Trainer {
   int64_t skipped_steps_ = 0;
   bool precision_on_device_ = false;  ///< the precision implements interface 1.1
   bool step_on_device_ = false;  ///< trainer.device_step and both plugins implement interface 1.1
+  bool optimizer_divides_ = false;  ///< the optimizer implements step_on_device_dividing (Optimizer 1.2)
   at::Tensor lr_on_device_;      ///< the step's learning rate, for the fused kernels
   at::Tensor lr_table_;          ///< the learning rate after k taken updates, k = 0..total_steps
   at::Tensor taken_on_device_;   ///< updates taken so far ([1], int64): the schedule's position

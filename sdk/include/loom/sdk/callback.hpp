@@ -134,7 +134,7 @@ class LOOM_SDK_API Callback {
   using Interface = Callback;
   static constexpr uint32_t kKind = LOOM_KIND_CALLBACK;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 1;  // 1.1: reads_every_step
+  static constexpr uint32_t kInterfaceMinor = 2;  // 1.1: reads_every_step; 1.2: reads_gradients
 
   virtual ~Callback();  // defined in libloom_sdk
 
@@ -175,6 +175,15 @@ class LOOM_SDK_API Callback {
 
   /// One line for the start-up report ("early stopping on val accuracy: patience 3").
   virtual std::string describe() const { return {}; }
+
+  /// 1.2: whether on_after_backward or on_before_optimizer_step reads or changes the gradients.
+  /// Return false if neither does: when no callback does, the host hands the division by the
+  /// global count and the clipping factor to the optimizer's update (Optimizer::
+  /// step_on_device_dividing), which reads the gradients once instead of three times, and the
+  /// gradients the two hooks are given are then the summed ones, not yet divided or clipped.
+  /// The default, and every callback built against 1.0 or 1.1, reads them. (At the end: a
+  /// method added in a minor is appended, docs/abi.md, "Tier 1".)
+  virtual bool reads_gradients() const { return true; }
 };
 
 }  // namespace loom::sdk

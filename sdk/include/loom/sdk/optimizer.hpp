@@ -39,7 +39,7 @@ class LOOM_SDK_API Optimizer {
   using Interface = Optimizer;
   static constexpr uint32_t kKind = LOOM_KIND_OPTIMIZER;
   static constexpr uint32_t kInterfaceMajor = 1;
-  static constexpr uint32_t kInterfaceMinor = 1;  // 1.1: step_on_device
+  static constexpr uint32_t kInterfaceMinor = 2;  // 1.1: step_on_device; 1.2: step_on_device_dividing
 
   virtual ~Optimizer();  // defined in libloom_sdk: its type info has one home
 
@@ -81,6 +81,17 @@ class LOOM_SDK_API Optimizer {
 
   /// One line for the start-up report ("adamw: betas 0.9/0.999, eps 1e-08, weight decay 0.05").
   virtual std::string describe() const { return {}; }
+
+  /// 1.2: step_on_device() on gradients that are still to be divided by `divisor` (a float
+  /// tensor of one element on the parameters' device): the global count times the inverse of
+  /// the clipping factor, which the host no longer applies itself, so that the update reads the
+  /// gradients once (the fused kernels' grad_scale) instead of after two passes that scale them.
+  /// The host calls this instead of step_on_device() only when no callback reads the gradients
+  /// (Callback::reads_gradients). `gradients` are those of the trainable parameters (the host's
+  /// flat buffers, which the parameters' gradients are views of). The default divides them in
+  /// place and calls step_on_device(). Same rules as step_on_device() for CUDA graphs.
+  virtual void step_on_device_dividing(const at::Tensor& lr, const at::Tensor& found_non_finite,
+                                       const at::Tensor& divisor, const std::vector<at::Tensor>& gradients);
 };
 
 class LOOM_SDK_API Schedule {
