@@ -11,8 +11,10 @@
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/ops/allclose.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/randint.h>
@@ -167,6 +169,58 @@ TEST(PrecisionGpu, FusedLayerNormMatchesAten) {
       // summed over 148 rows: relative to the sum's size
       EXPECT_TRUE(at::allclose(w.grad(), rw.grad(), rtol, atol * 10)) << "dweight";
       EXPECT_TRUE(at::allclose(b.grad(), rb.grad(), rtol, atol * 10)) << "dbias";
+    }
+  }
+}
+
+// nn::add_layer_norm (Note [The residual add in the LayerNorm]) against x + branch and
+// at::layer_norm in float32: the float32 stream with a float32 branch, and with a bf16 branch
+// under bf16 autocast (GPT-2's case); the sum used further on (its gradient joins dx) and unused
+// (the model's last LayerNorm). The sum is exactly x + branch; the branch's gradient comes in its
+// dtype.
+TEST(PrecisionGpu, FusedAddLayerNormMatchesTheAddThenLayerNorm) {
+  LOOM_REQUIRE_CUDA();
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const bool autocast : {false, true}) {
+    for (const bool sum_used : {true, false}) {
+      for (const int64_t width : {768, 1600, 64}) {
+        SCOPED_TRACE(std::string(autocast ? "bf16 branch" : "float32 branch") + (sum_used ? ", sum used" : ", sum unused") +
+                     ", width " + std::to_string(width));
+        at::manual_seed(width);
+        const auto f32 = at::TensorOptions().device(cuda);
+        const at::ScalarType out = autocast ? at::kBFloat16 : at::kFloat;
+        const at::Tensor x0 = at::randn({4, 37, width}, f32).mul(2).add(0.5);
+        const at::Tensor r0 = at::randn({4, 37, width}, f32).to(out);
+        const at::Tensor w0 = at::randn({width}, f32), b0 = at::randn({width}, f32);
+        const at::Tensor dy = at::randn({4, 37, width}, f32).to(out), ds = at::randn({4, 37, width}, f32);
+        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+        at::autocast::set_autocast_enabled(at::kCUDA, autocast);
+        ASSERT_EQ(loom::sdk::nn::fused_add_layer_norm_unavailable(x0, r0, w0, b0), "");
+        const at::Tensor x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true),
+                         w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+        const auto [sum, y] = loom::sdk::nn::add_layer_norm(x, r, w, b, 1e-5);
+        at::autocast::set_autocast_enabled(at::kCUDA, false);
+        ASSERT_EQ(y.scalar_type(), out);
+        ASSERT_EQ(sum.scalar_type(), at::kFloat);
+        EXPECT_TRUE(at::equal(sum, x0 + r0)) << "the sum";
+        at::Tensor loss = y.to(at::kFloat).mul(dy.to(at::kFloat)).sum();
+        if (sum_used) loss = loss + sum.mul(ds).sum();
+        loss.backward();
+        const at::Tensor rx = x0.clone().requires_grad_(true), rr = r0.to(at::kFloat).requires_grad_(true),
+                         rw = w0.clone().requires_grad_(true), rb = b0.clone().requires_grad_(true);
+        const at::Tensor rsum = rx + rr;
+        const at::Tensor ry = at::layer_norm(rsum, {width}, rw, rb, 1e-5);
+        at::Tensor rloss = ry.mul(dy.to(at::kFloat)).sum();
+        if (sum_used) rloss = rloss + rsum.mul(ds).sum();
+        rloss.backward();
+        const double rtol = autocast ? 2e-2 : 1e-4, atol = autocast ? 2e-2 : 1e-4;
+        EXPECT_TRUE(at::allclose(y.to(at::kFloat), ry.to(out).to(at::kFloat), rtol, atol)) << "output";
+        EXPECT_TRUE(at::allclose(x.grad(), rx.grad(), rtol, atol)) << "dx";
+        ASSERT_EQ(r.grad().scalar_type(), out);
+        EXPECT_TRUE(at::allclose(r.grad().to(at::kFloat), rr.grad().to(out).to(at::kFloat), rtol, atol)) << "dbranch";
+        EXPECT_TRUE(at::allclose(w.grad(), rw.grad(), rtol, atol * 10)) << "dweight";
+        EXPECT_TRUE(at::allclose(b.grad(), rb.grad(), rtol, atol * 10)) << "dbias";
+      }
     }
   }
 }

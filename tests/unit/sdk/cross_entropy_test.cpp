@@ -6,6 +6,7 @@
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
@@ -89,6 +90,20 @@ TEST(LayerNorm, EqualsAtenOnCpu) {
   EXPECT_TRUE(at::allclose(y, at::layer_norm(x, {12}, weight, bias, 1e-5)));
   EXPECT_TRUE(y.requires_grad());
   EXPECT_EQ(loom::sdk::nn::fused_layer_norm_unavailable(x, weight, bias), "not a CUDA tensor");
+}
+
+// The residual add in the LayerNorm: on CPU the add, then layer_norm; no branch, no add.
+TEST(LayerNorm, AddLayerNormIsTheSumAndItsLayerNormOnCpu) {
+  at::manual_seed(6);
+  const at::Tensor x = at::randn({3, 5, 12}), branch = at::randn({3, 5, 12});
+  const at::Tensor weight = at::randn({12}), bias = at::randn({12});
+  const auto [sum, y] = loom::sdk::nn::add_layer_norm(x, branch, weight, bias, 1e-5);
+  EXPECT_TRUE(at::equal(sum, x + branch));
+  EXPECT_TRUE(at::allclose(y, at::layer_norm(x + branch, {12}, weight, bias, 1e-5)));
+  const auto [same, normalized] = loom::sdk::nn::add_layer_norm(x, at::Tensor(), weight, bias, 1e-5);
+  EXPECT_TRUE(same.is_same(x));
+  EXPECT_TRUE(at::allclose(normalized, at::layer_norm(x, {12}, weight, bias, 1e-5)));
+  EXPECT_EQ(loom::sdk::nn::fused_add_layer_norm_unavailable(x, branch, weight, bias), "not a CUDA tensor");
 }
 
 }  // namespace

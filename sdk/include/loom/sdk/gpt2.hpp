@@ -3,7 +3,8 @@
 // position embeddings, pre-LayerNorm blocks of causal self-attention (scaled_dot_product_attention
 // with is_causal, so CUDA takes its flash or memory-efficient kernels) and a GELU (tanh) MLP of
 // 4 x the width, a final LayerNorm. The LayerNorms run through nn::layer_norm (<loom/sdk/layer_norm.hpp>):
-// on CUDA under autocast their output, the hidden states included, comes in autocast's dtype. Module names follow Hugging Face's GPT2Model (wte, wpe,
+// on CUDA under autocast their output, the hidden states included, comes in autocast's dtype, and
+// each residual add happens in the LayerNorm after it (nn::add_layer_norm). Module names follow Hugging Face's GPT2Model (wte, wpe,
 // h.N.ln_1, h.N.attn.c_attn, h.N.attn.c_proj, h.N.ln_2, h.N.mlp.c_fc, h.N.mlp.c_proj, ln_f), so
 // that its safetensors files map onto it by name (their Conv1D weights transposed).
 #pragma once
@@ -27,6 +28,8 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace loom::sdk::gpt2 {
@@ -108,9 +111,20 @@ class BlockImpl : public torch::nn::Module {
         mlp(register_module("mlp", Mlp(c))) {}
 
   at::Tensor forward(at::Tensor x) {
+    auto [sum, branch] = forward_pending(std::move(x), at::Tensor());
+    return sum + branch;
+  }
+
+  /// The block on the residual stream `x` with the previous block's last branch not yet added
+  /// (`pending`, undefined for none): {the stream, this block's last branch, not yet added}.
+  /// Each add happens inside the LayerNorm that follows it (nn::add_layer_norm); the model's
+  /// last one in ln_f.
+  std::pair<at::Tensor, at::Tensor> forward_pending(at::Tensor x, const at::Tensor& pending) {
     const bool train = is_training();
-    x = x + at::dropout(attn->forward(nn::layer_norm(ln_1, x)), dropout_, train);
-    return x + at::dropout(mlp->forward(nn::layer_norm(ln_2, x)), dropout_, train);
+    at::Tensor y;
+    std::tie(x, y) = nn::add_layer_norm(ln_1, x, pending);
+    std::tie(x, y) = nn::add_layer_norm(ln_2, x, at::dropout(attn->forward(y), dropout_, train));
+    return {x, at::dropout(mlp->forward(y), dropout_, train)};
   }
 
  private:
@@ -163,8 +177,9 @@ class ModelImpl : public torch::nn::Module {
                        std::to_string(config_.n_ctx) + " positions");
     const at::Tensor positions = at::arange(t, tokens.options().dtype(at::kLong));
     at::Tensor x = at::dropout(wte->forward(tokens) + wpe->forward(positions), config_.dropout, is_training());
-    for (const auto& block : *h) x = block->as<BlockImpl>()->forward(x);
-    return nn::layer_norm(ln_f, x);
+    at::Tensor pending;
+    for (const auto& block : *h) std::tie(x, pending) = block->as<BlockImpl>()->forward_pending(x, pending);
+    return nn::add_layer_norm(ln_f, x, pending).second;
   }
 
   const Config& config() const { return config_; }

@@ -17,6 +17,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <string>
+#include <utility>
 
 namespace loom::sdk::nn {
 
@@ -26,6 +27,25 @@ LOOM_SDK_API at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight
 inline at::Tensor layer_norm(const torch::nn::LayerNorm& module, const at::Tensor& x) {
   return layer_norm(x, module->weight, module->bias, module->options.eps());
 }
+
+/// {x + branch, LayerNorm of that sum}: the residual add and the LayerNorm after it in one pass on
+/// CUDA, backward included (Note [The residual add in the LayerNorm], sdk/src/layer_norm.cpp),
+/// where layer_norm takes Loom's kernels, x is the residual stream (float32, or the branch's
+/// dtype) and the branch comes in the LayerNorm's output dtype (a product's output under
+/// autocast). Elsewhere x + branch, then layer_norm: the same values. An undefined branch is
+/// none: {x, layer_norm(x)}.
+LOOM_SDK_API std::pair<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& branch,
+                                                              const at::Tensor& weight, const at::Tensor& bias,
+                                                              double eps);
+
+inline std::pair<at::Tensor, at::Tensor> add_layer_norm(const torch::nn::LayerNorm& module, const at::Tensor& x,
+                                                        const at::Tensor& branch) {
+  return add_layer_norm(x, branch, module->weight, module->bias, module->options.eps());
+}
+
+/// Why add_layer_norm would take the unfused path ("" when it takes Loom's kernels).
+LOOM_SDK_API std::string fused_add_layer_norm_unavailable(const at::Tensor& x, const at::Tensor& branch,
+                                                          const at::Tensor& weight, const at::Tensor& bias);
 
 /// Why layer_norm would take ATen's path for x ("" when it would take Loom's kernels); compiles and
 /// loads them for x's device if they are not yet.
