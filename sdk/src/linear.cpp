@@ -33,73 +33,98 @@ namespace {
 // an add over the whole weight (0.7 of GPT-2's 1.0 ms per step of them), is not needed. Its
 // accumulator still runs, with nothing to add, so hooks after accumulation (ddp's bucket
 // readiness, core/src/gradient_sync.cpp) fire as before; a hook on the tensor's gradient itself
-// would see none (Loom registers none).
+// would see none (Loom registers none). A weight used twice works the same (GPT-2's head, tied to
+// the token embedding: the head's product adds into the gradient, autograd adds the embedding's).
+
+// The forward and backward shared by Linear and LinearNoBias (`bias` undefined: none).
+at::Tensor linear_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                          const at::Tensor& bias) {
+  const c10::DeviceType device = x.device().type();
+  const at::ScalarType dtype =
+      at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
+  const at::Tensor xc = x.to(dtype), wc = weight.to(dtype);
+  const at::Tensor y = at::linear(xc, wc, bias.defined() ? bias.to(dtype) : at::Tensor());
+  if (bias.defined()) ctx->save_for_backward({xc, wc, weight, bias});
+  else ctx->save_for_backward({xc, wc, weight});
+  ctx->saved_data["x_dtype"] = x.scalar_type();
+  return y;
+}
+
+torch::autograd::variable_list linear_backward(torch::autograd::AutogradContext* ctx,
+                                               const torch::autograd::variable_list& grads) {
+  const auto saved = ctx->get_saved_variables();
+  const bool has_bias = saved.size() == 4;
+  const at::Tensor &xc = saved[0], &wc = saved[1];
+  const int64_t in = wc.size(1), out = wc.size(0);
+  const at::Tensor dy = grads[0].to(wc.scalar_type()).reshape({-1, out});
+  const at::Tensor x2 = xc.reshape({-1, in});
+  // float32 out of a bf16 or fp16 product; the same dtype out of a float32 one
+  const auto product = [](const at::Tensor& a, const at::Tensor& b, at::ScalarType want) {
+    return a.scalar_type() == want ? at::mm(a, b) : at::mm(a, b, want);
+  };
+  // a*b added into the parameter's float32 gradient (true), or returned in its dtype
+  const auto gradient = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& parameter,
+                            at::Tensor& result) {
+    // A LibTorch whose addmm with out_dtype refuses a float32 `self` beside bf16 products (older
+    // releases check that self's dtype is the products') throws before it writes anything: then
+    // this process returns the gradients instead, as below.
+    static std::atomic<bool> adds_into_gradients{true};
+    at::Tensor into = parameter.grad();
+    if (adds_into_gradients.load() && !at::GradMode::is_enabled() && into.defined() &&
+        into.scalar_type() == at::kFloat && into.is_contiguous() && into.device() == a.device() &&
+        into.numel() == a.size(0) * b.size(1)) {
+      at::Tensor view = into.view({a.size(0), b.size(1)});
+      try {
+        if (a.scalar_type() == at::kFloat) at::addmm_out(view, view, a, b);
+        else at::addmm_out(view, view, a, b, at::kFloat);
+        return;
+      } catch (const c10::Error&) {
+        adds_into_gradients = false;
+      }
+    }
+    const at::ScalarType want = parameter.scalar_type();
+    result = product(a, b, want == at::kFloat ? at::kFloat : a.scalar_type()).reshape(parameter.sizes()).to(want);
+  };
+  at::Tensor dx, dw, db;
+  if (ctx->needs_input_grad(0))
+    dx = at::mm(dy, wc).reshape(xc.sizes()).to(ctx->saved_data["x_dtype"].toScalarType());
+  if (ctx->needs_input_grad(1)) gradient(dy.t(), x2, saved[2], dw);
+  if (!has_bias) return {dx, dw};
+  if (ctx->needs_input_grad(2)) gradient(at::ones({1, dy.size(0)}, dy.options()), dy, saved[3], db);
+  return {dx, dw, db};
+}
+
 class Linear : public torch::autograd::Function<Linear> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias) {
-    const c10::DeviceType device = x.device().type();
-    const at::ScalarType dtype =
-        at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
-    const at::Tensor xc = x.to(dtype), wc = weight.to(dtype);
-    const at::Tensor y = at::linear(xc, wc, bias.to(dtype));
-    ctx->save_for_backward({xc, wc, weight, bias});
-    ctx->saved_data["x_dtype"] = x.scalar_type();
-    return y;
+    return linear_forward(ctx, x, weight, bias);
   }
-
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &xc = saved[0], &wc = saved[1];
-    const int64_t in = wc.size(1), out = wc.size(0);
-    const at::Tensor dy = grads[0].to(wc.scalar_type()).reshape({-1, out});
-    const at::Tensor x2 = xc.reshape({-1, in});
-    // float32 out of a bf16 or fp16 product; the same dtype out of a float32 one
-    const auto product = [](const at::Tensor& a, const at::Tensor& b, at::ScalarType want) {
-      return a.scalar_type() == want ? at::mm(a, b) : at::mm(a, b, want);
-    };
-    // a*b added into the parameter's float32 gradient (true), or returned in its dtype
-    const auto gradient = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& parameter,
-                              at::Tensor& result) {
-      // A LibTorch whose addmm with out_dtype refuses a float32 `self` beside bf16 products (older
-      // releases check that self's dtype is the products') throws before it writes anything: then
-      // this process returns the gradients instead, as below.
-      static std::atomic<bool> adds_into_gradients{true};
-      at::Tensor into = parameter.grad();
-      if (adds_into_gradients.load() && !at::GradMode::is_enabled() && into.defined() &&
-          into.scalar_type() == at::kFloat && into.is_contiguous() && into.device() == a.device() &&
-          into.numel() == a.size(0) * b.size(1)) {
-        at::Tensor view = into.view({a.size(0), b.size(1)});
-        try {
-          if (a.scalar_type() == at::kFloat) at::addmm_out(view, view, a, b);
-          else at::addmm_out(view, view, a, b, at::kFloat);
-          return;
-        } catch (const c10::Error&) {
-          adds_into_gradients = false;
-        }
-      }
-      const at::ScalarType want = parameter.scalar_type();
-      result = product(a, b, want == at::kFloat ? at::kFloat : a.scalar_type()).reshape(parameter.sizes()).to(want);
-    };
-    at::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0))
-      dx = at::mm(dy, wc).reshape(xc.sizes()).to(ctx->saved_data["x_dtype"].toScalarType());
-    if (ctx->needs_input_grad(1)) gradient(dy.t(), x2, saved[2], dw);
-    if (ctx->needs_input_grad(2))
-      gradient(at::ones({1, dy.size(0)}, dy.options()), dy, saved[3], db);
-    return {dx, dw, db};
+    return linear_backward(ctx, grads);
+  }
+};
+
+// A layer without bias (GPT-2's head, tied to the token embedding): a function of its own, as
+// LibTorch's custom functions take no undefined input.
+class LinearNoBias : public torch::autograd::Function<LinearNoBias> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    return linear_forward(ctx, x, weight, at::Tensor());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return linear_backward(ctx, grads);
   }
 };
 
 }  // namespace
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  // (a layer without bias takes ATen's path: LibTorch's custom functions take no undefined input)
-  if (x.is_cuda() && x.dim() >= 2 && weight.dim() == 2 && bias.defined() &&
-      rtc::disabled_by_environment("linear").empty() &&
-      (x.requires_grad() || weight.requires_grad() || bias.requires_grad()))
-    return Linear::apply(x, weight, bias);
+  if (x.is_cuda() && x.dim() >= 2 && weight.dim() == 2 && rtc::disabled_by_environment("linear").empty() &&
+      (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad())))
+    return bias.defined() ? Linear::apply(x, weight, bias) : LinearNoBias::apply(x, weight);
   return at::linear(x, weight, bias);
 }
 

@@ -7,7 +7,6 @@
 #include <loom/sdk/gpt2.hpp>
 #include <loom/sdk/sdk.hpp>
 
-#include <ATen/ops/linear.h>
 #include <ATen/ops/scalar_tensor.h>
 
 #include <algorithm>
@@ -102,7 +101,8 @@ class Gpt2Lm final : public loom::sdk::Model {
     const at::Tensor& tokens = batch.at(input_key_);
     const at::Tensor& target = batch.at(target_key_);
     const at::Tensor hidden = net_->forward(tokens);
-    const at::Tensor logits = at::linear(hidden, net_->wte->weight);  // the head tied to the embedding
+    // the head, tied to the embedding (on CUDA its weight gradient adds into the flat buffer: nn::linear)
+    const at::Tensor logits = loom::sdk::nn::linear(hidden, net_->wte->weight, at::Tensor());
     const int64_t vocab = logits.size(-1);
     const at::Tensor flat_logits = logits.reshape({-1, vocab});
     const at::Tensor flat_target = target.reshape({-1});

@@ -15,8 +15,8 @@
 
 namespace loom::sdk::nn {
 
-/// x W^T + b as at::linear (addmm with the bias in the epilogue), as Python's nn.Linear. On CUDA
-/// (a layer with a bias, while autograd records) its backward writes the weight's and the bias's gradients in float32
+/// x W^T + b as at::linear (addmm with the bias in the epilogue), as Python's nn.Linear; `bias`
+/// may be undefined (none). On CUDA (while autograd records) its backward writes the weight's and the bias's gradients in float32
 /// straight from cuBLAS, without bf16 copies to cast, and the bias's as a product (Note [A linear
 /// layer's gradients in float32], sdk/src/linear.cpp); LOOM_FUSED_KERNELS without "linear" turns
 /// that off (<loom/sdk/cross_entropy.hpp>).
