@@ -2,7 +2,8 @@
 the same model in plain Python PyTorch from the same wheel, eager and through torch.compile
 (`pytorch_gpt2.py`); and, on request, Loom eager without its fused operations (loom_unfused:
 LOOM_FUSED_KERNELS=0, ATen's cross-entropy, LayerNorm and linear), with the fused cross-entropy
-only (loom_ce_only), and without the fused linear (loom_no_linear), which show what each gains. Tokens/s, peak memory, final loss and model
+only (loom_ce_only), without the fused linear (loom_no_linear), and without the fused LayerNorm and
+the residual adds inside it (loom_no_layer_norm), which show what each gains. Tokens/s, peak memory, final loss and model
 FLOPs utilization (MFU) against the card's dense bf16 peak.
 
     build/bin/loom with the gpt2_lm and synthetic_tokens plugins must exist; on the GPU machine:
@@ -37,10 +38,11 @@ from bench_common import GPT2_SIZES, RunFailed, add_gpt2_arguments, cpu_name, ra
 from bench_common import VARIANTS as COMMON_VARIANTS
 
 VARIANTS = dict(COMMON_VARIANTS, loom_unfused="Loom eager, no fused operations",
-                loom_ce_only="Loom eager, fused cross-entropy only", loom_no_linear="Loom eager, no fused linear")
+                loom_ce_only="Loom eager, fused cross-entropy only", loom_no_linear="Loom eager, no fused linear",
+                loom_no_layer_norm="Loom eager, no fused LayerNorm (nor residual add)")
 # LOOM_FUSED_KERNELS of each Loom variant (<loom/sdk/cross_entropy.hpp>, <loom/sdk/layer_norm.hpp>)
 FUSED = {"loom": None, "loom_graph": None, "loom_unfused": "0", "loom_ce_only": "cross_entropy",
-         "loom_no_linear": "cross_entropy,layer_norm"}
+         "loom_no_linear": "cross_entropy,layer_norm", "loom_no_layer_norm": "cross_entropy,linear"}
 DEFAULT_VARIANTS = list(COMMON_VARIANTS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
