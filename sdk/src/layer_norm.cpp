@@ -53,7 +53,11 @@ __device__ void ln_forward(const TI* __restrict__ x, const TO* __restrict__ bran
         float r[4];
         load4(branch + row * width + j, r);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[i][e] += r[e];
+        for (int e = 0; e < 4; ++e) {  // rounded to x's dtype, as the add would (nothing for float32)
+          TI t;
+          from_f(v[i][e] + r[e], t);
+          v[i][e] = to_f(t);
+        }
         store4(sum_out + row * width + j, v[i]);
       }
       sum += (v[i][0] + v[i][1]) + (v[i][2] + v[i][3]);
