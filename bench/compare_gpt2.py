@@ -216,6 +216,9 @@ def main():
                     eager_rate = tokens
                 compiled = f" (first step, compilation included, {first:.1f} s)" if v == "pytorch_compile" else ""
                 fields.append(f"{VARIANTS[v]} {tokens:.0f}{compiled}")
+                # each figure as soon as it is measured: a run cut short (a lent GPU's budget) keeps it
+                mfu = f", MFU {100 * tokens * flops / (peak * 1e12):.1f} %" if peak else ""
+                print(f"    {VARIANTS[v]}: {tokens:.0f} tokens/s{mfu}, peak {memory / 2**20:.0f} MiB{compiled}", flush=True)
             eager.append(eager_rate)
             print(f"  repeat {repeat + 1}: tokens/s " + ", ".join(fields), flush=True)
     finally:
