@@ -29,8 +29,10 @@ namespace {
 // up, and the block writes them to a [blocks, 2, width] buffer that one ATen reduction sums into the weight's and
 // the bias's gradients (a [warps, width] buffer cost GPT-2 0.44 ms per step to sum on an H200).
 // V is 6 for widths up to 768 (GPT-2 124M's, BERT's and ViT-B's), 8 up to 1024, 16 up to 2048:
-// the backward keeps 3 x 4 V floats per lane, and V = 8 for 768 reserved registers for two vectors it never
-// used (GPT-2 124M ran it at 2 of the H200's 4.8 TB/s). With a branch (add_layer_norm) the
+// the backward keeps 3 x 4 V floats per lane, and V = 8 for 768 reserved registers for two vectors
+// it never used (137 registers, one block of 256 threads per SM; V = 6: 115, two; ptxas
+// --resource-usage). It asks for a row's x, dy and the sum's gradient together, one trip to
+// memory per row (GPT-2 124M ran its earlier two-trip form at 2.2 of the H200's 4.8 TB/s). With a branch (add_layer_norm) the
 // forward normalizes x + branch and writes the sum; the backward adds the sum's own gradient
 // into dx and writes the branch's (Note [The residual add in the LayerNorm]).
 constexpr const char* kSource = R"CUDA(
@@ -105,24 +107,32 @@ __device__ void ln_backward(const TO* __restrict__ dy, const TI* __restrict__ x,
   const long long end = min(rows, (warp + 1) * rows_per_warp);
   for (long long row = warp * rows_per_warp; row < end; ++row) {
     const float mu = mean[row], rs = rstd[row];
-    float xhat[V][4];
+    // Everything the row needs from memory is asked for at once (x, dy, the sum's gradient): one
+    // round trip per row. The second pass reads x and dy again from L1 and recomputes x^,
+    // so that the sum's gradient, not x^, takes the registers (115 for V = 6: two blocks per SM).
+    float acc[V][4];
     float sum_g = 0.f, sum_gx = 0.f;
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const int j = (i * 32 + lane) * 4;
       if (j < width) {
-        float d[4], w[4];
-        load4(x + row * width + j, xhat[i]);
+        float xv[4], d[4], w[4];
+        load4(x + row * width + j, xv);
         load4(dy + row * width + j, d);
         load4(weight + j, w);
+        if (dsum != nullptr) load4(dsum + row * width + j, acc[i]);
+        else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][e] = 0.f;
+        }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          xhat[i][e] = (xhat[i][e] - mu) * rs;
-          dw[i][e] += d[e] * xhat[i][e];
+          const float xh = (xv[e] - mu) * rs;
+          dw[i][e] += d[e] * xh;
           db[i][e] += d[e];
           const float g = d[e] * w[e];
           sum_g += g;
-          sum_gx += g * xhat[i][e];
+          sum_gx += g * xh;
         }
       }
     }
@@ -131,17 +141,13 @@ __device__ void ln_backward(const TO* __restrict__ dy, const TI* __restrict__ x,
     for (int i = 0; i < V; ++i) {
       const int j = (i * 32 + lane) * 4;
       if (j < width) {
-        float d[4], w[4], o[4];
-        load4(dy + row * width + j, d);  // again: the row is in L1 still
+        float xv[4], d[4], w[4], o[4];
+        load4(x + row * width + j, xv);  // again: the row is in L1 still
+        load4(dy + row * width + j, d);
         load4(weight + j, w);
+        // the sum's own gradient joins (what autograd's add would do); zeros without one
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[e] = rs * (d[e] * w[e] - mean_g - xhat[i][e] * mean_gx);
-        if (dsum != nullptr) {  // the residual's own gradient joins (what autograd's add would do)
-          float r[4];
-          load4(dsum + row * width + j, r);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) o[e] += r[e];
-        }
+        for (int e = 0; e < 4; ++e) o[e] = rs * (d[e] * w[e] - mean_g - (xv[e] - mu) * rs * mean_gx) + acc[i][e];
         store4(dx + row * width + j, o);
         if (dbranch != nullptr) store4(dbranch + row * width + j, o);  // the branch's, in its dtype
       }
