@@ -42,7 +42,7 @@ VARIANTS = dict(COMMON_VARIANTS, loom_unfused="Loom eager, no fused operations",
                 loom_no_layer_norm="Loom eager, no fused LayerNorm (nor residual add)")
 # LOOM_FUSED_KERNELS of each Loom variant (<loom/sdk/cross_entropy.hpp>, <loom/sdk/layer_norm.hpp>)
 FUSED = {"loom": None, "loom_graph": None, "loom_unfused": "0", "loom_ce_only": "cross_entropy",
-         "loom_no_linear": "cross_entropy,layer_norm", "loom_no_layer_norm": "cross_entropy,linear"}
+         "loom_no_linear": "cross_entropy,embedding,layer_norm", "loom_no_layer_norm": "cross_entropy,embedding,linear"}
 DEFAULT_VARIANTS = list(COMMON_VARIANTS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -14,6 +14,7 @@
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/embedding.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/linear.h>
@@ -265,6 +266,34 @@ TEST(PrecisionGpu, LinearMatchesAten) {
             << names[i] << ": largest difference " << got[i].sub(want[i]).abs().max().item<double>();
     }
   }
+}
+
+// nn::embedding on CUDA (Note [An embedding's gradient into the buffer]) against at::embedding:
+// repeated indices, two backward passes (the first where the weight has no gradient yet: the
+// dense gradient returned; the second adding into it), the weight also used by a product as
+// GPT-2's tied head uses it.
+TEST(PrecisionGpu, EmbeddingMatchesAten) {
+  LOOM_REQUIRE_CUDA();
+  const auto f32 = at::TensorOptions().device(c10::Device(c10::kCUDA, 0));
+  at::manual_seed(12);
+  const at::Tensor w0 = at::randn({97, 24}, f32);
+  const at::Tensor indices = at::randint(97, {5, 33}, f32.dtype(at::kLong));
+  indices[0][0] = 3;  // repeated rows add up
+  indices[1][7] = 3;
+  const at::Tensor dy = at::randn({5, 33, 24}, f32), dz = at::randn({5, 33, 97}, f32);
+  std::vector<at::Tensor> grads;
+  for (const bool loom : {true, false}) {
+    const at::Tensor w = w0.clone().requires_grad_(true);
+    for (int round = 0; round < 2; ++round) {
+      const at::Tensor e = loom ? loom::sdk::nn::embedding(w, indices) : at::embedding(w, indices);
+      ASSERT_TRUE(at::equal(e.detach(), at::embedding(w0, indices)));
+      const at::Tensor logits = at::linear(e, w);  // the tied head
+      (e.mul(dy).sum() + logits.mul(dz).sum()).backward();
+    }
+    grads.push_back(w.grad().clone());
+  }
+  EXPECT_TRUE(at::allclose(grads[0], grads[1], 1e-5, 1e-5))
+      << "largest difference " << grads[0].sub(grads[1]).abs().max().item<double>();
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ class ModelImpl : public torch::nn::Module {
       throw sdk::Error("gpt2: a sequence of " + std::to_string(t) + " tokens is longer than the model's " +
                        std::to_string(config_.n_ctx) + " positions");
     const at::Tensor positions = at::arange(t, tokens.options().dtype(at::kLong));
-    at::Tensor x = at::dropout(wte->forward(tokens) + wpe->forward(positions), config_.dropout, is_training());
+    at::Tensor x = at::dropout(nn::embedding(*wte, tokens) + nn::embedding(*wpe, positions), config_.dropout, is_training());
     at::Tensor pending;
     for (const auto& block : *h) std::tie(x, pending) = block->as<BlockImpl>()->forward_pending(x, pending);
     return nn::add_layer_norm(ln_f, x, pending).second;

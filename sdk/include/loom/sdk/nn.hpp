@@ -11,6 +11,7 @@
 #include <loom/sdk/error.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
 namespace loom::sdk::nn {
@@ -24,6 +25,21 @@ LOOM_SDK_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, co
 
 inline at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
   return linear(x, layer->weight, layer->bias);
+}
+
+/// weight[indices] as at::embedding (no padding index, no max_norm). On CUDA (while autograd
+/// records) its backward adds the looked-up rows' gradients into the weight's float32 gradient
+/// where it has one, instead of a dense [rows, width] gradient autograd then adds (Note [An
+/// embedding's gradient into the buffer], sdk/src/linear.cpp); LOOM_FUSED_KERNELS without
+/// "embedding" turns that off.
+LOOM_SDK_API at::Tensor embedding(const at::Tensor& weight, const at::Tensor& indices);
+
+/// A module's lookup (`nn::embedding(*wte, tokens)`); one with a padding index, max_norm, sparse
+/// or frequency-scaled gradients is its own forward.
+inline at::Tensor embedding(torch::nn::EmbeddingImpl& module, const at::Tensor& indices) {
+  const auto& o = module.options;
+  if (o.padding_idx() || o.max_norm() || o.sparse() || o.scale_grad_by_freq()) return module.forward(indices);
+  return loom::sdk::nn::embedding(module.weight, indices);  // qualified: ADL would find at::embedding too
 }
 
 }  // namespace loom::sdk::nn
