@@ -39,10 +39,12 @@ from bench_common import VARIANTS as COMMON_VARIANTS
 
 VARIANTS = dict(COMMON_VARIANTS, loom_unfused="Loom eager, no fused operations",
                 loom_ce_only="Loom eager, fused cross-entropy only", loom_no_linear="Loom eager, no fused linear",
-                loom_no_layer_norm="Loom eager, no fused LayerNorm (nor residual add)")
+                loom_no_layer_norm="Loom eager, no fused LayerNorm (nor residual add)",
+                loom_no_mlp="Loom eager, GELU not in cuBLASLt's epilogues")
 # LOOM_FUSED_KERNELS of each Loom variant (<loom/sdk/cross_entropy.hpp>, <loom/sdk/layer_norm.hpp>)
 FUSED = {"loom": None, "loom_graph": None, "loom_unfused": "0", "loom_ce_only": "cross_entropy",
-         "loom_no_linear": "cross_entropy,embedding,layer_norm", "loom_no_layer_norm": "cross_entropy,embedding,linear"}
+         "loom_no_linear": "cross_entropy,embedding,layer_norm,mlp", "loom_no_layer_norm": "cross_entropy,embedding,linear,mlp",
+         "loom_no_mlp": "cross_entropy,embedding,layer_norm,linear"}
 DEFAULT_VARIANTS = list(COMMON_VARIANTS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

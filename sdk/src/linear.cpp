@@ -1,6 +1,7 @@
 // loom::sdk::nn::linear on CUDA: see Note [A linear layer's gradients in float32] below.
 #include <loom/sdk/nn.hpp>
 
+#include "gradients.hpp"
 #include "rtc.hpp"
 
 #include <ATen/autocast_mode.h>
@@ -17,8 +18,6 @@
 #include <atomic>
 
 namespace loom::sdk::nn {
-
-namespace {
 
 // Note [A linear layer's gradients in float32]
 // Under bf16 autocast, ATen's linear casts the float32 weight and bias to bf16, and its backward
@@ -37,7 +36,34 @@ namespace {
 // accumulator still runs, with nothing to add, so hooks after accumulation (ddp's bucket
 // readiness, core/src/gradient_sync.cpp) fire as before; a hook on the tensor's gradient itself
 // would see none (Loom registers none). A weight used twice works the same (GPT-2's head, tied to
-// the token embedding: the head's product adds into the gradient, autograd adds the embedding's).
+// the token embedding: the head's product and nn::embedding's backward both add into it).
+
+// a x b as the gradient of `parameter` (Note [A linear layer's gradients in float32]): added into
+// its float32 gradient in cuBLAS's epilogue where it has one, else returned in `result`.
+void product_gradient(const at::Tensor& a, const at::Tensor& b, const at::Tensor& parameter, at::Tensor& result) {
+  // A LibTorch whose addmm with out_dtype refuses a float32 `self` beside bf16 products (older
+  // releases check that self's dtype is the products') throws before it writes anything: then
+  // this process returns the gradients instead, as below.
+  static std::atomic<bool> adds_into_gradients{true};
+  at::Tensor into = parameter.grad();
+  if (adds_into_gradients.load() && !at::GradMode::is_enabled() && into.defined() && into.scalar_type() == at::kFloat &&
+      into.is_contiguous() && into.device() == a.device() && into.numel() == a.size(0) * b.size(1)) {
+    at::Tensor view = into.view({a.size(0), b.size(1)});
+    try {
+      if (a.scalar_type() == at::kFloat) at::addmm_out(view, view, a, b);
+      else at::addmm_out(view, view, a, b, at::kFloat);
+      return;
+    } catch (const c10::Error&) {
+      adds_into_gradients = false;
+    }
+  }
+  // float32 out of a bf16 or fp16 product; the same dtype out of a float32 one
+  const at::ScalarType want = parameter.scalar_type();
+  const at::ScalarType out = want == at::kFloat ? at::kFloat : a.scalar_type();
+  result = (a.scalar_type() == out ? at::mm(a, b) : at::mm(a, b, out)).reshape(parameter.sizes()).to(want);
+}
+
+namespace {
 
 // The forward and backward shared by Linear and LinearNoBias (`bias` undefined: none).
 at::Tensor linear_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -61,39 +87,12 @@ torch::autograd::variable_list linear_backward(torch::autograd::AutogradContext*
   const int64_t in = wc.size(1), out = wc.size(0);
   const at::Tensor dy = grads[0].to(wc.scalar_type()).reshape({-1, out});
   const at::Tensor x2 = xc.reshape({-1, in});
-  // float32 out of a bf16 or fp16 product; the same dtype out of a float32 one
-  const auto product = [](const at::Tensor& a, const at::Tensor& b, at::ScalarType want) {
-    return a.scalar_type() == want ? at::mm(a, b) : at::mm(a, b, want);
-  };
-  // a*b added into the parameter's float32 gradient (true), or returned in its dtype
-  const auto gradient = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& parameter,
-                            at::Tensor& result) {
-    // A LibTorch whose addmm with out_dtype refuses a float32 `self` beside bf16 products (older
-    // releases check that self's dtype is the products') throws before it writes anything: then
-    // this process returns the gradients instead, as below.
-    static std::atomic<bool> adds_into_gradients{true};
-    at::Tensor into = parameter.grad();
-    if (adds_into_gradients.load() && !at::GradMode::is_enabled() && into.defined() &&
-        into.scalar_type() == at::kFloat && into.is_contiguous() && into.device() == a.device() &&
-        into.numel() == a.size(0) * b.size(1)) {
-      at::Tensor view = into.view({a.size(0), b.size(1)});
-      try {
-        if (a.scalar_type() == at::kFloat) at::addmm_out(view, view, a, b);
-        else at::addmm_out(view, view, a, b, at::kFloat);
-        return;
-      } catch (const c10::Error&) {
-        adds_into_gradients = false;
-      }
-    }
-    const at::ScalarType want = parameter.scalar_type();
-    result = product(a, b, want == at::kFloat ? at::kFloat : a.scalar_type()).reshape(parameter.sizes()).to(want);
-  };
   at::Tensor dx, dw, db;
   if (ctx->needs_input_grad(0))
     dx = at::mm(dy, wc).reshape(xc.sizes()).to(ctx->saved_data["x_dtype"].toScalarType());
-  if (ctx->needs_input_grad(1)) gradient(dy.t(), x2, saved[2], dw);
+  if (ctx->needs_input_grad(1)) product_gradient(dy.t(), x2, saved[2], dw);
   if (!has_bias) return {dx, dw};
-  if (ctx->needs_input_grad(2)) gradient(at::ones({1, dy.size(0)}, dy.options()), dy, saved[3], db);
+  if (ctx->needs_input_grad(2)) product_gradient(at::ones({1, dy.size(0)}, dy.options()), dy, saved[3], db);
   return {dx, dw, db};
 }
 

@@ -16,6 +16,7 @@
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/gelu.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/randint.h>
@@ -266,6 +267,47 @@ TEST(PrecisionGpu, LinearMatchesAten) {
             << names[i] << ": largest difference " << got[i].sub(want[i]).abs().max().item<double>();
     }
   }
+}
+
+// nn::mlp_gelu_tanh on CUDA (Note [GELU in the product's epilogue]) against the composition it
+// replaces (nn::linear, at::gelu tanh, nn::linear) under bf16 autocast: the output and the
+// gradients of x and of both layers' weights and biases, over two backward passes (the second
+// adding into the float32 gradients). The epilogues must be on for the card (the check at first
+// use passed), or the test says why not.
+TEST(PrecisionGpu, MlpGeluMatchesTheComposition) {
+  LOOM_REQUIRE_CUDA();
+  const auto f32 = at::TensorOptions().device(c10::Device(c10::kCUDA, 0));
+  at::manual_seed(13);
+  const at::Tensor x0 = at::randn({4, 37, 96}, f32).to(at::kBFloat16), w10 = at::randn({384, 96}, f32).mul(0.1),
+                   b10 = at::randn({384}, f32).mul(0.1), w20 = at::randn({96, 384}, f32).mul(0.05),
+                   b20 = at::randn({96}, f32).mul(0.1);
+  const at::Tensor dy = at::randn({4, 37, 96}, f32).to(at::kBFloat16);
+  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  EXPECT_EQ(loom::sdk::nn::fused_mlp_unavailable(x0, w10, b10, w20, b20), "");
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  std::vector<std::vector<at::Tensor>> results;
+  for (const bool fused : {true, false}) {
+    const at::Tensor x = x0.clone().requires_grad_(true), w1 = w10.clone().requires_grad_(true),
+                     b1 = b10.clone().requires_grad_(true), w2 = w20.clone().requires_grad_(true),
+                     b2 = b20.clone().requires_grad_(true);
+    at::Tensor y;
+    for (int round = 0; round < 2; ++round) {
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      y = fused ? loom::sdk::nn::mlp_gelu_tanh(x, w1, b1, w2, b2)
+                : loom::sdk::nn::linear(at::gelu(loom::sdk::nn::linear(x, w1, b1), "tanh"), w2, b2);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+      ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+      y.backward(dy);
+    }
+    ASSERT_EQ(w1.grad().scalar_type(), at::kFloat);
+    results.push_back({y.to(at::kFloat), x.grad().to(at::kFloat), w1.grad(), b1.grad(), w2.grad(), b2.grad()});
+  }
+  const char* names[] = {"output", "dx", "dw1", "db1", "dw2", "db2"};
+  for (size_t i = 0; i < results[0].size(); ++i)
+    EXPECT_TRUE(at::allclose(results[0][i], results[1][i], 3e-2, 3e-2))
+        << names[i] << ": largest difference " << results[0][i].sub(results[1][i]).abs().max().item<double>();
 }
 
 // nn::embedding on CUDA (Note [An embedding's gradient into the buffer]) against at::embedding:

@@ -63,7 +63,7 @@ TEST(FusedKernels, LoomFusedKernelsPicksOperationsAndRefusesUnknownNames) {
     cross_entropy_sum(logits, at::tensor(std::vector<int64_t>{0, 2}));
     ADD_FAILURE() << "an unknown name accepted";
   } catch (const loom::sdk::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no fused operation 'layernorm' (there are cross_entropy, embedding, layer_norm and linear"),
+    EXPECT_NE(std::string(e.what()).find("no fused operation 'layernorm' (there are cross_entropy, embedding, layer_norm, linear and mlp"),
               std::string::npos) << e.what();
   }
   ::unsetenv("LOOM_FUSED_KERNELS");

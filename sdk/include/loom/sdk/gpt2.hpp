@@ -95,7 +95,9 @@ class MlpImpl : public torch::nn::Module {
       : c_fc(register_module("c_fc", torch::nn::Linear(c.n_embd, 4 * c.n_embd))),
         c_proj(register_module("c_proj", torch::nn::Linear(4 * c.n_embd, c.n_embd))) {}
 
-  at::Tensor forward(const at::Tensor& x) { return nn::linear(c_proj, at::gelu(nn::linear(c_fc, x), "tanh")); }
+  at::Tensor forward(const at::Tensor& x) {
+    return nn::mlp_gelu_tanh(x, c_fc->weight, c_fc->bias, c_proj->weight, c_proj->bias);
+  }
 
   torch::nn::Linear c_fc, c_proj;
 };

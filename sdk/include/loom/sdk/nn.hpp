@@ -14,6 +14,8 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <string>
+
 namespace loom::sdk::nn {
 
 /// x W^T + b as at::linear (addmm with the bias in the epilogue), as Python's nn.Linear; `bias`
@@ -26,6 +28,19 @@ LOOM_SDK_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, co
 inline at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
   return linear(x, layer->weight, layer->bias);
 }
+
+/// gelu_tanh(x W1^T + b1) W2^T + b2, GPT-2's MLP. On CUDA under bf16 or fp16 autocast (while
+/// autograd records) the GELU runs in cuBLASLt's epilogues, forward and backward (Note [GELU in
+/// the product's epilogue], sdk/src/mlp.cpp), the parameters' gradients in float32 as linear's;
+/// elsewhere, or where fused_mlp_unavailable says why not, linear(gelu(linear(x, W1, b1)), W2, b2).
+/// LOOM_FUSED_KERNELS without "mlp" turns it off.
+LOOM_SDK_API at::Tensor mlp_gelu_tanh(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
+                                      const at::Tensor& w2, const at::Tensor& b2);
+
+/// Why mlp_gelu_tanh would take the composition ("" when it takes cuBLASLt's epilogues); checks
+/// them once per device at first use.
+LOOM_SDK_API std::string fused_mlp_unavailable(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
+                                               const at::Tensor& w2, const at::Tensor& b2);
 
 /// weight[indices] as at::embedding (no padding index, no max_norm). On CUDA (while autograd
 /// records) its backward adds the looked-up rows' gradients into the weight's float32 gradient
