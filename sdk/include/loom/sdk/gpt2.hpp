@@ -16,7 +16,6 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/dropout.h>
-#include <ATen/ops/gelu.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
