@@ -59,7 +59,9 @@ def add_gpt2_arguments(p):
     p.add_argument("--data-vocab-size", type=int, default=0, help="tokens the data uses (0: the smaller of 50257 "
                    "and --vocab-size)")
     p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per micro-batch (one forward and backward)")
+    p.add_argument("--accumulation", type=int, default=1, help="micro-batches whose gradients one update sums "
+                   "(tokens per step: batch size x accumulation x sequence length)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--precision", choices=["auto", "bf16_amp", "fp32"], default="auto",

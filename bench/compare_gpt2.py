@@ -10,6 +10,12 @@ FLOPs utilization (MFU) against the card's dense bf16 peak.
     $(scripts/setup.sh --print-venv)/bin/python bench/compare_gpt2.py --device cuda --size gpt2 \\
         --vocab-size 50304 --seq-len 1024 --batch-size 8 --steps 60 --window 10
 
+--accumulation N sums N micro-batches of --batch-size sequences per update on both sides
+(Loom's trainer.gradient_accumulation_steps): the shape llm.c trains GPT-2 in (64 x 1024 tokens
+per micro-batch, 524288 per update), where the optimizer's pass over the weights and the host's
+work per step are spread over many more tokens than at 8 x 1024. The GPU suite runs both
+(bench-gpt2-large: 32 x 1024 x 4; bench-gpt2: 8 x 1024).
+
 Both sides train on synthetic tokens from a fixed random order-1 rule (the same rule, each side
 its own generator), with AdamW (lr 6e-4, betas 0.9 / 0.95, weight decay 0.1 on the matrices and
 embeddings), warm-up then cosine, clipping at 1.0, bf16 autocast on CUDA. Throughput is measured
@@ -92,7 +98,8 @@ def loom(exe, a, data_vocab, threads, work, precision, variant):
             "--set", "data.name=synthetic_tokens", "--set", f"data.vocab_size={data_vocab}",
             "--set", f"data.seq_len={a.seq_len}", "--set", f"data.train_size={a.train_size}",
             "--set", "data.validation_fraction=0",  # all of train, as the Python side
-            "--set", f"trainer.batch_size={a.batch_size}", "--set", f"trainer.max_steps={a.steps}",
+            "--set", f"trainer.batch_size={a.batch_size * a.accumulation}",
+            "--set", f"trainer.gradient_accumulation_steps={a.accumulation}", "--set", f"trainer.max_steps={a.steps}",
             "--set", f"trainer.log_every={a.window}", "--set", "trainer.use_scheduler=true",
             "--set", "trainer.lr=6e-4", "--set", "optimizer.beta2=0.95", "--set", "optimizer.weight_decay=0.1",
             "--set", f"trainer.threads={threads}", "--set", f"trainer.device={a.device}",
@@ -117,7 +124,8 @@ def loom(exe, a, data_vocab, threads, work, precision, variant):
 def pytorch(a, data_vocab, threads, precision, compiled=False):
     out, _, _ = run([sys.executable, os.path.join(HERE, "pytorch_gpt2.py"), "--size", a.size,
                      "--vocab-size", str(a.vocab_size), "--data-vocab-size", str(data_vocab),
-                     "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--steps", str(a.steps),
+                     "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--accumulation", str(a.accumulation),
+                     "--steps", str(a.steps),
                      "--window", str(a.window), "--train-size", str(a.train_size), "--threads", str(threads),
                      "--precision", precision, "--device", a.device] + (["--compile"] if compiled else []))
     result = json.loads(out.strip().splitlines()[-1])
@@ -144,7 +152,7 @@ def main():
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     add_gpt2_arguments(p)
     p.add_argument("--train-size", type=int, default=0, help="sequences of training data (0: --batch-size x "
-                   "--steps, at least 512: one epoch covers the run, so Loom evaluates only at the end)")
+                   "--accumulation x --steps, at least 512: one epoch covers the run, so Loom evaluates only at the end)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of each side")
     p.add_argument("--peak-tflops", type=float, help="the card's dense bf16 peak in TFLOPS, for the MFU "
                    "(default: recognised from the card's name: H100 SXM and H200 989, A100 312)")
@@ -158,7 +166,9 @@ def main():
     cuda = a.device.startswith("cuda")
     precision = a.precision if a.precision != "auto" else ("bf16_amp" if cuda else "fp32")
     data_vocab = a.data_vocab_size or min(50257, a.vocab_size)
-    a.train_size = a.train_size or max(512, a.batch_size * a.steps)
+    if a.accumulation < 1:
+        p.error(f"--accumulation {a.accumulation}: at least 1")
+    a.train_size = a.train_size or max(512, a.batch_size * a.accumulation * a.steps)
     layers, heads, d, n_ctx = SIZES[a.size]
     info = json.loads(run([sys.executable, "-c", INFO, a.device])[0].strip().splitlines()[-1])
     peak = (a.peak_tflops or peak_tflops(info["device"])) if cuda else None
@@ -176,7 +186,9 @@ def main():
     device = info["device"] if cuda else f"{cpu_name()}, {os.cpu_count()} cores"
     setup = (f"Device: {device}; torch {info['torch']}; {a.threads} CPU threads each. GPT-2 {a.size} ({layers} layers, "
              f"{heads} heads, width {d}, {n_ctx} positions), vocabulary {a.vocab_size} (data {data_vocab}); "
-             f"{a.batch_size} x {a.seq_len} tokens per step, {precision}; {a.steps} steps, throughput over steps "
+             f"{a.batch_size} x {a.seq_len} tokens per micro-batch, "
+             + (f"{a.accumulation} micro-batches ({a.batch_size * a.accumulation * a.seq_len} tokens) per step"
+                if a.accumulation > 1 else "one per step") + f", {precision}; {a.steps} steps, throughput over steps "
              f"{a.window + 1}..{a.steps}.")
     formula = (f"Model FLOPs per token = 6 N + 12 n_layer n_embd T = 6 x {n:,} + 12 x {layers} x {d} x {a.seq_len} "
                f"= {flops / 1e6:.1f} MFLOP (N: all parameters, embeddings included, the tied head once). "

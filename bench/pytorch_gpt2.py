@@ -8,6 +8,10 @@ through torch.compile (default mode; the optimizer stays eager): the compilation
 first step, the first window, which the tokens/s leave out.
 
     python pytorch_gpt2.py --device cuda --size gpt2 --vocab-size 50304 --seq-len 1024 --batch-size 8
+
+With --accumulation N each step sums the gradients of N micro-batches of --batch-size sequences
+(each micro-batch's loss divided by N) before clipping and the update, as Loom's
+trainer.gradient_accumulation_steps does.
 """
 import argparse
 import json
@@ -126,8 +130,10 @@ def main():
         p.error(f"--seq-len {a.seq_len} is longer than {a.size}'s {n_ctx} positions")
     if a.steps < a.window:
         p.error(f"--steps {a.steps} is shorter than one --window of {a.window}")
-    if a.train_size < a.batch_size:
-        p.error(f"--train-size {a.train_size} is smaller than one batch of {a.batch_size}")
+    if a.accumulation < 1:
+        p.error(f"--accumulation {a.accumulation}: at least 1")
+    if a.train_size < a.batch_size * a.accumulation:
+        p.error(f"--train-size {a.train_size} is smaller than one step's {a.batch_size} x {a.accumulation} sequences")
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -152,24 +158,25 @@ def main():
         model = torch.compile(model)
     g = torch.Generator().manual_seed(a.seed)
     order, position = torch.randperm(a.train_size, generator=g).to(device), 0
-    tokens_per_step = a.batch_size * a.seq_len
+    tokens_per_step = a.batch_size * a.accumulation * a.seq_len
     windows = []
     window_loss = torch.zeros((), device=device)  # summed on the device: the host reads it once a window
     t0 = time.perf_counter()
     for step in range(a.steps):
-        if position + a.batch_size > a.train_size:  # a new epoch; the incomplete last batch is dropped
-            order, position = torch.randperm(a.train_size, generator=g).to(device), 0
-        idx = order[position:position + a.batch_size]
-        position += a.batch_size
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16_amp"):
-            loss = model(inputs[idx], targets[idx])
-        loss.backward()
+        for _ in range(a.accumulation):  # each micro-batch's mean loss / accumulation: the step's mean
+            if position + a.batch_size > a.train_size:  # a new epoch; the incomplete last batch is dropped
+                order, position = torch.randperm(a.train_size, generator=g).to(device), 0
+            idx = order[position:position + a.batch_size]
+            position += a.batch_size
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16_amp"):
+                loss = model(inputs[idx], targets[idx]) / a.accumulation
+            loss.backward()
+            window_loss += loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        window_loss += loss.detach()
         if step == 0:  # item() waits for the device: the whole step (with --compile, the compilation too)
             window_loss.item()
             first_step = time.perf_counter() - t0

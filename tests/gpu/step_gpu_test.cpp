@@ -123,28 +123,35 @@ TEST(StepGpu, StepsBetweenLogStepsNeverWaitForTheDevice) {
 TEST(StepGpu, ACudaGraphTrainsAsTheEagerStepDoes) {
   // Note [The step as a CUDA graph]: after the warm-up the step is captured once and replayed.
   // The replays run the same kernels on the same tensors as the eager step: 20 steps in fp32
-  // give the same losses (within 1e-6) and the same weights.
+  // give the same losses (within 1e-6) and the same weights; with gradient accumulation too,
+  // where one graph holds every micro-batch of the step (GPT-2's benchmark runs 4 per step).
   LOOM_REQUIRE_CUDA();
 #if LOOM_TORCH_CUDA
   constexpr int kSteps = 20;
-  auto run = [&](bool graph) {
-    auto t = cuda_trainer("fp32", true, graph ? "graph" : "eager",
-                          {"model.dropout=0", graph ? "step.cuda_graph=true" : "step.cuda_graph=false",
-                           "step.cuda_graph_warmup=3"});
-    std::vector<double> losses;
-    for (int i = 0; i < kSteps; ++i) losses.push_back(t->train_step().loss);
-    EXPECT_EQ(t->graph_captures(), graph ? 1 : 0);
-    std::vector<at::Tensor> weights;
-    for (const auto& p : t->model().module().parameters()) weights.push_back(p.detach().cpu());
-    return std::make_pair(losses, weights);
-  };
-  const auto [eager, eager_weights] = run(false);
-  const auto [graph, graph_weights] = run(true);
-  ASSERT_EQ(eager.size(), graph.size());
-  for (size_t i = 0; i < eager.size(); ++i) EXPECT_NEAR(eager[i], graph[i], 1e-6) << "step " << i + 1;
-  ASSERT_EQ(eager_weights.size(), graph_weights.size());
-  for (size_t i = 0; i < eager_weights.size(); ++i)
-    EXPECT_TRUE(at::allclose(eager_weights[i], graph_weights[i], 1e-5, 1e-6)) << "parameter " << i;
+  for (const std::string accumulation : {"1", "2"}) {
+    auto run = [&](bool graph) {
+      const std::string accumulate = "trainer.gradient_accumulation_steps=" + accumulation;
+      auto t = cuda_trainer("fp32", true, (graph ? "graph_" : "eager_") + accumulation,
+                            {"model.dropout=0", graph ? "step.cuda_graph=true" : "step.cuda_graph=false",
+                             "step.cuda_graph_warmup=3", accumulate.c_str()});
+      EXPECT_EQ(t->plan().accumulation, std::stoll(accumulation));
+      std::vector<double> losses;
+      for (int i = 0; i < kSteps; ++i) losses.push_back(t->train_step().loss);
+      EXPECT_EQ(t->graph_captures(), graph ? 1 : 0);
+      std::vector<at::Tensor> weights;
+      for (const auto& p : t->model().module().parameters()) weights.push_back(p.detach().cpu());
+      return std::make_pair(losses, weights);
+    };
+    const auto [eager, eager_weights] = run(false);
+    const auto [graph, graph_weights] = run(true);
+    ASSERT_EQ(eager.size(), graph.size());
+    for (size_t i = 0; i < eager.size(); ++i)
+      EXPECT_NEAR(eager[i], graph[i], 1e-6) << "step " << i + 1 << ", accumulation " << accumulation;
+    ASSERT_EQ(eager_weights.size(), graph_weights.size());
+    for (size_t i = 0; i < eager_weights.size(); ++i)
+      EXPECT_TRUE(at::allclose(eager_weights[i], graph_weights[i], 1e-5, 1e-6))
+          << "parameter " << i << ", accumulation " << accumulation;
+  }
 #endif
 }
 
