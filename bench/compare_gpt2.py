@@ -29,7 +29,9 @@ MFU = tokens/s x model FLOPs per token / peak FLOP/s, with model FLOPs per token
 6 N + 12 n_layer n_embd T (PaLM, appendix B; nanoGPT's estimate_mfu): N counts every parameter,
 the embeddings included and the tied head once; the second term is the attention's scores and
 weighted sum, forward and backward, over T = --seq-len positions. The peak is --peak-tflops, or
-the dense bf16 peak of a card recognised by name.
+the dense bf16 peak of a card recognised by name. Beside it, MFU as llm.c counts it
+(gpt2_estimate_mfu: 6 N + 6 n_layer n_embd T, the causal mask halving the attention's work):
+about 7 % lower for GPT-2 124M at T = 1024, the convention of llm.c's 38 % on an H100.
 """
 import argparse
 import json
@@ -155,7 +157,8 @@ def main():
                    "--accumulation x --steps, at least 512: one epoch covers the run, so Loom evaluates only at the end)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of each side")
     p.add_argument("--peak-tflops", type=float, help="the card's dense bf16 peak in TFLOPS, for the MFU "
-                   "(default: recognised from the card's name: H100 SXM and H200 989, A100 312)")
+                   "(default: recognised from the card's name: H100 SXM and H200 989, A100 312; on CPU "
+                   "no MFU unless given)")
     a = p.parse_args()
     variants = a.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -171,7 +174,7 @@ def main():
     a.train_size = a.train_size or max(512, a.batch_size * a.accumulation * a.steps)
     layers, heads, d, n_ctx = SIZES[a.size]
     info = json.loads(run([sys.executable, "-c", INFO, a.device])[0].strip().splitlines()[-1])
-    peak = (a.peak_tflops or peak_tflops(info["device"])) if cuda else None
+    peak = a.peak_tflops or (peak_tflops(info["device"]) if cuda else None)  # a CPU's: only when given
     if cuda and peak is None:
         p.error(f"the dense bf16 peak of '{info['device']}' is not known here: give it with --peak-tflops")
     skipped = {}  # variant -> why it is left out
@@ -183,6 +186,7 @@ def main():
 
     n = parameters(a.size, a.vocab_size)
     flops = 6 * n + 12 * layers * d * a.seq_len
+    flops_llmc = 6 * n + 6 * layers * d * a.seq_len  # llm.c's count (performance-anchors: its 38 % on an H100)
     device = info["device"] if cuda else f"{cpu_name()}, {os.cpu_count()} cores"
     setup = (f"Device: {device}; torch {info['torch']}; {a.threads} CPU threads each. GPT-2 {a.size} ({layers} layers, "
              f"{heads} heads, width {d}, {n_ctx} positions), vocabulary {a.vocab_size} (data {data_vocab}); "
@@ -192,9 +196,10 @@ def main():
              f"{a.window + 1}..{a.steps}.")
     formula = (f"Model FLOPs per token = 6 N + 12 n_layer n_embd T = 6 x {n:,} + 12 x {layers} x {d} x {a.seq_len} "
                f"= {flops / 1e6:.1f} MFLOP (N: all parameters, embeddings included, the tied head once). "
-               + (f"MFU = tokens/s x FLOPs per token / {peak:g} TFLOPS (dense bf16, "
-                  + ("--peak-tflops" if a.peak_tflops else f"recognised from '{device}'") + ")."
-                  if peak else "MFU: none on CPU."))
+               + (f"MFU = tokens/s x FLOPs per token / {peak:g} TFLOPS ("
+                  + ("--peak-tflops" if a.peak_tflops else f"the dense bf16 peak, recognised from '{device}'") + "); "
+                  + f"llm.c's MFU counts 6 N + 6 n_layer n_embd T = {flops_llmc / 1e6:.1f} MFLOP per token."
+                  if peak else "MFU: none on CPU without --peak-tflops."))
     print(setup)
     print(formula, flush=True)
     for v, why in skipped.items():
@@ -231,7 +236,8 @@ def main():
                 compiled = f" (first step, compilation included, {first:.1f} s)" if v == "pytorch_compile" else ""
                 fields.append(f"{VARIANTS[v]} {tokens:.0f}{compiled}")
                 # each figure as soon as it is measured: a run cut short (a lent GPU's budget) keeps it
-                mfu = f", MFU {100 * tokens * flops / (peak * 1e12):.1f} %" if peak else ""
+                mfu = (f", MFU {100 * tokens * flops / (peak * 1e12):.1f} % "
+                       f"(llm.c's count {100 * tokens * flops_llmc / (peak * 1e12):.1f} %)" if peak else "")
                 print(f"    {VARIANTS[v]}: {tokens:.0f} tokens/s{mfu}, peak {memory / 2**20:.0f} MiB{compiled}", flush=True)
             eager.append(eager_rate)
             print(f"  repeat {repeat + 1}: tokens/s " + ", ".join(fields), flush=True)
@@ -240,19 +246,21 @@ def main():
 
     mem = "peak allocated" if cuda else "peak RSS"
     lines = [setup, "", formula, "",
-             f"| variant | tokens/s | / PyTorch eager | {mem} | final loss | MFU |", "|" + " --- |" * 6]
+             f"| variant | tokens/s | / PyTorch eager | {mem} | final loss | MFU | MFU, llm.c's count |",
+             "|" + " --- |" * 7]
     for v in variants:
         if v in skipped or v in failed:  # a partial set of repeats would not be comparable
             why = "skipped (see below)" if v in skipped else "failed (see above)"
-            lines.append(f"| {VARIANTS[v]} | {why} | - | - | - | - |")
+            lines.append(f"| {VARIANTS[v]} | {why} | - | - | - | - | - |")
             continue
         tokens = statistics.median(r[1] for r in runs[v])
         memory = statistics.median(r[2] for r in runs[v])
         ratios = [r[1] / eager[r[0]] for r in runs[v] if eager[r[0]]]
         ratio = f"**{statistics.median(ratios):.2f}x**" if ratios else "-"
         mfu = f"{100 * tokens * flops / (peak * 1e12):.1f} %" if peak else "-"
+        mfu_llmc = f"{100 * tokens * flops_llmc / (peak * 1e12):.1f} %" if peak else "-"
         lines.append(f"| {VARIANTS[v]} | {tokens:.0f} | {ratio} | {memory / 2**20:.0f} MiB | {runs[v][0][3]:.3f} | "
-                     f"{mfu} |")
+                     f"{mfu} | {mfu_llmc} |")
     lines += ["", f"Medians of {a.repeats} interleaved repeats; / PyTorch eager: the median of the repeats' ratios "
               "to the PyTorch eager run of the same repeat; final loss: the last window's mean, first repeat."]
     lines += [f"{VARIANTS[v]} skipped: {why}." for v, why in skipped.items() if v in variants]
