@@ -282,6 +282,7 @@ TEST(PrecisionGpu, MlpGeluMatchesTheComposition) {
                    b10 = at::randn({384}, f32).mul(0.1), w20 = at::randn({96, 384}, f32).mul(0.05),
                    b20 = at::randn({96}, f32).mul(0.1);
   const at::Tensor dy = at::randn({4, 37, 96}, f32).to(at::kBFloat16);
+  const at::ScalarType autocast_dtype = at::autocast::get_autocast_dtype(at::kCUDA);  // restored at the end
   at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
   at::autocast::set_autocast_enabled(at::kCUDA, true);
   EXPECT_EQ(loom::sdk::nn::fused_mlp_unavailable(x0, w10, b10, w20, b20), "");
@@ -304,10 +305,18 @@ TEST(PrecisionGpu, MlpGeluMatchesTheComposition) {
     ASSERT_EQ(w1.grad().scalar_type(), at::kFloat);
     results.push_back({y.to(at::kFloat), x.grad().to(at::kFloat), w1.grad(), b1.grad(), w2.grad(), b2.grad()});
   }
+  // Whole tensors, not elements: the epilogue computes the GELU from the float32 sum and DGELU
+  // from the float32 product where the composition rounds both to bf16 first, so about a quarter
+  // of h's elements differ by an ulp, and the weight gradients, sums over 148 rows, differ by up
+  // to 0.25 in places; over the whole tensor that is 0.25-0.4 % (a CPU emulation of the rounding,
+  // three seeds). A wrong layout, bias or derivative is off by 10 % or more.
   const char* names[] = {"output", "dx", "dw1", "db1", "dw2", "db2"};
-  for (size_t i = 0; i < results[0].size(); ++i)
-    EXPECT_TRUE(at::allclose(results[0][i], results[1][i], 3e-2, 3e-2))
-        << names[i] << ": largest difference " << results[0][i].sub(results[1][i]).abs().max().item<double>();
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    const double relative = results[0][i].sub(results[1][i]).norm().item<double>() / results[1][i].norm().item<double>();
+    EXPECT_LE(relative, 1e-2) << names[i] << ": |fused - composition| / |composition| = " << relative
+                              << ", largest difference " << results[0][i].sub(results[1][i]).abs().max().item<double>();
+  }
+  at::autocast::set_autocast_dtype(at::kCUDA, autocast_dtype);
 }
 
 // nn::embedding on CUDA (Note [An embedding's gradient into the buffer]) against at::embedding:
