@@ -70,12 +70,15 @@ def parameters(size, vocab):
 
 
 def peak_tflops(device_name):
-    """Dense bf16 tensor-core TFLOPS of the cards whose peak is known here (NVIDIA's data sheets;
-    the H100 PCIe and NVL have lower peaks, so only the SXM part, which names its HBM3, is matched)."""
-    if "H200" in device_name:
-        return 989.0
-    if "H100" in device_name and ("HBM3" in device_name or "SXM" in device_name):
-        return 989.0
+    """Dense bf16 tensor-core TFLOPS of the cards whose peak is known here, from NVIDIA's data
+    sheets: the table Loom's own log uses (core/src/throughput.cpp). The SXM H100 names its HBM3;
+    the PCIe and NVL parts have lower peaks."""
+    if "NVL" in device_name and ("H100" in device_name or "H200" in device_name):
+        return 835.5
+    if "H200" in device_name or ("H100" in device_name and ("HBM3" in device_name or "SXM" in device_name)):
+        return 989.4
+    if "H100" in device_name and "PCIe" in device_name:
+        return 756.5
     if "A100" in device_name:
         return 312.0
     return None
@@ -157,8 +160,8 @@ def main():
                    "--accumulation x --steps, at least 512: one epoch covers the run, so Loom evaluates only at the end)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of each side")
     p.add_argument("--peak-tflops", type=float, help="the card's dense bf16 peak in TFLOPS, for the MFU "
-                   "(default: recognised from the card's name: H100 SXM and H200 989, A100 312; on CPU "
-                   "no MFU unless given)")
+                   "(default: recognised from the card's name: H100 SXM and H200 989.4, H100 PCIe 756.5, "
+                   "H100 and H200 NVL 835.5, A100 312; on CPU no MFU unless given)")
     a = p.parse_args()
     variants = a.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]

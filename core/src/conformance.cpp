@@ -244,6 +244,14 @@ void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& 
     }
     return {};
   });
+  s.run("flops_declared", [&]() -> std::string {  // Model 2.2 (Note [Model FLOPs in the log])
+    if (!m.implements(2)) throw conformance::Skip("built against Model 2.1 or older: declares no FLOPs");
+    const double f = m->flops_per_loss_term();
+    if (!std::isfinite(f) || f < 0)
+      return "flops_per_loss_term() is " + num(f) + ": return 0 (not declared) or the forward and backward's FLOPs "
+             "per loss term";
+    return {};
+  });
   auto forward = [&](const sdk::Batch& b, bool train) { return m->forward(b, train); };
   s.require("forward", [&]() -> std::string {
     m->module().eval();

@@ -49,6 +49,9 @@ Schema core_schema() {
                 "to stop when the validation metric stops improving"),
             key(LOOM_OPTION_INT, "eval_every", "0", 0, kHuge, "evaluate every N steps; 0: at the end of each epoch"),
             key(LOOM_OPTION_INT, "log_every", "10", 1, kHuge, "write metrics every N steps"),
+            key(LOOM_OPTION_FLOAT, "peak_tflops", "0", 0, 1e6,
+                "the device's dense peak in TFLOP/s at the run's precision, for the model FLOPs utilization (MFU) "
+                "in the log; 0: known cards by name (H100, H200, A100), none on CPU"),
             key(LOOM_OPTION_INT, "checkpoint_every", "0", 0, kHuge, "save every N steps; 0: at each evaluation"),
             key(LOOM_OPTION_INT, "keep_last", "3", 0, 1e6, "checkpoints kept besides the best"),
             key(LOOM_OPTION_STRING, "best_metric", "auto",

@@ -68,6 +68,7 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.schedule = value_of(c, "trainer.schedule");
   o.lr = float_of(c, "trainer.lr");
   o.clip_grad_norm = float_of(c, "trainer.clip_grad_norm");
+  o.peak_tflops = float_of(c, "trainer.peak_tflops");
   if (const std::string bucket = value_of(c, "parallel.bucket_mb"); bucket != "auto") {
     char* end = nullptr;
     o.bucket_mb = std::strtod(bucket.c_str(), &end);

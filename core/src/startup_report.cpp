@@ -10,6 +10,7 @@
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
 
+#include <cstdio>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -93,6 +94,16 @@ void Trainer::report_startup() const {
   log::info("schedule  ", options_.schedule, ": peak lr ", base_lr_,
             schedule_->describe().empty() ? std::string() : ", " + schedule_->describe());
   log::info("precision ", value_of(config_, "precision.name"), ": ", manifest);
+  if (flops_per_term_ > 0) {  // Note [Model FLOPs in the log]
+    const double f = flops_per_term_;
+    char count[64], peak[96];
+    std::snprintf(count, sizeof count, "%.4g %s", f >= 1e9 ? f / 1e9 : f >= 1e6 ? f / 1e6 : f >= 1e3 ? f / 1e3 : f,
+                  f >= 1e9 ? "GFLOP" : f >= 1e6 ? "MFLOP" : f >= 1e3 ? "kFLOP" : "FLOP");
+    std::snprintf(peak, sizeof peak, "%.4g", peak_.tflops);
+    log::info("speed     model FLOPs ", count, " per loss term (forward and backward); the log's TFLOP/s are per device",
+              peak_.tflops > 0 ? std::string("; MFU against ") + peak + " TFLOP/s (" + peak_.source + ")"
+                               : "; " + peak_.source);
+  }
   const auto mem = memory_->stats();
   if (mem.limit > 0)
     log::info("memory    ", device_.str(), " may use ", format_bytes(mem.limit), " of ", format_bytes(device_.is_cpu() && options_.device_memory_limit > 0 ? options_.device_memory_limit : mem.total),

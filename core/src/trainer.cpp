@@ -65,6 +65,7 @@ std::map<std::string, std::string> Trainer::section(const std::string& name) con
 void Trainer::setup() {
   in_phase("set-up", [&] {
     build_components(/*with_optimizer=*/true);
+    build_throughput();
     build_plan();
     build_step_graphs();
     build_loaders();
@@ -221,6 +222,18 @@ void Trainer::build_precision() {
   precision_on_device_ = precision.implements(1);  // 1.1: unscale_gradients_on_device, update_on_device
   precision_ = std::move(precision);
   precision_->setup(device_);
+}
+
+void Trainer::build_throughput() {
+  flops_per_term_ = model_.implements(2) ? model_->flops_per_loss_term() : 0;  // Model 2.2
+  if (!std::isfinite(flops_per_term_) || flops_per_term_ < 0) {
+    log::warn("model '", value_of(config_, "model.name"), "' declares ", flops_per_term_,
+              " FLOPs per loss term (Model::flops_per_loss_term); not a count of FLOPs, so the log reports no "
+              "TFLOP/s or MFU. Return 0 (not declared) or the forward and backward's FLOPs");
+    flops_per_term_ = 0;
+  }
+  peak_ = options_.peak_tflops > 0 ? PeakFlops{options_.peak_tflops, "trainer.peak_tflops"}
+                                   : device_peak(device_description(device_), precision_->manifest());
 }
 
 void Trainer::build_plan() {

@@ -52,6 +52,7 @@ TrainSummary Trainer::train() {
     if (step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty()) {
       flush_window();
       auto values = window_.take(step_values(r));
+      add_model_flops(values, flops_per_term_, devices_in_world(), peak_.tflops);  // Note [Model FLOPs in the log]
       finish_metrics(values, "train/");
       notify("on_log", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_log(run, step_, values); });
     }

@@ -102,11 +102,21 @@ void Progress::on_log(RunContext& run, int64_t step, const std::map<std::string,
     std::snprintf(rate, sizeof rate, "%.0f samples/s (%.0f loss terms/s)", value_or_nan(values, "train/samples_per_s"), terms->second);
   else
     std::snprintf(rate, sizeof rate, "%.0f samples/s", value_or_nan(values, "train/samples_per_s"));
-  char line[400];
+  // The model's TFLOP/s per device and its MFU, where the model declares its FLOPs (Model 2.2)
+  // and the device's peak is known: "| 354 TFLOP/s, MFU 35.8 %".
+  char flops[64] = "";
+  if (const auto tflops = values.find("train/tflops"); tflops != values.end()) {
+    const auto mfu = values.find("train/mfu");
+    if (mfu != values.end())
+      std::snprintf(flops, sizeof flops, " | %.3g TFLOP/s, MFU %.1f %%", tflops->second, 100 * mfu->second);
+    else
+      std::snprintf(flops, sizeof flops, " | %.3g TFLOP/s", tflops->second);
+  }
+  char line[464];
   std::snprintf(line, sizeof line,
-                ("step %" + width + "lld/%lld | loss %.4f | lr %.2e | %s | ETA %s | mem %s (peak %s)").c_str(),
+                ("step %" + width + "lld/%lld | loss %.4f | lr %.2e | %s%s | ETA %s | mem %s (peak %s)").c_str(),
                 static_cast<long long>(step), static_cast<long long>(total), value_or_nan(values, "train/loss"),
-                value_or_nan(values, "train/lr"), rate,
+                value_or_nan(values, "train/lr"), rate, flops,
                 steps_timed_ > 0 ? sdk::format_duration(eta).c_str() : "?",
                 sdk::format_bytes(static_cast<int64_t>(value_or_nan(values, "memory/allocated_bytes"))).c_str(),
                 sdk::format_bytes(static_cast<int64_t>(value_or_nan(values, "memory/peak_bytes"))).c_str());

@@ -125,6 +125,16 @@ class Gpt2Lm final : public loom::sdk::Model {
   // Weight decay on the matrices and embeddings (as nanoGPT), not on biases and LayerNorms.
   bool decays(const std::string&, const at::Tensor& parameter) const override { return parameter.dim() >= 2; }
 
+  // Model 2.2: 6 FLOPs per parameter and token (PaLM, appendix B; nanoGPT's estimate_mfu), every
+  // parameter counted, the tied head once, plus the attention's two products over the sequence,
+  // forward and backward: 12 n_layer n_embd T. bench/compare_gpt2.py's MFU counts the same;
+  // llm.c halves the attention's term for the causal mask.
+  double flops_per_loss_term() const override {
+    const gpt2::Config& c = net_->config();
+    return 6 * static_cast<double>(c.parameters()) +
+           12 * static_cast<double>(c.n_layer) * static_cast<double>(c.n_embd) * static_cast<double>(seq_len_);
+  }
+
   std::string describe() const override {
     const gpt2::Config& c = net_->config();
     char text[256];

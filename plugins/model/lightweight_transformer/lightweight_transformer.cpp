@@ -401,6 +401,33 @@ class LightweightTransformer final : public loom::sdk::Model {
            name.find("cls_token") == std::string::npos;
   }
 
+  // Model 2.2: three times the forward's products per sample at 2 FLOPs per multiply-add (the
+  // stem's and the patch embedding's convolutions, each block's four products, attention's two over
+  // the tokens, the head), whichever kernels compute them; tests/integration/flops_test.py checks
+  // it against PyTorch's FlopCounterMode on the same model in bench/pytorch_vit.py.
+  double flops_per_loss_term() const override {
+    const double d = static_cast<double>(d_model_);
+    const double hidden = static_cast<double>(std::lround(mlp_ratio_ * d));
+    double forward = 0, tokens = 0;
+    if (shape_.image) {
+      const double side = static_cast<double>(shape_.side), patch = static_cast<double>(patch_);
+      double channels = static_cast<double>(shape_.channels);
+      if (stem_channels_ > 0) {
+        forward += 2 * side * side * static_cast<double>(stem_channels_) * channels * 9;
+        channels = static_cast<double>(stem_channels_);
+      }
+      tokens = (side / patch) * (side / patch);
+      forward += 2 * tokens * d * channels * patch * patch;
+    } else {
+      tokens = static_cast<double>(shape_.tokens);
+      forward += 2 * tokens * static_cast<double>(shape_.features) * d;
+    }
+    if (cls_token_) ++tokens;
+    forward += static_cast<double>(layers_) * (2 * tokens * (4 * d * d + 2 * d * hidden) + 4 * tokens * tokens * d);
+    forward += 2 * d * static_cast<double>(classes_);
+    return 3 * forward;
+  }
+
   std::string describe() const override {
     std::string what = "ViT " + std::to_string(layers_) + " layers x d_model " + std::to_string(d_model_) + ", " +
                        std::to_string(heads_) + " heads, ";

@@ -612,3 +612,45 @@ TEST_F(TrainerTest, WithoutValidationTheTestSplitIsEvaluatedDuringTraining) {
 }
 
 }  // namespace
+
+// Note [Model FLOPs in the log]: the peak the MFU divides by follows the card and the run's
+// precision (the 16-bit tensor cores under autocast, TF32's where its matmuls are on, FP32's
+// otherwise), tells the PCIe and NVL parts from the SXM ones, and is unknown (0, with the reason)
+// for a CPU or a card not listed.
+TEST(ModelFlops, ThePeakFollowsTheCardAndThePrecision) {
+  const loom::sdk::TextMap bf16{{"autocast", "bfloat16"}, {"tf32_matmul", "off"}};
+  const loom::sdk::TextMap fp16{{"autocast", "float16"}, {"tf32_matmul", "on"}};
+  const loom::sdk::TextMap tf32{{"autocast", "off"}, {"tf32_matmul", "on"}};
+  const loom::sdk::TextMap fp32{{"autocast", "off"}, {"tf32_matmul", "off"}};
+  const std::string sxm = "cuda:0 (NVIDIA H100 80GB HBM3, 85045231616 bytes)";
+  EXPECT_DOUBLE_EQ(device_peak(sxm, bf16).tflops, 989.4);
+  EXPECT_EQ(device_peak(sxm, bf16).source, "NVIDIA H100 80GB HBM3, bf16 tensor cores");
+  EXPECT_DOUBLE_EQ(device_peak(sxm, fp16).tflops, 989.4);
+  EXPECT_DOUBLE_EQ(device_peak(sxm, tf32).tflops, 494.7);
+  EXPECT_DOUBLE_EQ(device_peak(sxm, fp32).tflops, 66.9);
+  EXPECT_DOUBLE_EQ(device_peak("cuda:0 (NVIDIA H100 PCIe, 85520809984 bytes)", bf16).tflops, 756.5);
+  EXPECT_DOUBLE_EQ(device_peak("cuda:1 (NVIDIA H200, 150754820096 bytes)", bf16).tflops, 989.4);
+  EXPECT_DOUBLE_EQ(device_peak("cuda:0 (NVIDIA H200 NVL, 150754820096 bytes)", bf16).tflops, 835.5);
+  EXPECT_DOUBLE_EQ(device_peak("cuda:0 (NVIDIA A100-SXM4-80GB, 85198045184 bytes)", tf32).tflops, 156.0);
+  EXPECT_EQ(device_peak("cuda:0 (NVIDIA GeForce RTX 4090, 25386352640 bytes)", bf16).tflops, 0);
+  const PeakFlops cpu = device_peak("cpu", bf16);
+  EXPECT_EQ(cpu.tflops, 0);
+  EXPECT_NE(cpu.source.find("trainer.peak_tflops"), std::string::npos) << cpu.source;
+}
+
+// The log window's TFLOP/s and MFU: per device, from the loss terms per second where the loss
+// counts something else than samples (tokens), else from the samples; nothing where the model
+// declares no FLOPs, and no MFU without a peak.
+TEST(ModelFlops, TheLogWindowGetsTflopsPerDeviceAndMfu) {
+  std::map<std::string, double> tokens{{"train/samples_per_s", 10}, {"train/loss_terms_per_s", 10240}};
+  add_model_flops(tokens, 1e9, 2, 100);
+  EXPECT_DOUBLE_EQ(tokens.at("train/tflops"), 1e9 * 10240 / 2 / 1e12);
+  EXPECT_DOUBLE_EQ(tokens.at("train/mfu"), tokens.at("train/tflops") / 100);
+  std::map<std::string, double> samples{{"train/samples_per_s", 500}};
+  add_model_flops(samples, 2e8, 1, 0);
+  EXPECT_DOUBLE_EQ(samples.at("train/tflops"), 0.1);
+  EXPECT_EQ(samples.count("train/mfu"), 0u);
+  std::map<std::string, double> undeclared{{"train/samples_per_s", 500}};
+  add_model_flops(undeclared, 0, 1, 100);
+  EXPECT_EQ(undeclared.size(), 1u);
+}

@@ -17,6 +17,7 @@
 #include <loom/core/data_loader.hpp>
 #include <loom/core/parameters.hpp>
 #include <loom/core/plugin_registry.hpp>
+#include <loom/core/throughput.hpp>
 
 #include <loom/sdk/callback.hpp>
 #include <loom/sdk/dataset.hpp>
@@ -56,6 +57,7 @@ struct TrainerOptions {
   int64_t cuda_graph_warmup = 3;
   int64_t reference_batch = 0;
   int64_t eval_every = 0, log_every = 10, checkpoint_every = 0, keep_last = 3;
+  double peak_tflops = 0;  ///< trainer.peak_tflops: the device's peak for the MFU (0: from the card's name)
   std::string best_metric = "accuracy";
   std::string resume = "none", resume_from;
   bool allow_precision_change = false;
@@ -192,6 +194,10 @@ class Trainer {
   sdk::DeviceMemory& memory() { return *memory_; }
   int64_t probes_run() const { return probes_run_; }
   int64_t predicted_peak() const { return predicted_peak_; }
+  /// Note [Model FLOPs in the log]: the model's FLOPs per loss term (0: not declared) and the
+  /// device's peak for the run's precision (tflops 0: unknown).
+  double model_flops_per_term() const { return flops_per_term_; }
+  const PeakFlops& peak_flops() const { return peak_; }
   int64_t oom_recoveries() const { return oom_recoveries_; }
   /// step.cuda_graph: the step's captures so far (0 without graphs).
   int64_t graph_captures() const;
@@ -237,6 +243,7 @@ class Trainer {
   int64_t local_devices() const;
   int64_t devices_in_world() const { return parallel_->world_size() * local_devices(); }
   void build_precision();
+  void build_throughput();
   void build_plan();
   void build_optimizer();
   void build_schedule();
@@ -408,6 +415,8 @@ class Trainer {
   double recovery_seconds_ = 0;
   bool committed_ = false;  ///< the running step has begun to change the run's state (no replay)
   int64_t predicted_peak_ = -1;
+  double flops_per_term_ = 0;
+  PeakFlops peak_;
   int64_t eval_micro_batch_cap_ = std::numeric_limits<int64_t>::max();  ///< lowered when evaluation ran out of memory
   std::optional<ActivationFit> fit_;
   std::string oom_advice(const std::string& message) const;

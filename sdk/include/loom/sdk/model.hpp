@@ -42,7 +42,7 @@ class LOOM_SDK_API Model {
   using Interface = Model;
   static constexpr uint32_t kKind = LOOM_KIND_MODEL;
   static constexpr uint32_t kInterfaceMajor = 2;
-  static constexpr uint32_t kInterfaceMinor = 1;  // 2.1: use_tables, metric_value, held_memory, predict
+  static constexpr uint32_t kInterfaceMinor = 2;  // 2.1: use_tables, metric_value, held_memory, predict; 2.2: flops_per_loss_term
 
   virtual ~Model();  // defined in libloom_sdk: its type info has one home
 
@@ -111,6 +111,17 @@ class LOOM_SDK_API Model {
     (void)inputs;
     throw Error("this model has no predict path (Model::predict)");
   }
+
+  // ---- 2.2 -------------------------------------------------------------------------------
+  // The host calls this only on models built against 2.2 or newer.
+
+  /// Model FLOPs of one term of the loss (what ModelOutput::count counts: a sample, a token),
+  /// forward and backward: three times the forward's matrix products, convolutions and
+  /// attention products, at 2 FLOPs per multiply-add; an LLM may count 6 per parameter and token
+  /// instead, as PaLM (appendix B) and nanoGPT do. The host turns it into model TFLOP/s per device
+  /// and MFU against the device's peak in the training log (train/tflops, train/mfu). Called
+  /// after setup; constant afterwards. Default 0: not declared, and no MFU is reported.
+  virtual double flops_per_loss_term() const { return 0; }
 };
 
 }  // namespace loom::sdk
