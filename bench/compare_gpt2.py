@@ -109,6 +109,8 @@ def loom(exe, a, data_vocab, threads, work, precision, variant):
             "--set", "trainer.lr=6e-4", "--set", "optimizer.beta2=0.95", "--set", "optimizer.weight_decay=0.1",
             "--set", f"trainer.threads={threads}", "--set", f"trainer.device={a.device}",
             "--set", f"precision.name={precision}"] + (["--set", "step.cuda_graph=true"] if cuda_graph else [])
+    if a.peak_tflops:  # Loom's own log then divides by the same peak
+        args += ["--set", f"trainer.peak_tflops={a.peak_tflops}"]
     try:
         _, _, rss = run(args, env=None if FUSED[variant] is None else {"LOOM_FUSED_KERNELS": FUSED[variant]})
     except RunFailed as e:
@@ -123,6 +125,12 @@ def loom(exe, a, data_vocab, threads, work, precision, variant):
     # gpt2_lm's loss averages over the batch's tokens: Loom logs their rate as loss terms per second
     # (train/samples_per_s counts sequences).
     peak = rss if a.device == "cpu" else max(l["memory/peak_bytes"] for l in train)
+    # Loom's log reports its own MFU per window (Note [Model FLOPs in the log]), with the same count
+    # of FLOPs and the same peak: shown beside the script's figure, which it should match.
+    logged = [l["train/mfu"] for l in train[1:] if "train/mfu" in l]
+    if logged:
+        print(f"    ({VARIANTS[variant]}: Loom's own log says MFU {100 * statistics.median(logged):.1f} %, the median "
+              "of its windows after the first)", flush=True)
     return rate([l["train/loss_terms_per_s"] for l in train]), peak, train[-1]["train/loss"], None
 
 
