@@ -47,6 +47,32 @@ def cpu_name():
         return platform.processor() or "cpu"
 
 
+# Dense peaks in TFLOP/s from NVIDIA's data sheets (the sparse figures halved), per precision: the
+# 16-bit tensor cores under bf16/fp16 autocast, TF32's, plain FP32. The table Loom's own log uses
+# (core/src/throughput.cpp, Note [Model FLOPs in the log]). (name part, part it must not have,
+# one of these parts or None) -> (16-bit, tf32, fp32). The SXM H100 names its HBM3.
+CARD_PEAKS = [
+    ("H100", None, ("HBM3", "SXM"), (989.4, 494.7, 66.9)),
+    ("H100", None, ("PCIe",), (756.5, 378.0, 51.2)),
+    ("H100", None, ("NVL",), (835.5, 417.5, 60.0)),
+    ("H200", "NVL", None, (989.4, 494.7, 66.9)),
+    ("H200", None, ("NVL",), (835.5, 417.5, 60.0)),
+    ("A100", None, None, (312.0, 156.0, 19.5)),
+]
+
+
+def card_peak_tflops(device_name, precision="bf16_amp"):
+    """The card's dense peak for a Loom precision (fp32, tf32, fp16_amp, bf16_amp) in TFLOP/s, or
+    None for a card not in CARD_PEAKS."""
+    for part, exclude, one_of, peaks in CARD_PEAKS:
+        if part not in device_name or (exclude and exclude in device_name):
+            continue
+        if one_of and not any(o in device_name for o in one_of):
+            continue
+        return peaks[0] if precision in ("bf16_amp", "fp16_amp") else peaks[1] if precision == "tf32" else peaks[2]
+    return None
+
+
 # GPT-2 sizes (layers, heads, width, positions), as Loom's gpt2_lm has them.
 GPT2_SIZES = {"gpt2": (12, 12, 768, 1024), "gpt2-medium": (24, 16, 1024, 1024), "debug": (2, 2, 64, 256)}
 

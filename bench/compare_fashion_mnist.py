@@ -1,5 +1,6 @@
 """Loom against the same model in plain Python PyTorch (same wheel, same thread count), side by
-side: training samples/s, GFLOP/s and their share of this machine's sgemm peak, and peak resident
+side: training samples/s, GFLOP/s and their share of this machine's sgemm peak (on a GPU: of the
+card's dense data-sheet peak at each precision, the model FLOPs utilization), and peak resident
 memory at micro-batch 8 and 128.
 
     build/bin/loom must exist (./loom builds it); run with the venv's Python:
@@ -39,7 +40,7 @@ import statistics
 import sys
 import tempfile
 
-from bench_common import VARIANTS, RunFailed, cpu_name, rate, run
+from bench_common import VARIANTS, RunFailed, card_peak_tflops, cpu_name, rate, run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -161,8 +162,12 @@ def main():
     # The same wheel Loom's LibTorch comes from; asked in a child, not imported (see sgemm_peak).
     torch_version = run([sys.executable, "-c", "import torch; print(torch.__version__)"])[0].strip().splitlines()[-1]
 
-    machine = (f"{cpu_name()}, {os.cpu_count()} cores; torch {torch_version}; {a.threads} threads each; "
-               f"{a.steps} steps, throughput over steps {a.window + 1}..{a.steps}")
+    card = None  # on CUDA: the card's name, whose dense peak per precision is the MFU's (bench_common.CARD_PEAKS)
+    if a.device.startswith("cuda"):
+        card = run([sys.executable, "-c", f"import torch; print(torch.cuda.get_device_name('{a.device}'))"])[0]
+        card = card.strip().splitlines()[-1]
+    machine = (f"{card + '; ' if card else ''}{cpu_name()}, {os.cpu_count()} cores; torch {torch_version}; "
+               f"{a.threads} threads each; {a.steps} steps, throughput over steps {a.window + 1}..{a.steps}")
     print("machine:", machine)
     peak = sgemm_peak(a.threads) if a.device == "cpu" else None
     flops = flops_per_sample(a.data)
@@ -256,19 +261,33 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    def share(rate):
-        return f"{rate * flops / 1e9:.0f} ({100 * rate * flops / 1e9 / peak:.0f} %)" if peak else "-"
+    def share(rate, precision=None):
+        """GFLOP/s and their share of the peak: this CPU's sgemm peak, or on CUDA the card's dense
+        data-sheet peak at the row's precision (the model FLOPs utilization)."""
+        top = peak
+        if card is not None and precision is not None:
+            top = (card_peak_tflops(card, precision) or 0) * 1e3 or None
+        if not top:
+            return f"{rate * flops / 1e9:.0f} (-)"
+        return f"{rate * flops / 1e9:.0f} ({100 * rate * flops / 1e9 / top:.{1 if card else 0}f} %)"
 
     mem = "peak RSS" if a.device == "cpu" else "peak alloc"
+    card_peaks = ""
+    if card is not None:
+        known = {p: card_peak_tflops(card, p) for p in a.precisions.split(",")}
+        card_peaks = ("; the share of peak is the MFU against the card's dense data-sheet peak: " + ", ".join(
+            f"{p} {t:g} TFLOP/s" for p, t in known.items() if t) if any(known.values())
+            else f"; no data-sheet peak known for {card}")
     lines = [f"Machine: {machine}. Model: {flops / 1e6:.2f} MFLOP per training sample"
-             + (f"; sgemm peak {peak:.0f} GFLOP/s (2048^3, {a.threads} threads)." if peak else "."), "",
+             + (f"; sgemm peak {peak:.0f} GFLOP/s (2048^3, {a.threads} threads)" if peak else "") + card_peaks + ".",
+             "",
              f"| precision | micro-batch | Loom samples/s | PyTorch samples/s | Loom / PyTorch (pairs) | "
              f"PyTorch with Loom's kernels | Loom GFLOP/s (of peak) | PyTorch GFLOP/s (of peak) | "
              f"Loom {mem} | PyTorch {mem} | memory ratio | final loss Loom / PyTorch |",
              "|" + " --- |" * 12]
     for precision, batch, lr_, pr, kr, lm, pm, ratio, ll, pl in rows:
         lines.append(f"| {precision} | {batch} | {lr_:.0f} | {pr:.0f} | **{ratio:.2f}x** | {kr:.0f}".replace("nan", "-") + " | "
-                     f"{share(lr_)} | {share(pr)} | {lm / 2**20:.0f} MiB | {pm / 2**20:.0f} MiB | {lm / pm:.2f}x | "
+                     f"{share(lr_, precision)} | {share(pr, precision)} | {lm / 2**20:.0f} MiB | {pm / 2**20:.0f} MiB | {lm / pm:.2f}x | "
                      f"{ll:.3f} / {pl:.3f} |")
     if job:
         rate, acc, rss = job
@@ -291,7 +310,7 @@ def main():
                 continue
             v_rate, v_ratio, v_mem, v_loss = r
             lines.append(f"| {precision} | {batch} | {VARIANTS[v]} | {v_rate:.0f} | **{v_ratio:.2f}x** | "
-                         f"{share(v_rate)} | {v_mem / 2**20:.0f} MiB | {v_mem / eager_mem[precision, batch]:.2f}x | "
+                         f"{share(v_rate, precision)} | {v_mem / 2**20:.0f} MiB | {v_mem / eager_mem[precision, batch]:.2f}x | "
                          f"{v_loss:.3f} |")
         lines += ["", f"Variants {', '.join(variants)}, each run in every interleaved repeat; / PyTorch eager: the "
                   "median of the repeats' ratios to the PyTorch eager run of the same repeat."]

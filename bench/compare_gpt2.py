@@ -42,7 +42,7 @@ import statistics
 import sys
 import tempfile
 
-from bench_common import GPT2_SIZES, RunFailed, add_gpt2_arguments, cpu_name, rate, run
+from bench_common import GPT2_SIZES, RunFailed, add_gpt2_arguments, card_peak_tflops, cpu_name, rate, run
 from bench_common import VARIANTS as COMMON_VARIANTS
 
 VARIANTS = dict(COMMON_VARIANTS, loom_unfused="Loom eager, no fused operations",
@@ -70,18 +70,9 @@ def parameters(size, vocab):
 
 
 def peak_tflops(device_name):
-    """Dense bf16 tensor-core TFLOPS of the cards whose peak is known here, from NVIDIA's data
-    sheets: the table Loom's own log uses (core/src/throughput.cpp). The SXM H100 names its HBM3;
-    the PCIe and NVL parts have lower peaks."""
-    if "NVL" in device_name and ("H100" in device_name or "H200" in device_name):
-        return 835.5
-    if "H200" in device_name or ("H100" in device_name and ("HBM3" in device_name or "SXM" in device_name)):
-        return 989.4
-    if "H100" in device_name and "PCIe" in device_name:
-        return 756.5
-    if "A100" in device_name:
-        return 312.0
-    return None
+    """Dense bf16 tensor-core TFLOPS of the cards whose peak is known here (bench_common.CARD_PEAKS,
+    the table Loom's own log uses)."""
+    return card_peak_tflops(device_name, "bf16_amp")
 
 
 # Loom's words for a component its loaded plugins lack (core/src/plugin_registry.cpp, require()).
