@@ -4,14 +4,24 @@
 
 #include "rtc.hpp"
 
+#include <loom/sdk/log.hpp>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/sum.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 #if LOOM_TORCH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -51,34 +61,28 @@ __device__ __forceinline__ float fast_exp(float x) {
   return y;
 }
 
+// Adds one vector of a row (its first index k * N) to a thread's running maximum m, sum s of
+// exp(x - m) and first arg-max: a thread's indices grow, so the first vector with a new maximum
+// holds its first index (a strict >), and only then is s rescaled.
 template <typename T, int N>
-__device__ void ce_forward(const T* __restrict__ logits, const long long* __restrict__ target, long long width,
-                           long long ignore_index, float* __restrict__ loss, float* __restrict__ lse_out,
-                           int* __restrict__ correct) {
-  const long long row = blockIdx.x;
-  const T* x = logits + row * width;
-  const Vec<T, N>* xv = reinterpret_cast<const Vec<T, N>*>(x);
-  // m is the running maximum and the arg-max's value: a thread's indices grow, so the first
-  // vector with a new maximum holds its first index (a strict >), and only then is s rescaled.
-  float m = NEG_INF, s = 0.f;
-  int at = NO_INDEX;
-  const int chunks = (int)(width / N);
-  for (int k = threadIdx.x; k < chunks; k += blockDim.x) {
-    const Vec<T, N> chunk = xv[k];
-    float f[N];
-    float top = NEG_INF;
+__device__ __forceinline__ void absorb(const Vec<T, N>& chunk, int k, float& m, float& s, int& at) {
+  float f[N];
+  float top = NEG_INF;
 #pragma unroll
-    for (int e = 0; e < N; ++e) { f[e] = to_f(chunk.v[e]); top = fmaxf(top, f[e]); }
-    if (top > m) {
+  for (int e = 0; e < N; ++e) { f[e] = to_f(chunk.v[e]); top = fmaxf(top, f[e]); }
+  if (top > m) {
 #pragma unroll
-      for (int e = N - 1; e >= 0; --e) if (f[e] == top) at = k * N + e;
-      s = s == 0.f ? 0.f : s * fast_exp(m - top);
-      m = top;
-    }
-#pragma unroll
-    for (int e = 0; e < N; ++e) s += f[e] == NEG_INF ? 0.f : fast_exp(f[e] - m);  // a NaN or +inf logit makes s NaN
+    for (int e = N - 1; e >= 0; --e) if (f[e] == top) at = k * N + e;
+    s = s == 0.f ? 0.f : s * fast_exp(m - top);
+    m = top;
   }
-  float best = m;
+#pragma unroll
+  for (int e = 0; e < N; ++e) s += f[e] == NEG_INF ? 0.f : fast_exp(f[e] - m);  // a NaN or +inf logit makes s NaN
+}
+
+// Combines the block's (m, s) and arg-max (the value `best` at index `at`): warp shuffles, then
+// one warp over the warps' values. Thread 0 ends with the row's; the others with partial values.
+__device__ __forceinline__ void block_combine(float& m, float& s, float& best, int& at) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     merge(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
     pick(best, at, __shfl_xor_sync(0xffffffffu, best, offset), __shfl_xor_sync(0xffffffffu, at, offset));
@@ -98,13 +102,105 @@ __device__ void ce_forward(const T* __restrict__ logits, const long long* __rest
     merge(m, s, __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, s, offset));
     pick(best, at, __shfl_xor_sync(0xffffffffu, best, offset), __shfl_xor_sync(0xffffffffu, at, offset));
   }
-  if (lane != 0) return;
+}
+
+// Thread 0 writes the row's results: log-sum-exp, loss and whether the arg-max is the target.
+template <typename T>
+__device__ __forceinline__ float finish_row(const T* x, long long t, long long width, long long ignore_index, float m,
+                                            float s, int at, float* loss, float* lse_out, int* correct) {
+  const long long row = blockIdx.x;
   const float lse = m + logf(s);
-  const long long t = target[row];
   lse_out[row] = lse;
   if (t == ignore_index) { loss[row] = 0.f; correct[row] = 0; }
   else if (t < 0 || t >= width) { loss[row] = __int_as_float(0x7fc00000); correct[row] = 0; }
   else { loss[row] = lse - to_f(x[t]); correct[row] = at == t ? 1 : 0; }
+  return lse;
+}
+
+template <typename T, int N>
+__device__ void ce_forward(const T* __restrict__ logits, const long long* __restrict__ target, long long width,
+                           long long ignore_index, float* __restrict__ loss, float* __restrict__ lse_out,
+                           int* __restrict__ correct) {
+  const T* x = logits + (long long)blockIdx.x * width;
+  const Vec<T, N>* xv = reinterpret_cast<const Vec<T, N>*>(x);
+  float m = NEG_INF, s = 0.f;  // m is also the arg-max's value
+  int at = NO_INDEX;
+  const int chunks = (int)(width / N);
+  for (int k = threadIdx.x; k < chunks; k += blockDim.x) absorb<T, N>(xv[k], k, m, s, at);
+  float best = m;
+  block_combine(m, s, best, at);
+  if (threadIdx.x != 0) return;
+  finish_row(x, target[blockIdx.x], width, ignore_index, m, s, at, loss, lse_out, correct);
+}
+
+// The forward of a step that will take the gradient (Note [The gradient in the forward]): each
+// thread holds its vectors of the row (at most MAXV) in registers, and once the block knows the
+// row's log-sum-exp writes exp(x - lse) - [j == target] from them: the logits are read once.
+template <typename T, int N, int MAXV>
+__device__ void ce_forward_gradient(const T* __restrict__ logits, const long long* __restrict__ target,
+                                    long long width, long long ignore_index, float* __restrict__ loss,
+                                    float* __restrict__ lse_out, int* __restrict__ correct, T* __restrict__ gradient) {
+  const long long row = blockIdx.x;
+  const T* x = logits + row * width;
+  const Vec<T, N>* xv = reinterpret_cast<const Vec<T, N>*>(x);
+  Vec<T, N>* gv = reinterpret_cast<Vec<T, N>*>(gradient + row * width);
+  const int chunks = (int)(width / N);
+  Vec<T, N> held[MAXV];
+#pragma unroll
+  for (int i = 0; i < MAXV; ++i) {
+    const int k = threadIdx.x + i * blockDim.x;
+    if (k < chunks) held[i] = xv[k];
+  }
+  float m = NEG_INF, s = 0.f;
+  int at = NO_INDEX;
+#pragma unroll
+  for (int i = 0; i < MAXV; ++i) {
+    const int k = threadIdx.x + i * blockDim.x;
+    if (k < chunks) absorb<T, N>(held[i], k, m, s, at);
+  }
+  float best = m;
+  block_combine(m, s, best, at);
+  __shared__ float row_lse;
+  const long long t = target[row];
+  if (threadIdx.x == 0) row_lse = finish_row(x, t, width, ignore_index, m, s, at, loss, lse_out, correct);
+  __syncthreads();
+  const float l = row_lse;
+  const bool ignored = t == ignore_index;
+  // Kept as the 16-bit values: the compiler would otherwise keep every value converted to float
+  // from the first loop (twice the registers, and spills).
+#pragma unroll
+  for (int i = 0; i < MAXV; ++i) {
+    unsigned* words = reinterpret_cast<unsigned*>(&held[i]);
+#pragma unroll
+    for (int j = 0; j < (int)(sizeof(Vec<T, N>) / 4); ++j) asm volatile("" : "+r"(words[j]));
+  }
+#pragma unroll
+  for (int i = 0; i < MAXV; ++i) {
+    const int k = threadIdx.x + i * blockDim.x;
+    if (k >= chunks) continue;
+    Vec<T, N> o;
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+      const float p = fast_exp(to_f(held[i].v[e]) - l) - ((long long)k * N + e == t ? 1.f : 0.f);
+      from_f(ignored ? 0.f : p, o.v[e]);
+    }
+    gv[k] = o;
+  }
+}
+
+// The backward of ce_forward_gradient: the gradient times the loss's gradient, in place, where
+// that is not 1 (a device value: no block reads or writes the gradient when it is 1).
+template <typename T, int N>
+__device__ void ce_scale(T* __restrict__ gradient, const float* __restrict__ grad, long long vectors) {
+  const float g = *grad;
+  if (g == 1.f) return;
+  Vec<T, N>* v = reinterpret_cast<Vec<T, N>*>(gradient);
+  for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < vectors; k += (long long)gridDim.x * blockDim.x) {
+    Vec<T, N> o = v[k];
+#pragma unroll
+    for (int e = 0; e < N; ++e) from_f(to_f(o.v[e]) * g, o.v[e]);
+    v[k] = o;
+  }
 }
 
 template <typename T, int N>
@@ -140,12 +236,26 @@ __device__ void ce_backward(const T* __restrict__ logits, const long long* __res
       long long ignore_index, T* out) {                                                                     \
     ce_backward<T, N>(logits, target, lse, grad, width, ignore_index, out);                                 \
   }
+// 16 vectors a thread, 512 threads: rows up to 65536 bf16 or 32768 float32 values (ptxas, sm_90:
+// 110 and 98 registers of the 128 that 512 threads leave, no spills)
+#define LOOM_CE_GRADIENT(T, NAME, N, MAXV)                                                                      \
+  extern "C" __global__ void __launch_bounds__(512) loom_ce_forward_gradient_##NAME##_##N(                 \
+      const T* logits, const long long* target, long long width, long long ignore_index, float* loss,       \
+      float* lse, int* correct, T* gradient) {                                                              \
+    ce_forward_gradient<T, N, MAXV>(logits, target, width, ignore_index, loss, lse, correct, gradient);       \
+  }                                                                                                         \
+  extern "C" __global__ void __launch_bounds__(256) loom_ce_scale_##NAME##_##N(T* gradient, const float* grad, \
+                                                                               long long vectors) {         \
+    ce_scale<T, N>(gradient, grad, vectors);                                                                \
+  }
 LOOM_CE(float, f32, 1)
 LOOM_CE(float, f32, 4)
 LOOM_CE(bf16_t, bf16, 1)
 LOOM_CE(bf16_t, bf16, 8)
 LOOM_CE(half_t, f16, 1)
 LOOM_CE(half_t, f16, 8)
+LOOM_CE_GRADIENT(float, f32, 4, 16)
+LOOM_CE_GRADIENT(bf16_t, bf16, 8, 16)
 )CUDA";
 
 std::vector<std::string> kernel_names() {
@@ -153,6 +263,8 @@ std::vector<std::string> kernel_names() {
   for (const char* dir : {"forward", "backward"})
     for (const char* type : {"f32_1", "f32_4", "bf16_1", "bf16_8", "f16_1", "f16_8"})
       out.push_back(std::string("loom_ce_") + dir + "_" + type);
+  for (const char* dir : {"forward_gradient", "scale"})
+    for (const char* type : {"f32_4", "bf16_8"}) out.push_back(std::string("loom_ce_") + dir + "_" + type);
   return out;
 }
 
@@ -167,69 +279,192 @@ CrossEntropySums reference(const at::Tensor& logits, const at::Tensor& target, i
 }
 
 #if LOOM_TORCH_CUDA
-// The kernel's name for these logits, and the vector width it reads.
-std::string kernel_for(const char* direction, const at::Tensor& logits, int& threads) {
-  const char* type = logits.scalar_type() == at::kFloat ? "f32" : logits.scalar_type() == at::kBFloat16 ? "bf16" : "f16";
+// Note [The gradient in the forward]
+// A training step's forward is always followed by its backward, and the logits' gradient,
+// (exp(x - lse) - [j == target]) times the loss's gradient, needs nothing of the row beyond its
+// log-sum-exp. Where the step will take it (grad mode, logits that require a gradient) and a row
+// fits the registers (bf16 up to 65536 classes, float32 up to 32768, whole 16-byte vectors), the
+// forward kernel holds each row in registers and writes that gradient, for a loss gradient of 1,
+// once the block knows the row's log-sum-exp: the logits are read once instead of twice, and not
+// kept for the backward (GPT-2's [8192, 50304] bf16 logits, 824 MB, are freed with the forward's
+// last reference). The backward multiplies the gradient in place by the loss's gradient, a device
+// value; where it is 1 (the loss sum's own gradient, bf16 and float32 training) the kernel's
+// blocks return at once, and no host read decides it. Not for fp16 logits: a gradient under fp16's
+// smallest value before the loss scale multiplies it would be lost, which is what scaling the loss
+// is for. One backward per forward: a second one through the same graph (retain_graph) is refused,
+// as the in-place scaling would apply twice. The results are the two-kernel path's up to rounding
+// (exp by ex2.approx, 2^-22 relative; a loss gradient other than 1 multiplies the rounded value),
+// and a check at first use compares the two on this device (gradient_path_checked).
+
+// The two paths' kernels for these logits, and the block size (at most 512 threads; a power of 2
+// of at least a warp and of the row's vectors where fewer).
+struct Launch {
+  std::string forward, backward, forward_gradient, scale;
+  int threads = 32;
+  bool gradient_fits = false;  // Note [The gradient in the forward]
+};
+
+Launch kernels_for(const at::Tensor& logits) {
+  const auto dtype = logits.scalar_type();
+  const char* type = dtype == at::kFloat ? "f32" : dtype == at::kBFloat16 ? "bf16" : "f16";
   const int64_t width = logits.size(1);
   const int vector = logits.element_size() == 4 ? 4 : 8;
   const bool whole = width % vector == 0 && reinterpret_cast<uintptr_t>(logits.data_ptr()) % 16 == 0;
   const int64_t chunks = whole ? width / vector : width;
-  threads = 32;
-  while (threads < 512 && threads < chunks) threads *= 2;
-  return std::string("loom_ce_") + direction + "_" + type + "_" + std::to_string(whole ? vector : 1);
+  Launch l;
+  while (l.threads < 512 && l.threads < chunks) l.threads *= 2;
+  const std::string suffix = std::string(type) + "_" + std::to_string(whole ? vector : 1);
+  l.forward = "loom_ce_forward_" + suffix;
+  l.backward = "loom_ce_backward_" + suffix;
+  l.forward_gradient = "loom_ce_forward_gradient_" + suffix;
+  l.scale = "loom_ce_scale_" + suffix;
+  l.gradient_fits = whole && dtype != at::kHalf && chunks <= int64_t{512} * 16;
+  return l;
+}
+
+struct Sums {
+  at::Tensor loss, lse, correct;  // per row
+};
+
+Sums empty_sums(const at::Tensor& logits) {
+  const int64_t rows = logits.size(0);
+  return {at::empty({rows}, logits.options().dtype(at::kFloat)), at::empty({rows}, logits.options().dtype(at::kFloat)),
+          at::empty({rows}, logits.options().dtype(at::kInt))};
+}
+
+void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.get_device()).stream(); }
+
+// The forward kernel; with `gradient` defined, the one that also writes the gradient into it.
+void launch_forward(const Launch& l, const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index,
+                    const Sums& out, const at::Tensor& gradient) {
+  if (logits.size(0) == 0) return;
+  const bool with_gradient = gradient.defined();
+  void* f = kernels().function(logits.get_device(), with_gradient ? l.forward_gradient : l.forward);
+  const void* x = logits.data_ptr();
+  const void* t = target.data_ptr();
+  int64_t width = logits.size(1);
+  void* loss = out.loss.data_ptr();
+  void* lse = out.lse.data_ptr();
+  void* correct = out.correct.data_ptr();
+  void* g = with_gradient ? gradient.data_ptr() : nullptr;
+  void* args[] = {&x, &t, &width, &ignore_index, &loss, &lse, &correct, &g};
+  rtc::Kernels::launch(f, static_cast<unsigned>(logits.size(0)), static_cast<unsigned>(l.threads), stream_of(logits), args);
+}
+
+// The backward kernel: `out` = (exp(logits - lse) - [j == target]) * grad.
+void launch_backward(const Launch& l, const at::Tensor& logits, const at::Tensor& target, const at::Tensor& lse,
+                     const at::Tensor& grad, int64_t ignore_index, const at::Tensor& out) {
+  if (logits.size(0) == 0) return;
+  void* f = kernels().function(logits.get_device(), l.backward);
+  const void* x = logits.data_ptr();
+  const void* t = target.data_ptr();
+  const void* e = lse.data_ptr();
+  const void* g = grad.data_ptr();
+  int64_t width = logits.size(1);
+  void* o = out.data_ptr();
+  void* args[] = {&x, &t, &e, &g, &width, &ignore_index, &o};
+  rtc::Kernels::launch(f, static_cast<unsigned>(logits.size(0)), static_cast<unsigned>(l.threads), stream_of(logits), args);
+}
+
+// gradient *= grad[0] in place, on the device (nothing where grad is 1).
+void launch_scale(const Launch& l, const at::Tensor& gradient, const at::Tensor& grad) {
+  int64_t vectors = gradient.numel() / (gradient.element_size() == 4 ? 4 : 8);
+  if (vectors == 0) return;
+  void* f = kernels().function(gradient.get_device(), l.scale);
+  void* g = gradient.data_ptr();
+  const void* s = grad.data_ptr();
+  void* args[] = {&g, &s, &vectors};
+  const int64_t blocks = std::min<int64_t>((vectors + 255) / 256, 4096);
+  rtc::Kernels::launch(f, static_cast<unsigned>(blocks), 256, stream_of(gradient), args);
+}
+
+// Whether the gradient-in-the-forward path gives the two-kernel path's results on this device, for
+// logits of this dtype and width (once per device, dtype and width; Note [The gradient in the forward]).
+bool gradient_path_checked(const at::Tensor& logits) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int64_t>, bool> verdicts;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(static_cast<int>(logits.get_device()), static_cast<int>(logits.scalar_type()), logits.size(1));
+  if (auto it = verdicts.find(key); it != verdicts.end()) return it->second;
+  // The check reads its results: not inside a CUDA graph's capture (the step's first steps run
+  // eagerly, so it happens there); a capture before any check takes the two kernels.
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return false;
+  bool good = false;
+  std::string why;
+  try {
+    const at::NoGradGuard no_grad;
+    const int64_t rows = 6, width = logits.size(1);
+    // fixed values, not the generator's (a check must not move the run's random stream)
+    const at::Tensor x = at::arange(rows * width, logits.options().dtype(at::kFloat))
+                             .mul(0.37).sin().mul(4.0).reshape({rows, width}).to(logits.scalar_type());
+    const at::Tensor target = at::arange(rows, logits.options().dtype(at::kLong)).mul(width / 7 + 1).remainder(width);
+    target[2] = -100;  // an ignored row
+    const Launch l = kernels_for(x);
+    const at::Tensor half = at::full({1}, 0.5, logits.options().dtype(at::kFloat));
+    const Sums two = empty_sums(x), one = empty_sums(x);
+    const at::Tensor expected = at::empty_like(x), gradient = at::empty_like(x);
+    launch_forward(l, x, target, -100, two, at::Tensor());
+    launch_backward(l, x, target, two.lse, half, -100, expected);
+    launch_forward(l, x, target, -100, one, gradient);
+    launch_scale(l, gradient, half);
+    const auto norm_close = [](const at::Tensor& a, const at::Tensor& b, double tolerance) {
+      const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
+      return af.sub(bf).norm().item<double>() <= tolerance * bf.norm().item<double>();
+    };
+    good = norm_close(one.loss, two.loss, 1e-5) && at::equal(one.correct, two.correct) &&
+           norm_close(gradient, expected, 1e-2) && gradient[2].abs().sum().item<double>() == 0.0;
+    if (!good) why = "its results differ from the forward and backward kernels'";
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!good)
+    log::warn("nn::cross_entropy_sum: the gradient in the forward is off on cuda:", static_cast<int>(logits.get_device()),
+              " (", why, "); the forward and backward take a kernel each");
+  verdicts[key] = good;
+  return good;
 }
 
 class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
-                                                const at::Tensor& target, int64_t ignore_index) {
+                                                const at::Tensor& target, int64_t ignore_index, bool gradient_in_forward) {
     const c10::cuda::CUDAGuard guard(logits.device());
-    const int64_t rows = logits.size(0);
-    at::Tensor loss = at::empty({rows}, logits.options().dtype(at::kFloat));
-    at::Tensor lse = at::empty({rows}, logits.options().dtype(at::kFloat));
-    at::Tensor correct = at::empty({rows}, logits.options().dtype(at::kInt));
-    if (rows > 0) {
-      int threads = 0;
-      void* f = kernels().function(logits.get_device(), kernel_for("forward", logits, threads));
-      const void* x = logits.data_ptr();
-      const void* t = target.data_ptr();
-      int64_t width = logits.size(1);
-      void* l = loss.data_ptr();
-      void* e = lse.data_ptr();
-      void* c = correct.data_ptr();
-      void* args[] = {&x, &t, &width, &ignore_index, &l, &e, &c};
-      rtc::Kernels::launch(f, static_cast<unsigned>(rows), static_cast<unsigned>(threads),
-                           c10::cuda::getCurrentCUDAStream(logits.get_device()).stream(), args);
+    const Launch l = kernels_for(logits);
+    const Sums sums = empty_sums(logits);
+    if (gradient_in_forward) {
+      at::Tensor gradient = at::empty_like(logits, at::MemoryFormat::Contiguous);
+      launch_forward(l, logits, target, ignore_index, sums, gradient);
+      ctx->save_for_backward({gradient});
+    } else {
+      launch_forward(l, logits, target, ignore_index, sums, at::Tensor());
+      ctx->save_for_backward({logits, target, sums.lse});
+      ctx->saved_data["ignore_index"] = ignore_index;
     }
-    ctx->save_for_backward({logits, target, lse});
-    ctx->saved_data["ignore_index"] = ignore_index;
-    at::Tensor correct_sum = at::sum(correct, at::kLong);
+    ctx->saved_data["gradient_in_forward"] = gradient_in_forward;
+    at::Tensor correct_sum = at::sum(sums.correct, at::kLong);
     ctx->mark_non_differentiable({correct_sum});
-    return {at::sum(loss), correct_sum};
+    return {at::sum(sums.loss), correct_sum};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& logits = saved[0];
-    const c10::cuda::CUDAGuard guard(logits.device());
-    at::Tensor grad_logits = at::empty_like(logits, at::MemoryFormat::Contiguous);
+    const c10::cuda::CUDAGuard guard(saved[0].device());
     const at::Tensor scale = grads[0].to(at::kFloat).contiguous();
-    if (logits.size(0) > 0) {
-      int threads = 0;
-      void* f = kernels().function(logits.get_device(), kernel_for("backward", logits, threads));
-      const void* x = logits.data_ptr();
-      const void* t = saved[1].data_ptr();
-      const void* e = saved[2].data_ptr();
-      const void* g = scale.data_ptr();
-      int64_t width = logits.size(1);
-      int64_t ignore_index = ctx->saved_data["ignore_index"].toInt();
-      void* o = grad_logits.data_ptr();
-      void* args[] = {&x, &t, &e, &g, &width, &ignore_index, &o};
-      rtc::Kernels::launch(f, static_cast<unsigned>(logits.size(0)), static_cast<unsigned>(threads),
-                           c10::cuda::getCurrentCUDAStream(logits.get_device()).stream(), args);
+    const Launch l = kernels_for(saved[0]);
+    if (ctx->saved_data["gradient_in_forward"].toBool()) {
+      if (ctx->saved_data.count("backward_done"))
+        throw Error("cross_entropy_sum: a second backward through the same forward (retain_graph) is not supported "
+                    "where the forward wrote the gradient (Note [The gradient in the forward]); run the forward again, "
+                    "or LOOM_FUSED_KERNELS without cross_entropy");
+      ctx->saved_data["backward_done"] = true;
+      launch_scale(l, saved[0], scale);
+      return {saved[0], at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    return {grad_logits, at::Tensor(), at::Tensor()};
+    const at::Tensor& logits = saved[0];
+    at::Tensor grad_logits = at::empty_like(logits, at::MemoryFormat::Contiguous);
+    launch_backward(l, logits, saved[1], saved[2], scale, ctx->saved_data["ignore_index"].toInt(), grad_logits);
+    return {grad_logits, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 #endif
@@ -246,8 +481,7 @@ std::string fused_cross_entropy_unavailable(const at::Tensor& logits) {
   if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf)
     return std::string("logits of dtype ") + c10::toString(type);
   const c10::cuda::CUDAGuard guard(logits.device());
-  int threads = 0;
-  return kernels().unavailable(logits.get_device(), kernel_for("forward", logits, threads));
+  return kernels().unavailable(logits.get_device(), kernels_for(logits).forward);
 #else
   return "LibTorch without CUDA";
 #endif
@@ -263,7 +497,10 @@ CrossEntropySums cross_entropy_sum(const at::Tensor& logits, const at::Tensor& t
     throw Error(std::string("cross_entropy_sum: target must be int64, not ") + c10::toString(target.scalar_type()));
 #if LOOM_TORCH_CUDA
   if (fused_cross_entropy_unavailable(logits).empty()) {
-    const auto out = FusedCrossEntropy::apply(logits.contiguous(), target.contiguous(), ignore_index);
+    const at::Tensor x = logits.contiguous();
+    const bool gradient_in_forward = at::GradMode::is_enabled() && x.requires_grad() && kernels_for(x).gradient_fits &&
+                                     gradient_path_checked(x);
+    const auto out = FusedCrossEntropy::apply(x, target.contiguous(), ignore_index, gradient_in_forward);
     return {out[0], out[1]};
   }
 #endif

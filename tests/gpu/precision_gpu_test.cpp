@@ -21,6 +21,7 @@
 #include <ATen/ops/linear.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
@@ -98,35 +99,52 @@ TEST(PrecisionGpu, EveryPrecisionTrainsOnCuda) {
 // Loom's fused cross-entropy kernel (<loom/sdk/cross_entropy.hpp>) against ATen's operators, in the
 // three dtypes, at GPT-2's padded vocabulary (whole 16-byte vectors), a width of whole vectors and
 // one of single values; with a tied arg-max, an ignored row, and an upstream gradient of 0.5.
+// Both paths of the fused cross-entropy (Note [The gradient in the forward], cross_entropy.cpp): bf16
+// at 50304 and 1000 classes and float32 at 1000 write the gradient in the forward, float32 at 50304
+// (wider than the registers hold), 997 classes (not whole vectors) and fp16 take a kernel each
+// way; the loss's gradient 1 (the step's) and 0.5 (scaled in place on the first path).
 TEST(PrecisionGpu, FusedCrossEntropyMatchesAten) {
   LOOM_REQUIRE_CUDA();
   const c10::Device cuda(c10::kCUDA, 0);
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     for (const int64_t width : {50304, 1000, 997}) {
-      SCOPED_TRACE(std::string(c10::toString(dtype)) + ", " + std::to_string(width) + " classes");
-      at::manual_seed(width);
-      at::Tensor start = at::randn({64, width}, at::TensorOptions().device(cuda)).mul(3).to(dtype);
-      start[0][5] = 20.0;  // a tie: at::argmax takes the first
-      start[0][9] = 20.0;
-      at::Tensor target = at::randint(width, {64}, at::TensorOptions().device(cuda).dtype(at::kLong));
-      target[0] = 9;
-      target[1] = at::argmax(start[1], 0);
-      target[2] = -100;
-      ASSERT_EQ(loom::sdk::nn::fused_cross_entropy_unavailable(start), "");
-      const at::Tensor a = start.clone().requires_grad_(true);
-      const at::Tensor b = start.clone().requires_grad_(true);
-      const auto fused = loom::sdk::nn::cross_entropy_sum(a, target);
-      const at::Tensor expected = at::cross_entropy_loss(b.to(at::kFloat), target, {}, at::Reduction::Sum);
-      const double want = expected.item<double>();
-      EXPECT_NEAR(fused.loss_sum.item<double>(), want, 2e-6 * std::abs(want));
-      EXPECT_EQ(fused.correct.item<int64_t>(), at::argmax(start, 1).eq(target).sum().item<int64_t>());
-      fused.loss_sum.mul(0.5).backward();
-      expected.mul(0.5).backward();
-      ASSERT_EQ(a.grad().scalar_type(), dtype);
-      const double tolerance = dtype == at::kFloat ? 1e-6 : dtype == at::kHalf ? 5e-4 : 4e-3;
-      EXPECT_LE(a.grad().to(at::kFloat).sub(b.grad().to(at::kFloat)).abs().max().item<double>(), tolerance);
-      EXPECT_EQ(a.grad()[2].abs().sum().item<double>(), 0.0);  // the ignored row
+      for (const double g : {1.0, 0.5}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + ", " + std::to_string(width) + " classes, loss gradient " +
+                     std::to_string(g));
+        at::manual_seed(width);
+        at::Tensor start = at::randn({64, width}, at::TensorOptions().device(cuda)).mul(3).to(dtype);
+        start[0][5] = 20.0;  // a tie: at::argmax takes the first
+        start[0][9] = 20.0;
+        at::Tensor target = at::randint(width, {64}, at::TensorOptions().device(cuda).dtype(at::kLong));
+        target[0] = 9;
+        target[1] = at::argmax(start[1], 0);
+        target[2] = -100;
+        ASSERT_EQ(loom::sdk::nn::fused_cross_entropy_unavailable(start), "");
+        const at::Tensor a = start.clone().requires_grad_(true);
+        const at::Tensor b = start.clone().requires_grad_(true);
+        const auto fused = loom::sdk::nn::cross_entropy_sum(a, target);
+        const at::Tensor expected = at::cross_entropy_loss(b.to(at::kFloat), target, {}, at::Reduction::Sum);
+        const double want = expected.item<double>();
+        EXPECT_NEAR(fused.loss_sum.item<double>(), want, 2e-6 * std::abs(want));
+        EXPECT_EQ(fused.correct.item<int64_t>(), at::argmax(start, 1).eq(target).sum().item<int64_t>());
+        fused.loss_sum.mul(g).backward();
+        expected.mul(g).backward();
+        ASSERT_EQ(a.grad().scalar_type(), dtype);
+        const double tolerance = dtype == at::kFloat ? 1e-6 : dtype == at::kHalf ? 5e-4 : 4e-3;
+        EXPECT_LE(a.grad().to(at::kFloat).sub(b.grad().to(at::kFloat)).abs().max().item<double>(), tolerance);
+        EXPECT_EQ(a.grad()[2].abs().sum().item<double>(), 0.0);  // the ignored row
+      }
     }
+  }
+  // Where the forward wrote the gradient, a second backward through it would scale it twice.
+  const at::Tensor logits = at::randn({4, 1000}, at::TensorOptions().device(cuda)).to(at::kBFloat16).requires_grad_(true);
+  const auto sums = loom::sdk::nn::cross_entropy_sum(logits, at::zeros({4}, at::TensorOptions().device(cuda).dtype(at::kLong)));
+  sums.loss_sum.mul(2.0).backward({}, /*retain_graph=*/true);
+  try {
+    sums.loss_sum.mul(2.0).backward();
+    ADD_FAILURE() << "a second backward through the fused cross-entropy went through";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("a second backward through the same forward"), std::string::npos) << e.what();
   }
 }
 
