@@ -4,8 +4,6 @@
 
 #include "rtc.hpp"
 
-#include <loom/sdk/log.hpp>
-
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/argmax.h>
@@ -19,10 +17,9 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
-#include <mutex>
-#include <tuple>
 #if LOOM_TORCH_CUDA
+#include "first_use_check.hpp"
+
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -379,19 +376,9 @@ void launch_scale(const Launch& l, const at::Tensor& gradient, const at::Tensor&
 }
 
 // Whether the gradient-in-the-forward path gives the two-kernel path's results on this device, for
-// logits of this dtype and width (once per device, dtype and width; Note [The gradient in the forward]).
+// logits of this dtype and width (Note [The gradient in the forward]).
 bool gradient_path_checked(const at::Tensor& logits) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, int, int64_t>, bool> verdicts;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(static_cast<int>(logits.get_device()), static_cast<int>(logits.scalar_type()), logits.size(1));
-  if (auto it = verdicts.find(key); it != verdicts.end()) return it->second;
-  // The check reads its results: not inside a CUDA graph's capture (the step's first steps run
-  // eagerly, so it happens there); a capture before any check takes the two kernels.
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return false;
-  bool good = false;
-  std::string why;
-  try {
+  const auto check = [&]() -> std::string {
     const at::NoGradGuard no_grad;
     const int64_t rows = 6, width = logits.size(1);
     // fixed values, not the generator's (a check must not move the run's random stream)
@@ -411,17 +398,15 @@ bool gradient_path_checked(const at::Tensor& logits) {
       const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
       return af.sub(bf).norm().item<double>() <= tolerance * bf.norm().item<double>();
     };
-    good = norm_close(one.loss, two.loss, 1e-5) && at::equal(one.correct, two.correct) &&
-           norm_close(gradient, expected, 1e-2) && gradient[2].abs().sum().item<double>() == 0.0;
-    if (!good) why = "its results differ from the forward and backward kernels'";
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
-  if (!good)
-    log::warn("nn::cross_entropy_sum: the gradient in the forward is off on cuda:", static_cast<int>(logits.get_device()),
-              " (", why, "); the forward and backward take a kernel each");
-  verdicts[key] = good;
-  return good;
+    const bool good = norm_close(one.loss, two.loss, 1e-5) && at::equal(one.correct, two.correct) &&
+                      norm_close(gradient, expected, 1e-2) && gradient[2].abs().sum().item<double>() == 0.0;
+    return good ? "" : "its results differ from the forward and backward kernels'";
+  };
+  return checked_at_first_use(
+      "nn::cross_entropy_sum: the gradient in the forward",
+      "cuda:" + std::to_string(logits.get_device()) + " for " + c10::toString(logits.scalar_type()) + " rows of " +
+          std::to_string(logits.size(1)),
+      check, "the forward and backward take a kernel each");
 }
 
 class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {

@@ -17,8 +17,9 @@
 #include <ATen/ops/ones.h>
 #include <torch/csrc/autograd/custom_function.h>
 #if LOOM_TORCH_CUDA
+#include "first_use_check.hpp"
+
 #include <ATen/cuda/CUDAContextLight.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cublasLt.h>
@@ -177,19 +178,9 @@ at::Tensor reference_backward(const at::Tensor& dy, const at::Tensor& w, const a
   return at::gelu_backward(at::mm(dy, w), pre, "tanh");
 }
 
-// Whether cuBLASLt's epilogues give what the composition gives on `device` (once per device).
+// Whether cuBLASLt's epilogues give what the composition gives on `device` (once per device and type).
 bool checked(int device, at::ScalarType type) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, int>, bool> verdicts;
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(device, static_cast<int>(type));
-  if (auto it = verdicts.find(key); it != verdicts.end()) return it->second;
-  // The check reads its results: not inside a CUDA graph's capture (the step's first steps run
-  // eagerly, so it happens there); a capture before any check takes the composition.
-  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return false;
-  bool good = false;
-  std::string why;
-  try {
+  const auto check = [&]() -> std::string {
     const at::NoGradGuard no_grad;
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     const auto o = at::TensorOptions().device(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device)));
@@ -203,30 +194,24 @@ bool checked(int device, at::ScalarType type) {
     at::Tensor h = at::empty({96, 256}, x.options()), pre = at::empty({96, 256}, x.options()),
                dpre = at::empty({96, 256}, x.options()), rh, rpre;
     reference_forward(x, w1, b1, rh, rpre);
-    if (!gelu_forward(x, w1, b1, h, pre)) why = "a cuBLASLt call failed";
-    else if (!gelu_backward(dy, w2, rpre, dpre)) why = "a cuBLASLt call failed (DGELU)";
-    else {
-      const at::Tensor rdpre = reference_backward(dy, w2, rpre);
-      // Whole tensors, not elements: the epilogue's GELU reads the float32 sum where ATen's reads
-      // it rounded to bf16, and DGELU multiplies the float32 product, so a fair share of elements
-      // differ by an ulp (0.3 % of the norm at these values, in a CPU emulation of the rounding);
-      // a wrong layout, bias or derivative, or a scale 10 % off, moves it by 10 % or more. A NaN
-      // fails the comparison.
-      const auto close = [](const at::Tensor& a, const at::Tensor& b) {
-        const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
-        return af.sub(bf).norm().item<double>() <= 2e-2 * bf.norm().item<double>();
-      };
-      good = close(pre, rpre) && close(h, rh) && close(dpre, rdpre);
-      if (!good) why = "its results differ from ATen's addmm, gelu and gelu_backward";
-    }
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
-  if (!good)
-    log::warn("nn::mlp_gelu_tanh: GELU in cuBLASLt's epilogue is off on cuda:", device, " (", why,
-              "); the MLP runs as addmm, gelu and gelu_backward");
-  verdicts[key] = good;
-  return good;
+    if (!gelu_forward(x, w1, b1, h, pre)) return "a cuBLASLt call failed";
+    if (!gelu_backward(dy, w2, rpre, dpre)) return "a cuBLASLt call failed (DGELU)";
+    const at::Tensor rdpre = reference_backward(dy, w2, rpre);
+    // Whole tensors, not elements: the epilogue's GELU reads the float32 sum where ATen's reads
+    // it rounded to bf16, and DGELU multiplies the float32 product, so a fair share of elements
+    // differ by an ulp (0.3 % of the norm at these values, in a CPU emulation of the rounding);
+    // a wrong layout, bias or derivative, or a scale 10 % off, moves it by 10 % or more. A NaN
+    // fails the comparison.
+    const auto close = [](const at::Tensor& a, const at::Tensor& b) {
+      const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
+      return af.sub(bf).norm().item<double>() <= 2e-2 * bf.norm().item<double>();
+    };
+    return close(pre, rpre) && close(h, rh) && close(dpre, rdpre) ? ""
+                                                                    : "its results differ from ATen's addmm, gelu and gelu_backward";
+  };
+  return checked_at_first_use("nn::mlp_gelu_tanh: GELU in cuBLASLt's epilogue",
+                              "cuda:" + std::to_string(device) + " for " + c10::toString(type), check,
+                              "the MLP runs as addmm, gelu and gelu_backward");
 }
 
 class MlpGelu : public torch::autograd::Function<MlpGelu> {
