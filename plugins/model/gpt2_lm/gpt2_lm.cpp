@@ -109,7 +109,13 @@ class Gpt2Lm final : public loom::sdk::Model {
     if (flat_logits.is_cuda() && !announced_) {
       announced_ = true;
       const std::string why = loom::sdk::nn::fused_cross_entropy_unavailable(flat_logits);
-      if (why.empty()) loom::sdk::log::info("gpt2_lm: the loss and the token accuracy in Loom's fused cross-entropy kernel");
+      const std::string gradient = why.empty() ? loom::sdk::nn::fused_cross_entropy_gradient_unavailable(flat_logits) : why;
+      if (why.empty() && gradient.empty())
+        loom::sdk::log::info("gpt2_lm: the loss, the token accuracy and the logits' gradient in one pass of Loom's fused "
+                             "cross-entropy kernel");
+      else if (why.empty())
+        loom::sdk::log::info("gpt2_lm: the loss and the token accuracy in Loom's fused cross-entropy kernel; the logits' "
+                             "gradient in its backward kernel (", gradient, ")");
       else if (why.rfind("LOOM_FUSED_KERNELS", 0) == 0) loom::sdk::log::info("gpt2_lm: the loss through ATen (", why, ")");
       else loom::sdk::log::warn("gpt2_lm: the loss through ATen, slower: the fused cross-entropy kernel is unavailable: ", why);
     }

@@ -50,6 +50,7 @@ TEST(CrossEntropySum, RefusesLogitsThatAreNotRowsOfClasses) {
   }
   EXPECT_THROW(cross_entropy_sum(at::randn({2, 3}), target.to(at::kInt)), loom::sdk::Error);
   EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_unavailable(at::randn({2, 3})), "not a CUDA tensor");
+  EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_gradient_unavailable(at::randn({2, 3})), "not a CUDA tensor");
 }
 
 // LOOM_FUSED_KERNELS names the fused operations to use; a name Loom does not know is an error that
@@ -58,6 +59,7 @@ TEST(FusedKernels, LoomFusedKernelsPicksOperationsAndRefusesUnknownNames) {
   const at::Tensor logits = at::randn({2, 3});
   ::setenv("LOOM_FUSED_KERNELS", "layer_norm,linear", 1);
   EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_unavailable(logits), "LOOM_FUSED_KERNELS=layer_norm,linear");
+  EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_gradient_unavailable(logits), "LOOM_FUSED_KERNELS=layer_norm,linear");
   ::setenv("LOOM_FUSED_KERNELS", "cross_entropy,layernorm", 1);
   try {
     cross_entropy_sum(logits, at::tensor(std::vector<int64_t>{0, 2}));

@@ -45,6 +45,12 @@ LOOM_SDK_API CrossEntropySums cross_entropy_sum(const at::Tensor& logits, const 
 /// and loads the kernels for the logits' device if they are not yet.
 LOOM_SDK_API std::string fused_cross_entropy_unavailable(const at::Tensor& logits);
 
+/// Why cross_entropy_sum on these logits, in a step that takes the gradient, would not write the
+/// logits' gradient in its forward ("" when it would): fused_cross_entropy_unavailable's reasons,
+/// fp16 logits, rows wider than the kernel holds or not of whole 16-byte vectors, or its check at
+/// first use failing on this device (run now if it has not run).
+LOOM_SDK_API std::string fused_cross_entropy_gradient_unavailable(const at::Tensor& logits);
+
 /// The compiler of Loom's CUDA kernels (cross-entropy, LayerNorm): the libnvrtc file found, or
 /// "unavailable: " and why (then those operations take ATen's path on CUDA). For `loom doctor`.
 LOOM_SDK_API std::string fused_kernels_compiler();
