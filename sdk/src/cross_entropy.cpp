@@ -319,7 +319,7 @@ Launch kernels_for(const at::Tensor& logits) {
   l.backward = "loom_ce_backward_" + suffix;
   l.forward_gradient = "loom_ce_forward_gradient_" + suffix;
   l.scale = "loom_ce_scale_" + suffix;
-  l.gradient_fits = whole && dtype != at::kHalf && chunks <= int64_t{512} * 16;
+  l.gradient_fits = whole && dtype != at::kHalf && chunks > 0 && chunks <= int64_t{512} * 16;
   return l;
 }
 
@@ -506,6 +506,7 @@ CrossEntropySums cross_entropy_sum(const at::Tensor& logits, const at::Tensor& t
     throw Error("cross_entropy_sum: target is on " + target.device().str() + ", logits on " + logits.device().str());
   if (target.scalar_type() != at::kLong)
     throw Error(std::string("cross_entropy_sum: target must be int64, not ") + c10::toString(target.scalar_type()));
+  if (logits.size(1) == 0) throw Error("cross_entropy_sum: logits of no classes ([" + std::to_string(logits.size(0)) + ", 0])");
 #if LOOM_TORCH_CUDA
   if (fused_cross_entropy_unavailable(logits).empty()) {
     const at::Tensor x = logits.contiguous();

@@ -49,6 +49,12 @@ TEST(CrossEntropySum, RefusesLogitsThatAreNotRowsOfClasses) {
     EXPECT_NE(std::string(e.what()).find("logits must be [rows, classes]"), std::string::npos) << e.what();
   }
   EXPECT_THROW(cross_entropy_sum(at::randn({2, 3}), target.to(at::kInt)), loom::sdk::Error);
+  try {
+    cross_entropy_sum(at::randn({2, 0}), target);
+    ADD_FAILURE() << "logits of no classes accepted";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("logits of no classes ([2, 0])"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_unavailable(at::randn({2, 3})), "not a CUDA tensor");
   EXPECT_EQ(loom::sdk::nn::fused_cross_entropy_gradient_unavailable(at::randn({2, 3})), "not a CUDA tensor");
 }
