@@ -3,8 +3,7 @@ the same model in plain Python PyTorch from the same wheel, eager and through to
 (`pytorch_gpt2.py`); and, on request, Loom eager without its fused operations (loom_unfused:
 LOOM_FUSED_KERNELS=0, ATen's cross-entropy, LayerNorm and linear), with the fused cross-entropy
 only (loom_ce_only), without the fused linear (loom_no_linear), and without the fused LayerNorm and
-the residual adds inside it (loom_no_layer_norm), with GELU outside cuBLASLt's epilogues
-(loom_no_mlp), and with SDPA's attention instead of cuDNN's (loom_sdpa_attention), which show what each gains. Tokens/s, peak memory, final loss and model
+the residual adds inside it (loom_no_layer_norm), which show what each gains. Tokens/s, peak memory, final loss and model
 FLOPs utilization (MFU) against the card's dense bf16 peak.
 
     build/bin/loom with the gpt2_lm and synthetic_tokens plugins must exist; on the GPU machine:
@@ -49,14 +48,11 @@ from bench_common import VARIANTS as COMMON_VARIANTS
 VARIANTS = dict(COMMON_VARIANTS, loom_unfused="Loom eager, no fused operations",
                 loom_ce_only="Loom eager, fused cross-entropy only", loom_no_linear="Loom eager, no fused linear",
                 loom_no_layer_norm="Loom eager, no fused LayerNorm (nor residual add)",
-                loom_no_mlp="Loom eager, GELU not in cuBLASLt's epilogues",
-                loom_sdpa_attention="Loom eager, SDPA's attention (not cuDNN's)")
+                loom_no_mlp="Loom eager, GELU not in cuBLASLt's epilogues")
 # LOOM_FUSED_KERNELS of each Loom variant (<loom/sdk/cross_entropy.hpp>, <loom/sdk/layer_norm.hpp>)
 FUSED = {"loom": None, "loom_graph": None, "loom_unfused": "0", "loom_ce_only": "cross_entropy",
-         "loom_no_linear": "attention,cross_entropy,embedding,layer_norm,mlp",
-         "loom_no_layer_norm": "attention,cross_entropy,embedding,linear,mlp",
-         "loom_no_mlp": "attention,cross_entropy,embedding,layer_norm,linear",
-         "loom_sdpa_attention": "cross_entropy,embedding,layer_norm,linear,mlp"}
+         "loom_no_linear": "cross_entropy,embedding,layer_norm,mlp", "loom_no_layer_norm": "cross_entropy,embedding,linear,mlp",
+         "loom_no_mlp": "cross_entropy,embedding,layer_norm,linear"}
 DEFAULT_VARIANTS = list(COMMON_VARIANTS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

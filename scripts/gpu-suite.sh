@@ -241,15 +241,15 @@ if [ $dry_run = 1 ]; then
 else
   run_step bench-gpt2-large 60 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cuda \
     --size gpt2 --vocab-size 50304 --seq-len 1024 --batch-size 32 --accumulation 4 --steps 16 --window 4 \
-    --variants loom_graph,loom,pytorch,pytorch_compile,loom_sdpa_attention --repeats 1
+    --variants loom_graph,loom,pytorch,pytorch_compile --repeats 1
 fi
 if [ $dry_run = 1 ]; then
   run_step bench-gpt2 30 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cpu \
-    --size debug --vocab-size 512 --seq-len 64 --batch-size 4 --steps 20 --window 5 --variants loom,loom_sdpa_attention,pytorch --repeats 1
+    --size debug --vocab-size 512 --seq-len 64 --batch-size 4 --steps 20 --window 5 --variants loom,loom_unfused,pytorch --repeats 1
 else
   run_step bench-gpt2 60 "$py" "$root/bench/compare_gpt2.py" --loom "$build_dir/bin/loom" --device cuda \
     --size gpt2 --vocab-size 50304 --seq-len 1024 --batch-size 8 --steps 60 --window 10 \
-    --variants loom_graph,loom,pytorch,pytorch_compile,loom_sdpa_attention --repeats 1
+    --variants loom_graph,loom,pytorch,pytorch_compile,loom_unfused --repeats 1
 fi
 # Each prints its figures (summary.md quotes them whole). On a GPU: the precision table (Loom against the same
 # model in PyTorch from the same torch, every precision) and the memory figures; the dry run

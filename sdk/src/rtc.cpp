@@ -172,9 +172,9 @@ std::string disabled_by_environment(const std::string& op) {
   while (start <= text.size()) {
     const size_t end = std::min(text.find(',', start), text.size());
     const std::string name = text.substr(start, end - start);
-    if (name != "attention" && name != "cross_entropy" && name != "embedding" && name != "layer_norm" && name != "linear" && name != "mlp")
+    if (name != "cross_entropy" && name != "embedding" && name != "layer_norm" && name != "linear" && name != "mlp")
       throw Error("LOOM_FUSED_KERNELS=" + text + ": no fused operation '" + name +
-                  "' (there are attention, cross_entropy, embedding, layer_norm, linear and mlp; 0 for none, unset for all)");
+                  "' (there are cross_entropy, embedding, layer_norm, linear and mlp; 0 for none, unset for all)");
     listed = listed || name == op;
     start = end + 1;
   }

@@ -65,7 +65,7 @@ std::string nvrtc_unavailable();
 /// The libnvrtc file opened ("" when none).
 std::string nvrtc_path();
 
-/// "" when the fused operation `op` ("attention", "cross_entropy", "embedding", "layer_norm", "linear", "mlp") may use its kernels, or
+/// "" when the fused operation `op` ("cross_entropy", "embedding", "layer_norm", "linear", "mlp") may use its kernels, or
 /// "LOOM_FUSED_KERNELS=<value>" when that variable turns it off: unset, "1" or "all": every one;
 /// "0" or "none": none; otherwise the comma-separated names of those to use (to measure one
 /// kernel's gain). A name Loom does not know is an Error.

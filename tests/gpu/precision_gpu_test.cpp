@@ -1,5 +1,5 @@
 // Precision plugins on a CUDA device: autocast dtypes, TF32 switches, and a short training run
-// per plugin; Loom's fused cross-entropy, LayerNorm, linear, MLP, embedding and attention against ATen. Label `gpu`; skipped where no CUDA device is visible.
+// per plugin; Loom's fused cross-entropy, LayerNorm and linear against ATen. Label `gpu`; skipped where no CUDA device is visible.
 #include <loom/core/config.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/trainer.hpp>
@@ -21,17 +21,9 @@
 #include <ATen/ops/linear.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
-#if LOOM_TORCH_CUDA
-#include <ATen/cuda/CUDAContextLight.h>
-#include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 #include <cmath>
 #include <filesystem>
@@ -374,95 +366,6 @@ TEST(PrecisionGpu, EmbeddingMatchesAten) {
   }
   EXPECT_TRUE(at::allclose(grads[0], grads[1], 1e-5, 1e-5))
       << "largest difference " << grads[0].sub(grads[1]).abs().max().item<double>();
-}
-
-// nn::attention (Note [cuDNN's attention on Hopper]) in GPT-2's layout (q, k and v views into one
-// packed product) on Hopper and later: it takes cuDNN's kernels, its output and gradients match
-// SDPA's in float32, and its forward and backward replay in a CUDA graph as the step's capture
-// (step.cuda_graph) takes them.
-TEST(PrecisionGpu, AttentionTakesCudnnOnHopperAndMatchesSdpa) {
-  LOOM_REQUIRE_CUDA();
-#if LOOM_TORCH_CUDA
-  if (at::cuda::getDeviceProperties(0)->major < 9) GTEST_SKIP() << "before Hopper nn::attention is SDPA's choice";
-  const auto f32 = at::TensorOptions().device(c10::Device(c10::kCUDA, 0));
-  at::manual_seed(14);
-  const at::Tensor packed = at::randn({4, 256, 3, 12, 64}, f32), dy = at::randn({4, 12, 256, 64}, f32);
-  const auto views = [](const at::Tensor& p) {
-    std::vector<at::Tensor> qkv = p.unbind(2);
-    for (auto& part : qkv) part = part.transpose(1, 2);  // [B, H, T, hd]
-    return qkv;
-  };
-  const auto relative = [](const at::Tensor& a, const at::Tensor& b) {
-    return a.to(at::kFloat).sub(b).norm().item<double>() / b.norm().item<double>();
-  };
-  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-    for (const bool causal : {true, false}) {
-      const std::string what = std::string(c10::toString(dtype)) + (causal ? ", causal" : "");
-      const at::Tensor reference_input = packed.clone().requires_grad_(true);
-      const auto r = views(reference_input);
-      const at::Tensor reference = at::scaled_dot_product_attention(r[0], r[1], r[2], {}, 0.0, causal);
-      reference.backward(dy);
-      const at::Tensor input = packed.to(dtype).requires_grad_(true);
-      const auto qkv = views(input);
-      ASSERT_EQ(loom::sdk::nn::fused_attention_unavailable(qkv[0], qkv[1], qkv[2], 0.0, causal), "") << what;
-      const at::Tensor y = loom::sdk::nn::attention(qkv[0], qkv[1], qkv[2], 0.0, causal);
-      ASSERT_EQ(y.scalar_type(), dtype);
-      y.backward(dy.to(dtype));
-      // two kernels in 16 bits that accumulate in float32 against float32: a few 1e-3 of the
-      // norm; a lost mask or scale is 10 % or more
-      EXPECT_LE(relative(y, reference), 1e-2) << what << ": output";
-      EXPECT_LE(relative(input.grad(), reference_input.grad()), 1e-2) << what << ": gradient";
-    }
-  }
-  const auto qkv = views(packed.to(at::kBFloat16));
-  EXPECT_EQ(loom::sdk::nn::fused_attention_unavailable(qkv[0], qkv[1], qkv[2], 0.1, true),
-            "dropout (SDPA's flash kernel has it)");
-  const auto q32 = views(packed);
-  EXPECT_EQ(loom::sdk::nn::fused_attention_unavailable(q32[0], q32[1], q32[2], 0.0, true), "not bf16 or fp16");
-
-  // The forward and backward captured after an eager run (which built cuDNN's graphs and ran the
-  // check at first use), replayed on new values in the static input.
-  const at::Tensor input = packed.to(at::kBFloat16).requires_grad_(true), dyb = dy.to(at::kBFloat16);
-  const auto step = [&] {
-    input.mutable_grad() = at::Tensor();
-    const auto v = views(input);
-    const at::Tensor y = loom::sdk::nn::attention(v[0], v[1], v[2], 0.0, true);
-    y.backward(dyb);
-    return std::make_pair(y, input.grad());
-  };
-  const auto wait = [](const at::cuda::CUDAStream& waits, const at::cuda::CUDAStream& on) {
-    at::cuda::CUDAEvent done;
-    done.record(on);
-    done.block(waits);
-  };
-  const at::cuda::CUDAStream main = at::cuda::getCurrentCUDAStream(), side = at::cuda::getStreamFromPool();
-  wait(side, main);
-  at::cuda::CUDAGraph graph;
-  std::pair<at::Tensor, at::Tensor> captured;
-  {
-    const c10::cuda::CUDAStreamGuard on_side(side);
-    step();  // eager, on the capture's stream
-    graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-    try {
-      captured = step();
-      graph.capture_end();
-    } catch (...) {
-      try { graph.capture_end(); } catch (...) {}
-      throw;
-    }
-  }
-  wait(main, side);
-  {
-    const at::NoGradGuard no_grad;
-    input.copy_(packed.mul(0.5));
-  }
-  graph.replay();
-  main.synchronize();
-  const at::Tensor expected_y = captured.first.clone(), expected_grad = captured.second.clone();
-  const auto eager = step();
-  EXPECT_LE(relative(expected_y, eager.first.to(at::kFloat)), 1e-2) << "replayed output";
-  EXPECT_LE(relative(expected_grad, eager.second.to(at::kFloat)), 1e-2) << "replayed gradient";
-#endif
 }
 
 }  // namespace

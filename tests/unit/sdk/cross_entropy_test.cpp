@@ -1,16 +1,14 @@
-// Loom's fused operations, cross_entropy_sum (<loom/sdk/cross_entropy.hpp>), layer_norm
-// (<loom/sdk/layer_norm.hpp>) and attention (<loom/sdk/nn.hpp>), on CPU, and their CUDA kernels compiled by NVRTC without a GPU. The
+// Loom's fused operations, cross_entropy_sum (<loom/sdk/cross_entropy.hpp>) and layer_norm
+// (<loom/sdk/layer_norm.hpp>), on CPU, and their CUDA kernels compiled by NVRTC without a GPU. The
 // kernels' results on a GPU: tests/gpu/precision_gpu_test.cpp.
 #include <loom/sdk/cross_entropy.hpp>
 #include <loom/sdk/layer_norm.hpp>
-#include <loom/sdk/nn.hpp>
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/randn.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
@@ -73,7 +71,7 @@ TEST(FusedKernels, LoomFusedKernelsPicksOperationsAndRefusesUnknownNames) {
     cross_entropy_sum(logits, at::tensor(std::vector<int64_t>{0, 2}));
     ADD_FAILURE() << "an unknown name accepted";
   } catch (const loom::sdk::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no fused operation 'layernorm' (there are attention, cross_entropy, embedding, layer_norm, linear and mlp"),
+    EXPECT_NE(std::string(e.what()).find("no fused operation 'layernorm' (there are cross_entropy, embedding, layer_norm, linear and mlp"),
               std::string::npos) << e.what();
   }
   ::unsetenv("LOOM_FUSED_KERNELS");
@@ -114,34 +112,6 @@ TEST(LayerNorm, AddLayerNormIsTheSumAndItsLayerNormOnCpu) {
   EXPECT_TRUE(same.is_same(x));
   EXPECT_TRUE(at::allclose(normalized, at::layer_norm(x, {12}, weight, bias, 1e-5)));
   EXPECT_EQ(loom::sdk::nn::fused_add_layer_norm_unavailable(x, branch, weight, bias), "not a CUDA tensor");
-}
-
-// nn::attention on CPU is SDPA's call, in GPT-2's layout (q, k and v views into one packed
-// product), and says why it does not take cuDNN's kernels; LOOM_FUSED_KERNELS knows its name.
-TEST(Attention, IsSdpaOnCpu) {
-  at::manual_seed(6);
-  const at::Tensor packed = at::randn({2, 9, 3, 4, 8});  // [batch, tokens, q|k|v, heads, head size]
-  const at::Tensor dy = at::randn({2, 4, 9, 8});
-  std::vector<at::Tensor> reference, loom;
-  for (auto* grads : {&reference, &loom}) {
-    const at::Tensor p = packed.clone().requires_grad_(true);
-    std::vector<at::Tensor> qkv = p.unbind(2);
-    for (auto& part : qkv) part = part.transpose(1, 2);
-    const at::Tensor y = grads == &loom ? loom::sdk::nn::attention(qkv[0], qkv[1], qkv[2], 0.0, true)
-                                        : at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, true);
-    y.mul(dy).sum().backward();
-    grads->push_back(y.detach());
-    grads->push_back(p.grad());
-  }
-  EXPECT_TRUE(at::equal(loom[0], reference[0]));
-  EXPECT_TRUE(at::equal(loom[1], reference[1]));
-  const at::Tensor q = at::randn({2, 4, 9, 8});
-  EXPECT_EQ(loom::sdk::nn::fused_attention_unavailable(q, q, q, 0.0, true), "not a CUDA tensor");
-  ::setenv("LOOM_FUSED_KERNELS", "attention", 1);
-  EXPECT_EQ(loom::sdk::nn::fused_attention_unavailable(q, q, q, 0.0, true), "not a CUDA tensor");
-  ::setenv("LOOM_FUSED_KERNELS", "layer_norm,linear", 1);
-  EXPECT_EQ(loom::sdk::nn::fused_attention_unavailable(q, q, q, 0.0, true), "LOOM_FUSED_KERNELS=layer_norm,linear");
-  ::unsetenv("LOOM_FUSED_KERNELS");
 }
 
 }  // namespace

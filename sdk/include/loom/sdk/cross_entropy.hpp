@@ -15,7 +15,7 @@
 // The kernels are compiled at first use by NVRTC (the libnvrtc a CUDA LibTorch ships) for the
 // device's own architecture: nothing is built with nvcc, and a CPU-only machine builds the same
 // code. Where NVRTC or the driver cannot be used, or LOOM_FUSED_KERNELS turns it off (unset: every
-// fused operation; 0: none; a list of attention, cross_entropy, embedding, layer_norm, linear, mlp: those), the same call
+// fused operation; 0: none; a list of cross_entropy, embedding, layer_norm, linear, mlp: those), the same call
 // runs ATen's operators (cross_entropy_loss on fp32 logits, argmax): same results, slower.
 // On CPU it always runs ATen's.
 #pragma once

@@ -1,8 +1,7 @@
 // GPT-2 (Radford et al. 2019) as a LibTorch module, for any model plugin (in the tree: gpt2_lm,
 // and gpt2_recommender, which encodes item text with it): learned token and
-// position embeddings, pre-LayerNorm blocks of causal self-attention (nn::attention: on Hopper
-// cuDNN's fused attention, elsewhere scaled_dot_product_attention's flash or memory-efficient
-// kernels) and a GELU (tanh) MLP of
+// position embeddings, pre-LayerNorm blocks of causal self-attention (scaled_dot_product_attention
+// with is_causal, so CUDA takes its flash or memory-efficient kernels) and a GELU (tanh) MLP of
 // 4 x the width, a final LayerNorm. The LayerNorms run through nn::layer_norm (<loom/sdk/layer_norm.hpp>):
 // on CUDA under autocast their output, the hidden states included, comes in autocast's dtype, and
 // each residual add happens in the LayerNorm after it (nn::add_layer_norm). Module names follow Hugging Face's GPT2Model (wte, wpe,
@@ -17,6 +16,7 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/dropout.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/init.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
@@ -74,7 +74,8 @@ class AttentionImpl : public torch::nn::Module {
     const int64_t b = x.size(0), t = x.size(1), d = x.size(2);
     std::vector<at::Tensor> qkv = nn::linear(c_attn, x).view({b, t, 3, heads_, d / heads_}).unbind(2);
     for (auto& part : qkv) part = part.transpose(1, 2);  // [B, H, T, hd]
-    const at::Tensor y = nn::attention(qkv[0], qkv[1], qkv[2], is_training() ? dropout_ : 0.0, /*is_causal=*/true);
+    const at::Tensor y = at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*attn_mask=*/{},
+                                                          is_training() ? dropout_ : 0.0, /*is_causal=*/true);
     return nn::linear(c_proj, y.transpose(1, 2).reshape({b, t, d}));
   }
 

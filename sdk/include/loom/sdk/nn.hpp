@@ -42,21 +42,6 @@ LOOM_SDK_API at::Tensor mlp_gelu_tanh(const at::Tensor& x, const at::Tensor& w1,
 LOOM_SDK_API std::string fused_mlp_unavailable(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
                                                const at::Tensor& w2, const at::Tensor& b2);
 
-/// Attention of q, k and v ([batch, heads, tokens, head size]) as
-/// at::scaled_dot_product_attention(q, k, v, {}, dropout, is_causal). On CUDA devices of compute
-/// capability 9.0 and later (Hopper, Blackwell), for bf16 or fp16 inputs without dropout, it takes
-/// cuDNN's fused attention, forward and backward, where SDPA would take FlashAttention-2 (Note
-/// [cuDNN's attention on Hopper], sdk/src/attention.cpp); elsewhere, or where
-/// fused_attention_unavailable says why not, SDPA's choice. LOOM_FUSED_KERNELS without
-/// "attention" turns it off.
-LOOM_SDK_API at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout,
-                                  bool is_causal);
-
-/// Why attention would take SDPA's choice ("" when it takes cuDNN's); checks cuDNN's kernels
-/// against SDPA's at first use for each shape, layout and dtype.
-LOOM_SDK_API std::string fused_attention_unavailable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                     double dropout, bool is_causal);
-
 /// weight[indices] as at::embedding (no padding index, no max_norm). On CUDA (while autograd
 /// records) its backward adds the looked-up rows' gradients into the weight's float32 gradient
 /// where it has one, instead of a dense [rows, width] gradient autograd then adds (Note [An
