@@ -349,7 +349,12 @@ std::string range_text(const OptionSpec& o) {
     out << x;
     return out.str();
   };
-  return "[" + (o.min ? number(*o.min) : std::string("-inf")) + ", " + (o.max ? number(*o.max) : std::string("inf")) + "]";
+  // appended, not "[" + string&&: GCC 12's -Wrestrict misreads that insert at the front (GCC bug 105329)
+  std::string text = "[";
+  text += o.min ? number(*o.min) : std::string("-inf");
+  text += ", ";
+  text += o.max ? number(*o.max) : std::string("inf");
+  return text + "]";
 }
 
 Resolved validate(const Config& config, const Schema& schema) {
@@ -366,7 +371,7 @@ Resolved validate(const Config& config, const Schema& schema) {
     const auto targets = schema.find(key) ? std::vector<std::string>{} : schema.shorthand(key);
     if (targets.size() > 1) {
       std::vector<std::string> sections;
-      for (const auto& t : targets) sections.push_back("[" + section_of(t) + "]");
+      for (const auto& t : targets) sections.push_back(std::string("[").append(section_of(t)).append("]"));
       problems.push_back(value.origin.describe() + ": '" + key + "' is an option of several selected components; "
                          "set it in the section of the one you mean: " + join(sections, " or "));
     } else if (targets.size() == 1) {
