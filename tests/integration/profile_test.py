@@ -116,4 +116,20 @@ r = loom(exe, "profile", *RUN, "--steps", "0", "--trace", os.path.join(work, "ze
 expect(r.returncode != 0 and "--steps must be in 1..100000" in r.stderr, "--steps 0 is refused", r)
 r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "no", "such", "folder", "t.json"), check=False)
 expect(r.returncode != 0 and "does not exist" in r.stderr, "a trace in a missing folder is refused before training", r)
+
+# bench/gpu_kernels.py's idle time between a CUDA trace's kernels (a CPU trace has none): on a
+# known timeline, the busiest stream's gaps by length, a kernel overlapped by a longer one adding
+# no gap, and the copy stream's kernels left out.
+sys.path.insert(0, os.path.join(source, "bench"))
+import gpu_kernels  # noqa: E402  (bench/ on the path first)
+
+def kernel(ts, dur, stream=7):
+    return {"ph": "X", "cat": "kernel", "name": "k", "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+timeline = [kernel(0, 100), kernel(103, 50), kernel(160, 500), kernel(200, 100),  # gaps 3, 7; (200, 100) inside
+            kernel(700, 40), kernel(2000, 10), kernel(5, 300, stream=9)]         # gaps 40, 1260; stream 9: less time
+stream, busy, sums, counts = gpu_kernels.stream_gaps(timeline)
+expect((stream, busy) == (7, 800), f"the busiest stream and its kernel time (got {stream}, {busy})")
+expect(sums == [10, 40, 1260] and counts == [2, 1, 1], f"gaps by class (got {sums}, {counts})")
+expect(gpu_kernels.stream_gaps([{"ph": "X", "cat": "gpu_memcpy", "ts": 0, "dur": 5}]) is None, "no kernels, no gaps")
 print("ok")
