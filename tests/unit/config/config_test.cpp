@@ -143,12 +143,14 @@ TEST_F(ConfigTest, FarOffKeyListsTheSectionsKeys) {
 TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
   const auto file = write("run.ini",
                           "[trainer]\nbatch_size = big\nresume = later\nuse_scheduler = maybe\nlr = 1e-3\n"
-                          "[memory]\ndevice_memory_limit = 2 GiB\n");
+                          "keep_last = 99999999999999999999\n[memory]\ndevice_memory_limit = 2 GiB\n");
   Config config;
   config.load_file(file);
   const std::string message = error_of([&] { validate(config, core_schema()); });
   // All problems at once, each with its place.
-  EXPECT_CONTAINS(message, "run.ini:2: trainer.batch_size = 'big' is not valid: expected an integer");
+  EXPECT_CONTAINS(message, "run.ini:2: trainer.batch_size = 'big' is not valid: expected an integer in [1, 16777216]");
+  // an integer past 64 bits is not parsed at all: the message still gives the range
+  EXPECT_CONTAINS(message, "run.ini:6: trainer.keep_last = '99999999999999999999' is not valid: expected an integer in [0, 1000000]");
   EXPECT_CONTAINS(message, "run.ini:3: trainer.resume = 'later' is not valid: expected one of none, auto");
   EXPECT_CONTAINS(message, "run.ini:4: trainer.use_scheduler = 'maybe' is not valid: expected a boolean");
   EXPECT_EQ(message.find("trainer.lr"), std::string::npos) << message;
