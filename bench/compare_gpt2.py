@@ -195,7 +195,10 @@ def main():
              f"{a.batch_size} x {a.seq_len} tokens per micro-batch, "
              + (f"{a.accumulation} micro-batches ({a.batch_size * a.accumulation * a.seq_len} tokens) per step"
                 if a.accumulation > 1 else "one per step") + f", {precision}; {a.steps} steps, throughput over steps "
-             f"{a.window + 1}..{a.steps}.")
+             f"{a.window + 1}..{a.steps}."
+             + (f" LOOM_FUSED_KERNELS={os.environ['LOOM_FUSED_KERNELS']} for Loom's variants without their own "
+                "(scripts/fused_gate.py: a fused operation whose GPU test failed is off)."
+                if "LOOM_FUSED_KERNELS" in os.environ else ""))
     formula = (f"Model FLOPs per token = 6 N + 12 n_layer n_embd T = 6 x {n:,} + 12 x {layers} x {d} x {a.seq_len} "
                f"= {flops / 1e6:.1f} MFLOP (N: all parameters, embeddings included, the tied head once). "
                + (f"MFU = tokens/s x FLOPs per token / {peak:g} TFLOPS ("

@@ -227,6 +227,25 @@ run_step build 20 cmake --build "$build_dir" -j "$jobs" || exit 1
 run_step test-gpu 20 ctest --test-dir "$build_dir" -L gpu --output-on-failure --timeout 600 \
   --output-junit "$out/junit/ctest-gpu.xml"
 
+# A fused operation whose GPU test failed or crashed is turned off for the benchmarks, so that a
+# faulty new kernel costs its speed-up, not the lent machine's figures (scripts/fused_gate.py).
+fused_gate=""
+if [ -f "$out/logs/test-gpu.log" ] && [ -z "${LOOM_FUSED_KERNELS+set}" ]; then
+  fused_gate="$("$py" "$root/scripts/fused_gate.py" "$out/logs/test-gpu.log" 2>"$out/logs/fused-gate.log")"
+  gate_rc=$?
+  if [ $gate_rc -ne 0 ]; then
+    fused_gate=""
+    step_rows+=("| fused-gate | **failed** (exit $gate_rc): every fused operation stays on | 0 | logs/fused-gate.log |")
+    failures=$((failures + 1))
+  elif [ -n "$fused_gate" ]; then
+    export LOOM_FUSED_KERNELS="$fused_gate"
+    step_rows+=("| fused-gate | **LOOM_FUSED_KERNELS=$fused_gate for the benchmarks**: $(tr '\n' ';' <"$out/logs/fused-gate.log") | 0 | logs/fused-gate.log |")
+  else
+    step_rows+=("| fused-gate | every fused operation's GPU tests passed (or skipped): all on | 0 | |")
+  fi
+  cat "$out/logs/fused-gate.log" >&2
+fi
+
 # ---- benchmarks ---------------------------------------------------------------------------------
 # GPT-2 first: its MFU is the figure issue 14 still misses (docs/gpu.md, "The seventh run").
 # GPT-2 124M in bf16 at sequence 1024, tokens/s and MFU against the card's bf16 peak, twice:
