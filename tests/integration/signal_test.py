@@ -1,6 +1,8 @@
-"""SIGTERM and SIGINT stop a run gracefully: it finishes the step it is in, writes a checkpoint of
-that step, says how to continue and exits with 128 + the signal (143, 130); `--resume auto` then
-continues from exactly that step. A second signal ends the process at once. A crash signal gets a
+"""SIGTERM, SIGINT and SIGHUP stop a run gracefully: it finishes the step it is in, writes a
+checkpoint of that step, says how to continue and exits with 128 + the signal (143, 130, 129);
+`--resume auto` then continues from exactly that step. A reader of its output that goes away
+(SIGPIPE: `loom train | head`) stops it the same way, with its checkpoint, though nothing it
+prints is read any more. A second signal ends the process at once. A crash signal gets a
 report on stderr before the process dies of it."""
 import os
 import shutil
@@ -33,7 +35,7 @@ def start(name):
 
 
 try:
-    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)):
         name = f"graceful_{sig.name}"
         proc, run = start(name)
         proc.send_signal(sig)
@@ -52,6 +54,18 @@ try:
         assert f"resumed from" in out.stderr and f"at step {step}" in out.stderr, out.stderr
         steps = [m["step"] for m in metrics(run) if "train/loss" in m]
         assert steps == list(range(1, step + 4)), "every step once across the stop and the resume"
+
+    # The reader of its output goes away: the next write raises SIGPIPE (the progress line, every
+    # 5 s without a terminal), and the run stops after its step with a checkpoint, as on SIGTERM.
+    proc, run = start("reader_gone")
+    proc.stdout.close()
+    proc.stderr.close()
+    proc.wait(timeout=120)
+    assert proc.returncode == 128 + signal.SIGPIPE, f"SIGPIPE: exit {proc.returncode}, expected 141"
+    step = max(m["step"] for m in metrics(run))
+    saved = sorted(d for d in os.listdir(os.path.join(run, "checkpoints")) if d.startswith("step_"))
+    assert saved == [f"step_{step:08d}"], f"SIGPIPE: checkpoints {saved}, last logged step {step}"
+    print(f"SIGPIPE: exit 141, checkpoint of step {step}")
 
     # A second signal: the process ends at once, by the signal's default action.
     proc, run = start("twice")

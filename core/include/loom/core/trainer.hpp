@@ -98,7 +98,7 @@ struct TrainSummary {
   int64_t oom_recoveries = 0;
   double recovery_seconds = 0;    ///< time spent unwinding and re-planning (replays excluded)
   std::string stop_reason;        ///< why the run stopped before its end (a callback, a signal), else empty
-  int signal = 0;                 ///< the stop signal (SIGINT, SIGTERM) that ended it, else 0
+  int signal = 0;                 ///< the stop signal (SIGINT, SIGTERM, SIGHUP, SIGPIPE) that ended it, else 0
   std::filesystem::path run_dir;
 };
 
@@ -435,13 +435,14 @@ std::map<std::string, std::string> checkpoint_run_config(const std::filesystem::
 /// Peak resident memory of this process, in bytes.
 int64_t peak_resident_bytes();
 
-/// SIGINT and SIGTERM stop training gracefully: the first makes Trainer::train stop after the
+/// SIGINT, SIGTERM, SIGHUP and SIGPIPE stop training gracefully: the first makes Trainer::train stop after the
 /// step it is in (no further evaluation), write a checkpoint through the callbacks and return
-/// with TrainSummary::signal set; a second ends the process at once (stop_signals.cpp).
+/// with TrainSummary::signal set; a second ends the process at once (stop_signals.cpp; a
+/// SIGPIPE is never the second).
 void install_stop_signals();
 /// The first stop signal received, or 0.
 int stop_signal_received();
-/// "SIGTERM", "SIGINT".
+/// "SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE".
 std::string signal_name(int sig);
 
 }  // namespace loom::core
