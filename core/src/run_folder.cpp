@@ -5,7 +5,12 @@
 //   - a lock file (flock, so never stale) keeps a second process out of a folder in use;
 //   - resuming from an older checkpoint of a run moves its newer step folders (and the best
 //     files and metrics of that abandoned timeline) aside, where nothing resumes or prunes them;
-//   - --resume auto resumes the newest run that has a checkpoint it can load.
+//   - --resume auto resumes the newest run that has a checkpoint it can load; a named run that
+//     wrote files but no checkpoint (killed before its first) starts again with those files
+//     moved aside, not overwritten;
+//   - a resumed run keeps the checkpoints its run kept: trainer.keep_last left at its default
+//     takes the value the run's config.json records, so that a resume without the flag the run
+//     started with does not prune what that flag kept.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
@@ -18,6 +23,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 
+#include <charconv>
 #include <cstring>
 #include <ctime>
 #include <optional>
@@ -36,6 +42,18 @@ std::string timestamp() {
   char buffer[32];
   std::strftime(buffer, sizeof buffer, "%Y%m%d-%H%M%S", std::localtime(&now));
   return buffer;
+}
+
+/// A new folder `stem`, or `stem-2`, `stem-3`... in `parent`, created by this call: two set-asides
+/// in the same second never share one.
+fs::path claim_aside(const fs::path& parent, const std::string& stem) {
+  fs::create_directories(parent);
+  for (int i = 1;; ++i) {
+    const fs::path dir = parent / (i == 1 ? stem : stem + "-" + std::to_string(i));
+    std::error_code ec;
+    if (fs::create_directory(dir, ec)) return dir;
+    if (ec) throw Error("cannot create " + dir.string() + ": " + ec.message());
+  }
 }
 
 /// Whether a folder holds what a run writes.
@@ -108,8 +126,7 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
   for (const auto& step : CheckpointStore::list_run(run_dir_))
     if (step_of(step) > from) newer.push_back(step);
   if (newer.empty()) return;
-  const fs::path aside = dir / ("abandoned-" + timestamp() + "-from-" + checkpoint.filename().string());
-  fs::create_directories(aside);
+  const fs::path aside = claim_aside(dir, "abandoned-" + timestamp() + "-from-" + checkpoint.filename().string());
   std::vector<std::string> moved;
   for (const auto& step : newer) {
     rename_durable(step, aside / step.filename());
@@ -124,6 +141,43 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
   log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ", which has newer checkpoints (",
             join(moved, ", "), "): they are moved to ", aside.string(),
             " with that timeline's best files and metrics; nothing resumes or prunes them there");
+}
+
+void Trainer::set_aside_files_without_checkpoint() {
+  std::error_code ec;
+  std::vector<fs::path> files;
+  for (const char* name : {"config.json", "metrics.jsonl", "tensorboard"})
+    if (fs::exists(fs::symlink_status(run_dir_ / name, ec))) files.push_back(run_dir_ / name);
+  for (const auto& entry : fs::directory_iterator(run_dir_ / "checkpoints", ec))
+    if (entry.path().filename().string().rfind("best_", 0) == 0) files.push_back(entry.path());
+  if (files.empty()) return;
+  const fs::path aside = claim_aside(run_dir_ / "checkpoints", "abandoned-" + timestamp() + "-without-checkpoint");
+  std::vector<std::string> moved;
+  for (const auto& file : files) {
+    rename_durable(file, aside / file.filename());
+    moved.push_back(file.filename().string());
+  }
+  log::warn("resume = auto: ", run_dir_.string(), " holds files of a run that wrote no checkpoint (", join(moved, ", "),
+            "): they are moved to ", aside.string(), ", and the run starts from step 0");
+}
+
+void Trainer::keep_the_runs_keep_last() {
+  auto& mine = config_.at("trainer.keep_last");
+  if (mine.origin.source != "default") return;  // given for this resume: the user's choice
+  std::string recorded;
+  try {
+    const json manifest = json::parse(read_file(run_dir_ / "config.json"));
+    recorded = manifest.at("trainer.keep_last").at("value").get<std::string>();
+  } catch (const std::exception&) {
+    return;  // no readable record (a run of an older Loom, or damaged): the default, as before
+  }
+  int64_t value = 0;
+  const auto [end, error] = std::from_chars(recorded.data(), recorded.data() + recorded.size(), value);
+  if (error != std::errc() || end != recorded.data() + recorded.size() || value < 0 || value == options_.keep_last) return;
+  log::info("trainer.keep_last = ", value, ", as the run recorded it in config.json (this resume does not set it; ",
+            "the default, ", options_.keep_last, ", would prune what the run kept)");
+  options_.keep_last = value;
+  mine = ConfigValue{recorded, Origin{"the run's config.json", {}, 0}};
 }
 
 namespace {
@@ -180,7 +234,9 @@ void Trainer::open_run_here() {
   std::string name = options_.name;
   fs::path checkpoint;
   if (!options_.resume_from.empty()) {
-    checkpoint = options_.resume_from;
+    // "runs/x/checkpoints/step_00000006/" as a shell completes it names the step folder too
+    checkpoint = fs::path(options_.resume_from).lexically_normal();
+    if (!checkpoint.has_filename() && checkpoint.has_parent_path()) checkpoint = checkpoint.parent_path();
     if (!fs::exists(checkpoint)) throw Error("trainer.resume_from = " + options_.resume_from + ": no such checkpoint");
     if (fs::exists(checkpoint / "checkpoints")) {  // a run folder: its newest checkpoint
       const auto all = CheckpointStore::list_run(checkpoint);
@@ -222,12 +278,21 @@ void Trainer::open_run_here() {
     if (!CheckpointStore::list_run(run_dir_).empty() && !resume_newest(run_dir_, problems))
       throw Error("resume = auto: none of the checkpoints of " + run_dir_.string() + " can be loaded (" +
                   join(problems, "; ") + "); move the folder away to start again, or choose another trainer.name");
-    if (resumed_at_ < 0) log::info("resume = auto: no checkpoint in ", run_dir_.string(), "; starting fresh");
+    if (resumed_at_ < 0) {
+      log::info("resume = auto: no checkpoint in ", run_dir_.string(), "; starting fresh");
+      set_aside_files_without_checkpoint();
+    }
   } else if (options_.resume != "auto" && !options_.name.empty() && holds_a_run(run_dir_)) {
-    throw Error("run folder " + run_dir_.string() + " already holds a run named '" + name + "' (" +
-                std::to_string(CheckpointStore::list_run(run_dir_).size()) +
-                " checkpoints); continue it with --resume auto, or choose another trainer.name (nothing was written)");
+    const size_t saved = CheckpointStore::list_run(run_dir_).size();
+    throw Error("run folder " + run_dir_.string() + " already holds a run named '" + name + "' (" + std::to_string(saved) +
+                " checkpoints); " +
+                (saved > 0 ? "continue it with --resume auto"
+                           : "it has no checkpoint to continue from: --resume auto starts it again, with its files moved "
+                             "aside") +
+                ", or choose another trainer.name (nothing was written)");
   }
+  if (resumed_at_ >= 0 && fs::weakly_canonical(resumed_from_.parent_path().parent_path()) == fs::weakly_canonical(run_dir_))
+    keep_the_runs_keep_last();
   checkpoints_ = std::make_unique<CheckpointStore>(run_dir_);
   if (resumed_at_ >= 0)
     notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });

@@ -32,7 +32,10 @@ std::string format_count(int64_t n) {
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s;
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += 'x';  // appended: GCC 12's -Wrestrict misreads "x" + std::string&& (bug 105329)
+    s += std::to_string(shape[i]);
+  }
   return s.empty() ? "scalar" : s;
 }
 

@@ -4,10 +4,12 @@
 #include <loom/sdk/helpers.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 #include <unistd.h>
@@ -17,6 +19,30 @@ namespace fs = std::filesystem;
 namespace loom::callbacks {
 
 namespace {
+
+/// `path` is absent or a regular file (through symlinks) that this process can read, else one error
+/// naming it: a FIFO would block the run for ever, a device (/dev/zero) would be read without end,
+/// a directory cannot be written, and an unreadable file must not be taken for an empty one (the
+/// metrics it holds would be replaced).
+void require_regular_file(const fs::path& path, const char* what) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (status.type() == fs::file_type::not_found) {
+    if (fs::is_symlink(fs::symlink_status(path, ec)))
+      throw sdk::Error(path.string() + " is a symbolic link to nothing; remove it, and Loom writes " + what + " there");
+    return;
+  }
+  if (ec) throw sdk::Error("cannot inspect " + path.string() + " (" + what + "): " + ec.message());
+  if (status.type() != fs::file_type::regular)
+    throw sdk::Error(path.string() + " is " +
+                     (status.type() == fs::file_type::directory ? "a directory"
+                      : status.type() == fs::file_type::fifo    ? "a FIFO"
+                      : status.type() == fs::file_type::socket  ? "a socket"
+                      : status.type() == fs::file_type::character || status.type() == fs::file_type::block
+                          ? "a device"
+                          : "not a regular file") +
+                     ", not " + what + "; move it out of the run folder, and Loom writes the file there");
+}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -148,9 +174,13 @@ void Progress::finish() {
 void Jsonl::on_run_begin(RunContext& run) {
   if (!run.is_main()) return;
   path_ = run.run_dir() / "metrics.jsonl";
+  require_regular_file(path_, "the run's metrics (metrics.jsonl)");
   if (run.resumed_at() >= 0 && fs::exists(path_)) {
     // Keep what the interrupted run wrote up to the checkpoint; a torn last line is dropped.
     std::ifstream in(path_);
+    if (!in.is_open())
+      throw sdk::Error("cannot read " + path_.string() + " (" + std::strerror(errno) +
+                       "): resuming keeps the metrics it holds up to the checkpoint; make it readable, or move it away");
     std::string line, kept;
     const std::string prefix = "{\"step\":";
     while (std::getline(in, line)) {
@@ -160,6 +190,7 @@ void Jsonl::on_run_begin(RunContext& run) {
       if (std::from_chars(first, line.data() + line.size(), step).ec == std::errc() && step <= run.resumed_at())
         kept += line + "\n";
     }
+    if (in.bad()) throw sdk::Error("cannot read " + path_.string() + ": an I/O error; nothing in it was changed");
     const fs::path tmp = path_.string() + ".tmp";
     {
       std::ofstream out(tmp, std::ios::trunc);
@@ -185,7 +216,12 @@ void Jsonl::on_log(RunContext& run, int64_t step, const std::map<std::string, do
 
 void TensorBoard::on_run_begin(RunContext& run) {
   if (!run.is_main()) return;
-  writer_ = std::make_unique<EventFileWriter>(run.run_dir() / "tensorboard");
+  const fs::path dir = run.run_dir() / "tensorboard";
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw sdk::Error(dir.string() + " is not a directory; move it out of the run folder, and Loom writes TensorBoard's "
+                     "event files in a folder of that name");
+  writer_ = std::make_unique<EventFileWriter>(dir);
   if (run.resumed_at() >= 0) writer_->purge_from(run.resumed_at() + 1);
 }
 

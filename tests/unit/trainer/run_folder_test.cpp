@@ -2,7 +2,9 @@
 // run refuses a folder that holds one, resuming from an older checkpoint sets the newer steps
 // aside, --resume auto passes over a run whose checkpoints are all damaged, a folder in use is
 // refused, runs without a name never share a folder, interrupted pruning leaves no half-deleted
-// step folder, and a FIFO or a device in place of a file is an error, not a hang.
+// step folder, and a FIFO or a device in place of a file is an error, not a hang. A run that
+// wrote no checkpoint is started again with its files set aside; a resume keeps what its run
+// kept (trainer.keep_last).
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/config.hpp>
 #include <loom/core/files.hpp>
@@ -13,7 +15,9 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <fstream>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 namespace fs = std::filesystem;
@@ -227,23 +231,156 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
 }
 
 TEST_F(RunFolderTest, AWriteThatFailsStopsTheRunAndNamesTheFile) {
-  // /dev/full fails every write with ENOSPC: a full disk under metrics.jsonl alone.
-  fs::create_directories(dir_ / "full");
-  fs::create_symlink("/dev/full", dir_ / "full" / "metrics.jsonl");
+  // A file-size limit of 0 bytes fails every write that would grow a file (EFBIG, with SIGXFSZ
+  // ignored): a full disk under the run's files from the first step on. The run folder and its
+  // config.json are written before it (make_trainer).
   Config c = base("full");
-  c.set_assignment("trainer.resume=auto");  // the folder holds no checkpoint: a fresh start in it
   c.set_assignment("trainer.log_every=1");
   auto t = loom::testing::make_trainer(c);
+  struct rlimit before {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit none = before;
+  none.rlim_cur = 0;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &none), 0);
+  std::string m = "(no error)";
   try {
     t->train();
-    FAIL() << "a metrics line that cannot be written must stop the run";
   } catch (const loom::Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("callback 'jsonl' (on_log): cannot write " + (dir_ / "full" / "metrics.jsonl").string() + " (disk full?)"),
-              std::string::npos)
-        << m;
+    m = e.what();
   }
+  ::setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, previous);
+  EXPECT_NE(m.find("callback 'jsonl' (on_log): cannot write " + (dir_ / "full" / "metrics.jsonl").string() + " (disk full?)"),
+            std::string::npos)
+      << m;
   EXPECT_EQ(t->step(), 1) << "it stops at the first write";
+}
+
+TEST_F(RunFolderTest, AMetricsFileThatIsNotARegularFileIsAnErrorNotAHangAndLosesNothing) {
+  loom::testing::make_trainer(base("special"))->train();
+  const fs::path metrics = dir_ / "special" / "metrics.jsonl";
+  const fs::path kept = dir_ / "metrics.jsonl.kept";
+  fs::rename(metrics, kept);
+  const auto before = steps(dir_ / "special");
+  ASSERT_EQ(before.size(), 2u);
+  auto resume_error = [&] {
+    Config c = base("special", 8);
+    c.set_assignment("trainer.resume=auto");
+    try {
+      loom::testing::make_trainer(c)->train();
+    } catch (const loom::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  // A FIFO would block the resume for ever (it waited for a writer); a device would be read
+  // without end (/dev/zero); a folder cannot be read or written.
+  ASSERT_EQ(::mkfifo(metrics.c_str(), 0644), 0);
+  std::string m = resume_error();
+  EXPECT_NE(m.find(metrics.string() + " is a FIFO, not the run's metrics (metrics.jsonl); move it out of the run folder"),
+            std::string::npos)
+      << m;
+  fs::remove(metrics);
+  fs::create_symlink("/dev/zero", metrics);
+  m = resume_error();
+  EXPECT_NE(m.find(metrics.string() + " is a device, not the run's metrics"), std::string::npos) << m;
+  fs::remove(metrics);
+  fs::create_directory(metrics);
+  m = resume_error();
+  EXPECT_NE(m.find(metrics.string() + " is a directory, not the run's metrics"), std::string::npos) << m;
+  fs::remove(metrics);
+  fs::create_symlink(dir_ / "nowhere", metrics);
+  m = resume_error();
+  EXPECT_NE(m.find(metrics.string() + " is a symbolic link to nothing"), std::string::npos) << m;
+  fs::remove(metrics);
+  // Each refusal changed nothing; with the file back, the run resumes and keeps its lines.
+  EXPECT_EQ(steps(dir_ / "special"), before);
+  fs::rename(kept, metrics);
+  Config c = base("special", 8);
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("trainer.log_every=1");
+  auto t = loom::testing::make_trainer(c);
+  EXPECT_EQ(t->step(), 4);
+  t->train();
+  std::ifstream in(metrics);
+  std::vector<int64_t> logged;
+  for (std::string line; std::getline(in, line);)
+    if (line.find("\"train/loss\"") != std::string::npos) logged.push_back(std::stoll(line.substr(8)));
+  EXPECT_EQ(logged, (std::vector<int64_t>{4, 5, 6, 7, 8})) << "the first run's last step, then the resumed run's";
+}
+
+TEST_F(RunFolderTest, ResumeAutoSetsAsideTheFilesOfARunThatWroteNoCheckpoint) {
+  // A run killed before its first checkpoint left its config.json and metrics.jsonl.
+  const fs::path run = dir_ / "early";
+  fs::create_directories(run);
+  std::ofstream(run / "config.json") << "{\"trainer.lr\": {\"value\": \"0.5\", \"origin\": \"--set\"}}\n";
+  std::ofstream(run / "metrics.jsonl") << "{\"step\":1,\"train/loss\":2.5}\n{\"step\":2,\"train/loss\":2.4}\n";
+  std::string m = error_of(base("early"));
+  EXPECT_NE(m.find("already holds a run named 'early' (0 checkpoints); it has no checkpoint to continue from: "
+                   "--resume auto starts it again, with its files moved aside, or choose another trainer.name"),
+            std::string::npos)
+      << m;
+  Config c = base("early");
+  c.set_assignment("trainer.resume=auto");
+  auto t = loom::testing::make_trainer(c);
+  EXPECT_EQ(t->step(), 0);
+  int aside = 0;
+  for (const auto& entry : fs::directory_iterator(run / "checkpoints")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("abandoned-", 0) != 0) continue;
+    EXPECT_NE(name.find("-without-checkpoint"), std::string::npos) << name;
+    std::ifstream in(entry.path() / "metrics.jsonl");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text, "{\"step\":1,\"train/loss\":2.5}\n{\"step\":2,\"train/loss\":2.4}\n");
+    EXPECT_TRUE(fs::exists(entry.path() / "config.json"));
+    ++aside;
+  }
+  EXPECT_EQ(aside, 1);
+  t->train();
+  EXPECT_EQ(steps(run).size(), 2u);
+}
+
+TEST_F(RunFolderTest, AResumeKeepsTheCheckpointsItsRunKept) {
+  // The run kept 10 checkpoints (base sets trainer.keep_last = 10); a resume that does not repeat
+  // the setting keeps them too, where the default (3) would have deleted the oldest.
+  loom::testing::make_trainer(base("kept", 8))->train();
+  ASSERT_EQ(steps(dir_ / "kept").size(), 4u);
+  Config c = loom::testing::config_of(
+      {"model.name=lightweight_transformer", "model.flavour=debug", "data.name=synthetic", "data.train_size=256",
+       "data.test_size=64", "trainer.batch_size=32", "trainer.seed=3", "trainer.log_every=100", "trainer.eval_every=100",
+       "trainer.checkpoint_every=2", "trainer.device=cpu", "precision.name=fp32", "memory.estimate=false",
+       "trainer.callbacks=jsonl, checkpoint", "trainer.max_steps=10", "trainer.resume=auto"},
+      dir_, "kept");
+  loom::testing::make_trainer(c)->train();
+  EXPECT_EQ(steps(dir_ / "kept"), (std::vector<std::string>{step_dir_name(2), step_dir_name(4), step_dir_name(6),
+                                                            step_dir_name(8), step_dir_name(10)}));
+  // Set for the resume, it is the user's choice.
+  c.set_assignment("trainer.max_steps=12");
+  c.set_assignment("trainer.keep_last=2");
+  loom::testing::make_trainer(c)->train();
+  EXPECT_EQ(steps(dir_ / "kept"), (std::vector<std::string>{step_dir_name(10), step_dir_name(12)}));
+}
+
+TEST_F(RunFolderTest, ResumingFromTheSameOlderCheckpointTwiceKeepsBothTimelines) {
+  loom::testing::make_trainer(base("twice", 6))->train();
+  const fs::path step2 = dir_ / "twice" / "checkpoints" / step_dir_name(2);
+  for (int i = 0; i < 2; ++i) {  // within a second: the two set-asides need two folders
+    Config again = base("", 6);
+    // with the trailing slash a shell's completion adds: the same step folder
+    again.set_assignment("trainer.resume_from=" + step2.string() + "/");
+    auto t = loom::testing::make_trainer(again);
+    EXPECT_EQ(t->run_dir(), dir_ / "twice");
+    EXPECT_EQ(t->step(), 2);
+    t->train();
+  }
+  std::vector<std::string> aside;
+  for (const auto& entry : fs::directory_iterator(dir_ / "twice" / "checkpoints"))
+    if (entry.path().filename().string().rfind("abandoned-", 0) == 0) {
+      EXPECT_TRUE(fs::exists(entry.path() / step_dir_name(6) / "state.json")) << entry.path();
+      aside.push_back(entry.path().filename().string());
+    }
+  EXPECT_EQ(aside.size(), 2u);
 }
 
 }  // namespace

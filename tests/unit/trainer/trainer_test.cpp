@@ -553,8 +553,11 @@ TEST_F(TrainerTest, GradientsReplacedOutsideTheTrainerArePutBackIntoTheirBuffer)
   const auto pa = parameters(*a), pb = parameters(*b);
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
   // Every trainable parameter has its gradient again.
-  for (const auto& p : m.parameters())
-    if (p.requires_grad()) EXPECT_TRUE(p.grad().defined());
+  for (const auto& p : m.parameters()) {
+    if (p.requires_grad()) {
+      EXPECT_TRUE(p.grad().defined());
+    }
+  }
 }
 
 TEST_F(TrainerTest, OptimizerStateHasOneMomentBufferForATiedParameter) {

@@ -270,6 +270,10 @@ class Trainer {
   bool resume_newest(const std::filesystem::path& dir, std::vector<std::string>& problems);
   /// After resuming from an older checkpoint of this run: its newer step folders move aside.
   void set_aside_newer_steps(const std::filesystem::path& checkpoint);
+  /// --resume auto in a folder whose run wrote files but no checkpoint: they move aside.
+  void set_aside_files_without_checkpoint();
+  /// A resume of this run that leaves trainer.keep_last at its default takes the run's recorded value.
+  void keep_the_runs_keep_last();
 
   /// What callbacks see of the run (trainer_callbacks.cpp).
   class Context;
