@@ -57,8 +57,10 @@ struct GzFile {
       const int got = gzread(handle, p + done, chunk);
       if (got < 0) {
         int code = 0;
-        const char* message = gzerror(handle, &code);
-        throw loom::sdk::Error(path.string() + " is corrupt: " + (message ? message : "gzip error") +
+        std::string message = gzerror(handle, &code) ? gzerror(handle, &code) : "gzip error";
+        if (message.rfind("<fd:", 0) == 0 && message.find(": ") != std::string::npos)
+          message = message.substr(message.find(": ") + 2);  // zlib's name for a gzdopen'd file: "<fd:3>: "
+        throw loom::sdk::Error(path.string() + " is corrupt: " + message +
                                "; reinstall dataset-fashion-mnist or download the file again");
       }
       if (got == 0) break;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sys/stat.h>
 
 namespace fs = std::filesystem;
 using loom::core::PluginRegistry;
@@ -134,6 +135,42 @@ TEST_F(FashionMnistFiles, MissingFile) {
   const std::string e = error();
   EXPECT_CONTAINS(e, "t10k-labels-idx1-ubyte[.gz] not found");
   EXPECT_CONTAINS(e, "data.path");
+}
+
+TEST_F(FashionMnistFiles, SomethingNotAFileOfTheNameIsNamedAsWhatItIs) {
+  // In place of a .gz file: each is named as what it is, not reported missing ("install the
+  // package"), and not passed over for the other name.
+  const fs::path gz = dir_ / "t10k-images-idx3-ubyte.gz";
+  write("t10k-images-idx3-ubyte", images(0x803, 10, 10));  // a good plain file beside it
+  fs::remove(gz);
+  ASSERT_EQ(::mkfifo(gz.c_str(), 0644), 0);
+  EXPECT_CONTAINS(error(), gz.string() + " is a FIFO, not an IDX file; put the file there, or set data.path");
+  fs::remove(gz);
+  fs::create_directory(gz);
+  EXPECT_CONTAINS(error(), gz.string() + " is a folder, not an IDX file");
+  fs::remove(gz);
+  fs::create_symlink("/dev/zero", gz);
+  EXPECT_CONTAINS(error(), gz.string() + " is a device, not an IDX file");
+  fs::remove(gz);
+  fs::create_symlink(gz, gz);  // a loop
+  EXPECT_CONTAINS(error(), gz.string() + " is a path that cannot be read (Too many levels of symbolic links)");
+  fs::remove(gz);
+  fs::create_symlink(dir_ / "nowhere", gz);
+  EXPECT_CONTAINS(error(), gz.string() + " is a symbolic link to nothing");
+  fs::remove(gz);
+  EXPECT_EQ(open()->size(loom::sdk::Split::kTest), 10) << "the plain file, with nothing in its way";
+}
+
+TEST_F(FashionMnistFiles, ACorruptGzipStreamIsNamedWithoutZlibsFileDescriptor) {
+  const fs::path gz = dir_ / "t10k-images-idx3-ubyte.gz";
+  std::ifstream in(gz, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  bytes[bytes.size() - 6] = static_cast<char>(bytes[bytes.size() - 6] ^ 0x5a);  // the CRC-32 in the trailer
+  std::ofstream(gz, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string e = error();
+  EXPECT_CONTAINS(e, gz.string() + " is corrupt: ");
+  EXPECT_EQ(e.find("<fd:"), std::string::npos) << e;
 }
 
 TEST(FashionMnist, ReadsDebiansFiles) {
