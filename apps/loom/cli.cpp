@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <loom/core/config.hpp>
+#include <loom/core/log.hpp>
 
 namespace loom::cli {
 
@@ -109,7 +110,12 @@ core::Config config_from(const po::variables_map& options) {
 void scan_plugins(core::PluginRegistry& registry, const po::variables_map& options, bool log_refusals) {
   std::vector<std::filesystem::path> extra;
   if (options.count("plugin-dir"))
-    for (const auto& dir : options["plugin-dir"].as<std::vector<std::string>>()) extra.emplace_back(dir);
+    for (const auto& dir : options["plugin-dir"].as<std::vector<std::string>>()) {
+      std::error_code ec;
+      if (!std::filesystem::exists(dir, ec))
+        core::log::warn("--plugin-dir ", dir, ": no such folder or file; no plugin is loaded from it");
+      extra.emplace_back(dir);
+    }
   registry.set_log_refusals(log_refusals);
   registry.scan(core::PluginRegistry::search_path(extra));
 }

@@ -21,7 +21,8 @@ namespace {
 
 std::string shorten(const std::filesystem::path& file) {
   std::error_code ec;
-  const auto rel = std::filesystem::relative(file, std::filesystem::current_path(ec), ec);
+  // lexically: a symbolic link is shown by its own name, not its target's
+  const auto rel = std::filesystem::absolute(file, ec).lexically_relative(std::filesystem::current_path(ec));
   if (!ec && !rel.empty() && rel.native().size() < file.native().size()) return rel.string();
   return file.string();
 }
@@ -51,7 +52,10 @@ void print_options(const core::ComponentInfo& c) {
   for (const auto& o : c.options) {
     std::string type = sdk::type_name(o.type);
     if (o.type == LOOM_OPTION_ENUM) type += " (" + o.choices + ")";
-    if ((o.type == LOOM_OPTION_INT || o.type == LOOM_OPTION_FLOAT) && (o.min || o.max)) type += " " + core::range_text(o);
+    if ((o.type == LOOM_OPTION_INT || o.type == LOOM_OPTION_FLOAT) && (o.min || o.max)) {
+      type += ' ';  // appended: GCC 12's -Wrestrict misreads " " + std::string&& (bug 105329)
+      type += core::range_text(o);
+    }
     rows.push_back({"    " + o.key, type, o.default_value.empty() ? "-" : o.default_value, o.help});
   }
   print_table(rows);

@@ -20,8 +20,9 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 #include <cstring>
+#include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <unistd.h>
@@ -107,14 +108,21 @@ void PluginRegistry::scan(const std::vector<fs::path>& folders) {
       log::debug("plugin folder ", folder.string(), " does not exist; skipped");
       continue;
     }
+    // Everything named *.so: what is not a regular file (a FIFO, a folder, a device, a broken or
+    // looping link) is refused by name in load()'s first stage, not passed over in silence.
     std::vector<fs::path> here;
     for (const auto& entry : fs::directory_iterator(folder, ec)) {
-      if (entry.path().extension() == ".so" && entry.is_regular_file(ec)) here.push_back(entry.path());
+      if (entry.path().extension() == ".so") here.push_back(entry.path());
     }
     std::sort(here.begin(), here.end());
     files.insert(files.end(), here.begin(), here.end());
   }
-  prescan(files);  // one scanner process for all of them, not one per file
+  std::vector<fs::path> regular;  // the scanner opens only these (a FIFO would block it)
+  for (const auto& file : files) {
+    std::error_code ec;
+    if (fs::is_regular_file(file, ec)) regular.push_back(file);
+  }
+  prescan(regular);  // one scanner process for all of them, not one per file
   for (const auto& file : files) load(file);
 }
 
@@ -379,7 +387,8 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
   LoadReport report;
   std::error_code ec;
   fs::path file = fs::weakly_canonical(file_in, ec);
-  if (ec) file = file_in;
+  std::error_code regular_ec;
+  if (ec || !fs::is_regular_file(file, regular_ec)) file = file_in;  // refused under the name it was found by
   report.file = file;
   if (std::find(seen_files_.begin(), seen_files_.end(), file) != seen_files_.end()) {
     for (const auto& c : components_)
@@ -394,10 +403,18 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     // Stage 1: a static read of the file, without running any of its code. Only a regular
     // file is read: a path that does not exist, a folder or a FIFO is refused by name.
     const auto status = fs::status(file, ec);
-    if (ec || !fs::exists(status))
-      refuse_now("static-check", "no such file", "give the path of a plugin's .so file; `loom plugins` lists the loaded ones");
+    if (status.type() == fs::file_type::not_found) {
+      std::error_code link_ec;
+      refuse_now("static-check", fs::is_symlink(fs::symlink_status(file, link_ec)) ? "a symbolic link to nothing" : "no such file",
+                 "give the path of a plugin's .so file; `loom plugins` lists the loaded ones");
+    }
+    if (ec) refuse_now("static-check", "cannot be read (" + ec.message() + ")", "give the path of a plugin's .so file");
     if (!fs::is_regular_file(status))
-      refuse_now("static-check", fs::is_directory(status) ? "a folder, not a plugin file" : "not a regular file",
+      refuse_now("static-check",
+                 fs::is_directory(status) ? "a folder, not a plugin file"
+                 : fs::is_fifo(status)    ? "a FIFO, not a plugin file"
+                 : fs::is_character_file(status) || fs::is_block_file(status) ? "a device, not a plugin file"
+                                                                               : "not a regular file",
                  "give the path of a plugin's .so file (--plugin-dir takes folders)");
     try {
       boost::dll::library_info info(file, /*throw_if_not_native_format=*/true);
@@ -416,7 +433,19 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     } catch (const PluginRefused&) {
       throw;
     } catch (const std::exception& e) {
-      refuse_now("static-check", std::string("not a shared library of this platform (") + e.what() + ")",
+      // Boost's reason for a file that is not ELF at all is an iostream's ("basic_ios::clear:
+      // iostream error"): such a file is named by what it starts with instead.
+      std::string why = e.what();
+      char magic[4] = {};
+      std::ifstream head(file, std::ios::binary);
+      head.read(magic, sizeof magic);
+      if (head.gcount() < static_cast<std::streamsize>(sizeof magic))
+        why = "it holds " + std::to_string(head.gcount()) + " bytes: an empty or truncated file";
+      else if (std::memcmp(magic, "\x7f" "ELF", 4) != 0)
+        why = "not an ELF file";
+      else if (why.find("iostream error") != std::string::npos)
+        why = "a truncated or damaged ELF file";
+      refuse_now("static-check", "not a shared library of this platform (" + why + ")",
                  "only Loom plugins (ELF shared libraries built with loom_add_plugin) belong in "
                  "a plugin folder");
     }

@@ -67,7 +67,7 @@ TEST_P(BrokenPlugin, IsRefusedWithItsOwnReason) {
 INSTANTIATE_TEST_SUITE_P(
     PluginLoader, BrokenPlugin,
     testing::Values(
-        BrokenCase{"libloom_dataset_broken_not_elf.so", "static-check", "not a shared library"},
+        BrokenCase{"libloom_dataset_broken_not_elf.so", "static-check", "not a shared library of this platform (not an ELF file)"},
         BrokenCase{"libloom_dataset_broken_no_entry.so", "static-check", "no entry symbol loom_plugin_entry_v1"},
         BrokenCase{"libloom_dataset_broken_null_entry.so", "descriptor", "returned no descriptor"},
         BrokenCase{"libloom_dataset_broken_bad_magic.so", "descriptor", "bad magic 0xdeadbeef"},
@@ -237,16 +237,36 @@ TEST(PluginLoader, APathThatIsNoPluginFileIsRefusedByName) {
   fs::create_directories(dir);
   const fs::path fifo = dir / "libloom_fifo.so";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_symlink("/dev/zero", dir / "libloom_device.so");
+  fs::create_symlink(dir / "libloom_loop.so", dir / "libloom_loop.so");
+  fs::create_symlink(dir / "nowhere", dir / "libloom_dangling.so");
+  fs::create_directory(dir / "libloom_folder.so");
   PluginRegistry registry;
   registry.set_log_refusals(false);
   for (const auto& [path, reason] : std::vector<std::pair<fs::path, std::string>>{
-           {dir / "libloom_missing.so", "no such file"}, {dir, "a folder, not a plugin file"}, {fifo, "not a regular file"}}) {
+           {dir / "libloom_missing.so", "no such file"},
+           {dir, "a folder, not a plugin file"},
+           {fifo, "a FIFO, not a plugin file"},
+           {dir / "libloom_device.so", "a device, not a plugin file"},
+           {dir / "libloom_loop.so", "cannot be read (Too many levels of symbolic links)"},
+           {dir / "libloom_dangling.so", "a symbolic link to nothing"}}) {
     const auto report = registry.load(path);
     EXPECT_FALSE(report.accepted) << path;
     ASSERT_TRUE(report.refusal) << path;
     EXPECT_EQ(report.refusal->stage, "static-check") << report.refusal->line();
     EXPECT_EQ(report.refusal->reason, reason) << report.refusal->line();
+    EXPECT_EQ(report.refusal->file, path) << "named by the path it was found by, not a link's target";
   }
+  // In a plugin folder, each of them is refused by name too, not passed over in silence (and the
+  // scanner, which would block on the FIFO, opens none of them).
+  PluginRegistry scanned;
+  scanned.set_log_refusals(false);
+  scanned.scan({dir});
+  std::vector<std::string> refused;
+  for (const auto& r : scanned.refusals()) refused.push_back(r.file.filename().string());
+  std::sort(refused.begin(), refused.end());
+  EXPECT_EQ(refused, (std::vector<std::string>{"libloom_dangling.so", "libloom_device.so", "libloom_fifo.so",
+                                               "libloom_folder.so", "libloom_loop.so"}));
   fs::remove_all(dir);
 }
 
