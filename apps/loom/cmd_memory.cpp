@@ -26,8 +26,12 @@ int64_t devices_of(const Invocation& invocation) {
 
 int cmd_memory(const Invocation& invocation) {
   const std::string what = invocation.args.empty() ? "" : invocation.args[0];
-  if (what != "estimate" && what != "suggest")
-    throw Error("usage: loom memory estimate [-c FILE] [--devices N] [--batch B]  |  loom memory suggest --target 8GiB [--devices N]");
+  const std::string usage =
+      "usage: loom memory estimate [-c FILE] [--devices N] [--batch B]  |  loom memory suggest --target 8GiB [--devices N]";
+  if (what != "estimate" && what != "suggest") throw Error(usage);
+  if (invocation.args.size() > 1) throw Error("loom memory " + what + ": unexpected argument '" + invocation.args[1] + "'; " + usage);
+  if (what == "estimate" && invocation.options.count("target"))
+    throw Error("--target is for loom memory suggest (the largest micro-batch under a size); estimate takes --batch");
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Config config = config_from(invocation.options);
@@ -41,7 +45,15 @@ int cmd_memory(const Invocation& invocation) {
   const int64_t samples = trainer.options().batch_size;
 
   if (what == "estimate") {
-    const int64_t micro = std::max<int64_t>(1, samples / devices / trainer.options().accumulation);
+    // The plan `loom train` would make, or its refusal: 128 on 3 devices is no plan (it printed
+    // a micro-batch of 42, which trains 126).
+    const int64_t per_step = trainer.options().accumulation * devices;
+    if (samples % per_step != 0)
+      throw Error("trainer.batch_size " + std::to_string(samples) + " is not divisible by gradient_accumulation_steps " +
+                  std::to_string(trainer.options().accumulation) + " x --devices " + std::to_string(devices) +
+                  ": loom train refuses that plan; give a global batch that splits evenly, e.g. --batch " +
+                  std::to_string(std::max(per_step, samples / per_step * per_step)));
+    const int64_t micro = samples / per_step;
     const auto measured = trainer.activation_fit(micro);
     if (!measured) throw Error("even a micro-batch of 2 runs out of memory on " + trainer.device().str());
     const core::ActivationFit& fit = *measured;

@@ -33,6 +33,12 @@ for part in ("parameters", "gradients", "optimizer states", "activations", "work
 at64 = total_bytes(r.stdout)
 r4 = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--devices", "4")
 expect("4 devices, each" in r4.stdout and "micro-batch 16" in r4.stdout, "estimate per device for 4 devices", r4)
+# a plan `loom train` would refuse is refused here too, with one that splits evenly
+r3 = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--devices", "3", check=False)
+expect(r3.returncode == 1 and "is not divisible by gradient_accumulation_steps 1 x --devices 3" in r3.stderr
+       and "--batch 63" in r3.stderr and "micro-batch" not in r3.stdout, "64 on 3 devices is refused", r3)
+r = loom(exe, "memory", "estimate", *RUN, "--target", "8GiB", check=False)
+expect(r.returncode == 1 and "--target is for loom memory suggest" in r.stderr, "estimate refuses --target", r)
 at32 = total_bytes(loom(exe, "memory", "estimate", *RUN, "--batch", "32").stdout)
 budget = int((at64 + at32) / 2)
 
