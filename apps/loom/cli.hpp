@@ -11,6 +11,10 @@
 #include <string>
 #include <vector>
 
+namespace loom::core {
+class Trainer;
+}  // namespace loom::core
+
 namespace loom::cli {
 
 namespace po = boost::program_options;
@@ -41,11 +45,17 @@ void scan_plugins(core::PluginRegistry& registry, const po::variables_map& optio
                   bool log_refusals = true);
 
 /// The checkpoint a command names, by --checkpoint PATH or as its only argument; it must exist.
+/// A run folder names its newest step folder; a file in a step folder, that folder.
 std::filesystem::path checkpoint_path(const Invocation& invocation);
 
 /// The configuration a checkpoint was trained with (its run's model and data), then the user's
-/// files and flags over it: what `loom eval` and `loom recommend` build.
-core::Config checkpoint_config(const Invocation& invocation);
+/// files and flags over it: what `loom eval` and `loom recommend` build. `changed` gets each
+/// model and data key the user set to another value than the checkpoint's.
+core::Config checkpoint_config(const Invocation& invocation, const std::filesystem::path& checkpoint,
+                               std::vector<std::string>& changed);
+
+/// trainer.load_weights(checkpoint); a refusal names the keys in `changed` (checkpoint_config's).
+void load_weights(core::Trainer& trainer, const std::filesystem::path& checkpoint, const std::vector<std::string>& changed);
 
 int cmd_plugins(const Invocation& invocation);
 int cmd_config(const Invocation& invocation);

@@ -45,13 +45,14 @@ int cmd_recommend(const Invocation& invocation) {
   const std::string user_id = invocation.options["user"].as<std::string>();
   const int64_t top = invocation.options["top"].as<int64_t>();
   if (top < 1) throw Error("--top must be at least 1");
-  const core::Config config = checkpoint_config(invocation);
   const fs::path checkpoint = checkpoint_path(invocation);
+  std::vector<std::string> changed;
+  const core::Config config = checkpoint_config(invocation, checkpoint, changed);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Trainer trainer(core::resolve_run(config, registry), registry);
   trainer.setup_for_evaluation();
-  trainer.load_weights(checkpoint);
+  load_weights(trainer, checkpoint, changed);
 
   const auto& attributes = trainer.data_spec().attributes;
   for (const char* key : {"users.ids", "items.ids", "items.title"})

@@ -2,6 +2,7 @@
 // checkpoint on the test split.
 #include "cli.hpp"
 
+#include <loom/core/checkpoint.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
@@ -82,29 +83,60 @@ fs::path checkpoint_path(const Invocation& invocation) {
                 "' is one argument too many (the checkpoint goes as --checkpoint PATH or as the only argument)");
   if (!named && invocation.args.empty())
     throw Error("--checkpoint PATH is needed: a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
-  const fs::path checkpoint = named ? invocation.options["checkpoint"].as<std::string>() : invocation.args[0];
+  fs::path checkpoint = fs::path(named ? invocation.options["checkpoint"].as<std::string>() : invocation.args[0]).lexically_normal();
+  if (!checkpoint.has_filename() && checkpoint.has_parent_path()) checkpoint = checkpoint.parent_path();  // "step_.../"
   if (!fs::exists(checkpoint)) throw Error("checkpoint " + checkpoint.string() + ": no such file or folder");
+  // A run folder: its newest checkpoint. A file inside a step folder: that step folder.
+  if (fs::is_directory(checkpoint / "checkpoints")) {
+    const auto all = core::CheckpointStore::list_run(checkpoint);
+    if (all.empty())
+      throw Error(checkpoint.string() + " is a run folder without step checkpoints; pass one of its best_*.safetensors "
+                  "files, or a run that wrote a checkpoint");
+    return all.back();
+  }
+  const std::string name = checkpoint.filename().string();
+  if (!fs::is_directory(checkpoint) && (name == "state.json" || name == "model.safetensors" || name == "optimizer.safetensors") &&
+      checkpoint.parent_path().filename().string().rfind("step_", 0) == 0)
+    return checkpoint.parent_path();
   return checkpoint;
 }
 
-core::Config checkpoint_config(const Invocation& invocation) {
+/// The checkpoint's model and data configuration, with the user's settings over it; `changed`
+/// gets the model and data keys the user set to another value than the checkpoint's.
+core::Config checkpoint_config(const Invocation& invocation, const fs::path& checkpoint, std::vector<std::string>& changed) {
   core::Config config;
-  for (const auto& [key, value] : core::checkpoint_run_config(checkpoint_path(invocation)))
-    config.set(key, value, core::Origin{"checkpoint", {}, 0});
+  const auto recorded = core::checkpoint_run_config(checkpoint);
+  for (const auto& [key, value] : recorded) config.set(key, value, core::Origin{"checkpoint", {}, 0});
   const core::Config user = config_from(invocation.options);
-  for (const auto& [key, value] : user.values()) config.set(key, value.value, value.origin);
+  for (const auto& [key, value] : user.values()) {
+    const auto it = recorded.find(key);
+    if (it != recorded.end() && it->second != value.value)
+      changed.push_back(key + " = " + value.value + " (" + value.origin.describe() + "; the checkpoint's: " + it->second + ")");
+    config.set(key, value.value, value.origin);
+  }
   return config;
 }
 
+void load_weights(core::Trainer& trainer, const fs::path& checkpoint, const std::vector<std::string>& changed) {
+  try {
+    trainer.load_weights(checkpoint);
+  } catch (const Error& e) {
+    if (changed.empty()) throw;
+    throw Error(std::string(e.what()) + ". This command changes the configuration the checkpoint was trained with: " +
+                core::join(changed, "; ") + "; leave those out to use the model as it was trained");
+  }
+}
+
 int cmd_eval(const Invocation& invocation) {
-  const core::Config config = checkpoint_config(invocation);
   const fs::path checkpoint = checkpoint_path(invocation);
+  std::vector<std::string> changed;
+  const core::Config config = checkpoint_config(invocation, checkpoint, changed);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
   trainer.setup_for_evaluation();
-  trainer.load_weights(checkpoint);
+  load_weights(trainer, checkpoint, changed);
   const core::EvalResult e = trainer.evaluate();
   core::log::info(checkpoint.string(), ": ", eval_line(trainer, e), " (", sdk::format_duration(e.seconds), ")");
   return 0;

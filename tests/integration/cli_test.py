@@ -83,7 +83,15 @@ try:
     r = loom(exe, "doctor", "gpu", check=False)
     expect(r.returncode == 1 and "takes no arguments" in r.stderr, "doctor refuses an argument it would ignore", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "model.flavour=standard", check=False)
-    expect(r.returncode == 1 and "is damaged or of another model" in r.stderr, "eval refuses weights of another model", r)
+    expect(r.returncode == 1 and "is damaged or of another model" in r.stderr
+           and "This command changes the configuration the checkpoint was trained with: model.flavour = standard "
+               "(--set; the checkpoint's: debug)" in r.stderr, "eval refuses weights of another model, naming why", r)
+    # a run folder is its newest checkpoint; a step folder with the slash a shell adds, or a file in
+    # it, is that step folder
+    for given in (os.path.join(work, "ev"), os.path.join(work, "ev", "checkpoints", "step_00000010") + "/",
+                  os.path.join(work, "ev", "checkpoints", "step_00000010", "state.json")):
+        r = loom(exe, "eval", given, check=False)
+        expect(r.returncode == 0 and "step_00000010: accuracy" in r.stderr, f"eval {given}", r)
     # Plugins that crash, exit or hang while loading take no command down: each is refused by
     # name (the scanner's child process), and a run that does not use them trains.
     crashing = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(exe))), "tests", "crashing")
