@@ -22,7 +22,8 @@ namespace {
 std::string eval_line(const core::Trainer& trainer, const core::EvalResult& e) {
   std::string line;
   for (const auto& [k, v] : e.metrics) line += trainer.format_metric(k, v) + ", ";
-  return line + trainer.format_metric("loss", e.loss) + " on " + std::to_string(e.samples) + " test samples";
+  return line + trainer.format_metric("loss", e.loss) + " on " + std::to_string(e.samples) +
+         (e.split == sdk::Split::kValidation ? " validation samples" : " test samples");
 }
 
 }  // namespace
@@ -62,6 +63,13 @@ int cmd_train(const Invocation& invocation) {
   if (fs::exists(run / "metrics.jsonl")) files.push_back((run / "metrics.jsonl").string());
   if (fs::exists(run / "tensorboard")) files.push_back((run / "tensorboard").string() + " (tensorboard --logdir " + run.string() + ")");
   core::log::info("files     ", files.empty() ? std::string("none (trainer.callbacks selects no writer)") : core::join(files, ", "));
+  if (s.signal != 0 && s.steps >= trainer.total_steps()) {  // during the last evaluation: nothing to continue
+    core::log::warn("stopped by ", core::signal_name(s.signal), " after the last step (", s.steps, " of ", trainer.total_steps(),
+                    "): the training is complete and its checkpoint written; only its final evaluation was cut "
+                    "short: loom eval ", run.string());
+    core::log::flush();
+    return 128 + s.signal;
+  }
   if (s.signal != 0) {
     const int64_t world = trainer.plan().world_size;
     core::log::warn("stopped by ", core::signal_name(s.signal), " after step ", s.steps, " of ", trainer.total_steps(),

@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <loom/core/crash_report.hpp>
+#include <loom/core/error.hpp>
 #include <loom/core/link_check.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
@@ -134,7 +135,7 @@ int run_loom(int argc, char** argv) {
     return command->run(invocation);
   } catch (const c10::Error& e) {
     // LibTorch's own errors carry a C++ backtrace in what(); the message is what users need.
-    loom::core::log::error(e.what_without_backtrace());
+    loom::core::log::error(loom::explained(e));
     return 1;
   } catch (const std::exception& e) {
     loom::core::log::error(e.what());

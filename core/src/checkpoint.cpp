@@ -54,7 +54,7 @@ int64_t step_of(const fs::path& step_dir) {
 fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const sdk::TensorMap& extra,
                                const std::string& state_json, int64_t keep_last) {
   const fs::path final_dir = dir_ / step_dir_name(step);
-  const fs::path tmp = dir_ / ("." + step_dir_name(step) + ".tmp");
+  const fs::path tmp = dir_ / (std::string(".").append(step_dir_name(step)).append(".tmp"));
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   save_safetensors(tmp / "model.safetensors", model);
@@ -71,7 +71,7 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
       // leaves a .step_*.deleting folder, which the next run removes, never a step folder with
       // half of its files.
       std::error_code ec;
-      const fs::path doomed = dir_ / ("." + all[i].filename().string() + ".deleting");
+      const fs::path doomed = dir_ / (std::string(".").append(all[i].filename().string()).append(".deleting"));
       fs::rename(all[i], doomed, ec);
       fs::remove_all(ec ? all[i] : doomed, ec);
     }

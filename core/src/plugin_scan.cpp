@@ -189,7 +189,7 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (current >= 0) {  // it did not come back from this file
-    ScanVerdict v{false, {}};
+    ScanVerdict v{false, {}, {}};
     if (timed_out) {
       v.reason = "did not finish loading within " + std::to_string(static_cast<int>(limit)) +
                  " s in the scanner (does its initialization hang?)";
@@ -228,7 +228,7 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
       auto it = entries.find(keys[f]);
       if (it != entries.end() && it->second == "ok") out[f] = {};
       else if (it != entries.end() && it->second.rfind("ok\t", 0) == 0) out[f] = {true, {}, it->second.substr(3)};
-      else if (it != entries.end() && it->second.rfind("refused\t", 0) == 0) out[f] = {false, it->second.substr(8) + " (cached verdict)"};
+      else if (it != entries.end() && it->second.rfind("refused\t", 0) == 0) out[f] = {false, it->second.substr(8) + " (cached verdict)", {}};
       else pending.push_back(f);
     }
   }

@@ -56,7 +56,7 @@ std::string checksum(std::vector<TensorEntry> entries, const std::vector<std::st
   for (const auto& e : entries) {
     std::string line = e.name + "|" + e.dtype + "|";
     for (int64_t d : e.shape) line += std::to_string(d) + ",";
-    line += "|" + std::to_string(e.begin) + "|" + std::to_string(e.end) + "\n";
+    line.append("|").append(std::to_string(e.begin)).append("|").append(std::to_string(e.end)).append("\n");
     crc = crc32(crc, reinterpret_cast<const Bytef*>(line.data()), static_cast<uInt>(line.size()));
   }
   for (const std::string_view part : data)

@@ -79,7 +79,7 @@ class StateFields {
  private:
   [[noreturn]] void damaged(std::initializer_list<const char*> path, const std::string& why) const {
     std::string field;
-    for (const char* key : path) field += (field.empty() ? "" : ".") + std::string(key);
+    for (const char* key : path) field.append(field.empty() ? "" : ".").append(key);
     throw Error(file_.string() + ": field '" + field + "' " + why + "; the checkpoint is damaged");
   }
 

@@ -1,9 +1,13 @@
 // Text helpers for messages.
+#include <loom/core/error.hpp>
 #include <loom/core/text.hpp>
 #include <loom/sdk/helpers.hpp>
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 
 namespace loom::core {
@@ -55,3 +59,18 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
 std::string format_bytes(int64_t bytes) { return sdk::format_bytes(bytes); }
 
 }  // namespace loom::core
+
+namespace loom {
+
+std::string explained(const c10::Error& e) {
+  const std::string text = e.what_without_backtrace();
+  const std::string tried = "you tried to allocate ";
+  const size_t at = text.find(tried);
+  if (text.find("DefaultCPUAllocator") == std::string::npos || at == std::string::npos) return text;
+  const long long bytes = std::strtoll(text.c_str() + at + tried.size(), nullptr, 10);
+  return "not enough host memory: a tensor of " + core::format_bytes(bytes) +
+         " could not be allocated; make the model or the batch smaller, and see what a configuration needs with "
+         "`loom memory estimate`";
+}
+
+}  // namespace loom

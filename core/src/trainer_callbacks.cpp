@@ -61,7 +61,14 @@ fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap&
 bool Trainer::evaluate_and_report(sdk::Split split) {
   if (eval_loader(split) == nullptr) return false;
   const std::string what = split == sdk::Split::kValidation ? "validation" : "test";
-  EvalResult e = in_phase(what + " evaluation at step " + std::to_string(step_), [&] { return evaluate(split); });
+  EvalResult e;
+  try {
+    e = in_phase(what + " evaluation at step " + std::to_string(step_), [&] { return evaluate(split); });
+  } catch (const EvaluationStopped& stopped) {
+    log::warn(what, " ", stopped.what(), " at step ", step_, ": no figures from it");
+    if (stop_reason_.empty()) stop_reason_ = signal_name(stopped.signal) + " received";
+    return false;
+  }
   e.step = step_;
   last_eval_ = e;
   std::string line = what + " step " + std::to_string(step_) + ": " + format_metric("loss", e.loss);

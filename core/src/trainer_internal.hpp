@@ -15,6 +15,10 @@
 #include <optional>
 #include <string>
 
+namespace loom::core {
+std::string signal_name(int sig);  // stop_signals.cpp (declared in trainer.hpp)
+}  // namespace loom::core
+
 namespace loom::core::detail {
 
 using Clock = std::chrono::steady_clock;
@@ -40,14 +44,27 @@ inline double float_of(const Resolved& c, const std::string& key) { return check
 inline bool bool_of(const Resolved& c, const std::string& key) { return checked<bool>(c, key, sdk::parse_bool, "a boolean"); }
 inline int64_t bytes_of(const Resolved& c, const std::string& key) { return checked<int64_t>(c, key, sdk::parse_bytes, "a size"); }
 
+/// An evaluation that a stop signal (SIGINT, SIGTERM...) ended before its last batch: it reports
+/// no figures (Trainer::evaluate_and_report says so and stops the run).
+class EvaluationStopped : public Error {
+ public:
+  EvaluationStopped(int sig, int64_t done, int64_t total)
+      : Error("evaluation stopped by " + signal_name(sig) + " after " + std::to_string(done) + " of " +
+              std::to_string(total) + " batches"),
+        signal(sig) {}
+  int signal;
+};
+
 /// Runs `f`, naming `phase` in any error it throws ("evaluation at step 40: ..."), so that a
 /// failure says where the run was. An out-of-memory error that nothing recovered from is one too.
 template <class F>
 auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
   try {
     return f();
+  } catch (const EvaluationStopped&) {
+    throw;  // not a failure of the phase: the caller ends the run
   } catch (const c10::Error& e) {
-    throw Error(phase + ": " + e.what_without_backtrace());
+    throw Error(phase + ": " + loom::explained(e));
   } catch (const std::exception& e) {
     throw Error(phase + ": " + e.what());
   }

@@ -67,6 +67,29 @@ try:
     assert saved == [f"step_{step:08d}"], f"SIGPIPE: checkpoints {saved}, last logged step {step}"
     print(f"SIGPIPE: exit 141, checkpoint of step {step}")
 
+    # A signal during the final evaluation of the test split, after the last step: the evaluation
+    # stops at its next batch (it ran to its end, 24 s on a large split), and the run says it is
+    # complete, not "continue with --resume auto".
+    name = "final_eval"
+    proc = subprocess.Popen([exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
+                             "--set", "trainer.max_steps=3", "--set", "data.test_size=400000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = os.path.join(work, name)
+    deadline = time.time() + 300
+    while time.time() < deadline and not any(m.get("step") == 3 and "val/loss" in m for m in
+                                              (metrics(run) if os.path.exists(os.path.join(run, "metrics.jsonl")) else [])):
+        assert proc.poll() is None, "the run ended before its test evaluation: " + proc.stderr.read()
+        time.sleep(0.05)
+    time.sleep(0.5)  # past the last step's checkpoint, into the test split's evaluation (about 15 s)
+    proc.send_signal(signal.SIGINT)
+    t0 = time.time()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, f"SIGINT in the final evaluation: exit {proc.returncode}\n{err}"
+    assert "test evaluation stopped by SIGINT after" in err, err
+    assert "after the last step (3 of 3): the training is complete" in err and "--resume auto" not in err, err
+    assert not any("test/loss" in m for m in metrics(run)), "no figures from a cut evaluation"
+    print(f"SIGINT in the final test evaluation: exit 130 after {time.time() - t0:.1f} s, the run complete")
+
     # A second signal: the process ends at once, by the signal's default action.
     proc, run = start("twice")
     proc.send_signal(signal.SIGTERM)

@@ -176,8 +176,9 @@ TEST(AbiCompat, EachFingerprintFieldDecidesAsDocumented) {
   EXPECT_EQ(reason_with("sdk", "0.1.7"), "");
   // A C-tier plugin names no LibTorch: any host takes it, unless it is sanitized and the host not.
   EXPECT_NO_THROW(check_fingerprint({{"format", "1"}, {"tier", "c"}, {"sanitizers", "none"}}));
-  if (!host_has_address_sanitizer())
+  if (!host_has_address_sanitizer()) {
     EXPECT_THROW(check_fingerprint({{"format", "1"}, {"tier", "c"}, {"sanitizers", "address"}}), PluginRefused);
+  }
   // The note's text itself: lines of key=value, each key once.
   EXPECT_EQ(loom::core::parse_fingerprint("a=1\nb=x=y\n\n").at("b"), "x=y");
   EXPECT_THROW(loom::core::parse_fingerprint("a=1\na=2\n"), PluginRefused);

@@ -124,7 +124,9 @@ TEST_F(PluginScan, OnlyThePluginsARunCreatesAreLoadedInProcess) {
     for (const auto& p : registry.plugins()) {
       const bool fp32 = p->file.filename() == "libloom_precision_fp32.so";
       EXPECT_EQ(p->loaded(), fp32) << p->file;
-      if (round == 0 && !fp32) EXPECT_EQ(mapped.count(p->file.filename().string()), 0u) << p->file << " was mapped";
+      if (round == 0 && !fp32) {
+        EXPECT_EQ(mapped.count(p->file.filename().string()), 0u) << p->file << " was mapped";
+      }
     }
   }
 }

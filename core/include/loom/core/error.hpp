@@ -4,6 +4,12 @@
 
 #include <loom/sdk/error.hpp>
 
+#include <string>
+
+namespace c10 {
+class Error;
+}  // namespace c10
+
 namespace loom {
 using Error = sdk::Error;
 
@@ -14,4 +20,9 @@ class ResumeRefused : public Error {
  public:
   using Error::Error;
 };
+
+/// A LibTorch error's text for the user, without its C++ backtrace: a host allocation that
+/// failed (DefaultCPUAllocator's "[enforce fail at alloc_cpu.cpp:127] err == 0. ... you tried to
+/// allocate N bytes") says what it means and what to do instead.
+std::string explained(const c10::Error& e);
 }  // namespace loom
