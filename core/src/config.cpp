@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -157,6 +158,7 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
   } catch (const Error& e) {
     throw Error("config file " + display(file) + named_by + ": " + e.what());
   }
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte order mark, as some editors write
   const auto lines = entry_lines(text);
   for (const auto& [key, line] : lines) {
     if (line < 0)
@@ -204,6 +206,21 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
 }
 
 void Config::set(const std::string& key, const std::string& value, Origin origin) {
+  // A value is one line of text of sensible length: a NUL cut messages short, a newline or an
+  // escape sequence would be written into logs and config.json, and a 10 MB value was echoed whole.
+  constexpr size_t kMaxValue = 64 << 10;
+  if (value.size() > kMaxValue)
+    throw Error(origin.describe() + ": " + key + " has a value of " + std::to_string(value.size()) + " bytes; values are " +
+                "at most " + std::to_string(kMaxValue) + " (a number, a name, a path, a list)");
+  for (size_t i = 0; i < value.size(); ++i) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      char code[8];
+      std::snprintf(code, sizeof code, "0x%02x", c);
+      throw Error(origin.describe() + ": " + key + " holds a control character (byte " + code + " at position " +
+                  std::to_string(i + 1) + "); a value is one line of text");
+    }
+  }
   values_[key] = ConfigValue{value, std::move(origin)};
 }
 

@@ -122,21 +122,34 @@ std::string read_file(const fs::path& path, int64_t max_bytes) {
   if (size > max_bytes) {
     ::close(fd);
     throw Error("cannot read " + path.string() + ": it is " + std::to_string(size) + " bytes, more than the " +
-                std::to_string(max_bytes) + " such a file may have; it is not the file Loom wrote");
+                std::to_string(max_bytes) + " Loom reads from such a file");
   }
-  std::string out(static_cast<size_t>(size), '\0');
+  // To its end, not to the size fstat gave: a file that grew since, or one whose size the kernel
+  // reports as 0 (/proc/self/status), is read whole, up to max_bytes.
+  std::string out(static_cast<size_t>(size) + 1, '\0');
   size_t done = 0;
-  while (done < out.size()) {
+  while (true) {
+    if (done == out.size()) {
+      if (static_cast<int64_t>(done) > max_bytes) {
+        ::close(fd);
+        throw Error("cannot read " + path.string() + ": it holds more than the " + std::to_string(max_bytes) +
+                    " bytes Loom reads from such a file");
+      }
+      out.resize(std::min<size_t>(out.size() * 2 + 4096, static_cast<size_t>(max_bytes) + 1));
+    }
     const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       ::close(fd);
       fail("cannot read", path);
     }
-    if (n == 0) break;  // shrank while read
+    if (n == 0) break;
     done += static_cast<size_t>(n);
   }
   ::close(fd);
+  if (static_cast<int64_t>(done) > max_bytes)
+    throw Error("cannot read " + path.string() + ": it holds more than the " + std::to_string(max_bytes) +
+                " bytes Loom reads from such a file");
   out.resize(done);
   return out;
 }

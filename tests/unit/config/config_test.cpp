@@ -119,6 +119,30 @@ TEST_F(ConfigTest, MalformedLinesAndKeysOutsideSectionsAreErrors) {
   EXPECT_CONTAINS(error_of([&] { config.set_assignment("trainer.lr"); }), "expected section.key=value");
 }
 
+TEST_F(ConfigTest, AValueIsOneLineOfTextOfSensibleLength) {
+  // A NUL cut the message at the value; a 10 MB value was echoed whole; a byte order mark made
+  // the first line "not a key = value line".
+  const auto nul = write("nul.ini", std::string("[trainer]\nmax_steps = 5\0abc\n", 28));
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(nul); }),
+                  "nul.ini:2: trainer.max_steps holds a control character (byte 0x00 at position 2); a value is one line of text");
+  const auto huge = write("huge.ini", "[data]\npath = " + std::string(10 << 20, 'x') + "\n");
+  const std::string m = error_of([&] { Config c; c.load_file(huge); });
+  EXPECT_CONTAINS(m, "huge.ini:2: data.path has a value of 10485760 bytes; values are at most 65536");
+  EXPECT_LT(m.size(), 300u);
+  Config c;
+  EXPECT_CONTAINS(error_of([&] { c.set_assignment("trainer.name=a\x1b[2Jb"); }),
+                  "--set: trainer.name holds a control character (byte 0x1b at position 2)");
+  const auto bom = write("bom.ini", "\xEF\xBB\xBF[trainer]\nmax_steps = 7\n");
+  Config with_bom;
+  with_bom.load_file(bom);
+  EXPECT_EQ(with_bom.get("trainer.max_steps"), "7");
+  // A file whose size the kernel gives as 0 is read to its end: /proc/self/status is no config
+  // (it was read as an empty one), and says so at its first line.
+  if (fs::exists("/proc/self/status")) {
+    EXPECT_CONTAINS(error_of([&] { Config p; p.load_file("/proc/self/status"); }), "status:1: not a `key = value`");
+  }
+}
+
 TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
   const auto file = write("run.ini", "[trainer]\nlr = 0.1\n\nbatch_szie = 32\n");
   Config config;

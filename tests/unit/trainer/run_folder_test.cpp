@@ -202,7 +202,7 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"trainer.name=../elsewhere", "trainer.name = '../elsewhere' is not a run name"},
       {"trainer.name=/abs", "trainer.name = '/abs' is not a run name"},
-      {"trainer.name=two\nlines", "is not a run name"},
+      {"trainer.name=two\nlines", "--set: trainer.name holds a control character (byte 0x0a at position 4); a value is one line of text"},
       {"data.num_workers=100000", "--set: data.num_workers = 100000 is outside its range [-1, 64]"},
       {"trainer.batch_size=0", "--set: trainer.batch_size = 0 is outside its range [1, 16777216]"},
       {"trainer.lr=-0.1", "--set: trainer.lr = -0.1 is outside its range [1e-12, 10]"},
@@ -219,8 +219,8 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
   };
   for (const auto& [assignment, expected] : cases) {
     Config c = base("absurd");
-    c.set_assignment(assignment);
     try {
+      c.set_assignment(assignment);
       resolve_run(c, loom::testing::registry());
       ADD_FAILURE() << assignment << " was accepted";
     } catch (const loom::Error& e) {
