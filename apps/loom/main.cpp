@@ -137,6 +137,9 @@ int run_loom(int argc, char** argv) {
     // LibTorch's own errors carry a C++ backtrace in what(); the message is what users need.
     loom::core::log::error(loom::explained(e));
     return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    loom::core::log::error(loom::explained(e));
+    return 1;
   } catch (const std::exception& e) {
     loom::core::log::error(e.what());
     return 1;

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <numeric>
 
 namespace loom::core {
@@ -71,6 +73,29 @@ std::string explained(const c10::Error& e) {
   return "not enough host memory: a tensor of " + core::format_bytes(bytes) +
          " could not be allocated; make the model or the batch smaller, and see what a configuration needs with "
          "`loom memory estimate`";
+}
+
+std::string explained(const std::filesystem::filesystem_error& e) {
+  // libstdc++'s text: "filesystem error: cannot create directories: Not a directory [a/b] [c]"
+  std::string what = e.what();
+  const std::string prefix = "filesystem error: ";
+  if (what.rfind(prefix, 0) == 0) what.erase(0, prefix.size());
+  const std::string reason = e.code().message();
+  const size_t cut = what.find(": " + reason);
+  std::string operation = cut == std::string::npos ? what : what.substr(0, cut);
+  std::string text = operation + " " + e.path1().string();
+  if (!e.path2().empty()) text += " -> " + e.path2().string();
+  text += ": " + reason;
+  const int code = e.code().value();
+  if (code == ENOTDIR || code == EEXIST)
+    text += " (a part of that path is a file, not a folder: choose another path, or move the file away)";
+  else if (code == EACCES || code == EPERM)
+    text += " (choose a path this user may write, or change its permissions)";
+  else if (code == ELOOP)
+    text += " (a symbolic link there points back at itself)";
+  else if (code == ENOSPC)
+    text += " (the disk is full)";
+  return text;
 }
 
 }  // namespace loom

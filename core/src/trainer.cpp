@@ -9,6 +9,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/trainer.hpp>
+#include <loom/sdk/launch.hpp>
 #include "gradient_sync.hpp"
 #include "replicas.hpp"
 #include "run_context.hpp"
@@ -108,6 +109,27 @@ void Trainer::build_parallel() {
   parallel_->setup(options_.device);
   device_ = parallel_->device();
   log::set_rank(parallel_->rank(), parallel_->world_size());
+  // Launched as one of several processes, with a strategy that trains alone: each process would
+  // train the whole model on its own, into runs of its own, and nothing would say so.
+  if (parallel_->world_size() == 1) {
+    std::optional<sdk::LaunchEnvironment> found;
+    try {
+      found = sdk::launch_environment();
+    } catch (const std::exception&) {
+      return;  // an incomplete launcher environment matters only to a strategy that reads it
+    }
+    if (found && found->world_size > 1) {
+      const sdk::LaunchEnvironment& launched = *found;
+      const std::string what = "this process is rank " + std::to_string(launched.rank) + " of " +
+                               std::to_string(launched.world_size) + " (" + launched.launcher + "'s variables), but " +
+                               "parallel strategy '" + name + "' trains alone: every process would train the whole " +
+                               "model by itself. Set parallel.name=ddp to train together";
+      // torchrun and `loom launch` start the processes for this command; under Slurm or MPI a
+      // job's variables can be set around a single process (an sbatch script), so only a warning.
+      if (launched.launcher == "torchrun") throw Error(what);
+      log::warn(what);
+    }
+  }
 }
 
 void Trainer::build_memory() {

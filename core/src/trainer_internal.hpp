@@ -65,6 +65,8 @@ auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
     throw;  // not a failure of the phase: the caller ends the run
   } catch (const c10::Error& e) {
     throw Error(phase + ": " + loom::explained(e));
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw Error(phase + ": " + loom::explained(e));
   } catch (const std::exception& e) {
     throw Error(phase + ": " + e.what());
   }

@@ -86,6 +86,23 @@ try:
     expect(r.returncode == 1 and "is damaged or of another model" in r.stderr
            and "This command changes the configuration the checkpoint was trained with: model.flavour = standard "
                "(--set; the checkpoint's: debug)" in r.stderr, "eval refuses weights of another model, naming why", r)
+    # a work_dir under a file: what failed, on which path, and why, without libstdc++'s "filesystem error: [...]"
+    afile = os.path.join(work, "afile")
+    open(afile, "w").close()
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={afile}", "--set", "trainer.name=w", check=False)
+    expect(r.returncode == 1 and f"cannot create directories {afile}/w: Not a directory (a part of that path is a file"
+           in r.stderr and "filesystem error" not in r.stderr, "a work_dir under a file", r)
+    # Started as one of several processes (torchrun's or `loom launch`'s variables) with a strategy
+    # that trains alone: refused, as each process would train the whole model by itself. Under
+    # Slurm's variables (an sbatch script around one process) a warning only.
+    ranked = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=2", env=ranked,
+             check=False)
+    expect(r.returncode == 1 and "this process is rank 1 of 2 (torchrun's variables), but parallel strategy 'single' "
+           "trains alone" in r.stderr and "Set parallel.name=ddp" in r.stderr, "a lone strategy under torchrun", r)
+    slurm = dict(os.environ, SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_LOCALID="0", MASTER_ADDR="127.0.0.1")
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=2", env=slurm)
+    expect("rank 0 of 4 (slurm's variables)" in r.stderr and "done" in r.stderr, "a lone strategy under Slurm", r)
     # a run folder is its newest checkpoint; a step folder with the slash a shell adds, or a file in
     # it, is that step folder
     for given in (os.path.join(work, "ev"), os.path.join(work, "ev", "checkpoints", "step_00000010") + "/",

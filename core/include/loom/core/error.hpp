@@ -4,6 +4,7 @@
 
 #include <loom/sdk/error.hpp>
 
+#include <filesystem>
 #include <string>
 
 namespace c10 {
@@ -25,4 +26,7 @@ class ResumeRefused : public Error {
 /// failed (DefaultCPUAllocator's "[enforce fail at alloc_cpu.cpp:127] err == 0. ... you tried to
 /// allocate N bytes") says what it means and what to do instead.
 std::string explained(const c10::Error& e);
+/// A std::filesystem error as "cannot create directories runs/x: Not a directory (a part of that
+/// path is a file, not a folder: ...)", without libstdc++'s "filesystem error:" and brackets.
+std::string explained(const std::filesystem::filesystem_error& e);
 }  // namespace loom
