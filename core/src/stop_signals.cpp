@@ -2,9 +2,16 @@
 // kill a job), SIGHUP (the terminal or ssh session that started the run closed) and SIGPIPE (the
 // reader of the run's output went away: `loom train | head`, a `tee` that died): the first signal
 // asks the training loop to stop after the step it is in, which then writes a checkpoint and
-// reports; a second signal ends the process at once. SIGPIPE never counts as the second: once the
-// reader is gone every write to it raises one more, and the checkpoint must still be written
-// (those writes fail with EPIPE instead, and the output is lost, not the run).
+// reports; a second SIGINT or SIGTERM ends the process at once.
+//   - SIGPIPE and SIGHUP never count as the second: once the reader is gone every write raises one
+//     more SIGPIPE (those writes fail with EPIPE instead: the output is lost, not the run), and a
+//     closing ssh session sends SIGHUP twice (bash to its jobs, then the kernel to the terminal's
+//     foreground group), a few milliseconds apart.
+//   - A SIGPIPE is no reason to kill at once on the next signal: a SIGINT or SIGTERM after it
+//     counts as the first (it says so, and the checkpoint is still written).
+//   - SIGHUP and SIGPIPE ignored on entry stay ignored: `nohup loom train` keeps running when its
+//     terminal closes, and a service whose manager ignores SIGPIPE (systemd) keeps running when
+//     its log's reader restarts.
 #include <loom/core/trainer.hpp>
 
 #include <atomic>
@@ -19,18 +26,20 @@ namespace {
 std::atomic<int> received{0};
 
 void on_signal(int sig) {
+  const int before = received.load();
   if (sig == SIGPIPE) {  // no message: standard error may be the pipe that closed
-    int none = 0;
-    received.compare_exchange_strong(none, SIGPIPE);
+    if (before == 0) received.store(SIGPIPE);
     return;
   }
-  if (received.exchange(sig) != 0) {  // the second one: the default action, now
-    std::signal(sig, SIG_DFL);
+  if (before != 0 && before != SIGPIPE) {
+    if (sig == SIGHUP) return;  // the session's second hang-up: still the graceful stop
+    std::signal(sig, SIG_DFL);  // a second SIGINT or SIGTERM: the default action, now
     std::raise(sig);
     return;
   }
+  received.store(sig);
   static const char message[] =
-      "\nloom: stopping after the current step (a checkpoint is written); send the signal again to stop at once\n";
+      "\nloom: stopping after the current step (a checkpoint is written); send SIGINT or SIGTERM again to stop at once\n";
   const ssize_t written = ::write(STDERR_FILENO, message, sizeof message - 1);
   (void)written;
 }
@@ -44,8 +53,11 @@ void install_stop_signals() {
   action.sa_flags = SA_RESTART;
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGHUP, &action, nullptr);
-  sigaction(SIGPIPE, &action, nullptr);
+  for (const int sig : {SIGHUP, SIGPIPE}) {
+    struct sigaction inherited {};
+    if (sigaction(sig, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN) continue;  // nohup, systemd
+    sigaction(sig, &action, nullptr);
+  }
 }
 
 int stop_signal_received() { return received.load(); }

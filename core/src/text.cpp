@@ -83,11 +83,12 @@ std::string explained(const std::filesystem::filesystem_error& e) {
   const std::string reason = e.code().message();
   const size_t cut = what.find(": " + reason);
   std::string operation = cut == std::string::npos ? what : what.substr(0, cut);
-  std::string text = operation + " " + e.path1().string();
-  if (!e.path2().empty()) text += " -> " + e.path2().string();
-  text += ": " + reason;
+  std::string text = operation;  // appended: GCC 12's -Wrestrict misreads " " + std::string&& (bug 105329)
+  if (!e.path1().empty()) text.append(" ").append(e.path1().string());
+  if (!e.path2().empty()) text.append(" -> ").append(e.path2().string());
+  text.append(": ").append(reason);
   const int code = e.code().value();
-  if (code == ENOTDIR || code == EEXIST)
+  if (code == ENOTDIR || (code == EEXIST && operation.find("create director") != std::string::npos))
     text += " (a part of that path is a file, not a folder: choose another path, or move the file away)";
   else if (code == EACCES || code == EPERM)
     text += " (choose a path this user may write, or change its permissions)";

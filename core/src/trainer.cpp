@@ -66,6 +66,7 @@ std::map<std::string, std::string> Trainer::section(const std::string& name) con
 void Trainer::setup() {
   in_phase("set-up", [&] {
     build_components(/*with_optimizer=*/true);
+    refuse_training_alone_among_ranks();
     build_throughput();
     build_plan();
     build_step_graphs();
@@ -102,6 +103,28 @@ void Trainer::build_components(bool with_optimizer) {
   }
 }
 
+void Trainer::refuse_training_alone_among_ranks() const {
+  // Launched as one of several processes, with a strategy that trains alone: each process would
+  // train the whole model on its own, into runs of its own, and nothing would say so. Training
+  // only: `loom eval` and the others may be run by a process of such a job.
+  if (parallel_->world_size() != 1) return;
+  std::optional<sdk::LaunchEnvironment> found;
+  try {
+    found = sdk::launch_environment();
+  } catch (const std::exception&) {
+    return;  // an incomplete launcher environment matters only to a strategy that reads it
+  }
+  if (!found || found->world_size <= 1) return;
+  const std::string what = "this process is rank " + std::to_string(found->rank) + " of " +
+                           std::to_string(found->world_size) + " (" + found->launcher + "'s variables), but " +
+                           "parallel strategy '" + value_of(config_, "parallel.name") + "' trains alone: every " +
+                           "process would train the whole model by itself. Set parallel.name=ddp to train together";
+  // torchrun and `loom launch` start the processes for this command; under Slurm or MPI a job's
+  // variables can be set around a single process (an sbatch script), so only a warning.
+  if (found->launcher == "torchrun") throw Error(what);
+  log::warn(what);
+}
+
 void Trainer::build_parallel() {
   const std::string name = value_of(config_, "parallel.name");
   const auto& info = registry_.require(LOOM_KIND_PARALLEL, name);
@@ -109,27 +132,6 @@ void Trainer::build_parallel() {
   parallel_->setup(options_.device);
   device_ = parallel_->device();
   log::set_rank(parallel_->rank(), parallel_->world_size());
-  // Launched as one of several processes, with a strategy that trains alone: each process would
-  // train the whole model on its own, into runs of its own, and nothing would say so.
-  if (parallel_->world_size() == 1) {
-    std::optional<sdk::LaunchEnvironment> found;
-    try {
-      found = sdk::launch_environment();
-    } catch (const std::exception&) {
-      return;  // an incomplete launcher environment matters only to a strategy that reads it
-    }
-    if (found && found->world_size > 1) {
-      const sdk::LaunchEnvironment& launched = *found;
-      const std::string what = "this process is rank " + std::to_string(launched.rank) + " of " +
-                               std::to_string(launched.world_size) + " (" + launched.launcher + "'s variables), but " +
-                               "parallel strategy '" + name + "' trains alone: every process would train the whole " +
-                               "model by itself. Set parallel.name=ddp to train together";
-      // torchrun and `loom launch` start the processes for this command; under Slurm or MPI a
-      // job's variables can be set around a single process (an sbatch script), so only a warning.
-      if (launched.launcher == "torchrun") throw Error(what);
-      log::warn(what);
-    }
-  }
 }
 
 void Trainer::build_memory() {

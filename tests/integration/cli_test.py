@@ -100,6 +100,8 @@ try:
              check=False)
     expect(r.returncode == 1 and "this process is rank 1 of 2 (torchrun's variables), but parallel strategy 'single' "
            "trains alone" in r.stderr and "Set parallel.name=ddp" in r.stderr, "a lone strategy under torchrun", r)
+    r = loom(exe, "eval", best, env=ranked, check=False)  # a process of such a job may evaluate
+    expect(r.returncode == 0 and "accuracy" in r.stderr, "eval under torchrun's variables", r)
     slurm = dict(os.environ, SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_LOCALID="0", MASTER_ADDR="127.0.0.1")
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=2", env=slurm)
     expect("rank 0 of 4 (slurm's variables)" in r.stderr and "done" in r.stderr, "a lone strategy under Slurm", r)

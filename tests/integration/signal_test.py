@@ -67,6 +67,33 @@ try:
     assert saved == [f"step_{step:08d}"], f"SIGPIPE: checkpoints {saved}, last logged step {step}"
     print(f"SIGPIPE: exit 141, checkpoint of step {step}")
 
+    # A closing ssh session sends SIGHUP twice (bash to its jobs, the kernel to the terminal's
+    # group): still the graceful stop, not the second signal's kill.
+    proc, run = start("hup_twice")
+    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 129, f"two SIGHUPs: exit {proc.returncode}\n{err}"
+    step = max(m["step"] for m in metrics(run))
+    assert os.path.isdir(os.path.join(run, "checkpoints", f"step_{step:08d}")), "two SIGHUPs: a checkpoint"
+    print(f"two SIGHUPs: exit 129, checkpoint of step {step}")
+
+    # Under nohup (SIGHUP ignored on entry) a hang-up changes nothing: the run goes on.
+    proc = subprocess.Popen([exe, "train", *args, "--set", "trainer.name=nohup"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    run = os.path.join(work, "nohup")
+    deadline = time.time() + 300
+    while time.time() < deadline and not (os.path.exists(os.path.join(run, "metrics.jsonl")) and len(metrics(run)) >= 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1)
+    assert proc.poll() is None, "a run under nohup stopped on SIGHUP"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 143, f"nohup, then SIGTERM: exit {proc.returncode}"
+    print("SIGHUP under nohup: ignored; SIGTERM then stops it")
+
     # A signal during the final evaluation of the test split, after the last step: the evaluation
     # stops at its next batch (it ran to its end, 24 s on a large split), and the run says it is
     # complete, not "continue with --resume auto".
@@ -80,7 +107,7 @@ try:
                                               (metrics(run) if os.path.exists(os.path.join(run, "metrics.jsonl")) else [])):
         assert proc.poll() is None, "the run ended before its test evaluation: " + proc.stderr.read()
         time.sleep(0.05)
-    time.sleep(0.5)  # past the last step's checkpoint, into the test split's evaluation (about 15 s)
+    time.sleep(2)  # past the last step's checkpoint (milliseconds), into the test split's evaluation (about 15 s)
     proc.send_signal(signal.SIGINT)
     t0 = time.time()
     _, err = proc.communicate(timeout=120)

@@ -265,6 +265,7 @@ class Trainer {
   void build_gradient_sync();
   DataLoader::Position position_for_world(int64_t epoch, int64_t offset, int64_t saved_world) const;
   void lock_run(const std::filesystem::path& dir);
+  void refuse_training_alone_among_ranks() const;  // RANK/WORLD_SIZE say several, the strategy trains alone
   /// Loads the newest checkpoint of a run folder that loads; false (with the reasons added to
   /// `problems`) when none does. A checkpoint that does not fit this run (ResumeRefused) throws.
   bool resume_newest(const std::filesystem::path& dir, std::vector<std::string>& problems);
