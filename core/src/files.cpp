@@ -175,6 +175,24 @@ const char* file_type_name(unsigned mode) {
   return "not a regular file";
 }
 
+std::string not_a_regular_file(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  switch (status.type()) {
+    case fs::file_type::regular: return "";
+    case fs::file_type::not_found: {
+      std::error_code link_ec;
+      return fs::is_symlink(fs::symlink_status(path, link_ec)) ? "a symbolic link to nothing" : "no such file";
+    }
+    case fs::file_type::directory: return "a folder";
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::socket: return "a socket";
+    default: return ec ? "cannot be read (" + ec.message() + ")" : "not a regular file";
+  }
+}
+
 FileLock::FileLock(const fs::path& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd_ < 0) fail("cannot open the lock file", path);

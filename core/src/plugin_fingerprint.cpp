@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <fcntl.h>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -215,6 +216,17 @@ void check_legacy_fingerprint(const loom_build_fingerprint* f) {
            "built before ABI 1.4, when plugins did not record the layout of the SDK's value types, and this "
            "Loom's value types have changed since",
            kRebuildHint);
+}
+
+std::string why_not_a_library(const std::filesystem::path& file, const std::string& library_error) {
+  char magic[4] = {};
+  std::ifstream head(file, std::ios::binary);
+  head.read(magic, sizeof magic);
+  if (head.gcount() < static_cast<std::streamsize>(sizeof magic))
+    return "it holds " + std::to_string(head.gcount()) + " bytes: an empty or truncated file";
+  if (std::memcmp(magic, "\x7f" "ELF", 4) != 0) return "not an ELF file";
+  if (library_error.find("iostream error") != std::string::npos) return "a truncated or damaged ELF file";
+  return library_error;
 }
 
 }  // namespace loom::core

@@ -23,6 +23,12 @@ using Fingerprint = std::map<std::string, std::string>;
 /// (stage "static-check") for a file libelf cannot read as ELF, or a note that is malformed.
 std::optional<std::string> read_fingerprint_note(const std::filesystem::path& file);
 
+/// Why `file` is no shared library Boost.DLL can read, for a refusal: by what it starts with
+/// ("not an ELF file", "it holds 0 bytes: an empty or truncated file", "a truncated or damaged ELF
+/// file") where Boost's own reason is an iostream's ("basic_ios::clear: iostream error"), else
+/// `library_error`.
+std::string why_not_a_library(const std::filesystem::path& file, const std::string& library_error);
+
 /// "key=value" lines into a map. Throws PluginRefused (stage "fingerprint") for text that is not
 /// such lines (a key twice, an empty key, a line without '=', a value over LOOM_MAX_TEXT).
 Fingerprint parse_fingerprint(std::string_view text);

@@ -1,4 +1,5 @@
 // The plugin registry: the loading stages of plugin_registry.hpp, and component creation.
+#include <loom/core/files.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
@@ -21,7 +22,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -117,12 +117,7 @@ void PluginRegistry::scan(const std::vector<fs::path>& folders) {
     std::sort(here.begin(), here.end());
     files.insert(files.end(), here.begin(), here.end());
   }
-  std::vector<fs::path> regular;  // the scanner opens only these (a FIFO would block it)
-  for (const auto& file : files) {
-    std::error_code ec;
-    if (fs::is_regular_file(file, ec)) regular.push_back(file);
-  }
-  prescan(regular);  // one scanner process for all of them, not one per file
+  prescan(files);  // one scanner process for all of them, not one per file
   for (const auto& file : files) load(file);
 }
 
@@ -131,6 +126,7 @@ void PluginRegistry::prescan(const std::vector<fs::path>& files) {
   std::vector<fs::path> pending;
   for (const auto& f : files) {
     std::error_code ec;
+    if (!fs::is_regular_file(f, ec)) continue;  // refused by load() by name; a FIFO would block the scanner
     fs::path file = fs::weakly_canonical(f, ec);
     if (ec) file = f;
     if (!scanned_.count(file) && std::find(seen_files_.begin(), seen_files_.end(), file) == seen_files_.end())
@@ -400,22 +396,13 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
   seen_files_.push_back(file);
 
   try {
-    // Stage 1: a static read of the file, without running any of its code. Only a regular
-    // file is read: a path that does not exist, a folder or a FIFO is refused by name.
-    const auto status = fs::status(file, ec);
-    if (status.type() == fs::file_type::not_found) {
-      std::error_code link_ec;
-      refuse_now("static-check", fs::is_symlink(fs::symlink_status(file, link_ec)) ? "a symbolic link to nothing" : "no such file",
-                 "give the path of a plugin's .so file; `loom plugins` lists the loaded ones");
+    // Stage 1: a static read of the file, without running any of its code, and only of a regular file.
+    if (const std::string what = not_a_regular_file(file); !what.empty()) {
+      const bool missing = what == "no such file" || what == "a symbolic link to nothing";
+      refuse_now("static-check", missing || what.rfind("cannot", 0) == 0 ? what : what + ", not a plugin file",
+                 missing ? "give the path of a plugin's .so file; `loom plugins` lists the loaded ones"
+                         : "give the path of a plugin's .so file (--plugin-dir takes folders)");
     }
-    if (ec) refuse_now("static-check", "cannot be read (" + ec.message() + ")", "give the path of a plugin's .so file");
-    if (!fs::is_regular_file(status))
-      refuse_now("static-check",
-                 fs::is_directory(status) ? "a folder, not a plugin file"
-                 : fs::is_fifo(status)    ? "a FIFO, not a plugin file"
-                 : fs::is_character_file(status) || fs::is_block_file(status) ? "a device, not a plugin file"
-                                                                               : "not a regular file",
-                 "give the path of a plugin's .so file (--plugin-dir takes folders)");
     try {
       boost::dll::library_info info(file, /*throw_if_not_native_format=*/true);
       const auto in_section = info.symbols(LOOM_ENTRY_SECTION);
@@ -433,18 +420,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     } catch (const PluginRefused&) {
       throw;
     } catch (const std::exception& e) {
-      // Boost's reason for a file that is not ELF at all is an iostream's ("basic_ios::clear:
-      // iostream error"): such a file is named by what it starts with instead.
-      std::string why = e.what();
-      char magic[4] = {};
-      std::ifstream head(file, std::ios::binary);
-      head.read(magic, sizeof magic);
-      if (head.gcount() < static_cast<std::streamsize>(sizeof magic))
-        why = "it holds " + std::to_string(head.gcount()) + " bytes: an empty or truncated file";
-      else if (std::memcmp(magic, "\x7f" "ELF", 4) != 0)
-        why = "not an ELF file";
-      else if (why.find("iostream error") != std::string::npos)
-        why = "a truncated or damaged ELF file";
+      const std::string why = why_not_a_library(file, e.what());
       refuse_now("static-check", "not a shared library of this platform (" + why + ")",
                  "only Loom plugins (ELF shared libraries built with loom_add_plugin) belong in "
                  "a plugin folder");

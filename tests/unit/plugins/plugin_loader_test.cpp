@@ -247,7 +247,7 @@ TEST(PluginLoader, APathThatIsNoPluginFileIsRefusedByName) {
            {dir / "libloom_missing.so", "no such file"},
            {dir, "a folder, not a plugin file"},
            {fifo, "a FIFO, not a plugin file"},
-           {dir / "libloom_device.so", "a device, not a plugin file"},
+           {dir / "libloom_device.so", "a character device, not a plugin file"},
            {dir / "libloom_loop.so", "cannot be read (Too many levels of symbolic links)"},
            {dir / "libloom_dangling.so", "a symbolic link to nothing"}}) {
     const auto report = registry.load(path);
