@@ -147,9 +147,6 @@ std::string read_file(const fs::path& path, int64_t max_bytes) {
     done += static_cast<size_t>(n);
   }
   ::close(fd);
-  if (static_cast<int64_t>(done) > max_bytes)
-    throw Error("cannot read " + path.string() + ": it holds more than the " + std::to_string(max_bytes) +
-                " bytes Loom reads from such a file");
   out.resize(done);
   return out;
 }
@@ -173,24 +170,6 @@ const char* file_type_name(unsigned mode) {
   if (S_ISSOCK(mode)) return "a socket";
   if (S_ISDIR(mode)) return "a folder";
   return "not a regular file";
-}
-
-std::string not_a_regular_file(const fs::path& path) {
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  switch (status.type()) {
-    case fs::file_type::regular: return "";
-    case fs::file_type::not_found: {
-      std::error_code link_ec;
-      return fs::is_symlink(fs::symlink_status(path, link_ec)) ? "a symbolic link to nothing" : "no such file";
-    }
-    case fs::file_type::directory: return "a folder";
-    case fs::file_type::fifo: return "a FIFO";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::socket: return "a socket";
-    default: return ec ? "cannot be read (" + ec.message() + ")" : "not a regular file";
-  }
 }
 
 FileLock::FileLock(const fs::path& path) : path_(path) {

@@ -1,5 +1,4 @@
 // The plugin registry: the loading stages of plugin_registry.hpp, and component creation.
-#include <loom/core/files.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
@@ -8,6 +7,7 @@
 #include "plugin_fingerprint.hpp"
 #include "plugin_scan.hpp"
 
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/options.hpp>
 
 // Boost 1.74's library_info.hpp uses std::vector and std::string without including them.
@@ -397,7 +397,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
 
   try {
     // Stage 1: a static read of the file, without running any of its code, and only of a regular file.
-    if (const std::string what = not_a_regular_file(file); !what.empty()) {
+    if (const std::string what = sdk::what_is_at(file); !what.empty()) {
       const bool missing = what == "no such file" || what == "a symbolic link to nothing";
       refuse_now("static-check", missing || what.rfind("cannot", 0) == 0 ? what : what + ", not a plugin file",
                  missing ? "give the path of a plugin's .so file; `loom plugins` lists the loaded ones"

@@ -1,6 +1,7 @@
 // The callbacks that write what a run reports: the progress line, metrics.jsonl, TensorBoard.
 #include "standard.hpp"
 
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
 
 #include <algorithm>
@@ -25,23 +26,12 @@ namespace {
 /// a directory cannot be written, and an unreadable file must not be taken for an empty one (the
 /// metrics it holds would be replaced).
 void require_regular_file(const fs::path& path, const char* what) {
-  std::error_code ec;
-  const fs::file_status status = fs::status(path, ec);
-  if (status.type() == fs::file_type::not_found) {
-    if (fs::is_symlink(fs::symlink_status(path, ec)))
-      throw sdk::Error(path.string() + " is a symbolic link to nothing; remove it, and Loom writes " + what + " there");
-    return;
-  }
-  if (ec) throw sdk::Error("cannot inspect " + path.string() + " (" + what + "): " + ec.message());
-  if (status.type() != fs::file_type::regular)
-    throw sdk::Error(path.string() + " is " +
-                     (status.type() == fs::file_type::directory ? "a directory"
-                      : status.type() == fs::file_type::fifo    ? "a FIFO"
-                      : status.type() == fs::file_type::socket  ? "a socket"
-                      : status.type() == fs::file_type::character || status.type() == fs::file_type::block
-                          ? "a device"
-                          : "not a regular file") +
-                     ", not " + what + "; move it out of the run folder, and Loom writes the file there");
+  const std::string there = sdk::what_is_at(path);
+  if (there.empty() || there == "no such file") return;
+  if (there.rfind("cannot", 0) == 0) throw sdk::Error(path.string() + " (" + what + ") " + there);
+  throw sdk::Error(path.string() + " is " + there + ", not " + what +
+                   (there == "a symbolic link to nothing" ? "; remove it" : "; move it out of the run folder") +
+                   ", and Loom writes the file there");
 }
 
 double now_seconds() {

@@ -62,23 +62,14 @@ class FashionMnist final : public loom::sdk::TensorDataset {
   fs::path find(const std::string& stem) const {
     for (const char* suffix : {".gz", ""}) {
       const fs::path p = folder_ / (stem + suffix);
-      std::error_code ec;
-      const fs::file_status status = fs::status(p, ec);
-      if (status.type() == fs::file_type::regular) return p;
       // Something of that name that is not a file is named as what it is, not taken for a missing
       // file (nor passed over for the other name): a FIFO, a folder, a device, a broken link.
-      std::error_code link_ec;
-      const bool link = fs::is_symlink(fs::symlink_status(p, link_ec));
-      if (status.type() != fs::file_type::not_found || link) {
-        const fs::file_type t = status.type();
-        const std::string what = t == fs::file_type::directory ? "a folder"
-                                 : t == fs::file_type::fifo    ? "a FIFO"
-                                 : t == fs::file_type::character || t == fs::file_type::block ? "a device"
-                                 : t == fs::file_type::not_found ? "a symbolic link to nothing"
-                                 : ec ? "a path that cannot be read (" + ec.message() + ")"
-                                      : "not a regular file";
-        throw loom::sdk::Error("fashion_mnist: " + p.string() + " is " + what + ", not an IDX file; put the file " +
-                               "there, or set data.path to a folder with the four IDX files");
+      const std::string what = loom::sdk::what_is_at(p);
+      if (what.empty()) return p;
+      if (what != "no such file") {
+        const bool unreadable = what.rfind("cannot", 0) == 0;
+        throw loom::sdk::Error("fashion_mnist: " + p.string() +
+                               (unreadable ? " " + what : " is " + what + ", not an IDX file") + "; put the file there, or set data.path to a folder with the four IDX files");
       }
     }
     throw loom::sdk::Error("fashion_mnist: " + (folder_ / stem).string() + "[.gz] not found; install Debian's "

@@ -284,11 +284,11 @@ TEST_F(RunFolderTest, AMetricsFileThatIsNotARegularFileIsAnErrorNotAHangAndLoses
   fs::remove(metrics);
   fs::create_symlink("/dev/zero", metrics);
   m = resume_error();
-  EXPECT_NE(m.find(metrics.string() + " is a device, not the run's metrics"), std::string::npos) << m;
+  EXPECT_NE(m.find(metrics.string() + " is a character device, not the run's metrics"), std::string::npos) << m;
   fs::remove(metrics);
   fs::create_directory(metrics);
   m = resume_error();
-  EXPECT_NE(m.find(metrics.string() + " is a directory, not the run's metrics"), std::string::npos) << m;
+  EXPECT_NE(m.find(metrics.string() + " is a folder, not the run's metrics"), std::string::npos) << m;
   fs::remove(metrics);
   fs::create_symlink(dir_ / "nowhere", metrics);
   m = resume_error();

@@ -47,11 +47,6 @@ std::string crc32_hex(std::string_view bytes);
 /// "a FIFO", "a character device", ...: a st_mode's file type for messages.
 const char* file_type_name(unsigned mode);
 
-/// "" where `path` is a regular file (through symbolic links); else what is there, for messages:
-/// "no such file", "a symbolic link to nothing", "a folder", "a FIFO", "a character device",
-/// "cannot be read (Too many levels of symbolic links)"...
-std::string not_a_regular_file(const std::filesystem::path& path);
-
 /// An exclusive advisory lock (flock) on a file, held while the object lives. The lock ends with
 /// the process, so a lock file left by a killed process is never stale.
 class FileLock {

@@ -7,6 +7,7 @@
 #include <loom/sdk/compat.hpp>
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/error.hpp>
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/fingerprint.hpp>
 #include <loom/sdk/helpers.hpp>
 #include <loom/sdk/log.hpp>
