@@ -69,7 +69,8 @@ class FashionMnist final : public loom::sdk::TensorDataset {
       if (what != "no such file") {
         const bool unreadable = what.rfind("cannot", 0) == 0;
         throw loom::sdk::Error("fashion_mnist: " + p.string() +
-                               (unreadable ? " " + what : " is " + what + ", not an IDX file") + "; put the file there, or set data.path to a folder with the four IDX files");
+                               (unreadable ? " " + what : " is " + what + ", not an IDX file") +
+                               "; put the file there, or set data.path to a folder with the four IDX files");
       }
     }
     throw loom::sdk::Error("fashion_mnist: " + (folder_ / stem).string() + "[.gz] not found; install Debian's "
