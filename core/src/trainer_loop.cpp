@@ -42,8 +42,8 @@ TrainSummary Trainer::train() {
     const auto start = Clock::now();
     // Only log steps read the step's values from the device, unless a callback reads every step.
     const bool log_step = (step_ + 1) % options_.log_every == 0 || step_ + 1 == total_steps_;
-    const StepResult r = in_phase("training step " + std::to_string(step_ + 1),
-                                  [&] { return step_with_recovery(read_every_step_ || log_step); });
+    StepResult r = in_phase("training step " + std::to_string(step_ + 1),
+                            [&] { return step_with_recovery(read_every_step_ || log_step); });
     const double dt = seconds_since(start);
     train_seconds += dt;
     window_.add(r, dt);
@@ -51,6 +51,8 @@ TrainSummary Trainer::train() {
     if (sig != 0 && stop_reason_.empty()) stop_reason_ = signal_name(sig) + " received";
     if (step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty()) {
       flush_window();
+      // A stop logs a step that was not a log step: its rate is still on the device (one read).
+      if (!r.read && lr_on_device_.defined()) r.lr = lr_on_device_.item<double>();
       auto values = window_.take(step_values(r));
       add_model_flops(values, flops_per_term_, devices_in_world(), peak_.tflops);  // Note [Model FLOPs in the log]
       finish_metrics(values, "train/");
