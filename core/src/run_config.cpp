@@ -30,7 +30,7 @@ namespace {
 // warm-up; on older GPUs it picks float16 autocast with the dynamic loss scaler. Both are
 // explicit choices too (precision.name = fp16_amp / bf16_amp).
 
-/// trainer.device names a device this machine has: auto, cpu, cuda or cuda:N with N below the
+/// trainer.device names a device this machine has: auto, cpu (cpu:0), cuda or cuda:N with N below the
 /// number of visible CUDA devices (else LibTorch fails later with an internal assertion).
 void check_device(const std::string& text) {
   if (text == "auto" || text == "cpu") return;
@@ -41,7 +41,13 @@ void check_device(const std::string& text) {
   }
   if (!device || !(device->is_cpu() || device->is_cuda()))
     throw Error("trainer.device = '" + text + "' is not a device Loom trains on: use auto, cpu, cuda or cuda:N");
-  if (device->is_cpu()) return;
+  if (device->is_cpu()) {
+    // LibTorch takes cpu:5 for the CPU and ignores the index; the run would record a device it never used.
+    if (device->has_index() && device->index() != 0)
+      throw Error("trainer.device = '" + text + "': the CPU is one device, cpu (or cpu:0); trainer.threads sets how " +
+                  "many cores it uses");
+    return;
+  }
   const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
   if (count == 0)
     throw Error("trainer.device = '" + text + "', but no CUDA device is visible here; use trainer.device = cpu (or auto, "

@@ -23,10 +23,32 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <sys/resource.h>
+#include <thread>
 
 namespace fs = std::filesystem;
 
 namespace loom::core {
+
+namespace {
+
+/// trainer.threads within what this process may start: past `ulimit -u` OpenMP's thread creation
+/// fails inside the first operator and ends the process with its own line; more threads than cores
+/// only slow every operator down.
+void check_threads(int64_t threads) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NPROC, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      static_cast<rlim_t>(threads) >= limit.rlim_cur)
+    throw Error("trainer.threads = " + std::to_string(threads) + ", but this user may run at most " +
+                std::to_string(limit.rlim_cur) + " processes and threads (ulimit -u); set trainer.threads = 0 " +
+                "(LibTorch's default, the physical cores) or a number of cores");
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores > 0 && threads > static_cast<int64_t>(cores))
+    log::warn("trainer.threads = ", threads, " on a machine with ", cores, " logical cores: threads beyond the ",
+              "cores make every operator slower; 0 picks LibTorch's default (the physical cores)");
+}
+
+}  // namespace
 
 using namespace detail;
 
@@ -81,7 +103,10 @@ void Trainer::setup() {
 }
 
 void Trainer::build_components(bool with_optimizer) {
-  if (options_.threads > 0) at::set_num_threads(static_cast<int>(options_.threads));
+  if (options_.threads > 0) {
+    check_threads(options_.threads);
+    at::set_num_threads(static_cast<int>(options_.threads));
+  }
   at::manual_seed(static_cast<uint64_t>(options_.seed));
   build_parallel();
   build_data();

@@ -213,6 +213,7 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
       {"schedule.min_lr_ratio=-1", "--set: schedule.min_lr_ratio = -1 is outside its range [0, 1]"},
       {"model.dropout=1.5", "--set: model.dropout = 1.5 is outside its range [0, 0.99]"},
       {"trainer.device=cuda:99", "trainer.device = 'cuda:99', but "},
+      {"trainer.device=cpu:5", "trainer.device = 'cpu:5': the CPU is one device, cpu (or cpu:0); trainer.threads"},
       {"trainer.device=quantum", "trainer.device = 'quantum' is not a device Loom trains on"},
       {"model.d_model=64", "flavour = debug fixes num_layers, d_model, num_heads, patch_size and stem_channels, so "
                            "model.d_model = 64 would be ignored"},
