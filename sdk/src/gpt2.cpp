@@ -30,12 +30,22 @@ Config hf_config(const std::filesystem::path& dir) {
     if (activation != "gelu_new" && activation != "gelu_pytorch_tanh")
       throw sdk::Error(path.string() + ": activation_function '" + activation +
                        "' (this GPT-2 computes GELU with the tanh approximation, gelu_new)");
-    c.vocab_size = j.at("vocab_size").get<int64_t>();
-    c.n_ctx = j.contains("n_positions") ? j.at("n_positions").get<int64_t>() : j.at("n_ctx").get<int64_t>();
-    c.n_layer = j.at("n_layer").get<int64_t>();
-    c.n_head = j.at("n_head").get<int64_t>();
-    c.n_embd = j.at("n_embd").get<int64_t>();
+    // A count is a whole number: nlohmann's get<int64_t>() would take 1.5 for 1 and "12" not at all.
+    auto count = [&](const char* key) {
+      const nlohmann::json& v = j.at(key);
+      if (!v.is_number_integer() || v.get<int64_t>() < 1)
+        throw sdk::Error(path.string() + ": " + key + " is " + v.dump() + "; it is a whole number of at least 1");
+      return v.get<int64_t>();
+    };
+    c.vocab_size = count("vocab_size");
+    c.n_ctx = count(j.contains("n_positions") ? "n_positions" : "n_ctx");
+    c.n_layer = count("n_layer");
+    c.n_head = count("n_head");
+    c.n_embd = count("n_embd");
     c.layer_norm_epsilon = j.value("layer_norm_epsilon", 1e-5);
+    if (!(c.layer_norm_epsilon > 0 && c.layer_norm_epsilon < 1))
+      throw sdk::Error(path.string() + ": layer_norm_epsilon is " + j.at("layer_norm_epsilon").dump() +
+                       "; it is a small positive number (GPT-2's: 1e-05)");
   } catch (const nlohmann::json::exception& e) {
     throw sdk::Error(path.string() + ": " + e.what() + " (a GPT-2 config has vocab_size, n_positions, n_layer, n_head, n_embd)");
   }

@@ -140,6 +140,16 @@ float number(std::string_view text, const char* field, const Rows& rows) {
   return static_cast<float>(value);
 }
 
+/// A rating on MovieLens's scale: 1 to 5 stars (ml-100k, ml-1m), 0.5 to 5 in half stars (ml-latest).
+/// Anything else is a damaged row or not MovieLens: it would train the model to predict it.
+float rating(std::string_view text, const char* field, const Rows& rows) {
+  const float value = number(text, field, rows);
+  if (value < 0.5f || value > 5.0f)
+    throw rows.error(std::string(field) + " " + trimmed(text) + " is outside MovieLens's scale (0.5 to 5 stars); " +
+                     "mend the row (a file of another scale is not MovieLens: a dataset plugin of its own reads it)");
+  return value;
+}
+
 /// Builds RawData row by row: the catalogue first, then the interactions (users in order of
 /// first appearance).
 class Reader {
@@ -229,7 +239,7 @@ RawData read_ml100k(const fs::path& root) {
     const auto f = split_on(line, "\t");
     if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (user id, item id, rating, timestamp; tab-separated)");
     reader.add_interaction(std::to_string(integer(f[0], "user id", rows)), std::to_string(integer(f[1], "item id", rows)),
-                           number(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "u.item");
+                           rating(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "u.item");
   }
   return reader.take();
 }
@@ -254,7 +264,7 @@ RawData read_ml1m(const fs::path& root) {
     const auto f = split_on(line, "::");
     if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (UserID::MovieID::Rating::Timestamp)");
     reader.add_interaction(std::to_string(integer(f[0], "UserID", rows)), std::to_string(integer(f[1], "MovieID", rows)),
-                           number(f[2], "Rating", rows), integer(f[3], "Timestamp", rows), rows, "movies.dat");
+                           rating(f[2], "Rating", rows), integer(f[3], "Timestamp", rows), rows, "movies.dat");
   }
   return reader.take();
 }
@@ -295,7 +305,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
     const auto f = split_on(line, ",");
     if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (userId,movieId,rating,timestamp)");
     reader.add_interaction(std::to_string(integer(f[0], "userId", rows)), std::to_string(integer(f[1], "movieId", rows)),
-                           number(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "movies.csv");
+                           rating(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "movies.csv");
   }
   return reader.take();
 }

@@ -172,6 +172,31 @@ TEST(Gpt2, AFolderThatDoesNotFitIsOneErrorNamingEveryTensor) {
   }
 }
 
+TEST(Gpt2, AConfigWithAFractionalOrMissingSizeIsOneErrorNamingTheKey) {
+  // nlohmann's get<int64_t>() takes 1.5 for 1: a damaged config.json would build another model.
+  const auto dir = loom::testing::fresh_test_dir("loom_hf_sizes");
+  auto error_with = [&](const std::string& key, const std::string& value) -> std::string {
+    nlohmann::json j = {{"model_type", "gpt2"}, {"vocab_size", 50257}, {"n_positions", 1024},
+                        {"n_layer", 12},        {"n_head", 12},        {"n_embd", 768}};
+    j[key] = nlohmann::json::parse(value);
+    std::ofstream(dir / "config.json") << j.dump();
+    try {
+      gpt2::hf_config(dir);
+    } catch (const loom::sdk::Error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(error_with("n_layer", "1.5").find("config.json: n_layer is 1.5; it is a whole number of at least 1"),
+            std::string::npos);
+  EXPECT_NE(error_with("n_head", "\"12\"").find("n_head is \"12\"; it is a whole number"), std::string::npos);
+  EXPECT_NE(error_with("n_embd", "0").find("n_embd is 0;"), std::string::npos);
+  EXPECT_NE(error_with("layer_norm_epsilon", "-1").find("layer_norm_epsilon is -1; it is a small positive number"),
+            std::string::npos);
+  EXPECT_EQ(error_with("n_layer", "6"), "accepted");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SafetensorsMapped, TensorsViewTheFileAndOutliveTheirMap) {
   // map_safetensors: the tensors read the file's bytes without a copy, stay valid after the map
   // that returned them is gone, and an in-place change touches neither the file nor a new map.

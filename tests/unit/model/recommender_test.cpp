@@ -146,6 +146,10 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   write(dir_ / "ratings.dat", "1::1::5::1\n1::2::4::2\n1::2::x::3\n");
   std::string message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.dat:3: Rating 'x' is not a number"), std::string::npos) << message;
+  write(dir_ / "ratings.dat", "1::1::5::1\n1::2::-3::2\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.dat:2: Rating -3 is outside MovieLens's scale (0.5 to 5 stars)"), std::string::npos)
+      << message;
   write(dir_ / "ratings.dat", "1::1::5::1\n1::9::4::2\n");
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.dat:2: item id 9 is not in movies.dat"), std::string::npos) << message;
