@@ -189,7 +189,11 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
   }
   for (const auto& e : entries) {
     if (e.key != "base") continue;
-    for (const auto& base : sdk::parse_list(e.value)) {
+    const auto bases = sdk::parse_list(e.value);
+    if (bases.empty())
+      throw Error(display(path) + ":" + std::to_string(e.line) + ": base is empty; name the file this one builds on " +
+                  "(base = other.ini, a path relative to this file) or remove the line");
+    for (const auto& base : bases) {
       const fs::path base_path = fs::path(base).is_absolute() ? fs::path(base) : path.parent_path() / base;
       load_file(base_path, chain, display(path) + ":" + std::to_string(e.line));
     }

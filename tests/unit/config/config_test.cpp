@@ -107,6 +107,9 @@ TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {
   const std::string message = error_of([&] { Config c; c.load_file(child); });
   EXPECT_CONTAINS(message, "nowhere.ini not found");
   EXPECT_CONTAINS(message, "child.ini:2");
+  // An empty base is a line left half-written, not "no base": named, not passed over.
+  const auto empty = write("empty.ini", "base =\n[trainer]\nlr = 1\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(empty); }), "empty.ini:1: base is empty; name the file");
 }
 
 TEST_F(ConfigTest, MalformedLinesAndKeysOutsideSectionsAreErrors) {
