@@ -3,6 +3,10 @@
 
 #include <loom/core/config.hpp>
 #include <loom/core/log.hpp>
+#include <loom/sdk/options.hpp>
+
+#include <map>
+#include <utility>
 
 namespace loom::cli {
 
@@ -95,15 +99,31 @@ core::Config config_from(const po::variables_map& options) {
   core::Config config;
   if (options.count("config"))
     for (const auto& file : options["config"].as<std::vector<std::string>>()) config.load_file(core::find_config(file));
+  // A key given twice on the command line: --set wins over a flag, a later --set over an earlier
+  // one, and the value replaced is never checked, so a mistyped one would pass unseen: said.
+  std::map<std::string, std::pair<std::string, std::string>> given_before;  // key: value, as given
+  auto replacing = [&](const std::string& key, const std::string& value, const std::string& given) {
+    auto [it, first] = given_before.try_emplace(key, value, given);
+    if (!first && it->second.first != value)
+      core::log::warn(key, " is given twice on the command line (", it->second.second, " and ", given, "): ", value,
+                      " is used (--set wins over a flag, a later --set over an earlier one), ", it->second.first,
+                      " is not");
+    it->second = {value, given};
+  };
   for (const auto& alias : core::aliases()) {
     if (!options.count(alias.flag)) continue;
     const std::string value =
         alias.switch_to != nullptr ? alias.switch_to : options[alias.flag].as<std::string>();
+    replacing(alias.key, value, std::string("--") + alias.flag + " " + value);
     config.set(alias.key, value, core::Origin{std::string("--") + alias.flag, {}, 0});
   }
   if (options.count("set"))
-    for (const auto& assignment : options["set"].as<std::vector<std::string>>())
+    for (const auto& assignment : options["set"].as<std::vector<std::string>>()) {
+      if (const auto eq = assignment.find('='); eq != std::string::npos)
+        replacing(std::string(sdk::trim(assignment.substr(0, eq))), std::string(sdk::trim(assignment.substr(eq + 1))),
+                  "--set " + assignment);
       config.set_assignment(assignment);
+    }
   return config;
 }
 

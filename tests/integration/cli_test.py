@@ -34,6 +34,11 @@ expect("lr = 0.01" in r.stdout and "# --set" in r.stdout, "config show: --set or
 expect("debug.ini:" in r.stdout and "fashion_mnist.ini:" in r.stdout, "config show: file:line origins", r)
 expect("flavour = debug" in r.stdout and "(model 'lightweight_transformer')" in r.stdout, "plugin keys", r)
 
+# A key given twice on the command line: the value not used is never checked, so it is named.
+r = loom(exe, "config", "show", "--batch-size", "abc", "--set", "trainer.batch_size=64")
+expect("batch_size = 64" in r.stdout and "trainer.batch_size is given twice on the command line (--batch-size abc and "
+       "--set trainer.batch_size=64): 64 is used" in r.stderr, "a flag's value replaced by --set is named", r)
+
 # configs/fashion_mnist.ini is the default job spelled out: `loom train` without -c runs exactly it.
 def settings(*args):
     out = loom(exe, "config", "show", *args).stdout
