@@ -90,22 +90,41 @@ fs::path CheckpointStore::save_weights(const std::string& file_name, const sdk::
   return path;
 }
 
-Checkpoint CheckpointStore::load(const fs::path& dir) {
+namespace {
+
+Checkpoint load_step_folder(const fs::path& dir, bool with_optimizer) {
   if (!fs::is_directory(dir))
     throw Error("checkpoint " + dir.string() + " is not a folder; pass a step folder such as runs/<name>/checkpoints/step_00000300");
   for (const char* file : {"state.json", "model.safetensors", "optimizer.safetensors"})
-    if (!fs::exists(dir / file))
+    if ((with_optimizer || std::string_view(file) != "optimizer.safetensors") && !fs::exists(dir / file))
       throw Error("checkpoint " + dir.string() + " has no " + file + "; it is incomplete or not a Loom checkpoint");
   Checkpoint c;
   c.dir = dir;
   c.model = load_safetensors(dir / "model.safetensors");
   sdk::TextMap metadata;
-  c.extra = load_safetensors(dir / "optimizer.safetensors", &metadata);
+  if (with_optimizer) {
+    c.extra = load_safetensors(dir / "optimizer.safetensors", &metadata);
+  } else if (!fs::exists(dir / "optimizer.safetensors")) {
+    log::warn("checkpoint ", dir.string(), " has no optimizer.safetensors: its state.json (the model's configuration) ",
+              "cannot be checked against the checksum recorded there; it is used as it is");
+  } else {
+    try {
+      load_safetensors(dir / "optimizer.safetensors", &metadata);  // checked whole; only its metadata is kept
+    } catch (const Error& e) {
+      log::warn("state.json of ", dir.string(), " cannot be checked (", e.what(), "); it is used as it is");
+    }
+  }
   c.state_json = read_file(dir / "state.json", 64 << 20);
   if (auto it = metadata.find("state_json_crc32"); it != metadata.end() && it->second != crc32_hex(c.state_json))
     throw Error((dir / "state.json").string() + " has checksum " + crc32_hex(c.state_json) + ", the checkpoint recorded " +
                 it->second + ": it changed after Loom wrote it; the checkpoint is damaged");
   return c;
 }
+
+}  // namespace
+
+Checkpoint CheckpointStore::load(const fs::path& dir) { return load_step_folder(dir, /*with_optimizer=*/true); }
+
+Checkpoint CheckpointStore::load_weights(const fs::path& dir) { return load_step_folder(dir, /*with_optimizer=*/false); }
 
 }  // namespace loom::core

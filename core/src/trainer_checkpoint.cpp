@@ -293,7 +293,7 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
 
 void Trainer::load_weights(const fs::path& checkpoint) {
   if (fs::is_directory(checkpoint)) {
-    const Checkpoint c = CheckpointStore::load(checkpoint);
+    const Checkpoint c = CheckpointStore::load_weights(checkpoint);
     restore_model(c.model, checkpoint.string());
   } else {
     restore_model(load_safetensors(checkpoint), checkpoint.string());

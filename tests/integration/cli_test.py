@@ -129,6 +129,24 @@ try:
                   os.path.join(work, "ev", "checkpoints", "step_00000010", "state.json")):
         r = loom(exe, "eval", given, check=False)
         expect(r.returncode == 0 and "step_00000010: accuracy" in r.stderr, f"eval {given}", r)
+    # eval reads the weights and state.json: a step folder copied without optimizer.safetensors, or
+    # with it damaged, evaluates (state.json unchecked, said); a changed state.json beside a good
+    # optimizer.safetensors is still refused.
+    step = os.path.join(work, "ev", "checkpoints", "step_00000010")
+    bare = os.path.join(work, "bare", "step_00000010")
+    shutil.copytree(step, bare, ignore=shutil.ignore_patterns("optimizer.safetensors"))
+    r = loom(exe, "eval", bare, check=False)
+    expect(r.returncode == 0 and "step_00000010: accuracy" in r.stderr and "has no optimizer.safetensors" in r.stderr,
+           "eval without optimizer.safetensors", r)
+    with open(os.path.join(bare, "optimizer.safetensors"), "wb") as f:
+        f.write(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")  # a header that ends early: damaged
+    r = loom(exe, "eval", bare, check=False)
+    expect(r.returncode == 0 and "cannot be checked" in r.stderr, "eval with a damaged optimizer.safetensors", r)
+    shutil.copy(os.path.join(step, "optimizer.safetensors"), bare)
+    with open(os.path.join(bare, "state.json"), "a") as f:
+        f.write(" ")
+    r = loom(exe, "eval", bare, check=False)
+    expect(r.returncode == 1 and "it changed after Loom wrote it" in r.stderr, "eval with a changed state.json", r)
     # Plugins that crash, exit or hang while loading take no command down: each is refused by
     # name (the scanner's child process), and a run that does not use them trains.
     crashing = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(exe))), "tests", "crashing")

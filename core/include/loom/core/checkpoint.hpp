@@ -46,6 +46,10 @@ class CheckpointStore {
 
   /// Reads a checkpoint folder. Throws loom::Error naming the file and the problem.
   static Checkpoint load(const std::filesystem::path& dir);
+  /// The model's weights and state.json only (`loom eval`, `loom recommend`): optimizer.safetensors
+  /// is read, where it is there, only to check state.json against the checksum it records; a step
+  /// folder copied without it (or with it damaged) still evaluates, with a warning.
+  static Checkpoint load_weights(const std::filesystem::path& dir);
 
  private:
   std::filesystem::path dir_;
