@@ -63,6 +63,16 @@ bool holds_a_run(const fs::path& dir) {
          !CheckpointStore::list_run(dir).empty();
 }
 
+/// Removes `dir` if it holds nothing but its lock file.
+void remove_if_only_lock(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename() != ".lock") return;
+  if (ec) return;
+  fs::remove(dir / ".lock", ec);
+  fs::remove(dir, ec);
+}
+
 /// A name of the form <time>[-N] whose folder this call created: two runs started in the same
 /// second get two folders.
 std::string claim_fresh_name(const fs::path& work_dir) {
@@ -263,9 +273,23 @@ void Trainer::open_run_here() {
     }
     if (!resumed) log::info("resume = auto: no run in ", work_dir.string(), " to resume; starting a new one");
   }
+  bool made_here = name.empty();
   if (name.empty()) name = claim_fresh_name(work_dir);
   run_dir_ = work_dir / name;
-  if (!run_lock_) lock_run(run_dir_);
+  if (!run_lock_) {
+    std::error_code ec;
+    made_here = made_here || !fs::exists(run_dir_, ec);
+    lock_run(run_dir_);
+  }
+  // A folder this command made for a run it then refuses (a checkpoint of another model, say) is
+  // taken away again: a name left holding only a lock file would look taken. Anything else in it stays.
+  struct TakeAway {
+    const fs::path& dir;
+    bool armed;
+    ~TakeAway() {
+      if (armed) remove_if_only_lock(dir);
+    }
+  } take_away{run_dir_, made_here};
 
   if (!checkpoint.empty()) {
     const bool same_run = fs::weakly_canonical(checkpoint.parent_path().parent_path()) == fs::weakly_canonical(run_dir_);
@@ -299,6 +323,7 @@ void Trainer::open_run_here() {
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
   write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
+  take_away.armed = false;
 }
 
 }  // namespace loom::core

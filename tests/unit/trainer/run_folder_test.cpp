@@ -71,6 +71,24 @@ TEST_F(RunFolderTest, ANewRunRefusesAFolderThatHoldsARun) {
   EXPECT_EQ(steps(dir_ / "taken"), before);
 }
 
+TEST_F(RunFolderTest, ARefusedStartLeavesNoFolderBehindButKeepsOneThatWasThere) {
+  loom::testing::make_trainer(base("source"))->train();
+  // Resuming a new run from a checkpoint of another model: refused, and the folder the command
+  // made for it (with only its lock file) is gone, so the name is free, not "in use" or "taken".
+  Config other = base("other");
+  other.set_assignment("model.flavour=standard");
+  other.set_assignment("trainer.resume_from=" + (dir_ / "source" / "checkpoints" / step_dir_name(2)).string());
+  EXPECT_NE(error_of(other).find("refusing to resume"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "other"));
+  // The same refusal into a folder the user made beforehand leaves that folder.
+  fs::create_directories(dir_ / "mine");
+  Config mine = other;
+  mine.set_assignment("trainer.name=mine");
+  EXPECT_NE(error_of(mine).find("refusing to resume"), std::string::npos);
+  EXPECT_TRUE(fs::is_directory(dir_ / "mine"));
+  EXPECT_EQ(steps(dir_ / "source").size(), 2u);
+}
+
 TEST_F(RunFolderTest, ResumingFromAnOlderCheckpointSetsTheNewerStepsAside) {
   loom::testing::make_trainer(base("timeline", 6))->train();
   ASSERT_EQ(steps(dir_ / "timeline"), (std::vector<std::string>{step_dir_name(2), step_dir_name(4), step_dir_name(6)}));
