@@ -39,7 +39,20 @@ int cmd_train(const Invocation& invocation) {
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
   core::install_stop_signals();
-  trainer.setup();
+  try {
+    trainer.setup();
+  } catch (const core::StoppedBySignal& stopped) {
+    const fs::path run = trainer.run_dir();
+    std::error_code ec;
+    const bool opened = !run.empty() && fs::exists(run / "config.json", ec);
+    const std::string again = "loom train --resume auto --set trainer.name=" + run.filename().string();
+    core::log::warn(stopped.what(), !opened               ? std::string("; nothing was written")
+                                    : trainer.step() > 0 ? "; continue with: " + again
+                                                         : "; start it again with: " + again +
+                                                               " (the files it wrote are set aside)");
+    core::log::flush();
+    return 128 + stopped.signal;
+  }
   const core::TrainSummary s = trainer.train();
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);

@@ -2,7 +2,8 @@
 // kill a job), SIGHUP (the terminal or ssh session that started the run closed) and SIGPIPE (the
 // reader of the run's output went away: `loom train | head`, a `tee` that died): the first signal
 // asks the training loop to stop after the step it is in, which then writes a checkpoint and
-// reports; a second SIGINT or SIGTERM ends the process at once.
+// reports (during set-up, before the first step, it ends set-up at its next check: Trainer::setup);
+// a second SIGINT or SIGTERM ends the process at once.
 //   - SIGPIPE and SIGHUP never count as the second: once the reader is gone every write raises one
 //     more SIGPIPE (those writes fail with EPIPE instead: the output is lost, not the run), and a
 //     closing ssh session sends SIGHUP twice (bash to its jobs, then the kernel to the terminal's
@@ -12,7 +13,7 @@
 //   - SIGHUP and SIGPIPE ignored on entry stay ignored: `nohup loom train` keeps running when its
 //     terminal closes, and a service whose manager ignores SIGPIPE (systemd) keeps running when
 //     its log's reader restarts.
-#include <loom/core/trainer.hpp>
+#include <loom/core/stop_signals.hpp>
 
 #include <atomic>
 #include <csignal>
@@ -39,7 +40,8 @@ void on_signal(int sig) {
   }
   received.store(sig);
   static const char message[] =
-      "\nloom: stopping after the current step (a checkpoint is written); send SIGINT or SIGTERM again to stop at once\n";
+      "\nloom: stopping after the current step, with a checkpoint (during set-up: at once, nothing to save); send "
+      "SIGINT or SIGTERM again to stop at once\n";
   const ssize_t written = ::write(STDERR_FILENO, message, sizeof message - 1);
   (void)written;
 }

@@ -95,7 +95,9 @@ void Trainer::setup() {
     build_loaders();
     build_callbacks();
   });
+  stop_if_signalled_in_setup(parallel_->world_size(), "before the run folder was opened");
   in_phase("opening the run folder", [&] { open_run(); });
+  stop_if_signalled_in_setup(parallel_->world_size(), "after the run folder was opened");
   if (parallel_->world_size() > 1) in_phase("agreeing on the weights", [&] { broadcast_model(); });
   seed_rank();
   build_gradient_sync();

@@ -4,6 +4,7 @@
 
 #include <loom/core/config.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/stop_signals.hpp>
 
 #include <loom/sdk/compat.hpp>
 #include <loom/sdk/options.hpp>
@@ -14,10 +15,6 @@
 #include <map>
 #include <optional>
 #include <string>
-
-namespace loom::core {
-std::string signal_name(int sig);  // stop_signals.cpp (declared in trainer.hpp)
-}  // namespace loom::core
 
 namespace loom::core::detail {
 
@@ -46,14 +43,21 @@ inline int64_t bytes_of(const Resolved& c, const std::string& key) { return chec
 
 /// An evaluation that a stop signal (SIGINT, SIGTERM...) ended before its last batch: it reports
 /// no figures (Trainer::evaluate_and_report says so and stops the run).
-class EvaluationStopped : public Error {
+class EvaluationStopped : public StoppedBySignal {
  public:
   EvaluationStopped(int sig, int64_t done, int64_t total)
-      : Error("evaluation stopped by " + signal_name(sig) + " after " + std::to_string(done) + " of " +
-              std::to_string(total) + " batches"),
-        signal(sig) {}
-  int signal;
+      : StoppedBySignal(sig, "evaluation stopped by " + signal_name(sig) + " after " + std::to_string(done) + " of " +
+                                 std::to_string(total) + " batches") {}
 };
+
+/// A stop signal during set-up ends it here, before the first step: there is nothing to save, and
+/// set-up's memory probes and batch search can take a while. One process only: ranks agree on a stop
+/// at their first step (one that stopped here alone would leave the others waiting).
+inline void stop_if_signalled_in_setup(int64_t world_size, const std::string& during) {
+  if (world_size > 1) return;
+  if (const int sig = stop_signal_received(); sig != 0)
+    throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " during set-up (" + during + "): no step was trained");
+}
 
 /// Runs `f`, naming `phase` in any error it throws ("evaluation at step 40: ..."), so that a
 /// failure says where the run was. An out-of-memory error that nothing recovered from is one too.
@@ -61,7 +65,7 @@ template <class F>
 auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
   try {
     return f();
-  } catch (const EvaluationStopped&) {
+  } catch (const StoppedBySignal&) {
     throw;  // not a failure of the phase: the caller ends the run
   } catch (const c10::Error& e) {
     throw Error(phase + ": " + loom::explained(e));

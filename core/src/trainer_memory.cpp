@@ -65,6 +65,7 @@ std::string Trainer::config_key() const {
 }
 
 int64_t Trainer::probe_peak(int64_t b, bool train) {
+  if (!checkpoints_) stop_if_signalled_in_setup(parallel_->world_size(), "memory probes");
   ++probes_run_;
   if (!probed_) {
     // What a model builds lazily on its first forward and keeps (a recommender's cache of text

@@ -129,6 +129,27 @@ try:
     assert not any("test/loss" in m for m in metrics(run)), "no figures from a cut evaluation"
     print(f"SIGINT in the final test evaluation: exit 130 after {time.time() - t0:.1f} s, the run complete")
 
+    # A signal during set-up (the memory probes before the first step, a second or more on a large
+    # micro-batch; an automatic batch search longer): set-up ends at its next probe, not after
+    # them all and a first step; nothing trained, nothing left behind.
+    name = "in_setup"
+    proc = subprocess.Popen([exe, "train", "--log-level", "debug", *SMALL, "--set", f"trainer.work_dir={work}",
+                             "--set", f"trainer.name={name}", "--set", "data.train_size=16384",
+                             "--set", "trainer.batch_size=8192", "--set", "memory.estimate=true"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:  # until the first probe has run
+        lines.append(line)
+        if "probe at micro-batch" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    err = "".join(lines) + proc.stderr.read()
+    proc.wait(timeout=120)
+    assert proc.returncode == 143, f"SIGTERM in set-up: exit {proc.returncode}\n{err}"
+    assert "stopped by SIGTERM during set-up (memory probes): no step was trained; nothing was written" in err, err
+    assert not os.path.exists(os.path.join(work, name)), os.listdir(os.path.join(work, name))
+    print("SIGTERM in set-up: exit 143 at the next memory probe, no run folder left")
+
     # A second signal: the process ends at once, by the signal's default action.
     proc, run = start("twice")
     proc.send_signal(signal.SIGTERM)

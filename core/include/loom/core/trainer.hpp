@@ -17,6 +17,7 @@
 #include <loom/core/data_loader.hpp>
 #include <loom/core/parameters.hpp>
 #include <loom/core/plugin_registry.hpp>
+#include <loom/core/stop_signals.hpp>
 #include <loom/core/throughput.hpp>
 
 #include <loom/sdk/callback.hpp>
@@ -439,15 +440,5 @@ std::map<std::string, std::string> checkpoint_run_config(const std::filesystem::
 
 /// Peak resident memory of this process, in bytes.
 int64_t peak_resident_bytes();
-
-/// SIGINT, SIGTERM, SIGHUP and SIGPIPE stop training gracefully: the first makes Trainer::train stop after the
-/// step it is in (no further evaluation), write a checkpoint through the callbacks and return
-/// with TrainSummary::signal set; a second ends the process at once (stop_signals.cpp; a
-/// SIGPIPE is never the second).
-void install_stop_signals();
-/// The first stop signal received, or 0.
-int stop_signal_received();
-/// "SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE".
-std::string signal_name(int sig);
 
 }  // namespace loom::core

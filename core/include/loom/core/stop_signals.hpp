@@ -1,0 +1,28 @@
+// Stop signals (stop_signals.cpp): SIGINT, SIGTERM, SIGHUP and SIGPIPE end a run gracefully.
+#pragma once
+
+#include <loom/core/error.hpp>
+
+#include <string>
+
+namespace loom::core {
+
+/// SIGINT, SIGTERM, SIGHUP and SIGPIPE stop training gracefully: the first makes Trainer::train stop after the
+/// step it is in (no further evaluation), write a checkpoint through the callbacks and return
+/// with TrainSummary::signal set; a second ends the process at once (stop_signals.cpp; a
+/// SIGPIPE is never the second).
+void install_stop_signals();
+/// The first stop signal received, or 0.
+int stop_signal_received();
+/// "SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE".
+std::string signal_name(int sig);
+
+/// A stop signal ended what was running before it finished: set-up (Trainer::setup, before the
+/// first step: nothing trained, nothing to checkpoint) or an evaluation. `signal` is the signal.
+class StoppedBySignal : public Error {
+ public:
+  StoppedBySignal(int sig, const std::string& what) : Error(what), signal(sig) {}
+  int signal;
+};
+
+}  // namespace loom::core
