@@ -6,6 +6,7 @@
 #include <loom/sdk/options.hpp>
 
 #include <map>
+#include <set>
 #include <utility>
 
 namespace loom::cli {
@@ -100,22 +101,34 @@ core::Config config_from(const po::variables_map& options) {
   if (options.count("config"))
     for (const auto& file : options["config"].as<std::vector<std::string>>()) config.load_file(core::find_config(file));
   // A key given twice on the command line: --set wins over a flag, a later --set over an earlier
-  // one, and the value replaced is never checked, so a mistyped one would pass unseen: said.
+  // one, and the value replaced is never checked, so a mistyped one would pass unseen: said (once
+  // per process: `loom bench` reads the command line once per file and repeat).
+  static std::set<std::string> warned;
   std::map<std::string, std::pair<std::string, std::string>> given_before;  // key: value, as given
   auto replacing = [&](const std::string& key, const std::string& value, const std::string& given) {
     auto [it, first] = given_before.try_emplace(key, value, given);
-    if (!first && it->second.first != value)
+    if (!first && it->second.first != value && warned.insert(key).second)
       core::log::warn(key, " is given twice on the command line (", it->second.second, " and ", given, "): ", value,
                       " is used (--set wins over a flag, a later --set over an earlier one), ", it->second.first,
                       " is not");
     it->second = {value, given};
   };
+  auto flag = [&](const std::string& key, const std::string& value, const std::string& given) {
+    replacing(key, value, given);
+    config.set(key, value, core::Origin{given.substr(0, given.find(' ')), {}, 0});
+  };
   for (const auto& alias : core::aliases()) {
     if (!options.count(alias.flag)) continue;
-    const std::string value =
-        alias.switch_to != nullptr ? alias.switch_to : options[alias.flag].as<std::string>();
-    replacing(alias.key, value, std::string("--") + alias.flag + " " + value);
-    config.set(alias.key, value, core::Origin{std::string("--") + alias.flag, {}, 0});
+    if (alias.switch_to != nullptr) {
+      flag(alias.key, alias.switch_to, std::string("--") + alias.flag);
+    } else {
+      const std::string value = options[alias.flag].as<std::string>();
+      flag(alias.key, value, std::string("--") + alias.flag + " " + value);
+    }
+  }
+  if (options.count("resume")) {  // loom train's
+    const std::string value = options["resume"].as<std::string>();
+    flag("trainer.resume", value, "--resume " + value);
   }
   if (options.count("set"))
     for (const auto& assignment : options["set"].as<std::vector<std::string>>()) {

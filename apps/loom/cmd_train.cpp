@@ -34,22 +34,14 @@ int cmd_train(const Invocation& invocation) {
                 "'); configuration files go after -c");
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
-  core::Config config = config_from(invocation.options);
-  if (invocation.options.count("resume")) config.set("trainer.resume", invocation.options["resume"].as<std::string>(), {"--resume", {}, 0});
+  const core::Config config = config_from(invocation.options);  // --resume too
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
   core::install_stop_signals();
   try {
     trainer.setup();
-  } catch (const core::StoppedBySignal& stopped) {
-    const fs::path run = trainer.run_dir();
-    std::error_code ec;
-    const bool opened = !run.empty() && fs::exists(run / "config.json", ec);
-    const std::string again = "loom train --resume auto --set trainer.name=" + run.filename().string();
-    core::log::warn(stopped.what(), !opened               ? std::string("; nothing was written")
-                                    : trainer.step() > 0 ? "; continue with: " + again
-                                                         : "; start it again with: " + again +
-                                                               " (the files it wrote are set aside)");
+  } catch (const core::StoppedBySignal& stopped) {  // before the run folder was opened
+    core::log::warn(stopped.what(), "; nothing was written");
     core::log::flush();
     return 128 + stopped.signal;
   }

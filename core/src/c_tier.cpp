@@ -5,6 +5,7 @@
 // the plugin's destroy; the component's plugin stays loaded as long as the adapter lives.
 #include <loom/core/kinds.hpp>
 #include <loom/core/plugin_registry.hpp>
+#include <loom/core/stop_signals.hpp>
 #include <loom/sdk/c_plugin.h>
 #include <loom/sdk/callback.hpp>
 #include <loom/sdk/dataset.hpp>
@@ -234,20 +235,36 @@ class CMemoryPolicy final : public sdk::MemoryPolicy, CObject {
     c.global_batch = context.global_batch;
     c.max_micro_batch = context.max_micro_batch;
     c.config_key = context.config_key.c_str();
-    c.host = &context;
-    c.probe = [](void* host, int64_t b, loom_error* error) -> int64_t {
-      auto* ctx = static_cast<sdk::PlanContext*>(host);
+    // A stop signal during a probe ends set-up: the C plugin sees a failed probe (-2), and the
+    // stop is thrown again here when its plan returns, whatever the plugin made of the -2.
+    struct Host {
+      sdk::PlanContext* context;
+      std::exception_ptr stopped;
+    } host{&context, nullptr};
+    c.host = &host;
+    c.probe = [](void* opaque, int64_t b, loom_error* error) -> int64_t {
+      auto* h = static_cast<Host*>(opaque);
       try {
-        if (!ctx->probe) return loom_c_error(error, "this run cannot probe"), -2;
-        return ctx->probe(b);
+        if (!h->context->probe) return loom_c_error(error, "this run cannot probe"), -2;
+        return h->context->probe(b);
       } catch (const c10::OutOfMemoryError&) {
         return -1;
+      } catch (const StoppedBySignal& e) {
+        h->stopped = std::current_exception();
+        loom_c_error(error, e.what());
+        return -2;
       } catch (const std::exception& e) {
         loom_c_error(error, e.what());
         return -2;
       }
     };
-    call("plan", [&](loom_error* e) { return t_->plan(t_->self, &c, e); });
+    try {
+      call("plan", [&](loom_error* e) { return t_->plan(t_->self, &c, e); });
+    } catch (...) {
+      if (host.stopped) std::rethrow_exception(host.stopped);
+      throw;
+    }
+    if (host.stopped) std::rethrow_exception(host.stopped);
     context.plan = plan_of(c.plan);
   }
 

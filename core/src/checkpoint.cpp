@@ -109,7 +109,7 @@ Checkpoint load_step_folder(const fs::path& dir, bool with_optimizer) {
               "cannot be checked against the checksum recorded there; it is used as it is");
   } else {
     try {
-      load_safetensors(dir / "optimizer.safetensors", &metadata);  // checked whole; only its metadata is kept
+      metadata = load_safetensors_metadata(dir / "optimizer.safetensors");  // its header: the optimizer is not used
     } catch (const Error& e) {
       log::warn("state.json of ", dir.string(), " cannot be checked (", e.what(), "); it is used as it is");
     }

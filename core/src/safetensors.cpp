@@ -169,4 +169,9 @@ sdk::TensorMap load_safetensors(const std::filesystem::path& path, sdk::TextMap*
   return parse(file->data(), file->size(), path.string(), metadata, file);
 }
 
+sdk::TextMap load_safetensors_metadata(const std::filesystem::path& path) {
+  const MappedFile file(path);  // the header's pages only are read
+  return sdk::parse_safetensors_header(file.data(), file.size(), path.string(), "").metadata;
+}
+
 }  // namespace loom::core

@@ -40,8 +40,8 @@ void on_signal(int sig) {
   }
   received.store(sig);
   static const char message[] =
-      "\nloom: stopping after the current step, with a checkpoint (during set-up: at once, nothing to save); send "
-      "SIGINT or SIGTERM again to stop at once\n";
+      "\nloom: stopping after the current step, with a checkpoint (during set-up: at its next check, nothing to "
+      "save); send SIGINT or SIGTERM again to stop at once\n";
   const ssize_t written = ::write(STDERR_FILENO, message, sizeof message - 1);
   (void)written;
 }

@@ -23,25 +23,32 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <sys/resource.h>
 #include <thread>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
 namespace loom::core {
 
+std::string threads_over_process_limit(int64_t threads, uint64_t limit) {
+  // Past `ulimit -u` OpenMP's thread creation fails inside the first operator and ends the process
+  // with its own line (libgomp: Thread creation failed).
+  if (threads < static_cast<int64_t>(std::min<uint64_t>(limit, INT64_MAX))) return "";
+  return "trainer.threads = " + std::to_string(threads) + ", but this user may run at most " + std::to_string(limit) +
+         " processes and threads (ulimit -u); set trainer.threads = 0 (LibTorch's default, the physical cores) or a " +
+         "number of cores";
+}
+
 namespace {
 
-/// trainer.threads within what this process may start: past `ulimit -u` OpenMP's thread creation
-/// fails inside the first operator and ends the process with its own line; more threads than cores
-/// only slow every operator down.
+/// trainer.threads within what this process may start (the kernel holds root to no ulimit -u) and
+/// a warning past the cores, which only slow every operator down.
 void check_threads(int64_t threads) {
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NPROC, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
-      static_cast<rlim_t>(threads) >= limit.rlim_cur)
-    throw Error("trainer.threads = " + std::to_string(threads) + ", but this user may run at most " +
-                std::to_string(limit.rlim_cur) + " processes and threads (ulimit -u); set trainer.threads = 0 " +
-                "(LibTorch's default, the physical cores) or a number of cores");
+  if (::geteuid() != 0 && ::getrlimit(RLIMIT_NPROC, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    if (const std::string why = threads_over_process_limit(threads, limit.rlim_cur); !why.empty()) throw Error(why);
   const unsigned cores = std::thread::hardware_concurrency();
   if (cores > 0 && threads > static_cast<int64_t>(cores))
     log::warn("trainer.threads = ", threads, " on a machine with ", cores, " logical cores: threads beyond the ",
@@ -96,8 +103,9 @@ void Trainer::setup() {
     build_callbacks();
   });
   stop_if_signalled_in_setup(parallel_->world_size(), "before the run folder was opened");
+  // Not after it: a stop from here on trains one step and writes its checkpoint, which resumes
+  // as the user's command was (a folder with only config.json would be refused by that command).
   in_phase("opening the run folder", [&] { open_run(); });
-  stop_if_signalled_in_setup(parallel_->world_size(), "after the run folder was opened");
   if (parallel_->world_size() > 1) in_phase("agreeing on the weights", [&] { broadcast_model(); });
   seed_rank();
   build_gradient_sync();

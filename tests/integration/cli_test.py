@@ -2,7 +2,6 @@
 origins, one clear error for a bad configuration (and the exit status), `eval` of a checkpoint,
 plugins that crash while loading refused by name."""
 import os
-import resource
 import shutil
 import sys
 
@@ -111,14 +110,8 @@ try:
     slurm = dict(os.environ, SLURM_PROCID="0", SLURM_NTASKS="4", SLURM_LOCALID="0", MASTER_ADDR="127.0.0.1")
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=2", env=slurm)
     expect("rank 0 of 4 (slurm's variables)" in r.stderr and "done" in r.stderr, "a lone strategy under Slurm", r)
-    # trainer.threads past `ulimit -u`: one error before any operator (not OpenMP's own line when
-    # it cannot start its threads); more threads than cores: a warning, and the run trains.
-    def nproc_limit():
-        resource.setrlimit(resource.RLIMIT_NPROC, (300, resource.getrlimit(resource.RLIMIT_NPROC)[1]))
-    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=2",
-             "--set", "trainer.threads=4096", preexec_fn=nproc_limit, check=False)
-    expect(r.returncode == 1 and "trainer.threads = 4096, but this user may run at most 300 processes and threads "
-           "(ulimit -u)" in r.stderr, "trainer.threads past ulimit -u", r)
+    # More threads than cores: a warning, and the run trains. (Past `ulimit -u`: TrainerThreads;
+    # the kernel holds root, who runs CI here, to no such limit.)
     many = (os.cpu_count() or 1) + 1
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=2",
              "--set", f"trainer.threads={many}")

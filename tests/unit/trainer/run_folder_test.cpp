@@ -249,6 +249,16 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
   EXPECT_FALSE(fs::exists(dir_ / "absurd")) << "nothing is written";
 }
 
+TEST(TrainerThreads, MoreThreadsThanUlimitUAllowsIsOneErrorBeforeAnyOperator) {
+  // (Trainer::setup applies it where the kernel enforces the limit: not to root.)
+  EXPECT_EQ(threads_over_process_limit(4096, 300),
+            "trainer.threads = 4096, but this user may run at most 300 processes and threads (ulimit -u); set "
+            "trainer.threads = 0 (LibTorch's default, the physical cores) or a number of cores");
+  EXPECT_NE(threads_over_process_limit(300, 300), "");
+  EXPECT_EQ(threads_over_process_limit(16, 300), "");
+  EXPECT_EQ(threads_over_process_limit(4096, UINT64_MAX), "");
+}
+
 TEST_F(RunFolderTest, AWriteThatFailsStopsTheRunAndNamesTheFile) {
   // A file-size limit of 0 bytes fails every write that would grow a file (EFBIG, with SIGXFSZ
   // ignored): a full disk under the run's files from the first step on. The run folder and its

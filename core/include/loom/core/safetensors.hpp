@@ -28,4 +28,8 @@ void save_safetensors(const std::filesystem::path& path, const sdk::TensorMap& t
 /// mapped while they live.
 sdk::TensorMap load_safetensors(const std::filesystem::path& path, sdk::TextMap* metadata = nullptr);
 
+/// The metadata of a safetensors file, from its header alone: its tensors are neither read nor
+/// checked against their checksum.
+sdk::TextMap load_safetensors_metadata(const std::filesystem::path& path);
+
 }  // namespace loom::core

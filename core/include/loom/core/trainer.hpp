@@ -441,4 +441,8 @@ std::map<std::string, std::string> checkpoint_run_config(const std::filesystem::
 /// Peak resident memory of this process, in bytes.
 int64_t peak_resident_bytes();
 
+/// Why trainer.threads = `threads` cannot run under a limit of `limit` processes and threads per
+/// user (ulimit -u), or "" when it can. Trainer::setup applies it to users the kernel holds to it.
+std::string threads_over_process_limit(int64_t threads, uint64_t limit);
+
 }  // namespace loom::core

@@ -131,7 +131,8 @@ typedef struct loom_c_plan_context {
   const char* config_key;     /* equal keys give equal probes on equal devices */
   void* host;
   /* Peak bytes of forward and backward of a micro-batch of `b` samples, without side effects;
-   * -1 when it ran out of memory, -2 on another error (written into `error`). */
+   * -1 when it ran out of memory, -2 on another error (written into `error`; a stop signal
+   * is one: return from plan() soon, the host ends set-up then). */
   int64_t (*probe)(void* host, int64_t b, loom_error* error);
 } loom_c_plan_context;
 

@@ -37,7 +37,8 @@ struct PlanContext {
   /// Runs forward and backward of one micro-batch of `b` samples (the largest samples the data
   /// has) without side effects on weights, optimizer or RNG, and returns the peak memory the
   /// run then holds (parameters, gradients and optimizer state included); throws
-  /// c10::OutOfMemoryError past the cap.
+  /// c10::OutOfMemoryError past the cap. It throws another error (a loom::sdk::Error) when a stop
+  /// signal ends set-up: let that one through, it is not a size that does not fit.
   std::function<int64_t(int64_t b)> probe;
   /// Identifies what a probe measures (model, data, precision, optimizer configuration): equal
   /// keys give equal probes on equal devices, so a policy may cache its answer under it.
