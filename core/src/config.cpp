@@ -226,6 +226,12 @@ void Config::set(const std::string& key, const std::string& value, Origin origin
     }
   }
   values_[key] = ConfigValue{value, std::move(origin)};
+  order_[key] = ++sets_;
+}
+
+uint64_t Config::set_order(const std::string& key) const {
+  const auto it = order_.find(key);
+  return it == order_.end() ? 0 : it->second;
 }
 
 void Config::set_assignment(const std::string& assignment, const std::string& source) {
@@ -384,8 +390,8 @@ Resolved validate(const Config& config, const Schema& schema) {
   std::vector<std::string> all_keys;
   for (const auto& [key, spec] : schema.keys()) all_keys.push_back(key);
 
-  // Shorthand keys (Note [Component sections]) become their canonical key; a value given under
-  // the canonical key itself wins.
+  // Shorthand keys (Note [Component sections]) become their canonical key; of a key given both
+  // ways, the later setting wins (a --set of model.d_model over a file's [model.<name>] d_model).
   Config canonical;
   std::map<std::string, std::string> written_as;  // canonical key -> the shorthand the user wrote
   for (const auto& [key, value] : config.values()) {
@@ -396,13 +402,21 @@ Resolved validate(const Config& config, const Schema& schema) {
       problems.push_back(value.origin.describe() + ": '" + key + "' is an option of several selected components; "
                          "set it in the section of the one you mean: " + join(sections, " or "));
     } else if (targets.size() == 1) {
-      if (!config.find(targets.front())) {
+      const ConfigValue* full = config.find(targets.front());
+      const bool later = !full || config.set_order(key) > config.set_order(targets.front());
+      if (full && full->value != value.value) {
+        const ConfigValue& used = later ? value : *full;
+        log::warn(key, " (", value.origin.describe(), ": ", value.value, ") and ", targets.front(), " (",
+                  full->origin.describe(), ": ", full->value, ") are one option written two ways; the later, ",
+                  used.value, " (", used.origin.describe(), "), is used");
+      }
+      if (later) {
         canonical.set(targets.front(), value.value, value.origin);
         written_as[targets.front()] = key;
       }
     } else if (const std::string* why = schema.foreign(key)) {
       log::warn(value.origin.describe(), ": ", key, " is an option of ", *why, "; ignored");
-    } else {
+    } else if (!canonical.find(key)) {  // else a shorthand set later holds it
       canonical.set(key, value.value, value.origin);
     }
   }

@@ -118,6 +118,9 @@ bool Trainer::resume_newest(const fs::path& dir, std::vector<std::string>& probl
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       load_checkpoint(*it);
+      // The newer ones that could not be loaded are kept, out of the way: this timeline would
+      // write its own steps of those numbers over them, and pruning would count them.
+      if (it != all.rbegin()) set_aside_newer_steps(*it);
       return true;
     } catch (const ResumeRefused&) {
       throw;

@@ -284,6 +284,28 @@ TEST_F(ConfigTest, TheKindsSectionIsAShorthandForTheOneSelectedComponent) {
                   "unknown key 'memory.max_replan'; did you mean 'memory.max_replans'?");
 }
 
+TEST_F(ConfigTest, AnOptionWrittenBothWaysTakesTheLaterSettingAndSaysSo) {
+  // A file's [model.lightweight_transformer] d_model, then --set model.d_model: the --set wins, as
+  // it does over the file's own spelling (it was silently the file's).
+  const auto file = write("long.ini", "[model.lightweight_transformer]\nd_model = 128\n");
+  Config config;
+  config.load_file(file);
+  config.set_assignment("precision.name=fp32");
+  config.set_assignment("trainer.schedule=constant");
+  config.set_assignment("model.d_model=64");
+  {
+    log::Capture log(LOOM_LOG_WARN);
+    const Resolved r = validate(config, run_schema(config, loom::testing::registry()));
+    EXPECT_EQ(r.at("model.lightweight_transformer.d_model").value, "64");
+    EXPECT_CONTAINS(join(log.lines(), "\n"), "model.d_model (--set: 64) and model.lightweight_transformer.d_model (");
+    EXPECT_CONTAINS(join(log.lines(), "\n"), "are one option written two ways; the later, 64 (--set), is used");
+  }
+  // And the other way round: the long form set later wins.
+  config.set_assignment("model.lightweight_transformer.d_model=96");
+  EXPECT_EQ(validate(config, run_schema(config, loom::testing::registry())).at("model.lightweight_transformer.d_model").value,
+            "96");
+}
+
 TEST_F(ConfigTest, KeysOfComponentsTheRunDoesNotSelectAreIgnoredWithAWarningThatSaysWhy) {
   // One file for several policies; the command line picks one.
   const auto file = write("many.ini",

@@ -195,6 +195,12 @@ TEST_F(TrainerTest, DamagedCheckpointIsNamedAndResumeAutoFallsBackToTheOneBefore
   automatic.set_assignment("trainer.resume=auto");
   auto t = make(automatic);
   EXPECT_EQ(t->step(), 4);  // step 8 is damaged; step 4 is not
+  // The damaged step 8 is moved aside, not left where this timeline writes its own step 8 over it.
+  EXPECT_FALSE(fs::exists(newest));
+  bool kept = false;
+  for (const auto& entry : fs::directory_iterator(dir_ / "damaged" / "checkpoints"))
+    kept = kept || fs::exists(entry.path() / step_dir_name(8) / "model.safetensors");
+  EXPECT_TRUE(kept) << "the damaged step 8 must be kept in an abandoned-* folder";
 }
 
 TEST_F(TrainerTest, CudaGraphsOnTheCpuAreRefusedBeforeTheRunFolderIsMade) {

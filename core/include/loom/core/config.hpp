@@ -67,6 +67,9 @@ class Config {
   const ConfigValue* find(const std::string& key) const;
   std::optional<std::string> get(const std::string& key) const;
   const std::map<std::string, ConfigValue>& values() const { return values_; }
+  /// When `key` was last set, in the order of set() calls (files, bases first, then flags, then
+  /// --set in order); 0 if never. Of a key written two ways (Note [Component sections]) the later wins.
+  uint64_t set_order(const std::string& key) const;
   /// Every file read, bases included, in the order read.
   const std::vector<std::filesystem::path>& files() const { return files_; }
 
@@ -75,6 +78,8 @@ class Config {
                  const std::string& included_from);
 
   std::map<std::string, ConfigValue> values_;
+  std::map<std::string, uint64_t> order_;
+  uint64_t sets_ = 0;
   std::vector<std::filesystem::path> files_;
 };
 
@@ -90,7 +95,8 @@ struct KeySpec {
 // lightweight_transformer], [memory.auto_batch], [memory.oom_recovery]. Two components of one run
 // never share a key, so two memory policies may both have an option `margin`. The kind's section
 // is a shorthand: `model.d_model` (or [model] d_model = 96, or --d-model) is the selected model's
-// `d_model`, when exactly one selected component of that kind has the option; when two do, the
+// `d_model`, when exactly one selected component of that kind has the option (given both ways, the
+// later setting wins, as for one spelling, and a warning names both); when two do, the
 // shorthand is an error that names both sections. A key of a component the run does not select
 // (a loaded one: [memory.auto_batch] cache when memory.policies = oom_recovery, or
 // model.num_heads when the model is an MLP) is ignored with a warning naming the component and
