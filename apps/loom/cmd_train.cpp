@@ -45,6 +45,12 @@ int cmd_train(const Invocation& invocation) {
     core::log::flush();
     return 128 + stopped.signal;
   }
+  if (trainer.step() >= trainer.total_steps()) {  // resumed at its end: a requeued job that finished
+    core::log::info("run ", trainer.run_dir().filename().string(), " is complete: its checkpoint is at step ",
+                    trainer.step(), " of ", trainer.total_steps(), "; nothing to train. Raise trainer.max_steps to "
+                    "train further; evaluate it with: loom eval ", trainer.run_dir().string());
+    return 0;
+  }
   const core::TrainSummary s = trainer.train();
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);

@@ -117,7 +117,7 @@ int run_loom(int argc, char** argv) {
   loom::cli::Invocation invocation;
   try {
     po::store(po::command_line_parser(args).options(all).positional(positional).run(), invocation.options);
-    po::notify(invocation.options);
+    if (!invocation.options.count("help")) po::notify(invocation.options);  // (`launch --help` needs no --nproc-per-node)
   } catch (const po::error& e) {
     std::cerr << "loom " << command->name << ": " << e.what() << "\nRun `loom " << command->name
               << " --help` for its options.\n";

@@ -300,6 +300,11 @@ void Trainer::open_run_here() {
       throw Error("trainer.resume_from starts run '" + name + "' from " + checkpoint.string() + ", but " + run_dir_.string() +
                   " already holds a run; choose another trainer.name (nothing was written)");
     load_checkpoint(checkpoint);
+    if (!same_run && step_ >= total_steps_)  // a new run that would train nothing (made, then left empty)
+      throw Error("trainer.resume_from " + checkpoint.string() + " is at step " + std::to_string(step_) +
+                  ", and this run ends at step " + std::to_string(total_steps_) + " (trainer.max_steps or " +
+                  "trainer.epochs): nothing to train. Raise trainer.max_steps to train further from it, or evaluate " +
+                  "it: loom eval " + checkpoint.string());
     if (same_run) set_aside_newer_steps(checkpoint);
   } else if (options_.resume == "auto" && !resumed) {
     if (!CheckpointStore::list_run(run_dir_).empty() && !resume_newest(run_dir_, problems))

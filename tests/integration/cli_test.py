@@ -22,6 +22,8 @@ for command in ("train", "eval", "plugins", "config"):
     expect(f"  {command} " in r.stdout, f"--help lists {command}", r)
 r = loom(exe, "train", "--help")
 expect("--batch-size" in r.stdout and "[trainer.batch_size]" in r.stdout, "train --help shows the seed flags", r)
+r = loom(exe, "launch", "--help")  # its required --nproc-per-node is not asked for by --help
+expect("--nproc-per-node" in r.stdout, "launch --help shows its options", r)
 
 r = loom(exe, "trian", check=False)
 expect(r.returncode == 2 and "did you mean 'train'?" in r.stderr, "a mistyped command gets a suggestion", r)
@@ -122,6 +124,10 @@ try:
                   os.path.join(work, "ev", "checkpoints", "step_00000010", "state.json")):
         r = loom(exe, "eval", given, check=False)
         expect(r.returncode == 0 and "step_00000010: accuracy" in r.stderr, f"eval {given}", r)
+    # A finished run resumed again (a requeued job): it says it is complete and trains nothing, exit 0.
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev",
+             "--set", "trainer.max_steps=10", "--resume", "auto")
+    expect("run ev is complete: its checkpoint is at step 10 of 10; nothing to train" in r.stderr, "a complete run", r)
     # eval reads the weights and state.json: a step folder copied without optimizer.safetensors, or
     # with it damaged, evaluates (state.json unchecked, said); a changed state.json beside a good
     # optimizer.safetensors is still refused.

@@ -87,6 +87,13 @@ TEST_F(RunFolderTest, ARefusedStartLeavesNoFolderBehindButKeepsOneThatWasThere) 
   EXPECT_NE(error_of(mine).find("refusing to resume"), std::string::npos);
   EXPECT_TRUE(fs::is_directory(dir_ / "mine"));
   EXPECT_EQ(steps(dir_ / "source").size(), 2u);
+  // A new run from a checkpoint at its last step would train nothing: said, no folder left.
+  Config late = base("late");
+  late.set_assignment("trainer.resume_from=" + (dir_ / "source" / "checkpoints" / step_dir_name(4)).string());
+  EXPECT_NE(error_of(late).find("is at step 4, and this run ends at step 4 (trainer.max_steps or trainer.epochs): "
+                                "nothing to train. Raise trainer.max_steps"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "late"));
 }
 
 TEST_F(RunFolderTest, ResumingFromAnOlderCheckpointSetsTheNewerStepsAside) {
