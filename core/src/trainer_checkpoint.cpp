@@ -128,6 +128,15 @@ fs::path Trainer::save_checkpoint() {
 
 void Trainer::load_checkpoint(const fs::path& dir) {
   const Checkpoint c = CheckpointStore::load(dir);
+  // Another model's checkpoint is named as such before its fields are checked against this run's
+  // data (a recommender's loader offset is no damage of a transformer's checkpoint).
+  try {
+    const json j = json::parse(c.state_json);
+    if (j.contains("model") && j["model"].is_object() && j["model"].contains("name") && j["model"]["name"].is_string() &&
+        j["model"]["name"].get<std::string>() != value_of(config_, "model.name"))
+      check_model_config(j["model"]["name"].get<std::string>(), {}, dir.string());
+  } catch (const json::exception&) {
+  }  // parse_state_json names what is wrong with it
   // Every field is read with its type and range before anything changes: a damaged file leaves
   // the run as it was (and --resume auto falls back to an older checkpoint).
   const SavedState saved =
