@@ -34,7 +34,17 @@ namespace {
 /// The scanner: $LOOM_PLUGIN_SCANNER, else loom-plugin-scanner beside this executable (the
 /// build tree and an install both put it there).
 fs::path scanner() {
-  if (const char* s = std::getenv("LOOM_PLUGIN_SCANNER")) return std::string(s) == "off" ? fs::path() : fs::path(s);
+  if (const char* s = std::getenv("LOOM_PLUGIN_SCANNER")) {
+    if (std::string(s) == "off") return {};
+    if (::access(s, X_OK) == 0) return s;
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      log::warn("LOOM_PLUGIN_SCANNER=", s, " is not an executable file (", std::strerror(errno), "): plugins are ",
+                "loaded in this process, unchecked, and one that crashes while loading takes the command down; unset ",
+                "it (loom-plugin-scanner beside loom is used), or set it to off to say so");
+    });
+    return {};
+  }
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return {};
@@ -237,6 +247,9 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
     log::trace("scanning ", pending.size(), " plugin file(s) in ", exe.string(), ", from ", pending.front().string());
     auto verdicts = run_scanner(exe, pending);
     if (verdicts.empty()) {  // it reached no file: give up isolation rather than loop
+      log::warn("the plugin scanner ", exe.string(), " checked none of ", pending.size(), " plugin file(s) (from ",
+                pending.front().string(), "): it failed to start or to report; they are loaded in this process, ",
+                "unchecked");
       for (const auto& f : pending) out[f] = {};
       break;
     }

@@ -22,6 +22,9 @@ for command in ("train", "eval", "plugins", "config"):
     expect(f"  {command} " in r.stdout, f"--help lists {command}", r)
 r = loom(exe, "train", "--help")
 expect("--batch-size" in r.stdout and "[trainer.batch_size]" in r.stdout, "train --help shows the seed flags", r)
+# A scanner that cannot run does not turn the isolation of plugins off in silence.
+r = loom(exe, "plugins", env=dict(os.environ, LOOM_PLUGIN_SCANNER="/nonexistent/scanner"))
+expect("LOOM_PLUGIN_SCANNER=/nonexistent/scanner is not an executable file" in r.stderr, "a broken scanner is said", r)
 r = loom(exe, "launch", "--help")  # its required --nproc-per-node is not asked for by --help
 expect("--nproc-per-node" in r.stdout, "launch --help shows its options", r)
 
