@@ -23,6 +23,7 @@ namespace po = boost::program_options;
 struct Invocation {
   po::variables_map options;
   std::vector<std::string> args;  ///< positional arguments after the command name
+  std::vector<std::string> command_line;  ///< every argument after the command name, as given
 };
 
 struct Command {

@@ -26,6 +26,41 @@ std::string eval_line(const core::Trainer& trainer, const core::EvalResult& e) {
          (e.split == sdk::Split::kValidation ? " validation samples" : " test samples");
 }
 
+/// `word` as one word of a POSIX shell's command line.
+std::string shell_word(const std::string& word) {
+  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                                              "_-./=:,+@%") == std::string::npos)
+    return word;
+  std::string out(1, '\'');
+  for (const char c : word) {
+    if (c == '\'') out.append("'\\''");  // close, an escaped quote, open again
+    else out.push_back(c);
+  }
+  out.push_back('\'');
+  return out;
+}
+
+/// The command that continues run `name`: the user's own arguments (its configuration and
+/// files), less the ones that chose the run or where it started, with --resume auto and the name.
+std::string continue_command(const Invocation& invocation, const std::string& name) {
+  std::string out = "loom train";
+  const auto& a = invocation.command_line;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--resume" || a[i] == "--set") {
+      const std::string next = i + 1 < a.size() ? a[i + 1] : "";
+      const bool drop = a[i] == "--resume" || next.rfind("trainer.name=", 0) == 0 ||
+                        next.rfind("trainer.resume=", 0) == 0 || next.rfind("trainer.resume_from=", 0) == 0;
+      if (drop) {
+        ++i;
+        continue;
+      }
+    }
+    if (a[i].rfind("--resume=", 0) == 0) continue;
+    out.append(" ").append(shell_word(a[i]));  // (appending: GCC 12's -Wrestrict misreads " " + string&&)
+  }
+  return out.append(" --resume auto --set trainer.name=").append(shell_word(name));
+}
+
 }  // namespace
 
 int cmd_train(const Invocation& invocation) {
@@ -86,8 +121,8 @@ int cmd_train(const Invocation& invocation) {
     core::log::warn("stopped by ", core::signal_name(s.signal), " after step ", s.steps, " of ", trainer.total_steps(),
                     "; continue with: ",
                     world > 1 ? "the same launch (any number of ranks that divides the global batch) with "
-                              : "loom train ",
-                    "--resume auto --set trainer.name=", run.filename().string());
+                                "--resume auto --set trainer.name=" + shell_word(run.filename().string())
+                              : continue_command(invocation, run.filename().string()));
     core::log::flush();
     return 128 + s.signal;
   }

@@ -115,6 +115,7 @@ int run_loom(int argc, char** argv) {
 
   args.erase(args.begin() + static_cast<std::ptrdiff_t>(command_at));
   loom::cli::Invocation invocation;
+  invocation.command_line = args;
   try {
     po::store(po::command_line_parser(args).options(all).positional(positional).run(), invocation.options);
     if (!invocation.options.count("help")) po::notify(invocation.options);  // (`launch --help` needs no --nproc-per-node)

@@ -42,7 +42,8 @@ try:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == code, f"{sig.name}: exit {proc.returncode}, expected {code}\n{err}"
         assert f"stopped by {sig.name} after step" in err, err
-        assert f"--resume auto --set trainer.name={name}" in err, err
+        # the command that continues it: the same arguments (its configuration), less the name, with --resume auto
+        assert f"continue with: loom train {' '.join(args)} --resume auto --set trainer.name={name}" in err, err
         step = max(m["step"] for m in metrics(run))
         saved = sorted(d for d in os.listdir(os.path.join(run, "checkpoints")) if d.startswith("step_"))
         assert saved == [f"step_{step:08d}"], f"{sig.name}: checkpoints {saved}, last logged step {step}"
