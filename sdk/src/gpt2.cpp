@@ -31,17 +31,20 @@ Config hf_config(const std::filesystem::path& dir) {
       throw sdk::Error(path.string() + ": activation_function '" + activation +
                        "' (this GPT-2 computes GELU with the tanh approximation, gelu_new)");
     // A count is a whole number: nlohmann's get<int64_t>() would take 1.5 for 1 and "12" not at all.
-    auto count = [&](const char* key) {
+    // Bounded far above any GPT-2 (1.5B: 48 layers, 1600 wide, 25 heads, 1024 positions), so that a
+    // damaged number is refused here, not by a set-up that builds 100000 layers for minutes.
+    auto count = [&](const char* key, int64_t most) {
       const nlohmann::json& v = j.at(key);
-      if (!v.is_number_integer() || v.get<int64_t>() < 1)
-        throw sdk::Error(path.string() + ": " + key + " is " + v.dump() + "; it is a whole number of at least 1");
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > most)
+        throw sdk::Error(path.string() + ": " + key + " is " + v.dump() + "; it is a whole number from 1 to " +
+                         std::to_string(most));
       return v.get<int64_t>();
     };
-    c.vocab_size = count("vocab_size");
-    c.n_ctx = count(j.contains("n_positions") ? "n_positions" : "n_ctx");
-    c.n_layer = count("n_layer");
-    c.n_head = count("n_head");
-    c.n_embd = count("n_embd");
+    c.vocab_size = count("vocab_size", int64_t{1} << 24);
+    c.n_ctx = count(j.contains("n_positions") ? "n_positions" : "n_ctx", int64_t{1} << 20);
+    c.n_layer = count("n_layer", 1024);
+    c.n_head = count("n_head", 1024);
+    c.n_embd = count("n_embd", int64_t{1} << 16);
     c.layer_norm_epsilon = j.value("layer_norm_epsilon", 1e-5);
     if (!(c.layer_norm_epsilon > 0 && c.layer_norm_epsilon < 1))
       throw sdk::Error(path.string() + ": layer_norm_epsilon is " + j.at("layer_norm_epsilon").dump() +

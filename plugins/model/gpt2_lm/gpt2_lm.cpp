@@ -70,10 +70,11 @@ class Gpt2Lm final : public loom::sdk::Model {
       throw Error("gpt2_lm: model.n_ctx " + std::to_string(n_ctx_) + " differs from the pretrained model's " +
                   std::to_string(c.n_ctx) + " positions; leave it at 0");
     if (n_ctx_ > 0) c.n_ctx = n_ctx_;
-    if (seq_len_ > c.n_ctx)
+    if (seq_len_ > c.n_ctx)  // a pretrained model's positions are fixed: only the data's length can change
       throw Error("gpt2_lm: the data's sequences have " + std::to_string(seq_len_) + " tokens, the model " +
-                  std::to_string(c.n_ctx) + " positions; set model.n_ctx >= " + std::to_string(seq_len_) +
-                  " or data.seq_len <= " + std::to_string(c.n_ctx));
+                  std::to_string(c.n_ctx) + " positions; " +
+                  (pretrained_.empty() ? "set model.n_ctx >= " + std::to_string(seq_len_) + " or " : std::string()) +
+                  "data.seq_len <= " + std::to_string(c.n_ctx));
     c.dropout = dropout_;
     if (pretrained_.empty()) {
       net_ = gpt2::Model(c);

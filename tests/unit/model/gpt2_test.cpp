@@ -187,12 +187,14 @@ TEST(Gpt2, AConfigWithAFractionalOrMissingSizeIsOneErrorNamingTheKey) {
     }
     return "accepted";
   };
-  EXPECT_NE(error_with("n_layer", "1.5").find("config.json: n_layer is 1.5; it is a whole number of at least 1"),
+  EXPECT_NE(error_with("n_layer", "1.5").find("config.json: n_layer is 1.5; it is a whole number from 1 to 1024"),
             std::string::npos);
   EXPECT_NE(error_with("n_head", "\"12\"").find("n_head is \"12\"; it is a whole number"), std::string::npos);
   EXPECT_NE(error_with("n_embd", "0").find("n_embd is 0;"), std::string::npos);
   EXPECT_NE(error_with("layer_norm_epsilon", "-1").find("layer_norm_epsilon is -1; it is a small positive number"),
             std::string::npos);
+  EXPECT_NE(error_with("n_layer", "100000").find("n_layer is 100000; it is a whole number from 1 to 1024"),
+            std::string::npos);  // it built 100000 layers for minutes
   EXPECT_EQ(error_with("n_layer", "6"), "accepted");
   std::filesystem::remove_all(dir);
 }
