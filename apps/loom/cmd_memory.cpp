@@ -83,9 +83,14 @@ int cmd_memory(const Invocation& invocation) {
            core::estimate(states, *measured, refine / 2).total() > free_now / 2)
       refine /= 2;
     if (refine > 4 * measured->probe_large) {
-      if (auto nearer = trainer.activation_fit(refine)) {
-        measured = nearer;
-        micro = core::largest_micro_batch(states, *measured, *target);
+      try {  // a refinement only: where the host cannot hold its probes (ulimit -v), the first fit stands
+        if (auto nearer = trainer.activation_fit(refine)) {
+          measured = nearer;
+          micro = core::largest_micro_batch(states, *measured, *target);
+        }
+      } catch (const c10::Error& e) {
+        core::log::warn("probes near micro-batch ", refine, " failed (", loom::explained(e),
+                        "); the figure is extrapolated from the smaller probes");
       }
     }
   }

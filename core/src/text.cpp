@@ -70,9 +70,10 @@ std::string explained(const c10::Error& e) {
   const size_t at = text.find(tried);
   if (text.find("DefaultCPUAllocator") == std::string::npos || at == std::string::npos) return text;
   const long long bytes = std::strtoll(text.c_str() + at + tried.size(), nullptr, 10);
+  // (Not "see `loom memory estimate`": it builds the model on this host too, and says this then.)
   return "not enough host memory: a tensor of " + core::format_bytes(bytes) +
-         " could not be allocated; make the model or the batch smaller, and see what a configuration needs with "
-         "`loom memory estimate`";
+         " could not be allocated (more than the host has free, or than the process may have: ulimit -v); make the "
+         "model or the batch smaller";
 }
 
 std::string explained(const std::filesystem::filesystem_error& e) {
