@@ -10,9 +10,12 @@
 #include <loom/core/profiler.hpp>
 #include <loom/core/trainer.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <fcntl.h>
 #include <filesystem>
 #include <unistd.h>
 
@@ -47,8 +50,17 @@ int cmd_profile(const Invocation& invocation) {
   std::error_code ec;
   if (fs::exists(fs::symlink_status(trace, ec)))
     throw Error("--trace " + trace.string() + " already exists; choose another path or remove it");
+  if (trace.empty()) throw Error("--trace needs a path, e.g. --trace profile.json");
   if (trace.has_parent_path() && !fs::is_directory(trace.parent_path()))
     throw Error("--trace " + trace.string() + ": the folder " + trace.parent_path().string() + " does not exist");
+  // Writable now, not found out after the profiled steps: made and taken away again.
+  if (const int fd = ::open(trace.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); fd >= 0) {
+    ::close(fd);
+    ::unlink(trace.c_str());
+  } else {
+    throw Error("--trace " + trace.string() + " cannot be written (" + std::strerror(errno) +
+                "); choose a path in a folder you can write");
+  }
 
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);

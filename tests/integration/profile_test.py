@@ -116,6 +116,9 @@ r = loom(exe, "profile", *RUN, "--steps", "0", "--trace", os.path.join(work, "ze
 expect(r.returncode != 0 and "--steps must be in 1..100000" in r.stderr, "--steps 0 is refused", r)
 r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "no", "such", "folder", "t.json"), check=False)
 expect(r.returncode != 0 and "does not exist" in r.stderr, "a trace in a missing folder is refused before training", r)
+r = loom(exe, "profile", *RUN, "--trace", "/proc/nope.json", check=False)  # a folder no file can be made in
+expect(r.returncode != 0 and "--trace /proc/nope.json cannot be written (" in r.stderr and "profiled" not in r.stderr,
+       "an unwritable trace path is refused before training", r)
 
 # bench/gpu_kernels.py's idle time between a CUDA trace's kernels (a CPU trace has none): on a
 # known timeline, the busiest stream's gaps by length, a kernel overlapped by a longer one adding
