@@ -218,6 +218,22 @@ void check_legacy_fingerprint(const loom_build_fingerprint* f) {
            kRebuildHint);
 }
 
+std::pair<std::string, std::string> why_not_loaded(const std::filesystem::path& file, const std::string& library_error) {
+  // "boost::dll::shared_library::load() failed (dlerror system message: <it>): Bad file descriptor"
+  std::string why = library_error;
+  const std::string marker = "dlerror system message: ";
+  if (const size_t at = why.find(marker); at != std::string::npos) {
+    const size_t end = why.rfind("): ");
+    why = why.substr(at + marker.size(), end != std::string::npos && end > at ? end - at - marker.size() : std::string::npos);
+  }
+  if (why.find("undefined symbol") != std::string::npos)
+    return {why, "an undefined symbol usually means the plugin was built against another LibTorch: " +
+                     std::string(kRebuildHint)};
+  if (why.find("position-independent executable") != std::string::npos)
+    return {why, "it is a program, not a plugin: give a plugin's .so (built with loom_add_plugin())"};
+  return {why, "`ldd " + file.string() + "` shows whether a library it needs is missing"};
+}
+
 std::string why_not_a_library(const std::filesystem::path& file, const std::string& library_error) {
   char magic[4] = {};
   std::ifstream head(file, std::ios::binary);

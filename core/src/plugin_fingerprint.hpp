@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace loom::core {
 
@@ -28,6 +29,10 @@ std::optional<std::string> read_fingerprint_note(const std::filesystem::path& fi
 /// file") where Boost's own reason is an iostream's ("basic_ios::clear: iostream error"), else
 /// `library_error`.
 std::string why_not_a_library(const std::filesystem::path& file, const std::string& library_error);
+
+/// Why dlopen refused `file`, out of Boost.DLL's wrapping of dlerror's text, and the hint that
+/// fits it: {reason, hint} (an undefined symbol: another LibTorch; a program: not a plugin).
+std::pair<std::string, std::string> why_not_loaded(const std::filesystem::path& file, const std::string& library_error);
 
 /// "key=value" lines into a map. Throws PluginRefused (stage "fingerprint") for text that is not
 /// such lines (a key twice, an empty key, a line without '=', a value over LOOM_MAX_TEXT).

@@ -293,9 +293,8 @@ std::shared_ptr<boost::dll::shared_library> load_in_process(const fs::path& file
   try {
     library->load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    refuse_now("load", e.what(),
-               "an undefined symbol usually means the plugin was built against another "
-               "LibTorch: " + std::string(kRebuildHint));
+    const auto [why, hint] = why_not_loaded(file, e.what());
+    refuse_now("load", why, hint);
   }
   keep_loaded(library);
   if (!library->has(LOOM_ENTRY_SYMBOL))

@@ -230,6 +230,21 @@ TEST(PluginLoader, SearchPathHasThePluginFolderBesideTheExecutableThenTheEnviron
   for (const auto& d : dirs) EXPECT_NE(d, fs::current_path());
 }
 
+TEST(PluginLoader, AProgramIsRefusedAsAProgramInDlopensWordsNotBoosts) {
+  // /bin/ls is an ELF file of this machine, but an executable: dlopen refuses it, and the refusal
+  // says so without Boost's wrapping ("load() failed (dlerror system message: ...): Bad file
+  // descriptor") and without the LibTorch hint meant for undefined symbols.
+  PluginRegistry registry;
+  registry.set_log_refusals(false);
+  const auto report = registry.load("/bin/ls");
+  ASSERT_TRUE(report.refusal);
+  EXPECT_EQ(report.refusal->stage, "load") << report.refusal->line();
+  EXPECT_NE(report.refusal->reason.find("cannot dynamically load position-independent executable"), std::string::npos)
+      << report.refusal->line();
+  EXPECT_EQ(report.refusal->reason.find("boost::dll"), std::string::npos) << report.refusal->line();
+  EXPECT_NE(report.refusal->hint.find("it is a program, not a plugin"), std::string::npos) << report.refusal->line();
+}
+
 TEST(PluginLoader, APathThatIsNoPluginFileIsRefusedByName) {
   // A missing path says so (not "not a shared library (iostream error)"); a folder or a FIFO is
   // refused before anything opens it, so reading it cannot hang.
