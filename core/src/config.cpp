@@ -110,14 +110,26 @@ std::vector<fs::path> config_search_path() {
   return dirs;
 }
 
+namespace {
+
+/// `name` or `name`.ini in the first folder of config_search_path() that has it.
+std::optional<fs::path> shipped_config(const std::string& name) {
+  std::error_code ec;
+  for (const fs::path& dir : config_search_path())
+    for (const fs::path& candidate : {dir / name, dir / (name + ".ini")})
+      if (fs::is_regular_file(candidate, ec)) return candidate;
+  return std::nullopt;
+}
+
+}  // namespace
+
 fs::path find_config(const std::string& name) {
   std::error_code ec;
   // A file here, or a path (load_file reports what is wrong with it).
   if (fs::is_regular_file(name, ec) || name.find('/') != std::string::npos || name.empty()) return name;
+  if (auto shipped = shipped_config(name)) return *shipped;
   std::vector<std::string> available, searched;
   for (const fs::path& dir : config_search_path()) {
-    for (const fs::path& candidate : {dir / name, dir / (name + ".ini")})
-      if (fs::is_regular_file(candidate, ec)) return candidate;
     searched.push_back(dir.string());
     for (const auto& entry : fs::directory_iterator(dir, ec))
       if (entry.path().extension() == ".ini") available.push_back(entry.path().stem().string());
@@ -194,7 +206,15 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       throw Error(display(path) + ":" + std::to_string(e.line) + ": base is empty; name the file this one builds on " +
                   "(base = other.ini, a path relative to this file) or remove the line");
     for (const auto& base : bases) {
-      const fs::path base_path = fs::path(base).is_absolute() ? fs::path(base) : path.parent_path() / base;
+      if (base.find("://") != std::string::npos)
+        throw Error(display(path) + ":" + std::to_string(e.line) + ": base = " + base + " is a URL; a base is a file " +
+                    "(a path relative to this file, or one of Loom's configurations by name): download it first");
+      fs::path base_path = fs::path(base).is_absolute() ? fs::path(base) : path.parent_path() / base;
+      // A bare name that is not beside this file is one of Loom's configurations, as for -c
+      // (`base = debug`, or a copy of debug.ini whose `base = fashion_mnist.ini` stayed behind).
+      std::error_code ec;
+      if (base.find('/') == std::string::npos && !fs::exists(fs::symlink_status(base_path, ec)))
+        if (auto shipped = shipped_config(base)) base_path = *shipped;
       load_file(base_path, chain, display(path) + ":" + std::to_string(e.line));
     }
   }

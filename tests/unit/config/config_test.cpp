@@ -107,6 +107,15 @@ TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {
   const std::string message = error_of([&] { Config c; c.load_file(child); });
   EXPECT_CONTAINS(message, "nowhere.ini not found");
   EXPECT_CONTAINS(message, "child.ini:2");
+  // A bare name that is not beside the file is one of Loom's configurations, as for -c; a URL is
+  // named as one (it was read as the path "https:/...").
+  const auto shipped = write("shipped.ini", "base = debug\n[trainer]\nlr = 1\n");
+  Config from_shipped;
+  from_shipped.load_file(shipped);
+  EXPECT_TRUE(std::any_of(from_shipped.files().begin(), from_shipped.files().end(),
+                          [](const fs::path& f) { return f.filename() == "debug.ini"; }));
+  const auto url = write("url.ini", "base = https://example.com/x.ini\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(url); }), "url.ini:1: base = https://example.com/x.ini is a URL");
   // An empty base is a line left half-written, not "no base": named, not passed over.
   const auto empty = write("empty.ini", "base =\n[trainer]\nlr = 1\n");
   EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(empty); }), "empty.ini:1: base is empty; name the file");
