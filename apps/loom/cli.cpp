@@ -3,6 +3,7 @@
 
 #include <loom/core/config.hpp>
 #include <loom/core/log.hpp>
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/options.hpp>
 
 #include <map>
@@ -144,9 +145,11 @@ void scan_plugins(core::PluginRegistry& registry, const po::variables_map& optio
   std::vector<std::filesystem::path> extra;
   if (options.count("plugin-dir"))
     for (const auto& dir : options["plugin-dir"].as<std::vector<std::string>>()) {
-      std::error_code ec;
-      if (!std::filesystem::exists(dir, ec))
+      // A folder, or a plugin file; anything else (a FIFO, /dev/zero) is passed over, and said.
+      if (const std::string what = sdk::what_is_at(dir); what == "no such file")
         core::log::warn("--plugin-dir ", dir, ": no such folder or file; no plugin is loaded from it");
+      else if (!what.empty() && what != "a folder")
+        core::log::warn("--plugin-dir ", dir, " is ", what, ", not a folder or a plugin file; no plugin is loaded from it");
       extra.emplace_back(dir);
     }
   registry.set_log_refusals(log_refusals);

@@ -168,6 +168,8 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
       changed.push_back(key + " = " + value.value + " (" + value.origin.describe() + "; the checkpoint's: " + it->second + ")");
     config.set(key, value.value, value.origin);
   }
+  if (!changed.empty())  // (data.seed, say: other samples than the run's, so other figures)
+    core::log::warn("this command's model and data differ from the checkpoint's: ", core::join(changed, "; "));
   return config;
 }
 

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <sys/resource.h>
 #include <thread>
 #include <unistd.h>
@@ -429,7 +430,15 @@ void Trainer::build_loaders() {
     val_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, eval);
     eval.subset.clear();
   }
-  train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
+  try {
+    train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
+  } catch (const Error& e) {
+    if (held_out_ == 0) throw;
+    char fraction[32];
+    std::snprintf(fraction, sizeof fraction, "%g", options_.validation_fraction);
+    throw Error(std::string(e.what()) + ", or hold out less of it for validation (data.validation_fraction = " +
+                fraction + " holds out " + std::to_string(held_out_) + " of its " + std::to_string(train_size) + ")");
+  }
   const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;
   if (per_epoch < 1 && options_.max_steps == 0)
     throw Error("one epoch has fewer micro-batches than one optimizer step needs; lower the batch or set trainer.max_steps");

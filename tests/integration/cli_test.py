@@ -84,6 +84,16 @@ try:
     best = os.path.join(work, "ev", "checkpoints", "best_accuracy.safetensors")
     r = loom(exe, "eval", "--checkpoint", best, "--set", "data.test_size=256")
     expect("accuracy" in r.stderr and "on 256 test samples" in r.stderr, "eval of the best checkpoint", r)
+    r = loom(exe, "eval", best, "--set", "data.test_size=128")
+    expect("this command's model and data differ from the checkpoint's: data.test_size = 128 (--set; the "
+           "checkpoint's: 256)" in r.stderr, "eval says where its data differs from the checkpoint's", r)
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "data.validation_fraction=0.999",
+             check=False)
+    expect(r.returncode == 1 and "hold out less of it for validation (data.validation_fraction = 0.999" in r.stderr,
+           "a validation fraction that leaves too little to train names the fraction", r)
+    r = loom(exe, "plugins", "--plugin-dir", "/dev/zero")
+    expect("--plugin-dir /dev/zero is a character device, not a folder or a plugin file" in r.stderr,
+           "a --plugin-dir that is a device is said", r)
     r = loom(exe, "eval", "--checkpoint", os.path.join(work, "ev", "checkpoints", "step_00000010"))
     expect("accuracy" in r.stderr, "eval of a step folder", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=256")
