@@ -22,6 +22,9 @@ Config hf_config(const std::filesystem::path& dir) {
   } catch (const std::exception& e) {
     throw sdk::Error(path.string() + " is not JSON: " + e.what());
   }
+  if (!j.is_object())
+    throw sdk::Error(path.string() + " is a JSON " + j.type_name() + ", not a GPT-2 config (an object with vocab_size, " +
+                     "n_positions, n_layer, n_head, n_embd)");
   Config c;
   try {
     if (j.contains("model_type") && j.at("model_type").get<std::string>() != "gpt2")
@@ -34,6 +37,7 @@ Config hf_config(const std::filesystem::path& dir) {
     // Bounded far above any GPT-2 (1.5B: 48 layers, 1600 wide, 25 heads, 1024 positions), so that a
     // damaged number is refused here, not by a set-up that builds 100000 layers for minutes.
     auto count = [&](const char* key, int64_t most) {
+      if (!j.contains(key)) throw sdk::Error(path.string() + " has no " + key + "; a GPT-2 config has it");
       const nlohmann::json& v = j.at(key);
       if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > most)
         throw sdk::Error(path.string() + ": " + key + " is " + v.dump() + "; it is a whole number from 1 to " +
@@ -49,8 +53,11 @@ Config hf_config(const std::filesystem::path& dir) {
     if (!(c.layer_norm_epsilon > 0 && c.layer_norm_epsilon < 1))
       throw sdk::Error(path.string() + ": layer_norm_epsilon is " + j.at("layer_norm_epsilon").dump() +
                        "; it is a small positive number (GPT-2's: 1e-05)");
-  } catch (const nlohmann::json::exception& e) {
-    throw sdk::Error(path.string() + ": " + e.what() + " (a GPT-2 config has vocab_size, n_positions, n_layer, n_head, n_embd)");
+  } catch (const nlohmann::json::exception& e) {  // a field of another type: its words, less "[json.exception...] "
+    std::string what = e.what();
+    if (const size_t cut = what.find("] "); what.rfind("[json.exception", 0) == 0 && cut != std::string::npos)
+      what.erase(0, cut + 2);
+    throw sdk::Error(path.string() + ": " + what + " (a GPT-2 config has vocab_size, n_positions, n_layer, n_head, n_embd)");
   }
   return c;
 }

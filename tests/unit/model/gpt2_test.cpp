@@ -196,6 +196,20 @@ TEST(Gpt2, AConfigWithAFractionalOrMissingSizeIsOneErrorNamingTheKey) {
   EXPECT_NE(error_with("n_layer", "100000").find("n_layer is 100000; it is a whole number from 1 to 1024"),
             std::string::npos);  // it built 100000 layers for minutes
   EXPECT_EQ(error_with("n_layer", "6"), "accepted");
+  std::ofstream(dir / "config.json") << "{\"n_positions\": 1024}";
+  EXPECT_THROW(
+      {
+        try {
+          gpt2::hf_config(dir);
+        } catch (const loom::sdk::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("config.json has no vocab_size; a GPT-2 config has it"),
+                    std::string::npos) << e.what();
+          throw;
+        }
+      },
+      loom::sdk::Error);
+  std::ofstream(dir / "config.json") << "[]";
+  EXPECT_THROW(gpt2::hf_config(dir), loom::sdk::Error);
   std::filesystem::remove_all(dir);
 }
 
