@@ -182,6 +182,14 @@ int cmd_launch(const Invocation& invocation) {
   if (invocation.args.empty())
     throw Error("loom launch: no command to launch; e.g. loom launch --nproc-per-node 2 -- train -c my.ini "
                 "--set parallel.name=ddp");
+  // Each process runs `loom <command>`: only training is a job of several processes.
+  const std::string& command = invocation.args.front();
+  if (command == "launch")
+    throw Error("loom launch -- launch ...: a launch inside a launch would start " + std::to_string(nproc) +
+                " launchers of their own; give the command each process runs, e.g. -- train -c my.ini");
+  if (command != "train")
+    core::log::warn("loom launch -- ", command, ": every one of the ", nproc, " processes runs `loom ", command,
+                    "` by itself (only train is a job of several processes)");
   const std::string world = std::to_string(nproc * nnodes);
   const std::vector<std::string> env{"WORLD_SIZE=" + world, "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
                                      "GROUP_RANK=" + std::to_string(node_rank), "MASTER_ADDR=" + master,

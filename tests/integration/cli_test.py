@@ -27,6 +27,8 @@ r = loom(exe, "plugins", env=dict(os.environ, LOOM_PLUGIN_SCANNER="/nonexistent/
 expect("LOOM_PLUGIN_SCANNER=/nonexistent/scanner is not an executable file" in r.stderr, "a broken scanner is said", r)
 r = loom(exe, "launch", "--help")  # its required --nproc-per-node is not asked for by --help
 expect("--nproc-per-node" in r.stdout, "launch --help shows its options", r)
+r = loom(exe, "launch", "--nproc-per-node", "2", "--", "launch", "--nproc-per-node", "2", "--", "train", check=False)
+expect(r.returncode == 1 and "a launch inside a launch" in r.stderr, "a nested launch is refused", r)
 
 r = loom(exe, "trian", check=False)
 expect(r.returncode == 2 and "did you mean 'train'?" in r.stderr, "a mistyped command gets a suggestion", r)
