@@ -282,6 +282,10 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
   try {
     if (fs::is_directory(checkpoint)) {
       const json s = json::parse(read_file(file));
+      if (!s.is_object() || !s.contains("format") || s.at("format") != 1)  // as a resume checks it (saved_state.cpp)
+        throw Error(file.string() + " has state format " +
+                    (s.is_object() && s.contains("format") ? s.at("format").dump() : std::string("(none)")) +
+                    "; this Loom reads format 1: it is damaged, or written by another version of Loom");
       model = s.at("model");
       data = s.at("data");
     } else {

@@ -1,6 +1,7 @@
 """The loom command line as a user meets it: help, suggestions for typos, `config show` with
 origins, one clear error for a bad configuration (and the exit status), `eval` of a checkpoint,
 plugins that crash while loading refused by name."""
+import json
 import os
 import shutil
 import sys
@@ -161,6 +162,15 @@ try:
         f.write(" ")
     r = loom(exe, "eval", bare, check=False)
     expect(r.returncode == 1 and "it changed after Loom wrote it" in r.stderr, "eval with a changed state.json", r)
+    os.remove(os.path.join(bare, "optimizer.safetensors"))  # unchecked now: its fields still are
+    with open(os.path.join(bare, "state.json")) as f:
+        state = json.load(f)
+    state["format"] = 999
+    with open(os.path.join(bare, "state.json"), "w") as f:
+        json.dump(state, f)
+    r = loom(exe, "eval", bare, check=False)
+    expect(r.returncode == 1 and "has state format 999; this Loom reads format 1" in r.stderr,
+           "eval of a state.json of another format", r)
     # Plugins that crash, exit or hang while loading take no command down: each is refused by
     # name (the scanner's child process), and a run that does not use them trains.
     crashing = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(exe))), "tests", "crashing")
