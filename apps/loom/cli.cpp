@@ -149,7 +149,8 @@ void scan_plugins(core::PluginRegistry& registry, const po::variables_map& optio
       if (const std::string what = sdk::what_is_at(dir); what == "no such file")
         core::log::warn("--plugin-dir ", dir, ": no such folder or file; no plugin is loaded from it");
       else if (!what.empty() && what != "a folder")
-        core::log::warn("--plugin-dir ", dir, " is ", what, ", not a folder or a plugin file; no plugin is loaded from it");
+        core::log::warn("--plugin-dir ", dir, what.rfind("cannot", 0) == 0 ? " " : " is ", what,
+                        ", not a folder or a plugin file; no plugin is loaded from it");
       extra.emplace_back(dir);
     }
   registry.set_log_refusals(log_refusals);

@@ -51,7 +51,10 @@ int cmd_bench(const Invocation& invocation) {
       core::Config config;
       config.load_file(core::find_config(file));
       const core::Config user = config_from(invocation.options);
-      for (const auto& [key, value] : user.values()) config.set(key, value.value, value.origin);
+      for (const std::string& key : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
+        const core::ConfigValue& value = *user.find(key);
+        config.set(key, value.value, value.origin);
+      }
       config.set("trainer.work_dir", work.string(), {"loom bench", {}, 0});
       // One folder per run, even when two files share a name (a run refuses a used folder).
       std::string stem = fs::path(file).stem().string();

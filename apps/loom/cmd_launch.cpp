@@ -183,7 +183,12 @@ int cmd_launch(const Invocation& invocation) {
     throw Error("loom launch: no command to launch; e.g. loom launch --nproc-per-node 2 -- train -c my.ini "
                 "--set parallel.name=ddp");
   // Each process runs `loom <command>`: only training is a job of several processes.
-  const std::string& command = invocation.args.front();
+  std::string command;  // the first word that is no option, past the options of every command (as main finds it)
+  for (size_t i = 0; i < invocation.args.size() && command.empty(); ++i) {
+    const std::string& a = invocation.args[i];
+    if (a == "--log-level" || a == "--plugin-dir") ++i;
+    else if (!a.empty() && a[0] != '-') command = a;
+  }
   if (command == "launch")
     throw Error("loom launch -- launch ...: a launch inside a launch would start " + std::to_string(nproc) +
                 " launchers of their own; give the command each process runs, e.g. -- train -c my.ini");

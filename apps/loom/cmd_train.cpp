@@ -9,6 +9,7 @@
 #include <loom/core/trainer.hpp>
 
 #include <loom/sdk/helpers.hpp>
+#include <loom/sdk/options.hpp>
 
 #include <algorithm>
 #include <filesystem>
@@ -41,23 +42,27 @@ std::string shell_word(const std::string& word) {
 }
 
 /// The command that continues run `name`: the user's own arguments (its configuration and
-/// files), less the ones that chose the run or where it started, with --resume auto and the name.
-std::string continue_command(const Invocation& invocation, const std::string& name) {
+/// files), less the ones that chose the run or where it started (--resume, --resume-from,
+/// trainer.name, trainer.resume, trainer.resume_from), with --resume auto and the name.
+std::string continue_command(const Invocation& invocation, const core::Trainer& trainer, const std::string& name) {
   std::string out = "loom train";
   const auto& a = invocation.command_line;
+  auto sets_run = [](std::string assignment) {  // chooses the run, or where it starts
+    const std::string key(sdk::trim(assignment.substr(0, assignment.find('='))));
+    return key == "trainer.name" || key == "trainer.resume" || key == "trainer.resume_from";
+  };
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == "--resume" || a[i] == "--set") {
-      const std::string next = i + 1 < a.size() ? a[i + 1] : "";
-      const bool drop = a[i] == "--resume" || next.rfind("trainer.name=", 0) == 0 ||
-                        next.rfind("trainer.resume=", 0) == 0 || next.rfind("trainer.resume_from=", 0) == 0;
-      if (drop) {
-        ++i;
-        continue;
-      }
+    if (a[i] == "--resume" || a[i] == "--resume-from" || (a[i] == "--set" && i + 1 < a.size() && sets_run(a[i + 1]))) {
+      ++i;
+      continue;
     }
-    if (a[i].rfind("--resume=", 0) == 0) continue;
+    if (a[i].rfind("--resume=", 0) == 0 || a[i].rfind("--resume-from=", 0) == 0 ||
+        (a[i].rfind("--set=", 0) == 0 && sets_run(a[i].substr(6))))
+      continue;
     out.append(" ").append(shell_word(a[i]));  // (appending: GCC 12's -Wrestrict misreads " " + string&&)
   }
+  // A resume_from of a -c file would start the run again from there: cleared.
+  if (!trainer.options().resume_from.empty()) out.append(" --set trainer.resume_from=");
   return out.append(" --resume auto --set trainer.name=").append(shell_word(name));
 }
 
@@ -122,7 +127,7 @@ int cmd_train(const Invocation& invocation) {
                     "; continue with: ",
                     world > 1 ? "the same launch (any number of ranks that divides the global batch) with "
                                 "--resume auto --set trainer.name=" + shell_word(run.filename().string())
-                              : continue_command(invocation, run.filename().string()));
+                              : continue_command(invocation, trainer, run.filename().string()));
     core::log::flush();
     return 128 + s.signal;
   }
@@ -162,9 +167,12 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
   const auto recorded = core::checkpoint_run_config(checkpoint);
   for (const auto& [key, value] : recorded) config.set(key, value, core::Origin{"checkpoint", {}, 0});
   const core::Config user = config_from(invocation.options);
-  for (const auto& [key, value] : user.values()) {
+  for (const std::string& key : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
+    const core::ConfigValue& value = *user.find(key);
     const auto it = recorded.find(key);
-    if (it != recorded.end() && it->second != value.value)
+    // (data.num_workers, prefetch and pin_memory are recorded with the data, but change neither it nor the model)
+    const bool loader = key == "data.num_workers" || key == "data.prefetch" || key == "data.pin_memory";
+    if (it != recorded.end() && it->second != value.value && !loader)
       changed.push_back(key + " = " + value.value + " (" + value.origin.describe() + "; the checkpoint's: " + it->second + ")");
     config.set(key, value.value, value.origin);
   }

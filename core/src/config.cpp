@@ -214,7 +214,10 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       // (`base = debug`, or a copy of debug.ini whose `base = fashion_mnist.ini` stayed behind).
       std::error_code ec;
       if (base.find('/') == std::string::npos && !fs::exists(fs::symlink_status(base_path, ec)))
-        if (auto shipped = shipped_config(base)) base_path = *shipped;
+        if (auto shipped = shipped_config(base)) {
+          log::info(display(path), ":", e.line, ": base = ", base, " is not beside it: Loom's ", shipped->string());
+          base_path = *shipped;
+        }
       load_file(base_path, chain, display(path) + ":" + std::to_string(e.line));
     }
   }
@@ -252,6 +255,15 @@ void Config::set(const std::string& key, const std::string& value, Origin origin
 uint64_t Config::set_order(const std::string& key) const {
   const auto it = order_.find(key);
   return it == order_.end() ? 0 : it->second;
+}
+
+std::vector<std::string> Config::keys_in_set_order() const {
+  std::vector<std::pair<uint64_t, std::string>> by_order;
+  for (const auto& [key, order] : order_) by_order.emplace_back(order, key);
+  std::sort(by_order.begin(), by_order.end());
+  std::vector<std::string> keys;
+  for (auto& [order, key] : by_order) keys.push_back(std::move(key));
+  return keys;
 }
 
 void Config::set_assignment(const std::string& assignment, const std::string& source) {

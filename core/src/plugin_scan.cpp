@@ -5,6 +5,7 @@
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/version.hpp>
 
 #include <cerrno>
@@ -34,9 +35,9 @@ namespace {
 /// The scanner: $LOOM_PLUGIN_SCANNER, else loom-plugin-scanner beside this executable (the
 /// build tree and an install both put it there).
 fs::path scanner() {
-  if (const char* s = std::getenv("LOOM_PLUGIN_SCANNER")) {
+  if (const char* s = std::getenv("LOOM_PLUGIN_SCANNER"); s != nullptr && *s != '\0') {  // empty: as unset
     if (std::string(s) == "off") return {};
-    if (::access(s, X_OK) == 0) return s;
+    if (sdk::what_is_at(s).empty() && ::access(s, X_OK) == 0) return s;
     static std::once_flag said;
     std::call_once(said, [&] {
       log::warn("LOOM_PLUGIN_SCANNER=", s, " is not an executable file (", std::strerror(errno), "): plugins are ",
@@ -149,7 +150,8 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   ::close(pipe_fds[1]);
   if (spawned != 0) {
     ::close(pipe_fds[0]);
-    log::debug("cannot start ", exe.string(), " (", std::strerror(spawned), "); loading plugins in-process");
+    log::warn("cannot start the plugin scanner ", exe.string(), " (", std::strerror(spawned), "): plugins are loaded ",
+              "in this process, unchecked");
     for (const auto& f : files) out[f] = {};
     return out;
   }

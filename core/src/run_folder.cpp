@@ -118,16 +118,18 @@ bool Trainer::resume_newest(const fs::path& dir, std::vector<std::string>& probl
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       load_checkpoint(*it);
-      // The newer ones that could not be loaded are kept, out of the way: this timeline would
-      // write its own steps of those numbers over them, and pruning would count them.
-      if (it != all.rbegin()) set_aside_newer_steps(*it);
-      return true;
     } catch (const ResumeRefused&) {
       throw;
     } catch (const std::exception& e) {  // any damage: unreadable files, bad JSON, bad tensors
       log::warn("cannot resume from ", it->string(), ": ", e.what(), "; trying an older checkpoint");
       problems.push_back(it->filename().string() + ": " + e.what());
+      continue;
     }
+    // The newer ones that could not be loaded are kept, out of the way: this timeline would write
+    // its own steps of those numbers over them, and pruning would count them. (Outside the try: a
+    // failure to move them is no damage of the checkpoint that loaded.)
+    if (it != all.rbegin()) set_aside_newer_steps(*it);
+    return true;
   }
   return false;
 }

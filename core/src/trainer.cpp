@@ -433,7 +433,8 @@ void Trainer::build_loaders() {
   try {
     train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
   } catch (const Error& e) {
-    if (held_out_ == 0) throw;
+    // Only where holding out left too few for one micro-batch (not, say, a loader thread that did not start).
+    if (held_out_ == 0 || train_size - held_out_ >= train.micro_batch * train.world_size) throw;
     char fraction[32];
     std::snprintf(fraction, sizeof fraction, "%g", options_.validation_fraction);
     throw Error(std::string(e.what()) + ", or hold out less of it for validation (data.validation_fraction = " +

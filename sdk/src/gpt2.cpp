@@ -45,7 +45,7 @@ Config hf_config(const std::filesystem::path& dir) {
       return v.get<int64_t>();
     };
     c.vocab_size = count("vocab_size", int64_t{1} << 24);
-    c.n_ctx = count(j.contains("n_positions") ? "n_positions" : "n_ctx", int64_t{1} << 20);
+    c.n_ctx = count(j.contains("n_ctx") && !j.contains("n_positions") ? "n_ctx" : "n_positions", int64_t{1} << 20);
     c.n_layer = count("n_layer", 1024);
     c.n_head = count("n_head", 1024);
     c.n_embd = count("n_embd", int64_t{1} << 16);

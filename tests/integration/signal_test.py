@@ -5,6 +5,7 @@ checkpoint of that step, says how to continue and exits with 128 + the signal (1
 prints is read any more. A second signal ends the process at once. A crash signal gets a
 report on stderr before the process dies of it."""
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -50,8 +51,9 @@ try:
         assert not any("val/loss" in m for m in metrics(run)), "no evaluation after a stop signal"
         print(f"{sig.name}: exit {code}, checkpoint of step {step}, the step it stopped at")
 
-        out = loom(exe, "train", *args, "--set", f"trainer.name={name}", "--set", f"trainer.max_steps={step + 3}",
-                   "--resume", "auto")
+        # the suggested command itself continues it (its last three steps here)
+        suggested = shlex.split(err.split("continue with: ", 1)[1].splitlines()[0])
+        out = loom(exe, *suggested[1:], "--set", f"trainer.max_steps={step + 3}")
         assert f"resumed from" in out.stderr and f"at step {step}" in out.stderr, out.stderr
         steps = [m["step"] for m in metrics(run) if "train/loss" in m]
         assert steps == list(range(1, step + 4)), "every step once across the stop and the resume"

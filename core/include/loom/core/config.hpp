@@ -70,6 +70,9 @@ class Config {
   /// When `key` was last set, in the order of set() calls (files, bases first, then flags, then
   /// --set in order); 0 if never. Of a key written two ways (Note [Component sections]) the later wins.
   uint64_t set_order(const std::string& key) const;
+  /// The keys set, in the order they were last set: what copying this configuration into another
+  /// follows, so that the copy's set_order keeps the user's order (values() is by name).
+  std::vector<std::string> keys_in_set_order() const;
   /// Every file read, bases included, in the order read.
   const std::vector<std::filesystem::path>& files() const { return files_; }
 
