@@ -114,6 +114,12 @@ TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {
   from_shipped.load_file(shipped);
   EXPECT_TRUE(std::any_of(from_shipped.files().begin(), from_shipped.files().end(),
                           [](const fs::path& f) { return f.filename() == "debug.ini"; }));
+  write("debug.ini", "[trainer]\nlr = 7\n");  // a debug.ini of the user's own beside it is the one meant
+  Config own;
+  own.load_file(shipped);
+  EXPECT_EQ(own.get("trainer.lr"), "1");
+  ASSERT_EQ(own.files().size(), 2u);  // the file, then its base: the one beside it, not Loom's (with its own base)
+  EXPECT_EQ(own.files()[1], shipped.parent_path() / "debug.ini");
   const auto url = write("url.ini", "base = https://example.com/x.ini\n");
   EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(url); }), "url.ini:1: base = https://example.com/x.ini is a URL");
   // An empty base is a line left half-written, not "no base": named, not passed over.
