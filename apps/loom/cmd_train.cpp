@@ -11,6 +11,8 @@
 #include <loom/sdk/helpers.hpp>
 #include <loom/sdk/options.hpp>
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <filesystem>
 
@@ -66,6 +68,21 @@ std::string continue_command(const Invocation& invocation, const core::Trainer& 
   return out.append(" --resume auto --set trainer.name=").append(shell_word(name));
 }
 
+/// How to continue run `name`: the command, or under a launcher the launch to repeat.
+std::string continue_hint(const Invocation& invocation, const core::Trainer& trainer, const std::string& name) {
+  if (trainer.plan().world_size > 1)
+    return "the same launch (any number of ranks that divides the global batch) with --resume auto --set trainer.name=" +
+           shell_word(name);
+  return continue_command(invocation, trainer, name);
+}
+
+/// An exception's text as the command's last line gives it (main's handlers).
+std::string message_of(const std::exception& e) {
+  if (const auto* torch = dynamic_cast<const c10::Error*>(&e)) return loom::explained(*torch);
+  if (const auto* file = dynamic_cast<const fs::filesystem_error*>(&e)) return loom::explained(*file);
+  return e.what();
+}
+
 }  // namespace
 
 int cmd_train(const Invocation& invocation) {
@@ -91,7 +108,20 @@ int cmd_train(const Invocation& invocation) {
                     "train further; evaluate it with: loom eval ", trainer.run_dir().string());
     return 0;
   }
-  const core::TrainSummary s = trainer.train();
+  core::TrainSummary s;
+  try {
+    s = trainer.train();
+  } catch (const std::exception& e) {
+    // A failure mid-run (a full disk, a lost device): the checkpoints written before it stand, and
+    // the user is told which one a resume takes up and the command that does it.
+    const auto saved = core::CheckpointStore::list_run(trainer.run_dir());
+    if (saved.empty()) throw;
+    core::log::error(message_of(e));
+    core::log::warn("the run's checkpoints up to ", saved.back().string(), " are intact; once the cause is fixed, continue with: ",
+                    continue_hint(invocation, trainer, trainer.run_dir().filename().string()));
+    core::log::flush();
+    return 1;
+  }
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);
   core::log::info("done      ", s.steps, " steps in ", sdk::format_duration(s.seconds), " of training, ", rate,
@@ -122,12 +152,8 @@ int cmd_train(const Invocation& invocation) {
     return 128 + s.signal;
   }
   if (s.signal != 0) {
-    const int64_t world = trainer.plan().world_size;
     core::log::warn("stopped by ", core::signal_name(s.signal), " after step ", s.steps, " of ", trainer.total_steps(),
-                    "; continue with: ",
-                    world > 1 ? "the same launch (any number of ranks that divides the global batch) with "
-                                "--resume auto --set trainer.name=" + shell_word(run.filename().string())
-                              : continue_command(invocation, trainer, run.filename().string()));
+                    "; continue with: ", continue_hint(invocation, trainer, run.filename().string()));
     core::log::flush();
     return 128 + s.signal;
   }

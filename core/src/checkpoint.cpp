@@ -4,6 +4,7 @@
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/safetensors.hpp>
+#include <loom/core/text.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -55,13 +56,27 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
                                const std::string& state_json, int64_t keep_last) {
   const fs::path final_dir = dir_ / step_dir_name(step);
   const fs::path tmp = dir_ / (std::string(".").append(step_dir_name(step)).append(".tmp"));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  save_safetensors(tmp / "model.safetensors", model);
-  // The safetensors files carry their own checksums (Note [Checkpoint checksums]); state.json's
-  // is kept in optimizer.safetensors, so a flipped byte in any of the three is found at load.
-  save_safetensors(tmp / "optimizer.safetensors", extra, {{"state_json_crc32", crc32_hex(state_json)}});
-  write_file_atomic(tmp / "state.json", state_json);
+  try {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    save_safetensors(tmp / "model.safetensors", model);
+    // The safetensors files carry their own checksums (Note [Checkpoint checksums]); state.json's
+    // is kept in optimizer.safetensors, so a flipped byte in any of the three is found at load.
+    save_safetensors(tmp / "optimizer.safetensors", extra, {{"state_json_crc32", crc32_hex(state_json)}});
+    write_file_atomic(tmp / "state.json", state_json);
+  } catch (const std::exception& e) {
+    // A full disk (or a quota): the half-written folder goes, so it holds no space the user must
+    // find; the step folders written before are untouched.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    const std::string why = dynamic_cast<const fs::filesystem_error*>(&e)
+                                ? explained(*dynamic_cast<const fs::filesystem_error*>(&e))
+                                : std::string(e.what());
+    const fs::space_info space = fs::space(dir_, ec);
+    throw Error("the checkpoint of step " + std::to_string(step) + " could not be written to " + dir_.string() + ": " +
+                why + (ec ? std::string() : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
+                "; its partial folder is removed");
+  }
   if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again (a replayed run)
   rename_durable(tmp, final_dir);
   const auto all = list();

@@ -3,7 +3,10 @@ origins, one clear error for a bad configuration (and the exit status), `eval` o
 plugins that crash while loading refused by name."""
 import json
 import os
+import resource
+import shlex
 import shutil
+import signal
 import sys
 
 from common import SMALL, loom, workdir
@@ -85,6 +88,28 @@ try:
     loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev",
          "--set", "trainer.max_steps=10", "--set", "trainer.eval_every=5")
     best = os.path.join(work, "ev", "checkpoints", "best_accuracy.safetensors")
+    # A checkpoint that cannot be written (a full disk; here a file size limit, as the kernel says
+    # it): one error, no partial folder, the older checkpoints stand, and the command that continues
+    # from them, which then runs.
+    full = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=full", "--set", "trainer.eval_every=100",
+            "--set", "trainer.checkpoint_every=2"]
+    loom(exe, "train", *full, "--set", "trainer.max_steps=4")
+    checkpoints = os.path.join(work, "full", "checkpoints")
+    limit = os.path.getsize(os.path.join(checkpoints, "step_00000004", "model.safetensors")) // 2
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (ignored across exec: the write fails instead)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    r = loom(exe, "train", *full, "--set", "trainer.max_steps=8", "--resume", "auto", check=False, preexec_fn=small_files)
+    expect(r.returncode == 1 and "the checkpoint of step 6 could not be written" in r.stderr
+           and "its partial folder is removed" in r.stderr and "step_00000004 are intact" in r.stderr,
+           "a checkpoint that cannot be written is one error naming what stands", r)
+    steps = sorted(f for f in os.listdir(checkpoints) if f.startswith((".", "step_")))
+    expect(steps == ["step_00000002", "step_00000004"], f"no partial checkpoint folder: {steps}", r)
+    again = shlex.split(r.stderr.split("continue with: ")[1].splitlines()[0])
+    expect(again[:2] == ["loom", "train"] and again[-2:] == ["--set", "trainer.name=full"], "the continue command", r)
+    r = loom(exe, *again[1:])
+    expect(f"resumed from {os.path.join(checkpoints, 'step_00000004')} at step 4" in r.stderr and "step_00000008" in os.listdir(checkpoints), "the suggested command continues the run", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "data.test_size=256")
     expect("accuracy" in r.stderr and "on 256 test samples" in r.stderr, "eval of the best checkpoint", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=128")

@@ -14,6 +14,10 @@
 #include <ATen/ops/full_like.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <csignal>
 #include <fstream>
 #include <regex>
 
@@ -152,6 +156,41 @@ TEST_F(CheckpointIntegrityTest, AResumeWhoseStepsAreAllNonFiniteStopsAndSavesNot
   std::vector<std::string> kept;
   for (const auto& p : CheckpointStore::list_run(dir_ / "run")) kept.push_back(p.filename().string());
   EXPECT_EQ(kept, (std::vector<std::string>{step_dir_name(2), step_dir_name(4)})) << "nothing written over the good ones";
+}
+
+TEST_F(CheckpointIntegrityTest, ACheckpointThatCannotBeWrittenIsOneErrorAndLeavesNoPartialFolder) {
+  // A full disk, as the kernel says it to a writer: a file size limit (ulimit -f) smaller than the
+  // model's weights makes the next checkpoint's write fail with EFBIG.
+  Config c = config("run", 8);
+  c.set_assignment("trainer.resume=auto");
+  auto t = loom::testing::make_trainer(c);
+  ASSERT_EQ(t->step(), 4);
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
+  rlimit small = before;
+  small.rlim_cur = fs::file_size(newest_ / "model.safetensors") / 2;
+  const auto previous_handler = std::signal(SIGXFSZ, SIG_IGN);  // (the limit's signal would end the process)
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string what;
+  try {
+    t->train();
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, previous_handler);
+  EXPECT_NE(what.find("the checkpoint of step 6 could not be written to " + (dir_ / "run" / "checkpoints").string()),
+            std::string::npos) << what;
+  EXPECT_NE(what.find("File too large"), std::string::npos) << what;
+  EXPECT_NE(what.find("free there); its partial folder is removed"), std::string::npos) << what;
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir_ / "run" / "checkpoints")) left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{step_dir_name(2), step_dir_name(4)})) << "no .step_*.tmp, nothing pruned";
+  t.reset();  // (its lock on the run folder goes with it)
+  const auto [step, warnings] = resume();
+  EXPECT_EQ(step, 4);
+  EXPECT_EQ(warnings.find("cannot resume"), std::string::npos) << warnings;
 }
 
 }  // namespace
