@@ -39,31 +39,30 @@ void write_file_atomic(const fs::path& path, std::string_view bytes) { write_fil
 
 void write_file_atomic(const fs::path& path, const std::vector<std::string_view>& parts) {
   const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("cannot create", tmp);
+  // The temporary file goes, and the error names the call's reason, not what close or unlink set.
+  auto give_up = [&](const std::string& what, const fs::path& named) {
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    errno = error;
+    fail(what, named);
+  };
   for (const std::string_view bytes : parts) {
     size_t done = 0;
     while (done < bytes.size()) {
       const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        fail("cannot write", tmp);
-      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) give_up("cannot write", tmp);
       done += static_cast<size_t>(n);
     }
   }
-  if (::fsync(fd) != 0) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    fail("cannot sync", tmp);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    fail("cannot rename into", path);
-  }
+  if (::fsync(fd) != 0) give_up("cannot sync", tmp);
+  const int closed = ::close(fd);  // (a network file system may report a failed write only here)
+  fd = -1;
+  if (closed != 0) give_up("cannot close", tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) give_up("cannot rename into", path);
   fsync_dir(path.parent_path());
 }
 
