@@ -3,7 +3,9 @@
  * tests/unit/trainer/c_tier_test.cpp: the host's adapters must carry plans, out-of-memory
  * replays, hooks, stop requests and callback state across the C boundary.
  *   memory 'c_halve':   halves the micro-batch (doubling accumulation) until it is at most `max`;
- *                       on running out of memory, halves it again.
+ *                       on running out of memory, halves it again. With `probe = true` it
+ *                       measures each micro-batch on its way down first (the host's probe, which a
+ *                       stop signal during set-up fails: then plan() returns at once).
  *   callback 'c_stop_at': asks the run to stop once step `step` has ended; counts its hooks and
  *                       keeps the counts as its state.
  *   dataset 'c_faulty': a dataset whose get_batch breaks the contract as `fault` says (a wrong
@@ -14,12 +16,14 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- c_halve ---- */
 
 typedef struct halve {
   loom_c_memory_policy table;
   int64_t max;
+  int probe;
   char line[128];
 } halve;
 
@@ -27,6 +31,11 @@ static int32_t halve_plan(void* self, loom_c_plan_context* ctx, loom_error* erro
   halve* h = (halve*)self;
   if (ctx->plan.micro_batch * ctx->plan.accumulation * ctx->plan.world_size != ctx->global_batch)
     return loom_c_error(error, "the plan it was given does not make the global batch");
+  if (h->probe && ctx->probe != NULL) {
+    int64_t b;
+    for (b = ctx->plan.micro_batch; b > h->max && b % 2 == 0; b /= 2)
+      if (ctx->probe(ctx->host, b, error) == -2) return 1; /* the host's reason is in `error` */
+  }
   while (ctx->plan.micro_batch > h->max && ctx->plan.micro_batch % 2 == 0) {
     ctx->plan.micro_batch /= 2;
     ctx->plan.accumulation *= 2;
@@ -53,7 +62,10 @@ static void* halve_create(const loom_create_args* args, loom_error* error) {
   halve* h = (halve*)calloc(1, sizeof(halve));
   const char* max = loom_c_option(args, "max");
   if (h == NULL) return loom_c_error(error, "out of memory"), (void*)NULL;
+  const char* probe = loom_c_option(args, "probe");
   h->max = max ? atoll(max) : 8;
+  h->probe = probe != NULL && (strcmp(probe, "true") == 0 || strcmp(probe, "yes") == 0 || strcmp(probe, "on") == 0 ||
+                               strcmp(probe, "1") == 0);
   h->table.struct_size = sizeof(loom_c_memory_policy);
   h->table.self = h;
   h->table.plan = halve_plan;
@@ -247,6 +259,7 @@ static void destroy(void* object) { free(object); } /* each table is its struct'
 
 static const loom_option_spec halve_options[] = {
     {sizeof(loom_option_spec), LOOM_OPTION_INT, "max", "8", "the largest micro-batch", "1.."},
+    {sizeof(loom_option_spec), LOOM_OPTION_BOOL, "probe", "false", "measure each micro-batch on the way down", NULL},
 };
 static const loom_option_spec stop_options[] = {
     {sizeof(loom_option_spec), LOOM_OPTION_INT, "step", "3", "the step after which the run stops", "1.."},
@@ -258,7 +271,7 @@ static const loom_option_spec faulty_options[] = {
 };
 
 static const loom_component components[] = {
-    LOOM_C_MEMORY_POLICY("c_halve", "halves the micro-batch until it fits a maximum (C tier)", halve_options, 1,
+    LOOM_C_MEMORY_POLICY("c_halve", "halves the micro-batch until it fits a maximum (C tier)", halve_options, 2,
                          halve_create, destroy),
     LOOM_C_CALLBACK("c_stop_at", "stops the run after a given step (C tier)", stop_options, 1, stop_create, destroy),
     LOOM_C_DATASET("c_faulty", "a dataset that breaks the C tier's contract on purpose (tests)", faulty_options, 1,
