@@ -213,14 +213,14 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       // A bare name that is not beside this file is one of Loom's configurations, as for -c
       // (`base = debug`, or a copy of debug.ini whose `base = fashion_mnist.ini` stayed behind).
       std::error_code ec;
-      if (base.find('/') == std::string::npos && !fs::exists(fs::symlink_status(base_path, ec)) &&
-          fs::exists(fs::symlink_status(base_path.string() + ".ini", ec)))
-        base_path += ".ini";  // `base = debug` beside a debug.ini of the user's own: that one
-      else if (base.find('/') == std::string::npos && !fs::exists(fs::symlink_status(base_path, ec)))
-        if (auto shipped = shipped_config(base)) {
+      if (base.find('/') == std::string::npos && !fs::exists(fs::symlink_status(base_path, ec))) {
+        if (fs::exists(fs::symlink_status(base_path.string() + ".ini", ec)))
+          base_path += ".ini";  // `base = debug` beside a debug.ini of the user's own: that one
+        else if (auto shipped = shipped_config(base)) {
           log::info(display(path), ":", e.line, ": base = ", base, " is not beside it: Loom's ", shipped->string());
           base_path = *shipped;
         }
+      }
       load_file(base_path, chain, display(path) + ":" + std::to_string(e.line));
     }
   }

@@ -18,8 +18,6 @@ namespace loom::core {
 
 namespace {
 
-constexpr const char* kRebuildHint = "rebuild the plugin against this Loom's SDK (find_package(LoomSDK))";
-
 // Note [Legacy layouts]
 // A plugin older than ABI 1.4 says nothing about the layouts of the value types it was compiled
 // with; they were those of SDK 0.1 up to ABI 1.3, whose hash (libstdc++, LP64) is this. Such a

@@ -19,6 +19,9 @@ namespace loom::core {
 
 using Fingerprint = std::map<std::string, std::string>;
 
+/// The fix a refusal names for a plugin built against another SDK, or no SDK.
+inline constexpr const char* kRebuildHint = "rebuild the plugin against this Loom's SDK (find_package(LoomSDK))";
+
 /// The description of the file's fingerprint note (LOOM_NOTE_SECTION, owner LOOM_NOTE_NAME), or
 /// nullopt when it has none. Reads the file with libelf, without loading it. Throws PluginRefused
 /// (stage "static-check") for a file libelf cannot read as ELF, or a note that is malformed.

@@ -71,8 +71,6 @@ std::optional<fs::path> executable_dir() {
   return exe.parent_path();
 }
 
-constexpr const char* kRebuildHint = "rebuild the plugin against this Loom's SDK (find_package(LoomSDK))";
-
 }  // namespace
 
 
