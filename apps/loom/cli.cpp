@@ -2,9 +2,12 @@
 #include "cli.hpp"
 
 #include <loom/core/config.hpp>
+#include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/options.hpp>
+
+#include <c10/util/Exception.h>
 
 #include <map>
 #include <set>
@@ -155,6 +158,12 @@ void scan_plugins(core::PluginRegistry& registry, const po::variables_map& optio
     }
   registry.set_log_refusals(log_refusals);
   registry.scan(core::PluginRegistry::search_path(extra));
+}
+
+std::string message_of(const std::exception& e) {
+  if (const auto* torch = dynamic_cast<const c10::Error*>(&e)) return loom::explained(*torch);
+  if (const auto* file = dynamic_cast<const std::filesystem::filesystem_error*>(&e)) return loom::explained(*file);
+  return e.what();
 }
 
 }  // namespace loom::cli

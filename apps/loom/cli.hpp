@@ -41,6 +41,10 @@ const std::vector<Command>& commands();
 /// --config, --set and the aliases, applied in precedence order to a Config.
 core::Config config_from(const po::variables_map& options);
 
+/// An exception's text for the command's error line: a LibTorch error without its backtrace, a
+/// filesystem error in plain words (loom::explained), any other one's what().
+std::string message_of(const std::exception& e);
+
 /// A registry that has scanned the search path (plus --plugin-dir).
 void scan_plugins(core::PluginRegistry& registry, const po::variables_map& options,
                   bool log_refusals = true);

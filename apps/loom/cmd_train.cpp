@@ -11,8 +11,6 @@
 #include <loom/sdk/helpers.hpp>
 #include <loom/sdk/options.hpp>
 
-#include <c10/util/Exception.h>
-
 #include <algorithm>
 #include <filesystem>
 
@@ -74,13 +72,6 @@ std::string continue_hint(const Invocation& invocation, const core::Trainer& tra
     return "the same launch (any number of ranks that divides the global batch) with --resume auto --set trainer.name=" +
            shell_word(name);
   return continue_command(invocation, trainer, name);
-}
-
-/// An exception's text as the command's last line gives it (main's handlers).
-std::string message_of(const std::exception& e) {
-  if (const auto* torch = dynamic_cast<const c10::Error*>(&e)) return loom::explained(*torch);
-  if (const auto* file = dynamic_cast<const fs::filesystem_error*>(&e)) return loom::explained(*file);
-  return e.what();
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <loom/core/text.hpp>
 #include <loom/sdk/version.hpp>
 
-#include <c10/util/Exception.h>
 
 #include <cstring>
 #include <cstdio>
@@ -134,15 +133,9 @@ int run_loom(int argc, char** argv) {
   try {
     loom::core::init_logging(invocation.options["log-level"].as<std::string>());
     return command->run(invocation);
-  } catch (const c10::Error& e) {
-    // LibTorch's own errors carry a C++ backtrace in what(); the message is what users need.
-    loom::core::log::error(loom::explained(e));
-    return 1;
-  } catch (const std::filesystem::filesystem_error& e) {
-    loom::core::log::error(loom::explained(e));
-    return 1;
   } catch (const std::exception& e) {
-    loom::core::log::error(e.what());
+    // (LibTorch's own errors carry a C++ backtrace in what(): message_of gives what users need)
+    loom::core::log::error(loom::cli::message_of(e));
     return 1;
   }
 }
