@@ -30,14 +30,17 @@ CheckpointStore::CheckpointStore(fs::path run_dir) : dir_(std::move(run_dir) / "
 std::vector<fs::path> CheckpointStore::list() const { return list_run(dir_.parent_path()); }
 
 std::vector<fs::path> CheckpointStore::list_run(const fs::path& run_dir) {
-  std::vector<fs::path> out;
+  // Only step_<digits> folders are Loom's: a user's step_00000030.bak or step_10_keep is neither
+  // resumed from nor pruned. In step order, not name order (step_99999999 < step_100000000).
+  std::vector<std::pair<int64_t, fs::path>> steps;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory(ec) && name.rfind("step_", 0) == 0 && fs::exists(entry.path() / "state.json", ec))
-      out.push_back(entry.path());
-  }
-  std::sort(out.begin(), out.end());
+  for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints", ec))
+    if (const int64_t step = step_of(entry.path());
+        step >= 0 && entry.is_directory(ec) && fs::exists(entry.path() / "state.json", ec))
+      steps.emplace_back(step, entry.path());
+  std::sort(steps.begin(), steps.end());
+  std::vector<fs::path> out;
+  for (auto& [step, path] : steps) out.push_back(std::move(path));
   return out;
 }
 

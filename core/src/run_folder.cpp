@@ -135,7 +135,7 @@ bool Trainer::resume_newest(const fs::path& dir, std::vector<std::string>& probl
 }
 
 void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
-  const int64_t from = step_of(checkpoint);
+  const int64_t from = step_;  // the loaded checkpoint's (its folder may have any name)
   const fs::path dir = checkpoint.parent_path();
   std::vector<fs::path> newer;
   for (const auto& step : CheckpointStore::list_run(run_dir_))

@@ -142,6 +142,12 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   const SavedState saved =
       parse_state_json(c.state_json, dir / "state.json", train_loader_->samples_per_epoch() * parallel_->world_size());
   const int64_t step = saved.step;
+  // A step folder holds its own step: one that says another (a copy put in its place, an edit)
+  // is not what its name promises, and resuming from it would write over the real one's steps.
+  if (const int64_t named = step_of(dir); named >= 0 && named != step)
+    throw Error(dir.string() + " holds step " + std::to_string(step) + " (its state.json) under the name of step " +
+                std::to_string(named) + ": a copy of another checkpoint put in its place; give it its own name (" + step_dir_name(step) +
+                "), or move it out of the checkpoints folder");
   const std::string& model_name = saved.model_name;
   const auto& model_config = saved.model_config;
   const auto& saved_manifest = saved.manifest;

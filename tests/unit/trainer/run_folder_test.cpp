@@ -8,6 +8,7 @@
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/config.hpp>
 #include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/safetensors.hpp>
 #include <loom/core/trainer.hpp>
 
@@ -396,6 +397,46 @@ TEST_F(RunFolderTest, AResumeKeepsTheCheckpointsItsRunKept) {
   c.set_assignment("trainer.keep_last=2");
   loom::testing::make_trainer(c)->train();
   EXPECT_EQ(steps(dir_ / "kept"), (std::vector<std::string>{step_dir_name(10), step_dir_name(12)}));
+}
+
+TEST_F(RunFolderTest, TheUsersOwnCopiesBesideTheStepsAreNeitherResumedNorPruned) {
+  Config c = base("copies", 6);
+  c.set_assignment("trainer.keep_last=2");
+  loom::testing::make_trainer(c)->train();
+  const fs::path checkpoints = dir_ / "copies" / "checkpoints";
+  ASSERT_EQ(steps(dir_ / "copies"), (std::vector<std::string>{step_dir_name(4), step_dir_name(6)}));
+  // A backup named past the newest step, one with a suffix, and a copy of step 4 under step 8's name.
+  for (const auto& copy : {step_dir_name(6) + ".bak", step_dir_name(4) + "_keep", step_dir_name(8)})
+    fs::copy(checkpoints / step_dir_name(4), checkpoints / copy);
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("trainer.max_steps=10");
+  std::string warnings;
+  {
+    log::Capture capture(LOOM_LOG_WARN);
+    auto t = loom::testing::make_trainer(c);
+    EXPECT_EQ(t->step(), 6) << "the real newest step, not a copy named after it";
+    t->train();
+    for (const auto& line : capture.lines()) warnings += line + "\n";
+  }
+  EXPECT_NE(warnings.find(step_dir_name(8) + " holds step 4 (its state.json) under the name of step 8"), std::string::npos)
+      << warnings;
+  EXPECT_EQ(steps(dir_ / "copies"), (std::vector<std::string>{step_dir_name(8), step_dir_name(10)}));
+  EXPECT_TRUE(fs::exists(checkpoints / (step_dir_name(6) + ".bak") / "model.safetensors")) << "not pruned";
+  EXPECT_TRUE(fs::exists(checkpoints / (step_dir_name(4) + "_keep") / "model.safetensors")) << "not pruned";
+  int aside = 0;  // the misnamed copy, set aside before this timeline wrote its own step 8
+  for (const auto& entry : fs::directory_iterator(checkpoints))
+    if (entry.path().filename().string().rfind("abandoned-", 0) == 0)
+      aside += fs::exists(entry.path() / step_dir_name(8) / "state.json") ? 1 : 0;
+  EXPECT_EQ(aside, 1);
+}
+
+TEST_F(RunFolderTest, CheckpointsAreListedInStepOrderNotNameOrder) {
+  const fs::path run = dir_ / "order";
+  for (const std::string name : {"step_99999999", "step_100000000", "step_abc", "step_99999999999999999999"}) {
+    fs::create_directories(run / "checkpoints" / name);
+    std::ofstream(run / "checkpoints" / name / "state.json") << "{}";
+  }
+  EXPECT_EQ(steps(run), (std::vector<std::string>{"step_99999999", "step_100000000"}));
 }
 
 TEST_F(RunFolderTest, ResumingFromTheSameOlderCheckpointTwiceKeepsBothTimelines) {
