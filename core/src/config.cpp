@@ -6,6 +6,7 @@
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/options.hpp>
 
 #include <boost/program_options/options_description.hpp>
@@ -163,7 +164,10 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
                 "; remove one of these `base =` lines");
   }
   const std::string named_by = included_from.empty() ? std::string() : " (named by `base` at " + included_from + ")";
-  if (!fs::exists(path, ec)) throw Error("config file " + display(file) + " not found" + named_by);
+  if (!fs::exists(path, ec)) {  // (a link to nothing, or a loop of links, is said as such)
+    const std::string what = sdk::what_is_at(file);
+    throw Error("config file " + display(file) + (what == "no such file" ? " not found" : ": " + what) + named_by);
+  }
   std::string text;
   try {
     text = read_file(path, 16 << 20);  // a regular file of at most 16 MiB: a FIFO or a device is refused, not read
@@ -224,12 +228,19 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       load_file(base_path, chain, display(path) + ":" + std::to_string(e.line));
     }
   }
+  std::map<std::string, const Entry*> here;  // a key written twice in one file: the later line wins, and is named
   for (const auto& e : entries) {
     if (e.key == "base") continue;
     if (section_of(e.key).empty())
       throw Error(display(path) + ":" + std::to_string(e.line) + ": key '" + e.key +
                   "' is outside any section; put it under [trainer], [model], [data], ... "
                   "(only `base` may come before the first section)");
+    if (const auto [it, first] = here.emplace(e.key, &e); !first) {
+      if (it->second->value != e.value)
+        log::warn(display(path), ":", e.line, ": ", e.key, " is set again (line ", it->second->line, ": ", it->second->value,
+                  "); the later, ", e.value, ", is used");
+      it->second = &e;
+    }
     set(e.key, e.value, Origin{"file", path, e.line});
   }
   chain.pop_back();
@@ -349,8 +360,14 @@ std::vector<ComponentChoice> chosen_components(const Config& config) {
   for (const KindInfo& kind : kinds()) {
     const std::string key(kind.select_key);
     const std::vector<std::string> names = kind.many ? sdk::parse_list(value(key)) : std::vector<std::string>{value(key)};
-    for (const auto& name : names)
-      if (!name.empty()) out.push_back({kind.id, component_section(kind.id, name), name, key});
+    std::set<std::string> seen;
+    for (const auto& name : names) {
+      if (name.empty()) continue;
+      if (!seen.insert(name).second)
+        throw Error(key + " lists '" + name + "' twice (" + value(key) + "); each " + std::string(kind.noun) +
+                    " is used once: remove one");
+      out.push_back({kind.id, component_section(kind.id, name), name, key});
+    }
   }
   return out;
 }

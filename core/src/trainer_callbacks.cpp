@@ -26,8 +26,6 @@ void Trainer::build_callbacks() {
   std::vector<std::string> readers;
   callbacks_read_gradients_ = false;
   for (const auto& name : sdk::parse_list(value_of(config_, "trainer.callbacks"))) {
-    if (std::any_of(callbacks_.begin(), callbacks_.end(), [&](const auto& c) { return c.first == name; }))
-      throw Error("trainer.callbacks lists '" + name + "' twice; each callback runs once");
     const auto& info = registry_.require(LOOM_KIND_CALLBACK, name);
     auto callback = registry_.create<sdk::Callback>(name, component_values(config_, info));
     // A 1.0 callback may read any step's values; a 1.1 one says whether it does.
