@@ -44,27 +44,35 @@ int cmd_bench(const Invocation& invocation) {
     int64_t peak = 0;
     std::vector<double> rates;
   };
+  // Each configuration is read once, with the user's settings over it and the bench's own, and
+  // checked before the first one runs: a missing file or a wrong key in the last is found now,
+  // not after the others have been timed.
+  const core::Config user = config_from(invocation.options);
+  std::vector<core::Config> configs;
+  for (const std::string& file : files) {
+    core::Config& config = configs.emplace_back();
+    config.load_file(core::find_config(file));
+    for (const std::string& key : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
+      const core::ConfigValue& value = *user.find(key);
+      config.set(key, value.value, value.origin);
+    }
+    config.set("trainer.work_dir", work.string(), {"loom bench", {}, 0});
+    config.set("trainer.max_steps", std::to_string(steps), {"--steps", {}, 0});
+    config.set("trainer.resume", "none", {"loom bench", {}, 0});
+    config.set("trainer.resume_from", "", {"loom bench", {}, 0});
+    core::resolve_run(config, registry);
+  }
   std::vector<Row> rows(files.size());
   for (int64_t round = 0; round < repeats; ++round) {
     for (size_t index = 0; index < files.size(); ++index) {
       const std::string& file = files[index];
-      core::Config config;
-      config.load_file(core::find_config(file));
-      const core::Config user = config_from(invocation.options);
-      for (const std::string& key : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
-        const core::ConfigValue& value = *user.find(key);
-        config.set(key, value.value, value.origin);
-      }
-      config.set("trainer.work_dir", work.string(), {"loom bench", {}, 0});
+      core::Config config = configs[index];
       // One folder per run, even when two files share a name (a run refuses a used folder).
       std::string stem = fs::path(file).stem().string();
       for (char& ch : stem)
         if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
       config.set("trainer.name", std::to_string(round + 1) + "-" + std::to_string(index + 1) + "-" + stem,
                  {"loom bench", {}, 0});
-      config.set("trainer.max_steps", std::to_string(steps), {"--steps", {}, 0});
-      config.set("trainer.resume", "none", {"loom bench", {}, 0});
-      config.set("trainer.resume_from", "", {"loom bench", {}, 0});
       core::Trainer trainer(core::resolve_run(config, registry), registry);
       trainer.setup();
       trainer.step_with_recovery();  // warm-up, not timed
