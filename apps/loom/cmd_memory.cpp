@@ -16,9 +16,13 @@ namespace loom::cli {
 
 namespace {
 
+constexpr int64_t kMaxBatch = 16777216;  // trainer.batch_size's largest (core_schema.cpp)
+
 int64_t devices_of(const Invocation& invocation) {
   const int64_t n = invocation.options["devices"].as<int64_t>();
-  if (n < 1) throw Error("--devices must be at least 1");
+  if (n < 1 || n > kMaxBatch)
+    throw Error("--devices " + std::to_string(n) + " is outside [1, " + std::to_string(kMaxBatch) +
+                "]: each device takes at least one sample of a global batch of at most " + std::to_string(kMaxBatch));
   return n;
 }
 
@@ -32,6 +36,7 @@ int cmd_memory(const Invocation& invocation) {
   if (invocation.args.size() > 1) throw Error("loom memory " + what + ": unexpected argument '" + invocation.args[1] + "'; " + usage);
   if (what == "estimate" && invocation.options.count("target"))
     throw Error("--target is for loom memory suggest (the largest micro-batch under a size); estimate takes --batch");
+  const int64_t devices = devices_of(invocation);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Config config = config_from(invocation.options);
@@ -40,7 +45,6 @@ int cmd_memory(const Invocation& invocation) {
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
   trainer.setup_for_estimate();
-  const int64_t devices = devices_of(invocation);
   const core::ModelStates states = trainer.model_states();
   const int64_t samples = trainer.options().batch_size;
 
@@ -48,6 +52,10 @@ int cmd_memory(const Invocation& invocation) {
     // The plan `loom train` would make, or its refusal: 128 on 3 devices is no plan (it printed
     // a micro-batch of 42, which trains 126).
     const int64_t per_step = trainer.options().accumulation * devices;
+    if (per_step > kMaxBatch)
+      throw Error("gradient_accumulation_steps " + std::to_string(trainer.options().accumulation) + " x --devices " +
+                  std::to_string(devices) + " needs a global batch of at least " + std::to_string(per_step) +
+                  ", more than trainer.batch_size allows (" + std::to_string(kMaxBatch) + "); give fewer devices");
     if (samples % per_step != 0)
       throw Error("trainer.batch_size " + std::to_string(samples) + " is not divisible by gradient_accumulation_steps " +
                   std::to_string(trainer.options().accumulation) + " x --devices " + std::to_string(devices) +
