@@ -162,7 +162,11 @@ fs::path checkpoint_path(const Invocation& invocation) {
   fs::path checkpoint = fs::path(named ? invocation.options["checkpoint"].as<std::string>() : invocation.args[0]).lexically_normal();
   if (!checkpoint.has_filename() && checkpoint.has_parent_path()) checkpoint = checkpoint.parent_path();  // "step_.../"
   if (!fs::exists(checkpoint)) throw Error("checkpoint " + checkpoint.string() + ": no such file or folder");
-  // A run folder: its newest checkpoint. A file inside a step folder: that step folder.
+  // A run folder, or its checkpoints folder: the newest checkpoint. A file inside a step folder:
+  // that step folder.
+  if (checkpoint.filename() == "checkpoints" && fs::is_directory(checkpoint) && checkpoint.has_parent_path() &&
+      !fs::is_directory(checkpoint / "checkpoints"))  // (a run that is itself named "checkpoints")
+    checkpoint = checkpoint.parent_path();
   if (fs::is_directory(checkpoint / "checkpoints")) {
     const auto all = core::CheckpointStore::list_run(checkpoint);
     if (all.empty())
@@ -174,6 +178,9 @@ fs::path checkpoint_path(const Invocation& invocation) {
   if (!fs::is_directory(checkpoint) && (name == "state.json" || name == "model.safetensors" || name == "optimizer.safetensors") &&
       checkpoint.parent_path().filename().string().rfind("step_", 0) == 0)
     return checkpoint.parent_path();
+  if (fs::is_directory(checkpoint) && !fs::exists(checkpoint / "state.json"))
+    throw Error(checkpoint.string() + " is a folder, but no checkpoint: it has no state.json. Pass a step folder "
+                "(runs/<name>/checkpoints/step_...), a run folder, or a best_*.safetensors file");
   return checkpoint;
 }
 

@@ -16,6 +16,7 @@
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
+#include <loom/sdk/files.hpp>
 #include "trainer_internal.hpp"
 
 #include <nlohmann/json.hpp>
@@ -332,6 +333,10 @@ void Trainer::open_run_here() {
     notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
+  // (a folder or a FIFO put in its place: named, with the fix, not "cannot rename into")
+  if (const std::string there = sdk::what_is_at(run_dir_ / "config.json"); !there.empty() && there != "no such file")
+    throw Error((run_dir_ / "config.json").string() + " is " + there + ", not the run's configuration, which Loom writes " +
+                "there; move it out of the run folder and run the command again");
   write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
   take_away.armed = false;
 }

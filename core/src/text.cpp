@@ -1,6 +1,7 @@
 // Text helpers for messages.
 #include <loom/core/error.hpp>
 #include <loom/core/text.hpp>
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
 
 #include <c10/util/Exception.h>
@@ -89,14 +90,33 @@ std::string explained(const std::filesystem::filesystem_error& e) {
   if (!e.path2().empty()) text.append(" -> ").append(e.path2().string());
   text.append(": ").append(reason);
   const int code = e.code().value();
-  if (code == ENOTDIR || (code == EEXIST && operation.find("create director") != std::string::npos))
-    text += " (a part of that path is a file, not a folder: choose another path, or move the file away)";
-  else if (code == EACCES || code == EPERM)
+  if (code == ENOTDIR || (code == EEXIST && operation.find("create director") != std::string::npos)) {
+    // The part of the path that stands where a folder was to be: named, with what it is.
+    std::string blocker, there;
+    std::error_code ec;
+    namespace fs = std::filesystem;
+    for (fs::path p = e.path1(); !p.empty() && blocker.empty(); p = p.has_relative_path() ? p.parent_path() : fs::path()) {
+      const auto status = fs::status(p, ec);
+      if (fs::exists(status) && !fs::is_directory(status)) {
+        blocker = p.string();
+        there = sdk::what_is_at(p);
+      }
+    }
+    if (!blocker.empty())
+      text.append(" (").append(blocker).append(" is ").append(there.empty() ? "a file" : there).append(
+          ", not a folder: choose another path, or move it away)");
+    else
+      text += " (a part of that path is a file, not a folder: choose another path, or move the file away)";
+  } else if (code == EACCES || code == EPERM)
     text += " (choose a path this user may write, or change its permissions)";
   else if (code == ELOOP)
     text += " (a symbolic link there points back at itself)";
-  else if (code == ENOSPC)
-    text += " (the disk is full)";
+  else if (code == ENOSPC || code == EDQUOT)
+    text += code == ENOSPC ? " (the disk is full)" : " (this user's disk quota is used up)";
+  else if (code == EROFS)
+    text += " (a read-only file system: choose a path on one that can be written)";
+  else if (code == ENOENT && operation.find("create director") != std::string::npos)
+    text += " (no folder can be made there, as in /proc or /sys: choose a path on a file system that can be written)";
   return text;
 }
 
