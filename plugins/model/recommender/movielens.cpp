@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -68,7 +69,20 @@ class Rows {
 
   /// "interactions: /data/ml-1m/ratings.dat:17: <what>".
   sdk::Error error(const std::string& what) const {
-    return sdk::Error("interactions: " + path_.string() + ":" + std::to_string(number_) + ": " + what);
+    // The row's own bytes are quoted in `what`: a NUL or a control character among them would cut
+    // the message short or garble the terminal, so each is shown as \xNN.
+    std::string shown;
+    for (const char c : what) {
+      const auto byte = static_cast<unsigned char>(c);
+      if (byte >= 0x20 && byte != 0x7f) {
+        shown += c;
+      } else {
+        char code[8];
+        std::snprintf(code, sizeof code, "\\x%02x", byte);
+        shown += code;
+      }
+    }
+    return sdk::Error("interactions: " + path_.string() + ":" + std::to_string(number_) + ": " + shown);
   }
 
   const fs::path& path() const { return path_; }
@@ -126,6 +140,8 @@ int64_t integer(std::string_view text, const char* field, const Rows& rows) {
   const std::string t = trimmed(text);
   int64_t value = 0;
   const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
+  if (ec == std::errc::result_out_of_range && end == t.data() + t.size())
+    throw rows.error(std::string(field) + " " + t + " is too large for a 64-bit integer (at most 9223372036854775807)");
   if (t.empty() || ec != std::errc() || end != t.data() + t.size())
     throw rows.error(std::string(field) + " '" + t + "' is not an integer");
   return value;

@@ -153,6 +153,14 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   write(dir_ / "ratings.dat", "1::1::5::1\n1::9::4::2\n");
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.dat:2: item id 9 is not in movies.dat"), std::string::npos) << message;
+  // A NUL or a control character in the row is shown, not left to cut the message short.
+  write(dir_ / "ratings.dat", std::string("1::1::5::1\n1::2::4::88000000") + std::string(1, '\0') + "5\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.dat:2: Timestamp '88000000\\x005' is not an integer"), std::string::npos) << message;
+  write(dir_ / "ratings.dat", "1::1::5::1\n99999999999999999999::2::4::2\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.dat:2: UserID 99999999999999999999 is too large for a 64-bit integer"), std::string::npos)
+      << message;
   write(dir_ / "ratings.dat", "1::1::5\n");
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.dat:1: 3 fields, expected 4 (UserID::MovieID::Rating::Timestamp)"), std::string::npos) << message;
