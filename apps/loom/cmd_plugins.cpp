@@ -126,7 +126,10 @@ int check(const Invocation& invocation) {
   }
   scan_plugins(registry, invocation.options, /*log_refusals=*/false);  // the datasets a model is checked with
   core::ConformanceOptions options;
-  if (invocation.options.count("dataset")) options.dataset = invocation.options["dataset"].as<std::string>();
+  if (invocation.options.count("dataset")) {
+    options.dataset = invocation.options["dataset"].as<std::string>();
+    registry.require(LOOM_KIND_DATASET, options.dataset);  // a name no plugin has: one error, as `loom train` gives it
+  }
   // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache.
   char scratch[] = "/tmp/loom-check-XXXXXX";
   const bool own_cache = ::mkdtemp(scratch) != nullptr;

@@ -53,7 +53,7 @@ Schema core_schema() {
                 "the device's dense peak in TFLOP/s at the run's precision, for the model FLOPs utilization (MFU) "
                 "in the log; 0: known cards by name (H100, H200, A100), none on CPU"),
             key(LOOM_OPTION_INT, "checkpoint_every", "0", 0, kHuge, "save every N steps; 0: at each evaluation"),
-            key(LOOM_OPTION_INT, "keep_last", "3", 0, 1e6, "checkpoints kept besides the best"),
+            key(LOOM_OPTION_INT, "keep_last", "3", 0, 1e6, "step checkpoints kept (the newest; 0: all), besides the best"),
             key(LOOM_OPTION_STRING, "best_metric", "auto",
                 "metric that picks the best checkpoint, in the direction the model declares for it (loss: lower is "
                 "better); auto: the model's first declared metric, else loss"),

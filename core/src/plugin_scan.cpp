@@ -6,6 +6,7 @@
 #include <loom/core/log.hpp>
 
 #include <loom/sdk/files.hpp>
+#include <loom/sdk/options.hpp>
 #include <loom/sdk/version.hpp>
 
 #include <cerrno>
@@ -108,12 +109,16 @@ void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::pa
 }
 
 double timeout_seconds() {
-  if (const char* t = std::getenv("LOOM_PLUGIN_SCAN_TIMEOUT")) {
-    char* end = nullptr;
-    const double v = std::strtod(t, &end);
-    if (end != t && v > 0) return v;
-  }
-  return 20;
+  constexpr double kDefault = 20;
+  const char* t = std::getenv("LOOM_PLUGIN_SCAN_TIMEOUT");
+  if (t == nullptr || *t == '\0') return kDefault;
+  const auto v = sdk::parse_float(t);
+  // Below a second the scanner is killed while it loads LibTorch, before it checks any plugin.
+  if (v && *v >= 1 && *v <= 3600) return *v;
+  static bool said = false;  // (once per process: each scan asks)
+  if (!said) log::warn("LOOM_PLUGIN_SCAN_TIMEOUT=", t, " is not a number of seconds from 1 to 3600; ", kDefault, " s are used");
+  said = true;
+  return kDefault;
 }
 
 const char* signal_text(int sig) {

@@ -49,6 +49,32 @@ r = loom(exe, "config", "show", "--batch-size", "abc", "--set", "trainer.batch_s
 expect("batch_size = 64" in r.stdout and "trainer.batch_size is given twice on the command line (--batch-size abc and "
        "--set trainer.batch_size=64): 64 is used" in r.stderr, "a flag's value replaced by --set is named", r)
 
+# A key written twice in one file: the later line wins, and the earlier value is named.
+tmp = workdir()
+twice = os.path.join(tmp, "twice.ini")
+with open(twice, "w") as f:
+    f.write("[trainer]\nmax_steps = 7\n[model]\nname = lightweight_transformer\n[trainer]\nmax_steps = 8\n")
+r = loom(exe, "config", "show", "-c", twice)
+expect("max_steps = 8" in r.stdout and "twice.ini:6: trainer.max_steps is set again (line 2: 7); the later, 8, is used"
+       in r.stderr, "a key set twice in one file", r)
+# A loop of symbolic links is said as such, not "not found".
+os.symlink(os.path.join(tmp, "loop2.ini"), os.path.join(tmp, "loop1.ini"))
+os.symlink(os.path.join(tmp, "loop1.ini"), os.path.join(tmp, "loop2.ini"))
+r = loom(exe, "config", "show", "-c", os.path.join(tmp, "loop1.ini"), check=False)
+expect(r.returncode == 1 and "loop1.ini: cannot be read (Too many levels of symbolic links)" in r.stderr,
+       "a config file that is a loop of links", r)
+shutil.rmtree(tmp)
+r = loom(exe, "config", "show", "--set", "memory.policies=auto_batch, auto_batch", check=False)
+expect(r.returncode == 1 and "memory.policies lists 'auto_batch' twice" in r.stderr, "a policy listed twice", r)
+r = loom(exe, "memory", "estimate", "-c", os.path.join(configs, "debug.ini"), "--devices", "2147483648", check=False)
+expect(r.returncode == 1 and "--devices 2147483648 is outside [1, 16777216]" in r.stderr, "absurd --devices", r)
+r = loom(exe, "plugins", "check", "lightweight_transformer", "--dataset", "nope", check=False)
+expect(r.returncode == 1 and "'nope'" in r.stderr and "conforms" not in r.stdout, "plugins check --dataset of no plugin", r)
+# Every configuration of a bench is read before the first one runs.
+r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), "/nonexistent.ini", "--steps", "2", check=False)
+expect(r.returncode == 1 and "/nonexistent.ini not found" in r.stderr and "run folder" not in r.stderr
+       and "configuration" not in r.stdout, "bench checks every configuration first", r)
+
 # configs/fashion_mnist.ini is the default job spelled out: `loom train` without -c runs exactly it.
 def settings(*args):
     out = loom(exe, "config", "show", *args).stdout
@@ -138,8 +164,25 @@ try:
     afile = os.path.join(work, "afile")
     open(afile, "w").close()
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={afile}", "--set", "trainer.name=w", check=False)
-    expect(r.returncode == 1 and f"cannot create directories {afile}/w: Not a directory (a part of that path is a file"
+    expect(r.returncode == 1 and f"cannot create directories {afile}/w: Not a directory ({afile} is a file, not a folder"
            in r.stderr and "filesystem error" not in r.stderr, "a work_dir under a file", r)
+    r = loom(exe, "train", *SMALL, "--set", "trainer.work_dir=/dev/null", "--set", "trainer.name=w", check=False)
+    expect(r.returncode == 1 and "Not a directory (/dev/null is a character device, not a folder: choose another path" in r.stderr,
+           "a work_dir that is a device is named as one", r)
+    # The run's config.json replaced by a folder: named, with the fix, on a resume.
+    shutil.copytree(os.path.join(work, "ev"), os.path.join(work, "cj"))
+    os.remove(os.path.join(work, "cj", "config.json"))
+    os.mkdir(os.path.join(work, "cj", "config.json"))
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=cj", "--resume", "auto",
+             "--set", "trainer.max_steps=12", check=False)
+    expect(r.returncode == 1 and "config.json is a folder, not the run's configuration, which Loom writes there; move it "
+           "out of the run folder" in r.stderr, "a folder in place of config.json", r)
+    # eval of a run's checkpoints folder: its newest step; of a folder that holds no checkpoint: said so.
+    r = loom(exe, "eval", os.path.join(work, "ev", "checkpoints"), "--set", "data.test_size=256")
+    expect("step_00000010: accuracy" in r.stderr, "eval of a run's checkpoints folder takes its newest step", r)
+    r = loom(exe, "eval", configs, check=False)
+    expect(r.returncode == 1 and "is a folder, but no checkpoint: it has no state.json" in r.stderr,
+           "eval of a folder that is no checkpoint", r)
     # Started as one of several processes (torchrun's or `loom launch`'s variables) with a strategy
     # that trains alone: refused, as each process would train the whole model by itself. Under
     # Slurm's variables (an sbatch script around one process) a warning only.
