@@ -143,35 +143,11 @@ try:
     # A signal during set-up (the memory probes before the first step, a second or more on a large
     # micro-batch; an automatic batch search longer): set-up ends at its next probe, not after
     # them all and a first step; nothing trained, nothing left behind.
-    name = "in_setup"
-    proc = subprocess.Popen([exe, "train", "--log-level", "debug", *SMALL, "--set", f"trainer.work_dir={work}",
-                             "--set", f"trainer.name={name}", "--set", "data.train_size=16384",
-                             "--set", "trainer.batch_size=8192", "--set", "memory.estimate=true"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stderr:  # until the first probe has run
-        lines.append(line)
-        if "probe at micro-batch" in line:
-            break
-    proc.send_signal(signal.SIGTERM)
-    err = "".join(lines) + proc.stderr.read()
-    proc.wait(timeout=120)
-    assert proc.returncode == 143, f"SIGTERM in set-up: exit {proc.returncode}\n{err}"
-    # (at the next probe, or on a loaded machine where the probes ended first, before the run folder)
-    assert "stopped by SIGTERM during set-up (" in err and "no step was trained; nothing was written" in err, err
-    assert not os.path.exists(os.path.join(work, name)), os.listdir(os.path.join(work, name))
-    print("SIGTERM in set-up: exit 143 before the first step, no run folder left")
-
-    # The same through a C-tier memory policy that probes (tests/plugins/c_tier_plugin.c): the
-    # host fails its probe, and ends set-up when the policy's plan returns, whatever it made of it.
-    c_plugin = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_c_tier_test.so")
-    if os.path.exists(c_plugin):
-        name = "in_c_setup"
-        proc = subprocess.Popen([exe, "train", "--log-level", "debug", "--plugin-dir", c_plugin, *SMALL,
-                                 "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
-                                 "--set", "data.train_size=16384", "--set", "trainer.batch_size=8192",
-                                 "--set", "memory.estimate=false", "--set", "memory.policies=c_halve",
-                                 "--set", "memory.c_halve.probe=true", "--set", "memory.c_halve.max=8"],
+    def term_after_first_probe(name, *extra):
+        """SIGTERM once the first memory probe has logged; its exit status and all it printed."""
+        proc = subprocess.Popen([exe, "train", "--log-level", "debug", *SMALL, "--set", f"trainer.work_dir={work}",
+                                 "--set", f"trainer.name={name}", "--set", "data.train_size=16384",
+                                 "--set", "trainer.batch_size=8192", *extra],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         lines = []
         for line in proc.stderr:
@@ -181,11 +157,26 @@ try:
         proc.send_signal(signal.SIGTERM)
         err = "".join(lines) + proc.stderr.read()
         proc.wait(timeout=120)
-        assert proc.returncode == 143, f"SIGTERM in a C policy's probes: exit {proc.returncode}\n{err}"
+        assert not os.path.exists(os.path.join(work, name)), os.listdir(os.path.join(work, name))
+        return proc.returncode, err
+
+    code, err = term_after_first_probe("in_setup", "--set", "memory.estimate=true")
+    assert code == 143, f"SIGTERM in set-up: exit {code}\n{err}"
+    # (at the next probe, or on a loaded machine where the probes ended first, before the run folder)
+    assert "stopped by SIGTERM during set-up (" in err and "no step was trained; nothing was written" in err, err
+    print("SIGTERM in set-up: exit 143 before the first step, no run folder left")
+
+    # The same through a C-tier memory policy that probes (tests/plugins/c_tier_plugin.c): the
+    # host fails its probe, and ends set-up when the policy's plan returns, whatever it made of it.
+    c_plugin = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_c_tier_test.so")
+    if os.path.exists(c_plugin):
+        code, err = term_after_first_probe("in_c_setup", "--plugin-dir", c_plugin, "--set", "memory.estimate=false",
+                                           "--set", "memory.policies=c_halve", "--set", "memory.c_halve.probe=true",
+                                           "--set", "memory.c_halve.max=8")
+        assert code == 143, f"SIGTERM in a C policy's probes: exit {code}\n{err}"
         # (its probes go from 8192 down to 16: ten, the first the slowest)
         assert "stopped by SIGTERM during set-up (memory probes)" in err and "nothing was written" in err, err
         assert err.count("probe at micro-batch") < 10, f"the C policy probed on after the stop:\n{err}"
-        assert not os.path.exists(os.path.join(work, name)), os.listdir(os.path.join(work, name))
         print("SIGTERM in a C-tier policy's probes: exit 143, set-up ended, no run folder left")
     else:
         print(f"(no {c_plugin}: the C-tier part is skipped)")
