@@ -36,7 +36,7 @@ std::string section_of(const std::string& key) {
 std::string display(const fs::path& p) {
   std::error_code ec;
   const fs::path rel = fs::relative(p, fs::current_path(ec), ec);
-  if (!ec && !rel.empty() && rel.native().rfind("..", 0) != 0) return rel.string();
+  if (!ec && !rel.empty() && rel != "." && rel.native().rfind("..", 0) != 0) return rel.string();  // (".": the folder itself)
   return p.string();
 }
 
