@@ -115,9 +115,15 @@ int cmd_memory(const Invocation& invocation) {
               << core::format_bytes(std::max<int64_t>(0, static_cast<int64_t>(fit.fixed) - states.total())) << "\n";
     return 1;
   }
+  std::string capped;  // (a global batch train would refuse is no answer)
+  if (micro > kMaxBatch / devices) {
+    micro = kMaxBatch / devices;
+    capped = "; capped there: a global batch is at most " + std::to_string(kMaxBatch);
+  }
   const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
   std::cout << "largest micro-batch under " << core::format_bytes(*target) << " per device: " << micro
-            << " (global batch " << micro * devices << " on " << devices << " device(s) without accumulation)\n"
+            << " (global batch " << micro * devices << " on " << devices << " device(s) without accumulation" << capped
+            << ")\n"
             << core::format_estimate(e, trainer.device().str())
             << "(activations from probes at micro-batch " << fit.probe_small << " and " << fit.probe_large << ": "
             << core::format_bytes(static_cast<int64_t>(fit.per_sample))

@@ -108,6 +108,12 @@ int cmd_train(const Invocation& invocation) {
     const auto saved = core::CheckpointStore::list_run(trainer.run_dir());
     if (saved.empty()) throw;
     core::log::error(message_of(e));
+    if (core::step_of(saved.back()) >= trainer.total_steps()) {  // (in the final evaluation, say)
+      core::log::warn("the training is complete: its last checkpoint ", saved.back().string(),
+                      " is written; evaluate it with: loom eval ", trainer.run_dir().string());
+      core::log::flush();
+      return 1;
+    }
     core::log::warn("the run's checkpoints up to ", saved.back().string(), " are intact; once the cause is fixed, continue with: ",
                     continue_hint(invocation, trainer, trainer.run_dir().filename().string()));
     core::log::flush();
@@ -164,9 +170,9 @@ fs::path checkpoint_path(const Invocation& invocation) {
   if (!fs::exists(checkpoint)) throw Error("checkpoint " + checkpoint.string() + ": no such file or folder");
   // A run folder, or its checkpoints folder: the newest checkpoint. A file inside a step folder:
   // that step folder.
-  if (checkpoint.filename() == "checkpoints" && fs::is_directory(checkpoint) && checkpoint.has_parent_path() &&
+  if (checkpoint.filename() == "checkpoints" && fs::is_directory(checkpoint) &&
       !fs::is_directory(checkpoint / "checkpoints"))  // (a run that is itself named "checkpoints")
-    checkpoint = checkpoint.parent_path();
+    checkpoint = checkpoint.has_parent_path() ? checkpoint.parent_path() : fs::path(".");
   if (fs::is_directory(checkpoint / "checkpoints")) {
     const auto all = core::CheckpointStore::list_run(checkpoint);
     if (all.empty())

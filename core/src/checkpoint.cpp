@@ -6,6 +6,8 @@
 #include <loom/core/safetensors.hpp>
 #include <loom/core/text.hpp>
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -55,6 +57,14 @@ int64_t step_of(const fs::path& step_dir) {
   return step;
 }
 
+void check_step_folder_name(const fs::path& dir, int64_t step) {
+  const int64_t named = step_of(dir);
+  if (named < 0 || named == step || dir.parent_path().filename() != "checkpoints") return;
+  throw Error(dir.string() + " holds step " + std::to_string(step) + " (its state.json) under the name of step " +
+              std::to_string(named) + ": a copy of another checkpoint put in its place; give it its own name (" +
+              step_dir_name(step) + "), or move it out of the checkpoints folder");
+}
+
 fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const sdk::TensorMap& extra,
                                const std::string& state_json, int64_t keep_last) {
   const fs::path final_dir = dir_ / step_dir_name(step);
@@ -70,15 +80,17 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
   } catch (const std::exception& e) {
     // A full disk (or a quota): the half-written folder goes, so it holds no space the user must
     // find; the step folders written before are untouched.
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    const std::string why = dynamic_cast<const fs::filesystem_error*>(&e)
-                                ? explained(*dynamic_cast<const fs::filesystem_error*>(&e))
-                                : std::string(e.what());
+    std::error_code removed, ec;
+    fs::remove_all(tmp, removed);
+    std::string why = e.what();
+    if (const auto* file = dynamic_cast<const fs::filesystem_error*>(&e)) why = explained(*file);
+    if (const auto* torch = dynamic_cast<const c10::Error*>(&e)) why = explained(*torch);  // (no backtrace)
     const fs::space_info space = fs::space(dir_, ec);
     throw Error("the checkpoint of step " + std::to_string(step) + " could not be written to " + dir_.string() + ": " +
                 why + (ec ? std::string() : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
-                "; its partial folder is removed");
+                (removed ? "; its partial folder " + tmp.string() + " could not be removed (" + removed.message() +
+                               "): delete it by hand"
+                         : std::string("; its partial folder is removed")));
   }
   if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again (a replayed run)
   rename_durable(tmp, final_dir);

@@ -59,9 +59,11 @@ void write_file_atomic(const fs::path& path, const std::vector<std::string_view>
     }
   }
   if (::fsync(fd) != 0) give_up("cannot sync", tmp);
-  const int closed = ::close(fd);  // (a network file system may report a failed write only here)
+  // A network file system may report a failed write only here. (EINTR: the descriptor is closed
+  // all the same on Linux, and the data was synced above.)
+  const int closed = ::close(fd);
   fd = -1;
-  if (closed != 0) give_up("cannot close", tmp);
+  if (closed != 0 && errno != EINTR) give_up("cannot close", tmp);
   if (::rename(tmp.c_str(), path.c_str()) != 0) give_up("cannot rename into", path);
   fsync_dir(path.parent_path());
 }

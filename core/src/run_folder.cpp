@@ -112,6 +112,14 @@ void Trainer::lock_run(const fs::path& dir) {
     throw Error("run folder " + dir.string() + " is in use by " + e.what() +
                 "; wait for that run to end, or choose another trainer.name");
   }
+  // A folder, a FIFO or a device where the run writes config.json: named with its fix now, before
+  // a resume moves anything, not as "cannot rename into" once it has. (A dangling link is replaced.)
+  const std::string there = sdk::what_is_at(dir / "config.json");
+  if (there == "a folder" || there == "a FIFO" || there == "a socket" || there.ends_with(" device")) {
+    run_lock_.reset();
+    throw Error((dir / "config.json").string() + " is " + there + ", not the run's configuration, which Loom writes " +
+                "there; move it out of the run folder and run the command again");
+  }
 }
 
 bool Trainer::resume_newest(const fs::path& dir, std::vector<std::string>& problems) {
@@ -333,10 +341,6 @@ void Trainer::open_run_here() {
     notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
-  // (a folder or a FIFO put in its place: named, with the fix, not "cannot rename into")
-  if (const std::string there = sdk::what_is_at(run_dir_ / "config.json"); !there.empty() && there != "no such file")
-    throw Error((run_dir_ / "config.json").string() + " is " + there + ", not the run's configuration, which Loom writes " +
-                "there; move it out of the run folder and run the command again");
   write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
   take_away.armed = false;
 }

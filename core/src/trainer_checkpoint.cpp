@@ -142,12 +142,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   const SavedState saved =
       parse_state_json(c.state_json, dir / "state.json", train_loader_->samples_per_epoch() * parallel_->world_size());
   const int64_t step = saved.step;
-  // A step folder holds its own step: one that says another (a copy put in its place, an edit)
-  // is not what its name promises, and resuming from it would write over the real one's steps.
-  if (const int64_t named = step_of(dir); named >= 0 && named != step)
-    throw Error(dir.string() + " holds step " + std::to_string(step) + " (its state.json) under the name of step " +
-                std::to_string(named) + ": a copy of another checkpoint put in its place; give it its own name (" + step_dir_name(step) +
-                "), or move it out of the checkpoints folder");
+  check_step_folder_name(dir, step);  // (damage: --resume auto falls back to the one before)
   const std::string& model_name = saved.model_name;
   const auto& model_config = saved.model_config;
   const auto& saved_manifest = saved.manifest;
@@ -292,6 +287,7 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
         throw Error(file.string() + " has state format " +
                     (s.is_object() && s.contains("format") ? s.at("format").dump() : std::string("(none)")) +
                     "; this Loom reads format 1: it is damaged, or written by another version of Loom");
+      if (s.contains("step") && s.at("step").is_number_integer()) check_step_folder_name(checkpoint, s.at("step").get<int64_t>());
       model = s.at("model");
       data = s.at("data");
     } else {

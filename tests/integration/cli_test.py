@@ -180,6 +180,8 @@ try:
     # eval of a run's checkpoints folder: its newest step; of a folder that holds no checkpoint: said so.
     r = loom(exe, "eval", os.path.join(work, "ev", "checkpoints"), "--set", "data.test_size=256")
     expect("step_00000010: accuracy" in r.stderr, "eval of a run's checkpoints folder takes its newest step", r)
+    r = loom(exe, "eval", "checkpoints/", "--set", "data.test_size=256", cwd=os.path.join(work, "ev"))
+    expect("step_00000010: accuracy" in r.stderr, "eval of checkpoints/ inside the run folder", r)
     r = loom(exe, "eval", configs, check=False)
     expect(r.returncode == 1 and "is a folder, but no checkpoint: it has no state.json" in r.stderr,
            "eval of a folder that is no checkpoint", r)

@@ -14,6 +14,7 @@
  */
 #include <loom/sdk/c_plugin.h>
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,14 +59,23 @@ static const char* halve_describe(void* self) {
   return h->line;
 }
 
+/* A bool option as the host accepts it: true, yes, on or 1, in any case. */
+static int is_true(const char* text) {
+  char lower[8];
+  size_t i;
+  for (i = 0; text[i] != '\0' && i + 1 < sizeof lower; ++i) lower[i] = (char)tolower((unsigned char)text[i]);
+  lower[i] = '\0';
+  return text[i] == '\0' && (strcmp(lower, "true") == 0 || strcmp(lower, "yes") == 0 || strcmp(lower, "on") == 0 ||
+                              strcmp(lower, "1") == 0);
+}
+
 static void* halve_create(const loom_create_args* args, loom_error* error) {
   halve* h = (halve*)calloc(1, sizeof(halve));
   const char* max = loom_c_option(args, "max");
   if (h == NULL) return loom_c_error(error, "out of memory"), (void*)NULL;
   const char* probe = loom_c_option(args, "probe");
   h->max = max ? atoll(max) : 8;
-  h->probe = probe != NULL && (strcmp(probe, "true") == 0 || strcmp(probe, "yes") == 0 || strcmp(probe, "on") == 0 ||
-                               strcmp(probe, "1") == 0);
+  h->probe = probe != NULL && is_true(probe);
   h->table.struct_size = sizeof(loom_c_memory_policy);
   h->table.self = h;
   h->table.plan = halve_plan;

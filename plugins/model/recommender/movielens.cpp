@@ -141,7 +141,8 @@ int64_t integer(std::string_view text, const char* field, const Rows& rows) {
   int64_t value = 0;
   const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
   if (ec == std::errc::result_out_of_range && end == t.data() + t.size())
-    throw rows.error(std::string(field) + " " + t + " is too large for a 64-bit integer (at most 9223372036854775807)");
+    throw rows.error(std::string(field) + " " + t + " is outside the 64-bit integers (-9223372036854775808 to " +
+                     "9223372036854775807)");
   if (t.empty() || ec != std::errc() || end != t.data() + t.size())
     throw rows.error(std::string(field) + " '" + t + "' is not an integer");
   return value;

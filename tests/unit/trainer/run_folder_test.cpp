@@ -408,6 +408,14 @@ TEST_F(RunFolderTest, TheUsersOwnCopiesBesideTheStepsAreNeitherResumedNorPruned)
   // A backup named past the newest step, one with a suffix, and a copy of step 4 under step 8's name.
   for (const auto& copy : {step_dir_name(6) + ".bak", step_dir_name(4) + "_keep", step_dir_name(8)})
     fs::copy(checkpoints / step_dir_name(4), checkpoints / copy);
+  // `loom eval` of the run would take the misnamed copy for step 8: it is refused by name.
+  try {
+    checkpoint_run_config(checkpoints / step_dir_name(8));
+    ADD_FAILURE() << "a step folder holding another step must be refused";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds step 4 (its state.json) under the name of step 8"), std::string::npos)
+        << e.what();
+  }
   c.set_assignment("trainer.resume=auto");
   c.set_assignment("trainer.max_steps=10");
   std::string warnings;

@@ -60,4 +60,9 @@ std::string step_dir_name(int64_t step);
 /// The step of a step folder (step_00000300: 300), or -1 for another name.
 int64_t step_of(const std::filesystem::path& step_dir);
 
+/// Throws when `dir` is a step folder of a run (checkpoints/step_<digits>) whose state.json holds
+/// another step than its name: a copy of another checkpoint put in its place, which a resume
+/// must not take for that step (it would write over the real one's steps) nor eval report as it.
+void check_step_folder_name(const std::filesystem::path& dir, int64_t step);
+
 }  // namespace loom::core
