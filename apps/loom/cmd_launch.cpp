@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fs = std::filesystem;
@@ -175,6 +176,9 @@ int cmd_launch(const Invocation& invocation) {
   if (node_rank < 0 || node_rank >= nnodes)
     throw Error("loom launch: --node-rank " + std::to_string(node_rank) + " is not in 0 ... " + std::to_string(nnodes - 1));
   if (port < 0 || port > 65535) throw Error("loom launch: --master-port " + std::to_string(port) + " is not a port");
+  if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && nproc > static_cast<int64_t>(cores))
+    core::log::warn("loom launch: --nproc-per-node ", nproc, " on a machine with ", cores, " logical cores: each rank is a "
+                    "process of its own (one per GPU on a GPU machine; on CPU, each gets less than a core)");
   if (port == 0) {
     if (nnodes > 1) throw Error("loom launch: --nnodes " + std::to_string(nnodes) + " needs --master-port, the same on every node");
     port = free_port();

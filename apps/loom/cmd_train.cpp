@@ -106,7 +106,13 @@ int cmd_train(const Invocation& invocation) {
     // A failure mid-run (a full disk, a lost device): the checkpoints written before it stand, and
     // the user is told which one a resume takes up and the command that does it.
     const auto saved = core::CheckpointStore::list_run(trainer.run_dir());
-    if (saved.empty()) throw;
+    if (saved.empty()) {
+      if (!trainer.discard_if_nothing_trained()) throw;
+      core::log::error(message_of(e));
+      core::log::info("no step was trained: the run folder ", trainer.run_dir().string(), " this command made is removed");
+      core::log::flush();
+      return 1;
+    }
     core::log::error(message_of(e));
     if (core::step_of(saved.back()) >= trainer.total_steps()) {  // (in the final evaluation, say)
       core::log::warn("the training is complete: its last checkpoint ", saved.back().string(),

@@ -106,6 +106,13 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   // Each key's own range is the schema's (core_schema.cpp), checked by validate() with the file
   // and line it came from; what is left here involves several keys.
   if (o.max_steps == 0 && o.epochs == 0) throw Error("set trainer.max_steps or trainer.epochs (both are 0)");
+  // An epochs given on the command line that max_steps overrides would be ignored in silence.
+  if (const auto epochs = c.find("trainer.epochs"), steps = c.find("trainer.max_steps");
+      o.max_steps > 0 && epochs != c.end() && steps != c.end() && epochs->second.origin.source != "file" &&
+      epochs->second.origin.source != "default" && epochs->second.origin.source != "checkpoint")
+    log::warn("trainer.epochs = ", epochs->second.value, " (", epochs->second.origin.describe(), ") is not used: trainer.max_steps = ",
+              o.max_steps, " (", steps->second.origin.describe(), ") sets the run's length; set trainer.max_steps = 0 to "
+              "train by epochs");
   if (!o.resume_from.empty() && o.resume == "auto")
     throw Error("trainer.resume = auto and trainer.resume_from are both set; choose one");
   // A run's name is one folder in work_dir: not a path, nothing a shell or a file system trips on.

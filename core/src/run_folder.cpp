@@ -343,6 +343,15 @@ void Trainer::open_run_here() {
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
   write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
   take_away.armed = false;
+  made_run_dir_ = made_here && resumed_at_ < 0;
+}
+
+bool Trainer::discard_if_nothing_trained() {
+  if (!made_run_dir_ || step_ > 0 || parallel_->rank() != 0 || !CheckpointStore::list_run(run_dir_).empty()) return false;
+  run_lock_.reset();
+  std::error_code ec;
+  fs::remove_all(run_dir_, ec);
+  return !ec;
 }
 
 }  // namespace loom::core

@@ -137,6 +137,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
       check_model_config(j["model"]["name"].get<std::string>(), {}, dir.string());
   } catch (const json::exception&) {
   }  // parse_state_json names what is wrong with it
+  const std::vector<std::string> data_changes = changed_data(c.state_json);
   // Every field is read with its type and range before anything changes: a damaged file leaves
   // the run as it was (and --resume auto falls back to an older checkpoint).
   const SavedState saved =
@@ -196,6 +197,9 @@ void Trainer::load_checkpoint(const fs::path& dir) {
 
   step_ = step;
   skipped_steps_ = skipped_at_resume_ = saved.skipped;
+  if (!data_changes.empty())  // (a choice, as fine-tuning on other data is: said, not refused)
+    log::warn("this run's data differs from the checkpoint's: ", join(data_changes, "; "),
+              "; the resumed run trains on these");
   if (saved_plan.global() != plan_.global())
     log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global());
   train_loader_->seek(position);
@@ -205,6 +209,26 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   resumed_at_ = step_;
   resumed_from_ = dir;
   log::info("resumed from ", dir.string(), " at step ", step_);
+}
+
+std::vector<std::string> Trainer::changed_data(const std::string& state_json) const {
+  std::vector<std::string> out;
+  try {
+    const json j = json::parse(state_json);
+    const json& saved = j.at("data");
+    const auto mine = section("data");
+    if (saved.at("name").get<std::string>() != value_of(config_, "data.name"))
+      return {"data.name = " + value_of(config_, "data.name") + " (the checkpoint's: " + saved.at("name").get<std::string>() + ")"};
+    for (const auto& [key, value] : saved.at("config").items()) {
+      // (the loader's threads and buffers change neither the samples nor their order)
+      if (key == "num_workers" || key == "prefetch" || key == "pin_memory") continue;
+      const auto it = mine.find(key);
+      if (it != mine.end() && value.is_string() && it->second != value.get<std::string>())
+        out.push_back("data." + key + " = " + it->second + " (the checkpoint's: " + value.get<std::string>() + ")");
+    }
+  } catch (const json::exception&) {
+  }  // an older or damaged state.json: parse_state_json judges it
+  return out;
 }
 
 void Trainer::check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved,

@@ -122,8 +122,10 @@ std::string target_arg(int64_t bytes) {
   char text[32];
   if (bytes >= (int64_t{1} << 30))
     std::snprintf(text, sizeof text, "%.2fGiB", std::floor(static_cast<double>(bytes) / (1 << 30) * 100) / 100);
-  else
+  else if (bytes >= (int64_t{1} << 20))
     std::snprintf(text, sizeof text, "%lldMiB", static_cast<long long>(bytes >> 20));
+  else  // (a cap under a MiB: "0MiB" would ask about nothing)
+    std::snprintf(text, sizeof text, "%lldKiB", static_cast<long long>(bytes >> 10));
   return text;
 }
 }  // namespace
@@ -145,8 +147,12 @@ std::string Trainer::oom_advice(const std::string& message) const {
                      : std::string("\n  2. gradient accumulation: --gradient-accumulation-steps (memory.policies ="
                                    " oom_recovery does it for you)");
   text += "\n  3. mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)";
-  text += "\n  4. the memory fraction: a cap (--memory-fraction) below what the device has also limits this run;"
-          " lower it only to leave room for other processes";
+  if (stats.limit > 0)  // (the cap this run was given: by memory.fraction or memory.device_memory_limit)
+    text += "\n  4. the memory cap: this run may use " + format_bytes(stats.limit) + " (--memory-fraction or "
+            "memory.device_memory_limit); raise it where the device has room";
+  else
+    text += "\n  4. the memory the device has: no cap is set (--memory-fraction), so what other processes hold is "
+            "what this run lacks; free it, or use another device";
   if (section("model").count("image_size")) text += "\n  5. a smaller input: --image-size";
   text += "\nThe estimator: the model states alone need " + format_bytes(states.total()) + " (parameters " +
           format_bytes(states.parameters) + ", gradients " + format_bytes(states.gradients) + ", optimizer " +

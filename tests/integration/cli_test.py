@@ -185,6 +185,24 @@ try:
     r = loom(exe, "eval", configs, check=False)
     expect(r.returncode == 1 and "is a folder, but no checkpoint: it has no state.json" in r.stderr,
            "eval of a folder that is no checkpoint", r)
+    # A resume with other data keys says so; an epochs the max_steps overrides is named.
+    loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=rs", "--set", "trainer.max_steps=2")
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=rs", "--resume", "auto",
+             "--set", "data.seed=9", "--set", "trainer.max_steps=4", "--set", "trainer.epochs=1")
+    expect("this run's data differs from the checkpoint's: data.seed = 9 (the checkpoint's: " in r.stderr,
+           "a resume on other data says so", r)
+    expect("trainer.epochs = 1 (--set) is not used: trainer.max_steps = 4 (--set) sets the run's length" in r.stderr,
+           "an epochs that max_steps overrides is named", r)
+    # A callback that refuses the run before its first step: one error, and no folder that blocks the name.
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=es",
+             "--set", "trainer.callbacks=progress, jsonl, checkpoint, early_stopping",
+             "--set", "callback.early_stopping.metric=f1", check=False)
+    expect(r.returncode == 1 and "'f1' is not a metric of this run's model" in r.stderr
+           and not os.path.exists(os.path.join(work, "es")), "a run refused by a callback leaves no folder", r)
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "precision.name=fp16_amp",
+             "--set", "precision.loss_scale=1e30", "--set", "trainer.max_steps=1", check=False)
+    expect(r.returncode == 1 and "loss_scale = 1e30 is more than float16's largest value (65504)" in r.stderr,
+           "a static loss scale float16 cannot hold", r)
     # Started as one of several processes (torchrun's or `loom launch`'s variables) with a strategy
     # that trains alone: refused, as each process would train the whole model by itself. Under
     # Slurm's variables (an sbatch script around one process) a warning only.

@@ -48,6 +48,9 @@ struct GzFile {
   GzFile(const GzFile&) = delete;
   GzFile& operator=(const GzFile&) = delete;
 
+  /// After a read: the file holds no gzip stream (zlib reads such a file as it is).
+  bool plain() const { return gzdirect(handle) == 1; }
+
   /// Reads up to n bytes; returns how many it read. A corrupt stream is an error.
   int64_t read(void* out, int64_t n) {
     auto* p = static_cast<char*>(out);
@@ -103,14 +106,20 @@ struct GzFile {
   gzFile handle = nullptr;
 };
 
+/// "X is not an IDX image file: magic number M, expected E" with what the file is instead.
+loom::sdk::Error not_idx(const GzFile& file, const fs::path& path, const char* what, uint32_t magic, uint32_t expected) {
+  std::string text = path.string() + " is not an IDX " + what + " file: magic number " + std::to_string(magic) +
+                     ", expected " + std::to_string(expected);
+  if (path.extension() == ".gz" && file.plain()) text += " (and it holds no gzip data, though its name ends in .gz)";
+  return loom::sdk::Error(text + "; download the Fashion-MNIST files again (scripts/setup.sh installs them)");
+}
+
 }  // namespace
 
 at::Tensor read_images(const fs::path& path) {
   GzFile images(path);
   const uint32_t magic = images.read_be32("magic number");
-  if (magic != kImageMagic)
-    throw loom::sdk::Error(path.string() + " is not an IDX image file: magic number " + std::to_string(magic) +
-                           ", expected " + std::to_string(kImageMagic));
+  if (magic != kImageMagic) throw not_idx(images, path, "image", magic, kImageMagic);
   const int64_t count = images.read_be32("image count");
   const int64_t rows = images.read_be32("rows"), cols = images.read_be32("columns");
   if (rows != 28 || cols != 28 || count <= 0 || count > kMaxImages)
@@ -132,9 +141,7 @@ at::Tensor read_images(const fs::path& path) {
 at::Tensor read_labels(const fs::path& path, int64_t count, const std::string& images_file) {
   GzFile labels_file(path);
   const uint32_t label_magic = labels_file.read_be32("magic number");
-  if (label_magic != kLabelMagic)
-    throw loom::sdk::Error(path.string() + " is not an IDX label file: magic number " + std::to_string(label_magic) +
-                           ", expected " + std::to_string(kLabelMagic));
+  if (label_magic != kLabelMagic) throw not_idx(labels_file, path, "label", label_magic, kLabelMagic);
   const int64_t label_count = labels_file.read_be32("label count");
   if (label_count != count)
     throw loom::sdk::Error(path.string() + " has " + std::to_string(label_count) + " labels but " + images_file +

@@ -156,9 +156,15 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     try {
       store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, options);
     } catch (const std::exception& e) {
+      const std::string why = first_line(e.what());
+      // A port another process holds: no wait helps; another port does.
+      if (options.isServer && (why.find("EADDRINUSE") != std::string::npos || why.find("ddress already in use") != std::string::npos))
+        throw Error("ddp: rank 0 cannot listen on " + env_.master_addr + ":" + std::to_string(env_.port) +
+                    ": another process holds the port (" + why + "). Choose another one (loom launch --master-port N, "
+                    "or 0 for a free one; MASTER_PORT under torchrun)");
       throw Error("ddp: rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) +
                   " could not meet the others at " + env_.master_addr + ":" + std::to_string(env_.port) + " within " +
-                  seconds() + " (" + first_line(e.what()) +
+                  seconds() + " (" + why +
                   "). Are all ranks started, MASTER_ADDR reachable and the port free? parallel.timeout waits longer");
     }
     if (env_.agent_store)

@@ -115,6 +115,13 @@ TEST_F(FashionMnistFiles, WrongMagicNumber) {
   EXPECT_CONTAINS(error(), "train-images-idx3-ubyte is not an IDX image file: magic number 2049, expected 2051");
 }
 
+TEST_F(FashionMnistFiles, AGzFileThatHoldsNoGzipDataIsSaidToBeSo) {
+  write("t10k-labels-idx1-ubyte.gz", "<html>404 Not Found</html>\n");  // a failed download, saved as the file
+  const std::string e = error();
+  EXPECT_CONTAINS(e, "t10k-labels-idx1-ubyte.gz is not an IDX label file");
+  EXPECT_CONTAINS(e, "(and it holds no gzip data, though its name ends in .gz); download the Fashion-MNIST files again");
+}
+
 TEST_F(FashionMnistFiles, LabelCountDiffersFromImageCount) {
   write("train-labels-idx1-ubyte", labels(19));
   EXPECT_CONTAINS(error(), "train-labels-idx1-ubyte has 19 labels but train-images-idx3-ubyte has 20 images");

@@ -410,7 +410,7 @@ TEST_F(MemoryTest, AtMicroBatchOneTheErrorSaysWhatWouldHelp) {
     const std::string m = e.what();
     EXPECT_NE(m.find("out of memory at micro-batch 1 "), std::string::npos) << m;
     for (const char* advice : {"1. a smaller batch", "2. gradient accumulation", "3. mixed precision",
-                               "4. the memory fraction", "5. a smaller input", "The estimator: the model states alone need"})
+                               "4. the memory cap: this run may use", "5. a smaller input", "The estimator: the model states alone need"})
       EXPECT_NE(m.find(advice), std::string::npos) << advice << " missing from: " << m;
   }
 }

@@ -217,6 +217,10 @@ class Trainer {
   sdk::TensorMap dataset_tables() const;
   const sdk::DataSpec& data_spec() const { return data_spec_; }
   const std::filesystem::path& run_dir() const { return run_dir_; }
+  /// After train() failed before its first step (a callback that refused the run in
+  /// on_run_begin, say): a run folder this command made, with no step trained and no checkpoint,
+  /// is removed, so that the name is free for the corrected command. Returns whether it was.
+  bool discard_if_nothing_trained();
   const TrainerOptions& options() const { return options_; }
   /// The run's callbacks by name, in trainer.callbacks order (after setup).
   const std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>>& callbacks() const { return callbacks_; }
@@ -271,6 +275,9 @@ class Trainer {
   /// `problems`) when none does. A checkpoint that does not fit this run (ResumeRefused) throws.
   bool resume_newest(const std::filesystem::path& dir, std::vector<std::string>& problems);
   /// After resuming from an older checkpoint of this run: its newer step folders move aside.
+  /// The data keys this run sets otherwise than the checkpoint's state.json records them, as
+  /// "data.seed = 9 (the checkpoint's: 3)".
+  std::vector<std::string> changed_data(const std::string& state_json) const;
   void set_aside_newer_steps(const std::filesystem::path& checkpoint);
   /// --resume auto in a folder whose run wrote files but no checkpoint: they move aside.
   void set_aside_files_without_checkpoint();
@@ -413,6 +420,7 @@ class Trainer {
   int agreed_signal_ = 0;  // a stop signal of another rank, agreed at the step (stop_signal())
   std::filesystem::path resumed_from_;
   std::unique_ptr<FileLock> run_lock_;  ///< held while the trainer lives
+  bool made_run_dir_ = false;           ///< this command made run_dir_ (discard_if_nothing_trained)
   std::function<void(const std::vector<at::Tensor>&)> gradient_hook_;
   std::unique_ptr<sdk::DeviceMemory> memory_;
   int64_t probes_run_ = 0;
