@@ -274,10 +274,10 @@ class Trainer {
   /// Loads the newest checkpoint of a run folder that loads; false (with the reasons added to
   /// `problems`) when none does. A checkpoint that does not fit this run (ResumeRefused) throws.
   bool resume_newest(const std::filesystem::path& dir, std::vector<std::string>& problems);
-  /// After resuming from an older checkpoint of this run: its newer step folders move aside.
   /// The data keys this run sets otherwise than the checkpoint's state.json records them, as
   /// "data.seed = 9 (the checkpoint's: 3)".
   std::vector<std::string> changed_data(const std::string& state_json) const;
+  /// After resuming from an older checkpoint of this run: its newer step folders move aside.
   void set_aside_newer_steps(const std::filesystem::path& checkpoint);
   /// --resume auto in a folder whose run wrote files but no checkpoint: they move aside.
   void set_aside_files_without_checkpoint();
