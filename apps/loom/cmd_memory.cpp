@@ -120,6 +120,10 @@ int cmd_memory(const Invocation& invocation) {
     micro = kMaxBatch / devices;
     capped = "; capped there: a global batch is at most " + std::to_string(kMaxBatch);
   }
+  if (const int64_t split = trainer.dataset().size(sdk::Split::kTrain); split > 0 && micro > split / devices) {
+    micro = std::max<int64_t>(1, split / devices);
+    capped = "; capped there: the training split holds " + std::to_string(split) + " samples";
+  }
   const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
   std::cout << "largest micro-batch under " << core::format_bytes(*target) << " per device: " << micro
             << " (global batch " << micro * devices << " on " << devices << " device(s) without accumulation" << capped
