@@ -3,6 +3,7 @@
 // (on CPU under Loom's counting allocator) and take model states from parameter counts.
 #include "cli.hpp"
 
+#include <loom/core/config.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/estimator.hpp>
 #include <loom/core/log.hpp>
@@ -16,7 +17,8 @@ namespace loom::cli {
 
 namespace {
 
-constexpr int64_t kMaxBatch = 16777216;  // trainer.batch_size's largest (core_schema.cpp)
+// trainer.batch_size's largest, as the core's schema bounds it
+const int64_t kMaxBatch = static_cast<int64_t>(*core::core_schema().find("trainer.batch_size")->option.max);
 
 int64_t devices_of(const Invocation& invocation) {
   const int64_t n = invocation.options["devices"].as<int64_t>();
