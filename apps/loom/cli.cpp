@@ -4,10 +4,15 @@
 #include <loom/core/config.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/stop_signals.hpp>
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/options.hpp>
 
 #include <c10/util/Exception.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 
 #include <map>
 #include <set>
@@ -164,6 +169,25 @@ std::string message_of(const std::exception& e) {
   if (const auto* torch = dynamic_cast<const c10::Error*>(&e)) return loom::explained(*torch);
   if (const auto* file = dynamic_cast<const std::filesystem::filesystem_error*>(&e)) return loom::explained(*file);
   return e.what();
+}
+
+void stop_if_signalled(const std::string& command) {
+  if (const int sig = core::stop_signal_received())
+    throw core::StoppedBySignal(sig, command + ": stopped by " + core::signal_name(sig) +
+                                         "; nothing is reported, and its scratch runs are removed");
+}
+
+ScratchFolder::ScratchFolder(const std::string& prefix) {
+  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  if (::mkdtemp(pattern.data()) == nullptr)
+    throw Error("cannot make a scratch folder " + pattern + ": " + std::strerror(errno) +
+                " (TMPDIR chooses where; point it at a writable folder)");
+  path_ = pattern;
+}
+
+ScratchFolder::~ScratchFolder() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
 }
 
 }  // namespace loom::cli

@@ -62,6 +62,26 @@ core::Config checkpoint_config(const Invocation& invocation, const std::filesyst
 /// trainer.load_weights(checkpoint); a refusal names the keys in `changed` (checkpoint_config's).
 void load_weights(core::Trainer& trainer, const std::filesystem::path& checkpoint, const std::vector<std::string>& changed);
 
+/// A folder of its own under the system's temporary folder (mkdtemp: never a folder a crashed
+/// earlier command left under the same name), removed with everything in it when this goes out
+/// of scope, on success, on an error and on a stop by signal alike: the runs `loom bench` and
+/// `loom profile` train for their timings are not the user's to keep.
+class ScratchFolder {
+ public:
+  explicit ScratchFolder(const std::string& prefix);  ///< "loom-bench": /tmp/loom-bench-XXXXXX
+  ~ScratchFolder();
+  ScratchFolder(const ScratchFolder&) = delete;
+  ScratchFolder& operator=(const ScratchFolder&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// After core::install_stop_signals(false): throws core::StoppedBySignal (main exits 128 + the
+/// signal) once a stop signal has come, naming `command` ("loom bench").
+void stop_if_signalled(const std::string& command);
+
 int cmd_plugins(const Invocation& invocation);
 int cmd_config(const Invocation& invocation);
 int cmd_train(const Invocation& invocation);

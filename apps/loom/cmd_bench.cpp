@@ -5,6 +5,7 @@
 #include "cli.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/core/stop_signals.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 
@@ -14,7 +15,6 @@
 #include <cctype>
 #include <filesystem>
 #include <iostream>
-#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -28,7 +28,7 @@ int cmd_bench(const Invocation& invocation) {
   if (steps < 2) throw Error("--steps must be at least 2 (the first step is a warm-up)");
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
-  const fs::path work = fs::temp_directory_path() / ("loom-bench-" + std::to_string(::getpid()));
+  const ScratchFolder work("loom-bench");
 
   const int64_t repeats = invocation.options["repeats"].as<int64_t>();
   if (repeats < 1 || repeats > 100) throw Error("--repeats must be between 1 and 100");
@@ -56,12 +56,13 @@ int cmd_bench(const Invocation& invocation) {
       const core::ConfigValue& value = *user.find(key);
       config.set(key, value.value, value.origin);
     }
-    config.set("trainer.work_dir", work.string(), {"loom bench", {}, 0});
+    config.set("trainer.work_dir", work.path().string(), {"loom bench", {}, 0});
     config.set("trainer.max_steps", std::to_string(steps), {"--steps", {}, 0});
     config.set("trainer.resume", "none", {"loom bench", {}, 0});
     config.set("trainer.resume_from", "", {"loom bench", {}, 0});
     core::resolve_run(config, registry);
   }
+  core::install_stop_signals(false);
   std::vector<Row> rows(files.size());
   for (int64_t round = 0; round < repeats; ++round) {
     for (size_t index = 0; index < files.size(); ++index) {
@@ -79,7 +80,10 @@ int cmd_bench(const Invocation& invocation) {
       trainer.memory().reset_peak();
       const auto start = std::chrono::steady_clock::now();
       int64_t samples = 0;
-      for (int64_t i = 1; i < steps; ++i) samples += trainer.step_with_recovery().samples;
+      for (int64_t i = 1; i < steps; ++i) {
+        stop_if_signalled("loom bench");
+        samples += trainer.step_with_recovery().samples;
+      }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       Row& row = rows[index];
       row.name = fs::path(file).filename().string();
@@ -88,8 +92,6 @@ int cmd_bench(const Invocation& invocation) {
       row.rates.push_back(samples / seconds);
     }
   }
-  std::error_code ec;
-  fs::remove_all(work, ec);
 
   const auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());

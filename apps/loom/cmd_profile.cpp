@@ -7,6 +7,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/stop_signals.hpp>
 #include <loom/core/profiler.hpp>
 #include <loom/core/trainer.hpp>
 
@@ -65,23 +66,26 @@ int cmd_profile(const Invocation& invocation) {
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Config config = config_from(invocation.options);
-  const fs::path work = fs::temp_directory_path() / ("loom-profile-" + std::to_string(::getpid()));
-  config.set("trainer.work_dir", work.string(), {"loom profile", {}, 0});
+  const ScratchFolder work("loom-profile");
+  config.set("trainer.work_dir", work.path().string(), {"loom profile", {}, 0});
   config.set("trainer.name", "profile", {"loom profile", {}, 0});
   config.set("trainer.max_steps", std::to_string(warmup + steps), {"--steps", {}, 0});
   config.set("trainer.resume", "none", {"loom profile", {}, 0});
   config.set("trainer.resume_from", "", {"loom profile", {}, 0});
-  struct RemoveWork {
-    fs::path dir;
-    ~RemoveWork() {
-      std::error_code ignored;
-      fs::remove_all(dir, ignored);
-    }
-  } remove_work{work};
 
   core::Trainer trainer(core::resolve_run(config, registry), registry);
+  core::install_stop_signals(false);
   trainer.setup();
-  for (int64_t i = 0; i < warmup; ++i) trainer.step_with_recovery();
+  // A long warm-up (a big model, --warmup 1000) says where it is every 10 s, not only at its end.
+  auto said = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < warmup; ++i) {
+    stop_if_signalled("loom profile");
+    trainer.step_with_recovery();
+    if (const auto now = std::chrono::steady_clock::now(); now - said >= std::chrono::seconds(10) && i + 1 < warmup) {
+      core::log::info("profile   warm-up step ", i + 1, " of ", warmup);
+      said = now;
+    }
+  }
   core::log::info("profile   ", steps, " steps after ", warmup, " warm-up steps, micro-batch ", trainer.plan().micro_batch,
                   " x ", trainer.plan().accumulation, " on ", trainer.device().str());
   core::ProfileOptions options;
@@ -90,7 +94,10 @@ int cmd_profile(const Invocation& invocation) {
   core::Profiler profiler(trainer.device(), options);
   const auto start = std::chrono::steady_clock::now();
   int64_t samples = 0;
-  for (int64_t i = 0; i < steps; ++i) samples += trainer.step_with_recovery().samples;
+  for (int64_t i = 0; i < steps; ++i) {
+    stop_if_signalled("loom profile");
+    samples += trainer.step_with_recovery().samples;
+  }
   const core::ProfileReport report = profiler.stop(trace);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s", core::format_profile(report, static_cast<size_t>(top), steps).c_str());

@@ -5,6 +5,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/link_check.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/stop_signals.hpp>
 #include <loom/core/text.hpp>
 #include <loom/sdk/version.hpp>
 
@@ -133,6 +134,9 @@ int run_loom(int argc, char** argv) {
   try {
     loom::core::init_logging(invocation.options["log-level"].as<std::string>());
     return command->run(invocation);
+  } catch (const loom::core::StoppedBySignal& stopped) {  // loom bench, loom profile: nothing of theirs to keep
+    loom::core::log::warn(stopped.what());
+    return 128 + stopped.signal;
   } catch (const std::exception& e) {
     // (LibTorch's own errors carry a C++ backtrace in what(): message_of gives what users need)
     loom::core::log::error(loom::cli::message_of(e));

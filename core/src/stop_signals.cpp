@@ -25,6 +25,7 @@ namespace loom::core {
 namespace {
 
 std::atomic<int> received{0};
+std::atomic<bool> saves{true};  // install_stop_signals' argument: what the first signal's message promises
 
 void on_signal(int sig) {
   const int before = received.load();
@@ -42,13 +43,18 @@ void on_signal(int sig) {
   static const char message[] =
       "\nloom: stopping after the current step, with a checkpoint (during set-up: at its next check, nothing to "
       "save); send SIGINT or SIGTERM again to stop at once\n";
-  const ssize_t written = ::write(STDERR_FILENO, message, sizeof message - 1);
+  static const char scratch[] =
+      "\nloom: stopping after the current step; its scratch runs are removed, nothing is reported; send SIGINT or "
+      "SIGTERM again to stop at once\n";
+  const bool save = saves.load();
+  const ssize_t written = ::write(STDERR_FILENO, save ? message : scratch, (save ? sizeof message : sizeof scratch) - 1);
   (void)written;
 }
 
 }  // namespace
 
-void install_stop_signals() {
+void install_stop_signals(bool checkpoints) {
+  saves.store(checkpoints);
   struct sigaction action {};
   action.sa_handler = &on_signal;
   sigemptyset(&action.sa_mask);

@@ -1,6 +1,8 @@
 """Helpers of the integration tests: run the loom CLI on a small, fast configuration."""
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,7 +41,14 @@ def metrics(run_dir):
 
 
 def workdir():
-    return tempfile.mkdtemp(prefix="loom-it-")
+    """A scratch folder under the system's temporary folder, removed when the test's process
+    exits, whether it passed or failed (LOOM_KEEP_TEST_WORK=1 keeps it to look at)."""
+    path = tempfile.mkdtemp(prefix="loom-it-")
+    if os.environ.get("LOOM_KEEP_TEST_WORK") != "1":
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    else:
+        print(f"LOOM_KEEP_TEST_WORK=1: {path} is kept", file=sys.stderr)
+    return path
 
 
 def losses(run_dir):

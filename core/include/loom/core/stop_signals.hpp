@@ -10,8 +10,10 @@ namespace loom::core {
 /// SIGINT, SIGTERM, SIGHUP and SIGPIPE stop training gracefully: the first makes Trainer::train stop after the
 /// step it is in (no further evaluation), write a checkpoint through the callbacks and return
 /// with TrainSummary::signal set; a second ends the process at once (stop_signals.cpp; a
-/// SIGPIPE is never the second).
-void install_stop_signals();
+/// SIGPIPE is never the second). `checkpoints` false: the command's runs are scratch (loom bench,
+/// loom profile), and the first signal's message says nothing is saved; the command checks
+/// stop_signal_received() itself.
+void install_stop_signals(bool checkpoints = true);
 /// The first stop signal received, or 0.
 int stop_signal_received();
 /// "SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE".
