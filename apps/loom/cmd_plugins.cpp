@@ -82,6 +82,23 @@ std::filesystem::path inspected_file(const Invocation& invocation) {
               ", " + files[1].string() + "); give the file");
 }
 
+/// The components of `file` that a plugin on the search path (or --plugin-dir) also provides:
+/// the file loads alone, but a run that finds both refuses the one it loads second. One line each.
+std::vector<std::string> clashes(const Invocation& invocation, const std::filesystem::path& file,
+                                 const std::vector<core::ComponentInfo>& components) {
+  core::PluginRegistry others;
+  scan_plugins(others, invocation.options, /*log_refusals=*/false);
+  std::error_code ec;
+  const auto self = std::filesystem::weakly_canonical(file, ec);
+  std::vector<std::string> out;
+  for (const auto& c : components)
+    if (const core::ComponentInfo* other = others.find(c.kind, c.name);
+        other != nullptr && std::filesystem::weakly_canonical(other->plugin->file, ec) != self)
+      out.push_back(core::kind_name(c.kind) + " '" + c.name + "' is also provided by " + other->plugin->file.string() +
+                    ": a run that finds both refuses the one it loads second; rename the component");
+  return out;
+}
+
 int inspect(const Invocation& invocation) {
   if (invocation.args.size() != 2)
     throw Error("usage: loom plugins inspect FILE|COMPONENT (a plugin's .so file, or a component's name)");
@@ -100,12 +117,14 @@ int inspect(const Invocation& invocation) {
               << "\n";
     if (!report.refusal->hint.empty()) std::cout << "  hint:    " << report.refusal->hint << "\n";
   }
+  const auto clashing = report.accepted ? clashes(invocation, file, report.components) : std::vector<std::string>{};
+  for (const auto& line : clashing) std::cout << "  clash:   " << line << "\n";
   for (const auto& c : report.components) {
     std::cout << "\n" << core::kind_name(c.kind) << " '" << c.name << (c.c_tier() ? "' (C interface " : "' (interface ")
               << c.interface_major << "." << c.interface_minor << "): " << c.summary << "\n";
     print_options(c);
   }
-  return report.accepted ? 0 : 1;
+  return report.accepted && clashing.empty() ? 0 : 1;
 }
 
 const char* outcome_word(core::ConformanceCheck::Outcome o) {
@@ -139,6 +158,11 @@ int check(const Invocation& invocation) {
   std::error_code ec;
   if (own_cache) std::filesystem::remove_all(scratch, ec);
   int passed = 0, failed = 0, skipped = 0;
+  if (const auto clashing = clashes(invocation, file, loaded.components); !clashing.empty()) {
+    std::cout << "\nthe plugin's names\n";
+    for (const auto& line : clashing) std::cout << "  FAIL  unique name: " << line << "\n";
+    failed += static_cast<int>(clashing.size());
+  }
   for (const auto& r : reports) {
     std::cout << "\n" << r.kind << " '" << r.component << "'" << (r.context.empty() ? "" : " (" + r.context + ")") << "\n";
     for (const auto& c : r.checks) {

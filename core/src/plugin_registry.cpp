@@ -119,7 +119,7 @@ void PluginRegistry::scan(const std::vector<fs::path>& folders) {
   for (const auto& file : files) load(file);
 }
 
-void PluginRegistry::prescan(const std::vector<fs::path>& files) {
+void PluginRegistry::prescan(const std::vector<fs::path>& files, bool even_seen) {
   if (!isolation_) return;
   std::vector<fs::path> pending;
   for (const auto& f : files) {
@@ -127,7 +127,7 @@ void PluginRegistry::prescan(const std::vector<fs::path>& files) {
     if (!fs::is_regular_file(f, ec)) continue;  // refused by load() by name; a FIFO would block the scanner
     fs::path file = fs::weakly_canonical(f, ec);
     if (ec) file = f;
-    if (!scanned_.count(file) && std::find(seen_files_.begin(), seen_files_.end(), file) == seen_files_.end())
+    if (!scanned_.count(file) && (even_seen || std::find(seen_files_.begin(), seen_files_.end(), file) == seen_files_.end()))
       pending.push_back(file);
   }
   if (pending.empty()) return;
@@ -433,7 +433,7 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     // Stage 2: the scanner loads it in a child process first (plugin_scan.hpp): a plugin that
     // crashes, exits or hangs while loading is refused by name instead of taking the host down.
     if (isolation_) {
-      if (!scanned_.count(file)) prescan({file});
+      if (!scanned_.count(file)) prescan({file}, /*even_seen=*/true);  // load() of one file (inspect, check)
       if (const std::string& reason = scanned_[file]; !reason.empty())
         refuse_now("scan", reason,
                    "the plugin's static initializers or init must return; fix or remove the file (the verdict is "

@@ -5,13 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -129,6 +133,71 @@ TEST_F(PluginScan, OnlyThePluginsARunCreatesAreLoadedInProcess) {
       }
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+// `loom plugins inspect FILE` and `loom plugins check FILE` load one file, not a folder: that
+// load goes through the scanner too, so a plugin that aborts or hangs while loading is refused
+// by name, and the command (here, this test's process) lives on.
+TEST_F(PluginScan, ALoadOfOneFileGoesThroughTheScannerToo) {
+  const fs::path crashing = fs::path(LOOM_BINARY_DIR) / "tests" / "crashing";
+  for (const char* name : {"libloom_dataset_crashing_init_abort.so", "libloom_dataset_crashing_init_hang.so"}) {
+    SCOPED_TRACE(name);
+    loom::core::PluginRegistry registry;
+    registry.set_log_refusals(false);
+    const auto report = registry.load(crashing / name);
+    ASSERT_FALSE(report.accepted);
+    ASSERT_TRUE(report.refusal.has_value());
+    EXPECT_EQ(report.refusal->stage, "scan");
+    EXPECT_NE(report.refusal->reason.find("in the scanner"), std::string::npos) << report.refusal->reason;
+  }
+}
+
+/// Writes `from`'s bytes to `to`, padded with zeros to `size` (an ELF file loads the same with
+/// bytes after its end), and gives it the modification time `mtime`.
+void write_padded(const fs::path& from, const fs::path& to, std::uintmax_t size, const timespec& mtime) {
+  std::ifstream in(from, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_LE(bytes.size(), size);
+  bytes.resize(size, '\0');
+  std::ofstream(to, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const timespec times[2] = {mtime, mtime};
+  ASSERT_EQ(::utimensat(AT_FDCWD, to.c_str(), times, 0), 0);
+}
+
+// A verdict is not reused for a file written again under the same size and modification time
+// (`cp -p`, rsync -a and tar keep both): the crashing file that replaced an accepted one is
+// scanned, and refused, instead of being loaded unchecked on the old file's verdict.
+TEST_F(PluginScan, AFileWrittenAgainWithTheSameSizeAndTimeIsScannedAgain) {
+  const fs::path good = fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins" / "libloom_precision_fp32.so";
+  const fs::path bad = fs::path(LOOM_BINARY_DIR) / "tests" / "crashing" / "libloom_dataset_crashing_init_abort.so";
+  const std::uintmax_t size = std::max(fs::file_size(good), fs::file_size(bad)) + 4096;
+  const fs::path folder = cache_ / "plugins";
+  fs::create_directories(folder);
+  const fs::path file = folder / "libloom_mine.so";
+  const timespec mtime{1577836800, 0};  // 2020-01-01
+  write_padded(good, file, size, mtime);
+  {
+    loom::core::PluginRegistry registry;
+    registry.set_log_refusals(false);
+    registry.scan({folder});
+    ASSERT_TRUE(registry.refusals().empty());
+    ASSERT_NE(registry.find(LOOM_KIND_PRECISION, "fp32"), nullptr);
+  }
+  write_padded(bad, file, size, mtime);
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  ASSERT_EQ(static_cast<std::uintmax_t>(st.st_size), size);
+  ASSERT_EQ(st.st_mtim.tv_sec, mtime.tv_sec);
+  loom::core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  registry.scan({folder});
+  ASSERT_EQ(registry.refusals().size(), 1u) << "the new content is scanned, not taken from the cache";
+  EXPECT_EQ(registry.refusals().front().stage, "scan");
+  EXPECT_EQ(registry.find(LOOM_KIND_PRECISION, "fp32"), nullptr);
 }
 
 }  // namespace

@@ -195,7 +195,8 @@ class PluginRegistry {
   void materialize(const ComponentInfo& info) const;
   void refuse(LoadReport& report, std::string stage, std::string reason, std::string hint);
   /// Has the scanner load the files not scanned yet (plugin_scan.hpp); verdicts in scanned_.
-  void prescan(const std::vector<std::filesystem::path>& files);
+  /// Files load() has already seen are passed over unless `even_seen` (load()'s own call).
+  void prescan(const std::vector<std::filesystem::path>& files, bool even_seen = false);
 
   std::vector<std::filesystem::path> searched_;
   std::vector<ComponentInfo> components_;
