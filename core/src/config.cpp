@@ -203,8 +203,14 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     const int line = i < lines.size() && lines[i].first == option.string_key ? lines[i].second : 0;
     entries.push_back({option.string_key, option.value.empty() ? "" : option.value.front(), line});
   }
+  const Entry* first_base = nullptr;  // `base =` twice: one line lists them all, in an order the reader sees
   for (const auto& e : entries) {
     if (e.key != "base") continue;
+    if (first_base != nullptr)
+      throw Error(display(path) + ":" + std::to_string(e.line) + ": base is set again (line " +
+                  std::to_string(first_base->line) + ": " + first_base->value + "); list every base on one line, " +
+                  "base = " + first_base->value + ", " + e.value + " (each overrides the ones before it), or remove one");
+    first_base = &e;
     const auto bases = sdk::parse_list(e.value);
     if (bases.empty())
       throw Error(display(path) + ":" + std::to_string(e.line) + ": base is empty; name the file this one builds on " +
@@ -361,6 +367,9 @@ std::vector<ComponentChoice> chosen_components(const Config& config) {
     const std::string key(kind.select_key);
     const std::vector<std::string> names = kind.many ? sdk::parse_list(value(key)) : std::vector<std::string>{value(key)};
     std::set<std::string> seen;
+    if (!kind.many && names.front().empty())  // `--set model.name=`: no choice, not "the default"
+      throw Error(key + " is empty; name a " + std::string(kind.noun) + " (`loom plugins` lists them), or remove the " +
+                  "setting for the default");
     for (const auto& name : names) {
       if (name.empty()) continue;
       if (!seen.insert(name).second)

@@ -113,6 +113,8 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
     log::warn("trainer.epochs = ", epochs->second.value, " (", epochs->second.origin.describe(), ") is not used: trainer.max_steps = ",
               o.max_steps, " (", steps->second.origin.describe(), ") sets the run's length; set trainer.max_steps = 0 to "
               "train by epochs");
+  if (o.work_dir.empty())
+    throw Error("trainer.work_dir is empty; name the folder the run folders go in (default: runs)");
   if (!o.resume_from.empty() && o.resume == "auto")
     throw Error("trainer.resume = auto and trainer.resume_from are both set; choose one");
   // A run's name is one folder in work_dir: not a path, nothing a shell or a file system trips on.

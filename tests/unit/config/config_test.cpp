@@ -125,6 +125,13 @@ TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {
   // An empty base is a line left half-written, not "no base": named, not passed over.
   const auto empty = write("empty.ini", "base =\n[trainer]\nlr = 1\n");
   EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(empty); }), "empty.ini:1: base is empty; name the file");
+  // Two `base =` lines are not last-wins (both would be read, mixing two jobs): one error that
+  // shows the one line that lists both.
+  write("one.ini", "[trainer]\nlr = 1\n");
+  write("two.ini", "[trainer]\nlr = 2\n");
+  const auto twice = write("twice.ini", "base = one.ini\nbase = two.ini\n[trainer]\nseed = 1\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(twice); }),
+                  "twice.ini:2: base is set again (line 1: one.ini); list every base on one line, base = one.ini, two.ini");
 }
 
 TEST_F(ConfigTest, MalformedLinesAndKeysOutsideSectionsAreErrors) {
