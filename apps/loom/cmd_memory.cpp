@@ -122,9 +122,15 @@ int cmd_memory(const Invocation& invocation) {
     micro = kMaxBatch / devices;
     capped = "; capped there: a global batch is at most " + std::to_string(kMaxBatch);
   }
-  if (const int64_t split = trainer.dataset().size(sdk::Split::kTrain); split > 0 && micro > split / devices) {
-    micro = std::max<int64_t>(1, split / devices);
-    capped = "; capped there: the training split holds " + std::to_string(split) + " samples";
+  if (const int64_t split = trainer.training_samples(); split > 0 && micro > split / devices) {
+    if (split < devices)
+      throw Error("--devices " + std::to_string(devices) + ": the run trains on " + std::to_string(split) +
+                  " samples, fewer than one per device; give at most " + std::to_string(split) + " devices");
+    micro = split / devices;
+    const int64_t whole = trainer.dataset().size(sdk::Split::kTrain);
+    capped = "; capped there: the run trains on " + std::to_string(split) + " samples" +
+             (split < whole ? " (the training split's " + std::to_string(whole) + " less those data.validation_fraction holds out)"
+                            : std::string());
   }
   const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
   std::cout << "largest micro-batch under " << core::format_bytes(*target) << " per device: " << micro

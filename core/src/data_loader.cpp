@@ -13,6 +13,7 @@
 // by a counter a seek does not reset, and a busy flag keeps two jobs off one buffer).
 #include <loom/core/error.hpp>
 #include <loom/core/data_loader.hpp>
+#include <loom/core/device_memory.hpp>
 #include <loom/core/log.hpp>
 
 #include <system_error>
@@ -165,6 +166,11 @@ int64_t DataLoader::fresh_batches() const {
 }
 
 sdk::Batch DataLoader::fetch(const Job& job) {
+  // Batches are host memory, as on a GPU, where the ring is pinned host memory and only the
+  // batch in use and the next one staged are the device's: on a CPU device (its --device-memory-limit
+  // emulation) the ring would otherwise fill the budget with batch buffers that no memory probe
+  // measured, and a micro-batch the probes found to fit ran out of memory a few steps later.
+  HostMemoryScope host;
   const bool pin = options_.pin_memory && options_.device.is_cuda();
   // Fills `into` (empty: fresh memory) with the job's samples, pinned where the device is CUDA.
   auto fill = [&](sdk::Batch& into) {

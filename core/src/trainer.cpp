@@ -345,6 +345,15 @@ void Trainer::build_plan() {
   }
 }
 
+int64_t Trainer::training_samples() const {
+  const int64_t train_size = dataset_->size(sdk::Split::kTrain);
+  if ((dataset_.implements(1) && dataset_->size(sdk::Split::kValidation) > 0) || options_.validation_fraction <= 0)
+    return train_size;
+  return train_size - std::clamp<int64_t>(static_cast<int64_t>(std::llround(options_.validation_fraction *
+                                                                              static_cast<double>(train_size))),
+                                          1, std::max<int64_t>(1, train_size - 1));
+}
+
 void Trainer::build_optimizer() {
   parameters_ = Parameters::of(*model_);
   const auto& info = registry_.require(LOOM_KIND_OPTIMIZER, options_.optimizer);
@@ -416,8 +425,7 @@ void Trainer::build_loaders() {
   if (native > 0) {
     val_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kValidation, eval);
   } else if (options_.validation_fraction > 0) {
-    held_out_ = std::clamp<int64_t>(static_cast<int64_t>(std::llround(options_.validation_fraction * static_cast<double>(train_size))),
-                                    1, std::max<int64_t>(1, train_size - 1));
+    held_out_ = train_size - training_samples();
     HostMemoryScope host;  // bookkeeping in host memory, not the device's budget
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(options_.seed) * 7919ULL + 17ULL);
     const at::Tensor perm = at::randperm(train_size, gen, at::TensorOptions().dtype(at::kLong));

@@ -96,8 +96,16 @@ int64_t Trainer::probe_peak(int64_t b, bool train) {
     const int64_t n = dataset_->size(split);
     std::vector<int64_t> indices(static_cast<size_t>(b));
     for (int64_t i = 0; i < b; ++i) indices[static_cast<size_t>(i)] = i % n;
-    sdk::Batch batch = dataset_->get_batch(split, indices);
+    // The batches as a run holds them (DataLoader::fetch): in host memory, and on a CUDA device
+    // the batch in use plus the next one, staged on the device while this one computes.
+    sdk::Batch batch, staged;
+    {
+      HostMemoryScope host;
+      batch = dataset_->get_batch(split, indices);
+    }
     for (auto& [name, t] : batch) t = t.to(device_);
+    if (device_.is_cuda())
+      for (const auto& [name, t] : batch) staged[name] = t.clone();
     if (train) {
       model_->module().train();
       run_micro_batch(batch, /*train=*/true);

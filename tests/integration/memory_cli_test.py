@@ -4,7 +4,10 @@ estimate` and `memory suggest`, a run that re-plans after running out of memory 
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
+import time
 
 from common import loom, workdir
 
@@ -46,8 +49,22 @@ r = loom(exe, "memory", "suggest", *RUN, "--target", str(budget))
 m = re.search(r"per device: (\d+)", r.stdout)
 expect(m and 32 <= int(m.group(1)) < 64, f"suggest for {budget} bytes lies between 32 and 64", r)
 
+# Capped by what the run trains on: the split less what data.validation_fraction (0.1) holds out.
+r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB")
+expect("per device: 922 " in r.stdout and "the run trains on 922 samples" in r.stdout,
+       "suggest caps the micro-batch at the 922 of 1024 samples a run trains on", r)
+
 work = workdir()
 try:
+    # The suggestion trains under the cap it was made for, past the steps that fill the data
+    # loader's ring of batch buffers, and through an evaluation (it used to run out of memory at
+    # step 2: the probes had not measured the loader's batches).
+    suggested = int(m.group(1))
+    r = loom(exe, "train", *RUN, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=suggested",
+             "--batch-size", str(suggested), "--set", "trainer.max_steps=12", "--set", "trainer.eval_every=6",
+             "--device-memory-limit", str(budget), check=False)
+    expect(r.returncode == 0, f"the suggested micro-batch {suggested} trains under {budget} bytes", r)
+
     r = loom(exe, "train", *RUN, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=oom",
              "--batch-size", "64", "--set", "trainer.max_steps=4", "--device-memory-limit", str(budget),
              "--set", "memory.policies=oom_recovery")
@@ -85,6 +102,24 @@ try:
     expect("2 interleaved rounds" in r.stdout, "bench --repeats says how it measured", r)
     r = loom(exe, "bench", "configs", a, "--repeats", "0", *RUN, check=False)
     expect(r.returncode != 0 and "--repeats must be between 1 and 100" in r.stderr, "bench refuses --repeats 0", r)
+
+    # Stopped by SIGTERM, bench and profile exit 143 and leave none of their scratch runs behind.
+    tmp = os.path.join(work, "tmp")
+    os.makedirs(tmp)
+    trace = os.path.join(work, "stopped.json")
+    for name, args in (("bench", ["bench", "configs", a, "--steps", "100000"]),
+                       ("profile", ["profile", "--steps", "100000", "--warmup", "1", "--trace", trace])):
+        p = subprocess.Popen([exe, *args, *RUN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, TMPDIR=tmp))
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(n.startswith("loom-" + name) for n in os.listdir(tmp)):
+            time.sleep(0.05)
+        time.sleep(2)  # into its timed steps
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+        result = subprocess.CompletedProcess(args, p.returncode, out, err)
+        expect(p.returncode == 143 and "stopped by SIGTERM" in err, f"{name} stops on SIGTERM", result)
+        expect(os.listdir(tmp) == [], f"{name} leaves no scratch folder (found {os.listdir(tmp)})", result)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("memory cli test passed")

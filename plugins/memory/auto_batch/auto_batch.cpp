@@ -92,6 +92,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
       auto entries = read_cache(cache_);
       if (auto it = entries.find(key); it != entries.end()) {
         chosen = it->second;
+        cached_key_ = key;
         loom::sdk::log::info("micro-batch ", chosen, " from the cache ", cache_);
         description_ = "auto_batch: micro-batch " + std::to_string(chosen) + " (cached)";
       }
@@ -116,6 +117,22 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
   }
 
   std::string describe() const override { return description_.empty() ? "auto_batch" : description_; }
+
+  /// A cached answer that ran out of memory (measured by an older Loom, or on a device that
+  /// other processes now share) is taken out of the cache, so that the next run searches again;
+  /// re-planning is oom_recovery's.
+  bool on_oom(loom::sdk::OomContext& context) override {
+    (void)context;
+    if (cached_key_.empty() || cache_ == "off") return false;
+    auto entries = read_cache(cache_);
+    if (entries.erase(cached_key_) > 0) {
+      write_cache(cache_, entries);
+      loom::sdk::log::warn("the cached micro-batch ran out of memory: its entry is removed from ", cache_,
+                           "; the next run searches again");
+    }
+    cached_key_.clear();
+    return false;
+  }
 
 
  private:
@@ -213,6 +230,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
   std::string description_;
   int probes_ = 0;
   bool converged_ = false;  ///< the search ended on its own, not for want of probes
+  std::string cached_key_;  ///< the cache's key of the answer this run took from it, if any
 };
 
 }  // namespace

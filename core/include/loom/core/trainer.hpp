@@ -161,6 +161,10 @@ class Trainer {
   /// Builds what the estimator needs (device, memory, data, model, precision, optimizer).
   void setup_for_estimate();
 
+  /// The samples a run trains on: the training split less what data.validation_fraction holds
+  /// out (none where the dataset has a validation split of its own). After setup_for_estimate().
+  int64_t training_samples() const;
+
   /// Evaluates on a split (kValidation: the dataset's own, or the share of train held out by
   /// data.validation_fraction; kTest), at the training plan's micro-batch (smaller where the
   /// memory policies re-plan it after running out of memory; then it starts again). An empty
