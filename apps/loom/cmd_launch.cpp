@@ -111,8 +111,26 @@ Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& en
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != launcher) ::_exit(1);  // it died before prctl
     ::execve(argv[0], argv.data(), envp.data());
-    const char message[] = "loom launch: could not start the rank's process\n";
-    (void)!::write(STDERR_FILENO, message, sizeof message - 1);
+    // Why, in async-signal-safe calls only: the program and the errno (the launcher names this line).
+    const int error = errno;
+    char digits[16];
+    int n = 0;
+    for (int e = error; n == 0 || e > 0; e /= 10) digits[n++] = static_cast<char>('0' + e % 10);
+    char message[512];
+    size_t length = 0;
+    const auto put = [&](const char* text) {  // (strlen is async-signal-safe)
+      for (size_t i = 0, size = std::strlen(text); i < size && length < sizeof message; ++i) message[length++] = text[i];
+    };
+    put("loom launch: could not start the rank's process ");
+    put(argv[0]);
+    put(" (errno ");
+    while (n > 0) {
+      const char digit[2] = {digits[--n], '\0'};
+      put(digit);
+    }
+    put(error == ENOENT ? ": the program is gone; was loom rebuilt or moved?)\n"
+        : error == EACCES ? ": not executable)\n" : ")\n");
+    (void)!::write(STDERR_FILENO, message, length);
     ::_exit(127);
   }
   ::close(pipe_fds[1]);
@@ -176,6 +194,12 @@ int cmd_launch(const Invocation& invocation) {
   if (node_rank < 0 || node_rank >= nnodes)
     throw Error("loom launch: --node-rank " + std::to_string(node_rank) + " is not in 0 ... " + std::to_string(nnodes - 1));
   if (port < 0 || port > 65535) throw Error("loom launch: --master-port " + std::to_string(port) + " is not a port");
+  // Ranks far past the cores are a typo, not a job: 1000 processes on 2 cores each load LibTorch
+  // and plugins, take minutes to start and leave the machine unusable while they do.
+  if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && nproc > 4 * static_cast<int64_t>(cores))
+    throw Error("loom launch: --nproc-per-node " + std::to_string(nproc) + " on a machine with " + std::to_string(cores) +
+                " logical cores: at most 4 processes per core (" + std::to_string(4 * cores) +
+                " here); one rank per GPU, or a few per machine on CPU");
   if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && nproc > static_cast<int64_t>(cores))
     core::log::warn("loom launch: --nproc-per-node ", nproc, " on a machine with ", cores, " logical cores: each rank is a "
                     "process of its own (one per GPU on a GPU machine; on CPU, each gets less than a core)");
@@ -197,8 +221,10 @@ int cmd_launch(const Invocation& invocation) {
     throw Error("loom launch -- launch ...: a launch inside a launch would start " + std::to_string(nproc) +
                 " launchers of their own; give the command each process runs, e.g. -- train -c my.ini");
   if (command != "train")
-    core::log::warn("loom launch -- ", command, ": every one of the ", nproc, " processes runs `loom ", command,
-                    "` by itself (only train is a job of several processes)");
+    throw Error("loom launch -- " + (command.empty() ? std::string("(no command)") : command) +
+                ": only train is a job of several processes (each of the " + std::to_string(nproc) +
+                " would run `loom " + command + "` by itself); run it without launch, e.g. loom " +
+                (command.empty() ? std::string("train") : command) + " ...");
   const std::string world = std::to_string(nproc * nnodes);
   const std::vector<std::string> env{"WORLD_SIZE=" + world, "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
                                      "GROUP_RANK=" + std::to_string(node_rank), "MASTER_ADDR=" + master,
@@ -212,7 +238,8 @@ int cmd_launch(const Invocation& invocation) {
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
   std::vector<Child> children;
-  for (int64_t i = 0; i < nproc; ++i) children.push_back(start(node_rank * nproc + i, i, env, invocation.args));
+  // A Ctrl-C while the ranks start stops the starting: the loop below passes it to those started.
+  for (int64_t i = 0; i < nproc && !interrupted; ++i) children.push_back(start(node_rank * nproc + i, i, env, invocation.args));
 
   const Child* first_failure = nullptr;
   bool forwarded = false;
