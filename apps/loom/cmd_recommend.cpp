@@ -42,7 +42,11 @@ void add_test_items(sdk::Dataset& data, int64_t user, std::set<int64_t>& known) 
 
 int cmd_recommend(const Invocation& invocation) {
   if (!invocation.options.count("user")) throw Error("loom recommend needs --user ID (the data's own user id)");
-  const std::string user_id = invocation.options["user"].as<std::string>();
+  std::string user_id = invocation.options["user"].as<std::string>();
+  // (a pasted id keeps its spaces: " 42" is user 42)
+  user_id.erase(0, user_id.find_first_not_of(" \t"));
+  user_id.erase(user_id.find_last_not_of(" \t") + 1);
+  if (user_id.empty()) throw Error("--user is empty; give the data's own user id, e.g. --user 42");
   const int64_t top = invocation.options["top"].as<int64_t>();
   if (top < 1) throw Error("--top must be at least 1");
   const fs::path checkpoint = checkpoint_path(invocation);

@@ -193,6 +193,12 @@ fs::path checkpoint_path(const Invocation& invocation) {
   if (fs::is_directory(checkpoint) && !fs::exists(checkpoint / "state.json"))
     throw Error(checkpoint.string() + " is a folder, but no checkpoint: it has no state.json. Pass a step folder "
                 "(runs/<name>/checkpoints/step_...), a run folder, or a best_*.safetensors file");
+  // A file that is not a weights file (a run's config.json, metrics.jsonl): not "damaged", another kind of file.
+  if (!fs::is_directory(checkpoint) && checkpoint.extension() != ".safetensors")
+    throw Error(checkpoint.string() + " is not a checkpoint (one is a step folder or a .safetensors file); pass " +
+                (checkpoint.has_parent_path() && fs::is_directory(checkpoint.parent_path() / "checkpoints")
+                     ? "its run folder, " + checkpoint.parent_path().string() + ", for the newest step"
+                     : std::string("a step folder (runs/<name>/checkpoints/step_...), a run folder, or a best_*.safetensors file")));
   return checkpoint;
 }
 

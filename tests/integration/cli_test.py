@@ -33,6 +33,14 @@ r = loom(exe, "launch", "--help")  # its required --nproc-per-node is not asked 
 expect("--nproc-per-node" in r.stdout, "launch --help shows its options", r)
 r = loom(exe, "launch", "--nproc-per-node", "2", "--", "launch", "--nproc-per-node", "2", "--", "train", check=False)
 expect(r.returncode == 1 and "a launch inside a launch" in r.stderr, "a nested launch is refused", r)
+r = loom(exe, "launch", "--nproc-per-node", "2", "--", "eval", "runs/x", check=False)
+expect(r.returncode == 1 and "loom launch -- eval: only train is a job of several processes" in r.stderr,
+       "launch -- eval is refused (each process would evaluate by itself)", r)
+cores = os.cpu_count() or 1
+if 4 * cores < 1024:
+    r = loom(exe, "launch", "--nproc-per-node", str(4 * cores + 1), "--", "train", check=False)
+    expect(r.returncode == 1 and f"at most 4 processes per core ({4 * cores} here)" in r.stderr,
+           "launch refuses far more ranks than cores before starting any", r)
 
 r = loom(exe, "trian", check=False)
 expect(r.returncode == 2 and "did you mean 'train'?" in r.stderr, "a mistyped command gets a suggestion", r)
@@ -66,6 +74,11 @@ expect(r.returncode == 1 and "loop1.ini: cannot be read (Too many levels of symb
 shutil.rmtree(tmp)
 r = loom(exe, "config", "show", "--set", "memory.policies=auto_batch, auto_batch", check=False)
 expect(r.returncode == 1 and "memory.policies lists 'auto_batch' twice" in r.stderr, "a policy listed twice", r)
+# What `loom train` would refuse at set-up, `config show` refuses too: no component, no folder of runs.
+for key, says in (("model.name", "model.name is empty; name a model"), ("trainer.optimizer", "trainer.optimizer is empty"),
+                  ("trainer.work_dir", "trainer.work_dir is empty; name the folder")):
+    r = loom(exe, "config", "show", "--set", f"{key}=", check=False)
+    expect(r.returncode == 1 and says in r.stderr, f"config show refuses an empty {key}", r)
 r = loom(exe, "memory", "estimate", "-c", os.path.join(configs, "debug.ini"), "--devices", "2147483648", check=False)
 expect(r.returncode == 1 and "--devices 2147483648 is outside [1, 16777216]" in r.stderr, "absurd --devices", r)
 r = loom(exe, "plugins", "check", "lightweight_transformer", "--dataset", "nope", check=False)
@@ -154,6 +167,9 @@ try:
     expect("on 256 test samples" in r.stderr, "eval of a checkpoint named as the only argument", r)
     r = loom(exe, "eval", best, best, check=False)
     expect(r.returncode == 1 and "one argument too many" in r.stderr, "eval refuses a second checkpoint", r)
+    r = loom(exe, "eval", os.path.join(work, "ev", "config.json"), check=False)
+    expect(r.returncode == 1 and "config.json is not a checkpoint" in r.stderr and "pass its run folder" in r.stderr
+           and "damaged" not in r.stderr, "eval of a run's config.json: not a checkpoint, not damaged", r)
     r = loom(exe, "doctor", "gpu", check=False)
     expect(r.returncode == 1 and "takes no arguments" in r.stderr, "doctor refuses an argument it would ignore", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "model.flavour=standard", check=False)
@@ -270,6 +286,12 @@ try:
                "loom plugins names the plugin that segfaults", r)
         for what in ("crashed with SIGABRT", "exit status 3", "did not finish loading within 3 s"):
             expect(what in r.stdout, f"loom plugins names the plugin that {what}", r)
+        # inspect and check load one file, through the scanner too: refused by name, no crash.
+        for verb in ("inspect", "check"):
+            r = loom(exe, "plugins", verb, os.path.join(crashing, "libloom_dataset_crashing_init_abort.so"), env=env,
+                     check=False)
+            expect(r.returncode == 1 and "crashed with SIGABRT while loading in the scanner" in r.stdout,
+                   f"plugins {verb} of a plugin that aborts names it", r)
         r = loom(exe, "train", "-c", os.path.join(configs, "debug.ini"), "--plugin-dir", crashing,
                  "--set", "trainer.max_steps=2", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=beside",
                  "--set", "trainer.device=cpu", env=env)
