@@ -28,6 +28,7 @@ int cmd_bench(const Invocation& invocation) {
   if (steps < 2) throw Error("--steps must be at least 2 (the first step is a warm-up)");
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
+  core::install_stop_signals(false);  // before the scratch folder: a stop from here on removes it
   const ScratchFolder work("loom-bench");
 
   const int64_t repeats = invocation.options["repeats"].as<int64_t>();
@@ -62,7 +63,6 @@ int cmd_bench(const Invocation& invocation) {
     config.set("trainer.resume_from", "", {"loom bench", {}, 0});
     core::resolve_run(config, registry);
   }
-  core::install_stop_signals(false);
   std::vector<Row> rows(files.size());
   for (int64_t round = 0; round < repeats; ++round) {
     for (size_t index = 0; index < files.size(); ++index) {
@@ -92,6 +92,8 @@ int cmd_bench(const Invocation& invocation) {
       row.rates.push_back(samples / seconds);
     }
   }
+
+  stop_if_signalled("loom bench");  // (in the last step: nothing is reported, as the message said)
 
   const auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());

@@ -121,15 +121,16 @@ Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& en
     const auto put = [&](const char* text) {  // (strlen is async-signal-safe)
       for (size_t i = 0, size = std::strlen(text); i < size && length < sizeof message; ++i) message[length++] = text[i];
     };
-    put("loom launch: could not start the rank's process ");
-    put(argv[0]);
-    put(" (errno ");
+    put("loom launch: could not start the rank's process (errno ");
     while (n > 0) {
       const char digit[2] = {digits[--n], '\0'};
       put(digit);
     }
-    put(error == ENOENT ? ": the program is gone; was loom rebuilt or moved?)\n"
-        : error == EACCES ? ": not executable)\n" : ")\n");
+    put(error == ENOENT ? ": the program is gone; was loom rebuilt or moved?): "
+        : error == EACCES ? ": not executable): " : "): ");
+    put(argv[0]);  // last: a path too long for the message is cut, the line still ends
+    if (length == sizeof message) --length;
+    message[length++] = '\n';
     (void)!::write(STDERR_FILENO, message, length);
     ::_exit(127);
   }
@@ -220,11 +221,13 @@ int cmd_launch(const Invocation& invocation) {
   if (command == "launch")
     throw Error("loom launch -- launch ...: a launch inside a launch would start " + std::to_string(nproc) +
                 " launchers of their own; give the command each process runs, e.g. -- train -c my.ini");
+  if (command.empty())
+    throw Error("loom launch: no command after --; e.g. loom launch --nproc-per-node 2 -- train -c my.ini "
+                "--set parallel.name=ddp");
   if (command != "train")
-    throw Error("loom launch -- " + (command.empty() ? std::string("(no command)") : command) +
-                ": only train is a job of several processes (each of the " + std::to_string(nproc) +
-                " would run `loom " + command + "` by itself); run it without launch, e.g. loom " +
-                (command.empty() ? std::string("train") : command) + " ...");
+    throw Error("loom launch -- " + command + ": only train is a job of several processes (each of the " +
+                std::to_string(nproc) + " would run `loom " + command + "` by itself); run it without launch: loom " +
+                command + " ...");
   const std::string world = std::to_string(nproc * nnodes);
   const std::vector<std::string> env{"WORLD_SIZE=" + world, "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
                                      "GROUP_RANK=" + std::to_string(node_rank), "MASTER_ADDR=" + master,

@@ -82,20 +82,37 @@ std::filesystem::path inspected_file(const Invocation& invocation) {
               ", " + files[1].string() + "); give the file");
 }
 
-/// The components of `file` that a plugin on the search path (or --plugin-dir) also provides:
-/// the file loads alone, but a run that finds both refuses the one it loads second. One line each.
-std::vector<std::string> clashes(const Invocation& invocation, const std::filesystem::path& file,
-                                 const std::vector<core::ComponentInfo>& components) {
+/// The components of `file` that another plugin on the search path (or --plugin-dir) also
+/// provides: the file loads alone, but a run that finds both refuses the one it loads second.
+/// Whichever of the two the scan of the search path took, the other is in its refusals. Another
+/// copy of the same file (an older build installed, a newer one here) is a note, not a clash.
+struct Clashes {
+  std::vector<std::string> clashes, copies;
+};
+
+Clashes clashes(const Invocation& invocation, const std::filesystem::path& file,
+                const std::vector<core::ComponentInfo>& components) {
   core::PluginRegistry others;
   scan_plugins(others, invocation.options, /*log_refusals=*/false);
   std::error_code ec;
   const auto self = std::filesystem::weakly_canonical(file, ec);
-  std::vector<std::string> out;
-  for (const auto& c : components)
-    if (const core::ComponentInfo* other = others.find(c.kind, c.name);
-        other != nullptr && std::filesystem::weakly_canonical(other->plugin->file, ec) != self)
-      out.push_back(core::kind_name(c.kind) + " '" + c.name + "' is also provided by " + other->plugin->file.string() +
-                    ": a run that finds both refuses the one it loads second; rename the component");
+  Clashes out;
+  auto add = [&](const core::ComponentInfo& c, const std::filesystem::path& other) {
+    if (std::filesystem::weakly_canonical(other, ec) == self) return;
+    if (other.filename() == file.filename())
+      out.copies.push_back(core::kind_name(c.kind) + " '" + c.name + "': another copy of this plugin is at " +
+                           other.string() + "; a run loads the first it finds and refuses the other");
+    else
+      out.clashes.push_back(core::kind_name(c.kind) + " '" + c.name + "' is also provided by " + other.string() +
+                            ": a run that finds both refuses the one it loads second; rename the component");
+  };
+  for (const auto& c : components) {
+    if (const core::ComponentInfo* other = others.find(c.kind, c.name)) add(c, other->plugin->file);
+    for (const auto& r : others.refusals())
+      if (r.stage == "register" &&
+          std::find(r.components.begin(), r.components.end(), std::make_pair(c.kind, c.name)) != r.components.end())
+        add(c, r.file);
+  }
   return out;
 }
 
@@ -117,14 +134,15 @@ int inspect(const Invocation& invocation) {
               << "\n";
     if (!report.refusal->hint.empty()) std::cout << "  hint:    " << report.refusal->hint << "\n";
   }
-  const auto clashing = report.accepted ? clashes(invocation, file, report.components) : std::vector<std::string>{};
-  for (const auto& line : clashing) std::cout << "  clash:   " << line << "\n";
+  const Clashes clashing = report.accepted ? clashes(invocation, file, report.components) : Clashes{};
+  for (const auto& line : clashing.clashes) std::cout << "  clash:   " << line << "\n";
+  for (const auto& line : clashing.copies) std::cout << "  note:    " << line << "\n";
   for (const auto& c : report.components) {
     std::cout << "\n" << core::kind_name(c.kind) << " '" << c.name << (c.c_tier() ? "' (C interface " : "' (interface ")
               << c.interface_major << "." << c.interface_minor << "): " << c.summary << "\n";
     print_options(c);
   }
-  return report.accepted && clashing.empty() ? 0 : 1;
+  return report.accepted && clashing.clashes.empty() ? 0 : 1;
 }
 
 const char* outcome_word(core::ConformanceCheck::Outcome o) {
@@ -149,19 +167,26 @@ int check(const Invocation& invocation) {
     options.dataset = invocation.options["dataset"].as<std::string>();
     registry.require(LOOM_KIND_DATASET, options.dataset);  // a name no plugin has: one error, as `loom train` gives it
   }
-  // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache.
-  char scratch[] = "/tmp/loom-check-XXXXXX";
-  const bool own_cache = ::mkdtemp(scratch) != nullptr;
-  if (own_cache) ::setenv("LOOM_CACHE", scratch, 1);
+  // (with the user's scan cache: before LOOM_CACHE points at the scratch folder below)
+  const Clashes clashing = clashes(invocation, file, loaded.components);
   std::cout << "plugin " << loaded.plugin_name << " " << loaded.plugin_version << " (" << file.string() << ")\n" << std::flush;
-  const auto reports = core::check_plugin(registry, file, options);
-  std::error_code ec;
-  if (own_cache) std::filesystem::remove_all(scratch, ec);
+  std::vector<core::ConformanceReport> reports;
+  {
+    // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache.
+    const ScratchFolder scratch("loom-check");
+    const char* user_cache = std::getenv("LOOM_CACHE");
+    const std::string saved = user_cache != nullptr ? user_cache : "";
+    ::setenv("LOOM_CACHE", scratch.path().c_str(), 1);
+    reports = core::check_plugin(registry, file, options);
+    if (user_cache != nullptr) ::setenv("LOOM_CACHE", saved.c_str(), 1);
+    else ::unsetenv("LOOM_CACHE");
+  }
   int passed = 0, failed = 0, skipped = 0;
-  if (const auto clashing = clashes(invocation, file, loaded.components); !clashing.empty()) {
+  if (!clashing.clashes.empty() || !clashing.copies.empty()) {
     std::cout << "\nthe plugin's names\n";
-    for (const auto& line : clashing) std::cout << "  FAIL  unique name: " << line << "\n";
-    failed += static_cast<int>(clashing.size());
+    for (const auto& line : clashing.clashes) std::cout << "  FAIL  unique name: " << line << "\n";
+    for (const auto& line : clashing.copies) std::cout << "  note  " << line << "\n";
+    failed += static_cast<int>(clashing.clashes.size());
   }
   for (const auto& r : reports) {
     std::cout << "\n" << r.kind << " '" << r.component << "'" << (r.context.empty() ? "" : " (" + r.context + ")") << "\n";

@@ -66,6 +66,7 @@ int cmd_profile(const Invocation& invocation) {
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Config config = config_from(invocation.options);
+  core::install_stop_signals(false);  // before the scratch folder: a stop from here on removes it
   const ScratchFolder work("loom-profile");
   config.set("trainer.work_dir", work.path().string(), {"loom profile", {}, 0});
   config.set("trainer.name", "profile", {"loom profile", {}, 0});
@@ -74,7 +75,6 @@ int cmd_profile(const Invocation& invocation) {
   config.set("trainer.resume_from", "", {"loom profile", {}, 0});
 
   core::Trainer trainer(core::resolve_run(config, registry), registry);
-  core::install_stop_signals(false);
   trainer.setup();
   // A long warm-up (a big model, --warmup 1000) says where it is every 10 s, not only at its end.
   auto said = std::chrono::steady_clock::now();
@@ -98,6 +98,7 @@ int cmd_profile(const Invocation& invocation) {
     stop_if_signalled("loom profile");
     samples += trainer.step_with_recovery().samples;
   }
+  stop_if_signalled("loom profile");  // (in the last step: no trace, as the message said)
   const core::ProfileReport report = profiler.stop(trace);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s", core::format_profile(report, static_cast<size_t>(top), steps).c_str());

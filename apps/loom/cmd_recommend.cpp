@@ -43,7 +43,7 @@ void add_test_items(sdk::Dataset& data, int64_t user, std::set<int64_t>& known) 
 int cmd_recommend(const Invocation& invocation) {
   if (!invocation.options.count("user")) throw Error("loom recommend needs --user ID (the data's own user id)");
   std::string user_id = invocation.options["user"].as<std::string>();
-  // (a pasted id keeps its spaces: " 42" is user 42)
+  // (spaces around a pasted id are dropped: " 42" is user 42)
   user_id.erase(0, user_id.find_first_not_of(" \t"));
   user_id.erase(user_id.find_last_not_of(" \t") + 1);
   if (user_id.empty()) throw Error("--user is empty; give the data's own user id, e.g. --user 42");

@@ -368,8 +368,8 @@ std::vector<ComponentChoice> chosen_components(const Config& config) {
     const std::vector<std::string> names = kind.many ? sdk::parse_list(value(key)) : std::vector<std::string>{value(key)};
     std::set<std::string> seen;
     if (!kind.many && names.front().empty())  // `--set model.name=`: no choice, not "the default"
-      throw Error(key + " is empty; name a " + std::string(kind.noun) + " (`loom plugins` lists them), or remove the " +
-                  "setting for the default");
+      throw Error(key + " is empty; name the " + std::string(kind.noun) + " to use (`loom plugins` lists them), or " +
+                  "remove the setting for the default");
     for (const auto& name : names) {
       if (name.empty()) continue;
       if (!seen.insert(name).second)

@@ -76,14 +76,19 @@ class BudgetAllocator final : public c10::Allocator {
   }
 
   c10::DataPtr allocate(size_t n) override {
-    if (host_scope_depth > 0) {
-      // Host memory (a dataset held in RAM): not the emulated device's, not counted.
-      void* p = n ? c10::alloc_cpu(n) : nullptr;
-      return {p, p, &c10::free_cpu, c10::Device(c10::kCPU)};
-    }
-    if (n == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
     if (n > std::numeric_limits<size_t>::max() / 2)
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU device out of memory: tried to allocate ", n, " bytes");
+    if (host_scope_depth > 0) {
+      // Host memory (a dataset held in RAM, the loader's batches): not the emulated device's, not
+      // counted. It has the header too, marked (kHost), so that release() -- raw_deleter(), which
+      // raw_deallocate uses whatever the scope was at allocation -- frees it right.
+      if (n == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
+      void* base = c10::alloc_cpu(n + kHeader);
+      *static_cast<size_t*>(base) = n | kHost;
+      void* p = static_cast<char*>(base) + kHeader;
+      return {p, p, &release, c10::Device(c10::kCPU)};
+    }
+    if (n == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
     const int64_t bytes = static_cast<int64_t>(n);
     // Reserve the bytes only if they fit: a compare-and-swap, so an attempt that fails never
     // shows in the count another thread checks against the budget.
@@ -135,11 +140,18 @@ class BudgetAllocator final : public c10::Allocator {
 
  private:
   static constexpr size_t kHeader = 64;
+  /// The header's mark of a host block (HostMemoryScope): sizes stay far below it (allocate
+  /// refuses more than half the address space).
+  static constexpr size_t kHost = size_t{1} << (sizeof(size_t) * 8 - 1);
   static_assert(kHeader % c10::gAlignment == 0);
 
   static void release(void* p) {
     if (p == nullptr) return;
     void* base = static_cast<char*>(p) - kHeader;
+    if (const size_t stored = *static_cast<size_t*>(base); (stored & kHost) != 0) {  // never counted
+      c10::free_cpu(base);
+      return;
+    }
     const auto bytes = static_cast<int64_t>(*static_cast<size_t*>(base));
     const int64_t after = instance().allocated_.fetch_sub(bytes, std::memory_order_relaxed) - bytes;
     if (c10::memoryProfilingEnabled())

@@ -10,6 +10,7 @@
 #include <loom/sdk/version.hpp>
 
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -164,6 +165,10 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
     return out;
   }
   const double limit = timeout_seconds();
+  // The limit is per file, from its "begin": the scanner's own start (it maps LibTorch, seconds
+  // on a loaded machine) gets a minute or more, or a short LOOM_PLUGIN_SCAN_TIMEOUT would time
+  // out before the first file and leave every plugin to load in this process, unchecked.
+  bool started = false;
   auto since = std::chrono::steady_clock::now();
   std::string buffer;
   std::map<int, std::string> reports;  // index -> the report line's JSON
@@ -189,16 +194,19 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
             reports[index] = line.substr(json + 1);
         } else if (line.rfind("begin", 0) == 0) {
           current = index;
+          started = true;
           since = std::chrono::steady_clock::now();
         } else if (line.rfind("ok", 0) == 0) {
           out[files[static_cast<size_t>(index)]] = {true, {}, reports[index]};
           current = -1;
+          since = std::chrono::steady_clock::now();
         }
       }
     } else if (ready < 0 && errno != EINTR) {
       break;
     }
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() > limit) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() >
+        (started ? limit : std::max(limit, 120.0))) {
       timed_out = true;
       ::kill(pid, SIGKILL);
       break;

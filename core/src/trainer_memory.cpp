@@ -61,7 +61,9 @@ std::string Trainer::config_key() const {
   std::string key;
   for (const auto& section : {"model", "data", "precision"})
     for (const auto& [k, v] : this->section(section)) key += std::string(section) + "." + k + "=" + v + ";";
-  return key + "optimizer=" + options_.optimizer + ";libtorch=" + TORCH_VERSION;
+  // probe=2: what a probe holds (its batch in host memory, the staged next one on CUDA); answers
+  // measured by the earlier probes are not reused.
+  return key + "optimizer=" + options_.optimizer + ";libtorch=" + TORCH_VERSION + ";probe=2";
 }
 
 int64_t Trainer::probe_peak(int64_t b, bool train) {

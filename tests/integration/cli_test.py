@@ -75,7 +75,7 @@ shutil.rmtree(tmp)
 r = loom(exe, "config", "show", "--set", "memory.policies=auto_batch, auto_batch", check=False)
 expect(r.returncode == 1 and "memory.policies lists 'auto_batch' twice" in r.stderr, "a policy listed twice", r)
 # What `loom train` would refuse at set-up, `config show` refuses too: no component, no folder of runs.
-for key, says in (("model.name", "model.name is empty; name a model"), ("trainer.optimizer", "trainer.optimizer is empty"),
+for key, says in (("model.name", "model.name is empty; name the model to use"), ("trainer.optimizer", "trainer.optimizer is empty"),
                   ("trainer.work_dir", "trainer.work_dir is empty; name the folder")):
     r = loom(exe, "config", "show", "--set", f"{key}=", check=False)
     expect(r.returncode == 1 and says in r.stderr, f"config show refuses an empty {key}", r)

@@ -121,9 +121,10 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
   /// A cached answer that ran out of memory (measured by an older Loom, or on a device that
   /// other processes now share) is taken out of the cache, so that the next run searches again;
   /// re-planning is oom_recovery's.
+  /// (An evaluation's out-of-memory is not about the training micro-batch it measured. Listed
+  /// after oom_recovery, which handles the failure first, it is not told.)
   bool on_oom(loom::sdk::OomContext& context) override {
-    (void)context;
-    if (cached_key_.empty() || cache_ == "off") return false;
+    if (context.evaluation || cached_key_.empty() || cache_ == "off") return false;
     auto entries = read_cache(cache_);
     if (entries.erase(cached_key_) > 0) {
       write_cache(cache_, entries);

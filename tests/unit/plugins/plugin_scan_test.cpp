@@ -14,6 +14,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -187,9 +188,17 @@ TEST_F(PluginScan, AFileWrittenAgainWithTheSameSizeAndTimeIsScannedAgain) {
     ASSERT_TRUE(registry.refusals().empty());
     ASSERT_NE(registry.find(LOOM_KIND_PRECISION, "fp32"), nullptr);
   }
+  struct stat before {};
+  ASSERT_EQ(::stat(file.c_str(), &before), 0);
   write_padded(bad, file, size, mtime);
   struct stat st {};
   ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  if (st.st_ctim.tv_sec == before.st_ctim.tv_sec && st.st_ctim.tv_nsec == before.st_ctim.tv_nsec) {
+    // A file system with coarse timestamps (whole seconds): a write a second later changes it.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    ASSERT_EQ(::chmod(file.c_str(), 0755), 0);
+    ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  }
   ASSERT_EQ(static_cast<std::uintmax_t>(st.st_size), size);
   ASSERT_EQ(st.st_mtim.tv_sec, mtime.tv_sec);
   loom::core::PluginRegistry registry;
