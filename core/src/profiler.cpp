@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -90,6 +91,11 @@ Profiler::Profiler(const c10::Device& device, ProfileOptions options) : device_(
   if (torch::profiler::impl::profilerEnabled())
     throw Error("a profiler is already running in this process; one profile at a time");
   const auto activities = activities_for(device);
+  // Off a GPU, Kineto's first use asks the CUDA runtime how many GPUs there are and prints
+  // "ERROR: ... gpuGetDeviceCount failed with code 35" when there is no driver: a CPU profile
+  // needs no GPU, so its logging is off there (KINETO_LOG_LEVEL=5, as torchtitan sets it), unless
+  // the user set a level.
+  if (!device.is_cuda()) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   kineto::prepareProfiler(config(options_), activities);
   kineto::enableProfiler(config(options_), activities);
   running_ = true;
