@@ -70,8 +70,9 @@ void Trainer::report_startup() const {
   log::info("device    ", device);
   if (replicas_)
     log::info("parallel  ", value_of(config_, "parallel.name"), ": ", replicas_->size(), " devices in this process (",
-              describe_devices(replicas_->devices()), "), a model replica on each; each micro-batch of ",
-              plan_.micro_batch * replicas_->size(), " cut across them, gradients summed on ", device_.str());
+              describe_devices(replicas_->devices()), "), a model replica on each; each loader batch of ",
+              plan_.micro_batch * replicas_->size(), " cut across them (the plan's micro-batch, ", plan_.micro_batch,
+              " per device), gradients summed on ", device_.str());
   const std::string validation =
       held_out_ > 0 ? " (" + std::to_string(held_out_) + " of them held out for validation)"
                     : val_loader_ ? ", " + std::to_string(val_loader_->samples_per_epoch()) + " validation"
