@@ -286,6 +286,18 @@ try:
                "loom plugins names the plugin that segfaults", r)
         for what in ("crashed with SIGABRT", "exit status 3", "did not finish loading within 3 s"):
             expect(what in r.stdout, f"loom plugins names the plugin that {what}", r)
+        # A component name another plugin has: every run refuses one of the two, so inspect and
+        # check say so, whichever of the two the search path's scan took.
+        test_plugins = os.path.join(os.path.dirname(crashing), "plugins")
+        good, twin = (os.path.join(test_plugins, f) for f in ("libloom_dataset_basic_counting.so",
+                                                                  "libloom_dataset_broken_duplicate.so"))
+        if os.path.exists(good) and os.path.exists(twin):
+            r = loom(exe, "plugins", "inspect", good, "--plugin-dir", twin, env=env, check=False)
+            expect(r.returncode == 1 and f"clash:   dataset 'counting' is also provided by {twin}" in r.stdout,
+                   "inspect names the other plugin of a component's name", r)
+            r = loom(exe, "plugins", "check", twin, "--plugin-dir", good, env=env, check=False)
+            expect(r.returncode == 1 and f"FAIL  unique name: dataset 'counting' is also provided by {good}" in r.stdout,
+                   "check fails a component's name another plugin has", r)
         # inspect and check load one file, through the scanner too: refused by name, no crash.
         for verb in ("inspect", "check"):
             r = loom(exe, "plugins", verb, os.path.join(crashing, "libloom_dataset_crashing_init_abort.so"), env=env,
