@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
@@ -163,6 +164,18 @@ void scan_plugins(core::PluginRegistry& registry, const po::variables_map& optio
     }
   registry.set_log_refusals(log_refusals);
   registry.scan(core::PluginRegistry::search_path(extra));
+}
+
+std::string switch_value_hint(const Invocation& invocation) {
+  const auto& line = invocation.command_line;
+  for (size_t i = 1; i < line.size(); ++i) {
+    if (std::find(invocation.args.begin(), invocation.args.end(), line[i]) == invocation.args.end()) continue;
+    for (const auto& alias : core::aliases())
+      if (alias.switch_to != nullptr && line[i - 1] == std::string("--") + alias.flag)
+        return "; " + line[i - 1] + " is a switch: it sets " + alias.key + " = " + alias.switch_to +
+               " and takes no value; to give one, --set " + alias.key + "=" + line[i];
+  }
+  return {};
 }
 
 std::string message_of(const std::exception& e) {

@@ -10,7 +10,7 @@ namespace loom::cli {
 
 int cmd_config(const Invocation& invocation) {
   if (invocation.args.size() != 1 || invocation.args[0] != "show")
-    throw Error("usage: loom config show [-c FILE] [--set section.key=value] ...");
+    throw Error("usage: loom config show [-c FILE] [--set section.key=value] ..." + switch_value_hint(invocation));
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   const core::Config config = config_from(invocation.options);

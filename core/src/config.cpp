@@ -511,15 +511,17 @@ Resolved validate(const Config& config, const Schema& schema) {
       continue;
     }
     const OptionSpec& o = spec->option;
-    if (!sdk::is_valid_value(o.type, value.value, o.choices.c_str())) {
+    const std::string shown = written_as.count(key) ? written_as.at(key) : key;
+    if (o.type == LOOM_OPTION_LIST && sdk::list_has_empty_item(value.value)) {
+      problems.push_back(where + ": " + shown + " = '" + value.value + "' has an empty item (a stray comma); " +
+                         "write the items with one comma between each, e.g. '" + join(sdk::parse_list(value.value), ", ") + "'");
+    } else if (!sdk::is_valid_value(o.type, value.value, o.choices.c_str())) {
       std::string expected = sdk::describe_type(o.type);
       if (o.type == LOOM_OPTION_ENUM) expected = "one of " + join(sdk::enum_choices(o.choices.c_str()), ", ");
       // a number too large to parse at all (99999999999999999999) is refused here, not by the range check
       if ((o.type == LOOM_OPTION_INT || o.type == LOOM_OPTION_FLOAT) && (o.min || o.max)) expected += " in " + range_text(o);
-      const std::string shown = written_as.count(key) ? written_as.at(key) : key;
       problems.push_back(where + ": " + shown + " = '" + value.value + "' is not valid: expected " + expected);
     } else if (auto problem = out_of_range(o, value.value)) {
-      const std::string shown = written_as.count(key) ? written_as.at(key) : key;
       problems.push_back(where + ": " + shown + " = " + value.value + " " + *problem + " (" + o.help + ")");
     }
   }

@@ -79,6 +79,14 @@ for key, says in (("model.name", "model.name is empty; name the model to use"), 
                   ("trainer.work_dir", "trainer.work_dir is empty; name the folder")):
     r = loom(exe, "config", "show", "--set", f"{key}=", check=False)
     expect(r.returncode == 1 and says in r.stderr, f"config show refuses an empty {key}", r)
+# A stray comma in a list would drop an item in silence; a seed-style switch given a value says it takes none.
+r = loom(exe, "config", "show", "--set", "parallel.name=data_parallel", "--set", "parallel.devices=cpu,,cpu", check=False)
+expect(r.returncode == 1 and "parallel.devices = 'cpu,,cpu' has an empty item (a stray comma)" in r.stderr,
+       "a list with an empty item", r)
+for command in (("config", "show"), ("train",)):
+    r = loom(exe, *command, "--use-scheduler", "maybe", check=False)
+    expect(r.returncode == 1 and "--use-scheduler is a switch: it sets trainer.use_scheduler = true and takes no value; "
+           "to give one, --set trainer.use_scheduler=maybe" in r.stderr, f"{command[0]} --use-scheduler maybe", r)
 r = loom(exe, "memory", "estimate", "-c", os.path.join(configs, "debug.ini"), "--devices", "2147483648", check=False)
 expect(r.returncode == 1 and "--devices 2147483648 is outside [1, 16777216]" in r.stderr, "absurd --devices", r)
 r = loom(exe, "plugins", "check", "lightweight_transformer", "--dataset", "nope", check=False)
@@ -217,7 +225,7 @@ try:
            and not os.path.exists(os.path.join(work, "es")), "a run refused by a callback leaves no folder", r)
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "precision.name=fp16_amp",
              "--set", "precision.loss_scale=1e30", "--set", "trainer.max_steps=1", check=False)
-    expect(r.returncode == 1 and "loss_scale = 1e30 is more than float16's largest value (65504)" in r.stderr,
+    expect(r.returncode == 1 and "precision.loss_scale = 1e30 (fp16_amp) is more than float16's largest value (65504)" in r.stderr,
            "a static loss scale float16 cannot hold", r)
     # Started as one of several processes (torchrun's or `loom launch`'s variables) with a strategy
     # that trains alone: refused, as each process would train the whole model by itself. Under

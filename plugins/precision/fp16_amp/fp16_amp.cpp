@@ -13,11 +13,11 @@ loom::sdk::GradScaler::Options scaler_options(const loom::sdk::Options& o) {
   } else {
     const auto value = loom::sdk::parse_float(scale);
     if (!value || *value <= 0)
-      throw loom::sdk::Error("fp16_amp: loss_scale = '" + scale + "': expected 'dynamic' or a positive number such as 512");
+      throw loom::sdk::Error("precision.loss_scale = '" + scale + "' (fp16_amp): expected 'dynamic' or a positive number such as 512");
     // float16 holds at most 65504: a larger static scale overflows every step's gradients, and every
     // step would be skipped.
     if (*value > 65504)
-      throw loom::sdk::Error("fp16_amp: loss_scale = " + scale + " is more than float16's largest value (65504): " +
+      throw loom::sdk::Error("precision.loss_scale = " + scale + " (fp16_amp) is more than float16's largest value (65504): " +
                              "every step's gradients would overflow and be skipped; use 'dynamic', or a static scale "
                              "such as 512 or 1024");
     s.dynamic = false;

@@ -192,7 +192,8 @@ TEST_F(ConfigTest, FarOffKeyListsTheSectionsKeys) {
 TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
   const auto file = write("run.ini",
                           "[trainer]\nbatch_size = big\nresume = later\nuse_scheduler = maybe\nlr = 1e-3\n"
-                          "keep_last = 99999999999999999999\n[memory]\ndevice_memory_limit = 2 GiB\n");
+                          "keep_last = 99999999999999999999\n[memory]\ndevice_memory_limit = 2 GiB\n"
+                          "policies = auto_batch,,oom_recovery\n[trainer]\nclip_grad_norm = 0x10\n");
   Config config;
   config.load_file(file);
   const std::string message = error_of([&] { validate(config, core_schema()); });
@@ -202,6 +203,10 @@ TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
   EXPECT_CONTAINS(message, "run.ini:6: trainer.keep_last = '99999999999999999999' is not valid: expected an integer in [0, 1000000]");
   EXPECT_CONTAINS(message, "run.ini:3: trainer.resume = 'later' is not valid: expected one of none, auto");
   EXPECT_CONTAINS(message, "run.ini:4: trainer.use_scheduler = 'maybe' is not valid: expected a boolean");
+  // a stray comma would drop an item in silence; a hexadecimal number is not a setting's number
+  EXPECT_CONTAINS(message, "run.ini:9: memory.policies = 'auto_batch,,oom_recovery' has an empty item (a stray comma); "
+                           "write the items with one comma between each, e.g. 'auto_batch, oom_recovery'");
+  EXPECT_CONTAINS(message, "run.ini:11: trainer.clip_grad_norm = '0x10' is not valid: expected a finite number");
   EXPECT_EQ(message.find("trainer.lr"), std::string::npos) << message;
   EXPECT_EQ(message.find("device_memory_limit"), std::string::npos) << message;
 }

@@ -30,6 +30,13 @@ TEST(Options, ScalarsAndLists) {
   EXPECT_FALSE(parse_float("inf"));
   EXPECT_EQ(parse_list(" a, b ,,c "), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_TRUE(parse_list("").empty());
+  EXPECT_FALSE(list_has_empty_item(""));
+  EXPECT_FALSE(list_has_empty_item(" a, b ,c "));
+  EXPECT_TRUE(list_has_empty_item("a,,b"));
+  EXPECT_TRUE(list_has_empty_item("a, "));
+  EXPECT_TRUE(list_has_empty_item(",a"));
+  EXPECT_FALSE(parse_float("0x10"));
+  EXPECT_FALSE(parse_bytes("0x10MiB"));
   EXPECT_TRUE(is_valid_value(LOOM_OPTION_ENUM, "sgd", "adamw|sgd"));
   EXPECT_FALSE(is_valid_value(LOOM_OPTION_ENUM, "adam", "adamw|sgd"));
 }

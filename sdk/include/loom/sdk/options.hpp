@@ -99,6 +99,7 @@ inline std::optional<int64_t> parse_int(std::string_view text) {
 inline std::optional<double> parse_float(std::string_view text) {
   const std::string s(trim(text));
   if (s.empty()) return std::nullopt;
+  if (s.find_first_of("xX") != std::string::npos) return std::nullopt;  // strtod's hexadecimal (0x10) is not a setting's number
   char* end = nullptr;
   const double value = std::strtod(s.c_str(), &end);
   if (end != s.c_str() + s.size() || !std::isfinite(value)) return std::nullopt;
@@ -126,7 +127,7 @@ inline std::optional<Range> parse_range(std::string_view text) {
 /// "b" alone means bytes.
 inline std::optional<int64_t> parse_bytes(std::string_view text) {
   const std::string s(trim(text));
-  if (s.empty()) return std::nullopt;
+  if (s.empty() || s.find_first_of("xX") != std::string::npos) return std::nullopt;  // no hexadecimal (0x10)
   char* end = nullptr;
   const double number = std::strtod(s.c_str(), &end);
   if (end == s.c_str() || !std::isfinite(number) || number < 0) return std::nullopt;
@@ -159,6 +160,20 @@ inline std::vector<std::string> parse_list(std::string_view text) {
     start = comma + 1;
   }
   return out;
+}
+
+/// Whether a list has an empty item between, before or after its commas ("a,,b", "a,", ",a"):
+/// parse_list drops such items, so a stray comma would change what the list means in silence.
+/// A blank list ("") has none.
+inline bool list_has_empty_item(std::string_view text) {
+  if (trim(text).empty()) return false;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = text.find(',', start);
+    if (trim(text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start)).empty()) return true;
+    if (comma == std::string_view::npos) return false;
+    start = comma + 1;
+  }
 }
 
 /// The choices of an enum key, from "a|b|c".
