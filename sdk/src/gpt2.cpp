@@ -2,23 +2,26 @@
 // map_safetensors. Both inside libloom_sdk, so plugins need neither JSON nor a safetensors reader.
 #include <loom/sdk/gpt2.hpp>
 
+#include "small_file.hpp"
+
 #include <nlohmann/json.hpp>
 
-#include <fstream>
+#include <cmath>
 
 namespace loom::sdk::gpt2 {
+
+namespace {
+constexpr double kMostParameters = 2e10;
+}  // namespace
 
 /// The model's sizes from `dir`/config.json; refuses a model that is not GPT-2 as built here.
 Config hf_config(const std::filesystem::path& dir) {
   const auto path = dir / "config.json";
-  std::error_code ec;
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))  // a FIFO would block the open
-    throw sdk::Error("model.pretrained: " + path.string() + " is not a regular file");
-  std::ifstream in(path);
-  if (!in) throw sdk::Error("model.pretrained: no " + path.string() + " (a Hugging Face model folder has config.json and model.safetensors)");
+  const std::string text = detail::read_small_file(path, int64_t{16} << 20, "model.pretrained: ",
+                                                   "a Hugging Face model folder has config.json and model.safetensors");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     throw sdk::Error(path.string() + " is not JSON: " + e.what());
   }
@@ -49,6 +52,15 @@ Config hf_config(const std::filesystem::path& dir) {
     c.n_layer = count("n_layer", 1024);
     c.n_head = count("n_head", 1024);
     c.n_embd = count("n_embd", int64_t{1} << 16);
+    if (c.n_embd % c.n_head != 0)
+      throw sdk::Error(path.string() + ": n_head " + std::to_string(c.n_head) + " does not divide n_embd " +
+                       std::to_string(c.n_embd) + "; each head takes n_embd / n_head of the width");
+    // Each count may be in range and the model still absurd (a vocabulary of 16M x 65536 wide):
+    // refused before a set-up allocates and fills it for minutes. GPT-2's largest has 1.6e9.
+    if (const double parameters = static_cast<double>(c.parameters()); parameters > kMostParameters)
+      throw sdk::Error(path.string() + ": these sizes make a GPT-2 of " + std::to_string(std::llround(parameters / 1e9)) +
+                       " billion parameters (more than " + std::to_string(std::llround(kMostParameters / 1e9)) +
+                       " billion); the file is damaged or is not a GPT-2's");
     c.layer_norm_epsilon = j.value("layer_norm_epsilon", 1e-5);
     if (!(c.layer_norm_epsilon > 0 && c.layer_norm_epsilon < 1))
       throw sdk::Error(path.string() + ": layer_norm_epsilon is " + j.at("layer_norm_epsilon").dump() +
@@ -103,7 +115,14 @@ void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
       missing.push_back(item.key());
       continue;
     }
-    at::Tensor source = conv1d(item.key()) ? it->second.t() : it->second;
+    // A tensor of another rank (t() needs at most 2 dimensions) or of integers is no weight.
+    if (!at::isFloatingType(it->second.scalar_type())) {
+      misshaped.push_back(item.key() + " (file " + c10::toString(it->second.scalar_type()) + ", not a floating-point weight)");
+      by_name.erase(it);
+      continue;
+    }
+    const bool transposed = conv1d(item.key()) && it->second.dim() == 2;
+    at::Tensor source = transposed ? it->second.t() : it->second;
     if (source.sizes() != item.value().sizes())
       misshaped.push_back(item.key() + " (file " + c10::str(it->second.sizes()) + ", model " + c10::str(item.value().sizes()) +
                           (conv1d(item.key()) ? ", stored transposed" : "") + ")");
@@ -123,7 +142,7 @@ void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
   std::string message = "model.pretrained: " + file.string() + " does not fit a GPT-2 of config.json's sizes:";
   if (!missing.empty()) message += "\n  missing: " + list(missing);
   if (!unexpected.empty()) message += "\n  unexpected: " + list(unexpected);
-  if (!misshaped.empty()) message += "\n  other shape: " + list(misshaped);
+  if (!misshaped.empty()) message += "\n  other shape or type: " + list(misshaped);
   throw sdk::Error(message + "\n(a GPT2Model or GPT2LMHeadModel saved with save_pretrained fits)");
 }
 

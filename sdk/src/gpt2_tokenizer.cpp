@@ -2,14 +2,17 @@
 // libloom_sdk, so a plugin that tokenizes needs neither.
 #include <loom/sdk/gpt2_tokenizer.hpp>
 
+#include "small_file.hpp"
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdint>
-#include <fstream>
+#include <sstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,7 +87,7 @@ class TokenizerImpl {
     return out;
   }
 
-  int64_t vocab_size() const { return static_cast<int64_t>(id_of_.size()); }
+  int64_t vocab_size() const { return size_; }  ///< every id is below it
 
  private:
   static constexpr const char* kPattern =
@@ -130,24 +133,29 @@ class TokenizerImpl {
     }
   }
 
-  // Opening a FIFO for reading blocks until a writer comes: refuse anything but a regular file.
-  static void require_regular(const std::filesystem::path& path) {
-    std::error_code ec;
-    if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-      throw sdk::Error("gpt2 tokenizer: " + path.string() + " is not a regular file");
+  // GPT-2's vocab.json is 1 MB and merges.txt 0.5 MB; a FIFO or a device is refused, not waited on.
+  static std::string read(const std::filesystem::path& path) {
+    return detail::read_small_file(path, int64_t{256} << 20, "gpt2 tokenizer: ", "the tokenizer's files: vocab.json, merges.txt");
   }
 
   void read_vocab(const std::filesystem::path& path) {
-    require_regular(path);
-    std::ifstream in(path);
-    if (!in) throw sdk::Error("gpt2 tokenizer: no " + path.string() + " (the tokenizer's files: vocab.json, merges.txt)");
+    const std::string text = read(path);
     try {
-      const nlohmann::json j = nlohmann::json::parse(in);
+      const nlohmann::json j = nlohmann::json::parse(text);
       if (!j.is_object()) throw sdk::Error(path.string() + " is not a JSON object of token: id");
+      // Ids index the model's embedding: each a whole number in [0, 2^24), no two tokens on one
+      // id; the vocabulary's size is the largest id + 1 (a trimmed vocabulary may leave gaps).
       for (auto it = j.begin(); it != j.end(); ++it) {
-        const int64_t id = it.value().get<int64_t>();
+        const nlohmann::json& v = it.value();
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= kMaxVocabulary)
+          throw sdk::Error(path.string() + ": token '" + it.key() + "' has id " + v.dump() + "; vocab.json maps each token " +
+                           "to a whole number in [0, " + std::to_string(kMaxVocabulary) + ")");
+        const int64_t id = v.get<int64_t>();
+        if (auto [other, fresh] = token_of_.emplace(id, it.key()); !fresh)
+          throw sdk::Error(path.string() + ": tokens '" + other->second + "' and '" + it.key() + "' have the same id " +
+                           std::to_string(id) + "; each token needs an id of its own");
         id_of_[it.key()] = id;
-        token_of_[id] = it.key();
+        size_ = std::max(size_, id + 1);
       }
     } catch (const nlohmann::json::exception& e) {
       throw sdk::Error(path.string() + ": " + e.what() + " (vocab.json maps each token to its id)");
@@ -155,9 +163,7 @@ class TokenizerImpl {
   }
 
   void read_merges(const std::filesystem::path& path) {
-    require_regular(path);
-    std::ifstream in(path);
-    if (!in) throw sdk::Error("gpt2 tokenizer: no " + path.string() + " (the tokenizer's files: vocab.json, merges.txt)");
+    std::istringstream in(read(path));
     std::string line;
     int line_number = 0;
     int rank = 0;
@@ -219,6 +225,8 @@ class TokenizerImpl {
   std::unordered_map<std::string, uint8_t> byte_of_char_;
   std::unordered_map<std::string, int64_t> id_of_;
   std::unordered_map<int64_t, std::string> token_of_;
+  int64_t size_ = 0;
+  static constexpr int64_t kMaxVocabulary = int64_t{1} << 24;  // as config.json's vocab_size (gpt2.cpp)
   std::unordered_map<std::string, int> rank_;
   std::unique_ptr<pcre2_code, PatternFree> pattern_;
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;  // not thread-safe: one tokenizer per thread

@@ -7,6 +7,7 @@
 #include "trainer_testing.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/core/safetensors.hpp>
 #include <loom/sdk/safetensors.hpp>
 
 #include <nlohmann/json.hpp>
@@ -155,7 +156,7 @@ TEST(Gpt2, AFolderThatDoesNotFitIsOneErrorNamingEveryTensor) {
     gpt2::load_hf_weights(*narrower, hf_models() / "lm");
     FAIL() << "expected an error";
   } catch (const loom::sdk::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("other shape: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("other shape or type: "), std::string::npos) << e.what();
   }
   const auto fifo = loom::testing::fresh_test_dir("loom_hf_fifo");
   ASSERT_EQ(::mkfifo((fifo / "config.json").c_str(), 0600), 0);
@@ -170,6 +171,36 @@ TEST(Gpt2, AFolderThatDoesNotFitIsOneErrorNamingEveryTensor) {
     EXPECT_NE(std::string(e.what()).find("pytorch_model.bin, a pickle"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("safe_serialization=True"), std::string::npos) << e.what();
   }
+}
+
+TEST(Gpt2, AWeightOfAnotherRankOrOfIntegersIsNamedNotCopied) {
+  // model.safetensors as save_pretrained writes it (Conv1D weights stored [in, out]), then one
+  // weight given a third dimension (t() would throw LibTorch's error) and one stored as integers.
+  const auto dir = loom::testing::fresh_test_dir("loom_hf_types");
+  std::ofstream(dir / "config.json")
+      << R"({"model_type": "gpt2", "vocab_size": 50, "n_positions": 16, "n_layer": 1, "n_head": 2, "n_embd": 8})";
+  gpt2::Model model(gpt2::hf_config(dir));
+  loom::sdk::TensorMap tensors;
+  for (const auto& item : model->named_parameters()) {
+    const bool conv1d = item.key().find("c_attn.weight") != std::string::npos || item.key().find("c_proj.weight") != std::string::npos ||
+                        item.key().find("c_fc.weight") != std::string::npos;
+    tensors[item.key()] = conv1d ? item.value().detach().t().contiguous() : item.value().detach().clone();
+  }
+  loom::core::save_safetensors(dir / "model.safetensors", tensors);
+  gpt2::load_hf_weights(*model, dir);  // the file as written fits
+  tensors["h.0.attn.c_attn.weight"] = tensors["h.0.attn.c_attn.weight"].unsqueeze(2);
+  tensors["wpe.weight"] = at::zeros({16, 8}, at::kLong);
+  loom::core::save_safetensors(dir / "model.safetensors", tensors);
+  try {
+    gpt2::load_hf_weights(*model, dir);
+    FAIL() << "expected an error";
+  } catch (const loom::sdk::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("other shape or type: "), std::string::npos) << message;
+    EXPECT_NE(message.find("h.0.attn.c_attn.weight (file [8, 24, 1], model [24, 8]"), std::string::npos) << message;
+    EXPECT_NE(message.find("wpe.weight (file Long, not a floating-point weight)"), std::string::npos) << message;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Gpt2, AConfigWithAFractionalOrMissingSizeIsOneErrorNamingTheKey) {
@@ -196,6 +227,10 @@ TEST(Gpt2, AConfigWithAFractionalOrMissingSizeIsOneErrorNamingTheKey) {
   EXPECT_NE(error_with("n_layer", "100000").find("n_layer is 100000; it is a whole number from 1 to 1024"),
             std::string::npos);  // it built 100000 layers for minutes
   EXPECT_EQ(error_with("n_layer", "6"), "accepted");
+  // each count in range, together impossible: refused before anything is allocated
+  EXPECT_NE(error_with("n_head", "5").find("config.json: n_head 5 does not divide n_embd 768"), std::string::npos);
+  EXPECT_NE(error_with("n_embd", "65532").find("billion parameters (more than 20 billion); the file is damaged"),
+            std::string::npos);
   std::ofstream(dir / "config.json") << "{\"n_positions\": 1024}";
   EXPECT_THROW(
       {
@@ -297,6 +332,46 @@ TEST(Gpt2Tokenizer, BadTextAndBadFilesAreNamed) {
   } catch (const loom::sdk::Error& e) {
     EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
   }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Gpt2Tokenizer, VocabularySizeIsTheLargestIdPlusOneAndBadIdsAreRefused) {
+  // The vocabulary's size sizes the model's embedding: a trimmed vocab.json that keeps its ids
+  // (gaps) must not give ids past it, and an id that is no whole number in range is named.
+  const auto dir = loom::testing::fresh_test_dir("loom_bpe_ids");
+  std::ofstream(dir / "merges.txt") << "#version: 0.2\n";
+  nlohmann::json vocab;
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {  // GPT-2's byte symbols: the printable bytes, the others from U+0100
+    std::string symbol;
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    const int code = printable ? b : next++;
+    if (code < 0x80) symbol = std::string(1, static_cast<char>(code));
+    else symbol = {static_cast<char>(0xc0 | (code >> 6)), static_cast<char>(0x80 | (code & 0x3f))};
+    vocab[symbol] = b == 'z' ? 1000 : b;  // 'z' far past the others
+  }
+  const auto write_vocab = [&](const nlohmann::json& v) { std::ofstream(dir / "vocab.json", std::ios::trunc) << v.dump(); };
+  write_vocab(vocab);
+  const gpt2::Tokenizer tokenizer(dir);
+  EXPECT_EQ(tokenizer.vocab_size(), 1001);
+  EXPECT_EQ(tokenizer.encode("z"), (std::vector<int64_t>{1000}));
+  for (const int64_t id : tokenizer.encode("zz az")) EXPECT_LT(id, tokenizer.vocab_size());
+  const auto refused = [&](const nlohmann::json& id, const std::string& says) {
+    nlohmann::json v = vocab;
+    v["a"] = id;
+    write_vocab(v);
+    try {
+      gpt2::Tokenizer bad(dir);
+      ADD_FAILURE() << "id " << id.dump() << " was accepted";
+    } catch (const loom::sdk::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused(-1, "token 'a' has id -1; vocab.json maps each token to a whole number in [0, 16777216)");
+  refused(1.5, "token 'a' has id 1.5");
+  refused("7", "token 'a' has id \"7\"");
+  refused(int64_t{1} << 40, "token 'a' has id 1099511627776");
+  refused(98, "have the same id 98; each token needs an id of its own");  // 'b''s id
   std::filesystem::remove_all(dir);
 }
 

@@ -143,15 +143,11 @@ TORCH_MODULE(Block);
 class ModelImpl : public torch::nn::Module {
  public:
   explicit ModelImpl(const Config& c)
-      : config_(c),
+      : config_(checked(c)),  // (config_ is declared first: no embedding is allocated for sizes refused)
         wte(register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd))),
         wpe(register_module("wpe", torch::nn::Embedding(c.n_ctx, c.n_embd))),
         h(register_module("h", torch::nn::ModuleList())),
         ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd}).eps(c.layer_norm_epsilon)))) {
-    if (c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1 || c.vocab_size < 1 || c.n_ctx < 1)
-      throw sdk::Error("gpt2: layers, heads, width, vocabulary and positions must be positive");
-    if (c.n_embd % c.n_head != 0)
-      throw sdk::Error("gpt2: " + std::to_string(c.n_head) + " heads do not divide the width " + std::to_string(c.n_embd));
     for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c));
     reset_parameters();
   }
@@ -186,6 +182,14 @@ class ModelImpl : public torch::nn::Module {
   const Config& config() const { return config_; }
 
  private:
+  static const Config& checked(const Config& c) {
+    if (c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1 || c.vocab_size < 1 || c.n_ctx < 1)
+      throw sdk::Error("gpt2: layers, heads, width, vocabulary and positions must be positive");
+    if (c.n_embd % c.n_head != 0)
+      throw sdk::Error("gpt2: " + std::to_string(c.n_head) + " heads do not divide the width " + std::to_string(c.n_embd));
+    return c;
+  }
+
   Config config_;
 
  public:

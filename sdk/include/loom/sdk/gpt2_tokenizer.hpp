@@ -36,7 +36,7 @@ class LOOM_SDK_API Tokenizer {
   std::vector<int64_t> encode(const std::string& text) const;
   /// The text of `ids` (the inverse of encode for ids it made).
   std::string decode(const std::vector<int64_t>& ids) const;
-  int64_t vocab_size() const;
+  int64_t vocab_size() const;  ///< the largest id + 1: every id encode gives is below it
 
  private:
   class Impl;
