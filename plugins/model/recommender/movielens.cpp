@@ -5,12 +5,14 @@
 // Every row is checked: a malformed one is one error naming file:line and the field.
 #include "datasets.hpp"
 
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/log.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -27,25 +29,43 @@ namespace loom::plugins::recommender {
 
 namespace {
 
-/// A whole regular file; a FIFO, a device or a folder is an error, never a blocking read.
+/// The largest file read whole: MovieLens's largest, ml-32m's ratings.csv, is 0.9 GB.
+constexpr int64_t kMostBytes = int64_t{8} << 30;
+
+/// A whole regular file; a FIFO, a device or a folder is an error, never a blocking read, and a
+/// file larger than any MovieLens (a sparse file, a disk image) is refused before it is read.
 std::string read_file(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw sdk::Error("interactions: cannot open " + path.string() + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw sdk::Error("interactions: " + path.string() + " is not a regular file; point data.root at a MovieLens folder");
+    throw sdk::Error("interactions: " + path.string() + " is " + sdk::what_is_at(path) +
+                     ", not a regular file; point data.root at a MovieLens folder as unpacked");
+  }
+  if (st.st_size > kMostBytes) {
+    ::close(fd);
+    throw sdk::Error("interactions: " + path.string() + " is " + std::to_string(st.st_size >> 30) + " GiB, more than " +
+                     std::to_string(kMostBytes >> 30) + " GiB (the largest MovieLens file is under 1 GiB): it is not a " +
+                     "MovieLens file; point data.root at a MovieLens folder as unpacked");
   }
   std::string out(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;
   while (done < out.size()) {
     const ssize_t got = ::read(fd, out.data() + done, out.size() - done);
     if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
+    if (got < 0) {
+      const int error = errno;
+      ::close(fd);
+      throw sdk::Error("interactions: reading " + path.string() + " failed: " + std::strerror(error));
+    }
+    if (got == 0) break;  // shorter than fstat said (cut while read): the rows read are checked
     done += static_cast<size_t>(got);
   }
   ::close(fd);
   out.resize(done);
+  // A UTF-8 byte-order mark (a spreadsheet's "CSV UTF-8") is no part of the first field.
+  if (out.rfind("\xEF\xBB\xBF", 0) == 0) out.erase(0, 3);
   return out;
 }
 
@@ -199,6 +219,24 @@ class Reader {
     data_.time.push_back(time);
   }
 
+  /// After the last interaction of `file`: a user who rates one item twice is a damaged file
+  /// (or one joined twice); MovieLens has one rating per user and item. Split by time, the copy
+  /// would be both a training and a test interaction: the test would score what was trained on.
+  void refuse_repeats(const fs::path& file) const {
+    std::vector<uint64_t> pairs(data_.user.size());
+    for (size_t i = 0; i < pairs.size(); ++i)
+      pairs[i] = static_cast<uint64_t>(data_.user[i]) << 32 | static_cast<uint64_t>(data_.item[i]);
+    std::sort(pairs.begin(), pairs.end());
+    const auto twice = std::adjacent_find(pairs.begin(), pairs.end());
+    if (twice == pairs.end()) return;
+    const auto repeats = static_cast<int64_t>(pairs.size()) -
+                         static_cast<int64_t>(std::distance(pairs.begin(), std::unique(pairs.begin(), pairs.end())));
+    throw sdk::Error("interactions: " + file.string() + ": user " + data_.user_ids[*twice >> 32] + " rates item " +
+                     data_.items[*twice & 0xffffffffu].id + " more than once (" + std::to_string(repeats) +
+                     " repeated ratings in all); MovieLens has one rating per user and item: the file is damaged or joined "
+                     "twice. Keep each user's last rating of an item");
+  }
+
   RawData take() {
     for (auto& [index, tags] : tags_) {
       std::string joined;
@@ -258,6 +296,7 @@ RawData read_ml100k(const fs::path& root) {
     reader.add_interaction(std::to_string(integer(f[0], "user id", rows)), std::to_string(integer(f[1], "item id", rows)),
                            rating(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "u.item");
   }
+  reader.refuse_repeats(root / "u.data");
   return reader.take();
 }
 
@@ -283,6 +322,7 @@ RawData read_ml1m(const fs::path& root) {
     reader.add_interaction(std::to_string(integer(f[0], "UserID", rows)), std::to_string(integer(f[1], "MovieID", rows)),
                            rating(f[2], "Rating", rows), integer(f[3], "Timestamp", rows), rows, "movies.dat");
   }
+  reader.refuse_repeats(root / "ratings.dat");
   return reader.take();
 }
 
@@ -324,6 +364,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
     reader.add_interaction(std::to_string(integer(f[0], "userId", rows)), std::to_string(integer(f[1], "movieId", rows)),
                            rating(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "movies.csv");
   }
+  reader.refuse_repeats(root / "ratings.csv");
   return reader.take();
 }
 

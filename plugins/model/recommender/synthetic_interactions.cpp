@@ -55,6 +55,12 @@ SyntheticInteractions::SyntheticInteractions(const sdk::Options& o)
   if (genres_ > items_) throw sdk::Error("synthetic_interactions: more genres than items");
   if (static_cast<double>(users_) * static_cast<double>(items_) > 2e9)
     throw sdk::Error("synthetic_interactions: users x items above 2e9 would take minutes to generate; make them smaller");
+  // Each interaction is held about four times while it is generated and split (some 70 bytes): a
+  // bound on them, as on users x items, so that an absurd size is refused, not an out-of-memory.
+  if (const double interactions = static_cast<double>(users_) * static_cast<double>(per_user_); interactions > 1e8)
+    throw sdk::Error("synthetic_interactions: users x per_user = " + std::to_string(std::llround(interactions)) +
+                     " interactions, more than 100000000 (some 7 GB of memory to generate and split; MovieLens's largest "
+                     "has 32 million); make data.users or data.per_user smaller");
   if (!(affinity_ > 0 && affinity_ < 1)) throw sdk::Error("synthetic_interactions: affinity must be in (0, 1)");
 }
 

@@ -164,8 +164,18 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   write(dir_ / "ratings.dat", "1::1::5\n");
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.dat:1: 3 fields, expected 4 (UserID::MovieID::Rating::Timestamp)"), std::string::npos) << message;
+  // A user rating an item twice (a file joined twice): split by time, the copy would be tested
+  // on what it trained on.
+  write(dir_ / "ratings.dat", "1::1::5::1\n1::2::4::2\n2::1::3::3\n1::2::4::2\n2::1::3::3\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.dat: user 1 rates item 2 more than once (2 repeated ratings in all); MovieLens has one "
+                         "rating per user and item"), std::string::npos) << message;
   fs::remove(dir_ / "ratings.dat");
   fs::remove(dir_ / "movies.dat");
+  // A spreadsheet's "CSV UTF-8" starts with a byte-order mark: not part of the header.
+  write(dir_ / "movies.csv", "\xEF\xBB\xBFmovieId,title,genres\n1,Heat (1995),Action\n2,Babe (1995),Comedy\n3,Up (2009),Drama\n");
+  write(dir_ / "ratings.csv", "\xEF\xBB\xBFuserId,movieId,rating,timestamp\n1,1,4.0,1\n1,2,3.0,2\n1,3,5.0,3\n");
+  EXPECT_EQ(error_of([&] { open(); }), "(no error)");
   write(dir_ / "movies.csv", "movieId,title,genres\n1,\"Heat, the (1995),Action\n");
   write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,1\n");
   message = error_of([&] { open(); });
@@ -176,11 +186,27 @@ TEST_F(RecommenderData, SpecialFilesAndMissingFoldersAreNamedNotWaitedOn) {
   write(dir_ / "movies.csv", "movieId,title,genres\n1,Heat (1995),Action\n");
   ASSERT_EQ(::mkfifo((dir_ / "ratings.csv").c_str(), 0600), 0);
   std::string message = error_of([&] { open(); });
-  EXPECT_NE(message.find("ratings.csv is not a regular file"), std::string::npos) << message;
+  EXPECT_NE(message.find("ratings.csv is a FIFO, not a regular file"), std::string::npos) << message;
+  // A file larger than any MovieLens (sparse here: nothing is written) is refused unread.
+  fs::remove(dir_ / "ratings.csv");
+  write(dir_ / "ratings.csv", "");
+  fs::resize_file(dir_ / "ratings.csv", std::uintmax_t{1} << 40);
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.csv is 1024 GiB, more than 8 GiB (the largest MovieLens file is under 1 GiB)"),
+            std::string::npos) << message;
   message = error_of([&] { open({{"root", (dir_ / "nowhere").string()}}); });
   EXPECT_NE(message.find("is not a folder"), std::string::npos) << message;
   message = error_of([&] { registry().create<loom::sdk::Dataset>("interactions"); });
   EXPECT_NE(message.find("data.root is not set"), std::string::npos) << message;
+}
+
+TEST(SyntheticInteractions, SizesThatWouldNotFitInMemoryAreRefusedBeforeGenerating) {
+  // users x items is within its bound, the interactions are not: refused at creation, not by the
+  // out-of-memory killer minutes into set-up.
+  const std::string message = error_of([] {
+    registry().create<loom::sdk::Dataset>("synthetic_interactions", {{"users", "10000000"}, {"items", "200"}, {"per_user", "200"}});
+  });
+  EXPECT_NE(message.find("users x per_user = 2000000000 interactions, more than 100000000"), std::string::npos) << message;
 }
 
 // ---- the model -----------------------------------------------------------------------------
