@@ -14,6 +14,7 @@
 #include <ATen/DLConvertor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -94,6 +95,8 @@ class CDataset final : public sdk::Dataset, CObject {
       if (f.ndim < 0 || f.ndim > LOOM_C_MAX_DIMS) throw sdk::Error(what_ + ": field '" + name + "' has " + std::to_string(f.ndim) + " dimensions");
       sdk::FieldSpec field;
       field.shape.assign(f.shape, f.shape + f.ndim);
+      for (const int64_t size : field.shape)
+        if (size < 0) throw sdk::Error(what_ + ": field '" + name + "' has a dimension of size " + std::to_string(size));
       try {
         field.dtype = at::toScalarType(f.dtype);
       } catch (const c10::Error& e) {
@@ -107,8 +110,14 @@ class CDataset final : public sdk::Dataset, CObject {
     spec_.num_classes = c.num_classes;
     if (c.attribute_count > 0 && (c.attribute_keys == nullptr || c.attribute_values == nullptr))
       throw sdk::Error(what_ + ": its spec names attributes without their keys or values");
-    for (uint32_t i = 0; i < c.attribute_count && i < 1024; ++i)
-      spec_.attributes[text_of(c.attribute_keys[i], LOOM_MAX_NAME)] = text_of(c.attribute_values[i]);
+    if (c.attribute_count > 1024)
+      throw sdk::Error(what_ + ": its spec has " + std::to_string(c.attribute_count) + " attributes (at most 1024)");
+    for (uint32_t i = 0; i < c.attribute_count; ++i) {
+      const std::string key = text_of(c.attribute_keys[i], LOOM_MAX_NAME);
+      if (key.empty() || spec_.attributes.count(key))
+        throw sdk::Error(what_ + ": its spec's attribute #" + std::to_string(i) + " has no key, or one another has ('" + key + "')");
+      spec_.attributes[key] = text_of(c.attribute_values[i]);
+    }
   }
 
   sdk::DataSpec spec() const override { return spec_; }
@@ -146,6 +155,8 @@ class CDataset final : public sdk::Dataset, CObject {
                          std::to_string(DLPACK_MAJOR_VERSION) + ".x");
       const DLTensor& d = t->dl_tensor;
       if (d.device.device_type != kDLCPU) throw sdk::Error(where + " is not in CPU memory");
+      if (d.data == nullptr && count > 0 && std::find(field.shape.begin(), field.shape.end(), 0) == field.shape.end())
+        throw sdk::Error(where + " has no data (a null pointer)");
       if (d.ndim != static_cast<int32_t>(field.shape.size()) + 1 || d.shape == nullptr || d.shape[0] != count ||
           !std::equal(field.shape.begin(), field.shape.end(), d.shape + 1))
         throw sdk::Error(where + " does not have the shape [" + std::to_string(count) + ", <the field's shape>]");
@@ -395,10 +406,15 @@ class CCallback final : public sdk::Callback, CObject {
     loom_c_values c{};
     call("save_state", [&](loom_error* e) { return t_->save_state(t_->self, &c, e); });
     if (c.count > 0 && (c.keys == nullptr || c.values == nullptr)) throw sdk::Error(what_ + ": save_state gave counts without values");
-    for (uint32_t i = 0; i < c.count && i < 4096; ++i) {
+    // Cut or merged in silence, a state would resume as another one: refused instead.
+    if (c.count > 4096) throw sdk::Error(what_ + ": save_state gave " + std::to_string(c.count) + " values (at most 4096)");
+    for (uint32_t i = 0; i < c.count; ++i) {
+      const std::string key = text_of(c.keys[i], LOOM_MAX_NAME);
+      if (key.empty() || state.text.count(key))
+        throw sdk::Error(what_ + ": save_state's value #" + std::to_string(i) + " has no key, or one another has ('" + key + "')");
       char text[32];
       std::snprintf(text, sizeof(text), "%.17g", c.values[i]);
-      state.text[text_of(c.keys[i], LOOM_MAX_NAME)] = text;
+      state.text[key] = text;
     }
     return state;
   }

@@ -241,6 +241,10 @@ static int32_t faulty_get_batch(void* self, int32_t split, const int64_t* indice
   out[1] = is(f->fault, "missing") ? NULL : make_tensor(is(f->fault, "wrong_dtype") ? kDLFloat : kDLInt, 64, 1, count, 0);
   if (is(f->fault, "cuda_memory")) out[0]->dl_tensor.device.device_type = kDLCUDA;
   if (is(f->fault, "old_dlpack")) out[0]->version.major = 0;
+  if (is(f->fault, "null_data")) {
+    free(out[0]->dl_tensor.data);
+    out[0]->dl_tensor.data = NULL;
+  }
   return 0;
 }
 
@@ -277,7 +281,7 @@ static const loom_option_spec stop_options[] = {
 
 static const loom_option_spec faulty_options[] = {
     {sizeof(loom_option_spec), LOOM_OPTION_ENUM, "fault", "none",
-     "how get_batch breaks the contract", "none|error|wrong_shape|wrong_dtype|missing|cuda_memory|old_dlpack"},
+     "how get_batch breaks the contract", "none|error|wrong_shape|wrong_dtype|missing|cuda_memory|old_dlpack|null_data"},
 };
 
 static const loom_component components[] = {

@@ -116,6 +116,7 @@ TEST_F(CTierTest, TensorsThatBreakTheContractAreOneClearErrorEach) {
       {"missing", "get_batch's tensor for field 'y' is missing"},
       {"cuda_memory", "get_batch's tensor for field 'x' is not in CPU memory"},
       {"old_dlpack", "get_batch's tensor for field 'x' is DLPack 0.x, the host reads 1.x"},
+      {"null_data", "get_batch's tensor for field 'x' has no data (a null pointer)"},
   };
   for (const auto& [fault, expected] : faults) {
     auto dataset = loom::testing::registry().create<loom::sdk::Dataset>("c_faulty", {{"fault", fault}});
