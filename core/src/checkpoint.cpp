@@ -23,10 +23,24 @@ std::string step_dir_name(int64_t step) {
 
 CheckpointStore::CheckpointStore(fs::path run_dir) : dir_(std::move(run_dir) / "checkpoints") {
   fs::create_directories(dir_);
-  // Leftovers of a save that was interrupted.
+  // Leftovers of a save that was interrupted. A step folder set aside to be replaced by a new save
+  // of its step (save()) goes back where the new one never arrived.
   std::error_code ec;
+  std::vector<fs::path> leftovers;
   for (const auto& entry : fs::directory_iterator(dir_, ec))
-    if (entry.path().filename().string().rfind(".step_", 0) == 0) fs::remove_all(entry.path(), ec);
+    if (entry.path().filename().string().rfind(".step_", 0) == 0) leftovers.push_back(entry.path());
+  const std::string replaced = ".replaced";
+  for (const auto& path : leftovers) {
+    const std::string name = path.filename().string();
+    if (name.size() > replaced.size() && name.compare(name.size() - replaced.size(), replaced.size(), replaced) == 0) {
+      const fs::path step = dir_ / name.substr(1, name.size() - 1 - replaced.size());
+      if (!fs::exists(step, ec)) {
+        fs::rename(path, step, ec);
+        if (!ec) continue;
+      }
+    }
+    fs::remove_all(path, ec);
+  }
 }
 
 std::vector<fs::path> CheckpointStore::list() const { return list_run(dir_.parent_path()); }
@@ -92,8 +106,17 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
                                "): delete it by hand"
                          : std::string("; its partial folder is removed")));
   }
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);  // the same step saved again (a replayed run)
+  // The same step saved again (a replayed run): the older folder is renamed out of the step_*
+  // names first, so a process killed here leaves one of the two whole (a .step_*.replaced folder
+  // goes with the next run's leftovers), never neither.
+  const fs::path replaced = dir_ / (std::string(".").append(step_dir_name(step)).append(".replaced"));
+  if (fs::exists(final_dir)) {
+    fs::remove_all(replaced);
+    fs::rename(final_dir, replaced);
+  }
   rename_durable(tmp, final_dir);
+  std::error_code gone;
+  fs::remove_all(replaced, gone);
   const auto all = list();
   if (keep_last > 0 && static_cast<int64_t>(all.size()) > keep_last)
     for (size_t i = 0; i + static_cast<size_t>(keep_last) < all.size(); ++i) {

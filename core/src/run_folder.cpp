@@ -14,6 +14,7 @@
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/safetensors.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include <loom/sdk/files.hpp>
@@ -157,14 +158,35 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
     moved.push_back(step.filename().string());
   }
   // The best files and the metrics of the abandoned steps go with them (the resumed run rewrites
-  // its own); copies, so that the resumed timeline's best file so far stays in place.
+  // its own). A best file written at a step up to the checkpoint's is the resumed timeline's best
+  // so far: copied, it stays in place. One written after it holds the abandoned timeline's weights
+  // (`loom eval best_...` would evaluate those): moved, until the resumed run writes its own.
   std::error_code ec;
+  std::vector<fs::path> best_files;
+  std::vector<std::string> best_moved;
   for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.path().filename().string().rfind("best_", 0) == 0) fs::copy_file(entry.path(), aside / entry.path().filename(), ec);
+    if (entry.path().filename().string().rfind("best_", 0) == 0) best_files.push_back(entry.path());
+  for (const auto& file : best_files) {
+    int64_t written_at = -1;  // unknown (no or damaged metadata): from the abandoned timeline as likely as not
+    try {
+      const auto metadata = load_safetensors_metadata(file);
+      if (auto it = metadata.find("step"); it != metadata.end()) written_at = std::stoll(it->second);
+    } catch (const std::exception&) {
+    }
+    if (written_at >= 0 && written_at <= from) {
+      fs::copy_file(file, aside / file.filename(), ec);
+    } else {
+      rename_durable(file, aside / file.filename());
+      best_moved.push_back(file.filename().string());
+    }
+  }
   if (fs::exists(run_dir_ / "metrics.jsonl", ec)) fs::copy_file(run_dir_ / "metrics.jsonl", aside / "metrics.jsonl", ec);
   log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ", which has newer checkpoints (",
             join(moved, ", "), "): they are moved to ", aside.string(),
-            " with that timeline's best files and metrics; nothing resumes or prunes them there");
+            " with that timeline's best files and metrics; nothing resumes or prunes them there",
+            best_moved.empty() ? std::string()
+                               : std::string("; ") + join(best_moved, ", ") + " held weights of those newer steps: moved " +
+                                     "there too, and written again when this run beats the checkpoint's best");
 }
 
 void Trainer::set_aside_files_without_checkpoint() {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <optional>
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -58,11 +59,26 @@ class StateFields {
     }
     return out;
   }
-  std::map<std::string, double> numbers(std::initializer_list<const char*> path) const {
+  /// A sum the log window carries: any number, or null for NaN (JSON has no NaN or infinity, so a
+  /// window that saw a step with a non-finite loss or a metric of no samples is written as null):
+  /// Loom's own checkpoints always load.
+  static std::optional<double> sum_of(const json& v) {
+    if (v.is_null()) return std::nan("");
+    if (v.is_number() && std::isfinite(v.get<double>())) return v.get<double>();
+    return std::nullopt;
+  }
+  double sum(std::initializer_list<const char*> path) const {
+    const json& v = at(path);
+    const auto x = sum_of(v);
+    if (!x) damaged(path, "is " + v.dump() + ", not a number");
+    return *x;
+  }
+  std::map<std::string, double> sums(std::initializer_list<const char*> path) const {
     std::map<std::string, double> out;
     for (const auto& [k, v] : object(path).items()) {
-      if (!v.is_number() || !std::isfinite(v.get<double>())) damaged(path, "has '" + k + "' = " + v.dump() + ", not a finite number");
-      out[k] = v.get<double>();
+      const auto x = sum_of(v);
+      if (!x) damaged(path, "has '" + k + "' = " + v.dump() + ", not a number");
+      out[k] = *x;
     }
     return out;
   }
@@ -121,9 +137,9 @@ SavedState parse_state_json(const std::string& text, const fs::path& file, int64
     // Older files counted the loss's terms as samples, and had no "terms".
     out.window_terms = f.has({"log_window", "terms"}) ? f.integer({"log_window", "terms"}, 0, int64_t{1} << 50)
                                                         : out.window_samples;
-    out.window_loss = f.number({"log_window", "loss"});
+    out.window_loss = f.sum({"log_window", "loss"});  // (a model's loss may be below 0: a log-likelihood of densities)
     out.window_seconds = f.number({"log_window", "seconds"});
-    out.window_metrics = f.numbers({"log_window", "metrics"});
+    out.window_metrics = f.sums({"log_window", "metrics"});
   }
   if (s.contains("callbacks")) out.callbacks = f.object({"callbacks"});
   return out;

@@ -6,6 +6,7 @@
 #include <loom/sdk/log.hpp>
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 
 namespace loom::callbacks {
@@ -23,13 +24,16 @@ std::optional<double> read_double(const sdk::TextMap& text, const std::string& k
   if (it == text.end()) return std::nullopt;
   double v = 0;
   const auto [end, error] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
-  if (error != std::errc() || end != it->second.data() + it->second.size())
-    throw sdk::Error("callback state '" + key + "' = '" + it->second + "' is not a number; the checkpoint is damaged");
+  // (from_chars reads "nan" and "inf": a best of NaN would never be beaten, so neither is a value)
+  if (error != std::errc() || end != it->second.data() + it->second.size() || !std::isfinite(v))
+    throw sdk::Error("callback state '" + key + "' = '" + it->second + "' is not a finite number; the checkpoint is damaged");
   return v;
 }
 
 int64_t read_int(const sdk::TextMap& text, const std::string& key) {
   const auto v = read_double(text, key);
+  if (v && !(*v >= 0 && *v <= 9e15 && *v == std::floor(*v)))  // a step or a count
+    throw sdk::Error("callback state '" + key + "' = '" + text.at(key) + "' is not a count; the checkpoint is damaged");
   return v ? static_cast<int64_t>(*v) : 0;
 }
 

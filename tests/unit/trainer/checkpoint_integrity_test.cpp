@@ -40,7 +40,7 @@ class CheckpointIntegrityTest : public testing::Test {
         {"model.name=lightweight_transformer", "model.flavour=debug", "data.name=synthetic", "data.train_size=256",
          "data.test_size=64", "trainer.batch_size=32", "trainer.seed=5", "trainer.log_every=100", "trainer.eval_every=100",
          "trainer.checkpoint_every=2", "trainer.keep_last=2", "trainer.device=cpu", "precision.name=fp32",
-         "memory.estimate=false", "trainer.callbacks=checkpoint"},
+         "memory.estimate=false", "trainer.callbacks=checkpoint, early_stopping"},
         dir_, name);
     c.set_assignment("trainer.max_steps=" + std::to_string(steps));
     return c;
@@ -124,6 +124,9 @@ TEST_F(CheckpointIntegrityTest, ImpossibleValuesInStateJsonAreDamageNamedByField
       {R"re("micro_batch": 32)re", R"("micro_batch": 0)", "field 'plan.micro_batch' = 0 is outside"},
       {R"re("format": 1)re", R"("format": 7)", "field 'format' = 7 is outside [1, 1]"},
       {R"re("ranks": 1)re", R"("ranks": 0)", "field 'loader.ranks' = 0 is outside"},
+      // a callback's state: a step of 1e300 would be cast to an integer, a best of NaN never beaten
+      {R"re("best_step": "\d+")re", R"("best_step": "1e300")", "callback state 'best_step' = '1e300' is not a count"},
+      {R"re("best": "[^"]+")re", R"("best": "nan")", "callback state 'best' = 'nan' is not a finite number"},
   };
   for (const auto& [from, to, expected] : cases) {
     fs::remove_all(newest_);
@@ -194,6 +197,34 @@ TEST_F(CheckpointIntegrityTest, ACheckpointThatCannotBeWrittenIsOneErrorAndLeave
 }
 
 }  // namespace
+
+TEST_F(CheckpointIntegrityTest, ALogWindowWithANonFiniteOrNegativeSumIsLoomsOwnAndResumes) {
+  // A checkpoint saved between log steps (step 2 here: log_every is 100) carries the window's sums.
+  // JSON has no NaN: a window that saw a skipped step's NaN loss, or a metric over no samples, is
+  // written as null; a model's loss may be below 0. Each is a checkpoint Loom wrote, never "damaged".
+  const std::string loss = R"re(("log_window": \{\s*"steps": \d+,\s*"loss": )[-0-9.eE+]+)re";
+  rewrite_state(loss, "$1\"much\"");  // (step 4's) not a number at all: damage, named
+  {
+    const auto [step, warnings] = resume();
+    EXPECT_EQ(step, 2);
+    EXPECT_NE(warnings.find("field 'log_window.loss' is \"much\", not a number"), std::string::npos) << warnings;
+  }
+  fs::remove_all(newest_);
+  newest_ = newest_.parent_path() / step_dir_name(2);
+  ASSERT_NE(read_file(newest_ / "state.json").find("\"accuracy\": "), std::string::npos) << "the window holds a metric";
+  const fs::path backup = dir_ / "backup";
+  fs::copy(newest_, backup);
+  for (const char* value : {"null", "-3.5"}) {
+    fs::remove_all(newest_);
+    fs::copy(backup, newest_);
+    rewrite_state(loss, std::string("$1") + value);
+    rewrite_state(R"re(("metrics": \{\s*"accuracy": )[-0-9.eE+]+)re", "$1null");
+    ASSERT_NE(read_file(newest_ / "state.json").find(std::string("\"loss\": ") + value), std::string::npos);
+    const auto [step, warnings] = resume();
+    EXPECT_EQ(step, 2) << value << "\n" << warnings;
+    EXPECT_EQ(warnings.find("cannot resume"), std::string::npos) << value << "\n" << warnings;
+  }
+}
 
 TEST_F(CheckpointIntegrityTest, AStateJsonWithoutRanksIsAnOlderFileAndResumes) {
   // Loom before data_parallel wrote no loader.ranks: the plan's world_size was the ranks then.

@@ -122,6 +122,64 @@ TEST_F(RunFolderTest, ResumingFromAnOlderCheckpointSetsTheNewerStepsAside) {
   EXPECT_EQ(loom::testing::make_trainer(resume)->step(), 6);
 }
 
+TEST_F(RunFolderTest, ABestFileOfTheAbandonedStepsGoesAsideWithThemOneOfTheResumedStepsStays) {
+  Config c = base("best", 6);
+  c.set_assignment("trainer.callbacks=jsonl, checkpoint, best");
+  c.set_assignment("trainer.eval_every=2");
+  loom::testing::make_trainer(c)->train();
+  const fs::path checkpoints = dir_ / "best" / "checkpoints";
+  const fs::path best = checkpoints / "best_accuracy.safetensors";
+  ASSERT_TRUE(fs::exists(best));
+  const auto written_at = [&](const std::string& step) {  // the file as if the best had come at `step`
+    loom::sdk::TextMap metadata;
+    const auto tensors = load_safetensors(best, &metadata);
+    metadata["step"] = step;
+    metadata.erase("loom_crc32");
+    save_safetensors(best, tensors, metadata);
+  };
+  const auto resume_from_step_2 = [&] {
+    Config again = base("", 6);
+    again.set_assignment("trainer.callbacks=jsonl, checkpoint, best");
+    again.set_assignment("trainer.resume_from=" + (checkpoints / step_dir_name(2)).string());
+    log::Capture capture(LOOM_LOG_WARN);
+    loom::testing::make_trainer(again);
+    std::string warnings;
+    for (const auto& line : capture.lines()) warnings += line + "\n";
+    return warnings;
+  };
+  // Written at step 6: the abandoned timeline's weights; `loom eval best_accuracy.safetensors` must
+  // not evaluate them as this timeline's best.
+  written_at("6");
+  const std::string warnings = resume_from_step_2();
+  EXPECT_FALSE(fs::exists(best));
+  EXPECT_NE(warnings.find("best_accuracy.safetensors held weights of those newer steps: moved there too"), std::string::npos)
+      << warnings;
+  int aside = 0;
+  for (const auto& entry : fs::directory_iterator(checkpoints))
+    if (entry.path().filename().string().rfind("abandoned-", 0) == 0)
+      aside += fs::exists(entry.path() / "best_accuracy.safetensors") ? 1 : 0;
+  EXPECT_EQ(aside, 1);
+}
+
+TEST_F(RunFolderTest, AStepSavedAgainAndKilledBeforeItsFolderArrivedKeepsTheOlderFolder) {
+  // save() of a step that has a folder renames the older one to .step_*.replaced, then the new one
+  // into place. Killed between the two: the next store puts the older one back, the new partial
+  // one goes; killed after both: the leftover is removed.
+  loom::testing::make_trainer(base("replay"))->train();
+  const fs::path checkpoints = dir_ / "replay" / "checkpoints";
+  const std::string step4 = step_dir_name(4);
+  fs::rename(checkpoints / step4, checkpoints / ("." + step4 + ".replaced"));
+  fs::create_directories(checkpoints / ("." + step4 + ".tmp"));
+  CheckpointStore store(dir_ / "replay");
+  EXPECT_EQ(steps(dir_ / "replay"), (std::vector<std::string>{step_dir_name(2), step4}));
+  EXPECT_TRUE(fs::exists(checkpoints / step4 / "state.json"));
+  fs::copy(checkpoints / step4, checkpoints / ("." + step4 + ".replaced"));
+  CheckpointStore again(dir_ / "replay");
+  EXPECT_FALSE(fs::exists(checkpoints / ("." + step4 + ".replaced")));
+  EXPECT_FALSE(fs::exists(checkpoints / ("." + step4 + ".tmp")));
+  EXPECT_TRUE(fs::exists(checkpoints / step4 / "state.json"));
+}
+
 TEST_F(RunFolderTest, ResumeAutoPassesOverARunWhoseCheckpointsAreAllDamaged) {
   loom::testing::make_trainer(base("good"))->train();
   loom::testing::make_trainer(base("damaged"))->train();
