@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <ATen/ops/isfinite.h>
+
 #include <cmath>
 
 namespace loom::sdk::gpt2 {
@@ -123,11 +125,16 @@ void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
     }
     const bool transposed = conv1d(item.key()) && it->second.dim() == 2;
     at::Tensor source = transposed ? it->second.t() : it->second;
-    if (source.sizes() != item.value().sizes())
-      misshaped.push_back(item.key() + " (file " + c10::str(it->second.sizes()) + ", model " + c10::str(item.value().sizes()) +
-                          (conv1d(item.key()) ? ", stored transposed" : "") + ")");
-    else
+    if (source.sizes() != item.value().sizes()) {
+      // (a Conv1D weight is stored [in, out]: the shape the file needs is the model's reversed)
+      const auto wanted = conv1d(item.key()) ? item.value().t().sizes() : item.value().sizes();
+      misshaped.push_back(item.key() + " (file " + c10::str(it->second.sizes()) + ", needs " + c10::str(wanted) +
+                          (conv1d(item.key()) ? ": a Conv1D weight, stored [in, out]" : "") + ")");
+    } else if (!at::isfinite(source).all().item<bool>()) {  // every step of a run would be skipped
+      misshaped.push_back(item.key() + " (holds NaN or infinite values)");
+    } else {
       item.value().copy_(source);
+    }
     by_name.erase(it);
   }
   if (missing.empty() && misshaped.empty() && by_name.empty()) return;
@@ -142,7 +149,7 @@ void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
   std::string message = "model.pretrained: " + file.string() + " does not fit a GPT-2 of config.json's sizes:";
   if (!missing.empty()) message += "\n  missing: " + list(missing);
   if (!unexpected.empty()) message += "\n  unexpected: " + list(unexpected);
-  if (!misshaped.empty()) message += "\n  other shape or type: " + list(misshaped);
+  if (!misshaped.empty()) message += "\n  other shape, type or values: " + list(misshaped);
   throw sdk::Error(message + "\n(a GPT2Model or GPT2LMHeadModel saved with save_pretrained fits)");
 }
 

@@ -202,8 +202,8 @@ class Gpt2Recommender final : public sdk::Model {
 
     gpt2::Config c = pretrained_.empty() ? gpt2::Config::of_size(size_) : gpt2::hf_config(pretrained_);
     if (vocab_size_ > 0 && vocab_size_ < tokens_.vocab_size)
-      throw Error("gpt2_recommender: model.vocab_size " + std::to_string(vocab_size_) + " is below the tokenizer's " +
-                  std::to_string(tokens_.vocab_size) + " tokens");
+      throw Error("gpt2_recommender: model.vocab_size " + std::to_string(vocab_size_) + " is below the tokenizer's ids (up to " +
+                  std::to_string(tokens_.vocab_size - 1) + ")");
     if (vocab_size_ > 0 && !pretrained_.empty())
       throw Error("gpt2_recommender: model.vocab_size is for a GPT-2 without model.pretrained (whose config.json says it)");
     if (pretrained_.empty()) {
@@ -212,8 +212,9 @@ class Gpt2Recommender final : public sdk::Model {
       sdk::log::warn("gpt2_recommender: no model.pretrained: GPT-2 (", size_, ") starts from random weights, so the item ",
                      "text carries little until it trains; point model.pretrained at a Hugging Face GPT-2 folder");
     } else if (tokens_.vocab_size > c.vocab_size) {
-      throw Error("gpt2_recommender: the tokenizer of " + vocab_dir.string() + " has " + std::to_string(tokens_.vocab_size) +
-                  " tokens, the model " + std::to_string(c.vocab_size) + " (" + pretrained_ + "/config.json)");
+      throw Error("gpt2_recommender: the tokenizer of " + vocab_dir.string() + " has ids up to " +
+                  std::to_string(tokens_.vocab_size - 1) + ", the model a vocabulary of " + std::to_string(c.vocab_size) +
+                  " (" + pretrained_ + "/config.json)");
     }
     if (text_tokens_ > c.n_ctx)
       throw Error("gpt2_recommender: model.text_tokens " + std::to_string(text_tokens_) + " is more than GPT-2's " +
@@ -426,7 +427,10 @@ class Gpt2Recommender final : public sdk::Model {
       mask.index_fill_(0, at::arange(b, users.options()) * items_ + items, false);  // the item ranked is not masked
       scores = scores.masked_fill(mask.view({b, items_}), -std::numeric_limits<float>::infinity());
     }
-    return scores.gt(target).sum(1);
+    // Ties count against the target (a model that scores every item alike ranks each target last,
+    // not first), and so does a NaN score; a NaN target is last.
+    at::Tensor rank = (scores.gt(target) | scores.eq(target) | scores.isnan()).sum(1) - 1;  // (less the target)
+    return at::where(target.squeeze(1).isnan(), at::full_like(rank, items_ - 1), rank);
   }
 
   /// GPT-2's vectors of items [K]: with gradients (GPT-2 in the module's mode), or without them

@@ -354,7 +354,7 @@ TEST_F(Gpt2RecommenderTest, RankingMetricsAreThoseOfTheFullCatalogueWithKnownIte
     at::Tensor row = scores[i].clone();
     for (int64_t k = indptr[user]; k < indptr[user + 1]; ++k)
       if (seen[k] != item) row[seen[k]].fill_(-INFINITY);
-    const double rank = row.gt(row[item]).sum().item<double>();
+    const double rank = row.ge(row[item]).sum().item<double>() - 1;  // ties count against the item
     hr += rank < 10 ? 1 : 0;
     ndcg += rank < 10 ? 1 / std::log2(rank + 2) : 0;
     mrr += 1 / (rank + 1);
@@ -363,6 +363,27 @@ TEST_F(Gpt2RecommenderTest, RankingMetricsAreThoseOfTheFullCatalogueWithKnownIte
   EXPECT_NEAR(e.metrics.at("hr_at_10"), hr / n, 1e-6);
   EXPECT_NEAR(e.metrics.at("ndcg_at_10"), ndcg / n, 1e-6);
   EXPECT_NEAR(e.metrics.at("mrr"), mrr / n, 1e-6);
+}
+
+TEST_F(Gpt2RecommenderTest, AModelThatScoresEveryItemAlikeRanksEachTargetLastNotFirst) {
+  // A diverged model (all scores equal, or NaN) had HR@10 1.0: the target won every tie. Ties and
+  // NaN now count against it: a constant scorer misses every user (48 items, at most 11 seen, so
+  // each target shares its score with more than 10 others).
+  auto t = make_trainer(config("alike"));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : t->model().module().parameters()) p.zero_();
+  }
+  const auto e = t->evaluate(Split::kTest);
+  EXPECT_EQ(e.metrics.at("hr_at_10"), 0.0);
+  EXPECT_LT(e.metrics.at("mrr"), 0.1);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : t->model().module().parameters()) p.fill_(std::nan(""));
+  }
+  const auto n = t->evaluate(Split::kTest);
+  EXPECT_EQ(n.metrics.at("hr_at_10"), 0.0);
+  EXPECT_NEAR(n.metrics.at("mrr"), 1.0 / 48, 1e-6);  // every target last of the 48 items
 }
 
 TEST_F(Gpt2RecommenderTest, WeightsOfOtherDataAreRefusedByTheirIds) {
