@@ -51,6 +51,21 @@ try:
     assert [e.step for e in acc.Scalars("val/accuracy")] == [6, 12]
     assert [e.step for e in acc.Scalars("test/accuracy")] == [12]
     print(f"tensorboard: {len(tags)} scalar tags, train/loss at steps 1..12 matches metrics.jsonl")
+
+    # A resume from step 6: the new event file starts with a SessionLog START at step 7, which
+    # TensorBoard's reader takes as "drop what the earlier files hold from step 7 on". Each step
+    # once, not the abandoned timeline's 7..12 and the resumed run's 7..12 both.
+    loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=12",
+         "--set", "trainer.eval_every=6",
+         "--set", f"trainer.resume_from={os.path.join(run, 'checkpoints', 'step_00000006')}")
+    assert len(glob.glob(os.path.join(run, "tensorboard", "events.out.tfevents.*"))) == 2
+    acc = EventAccumulator(os.path.join(run, "tensorboard"))
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("train/loss")]
+    assert steps == list(range(1, 13)), steps
+    assert [e.step for e in acc.Scalars("val/accuracy")] == [6, 12], acc.Scalars("val/accuracy")
+    assert [e.step for e in acc.Scalars("test/accuracy")] == [12], acc.Scalars("test/accuracy")
+    print("tensorboard: after a resume from step 6, train/loss at steps 1..12 once each")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("readers test passed")

@@ -116,7 +116,7 @@ void EventFileWriter::purge_from(int64_t step) {
   std::string session_log;
   session_log.push_back(0x08);  // status, field 1, varint
   put_varint(session_log, 1);   // START
-  put_bytes_field(e, 6, session_log);
+  put_bytes_field(e, 7, session_log);  // Event.session_log (6 is the deprecated log_message)
   write_event(e);
 }
 
