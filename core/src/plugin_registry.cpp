@@ -398,7 +398,8 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
       const bool missing = what == "no such file" || what == "a symbolic link to nothing";
       refuse_now("static-check", missing || what.rfind("cannot", 0) == 0 ? what : what + ", not a plugin file",
                  missing ? "give the path of a plugin's .so file; `loom plugins` lists the loaded ones"
-                         : "give the path of a plugin's .so file (--plugin-dir takes folders)");
+                         : "found in a plugin folder: move it out (a plugin folder holds plugin files); named by itself: "
+                           "give a plugin's .so file");
     }
     try {
       boost::dll::library_info info(file, /*throw_if_not_native_format=*/true);
