@@ -107,8 +107,8 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
                          : std::string("; its partial folder is removed")));
   }
   // The same step saved again (a replayed run): the older folder is renamed out of the step_*
-  // names first, so a process killed here leaves one of the two whole (a .step_*.replaced folder
-  // goes with the next run's leftovers), never neither.
+  // names first, so a process killed here leaves one of the two whole, never neither (the older
+  // one as .step_*.replaced, which the next store puts back where no new folder arrived).
   const fs::path replaced = dir_ / (std::string(".").append(step_dir_name(step)).append(".replaced"));
   if (fs::exists(final_dir)) {
     fs::remove_all(replaced);

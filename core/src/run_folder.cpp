@@ -136,9 +136,10 @@ bool Trainer::resume_newest(const fs::path& dir, std::vector<std::string>& probl
       continue;
     }
     // The newer ones that could not be loaded are kept, out of the way: this timeline would write
-    // its own steps of those numbers over them, and pruning would count them. (Outside the try: a
-    // failure to move them is no damage of the checkpoint that loaded.)
-    if (it != all.rbegin()) set_aside_newer_steps(*it);
+    // its own steps of those numbers over them, and pruning would count them; so is a best file
+    // written after the newest checkpoint by a run that then died. (Outside the try: a failure to
+    // move them is no damage of the checkpoint that loaded.)
+    set_aside_newer_steps(*it);
     return true;
   }
   return false;
@@ -150,43 +151,47 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
   std::vector<fs::path> newer;
   for (const auto& step : CheckpointStore::list_run(run_dir_))
     if (step_of(step) > from) newer.push_back(step);
-  if (newer.empty()) return;
+  // A best file written at a step up to the checkpoint's is the resumed timeline's best so far: it
+  // stays (a copy goes aside). One written after it holds weights of steps this timeline will not
+  // have (a newer checkpoint's, or those of a run that died before its next checkpoint): `loom eval
+  // best_...` would evaluate them, so it goes aside until the resumed run writes its own.
+  std::error_code ec;
+  std::vector<fs::path> best_kept, best_newer;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().filename().string().rfind("best_", 0) != 0) continue;
+    int64_t written_at = -1;  // unknown (no or damaged metadata): as likely of the lost steps as not
+    try {
+      const auto metadata = load_safetensors_metadata(entry.path());
+      if (auto it = metadata.find("step"); it != metadata.end()) written_at = std::stoll(it->second);
+    } catch (const std::exception&) {
+    }
+    (written_at >= 0 && written_at <= from ? best_kept : best_newer).push_back(entry.path());
+  }
+  if (newer.empty() && best_newer.empty()) return;
   const fs::path aside = claim_aside(dir, "abandoned-" + timestamp() + "-from-" + checkpoint.filename().string());
-  std::vector<std::string> moved;
+  std::vector<std::string> moved, best_moved;
   for (const auto& step : newer) {
     rename_durable(step, aside / step.filename());
     moved.push_back(step.filename().string());
   }
-  // The best files and the metrics of the abandoned steps go with them (the resumed run rewrites
-  // its own). A best file written at a step up to the checkpoint's is the resumed timeline's best
-  // so far: copied, it stays in place. One written after it holds the abandoned timeline's weights
-  // (`loom eval best_...` would evaluate those): moved, until the resumed run writes its own.
-  std::error_code ec;
-  std::vector<fs::path> best_files;
-  std::vector<std::string> best_moved;
-  for (const auto& entry : fs::directory_iterator(dir, ec))
-    if (entry.path().filename().string().rfind("best_", 0) == 0) best_files.push_back(entry.path());
-  for (const auto& file : best_files) {
-    int64_t written_at = -1;  // unknown (no or damaged metadata): from the abandoned timeline as likely as not
-    try {
-      const auto metadata = load_safetensors_metadata(file);
-      if (auto it = metadata.find("step"); it != metadata.end()) written_at = std::stoll(it->second);
-    } catch (const std::exception&) {
-    }
-    if (written_at >= 0 && written_at <= from) {
-      fs::copy_file(file, aside / file.filename(), ec);
-    } else {
-      rename_durable(file, aside / file.filename());
-      best_moved.push_back(file.filename().string());
-    }
+  for (const auto& file : best_kept) fs::copy_file(file, aside / file.filename(), ec);
+  for (const auto& file : best_newer) {
+    rename_durable(file, aside / file.filename());
+    best_moved.push_back(file.filename().string());
   }
   if (fs::exists(run_dir_ / "metrics.jsonl", ec)) fs::copy_file(run_dir_ / "metrics.jsonl", aside / "metrics.jsonl", ec);
-  log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ", which has newer checkpoints (",
-            join(moved, ", "), "): they are moved to ", aside.string(),
-            " with that timeline's best files and metrics; nothing resumes or prunes them there",
-            best_moved.empty() ? std::string()
-                               : std::string("; ") + join(best_moved, ", ") + " held weights of those newer steps: moved " +
-                                     "there too, and written again when this run beats the checkpoint's best");
+  const std::string best_said =
+      best_moved.empty() ? std::string()
+                         : join(best_moved, ", ") + " held weights of steps after " + checkpoint.filename().string() +
+                               ": moved there, and written again when this run beats the checkpoint's best";
+  if (newer.empty())
+    log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ": ", best_said, " (",
+              aside.string(), ")");
+  else
+    log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ", which has newer checkpoints (",
+              join(moved, ", "), "): they are moved to ", aside.string(),
+              " with that timeline's best files and metrics; nothing resumes or prunes them there",
+              best_said.empty() ? std::string() : "; " + best_said);
 }
 
 void Trainer::set_aside_files_without_checkpoint() {

@@ -45,6 +45,11 @@ class StateFields {
     if (!v.is_string()) damaged(path, "is " + v.dump() + ", not text");
     return v.get<std::string>();
   }
+  bool boolean(std::initializer_list<const char*> path) const {
+    const json& v = at(path);
+    if (!v.is_boolean()) damaged(path, "is " + v.dump() + ", not true or false");
+    return v.get<bool>();
+  }
   const json& object(std::initializer_list<const char*> path) const {
     const json& v = at(path);
     if (!v.is_object()) damaged(path, "is not an object");
@@ -142,6 +147,7 @@ SavedState parse_state_json(const std::string& text, const fs::path& file, int64
     out.window_metrics = f.sums({"log_window", "metrics"});
   }
   if (s.contains("callbacks")) out.callbacks = f.object({"callbacks"});
+  if (s.contains("evaluation_pending")) out.evaluation_pending = f.boolean({"evaluation_pending"});
   return out;
 }
 

@@ -27,6 +27,7 @@ struct SavedState {
   int64_t window_steps = 0, window_samples = 0, window_terms = 0;
   double window_loss = 0, window_seconds = 0;
   std::map<std::string, double> window_metrics;
+  bool evaluation_pending = false;  ///< the step's evaluation was cut short by a stop (older files: false)
   nlohmann::ordered_json callbacks = nlohmann::ordered_json::object();  ///< name -> text state
 };
 

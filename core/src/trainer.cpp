@@ -395,7 +395,7 @@ void Trainer::build_schedule() {
   schedule_ = registry_.create<sdk::Schedule>(options_.schedule, component_values(config_, info));
 }
 
-void Trainer::build_loaders() {
+void Trainer::build_loaders(bool training) {
   DataLoader::Options train;
   train.micro_batch = plan_.micro_batch * local_devices();  // cut across this process's devices
   train.shuffle = options_.shuffle;
@@ -438,6 +438,8 @@ void Trainer::build_loaders() {
     val_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, eval);
     eval.subset.clear();
   }
+  if (dataset_->size(sdk::Split::kTest) > 0) test_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTest, eval);
+  if (!training) return;
   try {
     train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
   } catch (const Error& e) {
@@ -453,8 +455,6 @@ void Trainer::build_loaders() {
     throw Error("one epoch has fewer micro-batches than one optimizer step needs; lower the batch or set trainer.max_steps");
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
   eval_every_ = options_.eval_every > 0 ? options_.eval_every : std::max<int64_t>(1, per_epoch);
-
-  if (dataset_->size(sdk::Split::kTest) > 0) test_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTest, eval);
 }
 
 DataLoader* Trainer::eval_loader(sdk::Split split) const {
@@ -466,7 +466,7 @@ DataLoader* Trainer::eval_loader(sdk::Split split) const {
 void Trainer::setup_for_evaluation() {
   build_components(/*with_optimizer=*/false);
   plan_ = sdk::BatchPlan{std::max<int64_t>(1, options_.batch_size / devices_in_world()), 1, devices_in_world()};
-  build_loaders();
+  build_loaders(/*training=*/false);
 }
 
 void Trainer::setup_for_estimate() { build_components(/*with_optimizer=*/true); }

@@ -63,7 +63,9 @@ bool Trainer::evaluate_and_report(sdk::Split split) {
   try {
     e = in_phase(what + " evaluation at step " + std::to_string(step_), [&] { return evaluate(split); });
   } catch (const EvaluationStopped& stopped) {
-    log::warn(what, " ", stopped.what(), " at step ", step_, ": no figures from it");
+    log::warn(what, " ", stopped.what(), " at step ", step_, ": no figures from it",
+              split == selection_split() ? " (a resume runs it first)" : "");
+    if (split == selection_split()) evaluation_cut_at_ = step_;
     if (stop_reason_.empty()) stop_reason_ = signal_name(stopped.signal) + " received";
     return false;
   }

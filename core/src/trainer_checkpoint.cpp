@@ -96,6 +96,7 @@ std::string Trainer::state_json() const {
   json callbacks = json::object();
   for (const auto& [name, callback] : callbacks_) callbacks[name] = callback->state_dict().text;
   s["callbacks"] = callbacks;
+  if (evaluation_cut_at_ == step_) s["evaluation_pending"] = true;
   return s.dump(2) + "\n";
 }
 
@@ -208,6 +209,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   if (graphs_) graphs_->clear();  // they read the optimizer's and the scaler's tensors of before
   resumed_at_ = step_;
   resumed_from_ = dir;
+  evaluation_pending_ = saved.evaluation_pending;
   log::info("resumed from ", dir.string(), " at step ", step_);
 }
 
@@ -226,6 +228,12 @@ std::vector<std::string> Trainer::changed_data(const std::string& state_json) co
       if (it != mine.end() && value.is_string() && it->second != value.get<std::string>())
         out.push_back("data." + key + " = " + it->second + " (the checkpoint's: " + value.get<std::string>() + ")");
     }
+    // The seed orders the samples and picks those held out of train for validation: another one
+    // validates on samples the model trained on (its val figures rise without it learning).
+    if (j.contains("loader") && j.at("loader").contains("seed") && j.at("loader").at("seed").get<int64_t>() != options_.seed)
+      out.push_back("trainer.seed = " + std::to_string(options_.seed) + " (the checkpoint's: " +
+                    std::to_string(j.at("loader").at("seed").get<int64_t>()) + "; it orders the samples and picks " +
+                    "those held out for validation, which may now include samples the model trained on)");
   } catch (const json::exception&) {
   }  // an older or damaged state.json: parse_state_json judges it
   return out;

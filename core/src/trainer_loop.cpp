@@ -4,6 +4,7 @@
 // evaluation. What is written and saved, and when, is the callbacks' business
 // (trainer_callbacks.cpp, sdk/callback.hpp); the loop names none of them.
 #include <loom/core/device_memory.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/trainer.hpp>
 #include "trainer_internal.hpp"
 
@@ -36,6 +37,11 @@ TrainSummary Trainer::train() {
   memory_->reset_peak();
   last_eval_.reset();
   notify("on_run_begin", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_run_begin(run); });
+  if (evaluation_pending_) {  // the checkpoint's step was to be evaluated when a stop cut it short
+    evaluation_pending_ = false;
+    log::info("the evaluation of step ", step_, " that a stop cut short runs first");
+    evaluate_and_report(selection_split());
+  }
   double train_seconds = 0;
   while (step_ < total_steps_ && stop_reason_.empty()) {
     notify("on_step_begin", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_begin(run, step_ + 1); });

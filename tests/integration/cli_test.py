@@ -173,6 +173,10 @@ try:
     expect("accuracy" in r.stderr, "eval of a step folder", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=256")
     expect("on 256 test samples" in r.stderr, "eval of a checkpoint named as the only argument", r)
+    # Evaluation builds no training loader: a batch larger than the training split (a checkpoint of a
+    # small dataset, evaluated at the default batch) is no reason to refuse.
+    r = loom(exe, "eval", best, "--batch-size", "4096")
+    expect("accuracy" in r.stderr and "too few" not in r.stderr, "eval at a batch larger than the training split", r)
     r = loom(exe, "eval", best, best, check=False)
     expect(r.returncode == 1 and "one argument too many" in r.stderr, "eval refuses a second checkpoint", r)
     r = loom(exe, "eval", os.path.join(work, "ev", "config.json"), check=False)
@@ -212,9 +216,11 @@ try:
     # A resume with other data keys says so; an epochs the max_steps overrides is named.
     loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=rs", "--set", "trainer.max_steps=2")
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=rs", "--resume", "auto",
-             "--set", "data.seed=9", "--set", "trainer.max_steps=4", "--set", "trainer.epochs=1")
+             "--set", "data.seed=9", "--set", "trainer.max_steps=4", "--set", "trainer.epochs=1", "--set", "trainer.seed=12")
     expect("this run's data differs from the checkpoint's: data.seed = 9 (the checkpoint's: " in r.stderr,
            "a resume on other data says so", r)
+    expect("trainer.seed = 12 (the checkpoint's: 11; it orders the samples and picks those held out for validation" in r.stderr,
+           "a resume with another seed says it changes the validation samples", r)
     expect("trainer.epochs = 1 (--set) is not used: trainer.max_steps = 4 (--set) sets the run's length" in r.stderr,
            "an epochs that max_steps overrides is named", r)
     # A callback that refuses the run before its first step: one error, and no folder that blocks the name.

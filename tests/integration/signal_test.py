@@ -121,8 +121,10 @@ try:
     # stops at its next batch (it ran to its end, 24 s on a large split), and the run says it is
     # complete, not "continue with --resume auto".
     name = "final_eval"
+    # (the standard model, not the debug one: some 20 s for the split, not 2, so the signal lands in it)
     proc = subprocess.Popen([exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
-                             "--set", "trainer.max_steps=3", "--set", "data.test_size=400000"],
+                             "--set", "trainer.max_steps=3", "--set", "data.test_size=400000",
+                             "--set", "model.flavour=standard"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = os.path.join(work, name)
     deadline = time.time() + 300
@@ -139,6 +141,32 @@ try:
     assert "after the last step (3 of 3): the training is complete" in err and "--resume auto" not in err, err
     assert not any("test/loss" in m for m in metrics(run)), "no figures from a cut evaluation"
     print(f"SIGINT in the final test evaluation: exit 130 after {time.time() - t0:.1f} s, the run complete")
+
+    # A signal during a scheduled validation evaluation: no figures from it, the step's checkpoint
+    # says it is pending, and the resume runs it first: metrics.jsonl has the step's val row, as an
+    # uninterrupted run's does (best and early stopping see every evaluation).
+    name = "cut_eval"
+    cut = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}", "--set", "trainer.max_steps=4",
+           "--set", "trainer.eval_every=3", "--set", "data.train_size=400000", "--set", "data.validation_fraction=0.5",
+           "--set", "model.flavour=standard"]  # (some 10 s for the 200000 validation samples)
+    proc = subprocess.Popen([exe, "train", *cut], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = os.path.join(work, name)
+    deadline = time.time() + 300
+    while time.time() < deadline and not any(m.get("step") == 3 and "train/loss" in m for m in
+                                              (metrics(run) if os.path.exists(os.path.join(run, "metrics.jsonl")) else [])):
+        assert proc.poll() is None, "the run ended before its evaluation at step 3: " + proc.stderr.read()
+        time.sleep(0.01)
+    time.sleep(0.5)  # into the validation evaluation (the step's row is written after its last check for a signal)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, f"SIGINT in a validation evaluation: exit {proc.returncode}\n{err}"
+    assert "validation evaluation stopped by SIGINT after" in err and "(a resume runs it first)" in err, err
+    assert not any("val/loss" in m for m in metrics(run)), "no figures from a cut evaluation"
+    r = loom(exe, "train", *cut, "--resume", "auto")
+    assert "the evaluation of step 3 that a stop cut short runs first" in r.stderr, r.stderr
+    rows = [(m["step"], "val" if "val/loss" in m else "train" if "train/loss" in m else "test") for m in metrics(run)]
+    assert rows == [(1, "train"), (2, "train"), (3, "train"), (3, "val"), (4, "train"), (4, "val"), (4, "test")], rows
+    print("SIGINT in a validation evaluation: exit 130, the resume evaluates step 3 first")
 
     # A signal during set-up (the memory probes before the first step, a second or more on a large
     # micro-batch; an automatic batch search longer): set-up ends at its next probe, not after

@@ -152,13 +152,50 @@ TEST_F(RunFolderTest, ABestFileOfTheAbandonedStepsGoesAsideWithThemOneOfTheResum
   written_at("6");
   const std::string warnings = resume_from_step_2();
   EXPECT_FALSE(fs::exists(best));
-  EXPECT_NE(warnings.find("best_accuracy.safetensors held weights of those newer steps: moved there too"), std::string::npos)
-      << warnings;
+  EXPECT_NE(warnings.find("best_accuracy.safetensors held weights of steps after " + step_dir_name(2) + ": moved there"),
+            std::string::npos) << warnings;
   int aside = 0;
   for (const auto& entry : fs::directory_iterator(checkpoints))
     if (entry.path().filename().string().rfind("abandoned-", 0) == 0)
       aside += fs::exists(entry.path() / "best_accuracy.safetensors") ? 1 : 0;
   EXPECT_EQ(aside, 1);
+}
+
+TEST_F(RunFolderTest, ABestFileWrittenAfterTheNewestCheckpointGoesAsideOnResumeAuto) {
+  // A run killed after an evaluation wrote best_* at step 5 and before its step 6 checkpoint:
+  // --resume auto continues from step 4, and the best file of a step it will train again (to other
+  // weights on a GPU, or with other settings) is not left as this run's best.
+  Config c = base("died", 4);
+  c.set_assignment("trainer.callbacks=jsonl, checkpoint, best");
+  c.set_assignment("trainer.eval_every=2");
+  loom::testing::make_trainer(c)->train();
+  const fs::path best = dir_ / "died" / "checkpoints" / "best_accuracy.safetensors";
+  ASSERT_TRUE(fs::exists(best));
+  loom::sdk::TextMap metadata;
+  const auto tensors = load_safetensors(best, &metadata);
+  metadata["step"] = "5";
+  metadata.erase("loom_crc32");
+  save_safetensors(best, tensors, metadata);
+  Config again = c;
+  again.set_assignment("trainer.max_steps=8");
+  again.set_assignment("trainer.resume=auto");
+  std::string warnings;
+  {
+    log::Capture capture(LOOM_LOG_WARN);
+    EXPECT_EQ(loom::testing::make_trainer(again)->step(), 4);
+    for (const auto& line : capture.lines()) warnings += line + "\n";
+  }
+  EXPECT_FALSE(fs::exists(best));
+  EXPECT_NE(warnings.find("best_accuracy.safetensors held weights of steps after " + step_dir_name(4)), std::string::npos)
+      << warnings;
+  // Written at the checkpoint's own step: the resumed timeline's best, left in place.
+  c.set_assignment("trainer.name=kept");
+  loom::testing::make_trainer(c)->train();
+  const fs::path kept = dir_ / "kept" / "checkpoints" / "best_accuracy.safetensors";
+  ASSERT_TRUE(fs::exists(kept));
+  again.set_assignment("trainer.name=kept");
+  EXPECT_EQ(loom::testing::make_trainer(again)->step(), 4);
+  EXPECT_TRUE(fs::exists(kept));
 }
 
 TEST_F(RunFolderTest, AStepSavedAgainAndKilledBeforeItsFolderArrivedKeepsTheOlderFolder) {

@@ -258,7 +258,9 @@ class Trainer {
   void build_schedule();
   /// step.cuda_graph: checks that the step can be captured (Note [The step as a CUDA graph]).
   void build_step_graphs();
-  void build_loaders();
+  /// The loaders; `training` false (eval, recommend): the validation and test loaders only, so a
+  /// checkpoint of a small dataset is evaluated whatever the batch size (none of it trains).
+  void build_loaders(bool training = true);
   void build_callbacks();
   /// Chooses, claims and locks the run folder, resumes (run_folder.cpp).
   void open_run();
@@ -420,6 +422,10 @@ class Trainer {
   std::optional<EvalResult> last_eval_;
   int64_t eval_every_ = 1;
   int64_t resumed_at_ = -1;
+  /// The step whose scheduled evaluation a stop signal cut short (its checkpoint says so), and
+  /// whether the checkpoint this run resumed from had one: it runs first, so no evaluation is lost.
+  int64_t evaluation_cut_at_ = -1;
+  bool evaluation_pending_ = false;
   double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
   int agreed_signal_ = 0;  // a stop signal of another rank, agreed at the step (stop_signal())
   std::filesystem::path resumed_from_;
