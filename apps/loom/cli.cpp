@@ -166,10 +166,10 @@ void scan_plugins(core::PluginRegistry& registry, const po::variables_map& optio
   registry.scan(core::PluginRegistry::search_path(extra));
 }
 
-std::string switch_value_hint(const Invocation& invocation) {
+std::string switch_value_hint(const Invocation& invocation, const std::string& refused) {
   const auto& line = invocation.command_line;
   for (size_t i = 1; i < line.size(); ++i) {
-    if (std::find(invocation.args.begin(), invocation.args.end(), line[i]) == invocation.args.end()) continue;
+    if (line[i] != refused) continue;
     for (const auto& alias : core::aliases())
       if (alias.switch_to != nullptr && line[i - 1] == std::string("--") + alias.flag)
         return "; " + line[i - 1] + " is a switch: it sets " + alias.key + " = " + alias.switch_to +

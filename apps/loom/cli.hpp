@@ -45,10 +45,11 @@ core::Config config_from(const po::variables_map& options);
 /// filesystem error in plain words (loom::explained), any other one's what().
 std::string message_of(const std::exception& e);
 
-/// For a refusal of a positional argument: where one follows a seed-style switch (`--use-scheduler
-/// maybe`, `--no-amp false`), "; --use-scheduler is a switch ... --set trainer.use_scheduler=maybe";
-/// otherwise empty. A switch takes no value, so its would-be value lands among the arguments.
-std::string switch_value_hint(const Invocation& invocation);
+/// For the refusal of the positional argument `refused`: where it follows a seed-style switch on the
+/// command line (`--use-scheduler maybe`, `--no-amp false`), "; --use-scheduler is a switch ...
+/// --set trainer.use_scheduler=maybe"; otherwise empty. A switch takes no value, so its would-be
+/// value lands among the arguments.
+std::string switch_value_hint(const Invocation& invocation, const std::string& refused);
 
 /// A registry that has scanned the search path (plus --plugin-dir).
 void scan_plugins(core::PluginRegistry& registry, const po::variables_map& options,

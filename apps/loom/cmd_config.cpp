@@ -9,8 +9,11 @@
 namespace loom::cli {
 
 int cmd_config(const Invocation& invocation) {
-  if (invocation.args.size() != 1 || invocation.args[0] != "show")
-    throw Error("usage: loom config show [-c FILE] [--set section.key=value] ..." + switch_value_hint(invocation));
+  if (invocation.args.size() != 1 || invocation.args[0] != "show") {
+    const auto& args = invocation.args;
+    const std::string refused = args.empty() ? "" : args[0] != "show" ? args[0] : args[1];
+    throw Error("usage: loom config show [-c FILE] [--set section.key=value] ..." + switch_value_hint(invocation, refused));
+  }
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   const core::Config config = config_from(invocation.options);

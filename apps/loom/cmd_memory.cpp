@@ -36,7 +36,7 @@ int cmd_memory(const Invocation& invocation) {
       "usage: loom memory estimate [-c FILE] [--devices N] [--batch B]  |  loom memory suggest --target 8GiB [--devices N]";
   if (what != "estimate" && what != "suggest") throw Error(usage);
   if (invocation.args.size() > 1)
-    throw Error("loom memory " + what + ": unexpected argument '" + invocation.args[1] + "'; " + usage + switch_value_hint(invocation));
+    throw Error("loom memory " + what + ": unexpected argument '" + invocation.args[1] + "'; " + usage + switch_value_hint(invocation, invocation.args[1]));
   if (what == "estimate" && invocation.options.count("target"))
     throw Error("--target is for loom memory suggest (the largest micro-batch under a size); estimate takes --batch");
   const int64_t devices = devices_of(invocation);

@@ -38,7 +38,7 @@ fs::path default_trace() {
 int cmd_profile(const Invocation& invocation) {
   if (!invocation.args.empty())
     throw Error("loom profile takes no positional arguments (got '" + invocation.args[0] +
-                "'); configuration files go after -c" + switch_value_hint(invocation));
+                "'); configuration files go after -c" + switch_value_hint(invocation, invocation.args[0]));
   const int64_t steps = invocation.options["steps"].as<int64_t>();
   const int64_t warmup = invocation.options["warmup"].as<int64_t>();
   const int64_t top = invocation.options["top"].as<int64_t>();

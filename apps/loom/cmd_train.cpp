@@ -79,7 +79,7 @@ std::string continue_hint(const Invocation& invocation, const core::Trainer& tra
 int cmd_train(const Invocation& invocation) {
   if (!invocation.args.empty())
     throw Error("loom train takes no positional arguments (got '" + invocation.args[0] +
-                "'); configuration files go after -c" + switch_value_hint(invocation));
+                "'); configuration files go after -c" + switch_value_hint(invocation, invocation.args[0]));
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   const core::Config config = config_from(invocation.options);  // --resume too
@@ -166,10 +166,13 @@ int cmd_train(const Invocation& invocation) {
 fs::path checkpoint_path(const Invocation& invocation) {
   // `loom eval runs/x/checkpoints/step_...` as well as `--checkpoint PATH`; one or the other.
   const bool named = invocation.options.count("checkpoint") > 0;
-  if (invocation.args.size() > (named ? 0U : 1U))
+  if (invocation.args.size() > (named ? 0U : 1U)) {
+    std::string hint;  // (`--no-amp false runs/x`: the switch's would-be value is the first argument)
+    for (const auto& arg : invocation.args)
+      if (hint.empty()) hint = switch_value_hint(invocation, arg);
     throw Error("one checkpoint per command: '" + invocation.args[named ? 0 : 1] +
-                "' is one argument too many (the checkpoint goes as --checkpoint PATH or as the only argument)" +
-                switch_value_hint(invocation));
+                "' is one argument too many (the checkpoint goes as --checkpoint PATH or as the only argument)" + hint);
+  }
   if (!named && invocation.args.empty())
     throw Error("--checkpoint PATH is needed: a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
   fs::path checkpoint = fs::path(named ? invocation.options["checkpoint"].as<std::string>() : invocation.args[0]).lexically_normal();

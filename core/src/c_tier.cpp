@@ -113,9 +113,10 @@ class CDataset final : public sdk::Dataset, CObject {
     if (c.attribute_count > 1024)
       throw sdk::Error(what_ + ": its spec has " + std::to_string(c.attribute_count) + " attributes (at most 1024)");
     for (uint32_t i = 0; i < c.attribute_count; ++i) {
-      const std::string key = text_of(c.attribute_keys[i], LOOM_MAX_NAME);
-      if (key.empty() || spec_.attributes.count(key))
-        throw sdk::Error(what_ + ": its spec's attribute #" + std::to_string(i) + " has no key, or one another has ('" + key + "')");
+      const std::string key = text_of(c.attribute_keys[i], LOOM_MAX_NAME + 1);
+      if (key.empty() || key.size() > LOOM_MAX_NAME || spec_.attributes.count(key))
+        throw sdk::Error(what_ + ": its spec's attribute #" + std::to_string(i) + " has no key, one longer than " +
+                         std::to_string(LOOM_MAX_NAME) + " bytes, or one another has ('" + key.substr(0, 64) + "')");
       spec_.attributes[key] = text_of(c.attribute_values[i]);
     }
   }
@@ -409,9 +410,10 @@ class CCallback final : public sdk::Callback, CObject {
     // Cut or merged in silence, a state would resume as another one: refused instead.
     if (c.count > 4096) throw sdk::Error(what_ + ": save_state gave " + std::to_string(c.count) + " values (at most 4096)");
     for (uint32_t i = 0; i < c.count; ++i) {
-      const std::string key = text_of(c.keys[i], LOOM_MAX_NAME);
-      if (key.empty() || state.text.count(key))
-        throw sdk::Error(what_ + ": save_state's value #" + std::to_string(i) + " has no key, or one another has ('" + key + "')");
+      const std::string key = text_of(c.keys[i], LOOM_MAX_NAME + 1);
+      if (key.empty() || key.size() > LOOM_MAX_NAME || state.text.count(key))
+        throw sdk::Error(what_ + ": save_state's value #" + std::to_string(i) + " has no key, one longer than " +
+                         std::to_string(LOOM_MAX_NAME) + " bytes, or one another has ('" + key.substr(0, 64) + "')");
       char text[32];
       std::snprintf(text, sizeof(text), "%.17g", c.values[i]);
       state.text[key] = text;

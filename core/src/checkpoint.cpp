@@ -23,17 +23,20 @@ std::string step_dir_name(int64_t step) {
 
 CheckpointStore::CheckpointStore(fs::path run_dir) : dir_(std::move(run_dir) / "checkpoints") {
   fs::create_directories(dir_);
-  // Leftovers of a save that was interrupted. A step folder set aside to be replaced by a new save
-  // of its step (save()) goes back where the new one never arrived.
+  recover(dir_.parent_path());
+}
+
+void CheckpointStore::recover(const fs::path& run_dir) {
+  const fs::path dir = run_dir / "checkpoints";
   std::error_code ec;
   std::vector<fs::path> leftovers;
-  for (const auto& entry : fs::directory_iterator(dir_, ec))
+  for (const auto& entry : fs::directory_iterator(dir, ec))
     if (entry.path().filename().string().rfind(".step_", 0) == 0) leftovers.push_back(entry.path());
   const std::string replaced = ".replaced";
   for (const auto& path : leftovers) {
     const std::string name = path.filename().string();
     if (name.size() > replaced.size() && name.compare(name.size() - replaced.size(), replaced.size(), replaced) == 0) {
-      const fs::path step = dir_ / name.substr(1, name.size() - 1 - replaced.size());
+      const fs::path step = dir / name.substr(1, name.size() - 1 - replaced.size());
       if (!fs::exists(step, ec)) {
         fs::rename(path, step, ec);
         if (!ec) continue;
@@ -114,7 +117,13 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
     fs::remove_all(replaced);
     fs::rename(final_dir, replaced);
   }
-  rename_durable(tmp, final_dir);
+  try {
+    rename_durable(tmp, final_dir);
+  } catch (...) {
+    std::error_code back;
+    fs::rename(replaced, final_dir, back);
+    throw;
+  }
   std::error_code gone;
   fs::remove_all(replaced, gone);
   const auto all = list();

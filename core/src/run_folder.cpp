@@ -113,6 +113,8 @@ void Trainer::lock_run(const fs::path& dir) {
     throw Error("run folder " + dir.string() + " is in use by " + e.what() +
                 "; wait for that run to end, or choose another trainer.name");
   }
+  // A save of a step again that a kill interrupted: its older folder back before a resume lists them.
+  CheckpointStore::recover(dir);
   // A folder, a FIFO or a device where the run writes config.json: named with its fix now, before
   // a resume moves anything, not as "cannot rename into" once it has. (A dangling link is replaced.)
   const std::string there = sdk::what_is_at(dir / "config.json");
@@ -159,13 +161,13 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
   std::vector<fs::path> best_kept, best_newer;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     if (entry.path().filename().string().rfind("best_", 0) != 0) continue;
-    int64_t written_at = -1;  // unknown (no or damaged metadata): as likely of the lost steps as not
+    int64_t written_at = -1;  // unknown (a plugin's file without "step", damaged metadata): kept, as before
     try {
       const auto metadata = load_safetensors_metadata(entry.path());
       if (auto it = metadata.find("step"); it != metadata.end()) written_at = std::stoll(it->second);
     } catch (const std::exception&) {
     }
-    (written_at >= 0 && written_at <= from ? best_kept : best_newer).push_back(entry.path());
+    (written_at <= from ? best_kept : best_newer).push_back(entry.path());
   }
   if (newer.empty() && best_newer.empty()) return;
   const fs::path aside = claim_aside(dir, "abandoned-" + timestamp() + "-from-" + checkpoint.filename().string());

@@ -51,6 +51,7 @@ fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap&
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / file_name;  // rank 0 writes (save_checkpoint)
   const json state = json::parse(state_json());
   sdk::TextMap all = metadata;
+  all.emplace("step", std::to_string(step_));  // (a resume from an earlier step sets a later one's file aside)
   all["model"] = state["model"].dump();
   all["data"] = state["data"].dump();
   return checkpoints_->save_weights(file_name, model_tensors(), all);

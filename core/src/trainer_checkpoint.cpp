@@ -228,12 +228,14 @@ std::vector<std::string> Trainer::changed_data(const std::string& state_json) co
       if (it != mine.end() && value.is_string() && it->second != value.get<std::string>())
         out.push_back("data." + key + " = " + it->second + " (the checkpoint's: " + value.get<std::string>() + ")");
     }
-    // The seed orders the samples and picks those held out of train for validation: another one
-    // validates on samples the model trained on (its val figures rise without it learning).
+    // The seed orders the samples and, where validation is held out of train, picks those: another
+    // one validates on samples the model trained on (its val figures rise without it learning).
     if (j.contains("loader") && j.at("loader").contains("seed") && j.at("loader").at("seed").get<int64_t>() != options_.seed)
       out.push_back("trainer.seed = " + std::to_string(options_.seed) + " (the checkpoint's: " +
-                    std::to_string(j.at("loader").at("seed").get<int64_t>()) + "; it orders the samples and picks " +
-                    "those held out for validation, which may now include samples the model trained on)");
+                    std::to_string(j.at("loader").at("seed").get<int64_t>()) + "; it orders the samples" +
+                    (held_out_ > 0 ? std::string(" and picks those held out for validation, which may now include ") +
+                                         "samples the model trained on)"
+                                   : std::string(")")));
   } catch (const json::exception&) {
   }  // an older or damaged state.json: parse_state_json judges it
   return out;

@@ -65,8 +65,11 @@ TrainSummary Trainer::train() {
       notify("on_log", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_log(run, step_, values); });
     }
     sdk::StepReport report = step_report(r, dt);
-    if (sig == 0 && (step_ % eval_every_ == 0 || step_ == total_steps_ || !stop_reason_.empty()))
+    const bool due = step_ % eval_every_ == 0 || step_ == total_steps_;
+    if (sig == 0 && (due || !stop_reason_.empty()))
       report.evaluated = evaluate_and_report(selection_split());
+    else if (sig != 0 && due && eval_loader(selection_split()) != nullptr)
+      evaluation_cut_at_ = step_;  // a signal in the step skips its evaluation: pending in the checkpoint, as a cut one
     report.last = step_ == total_steps_ || !stop_reason_.empty();
     notify("on_step_end", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_end(run, report); });
     // A callback that stops one rank's run stops every rank's (their next step would wait for it).

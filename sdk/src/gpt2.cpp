@@ -127,8 +127,8 @@ void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
     at::Tensor source = transposed ? it->second.t() : it->second;
     if (source.sizes() != item.value().sizes()) {
       // (a Conv1D weight is stored [in, out]: the shape the file needs is the model's reversed)
-      const auto wanted = conv1d(item.key()) ? item.value().t().sizes() : item.value().sizes();
-      misshaped.push_back(item.key() + " (file " + c10::str(it->second.sizes()) + ", needs " + c10::str(wanted) +
+      const std::vector<int64_t> wanted = conv1d(item.key()) ? item.value().t().sizes().vec() : item.value().sizes().vec();
+      misshaped.push_back(item.key() + " (file " + c10::str(it->second.sizes()) + ", needs " + c10::str(c10::IntArrayRef(wanted)) +
                           (conv1d(item.key()) ? ": a Conv1D weight, stored [in, out]" : "") + ")");
     } else if (!at::isfinite(source).all().item<bool>()) {  // every step of a run would be skipped
       misshaped.push_back(item.key() + " (holds NaN or infinite values)");

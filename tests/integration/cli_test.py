@@ -178,7 +178,11 @@ try:
     r = loom(exe, "eval", best, "--batch-size", "4096")
     expect("accuracy" in r.stderr and "too few" not in r.stderr, "eval at a batch larger than the training split", r)
     r = loom(exe, "eval", best, best, check=False)
-    expect(r.returncode == 1 and "one argument too many" in r.stderr, "eval refuses a second checkpoint", r)
+    expect(r.returncode == 1 and "one argument too many" in r.stderr and "is a switch" not in r.stderr,
+           "eval refuses a second checkpoint", r)
+    r = loom(exe, "eval", "--no-amp", "false", best, check=False)
+    expect(r.returncode == 1 and "--no-amp is a switch: it sets precision.amp = false and takes no value; to give one, "
+           "--set precision.amp=false" in r.stderr, "eval --no-amp false: the switch's would-be value is named", r)
     r = loom(exe, "eval", os.path.join(work, "ev", "config.json"), check=False)
     expect(r.returncode == 1 and "config.json is not a checkpoint" in r.stderr and "pass its run folder" in r.stderr
            and "damaged" not in r.stderr, "eval of a run's config.json: not a checkpoint, not damaged", r)

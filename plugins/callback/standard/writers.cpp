@@ -40,31 +40,33 @@ void require_regular_file(const fs::path& path, const char* what) {
 /// renamed over it, and the folder synced.
 void replace_durably(const fs::path& path, const std::string& bytes) {
   const fs::path tmp = path.string() + ".tmp";
-  const auto failed = [&](const std::string& what) {
-    return sdk::Error("cannot " + what + " " + tmp.string() + " (" + std::strerror(errno) + "): " + path.string() +
+  const auto failed = [&](const std::string& what, int error) {
+    return sdk::Error("cannot " + what + " " + tmp.string() + " (" + std::strerror(error) + "): " + path.string() +
                       " is unchanged; free space or make the run folder writable, then resume again");
   };
   ::unlink(tmp.c_str());  // (whatever an interrupted resume left)
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) throw failed("create");
+  if (fd < 0) throw failed("create", errno);
   for (size_t done = 0; done < bytes.size();) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const auto error = failed("write");
+      const auto error = failed("write", n < 0 ? errno : ENOSPC);  // (no progress: a full disk)
       ::close(fd);
       ::unlink(tmp.c_str());
       throw error;
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const auto error = failed("sync");
+  const int synced = ::fsync(fd) == 0 ? 0 : errno;
+  const int closed = ::close(fd) == 0 ? 0 : errno;
+  if (synced != 0 || closed != 0) {
+    const auto error = failed("sync", synced != 0 ? synced : closed);
     ::unlink(tmp.c_str());
     throw error;
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const auto error = failed("rename");
+    const auto error = failed("rename", errno);
     ::unlink(tmp.c_str());
     throw error;
   }

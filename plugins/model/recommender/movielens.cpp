@@ -40,14 +40,17 @@ std::string read_file(const fs::path& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw sdk::Error("interactions: " + path.string() + " is " + sdk::what_is_at(path) +
-                     ", not a regular file; point data.root at a MovieLens folder as unpacked");
+    const std::string is = sdk::what_is_at(path);
+    throw sdk::Error("interactions: " + path.string() + " is " + (is.empty() ? "" : is + ", ") +
+                     "not a regular file; point data.root at a MovieLens folder as unpacked");
   }
   if (st.st_size > kMostBytes) {
     ::close(fd);
-    throw sdk::Error("interactions: " + path.string() + " is " + std::to_string(st.st_size >> 30) + " GiB, more than " +
-                     std::to_string(kMostBytes >> 30) + " GiB (the largest MovieLens file is under 1 GiB): it is not a " +
-                     "MovieLens file; point data.root at a MovieLens folder as unpacked");
+    char size[32];
+    std::snprintf(size, sizeof size, "%.1f GiB", static_cast<double>(st.st_size) / (1 << 30));
+    throw sdk::Error("interactions: " + path.string() + " is " + size + ", more than " + std::to_string(kMostBytes >> 30) +
+                     " GiB (the largest MovieLens file is under 1 GiB): it is not a MovieLens file; point data.root at "
+                     "a MovieLens folder as unpacked");
   }
   std::string out(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;

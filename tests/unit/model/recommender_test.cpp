@@ -192,7 +192,7 @@ TEST_F(RecommenderData, SpecialFilesAndMissingFoldersAreNamedNotWaitedOn) {
   write(dir_ / "ratings.csv", "");
   fs::resize_file(dir_ / "ratings.csv", std::uintmax_t{1} << 40);
   message = error_of([&] { open(); });
-  EXPECT_NE(message.find("ratings.csv is 1024 GiB, more than 8 GiB (the largest MovieLens file is under 1 GiB)"),
+  EXPECT_NE(message.find("ratings.csv is 1024.0 GiB, more than 8 GiB (the largest MovieLens file is under 1 GiB)"),
             std::string::npos) << message;
   message = error_of([&] { open({{"root", (dir_ / "nowhere").string()}}); });
   EXPECT_NE(message.find("is not a folder"), std::string::npos) << message;

@@ -26,7 +26,13 @@ struct Checkpoint {
 
 class CheckpointStore {
  public:
+  /// Makes <run_dir>/checkpoints, and clears what an interrupted save left (recover()).
   explicit CheckpointStore(std::filesystem::path run_dir);
+
+  /// What an interrupted save left in <run_dir>/checkpoints: partial .step_*.tmp folders go; a step
+  /// folder set aside to be replaced by a new save of its step (.step_*.replaced) goes back where
+  /// the new one never arrived. Before a resume lists the steps (the run's lock held).
+  static void recover(const std::filesystem::path& run_dir);
 
   const std::filesystem::path& dir() const { return dir_; }
 

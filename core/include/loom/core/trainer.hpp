@@ -422,8 +422,8 @@ class Trainer {
   std::optional<EvalResult> last_eval_;
   int64_t eval_every_ = 1;
   int64_t resumed_at_ = -1;
-  /// The step whose scheduled evaluation a stop signal cut short (its checkpoint says so), and
-  /// whether the checkpoint this run resumed from had one: it runs first, so no evaluation is lost.
+  /// The step whose scheduled evaluation a stop signal cut short or skipped (its checkpoint says
+  /// so), and whether the checkpoint this run resumed from had one: it runs first on resume.
   int64_t evaluation_cut_at_ = -1;
   bool evaluation_pending_ = false;
   double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
