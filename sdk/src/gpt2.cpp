@@ -2,7 +2,7 @@
 // map_safetensors. Both inside libloom_sdk, so plugins need neither JSON nor a safetensors reader.
 #include <loom/sdk/gpt2.hpp>
 
-#include "small_file.hpp"
+#include <loom/sdk/files.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -19,8 +19,8 @@ constexpr double kMostParameters = 2e10;
 /// The model's sizes from `dir`/config.json; refuses a model that is not GPT-2 as built here.
 Config hf_config(const std::filesystem::path& dir) {
   const auto path = dir / "config.json";
-  const std::string text = detail::read_small_file(path, int64_t{16} << 20, "model.pretrained: ",
-                                                   "a Hugging Face model folder has config.json and model.safetensors");
+  const std::string text = sdk::read_regular_file(path, int64_t{16} << 20, "model.pretrained: ",
+                                                  "a Hugging Face model folder has config.json and model.safetensors");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

@@ -2,7 +2,7 @@
 // libloom_sdk, so a plugin that tokenizes needs neither.
 #include <loom/sdk/gpt2_tokenizer.hpp>
 
-#include "small_file.hpp"
+#include <loom/sdk/files.hpp>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -135,7 +135,7 @@ class TokenizerImpl {
 
   // GPT-2's vocab.json is 1 MB and merges.txt 0.5 MB; a FIFO or a device is refused, not waited on.
   static std::string read(const std::filesystem::path& path) {
-    return detail::read_small_file(path, int64_t{256} << 20, "gpt2 tokenizer: ", "the tokenizer's files: vocab.json, merges.txt");
+    return sdk::read_regular_file(path, int64_t{256} << 20, "gpt2 tokenizer: ", "the tokenizer's files: vocab.json, merges.txt");
   }
 
   void read_vocab(const std::filesystem::path& path) {

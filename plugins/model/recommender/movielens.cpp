@@ -8,16 +8,10 @@
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/log.hpp>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string_view>
@@ -35,38 +29,9 @@ constexpr int64_t kMostBytes = int64_t{8} << 30;
 /// A whole regular file; a FIFO, a device or a folder is an error, never a blocking read, and a
 /// file larger than any MovieLens (a sparse file, a disk image) is refused before it is read.
 std::string read_file(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw sdk::Error("interactions: cannot open " + path.string() + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    const std::string is = sdk::what_is_at(path);
-    throw sdk::Error("interactions: " + path.string() + " is " + (is.empty() ? "" : is + ", ") +
-                     "not a regular file; point data.root at a MovieLens folder as unpacked");
-  }
-  if (st.st_size > kMostBytes) {
-    ::close(fd);
-    char size[32];
-    std::snprintf(size, sizeof size, "%.1f GiB", static_cast<double>(st.st_size) / (1 << 30));
-    throw sdk::Error("interactions: " + path.string() + " is " + size + ", more than " + std::to_string(kMostBytes >> 30) +
-                     " GiB (the largest MovieLens file is under 1 GiB): it is not a MovieLens file; point data.root at "
-                     "a MovieLens folder as unpacked");
-  }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t got = ::read(fd, out.data() + done, out.size() - done);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) {
-      const int error = errno;
-      ::close(fd);
-      throw sdk::Error("interactions: reading " + path.string() + " failed: " + std::strerror(error));
-    }
-    if (got == 0) break;  // shorter than fstat said (cut while read): the rows read are checked
-    done += static_cast<size_t>(got);
-  }
-  ::close(fd);
-  out.resize(done);
+  std::string out = sdk::read_regular_file(path, kMostBytes, "interactions: ", "a MovieLens folder as unpacked has it",
+                                           "point data.root at a MovieLens folder as unpacked (the largest MovieLens "
+                                           "file is under 1 GiB)");
   // A UTF-8 byte-order mark (a spreadsheet's "CSV UTF-8") is no part of the first field.
   if (out.rfind("\xEF\xBB\xBF", 0) == 0) out.erase(0, 3);
   return out;

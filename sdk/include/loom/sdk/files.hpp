@@ -1,7 +1,17 @@
-// What is at a path that is not a regular file, for messages that name it. Header-only; std only,
-// so that the host's plugin loader, writers and datasets name a FIFO or a device the same way.
+// What is at a path that is not a regular file, for messages that name it, and a bounded reader of
+// a whole small file. Header-only, so that the host's plugin loader, writers and datasets name a
+// FIFO or a device the same way.
 #pragma once
 
+#include <loom/sdk/error.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <system_error>
@@ -29,6 +39,50 @@ inline std::string what_is_at(const std::filesystem::path& path) {
     case fs::file_type::socket: return "a socket";
     default: return ec ? "cannot be read (" + ec.message() + ")" : "not a regular file";
   }
+}
+
+/// The bytes of the regular file `path`, read whole, of at most `most` bytes: a data or
+/// configuration file a reader parses. Opened without blocking and checked on the open descriptor,
+/// so a FIFO or a device (even one put there after a check) is an error, never a wait; a larger
+/// file is refused unread; a failed open or read names its cause (EACCES is not "no such file").
+/// Each message starts with `prefix` ("gpt2 tokenizer: ") and ends with `fix` where one is given;
+/// `missing` says, for a file that is not there, what should be.
+inline std::string read_regular_file(const std::filesystem::path& path, int64_t most, const std::string& prefix,
+                                     const std::string& missing, const std::string& fix = "") {
+  const std::string then = fix.empty() ? std::string() : "; " + fix;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == ENOENT) throw Error(prefix + "no " + path.string() + " (" + missing + ")" + then);
+    throw Error(prefix + "cannot open " + path.string() + ": " + std::strerror(error) + then);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    const std::string is = what_is_at(path);
+    throw Error(prefix + path.string() + " is " + (is.empty() ? "" : is + ", ") + "not a regular file" + then);
+  }
+  if (st.st_size > most) {
+    ::close(fd);
+    throw Error(prefix + path.string() + " is " + std::to_string(st.st_size) + " bytes, more than such a file has (at most " +
+                std::to_string(most) + "): it is damaged or another file" + then);
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t got = ::read(fd, out.data() + done, out.size() - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int error = errno;
+      ::close(fd);
+      throw Error(prefix + "reading " + path.string() + " failed: " + std::strerror(error) + then);
+    }
+    if (got == 0) break;  // shorter than fstat said (cut while read): what was read is parsed and checked
+    done += static_cast<size_t>(got);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
 }
 
 }  // namespace loom::sdk
