@@ -17,6 +17,15 @@ from common import SMALL, loom, metrics, workdir
 exe = sys.argv[1]
 STEPS = 100000  # far more than the test waits for
 work = workdir()
+
+
+def wait_for_row(proc, run, step, key, before):
+    """Until the run's metrics.jsonl has `key` at `step` (polled every 10 ms; the run must still be on)."""
+    deadline = time.time() + 300
+    while time.time() < deadline and not any(m.get("step") == step and key in m for m in
+                                              (metrics(run) if os.path.exists(os.path.join(run, "metrics.jsonl")) else [])):
+        assert proc.poll() is None, f"the run ended before {before}: " + proc.stderr.read()
+        time.sleep(0.01)
 args = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.max_steps={STEPS}",
         "--set", "trainer.checkpoint_every=100000", "--set", "trainer.eval_every=100000"]
 
@@ -127,11 +136,7 @@ try:
                              "--set", "model.flavour=standard"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = os.path.join(work, name)
-    deadline = time.time() + 300
-    while time.time() < deadline and not any(m.get("step") == 3 and "val/loss" in m for m in
-                                              (metrics(run) if os.path.exists(os.path.join(run, "metrics.jsonl")) else [])):
-        assert proc.poll() is None, "the run ended before its test evaluation: " + proc.stderr.read()
-        time.sleep(0.05)
+    wait_for_row(proc, run, 3, "val/loss", "its test evaluation")
     time.sleep(2)  # past the last step's checkpoint (milliseconds), into the test split's evaluation (about 15 s)
     proc.send_signal(signal.SIGINT)
     t0 = time.time()
@@ -151,11 +156,7 @@ try:
            "--set", "model.flavour=standard"]  # (some 10 s for the 200000 validation samples)
     proc = subprocess.Popen([exe, "train", *cut], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = os.path.join(work, name)
-    deadline = time.time() + 300
-    while time.time() < deadline and not any(m.get("step") == 3 and "train/loss" in m for m in
-                                              (metrics(run) if os.path.exists(os.path.join(run, "metrics.jsonl")) else [])):
-        assert proc.poll() is None, "the run ended before its evaluation at step 3: " + proc.stderr.read()
-        time.sleep(0.01)
+    wait_for_row(proc, run, 3, "train/loss", "its evaluation at step 3")
     time.sleep(0.5)  # into the validation evaluation (the step's row is written after its last check for a signal)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
