@@ -186,6 +186,10 @@ class Gpt2Recommender final : public sdk::Model {
     if (static_cast<int64_t>(texts.size()) != items_)
       throw Error("gpt2_recommender: the dataset gives " + std::to_string(texts.size()) + " item texts for " +
                   std::to_string(items_) + " items");
+    if (task_ == Task::kRanking && top_k_ >= items_)  // every target in the top K: HR@K would be 1.0 whatever the model
+      throw Error("gpt2_recommender: model.top_k " + std::to_string(top_k_) + " is not below the " + std::to_string(items_) +
+                  " items: every item is in the top " + std::to_string(top_k_) + ", so HR@" + std::to_string(top_k_) +
+                  " would be 1 for any model; lower model.top_k");
     if (task_ == Task::kRanking && negatives_ >= items_)
       throw Error("gpt2_recommender: model.negatives " + std::to_string(negatives_) + " is not below the " +
                   std::to_string(items_) + " items");

@@ -34,6 +34,11 @@ std::string read_file(const fs::path& path) {
                                            "file is under 1 GiB)");
   // A UTF-8 byte-order mark (a spreadsheet's "CSV UTF-8") is no part of the first field.
   if (out.rfind("\xEF\xBB\xBF", 0) == 0) out.erase(0, 3);
+  // MovieLens's files end with a line ending: a last line without one may be a row cut short (a
+  // copy or a download interrupted), read as it stands; said, since it may not be.
+  if (!out.empty() && out.back() != '\n')
+    sdk::log::warn("interactions: ", path.string(), " does not end with a line ending: its last line may be cut short ",
+                   "(an interrupted copy or download); it is read as it stands");
   return out;
 }
 
@@ -353,6 +358,12 @@ void Interactions::setup() {
     throw sdk::Error("interactions: data.root " + root.string() + " is not a folder; point it at a MovieLens folder");
   std::string format = format_;
   if (format == "auto") {
+    std::vector<std::string> found;  // (a folder holding two formats is read as the first, and said)
+    for (const char* file : {"u.data", "ratings.dat", "ratings.csv"})
+      if (fs::exists(root / file)) found.emplace_back(file);
+    if (found.size() > 1)
+      sdk::log::warn("interactions: ", root.string(), " holds the ratings of several MovieLens formats (", found[0], ", ",
+                     found[1], "); reading ", found[0], ". Set data.format (ml-100k, ml-1m, ml-latest) to choose");
     if (fs::exists(root / "u.data")) format = "ml-100k";
     else if (fs::exists(root / "ratings.dat")) format = "ml-1m";
     else if (fs::exists(root / "ratings.csv")) format = "ml-latest";

@@ -387,6 +387,16 @@ TEST_F(Gpt2RecommenderTest, AModelThatScoresEveryItemAlikeRanksEachTargetLastNot
   EXPECT_NEAR(n.metrics.at("mrr"), 1.0 / 48, 1e-6);  // every target last of the 48 items
 }
 
+TEST_F(Gpt2RecommenderTest, ATopKOfTheWholeCatalogueIsRefused) {
+  // K of HR@K at or above the 48 items: every target is in the top K, HR@K 1 for any model.
+  try {
+    make_trainer(config("top_k", {"model.top_k=48"}));
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("model.top_k 48 is not below the 48 items"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(Gpt2RecommenderTest, WeightsOfOtherDataAreRefusedByTheirIds) {
   // The data's own ids travel with the weights (buffers user_ids, item_ids): weights whose ids
   // are not the data's are one error naming the first that differs, not silent nonsense.
