@@ -1,6 +1,7 @@
 // Durable file writes: temporary file, fsync, rename, fsync of the folder.
 #include <loom/core/error.hpp>
 #include <loom/core/files.hpp>
+#include <loom/sdk/files.hpp>
 
 #include <zlib.h>
 
@@ -35,37 +36,10 @@ void fsync_dir(const fs::path& dir) {
   ::close(fd);
 }
 
-void write_file_atomic(const fs::path& path, std::string_view bytes) { write_file_atomic(path, std::vector{bytes}); }
+void write_file_atomic(const fs::path& path, std::string_view bytes) { sdk::write_file_durably(path, bytes); }
 
 void write_file_atomic(const fs::path& path, const std::vector<std::string_view>& parts) {
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create", tmp);
-  // The temporary file goes, and the error names the call's reason, not what close or unlink set.
-  auto give_up = [&](const std::string& what, const fs::path& named) {
-    const int error = errno;
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    errno = error;
-    fail(what, named);
-  };
-  for (const std::string_view bytes : parts) {
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) give_up("cannot write", tmp);
-      done += static_cast<size_t>(n);
-    }
-  }
-  if (::fsync(fd) != 0) give_up("cannot sync", tmp);
-  // A network file system may report a failed write only here. (EINTR: the descriptor is closed
-  // all the same on Linux, and the data was synced above.)
-  const int closed = ::close(fd);
-  fd = -1;
-  if (closed != 0 && errno != EINTR) give_up("cannot close", tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) give_up("cannot rename into", path);
-  fsync_dir(path.parent_path());
+  sdk::write_file_durably(path, parts);
 }
 
 void rename_durable(const fs::path& from, const fs::path& to) {

@@ -13,7 +13,6 @@
 #include <cstring>
 #include <iostream>
 #include <sstream>
-#include <fcntl.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -33,48 +32,6 @@ void require_regular_file(const fs::path& path, const char* what) {
   throw sdk::Error(path.string() + " is " + there + ", not " + what +
                    (there == "a symbolic link to nothing" ? "; remove it" : "; move it out of the run folder") +
                    ", and Loom writes the file there");
-}
-
-/// `path` replaced by `bytes` whole or not at all, across a crash or a power loss: a temporary file
-/// beside it (made anew: never a FIFO or a link someone left under its name), written and synced,
-/// renamed over it, and the folder synced.
-void replace_durably(const fs::path& path, const std::string& bytes) {
-  const fs::path tmp = path.string() + ".tmp";
-  const auto failed = [&](const std::string& what, int error) {
-    return sdk::Error("cannot " + what + " " + tmp.string() + " (" + std::strerror(error) + "): " + path.string() +
-                      " is unchanged; free space or make the run folder writable, then resume again");
-  };
-  ::unlink(tmp.c_str());  // (whatever an interrupted resume left)
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) throw failed("create", errno);
-  for (size_t done = 0; done < bytes.size();) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const auto error = failed("write", n < 0 ? errno : ENOSPC);  // (no progress: a full disk)
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw error;
-    }
-    done += static_cast<size_t>(n);
-  }
-  const int synced = ::fsync(fd) == 0 ? 0 : errno;
-  const int closed = ::close(fd) == 0 ? 0 : errno;
-  if (synced != 0 || closed != 0) {
-    const auto error = failed("sync", synced != 0 ? synced : closed);
-    ::unlink(tmp.c_str());
-    throw error;
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const auto error = failed("rename", errno);
-    ::unlink(tmp.c_str());
-    throw error;
-  }
-  const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
 }
 
 double now_seconds() {
@@ -224,7 +181,11 @@ void Jsonl::on_run_begin(RunContext& run) {
         kept += line + "\n";
     }
     if (in.bad()) throw sdk::Error("cannot read " + path_.string() + ": an I/O error; nothing in it was changed");
-    replace_durably(path_, kept);
+    try {
+      sdk::write_file_durably(path_, kept);
+    } catch (const sdk::Error& e) {
+      throw sdk::Error(std::string(e.what()) + "; free space or make the run folder writable, then resume again");
+    }
   }
   // A fresh run starts the file anew (a folder reused after an attempt that never checkpointed).
   out_.open(path_, run.resumed_at() >= 0 ? std::ios::app : std::ios::trunc);

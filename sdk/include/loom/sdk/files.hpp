@@ -1,6 +1,6 @@
-// What is at a path that is not a regular file, for messages that name it, and a bounded reader of
-// a whole small file. Header-only, so that the host's plugin loader, writers and datasets name a
-// FIFO or a device the same way.
+// What is at a path that is not a regular file, for messages that name it, a bounded reader of a
+// whole small file, and the durable writer of a whole file. Header-only, so that the host's plugin
+// loader, checkpoints, writers and datasets name a FIFO or a device, and replace a file, the same way.
 #pragma once
 
 #include <loom/sdk/error.hpp>
@@ -14,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace loom::sdk {
 
@@ -83,6 +85,53 @@ inline std::string read_regular_file(const std::filesystem::path& path, int64_t 
   ::close(fd);
   out.resize(done);
   return out;
+}
+
+/// Replaces `path` with the bytes of `parts` (written one after the other, never joined in memory:
+/// a checkpoint's tensors) whole or not at all, across a crash or a power loss: a temporary file
+/// beside it, made anew (O_EXCL, O_NOFOLLOW: never a FIFO, a device or a link someone left under
+/// its name, and named by this process's id, so two processes never share one), written, synced,
+/// closed, renamed over `path`, and the folder synced. On failure the temporary file goes, `path`
+/// is as it was, and the error names the step, the file and the cause ("No space left on device").
+inline void write_file_durably(const std::filesystem::path& path, const std::vector<std::string_view>& parts) {
+  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  const auto failed = [&](const std::string& what, int error) {
+    return Error("cannot " + what + " " + tmp.string() + ": " + std::strerror(error) + " (" + path.string() +
+                 " is unchanged)");
+  };
+  ::unlink(tmp.c_str());  // (whatever a killed process of the same id left)
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) throw failed("create", errno);
+  // The temporary file goes, and the error names the call's cause, not what close or unlink set.
+  const auto give_up = [&](const std::string& what, int error) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    return failed(what, error);
+  };
+  for (const std::string_view bytes : parts) {
+    for (size_t done = 0; done < bytes.size();) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw give_up("write", n < 0 ? errno : ENOSPC);  // (no progress: a full disk)
+      done += static_cast<size_t>(n);
+    }
+  }
+  if (::fsync(fd) != 0) throw give_up("sync", errno);
+  // A network file system may report a failed write only at close. (EINTR: the descriptor is closed
+  // all the same on Linux, and the data was synced above.)
+  const int closed = ::close(fd);
+  fd = -1;
+  if (closed != 0 && errno != EINTR) throw give_up("close", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw give_up("rename into place", errno);
+  const std::filesystem::path folder = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  if (const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+inline void write_file_durably(const std::filesystem::path& path, std::string_view bytes) {
+  write_file_durably(path, std::vector<std::string_view>{bytes});
 }
 
 }  // namespace loom::sdk
