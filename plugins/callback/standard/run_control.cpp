@@ -72,6 +72,15 @@ void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
   if (report.split != run.selection_split()) return;
   const std::string metric = run.best_metric();
   const sdk::MetricSpec& spec = spec_of(run, metric, "best");
+  if (metric_ != metric) {
+    // A resume with another trainer.best_metric: the checkpoint's best is of another metric (its
+    // file, best_<that metric>.safetensors, stays), so this one starts without a best.
+    if (!metric_.empty() && best_)
+      sdk::log::info("best: the checkpoint's best is of ", metric_, "; trainer.best_metric is now ", metric,
+                     ", whose best starts with this evaluation");
+    if (!metric_.empty()) best_.reset();
+    metric_ = metric;
+  }
   const std::optional<double> value = report.value(metric);
   if (!value || (best_ && !sdk::improves(spec.direction, *value, *best_))) return;
   best_ = *value;
@@ -83,13 +92,15 @@ void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
 
 sdk::State Best::state_dict() const {
   sdk::State s;
-  if (best_) s.text = {{"value", exact(*best_)}, {"step", std::to_string(step_)}};
+  if (best_) s.text = {{"value", exact(*best_)}, {"step", std::to_string(step_)}, {"metric", metric_}};
   return s;
 }
 
 void Best::load_state_dict(const sdk::State& state) {
   best_ = read_double(state.text, "value");
   step_ = read_int(state.text, "step");
+  const auto it = state.text.find("metric");
+  metric_ = it == state.text.end() ? "" : it->second;
 }
 
 // ---- memory_summary ------------------------------------------------------------------------
@@ -123,8 +134,32 @@ void EarlyStopping::on_run_begin(RunContext& run) {
                : direction_option_ == "max" ? sdk::Direction::kMaximize
                                             : sdk::Direction::kMinimize;
   sdk::log::info(describe(), " on the ", sdk::split_name(run.selection_split()), " split");
-  // A run that already stopped early stays stopped when resumed.
-  if (!stopped_.empty()) run.request_stop(stopped_);
+  const std::string direction = sdk::direction_name(direction_);
+  if ((!saved_metric_.empty() && saved_metric_ != metric_) || (!saved_direction_.empty() && saved_direction_ != direction)) {
+    // The checkpoint counted evaluations of another metric (or the other way round): its best and
+    // its count say nothing of this one, so both start afresh, and a stop they made is lifted.
+    sdk::log::warn("early_stopping: the checkpoint watched ", saved_metric_, " (", saved_direction_, "), this run watches ",
+                   metric_, " (", direction, "): its best and its count of evaluations without improvement start afresh");
+    best_.reset();
+    best_step_ = 0;
+    bad_evaluations_ = 0;
+    stopped_.clear();
+  }
+  saved_metric_ = metric_;
+  saved_direction_ = direction;
+  if (stopped_.empty()) return;
+  if (bad_evaluations_ < patience_) {
+    // Resumed with a higher patience: the user asks for more evaluations than the stop allowed.
+    sdk::log::info("early_stopping: the checkpoint's run had stopped (", stopped_, "); with patience ", patience_,
+                   " it goes on (", bad_evaluations_, bad_evaluations_ == 1 ? " evaluation" : " evaluations",
+                   " without improvement so far)");
+    stopped_.clear();
+    return;
+  }
+  // A run that already stopped early stays stopped when resumed, and says how to go on.
+  run.request_stop(stopped_ + "; resumed with patience " + std::to_string(patience_) +
+                   ": to train on, resume with callback.early_stopping.patience above " + std::to_string(bad_evaluations_) +
+                   " or without the early_stopping callback");
 }
 
 void EarlyStopping::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
@@ -151,6 +186,8 @@ sdk::State EarlyStopping::state_dict() const {
   s.text = {{"bad_evaluations", std::to_string(bad_evaluations_)}, {"best_step", std::to_string(best_step_)}};
   if (best_) s.text["best"] = exact(*best_);
   if (!stopped_.empty()) s.text["stopped"] = stopped_;
+  s.text["metric"] = saved_metric_.empty() ? metric_ : saved_metric_;
+  s.text["direction"] = saved_direction_;
   return s;
 }
 
@@ -158,8 +195,13 @@ void EarlyStopping::load_state_dict(const sdk::State& state) {
   best_ = read_double(state.text, "best");
   best_step_ = read_int(state.text, "best_step");
   bad_evaluations_ = read_int(state.text, "bad_evaluations");
-  auto it = state.text.find("stopped");
-  stopped_ = it == state.text.end() ? "" : it->second;
+  const auto text = [&](const char* key) {
+    const auto it = state.text.find(key);
+    return it == state.text.end() ? std::string() : it->second;
+  };
+  stopped_ = text("stopped");
+  saved_metric_ = text("metric");
+  saved_direction_ = text("direction");
 }
 
 std::string EarlyStopping::describe() const {

@@ -100,6 +100,7 @@ class Best final : public sdk::Callback {
  private:
   std::optional<double> best_;
   int64_t step_ = 0;
+  std::string metric_;  ///< what best_ measures (empty: a checkpoint from before it was saved)
 };
 
 /// The end-of-run memory line: the estimator's predicted peak against the measured one.
@@ -140,6 +141,7 @@ class EarlyStopping final : public sdk::Callback {
   int64_t best_step_ = 0;
   int64_t bad_evaluations_ = 0;
   std::string stopped_;  ///< the reason, once it asked to stop
+  std::string saved_metric_, saved_direction_;  ///< what the checkpoint's count was of (empty: older)
 };
 
 }  // namespace loom::callbacks

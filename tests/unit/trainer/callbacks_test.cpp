@@ -129,11 +129,55 @@ TEST_F(CallbacksTest, EarlyStoppingStopsTheRunAndAResumedRunStaysStopped) {
   EXPECT_EQ(saved.back().filename(), step_dir_name(3));  // the step it stopped at is saved
 
   c.set_assignment("trainer.resume=auto");
-  auto again = loom::testing::make_trainer(c);
-  EXPECT_EQ(again->step(), 3);
-  const TrainSummary s = again->train();
-  EXPECT_EQ(s.steps, 3);
-  EXPECT_NE(s.stop_reason.find("early_stopping"), std::string::npos) << s.stop_reason;
+  {
+    auto again = loom::testing::make_trainer(c);
+    EXPECT_EQ(again->step(), 3);
+    const TrainSummary s = again->train();
+    EXPECT_EQ(s.steps, 3);
+    EXPECT_NE(s.stop_reason.find("early_stopping: validation loss has not improved"), std::string::npos) << s.stop_reason;
+    EXPECT_NE(s.stop_reason.find("to train on, resume with callback.early_stopping.patience above 2"), std::string::npos)
+        << s.stop_reason;
+  }
+  {
+    // A higher patience lets the stopped run go on, its count kept: 2 evaluations without
+    // improvement so far, so 3 more at patience 5 (steps 4, 5, 6).
+    c.set_assignment("callback.early_stopping.patience=5");
+    auto more = loom::testing::make_trainer(c);
+    const TrainSummary s = more->train();
+    EXPECT_EQ(s.steps, 6);
+    EXPECT_NE(s.stop_reason.find("for 5 evaluations"), std::string::npos) << s.stop_reason;
+  }
+  {
+    // Another metric: the checkpoint's best and count are of the loss and say nothing of it.
+    c.set_assignment("callback.early_stopping.metric=accuracy");
+    c.set_assignment("callback.early_stopping.min_delta=10");
+    auto other = loom::testing::make_trainer(c);
+    const TrainSummary s = other->train();
+    EXPECT_EQ(s.steps, 6 + 6);  // the first evaluation sets a best, then 5 without improvement
+    EXPECT_NE(s.stop_reason.find("validation accuracy has not improved by more than 10 for 5 evaluations"),
+              std::string::npos)
+        << s.stop_reason;
+  }
+}
+
+TEST_F(CallbacksTest, AResumeWithAnotherBestMetricStartsItsBestAfresh) {
+  // The checkpoint's best is an accuracy (a small number, higher is better); a loss compared with
+  // it (lower is better) would never beat it, and best_loss.safetensors would never be written.
+  Config c = base("best_metric");
+  c.set_assignment("trainer.callbacks=best, checkpoint");
+  c.set_assignment("trainer.best_metric=accuracy");
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 4);
+  EXPECT_TRUE(fs::exists(dir_ / "best_metric" / "checkpoints" / "best_accuracy.safetensors"));
+  EXPECT_FALSE(fs::exists(dir_ / "best_metric" / "checkpoints" / "best_loss.safetensors"));
+
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("trainer.max_steps=6");
+  c.set_assignment("trainer.best_metric=loss");
+  log::Capture capture;
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 6);
+  EXPECT_TRUE(capture.contains("best: the checkpoint's best is of accuracy; trainer.best_metric is now loss"));
+  EXPECT_TRUE(fs::exists(dir_ / "best_metric" / "checkpoints" / "best_loss.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ / "best_metric" / "checkpoints" / "best_accuracy.safetensors")) << "the other metric's best file stays";
 }
 
 TEST_F(CallbacksTest, EarlyStoppingRefusesAMetricTheModelDoesNotReport) {
