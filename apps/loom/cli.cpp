@@ -56,7 +56,8 @@ const std::vector<Command>& commands() {
              "master-port", po::value<int64_t>()->default_value(0),
              "rank 0's port (0: a free one, on one node only)")(
              "grace", po::value<double>()->default_value(10.0),
-             "seconds the others get to stop (SIGTERM) when one rank failed, before SIGKILL");
+             "seconds the others get to stop (SIGTERM) when one rank failed, before SIGKILL (a Ctrl-C or SIGTERM "
+             "to the launcher goes on to every rank, with no deadline: a second stops them at once)");
        },
        cmd_launch},
       {"memory", "estimate a run's memory per device, or suggest the batch that fits a target",

@@ -36,8 +36,12 @@ namespace loom::cli {
 
 namespace {
 
-volatile std::sig_atomic_t interrupted = 0;
-void on_signal(int signal) { interrupted = signal; }
+volatile std::sig_atomic_t interrupted = 0;   // the last SIGINT or SIGTERM
+volatile std::sig_atomic_t signals_received = 0;  // how many
+void on_signal(int signal) {
+  interrupted = signal;
+  signals_received = signals_received + 1;
+}
 
 struct Child {
   int64_t rank = 0;
@@ -195,6 +199,14 @@ int cmd_launch(const Invocation& invocation) {
   if (node_rank < 0 || node_rank >= nnodes)
     throw Error("loom launch: --node-rank " + std::to_string(node_rank) + " is not in 0 ... " + std::to_string(nnodes - 1));
   if (port < 0 || port > 65535) throw Error("loom launch: --master-port " + std::to_string(port) + " is not a port");
+  if (!(grace >= 0 && grace <= 86400))  // (NaN too)
+    throw Error("loom launch: --grace " + std::to_string(grace) + " is not a number of seconds in 0 ... 86400");
+  // Ranks on other nodes reach rank 0 at --master-addr: 127.0.0.1 there is each node itself (said,
+  // not refused: "nodes" that are one machine, a test of a multi-node job, do reach it).
+  if (nnodes > 1 && (master == "localhost" || master.rfind("127.", 0) == 0 || master == "::1"))
+    core::log::warn("loom launch: --nnodes ", nnodes, " with --master-addr ", master, ": a node on another machine "
+                    "looks for rank 0 on itself and waits parallel.timeout for nothing; give the first node's address "
+                    "or host name, the same on every node");
   // Ranks far past the cores are a typo, not a job: 1000 processes on 2 cores each load LibTorch
   // and plugins, take minutes to start and leave the machine unusable while they do.
   if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && nproc > 4 * static_cast<int64_t>(cores))
@@ -242,10 +254,17 @@ int cmd_launch(const Invocation& invocation) {
   ::sigaction(SIGTERM, &action, nullptr);
   std::vector<Child> children;
   // A Ctrl-C while the ranks start stops the starting: the loop below passes it to those started.
-  for (int64_t i = 0; i < nproc && !interrupted; ++i) children.push_back(start(node_rank * nproc + i, i, env, invocation.args));
+  try {
+    for (int64_t i = 0; i < nproc && !interrupted; ++i) children.push_back(start(node_rank * nproc + i, i, env, invocation.args));
+  } catch (const std::exception&) {
+    // (a fork or a pipe that failed: the ranks started wait to join the others; they stop at once)
+    signal_all(children, SIGTERM);
+    for (const auto& c : children) ::waitpid(c.pid, nullptr, 0);
+    throw;
+  }
 
   const Child* first_failure = nullptr;
-  bool forwarded = false;
+  std::sig_atomic_t forwarded = 0;  // signals passed on so far
   std::chrono::steady_clock::time_point stop_by{};
   for (;;) {
     std::vector<pollfd> fds;
@@ -276,10 +295,12 @@ int cmd_launch(const Invocation& invocation) {
             stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
           }
         }
-    if (interrupted && !forwarded) {
+    // Each SIGINT or SIGTERM goes on to every rank, and none is killed for it: the first stops them
+    // after their step, rank 0 writing the checkpoint (as long as that takes: a scheduler's warning
+    // before it kills a job is the time it gives); a second stops them at once.
+    if (const std::sig_atomic_t received = signals_received; received > forwarded) {
       signal_all(children, interrupted);
-      forwarded = true;
-      stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
+      forwarded = received;
     }
     bool any = false;
     for (const auto& c : children) any = any || c.running;

@@ -36,7 +36,8 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
   if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
     throw Error("loader: rank " + std::to_string(options_.rank) + " outside world of " + std::to_string(options_.world_size));
   size_ = options_.subset.empty() ? dataset_->size(split_) : static_cast<int64_t>(options_.subset.size());
-  if (samples_per_epoch() < (options_.drop_last ? options_.micro_batch : 1))
+  // (Evaluation: a rank past a split smaller than the world has no sample and adds zeros to the sums.)
+  if (options_.drop_last ? samples_per_epoch() < options_.micro_batch : size_ < 1)
     throw Error(std::string("the ") + sdk::split_name(split_) + " split has " + std::to_string(size_) +
                 " samples, too few for one micro-batch of " + std::to_string(options_.micro_batch) +
                 (options_.world_size > 1 ? " on each of " + std::to_string(options_.world_size) + " ranks" : std::string()) +

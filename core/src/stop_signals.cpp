@@ -26,11 +26,21 @@ namespace {
 
 std::atomic<int> received{0};
 std::atomic<bool> saves{true};  // install_stop_signals' argument: what the first signal's message promises
+std::atomic<const char*> at_once{nullptr};  // a StopAtOnce's message while one lives
 
 void on_signal(int sig) {
   const int before = received.load();
   if (sig == SIGPIPE) {  // no message: standard error may be the pipe that closed
     if (before == 0) received.store(SIGPIPE);
+    return;
+  }
+  if (const char* message = at_once.load(); message != nullptr) {  // (SIGPIPE: above, as ever)
+    size_t n = 0;
+    while (message[n] != '\0') ++n;
+    const ssize_t written = ::write(STDERR_FILENO, message, n);
+    (void)written;
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
     return;
   }
   if (before != 0 && before != SIGPIPE) {
@@ -69,6 +79,14 @@ void install_stop_signals(bool checkpoints) {
 }
 
 int stop_signal_received() { return received.load(); }
+
+StopAtOnce::StopAtOnce(const char* message, const std::string& during) {
+  if (const int sig = received.load(); sig != 0 && sig != SIGPIPE)
+    throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " during set-up (before " + during + "): no step was trained");
+  at_once.store(message);
+}
+
+StopAtOnce::~StopAtOnce() { at_once.store(nullptr); }
 
 std::string signal_name(int sig) {
   if (sig == SIGINT) return "SIGINT";

@@ -165,7 +165,12 @@ void Trainer::build_parallel() {
   const std::string name = value_of(config_, "parallel.name");
   const auto& info = registry_.require(LOOM_KIND_PARALLEL, name);
   parallel_ = registry_.create<sdk::ParallelStrategy>(name, component_values(config_, info));
-  parallel_->setup(options_.device);
+  {
+    // Joining the other ranks waits up to parallel.timeout for ones that may never come, and
+    // checks no flag: a stop signal then ends the process at once (nothing is written yet).
+    StopAtOnce at_once("\nloom: stopping at once (joining the other ranks: nothing to save)\n", "joining the other ranks");
+    parallel_->setup(options_.device);
+  }
   device_ = parallel_->device();
   log::set_rank(parallel_->rank(), parallel_->world_size());
 }

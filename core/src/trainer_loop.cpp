@@ -55,6 +55,8 @@ TrainSummary Trainer::train() {
     window_.add(r, dt);
     const int sig = stop_signal();  // stop now: a checkpoint, no evaluation (agreed by every rank)
     if (sig != 0 && stop_reason_.empty()) stop_reason_ = signal_name(sig) + " received";
+    // A callback's stop on one rank during the step is every rank's before the evaluation's decision.
+    if (another_rank_stopped_ && stop_reason_.empty()) stop_reason_ = "another rank's callback stopped the run";
     if (step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty()) {
       flush_window();
       // A stop logs a step that was not a log step: its rate is still on the device (one read).

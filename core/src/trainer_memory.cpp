@@ -180,10 +180,15 @@ StepResult Trainer::step_with_recovery(bool read_values) {
     } catch (const c10::OutOfMemoryError& e) {
       const auto t0 = Clock::now();
       const std::string message = e.what_without_backtrace();
-      if (committed_) {
-        committed_ = false;
-        throw Error("out of memory in the update of step " + std::to_string(start.step + 1) +
-                    ", after it began to change the weights, so it cannot be replayed: " + message +
+      if (committed_ || ranks_agreed_) {
+        const bool alone = !committed_;
+        committed_ = ranks_agreed_ = false;
+        throw Error("out of memory in the " + std::string(alone ? "gradients' reduction or the update" : "update") +
+                    " of step " + std::to_string(start.step + 1) +
+                    (alone ? " on this rank alone, after the ranks agreed its forward and backward went well, so the "
+                             "others cannot replay it with this one: "
+                           : ", after it began to change the weights, so it cannot be replayed: ") +
+                    message +
                     "\nLeave more room (a smaller batch, or a cap further below the device's memory) and continue"
                     " with --resume auto from the last checkpoint");
       }

@@ -80,16 +80,22 @@ sdk::BatchPlan Trainer::agree_plan(const sdk::BatchPlan& mine) {
 // evaluation and writes its checkpoint must be the same on all, or one would wait in a
 // collective the others never join. The ranks also agree on which signal it was (the lowest
 // rank's that has one): a rank the signal had not reached yet used to report SIGTERM for a Ctrl-C.
+// The same sum says whether a callback on some rank asked to stop during the step (another_rank_
+// stopped_): the ranks then agree before deciding to evaluate, whose collectives one rank alone
+// would run.
 int Trainer::stop_signal() {
   const int local = stop_signal_received();
   const int64_t world = parallel_->world_size();
   if (world <= 1) return local;
   if (agreed_signal_ != 0) return agreed_signal_;
   HostMemoryScope host;
-  at::Tensor received = at::zeros({world}, at::kFloat);  // each rank's signal at its index; the sum is everyone's
+  at::Tensor received = at::zeros({world + 1}, at::kFloat);  // each rank's signal at its index; the sum is everyone's
   received[parallel_->rank()] = static_cast<float>(local);
+  received[world] = stop_reason_.empty() ? 0.0f : 1.0f;  // how many ranks' callbacks asked to stop
   parallel_->all_reduce_sum({received});
-  for (int64_t r = 0; r < world && agreed_signal_ == 0; ++r) agreed_signal_ = static_cast<int>(received[r].item<float>());
+  const auto* v = received.data_ptr<float>();
+  for (int64_t r = 0; r < world && agreed_signal_ == 0; ++r) agreed_signal_ = static_cast<int>(v[r]);
+  another_rank_stopped_ = v[world] > 0 && stop_reason_.empty();
   return agreed_signal_;
 }
 

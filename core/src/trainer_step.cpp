@@ -54,7 +54,9 @@ struct ReportValues {
 };
 
 /// One read of a packed report; `tail`, if given, receives the values packed after it.
-ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector<double>* tail = nullptr) {
+/// `unreported` false: a metric of count 0 (no rank reported it) is left out, not NaN.
+ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector<double>* tail = nullptr,
+                         bool unreported = true) {
   const at::Tensor host = totals.to(at::kCPU, at::kDouble);
   const double* v = host.data_ptr<double>();
   ReportValues out;
@@ -62,7 +64,7 @@ ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector
   out.loss = v[0] / std::max(1.0, v[1]);
   size_t i = 2;
   for (const auto& [name, pair] : sums) {
-    out.metrics[name] = v[i + 1] > 0 ? v[i] / v[i + 1] : std::nan("");
+    if (unreported || v[i + 1] > 0) out.metrics[name] = v[i + 1] > 0 ? v[i] / v[i + 1] : std::nan("");
     i += 2;
   }
   if (tail != nullptr) tail->assign(v + i, v + host.numel());
@@ -403,6 +405,7 @@ Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64
   if (ranks && any_rank(!out_of_memory.empty()))
     throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                                 out_of_memory.empty() ? "another rank ran out of memory in this step" : out_of_memory);
+  ranks_agreed_ = ranks;  // from here an out-of-memory is this rank's alone: the others cannot replay with it
   // Gradients hold sums over this rank's samples: add up the ranks, then divide by the global
   // count once, so the update does not depend on how the global batch was split. The step's
   // report (loss, count, metric sums and counts) travels as one tensor in the same reduction.
@@ -469,7 +472,7 @@ bool Trainer::graphed_step(StepResult& result, bool read) {
 
 StepResult Trainer::train_step(bool read_values) {
   LOOM_PHASE("step");
-  committed_ = false;
+  committed_ = ranks_agreed_ = false;
   // The device path keeps a table of the schedule's rate per taken update (Note [The step on the
   // device]); past a few million steps that table would be large: such runs check on the host.
   constexpr int64_t kLargestRateTable = int64_t{1} << 22;
@@ -566,6 +569,9 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   at::Tensor count = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   MetricSums sums;
+  if (parallel_->world_size() > 1)  // every rank packs every metric, even one with no batch of the split
+    for (const auto& [name, spec] : metric_specs_)
+      if (name != "loss") sums[name] = {at::zeros({}, loss_sum.options()), at::zeros({}, loss_sum.options())};
   for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
     // A stop signal ends the evaluation here (one process: with several ranks each would wait
     // for the others' all-reduce below); it took 24 s to end the test split's before.
@@ -580,7 +586,7 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
   }
   std::vector<at::Tensor> totals{pack_report(loss_sum, count, sums)};
   parallel_->all_reduce_sum(totals);
-  ReportValues values = read_report(totals.front(), sums);
+  ReportValues values = read_report(totals.front(), sums, nullptr, /*unreported=*/parallel_->world_size() == 1);
   result.samples = loader.size();
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);

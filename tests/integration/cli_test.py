@@ -33,6 +33,9 @@ r = loom(exe, "launch", "--help")  # its required --nproc-per-node is not asked 
 expect("--nproc-per-node" in r.stdout, "launch --help shows its options", r)
 r = loom(exe, "launch", "--nproc-per-node", "2", "--", "launch", "--nproc-per-node", "2", "--", "train", check=False)
 expect(r.returncode == 1 and "a launch inside a launch" in r.stderr, "a nested launch is refused", r)
+r = loom(exe, "launch", "--nproc-per-node", "2", "--grace", "nan", "--", "train", check=False)
+expect(r.returncode == 1 and "loom launch: --grace nan is not a number of seconds in 0 ... 86400" in r.stderr,
+       "a --grace of NaN is refused", r)
 r = loom(exe, "launch", "--nproc-per-node", "2", "--", "eval", "runs/x", check=False)
 expect(r.returncode == 1 and "loom launch -- eval: only train is a job of several processes" in r.stderr,
        "launch -- eval is refused (each process would evaluate by itself)", r)

@@ -169,8 +169,10 @@ try:
     print("loom launch: rank 1 killed -> the job stopped, the launcher named rank 1")
 
     # 5b. Ctrl-C of a launched job: passed on to every rank, which stop after the same step,
-    # rank 0 writing its checkpoint; the launcher exits 130.
-    p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=interrupted"],
+    # rank 0 writing its checkpoint, however long that takes (--grace, the deadline after a rank
+    # failed, does not apply: 0 here would kill them at once); the launcher exits 130.
+    p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--grace", "0", "--", "train", *long[:-1],
+                          "trainer.name=interrupted"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_training("interrupted", p, "the launched job")
     p.send_signal(signal.SIGINT)
@@ -196,6 +198,51 @@ try:
     assert all(len(s) == 1 for s in stops) and stops[0] == stops[1], (stops, errs[0][-1500:], errs[1][-1500:])
     assert "SIGTERM" not in errs[0], errs[0][-1500:]
     print(f"SIGINT to rank 1 alone: both ranks stopped after step {stops[0][0]}, both naming SIGINT")
+
+    # 5c'. A callback that stops rank 0 alone, during a step that is not due for evaluation: every
+    # rank stops after that step (their evaluations would not meet otherwise) and ends cleanly.
+    record = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_callback_record_callback.so")
+    assert os.path.exists(record), f"{record} is built with the tests (tests/plugins)"
+    r = launch("--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=one_rank_stops", "--plugin-dir", record,
+               "--set", "trainer.callbacks=record, checkpoint", "--set", "callback.record.stop_main_at_begin=3",
+               "--set", "trainer.eval_every=1000", "--set", "data.validation_fraction=0.5", timeout=300, check=False)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2500:])
+    assert "record asked rank 0 alone to stop in step 3" in r.stderr, r.stderr[-2500:]
+    assert "validation step 3: " in r.stderr and "stopped   early at step 3 of 100000" in r.stderr, r.stderr[-2500:]
+    assert os.path.isdir(os.path.join(work, "one_rank_stops", "checkpoints", "step_00000003")), r.stderr[-2500:]
+    print("a callback stopping rank 0 alone in step 3: both ranks stopped after it, evaluated together, exit 0")
+
+    # 5c''. A test split smaller than the world: rank 1 has no sample of it and adds nothing; the
+    # figures are the one sample's, as a single process gives them.
+    tiny = [*args, "--set", "trainer.max_steps=2", "--set", "data.test_size=1"]
+    one = loom(exe, "train", *tiny, "--set", "trainer.name=tiny_test_single")
+    r = launch("--nproc-per-node", "2", "--", "train", *tiny, *DDP, "--set", "trainer.name=tiny_test_ddp", check=False)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2500:])
+    def test_line(err):
+        lines = [l.split("test step 2: ", 1)[1].split(" (")[0] for l in err.splitlines() if "test step 2: " in l]
+        assert len(lines) == 1, err[-2500:]
+        loss, accuracy = lines[0].split(", ")  # "loss 1.3863", "accuracy 100.00 %"
+        return float(loss.split()[1]), accuracy
+    (loss2, acc2), (loss1, acc1) = test_line(r.stderr), test_line(one.stderr)
+    assert abs(loss2 - loss1) < 1e-3 and acc2 == acc1, ((loss2, acc2), (loss1, acc1))
+    print(f"a test split of 1 sample on 2 ranks: loss {loss2}, {acc2}, as one process")
+
+    # 5d. A rank waiting to join others that never come (parallel.timeout 300 s): a stop signal ends
+    # it at once, in the wait or before it; nothing was written, nothing is saved.
+    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGINT, 0.3)):
+        env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="1",
+                   LOCAL_RANK="1")
+        p = subprocess.Popen([exe, "train", *long[:-1], "trainer.name=never_joined", "--set", "parallel.timeout=300"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(wait)  # (3 s: into the wait; 0.3 s: most likely before it, while plugins load)
+        sent = time.time()
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=120)
+        took = time.time() - sent
+        assert p.returncode in (-sig, 128 + sig) and took < 20, (sig.name, p.returncode, took, err[-1500:])
+        assert "stopping at once (joining the other ranks" in err or "during set-up (before joining the other ranks)" in err, err
+        assert not os.path.exists(os.path.join(work, "never_joined")), "a rank that never joined wrote its run folder"
+        print(f"{sig.name} to a rank waiting to join: stopped after {took:.1f} s (exit {p.returncode})")
 
     # 6. A whole job killed with SIGKILL resumes with another world size (the global batch and
     # the data position kept) and goes on as the run that never stopped.

@@ -12,12 +12,20 @@ class RecordCallback final : public loom::sdk::Callback {
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_int("stop_at", "0", "ask to stop in on_step_end of this step (0: never)"),
       loom::sdk::option_string("fail_in", "", "throw in this hook (e.g. on_log)"),
+      loom::sdk::option_int("stop_main_at_begin", "0",
+                            "on the main rank only, ask to stop in on_step_begin of this step (0: never)"),
   };
 
-  explicit RecordCallback(const loom::sdk::Options& o) : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")) {}
+  explicit RecordCallback(const loom::sdk::Options& o)
+      : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")),
+        stop_main_at_begin_(o.get_int("stop_main_at_begin")) {}
 
   void on_run_begin(loom::sdk::RunContext& run) override { hook("on_run_begin", run.step()); }
-  void on_step_begin(loom::sdk::RunContext&, int64_t step) override { hook("on_step_begin", step); }
+  void on_step_begin(loom::sdk::RunContext& run, int64_t step) override {
+    hook("on_step_begin", step);
+    if (stop_main_at_begin_ > 0 && step == stop_main_at_begin_ && run.is_main())
+      run.request_stop("record asked rank 0 alone to stop in step " + std::to_string(step));
+  }
   void on_after_backward(loom::sdk::RunContext& run, const std::vector<at::Tensor>& g) override {
     if (g.empty()) throw loom::sdk::Error("no gradients");
     hook("on_after_backward", run.step() + 1);
@@ -64,6 +72,7 @@ class RecordCallback final : public loom::sdk::Callback {
 
   int64_t stop_at_;
   std::string fail_in_;
+  int64_t stop_main_at_begin_;
   int64_t steps_ = 0;
   double loss_sum_ = 0;
 };

@@ -38,9 +38,10 @@ class Ddp final : public loom::sdk::ParallelStrategy {
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_enum("backend", "auto", "auto|gloo|nccl",
                              "the collective engine: auto is NCCL on CUDA, Gloo on the CPU"),
-      loom::sdk::option_float("timeout", "300",
+      loom::sdk::option_float("timeout", "1800",
                               "seconds a collective (or the rendezvous) waits for the other ranks before the run "
-                              "stops with an error: a rank that died or hangs",
+                              "stops with an error: a rank that hangs (one that died is found at once); the others "
+                              "wait this long while rank 0 writes a checkpoint, as PyTorch's 30 minutes allow",
                               "1..86400"),
   };
 
@@ -126,10 +127,21 @@ class Ddp final : public loom::sdk::ParallelStrategy {
   void choose_device(const std::string& device) {
     const bool cuda = torch::cuda::is_available();
     if (device == "auto" || device == "cuda") {
-      if (cuda && env_.local_rank < static_cast<int64_t>(torch::cuda::device_count())) {
+      const int64_t visible = cuda ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
+      if (env_.local_rank < visible) {
         device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank));
         return;
       }
+      if (visible == 1) {  // a scheduler's binding (srun --gpus-per-task=1): each process sees its own GPU as 0
+        device_ = c10::Device(c10::kCUDA, 0);
+        loom::sdk::log::info("ddp: local rank ", env_.local_rank, " sees one GPU (CUDA_VISIBLE_DEVICES or the scheduler's "
+                             "binding): it trains on cuda:0");
+        return;
+      }
+      if (visible > 1)  // not a CPU rank among GPU ones: its all-reduces would not meet theirs
+        throw Error("ddp: local rank " + std::to_string(env_.local_rank) + " has no GPU of its own (" +
+                    std::to_string(visible) + " visible): start as many processes per node as GPUs (loom launch "
+                    "--nproc-per-node " + std::to_string(visible) + "), or set trainer.device = cpu for every rank");
       if (device == "cuda")
         throw Error("trainer.device = cuda, parallel = ddp: local rank " + std::to_string(env_.local_rank) +
                     " has no CUDA device of its own (" + std::to_string(cuda ? torch::cuda::device_count() : 0) +
@@ -170,6 +182,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     if (env_.agent_store)
       store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env_.restart), store);
     store_ = store;
+    agree_on_backend();
     if (nccl_) return join_nccl();
     auto gloo = c10d::ProcessGroupGloo::Options::create(timeout_);
     const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
@@ -188,6 +201,28 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     }
   }
 
+  /// Every rank reduces with rank 0's backend on rank 0's kind of device, or says what differs
+  /// (one rank on NCCL, another on Gloo would wait for each other until parallel.timeout).
+  void agree_on_backend() {
+    const std::string mine = backend_ + " on " + (device_.is_cuda() ? "CUDA" : "the CPU");
+    const std::string key = "loom/ddp/backend";
+    if (env_.rank == 0) {
+      store_->set(key, std::vector<uint8_t>(mine.begin(), mine.end()));
+      return;
+    }
+    std::vector<uint8_t> got;
+    try {
+      got = store_->get(key);
+    } catch (const std::exception& e) {
+      throw failed("reading rank 0's backend", e);
+    }
+    const std::string theirs(got.begin(), got.end());
+    if (theirs != mine)
+      throw Error("ddp: rank " + std::to_string(env_.rank) + " would reduce with " + mine + ", rank 0 with " + theirs +
+                  ": every rank needs the same backend and kind of device. Set trainer.device and parallel.backend for "
+                  "all of them (a machine with fewer GPUs than ranks, or another build of Loom?)");
+  }
+
   void join_nccl() {
 #if LOOM_DDP_NCCL
     c10::cuda::set_device(device_.index());
@@ -203,10 +238,15 @@ class Ddp final : public loom::sdk::ParallelStrategy {
 #endif
   }
 
-  // What a collective reduces: NCCL the tensor itself, on its device (contiguous); Gloo host
-  // memory, so a CUDA tensor travels through a host copy.
+  // What a collective reduces: NCCL a tensor on this rank's GPU (the trainer's host-side control
+  // tensors, the plan, a stop, the replicas' check, travel there and back: NCCL reduces nothing
+  // else), Gloo host memory, so a CUDA tensor travels through a host copy. copy_back puts the
+  // result into the caller's tensor, after the wait.
   at::Tensor host(const at::Tensor& t) const {
-    if (nccl_) return t.is_contiguous() ? t : t.contiguous();
+    if (nccl_) {
+      const at::Tensor there = t.device() == device_ ? t : t.to(device_);
+      return there.is_contiguous() ? there : there.contiguous();
+    }
     return t.is_cpu() && t.is_contiguous() ? t : t.to(at::kCPU).contiguous();
   }
   static void copy_back(const at::Tensor& target, const at::Tensor& buffer) {

@@ -19,6 +19,18 @@ int stop_signal_received();
 /// "SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE".
 std::string signal_name(int sig);
 
+/// While it lives, a SIGINT, SIGTERM or SIGHUP ends the process at once, by that signal, after
+/// printing `message` (a string literal: the handler prints it): for a wait that checks no flag and
+/// has nothing to save (a rank joining the others, parallel.timeout long). A signal received before
+/// it is made throws StoppedBySignal naming `during`, as set-up's other checks do.
+class StopAtOnce {
+ public:
+  StopAtOnce(const char* message, const std::string& during);
+  ~StopAtOnce();
+  StopAtOnce(const StopAtOnce&) = delete;
+  StopAtOnce& operator=(const StopAtOnce&) = delete;
+};
+
 /// A stop signal ended what was running before it finished: set-up (Trainer::setup, before the
 /// first step: nothing trained, nothing to checkpoint) or an evaluation. `signal` is the signal.
 class StoppedBySignal : public Error {

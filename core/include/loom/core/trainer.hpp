@@ -428,6 +428,7 @@ class Trainer {
   bool evaluation_pending_ = false;
   double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
   int agreed_signal_ = 0;  // a stop signal of another rank, agreed at the step (stop_signal())
+  bool another_rank_stopped_ = false;  // a callback of another rank asked to stop in the step (stop_signal())
   std::filesystem::path resumed_from_;
   std::unique_ptr<FileLock> run_lock_;  ///< held while the trainer lives
   bool made_run_dir_ = false;           ///< this command made run_dir_ (discard_if_nothing_trained)
@@ -438,6 +439,8 @@ class Trainer {
   int64_t oom_recoveries_ = 0;
   double recovery_seconds_ = 0;
   bool committed_ = false;  ///< the running step has begun to change the run's state (no replay)
+  bool ranks_agreed_ = false;  ///< the ranks agreed the step's forward and backward went well (no replay)
+  bool config_changed_ = false;  ///< a resume whose configuration differs from the run's config.json
   int64_t predicted_peak_ = -1;
   double flops_per_term_ = 0;
   PeakFlops peak_;
