@@ -37,6 +37,7 @@ TrainSummary Trainer::train() {
   memory_->reset_peak();
   last_eval_.reset();
   notify("on_run_begin", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_run_begin(run); });
+  const bool ran_pending = evaluation_pending_;
   if (evaluation_pending_) {  // the checkpoint's step was to be evaluated when a stop cut it short
     evaluation_pending_ = false;
     log::info("the evaluation of step ", step_, " that a stop cut short runs first");
@@ -78,8 +79,9 @@ TrainSummary Trainer::train() {
     if (parallel_->world_size() > 1 && any_rank(!stop_reason_.empty()) && stop_reason_.empty())
       stop_reason_ = "another rank's callback stopped the run";
   }
-  // The test split, once, at the end (when validation chose the best checkpoint).
-  if (selection_split() == sdk::Split::kValidation && step_ > first_step && stop_signal() == 0)
+  // The test split, once, at the end (when validation chose the best checkpoint); also after a
+  // resume at the last step whose cut validation just ran (the stop had skipped both).
+  if (selection_split() == sdk::Split::kValidation && (step_ > first_step || ran_pending) && stop_signal() == 0)
     evaluate_and_report(sdk::Split::kTest);
   check_replicas();
   return finish_run(first_step, train_seconds);

@@ -226,6 +226,21 @@ TEST_F(CheckpointIntegrityTest, ALogWindowWithANonFiniteOrNegativeSumIsLoomsOwnA
   }
 }
 
+TEST_F(CheckpointIntegrityTest, AValidationCutShortAtTheLastStepRunsOnResumeAndThenTheTestSplit) {
+  // A stop in the last step's validation: the checkpoint says it is pending. The resume has no step
+  // left to train, runs the validation first, then the test split the stop skipped too.
+  rewrite_state(R"re(^\{)re", "{\n  \"evaluation_pending\": true,");
+  Config c = config("run", 4);
+  c.set_assignment("trainer.resume=auto");
+  log::Capture capture;
+  auto t = loom::testing::make_trainer(c);
+  ASSERT_EQ(t->step(), 4);
+  const TrainSummary s = t->train();
+  EXPECT_TRUE(capture.contains("the evaluation of step 4 that a stop cut short runs first"));
+  ASSERT_TRUE(s.final_eval.has_value());
+  EXPECT_EQ(s.final_eval->split, loom::sdk::Split::kTest);
+}
+
 TEST_F(CheckpointIntegrityTest, AStateJsonWithoutRanksIsAnOlderFileAndResumes) {
   // Loom before data_parallel wrote no loader.ranks: the plan's world_size was the ranks then.
   rewrite_state(R"re(,\s*"ranks": 1)re", "");
