@@ -242,11 +242,49 @@ std::string device_description(const c10::Device& device) {
   return device.str();
 }
 
-int64_t physical_memory() { return static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE); }
+namespace {
+
+/// The first number in the file `path`, or -1 ("max", missing, unreadable).
+int64_t number_in(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  int64_t v = -1;
+  return in >> v && v >= 0 ? v : -1;
+}
+
+}  // namespace
+
+CgroupMemory cgroup_memory(const std::filesystem::path& root) {
+  // cgroup v2: the process's group from /proc/self/cgroup ("0::/system.slice/x"), else the root's
+  // files (a container sees its own group as /); v1: the memory controller's files.
+  std::filesystem::path group = root / "sys/fs/cgroup";
+  std::ifstream self(root / "proc/self/cgroup");
+  for (std::string line; std::getline(self, line);)
+    if (line.rfind("0::", 0) == 0 && line.size() > 3 && std::filesystem::exists(group / line.substr(4) / "memory.max"))
+      group /= line.substr(4);
+  CgroupMemory m;
+  m.limit = number_in(group / "memory.max");
+  m.usage = number_in(group / "memory.current");
+  if (m.limit < 0) {
+    m.limit = number_in(root / "sys/fs/cgroup/memory/memory.limit_in_bytes");
+    m.usage = number_in(root / "sys/fs/cgroup/memory/memory.usage_in_bytes");
+  }
+  if (m.limit >= (int64_t{1} << 60)) m.limit = -1;  // v1's "no limit" (9223372036854771712)
+  return m;
+}
+
+// A container's memory limit is the memory it has: the machine's (sysconf) would let auto_batch
+// aim at what the kernel's OOM killer never lets it reach.
+int64_t physical_memory() {
+  const int64_t machine = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  const int64_t limit = cgroup_memory().limit;
+  return limit > 0 ? std::min(machine, limit) : machine;
+}
 
 int64_t available_memory() {
   const int64_t v = meminfo("MemAvailable:");
-  return v > 0 ? v : static_cast<int64_t>(::sysconf(_SC_AVPHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  const int64_t machine = v > 0 ? v : static_cast<int64_t>(::sysconf(_SC_AVPHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  const CgroupMemory c = cgroup_memory();
+  return c.limit > 0 && c.usage >= 0 ? std::min(machine, std::max<int64_t>(0, c.limit - c.usage)) : machine;
 }
 
 void install_cpu_allocator() { BudgetAllocator::instance(); }

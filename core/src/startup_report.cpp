@@ -1,5 +1,6 @@
 // The start-up report: device, data, model, plan, optimizer, schedule, precision and memory,
 // one line each, before the first step.
+#include <loom/core/device_memory.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
@@ -44,10 +45,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 void Trainer::report_startup() const {
   std::string device = device_.str();
   if (device_.is_cpu()) {
-    const int64_t pages = ::sysconf(_SC_PHYS_PAGES), free_pages = ::sysconf(_SC_AVPHYS_PAGES);
-    device += ", " + std::to_string(at::get_num_threads()) + " threads, " +
-              format_bytes(pages * ::sysconf(_SC_PAGESIZE)) + " RAM (" +
-              format_bytes(free_pages * ::sysconf(_SC_PAGESIZE)) + " free)";
+    device += ", " + std::to_string(at::get_num_threads()) + " threads, " + format_bytes(physical_memory()) + " RAM (" +
+              format_bytes(available_memory()) + " free)";  // (a container's: its cgroup's limit)
   } else {
     const auto [free, total] = at::accelerator::getMemoryInfo(device_.index());
     device += ", " + format_bytes(static_cast<int64_t>(total)) + " (" + format_bytes(static_cast<int64_t>(free)) + " free)";

@@ -179,7 +179,9 @@ void Trainer::build_memory() {
   // On CPU this installs the counting allocator: from here on, CPU tensors are the emulated
   // device's memory (the dataset, built before, stays host memory). See Note [CPU budget allocator].
   memory_ = make_device_memory(device_, options_.device_memory_limit);
-  if (device_.is_cuda() && options_.device_memory_limit > 0) memory_->set_limit(options_.device_memory_limit);
+  // On CUDA the cap is the caching allocator's fraction, process-wide: set (or reset to none) for
+  // every run, or a run would inherit the cap of one before it in the process (loom bench's configs).
+  if (device_.is_cuda()) memory_->set_limit(options_.device_memory_limit);
   if (device_.is_cuda() && !options_.memory_snapshot.empty()) start_memory_history(device_);
   if (!device_.is_cuda() && (!options_.memory_snapshot.empty() || options_.snapshot_on_oom))
     log::warn("memory snapshots are the CUDA allocator's (for pytorch.org/memory_viz); on ", device_.str(),
@@ -189,6 +191,12 @@ void Trainer::build_memory() {
     memory_policies_.push_back(registry_.create<sdk::MemoryPolicy>(policy, component_values(config_, policy_info)));
     memory_policies_.back()->setup(*memory_);
   }
+  // On the CPU no allocation fails without a budget: the kernel ends the process first.
+  const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
+  if (device_.is_cpu() && memory_->stats().limit <= 0 && std::count(policies.begin(), policies.end(), "oom_recovery"))
+    log::warn("memory.policies has oom_recovery, but on the CPU without a budget (memory.device_memory_limit or "
+              "--memory-fraction) no allocation fails before the kernel's OOM killer ends the run: it has nothing to "
+              "recover from. Set a budget for it to act");
 }
 
 void Trainer::build_data() {

@@ -68,14 +68,14 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_float("margin", "0.05",
-                              "aim at (1 - margin/2) of the largest batch that fits; b x (1 + margin) does not fit", "0..0.9"),
+                              "aim at (1 - margin/2) of the largest batch that fits; b x (1 + margin) does not fit", "0..0.5"),
       loom::sdk::option_int("max_batch", "4096", "never choose a micro-batch above this", "1..16777216"),
       loom::sdk::option_string("cache", "", "answer cache (default $LOOM_CACHE/auto_batch.tsv); 'off' disables it"),
   };
 
   explicit AutoBatch(const loom::sdk::Options& o)
       : margin_(o.get_float("margin")), max_batch_(o.get_int("max_batch")), cache_(o.get_string("cache")) {
-    if (!(margin_ >= 0 && margin_ < 0.5)) throw loom::sdk::Error("memory.margin must be in [0, 0.5)");
+    if (!(margin_ >= 0 && margin_ <= 0.5)) throw loom::sdk::Error("memory.margin must be in [0, 0.5]");
     if (max_batch_ < 1) throw loom::sdk::Error("memory.max_batch must be at least 1");
     if (cache_.empty()) cache_ = default_cache().string();
   }
@@ -112,7 +112,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     if (context.global_batch_given)
       context.plan = loom::sdk::split_global_batch(context.global_batch, world, chosen);
     else
-      context.plan = loom::sdk::BatchPlan{chosen, 1, world};
+      context.plan = loom::sdk::BatchPlan{chosen, context.plan.accumulation, world};  // (the run's accumulation stays)
     loom::sdk::log::info("plan ", loom::sdk::plan_text(context.plan));
   }
 

@@ -10,7 +10,7 @@ namespace {
 class OomRecovery final : public loom::sdk::MemoryPolicy {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_int("max_replans", "16", "re-plans allowed in one run before giving up", "0..1000"),
+      loom::sdk::option_int("max_replans", "16", "re-plans allowed in one run before giving up", "1..1000"),
   };
 
   explicit OomRecovery(const loom::sdk::Options& o) : max_replans_(o.get_int("max_replans")) {

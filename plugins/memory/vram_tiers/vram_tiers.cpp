@@ -51,7 +51,8 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
     if (context.global_batch_given) {
       context.plan = loom::sdk::split_global_batch(context.global_batch, world, tier_batch);
     } else {
-      context.plan = loom::sdk::BatchPlan{tier_batch, 1, world};
+      // (the accumulation the run asked for stays: the global batch is tier_batch x it x world)
+      context.plan = loom::sdk::BatchPlan{tier_batch, context.plan.accumulation, world};
     }
     char memory_text[32];
     std::snprintf(memory_text, sizeof memory_text, "%.1f GB", static_cast<double>(memory) / 1e9);

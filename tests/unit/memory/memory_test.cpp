@@ -23,7 +23,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 using namespace loom::core;
@@ -349,6 +351,25 @@ TEST_F(MemoryTest, APolicyCountsStepsAsTheLogsDo) {
   EXPECT_TRUE(log.contains("after running out of memory at step 1")) << join(log.lines(), "\n");
 }
 
+TEST_F(MemoryTest, APolicyThatAnswersAnOutOfMemoryWithNoSmallerPlanIsOneErrorNotAReplayForEver) {
+  const auto [full, half] = peaks(64);
+  Config c = config("same_plan");
+  c.set_assignment("memory.device_memory_limit=" + std::to_string((full + half) / 2));
+  c.set_assignment("memory.policies=record_oom");
+  c.set_assignment("memory.record_oom.same_plan=true");
+  auto t = make(c);
+  try {
+    t->step_with_recovery();
+    FAIL() << "a replay with the plan that ran out of memory must be refused";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("memory policy 'record_oom' answered an out-of-memory at step 1 with the plan "
+                                         "micro-batch 64 x accumulation 1 = 64 (it was micro-batch 64 x accumulation 1 = 64)"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("a replay needs a smaller micro-batch"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(MemoryTest, EvaluationThatRunsOutOfMemoryIsReplannedLikeAStepOrSaysItWasEvaluation) {
   // Evaluation at micro-batch 64 needs more than the cap set below; at 32 it fits. With
   // oom_recovery it evaluates in smaller micro-batches and gives the same figures; without a
@@ -465,3 +486,33 @@ TEST_F(MemoryTest, EstimatorPredictsThePeakOfTwoDifferentModels) {
 }
 
 }  // namespace
+
+TEST(CgroupMemory, AContainersLimitIsTheMemoryItHasInV2AndV1) {
+  // The memory Loom plans a CPU run with (auto_batch's cap without a budget, the start-up report)
+  // is a container's limit where one is set, not the host's: read from a fake /proc and /sys.
+  const auto root = std::filesystem::temp_directory_path() / ("loom_cgroup_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  const auto write = [&](const std::string& file, const std::string& text) {
+    std::filesystem::create_directories((root / file).parent_path());
+    std::ofstream(root / file) << text;
+  };
+  EXPECT_EQ(loom::core::cgroup_memory(root).limit, -1) << "no cgroup files: no limit";
+  write("proc/self/cgroup", "0::/job.slice/run\n");
+  write("sys/fs/cgroup/memory.max", "max\n");  // the root group: none
+  write("sys/fs/cgroup/job.slice/run/memory.max", "8589934592\n");
+  write("sys/fs/cgroup/job.slice/run/memory.current", "1073741824\n");
+  auto m = loom::core::cgroup_memory(root);
+  EXPECT_EQ(m.limit, int64_t{8} << 30);
+  EXPECT_EQ(m.usage, int64_t{1} << 30);
+  write("sys/fs/cgroup/job.slice/run/memory.max", "max\n");
+  EXPECT_EQ(loom::core::cgroup_memory(root).limit, -1) << "v2's max: no limit";
+  std::filesystem::remove_all(root / "sys");
+  write("sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");  // v1's "no limit"
+  EXPECT_EQ(loom::core::cgroup_memory(root).limit, -1);
+  write("sys/fs/cgroup/memory/memory.limit_in_bytes", "4294967296\n");
+  write("sys/fs/cgroup/memory/memory.usage_in_bytes", "100\n");
+  m = loom::core::cgroup_memory(root);
+  EXPECT_EQ(m.limit, int64_t{4} << 30);
+  EXPECT_EQ(m.usage, 100);
+  std::filesystem::remove_all(root);
+}

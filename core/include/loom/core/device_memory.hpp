@@ -49,7 +49,15 @@ void write_memory_snapshot(const c10::Device& device, const std::filesystem::pat
 /// "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3, 85029158912 bytes)": names a device model, for caches.
 std::string device_description(const c10::Device& device);
 
+/// Both within the process's cgroup (a container's memory limit), where it sets one.
 int64_t physical_memory();
 int64_t available_memory();
+
+/// The memory limit and usage of the process's cgroup (v2, or v1's memory controller) under
+/// `root` (a test's fake tree); -1 where none is set or readable.
+struct CgroupMemory {
+  int64_t limit = -1, usage = -1;
+};
+CgroupMemory cgroup_memory(const std::filesystem::path& root = "/");
 
 }  // namespace loom::core
