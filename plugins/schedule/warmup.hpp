@@ -42,7 +42,7 @@ class WarmupSchedule : public sdk::Schedule {
 };
 
 constexpr loom_option_spec kWarmupOption =
-    sdk::option_float("warmup_ratio", "0.05", "share of the updates spent warming up linearly", "0..1");
+    sdk::option_float("warmup_ratio", "0.05", "share of the updates spent warming up linearly", "0..0.999");
 constexpr loom_option_spec kFloorOption =
     sdk::option_float("min_lr_ratio", "0.0", "the decay ends at lr x this", "0..1");
 

@@ -17,7 +17,7 @@ class AdamW final : public loom::plugins::GroupedOptimizer {
       loom::sdk::option_float("weight_decay", "0.05", "decoupled weight decay (groups may override it)", "0..10"),
       loom::sdk::option_float("beta1", "0.9", "decay of the first moment", "0..0.999999"),
       loom::sdk::option_float("beta2", "0.999", "decay of the second moment", "0..0.999999"),
-      loom::sdk::option_float("eps", "1e-8", "added to the second moment's root", "0..1"),
+      loom::sdk::option_float("eps", "1e-8", "added to the second moment's root", "1e-30..1"),
   };
 
   explicit AdamW(const loom::sdk::Options& o)

@@ -34,8 +34,8 @@ class Fp16Amp final : public loom::sdk::PrecisionStrategy {
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_string("loss_scale", "dynamic", "'dynamic', or a static scale such as 512 (any positive number)"),
       loom::sdk::option_float("init_scale", "65536", "dynamic: the first scale (2^16)", "1..1e30"),
-      loom::sdk::option_float("growth_factor", "2.0", "dynamic: scale x this after growth_interval finite steps", "1..1000"),
-      loom::sdk::option_float("backoff_factor", "0.5", "dynamic: scale x this after a step with inf/NaN gradients", "1e-6..1"),
+      loom::sdk::option_float("growth_factor", "2.0", "dynamic: scale x this after growth_interval finite steps", "1.001..1000"),
+      loom::sdk::option_float("backoff_factor", "0.5", "dynamic: scale x this after a step with inf/NaN gradients", "1e-6..0.999"),
       loom::sdk::option_int("growth_interval", "2000", "dynamic: finite steps in a row before the scale grows", "1..1000000000"),
       loom::sdk::option_bool("tf32", "false", "TF32 for the float32 operations outside autocast (CUDA)"),
   };

@@ -7,9 +7,9 @@ namespace {
 class Step final : public loom::plugins::WarmupSchedule {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_float("warmup_ratio", "0.0", "share of the updates spent warming up linearly", "0..1"),
+      loom::sdk::option_float("warmup_ratio", "0.0", "share of the updates spent warming up linearly", "0..0.999"),
       loom::sdk::option_int("step_size", "0", "updates between two decays; 0: a third of the run", "0.."),
-      loom::sdk::option_float("gamma", "0.1", "factor of each decay", "0..1"),
+      loom::sdk::option_float("gamma", "0.1", "factor of each decay", "1e-6..1"),
   };
   explicit Step(const loom::sdk::Options& o)
       : WarmupSchedule(o, /*has_floor=*/false), step_size_(o.get_int("step_size")), gamma_(o.get_float("gamma")) {
