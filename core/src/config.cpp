@@ -146,6 +146,27 @@ fs::path find_config(const std::string& name) {
   throw Error(message);
 }
 
+namespace {
+
+// Files are read each after its bases, so a base read for a later file overrides what a file read
+// before that one set: `-c mine.ini -c debug` (debug's base, fashion_mnist.ini, sets trainer.lr
+// over mine.ini's), or a base two files share (read again for the second). Said, as it is rarely meant.
+void warn_if_base_overrides(const Config& config, const std::string& key, const std::string& value, const fs::path& path,
+                            int line, const std::vector<fs::path>& chain) {
+  const ConfigValue* before = config.find(key);
+  const auto& files = config.files();
+  if (chain.size() < 2 || before == nullptr || before->origin.source != "file" || before->value == value) return;
+  const auto latest = [&](const fs::path& f) { return std::find(files.rbegin(), files.rend(), f) - files.rbegin(); };
+  const fs::path& named_by = chain[chain.size() - 2];  // the file whose base this one is
+  if (latest(before->origin.file) <= latest(named_by)) return;  // (distance from the end: read after it, or it)
+  log::warn(display(path), ":", line, ": ", key, " = ", value, " replaces ", before->value, " from ",
+            before->origin.describe(), ", read before ", display(named_by), ", whose base this file is: a base's "
+            "values come before those of the file that names it. Set the key in ", display(named_by),
+            " or a file after it if ", before->value, " is meant");
+}
+
+}  // namespace
+
 void Config::load_file(const fs::path& file) {
   std::vector<fs::path> chain;
   load_file(file, chain, "");
@@ -164,6 +185,13 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
                 "; remove one of these `base =` lines");
   }
   const std::string named_by = included_from.empty() ? std::string() : " (named by `base` at " + included_from + ")";
+  // A base named by several files is read for each (a diamond, -c a -c b sharing one): bounded, so
+  // that 30 files naming the next one twice are an error, not 2^30 reads.
+  if (chain.size() >= 32 || files_.size() >= 512)
+    throw Error("config file " + display(file) + named_by + ": " +
+                (chain.size() >= 32 ? "bases 32 deep" : "more than 512 configuration files read (a base is read again "
+                                                        "for each file that names it)") +
+                "; a configuration builds on a few files, not on this many");
   if (!fs::exists(path, ec)) {  // (a link to nothing, or a loop of links, is said as such)
     const std::string what = sdk::what_is_at(file);
     throw Error("config file " + display(file) + (what == "no such file" ? " not found" : ": " + what) + named_by);
@@ -216,6 +244,8 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       throw Error(display(path) + ":" + std::to_string(e.line) + ": base is empty; name the file this one builds on " +
                   "(base = other.ini, a path relative to this file) or remove the line");
     for (const auto& base : bases) {
+      if (std::count(bases.begin(), bases.end(), base) > 1)
+        throw Error(display(path) + ":" + std::to_string(e.line) + ": base names " + base + " twice; name it once");
       if (base.find("://") != std::string::npos)
         throw Error(display(path) + ":" + std::to_string(e.line) + ": base = " + base + " is a URL; a base is a file " +
                     "(a path relative to this file, or one of Loom's configurations by name): download it first");
@@ -247,6 +277,7 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
                   "); the later, ", e.value, ", is used");
       it->second = &e;
     }
+    warn_if_base_overrides(*this, e.key, e.value, path, e.line, chain);
     set(e.key, e.value, Origin{"file", path, e.line});
   }
   chain.pop_back();
@@ -304,115 +335,6 @@ const ConfigValue* Config::find(const std::string& key) const {
 std::optional<std::string> Config::get(const std::string& key) const {
   if (const ConfigValue* v = find(key)) return v->value;
   return std::nullopt;
-}
-
-// ---- Schema ----------------------------------------------------------------------------------
-
-void Schema::add(const std::string& section, const std::string& owner,
-                 const std::vector<OptionSpec>& options) {
-  for (const auto& option : options) {
-    const std::string key = section + "." + option.key;
-    if (auto it = keys_.find(key); it != keys_.end())
-      throw Error("key '" + key + "' is defined by both " + it->second.owner + " and " + owner +
-                  "; these two cannot be used together");
-    keys_[key] = KeySpec{key, option, owner};
-  }
-}
-
-void Schema::add_shorthand(const std::string& key, const std::string& canonical) {
-  auto& targets = shorthands_[key];
-  if (std::find(targets.begin(), targets.end(), canonical) == targets.end()) targets.push_back(canonical);
-}
-
-void Schema::add_foreign(const std::string& key, const std::string& why) { foreign_.emplace(key, why); }
-
-const KeySpec* Schema::find(const std::string& key) const {
-  auto it = keys_.find(key);
-  return it == keys_.end() ? nullptr : &it->second;
-}
-
-std::vector<std::string> Schema::shorthand(const std::string& key) const {
-  auto it = shorthands_.find(key);
-  return it == shorthands_.end() ? std::vector<std::string>{} : it->second;
-}
-
-const std::string* Schema::foreign(const std::string& key) const {
-  auto it = foreign_.find(key);
-  return it == foreign_.end() ? nullptr : &it->second;
-}
-
-std::vector<std::string> Schema::sections() const {
-  std::vector<std::string> out;
-  for (const auto& [key, spec] : keys_) {
-    const std::string s = section_of(key);
-    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
-  }
-  return out;
-}
-
-std::string component_section(uint32_t kind, const std::string& name) {
-  const KindInfo* k = find_kind(kind);
-  return (k ? std::string(k->section) : kind_name(kind)) + "." + name;
-}
-
-std::vector<ComponentChoice> chosen_components(const Config& config) {
-  const Schema core = core_schema();
-  auto value = [&](const std::string& key) {
-    if (auto v = config.get(key)) return *v;
-    const KeySpec* spec = core.find(key);
-    return spec ? spec->option.default_value : std::string();
-  };
-  std::vector<ComponentChoice> out;
-  for (const KindInfo& kind : kinds()) {
-    const std::string key(kind.select_key);
-    const std::vector<std::string> names = kind.many ? sdk::parse_list(value(key)) : std::vector<std::string>{value(key)};
-    std::set<std::string> seen;
-    if (!kind.many && names.front().empty())  // `--set model.name=`: no choice, not "the default"
-      throw Error(key + " is empty; name the " + std::string(kind.noun) + " to use (`loom plugins` lists them), or " +
-                  "remove the setting for the default");
-    for (const auto& name : names) {
-      if (name.empty()) continue;
-      if (!seen.insert(name).second)
-        throw Error(key + " lists '" + name + "' twice (" + value(key) + "); each " + std::string(kind.noun) +
-                    " is used once: remove one");
-      out.push_back({kind.id, component_section(kind.id, name), name, key});
-    }
-  }
-  return out;
-}
-
-Schema run_schema(const Config& config, const PluginRegistry& registry) {
-  Schema schema = core_schema();
-  const auto chosen = chosen_components(config);
-  auto owner = [](const ComponentInfo& c) { return std::string(find_kind(c.kind)->noun) + " '" + c.name + "'"; };
-  for (const auto& choice : chosen) {
-    const ComponentInfo& info = registry.require(choice.kind, choice.name);
-    schema.add(choice.section, owner(info), info.options);
-    const std::string kind_section(find_kind(choice.kind)->section);
-    for (const auto& option : info.options)
-      if (!schema.find(kind_section + "." + option.key))
-        schema.add_shorthand(kind_section + "." + option.key, choice.section + "." + option.key);
-  }
-  // The options of every loaded component the run does not select: ignored, with a warning.
-  for (const auto& info : registry.components()) {
-    const KindInfo* kind = find_kind(info.kind);
-    if (kind == nullptr) continue;
-    const bool selected = std::any_of(chosen.begin(), chosen.end(), [&](const ComponentChoice& c) {
-      return c.kind == info.kind && c.name == info.name;
-    });
-    if (selected) continue;
-    const std::string key(kind->select_key);
-    const std::string now = config.get(key).value_or(core_schema().find(key)->option.default_value);
-    const std::string why = owner(info) + ", which this run does not select (" + key + " = " +
-                            (now.empty() ? "(none)" : now) + ")";
-    const std::string section = component_section(info.kind, info.name);
-    for (const auto& option : info.options) {
-      schema.add_foreign(section + "." + option.key, why);
-      const std::string short_key = std::string(kind->section) + "." + option.key;
-      if (!schema.find(short_key) && schema.shorthand(short_key).empty()) schema.add_foreign(short_key, why);
-    }
-  }
-  return schema;
 }
 
 // ---- validation ------------------------------------------------------------------------------
@@ -505,7 +427,9 @@ Resolved validate(const Config& config, const Schema& schema) {
         if (section_of(k) == section && std::find(in_section.begin(), in_section.end(), k) == in_section.end())
           in_section.push_back(k);
       std::string message = where + ": unknown key '" + key + "'";
-      if (auto close = closest(key, in_section)) message += "; did you mean '" + *close + "'?";
+      if (key.size() > 5 && key.compare(key.size() - 5, 5, ".base") == 0 && value.origin.source == "file")
+        message += "; `base = ...` names the files this one builds on, on a line before the first [section]";
+      else if (auto close = closest(key, in_section)) message += "; did you mean '" + *close + "'?";
       else message += "; [" + section + "] has " + join(in_section, ", ");
       problems.push_back(message);
       continue;

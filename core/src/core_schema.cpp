@@ -1,6 +1,14 @@
-// The core's configuration keys: every section and key that is not a component's option.
+// The core's configuration keys: every section and key that is not a component's option; the
+// schema of a run (the core's keys and each chosen component's options).
 // Components add their own keys to the section that selects them ([model], [data], ...).
 #include <loom/core/config.hpp>
+#include <loom/core/kinds.hpp>
+#include <loom/core/plugin_registry.hpp>
+
+#include <loom/sdk/options.hpp>
+
+#include <algorithm>
+#include <set>
 
 namespace loom::core {
 
@@ -107,6 +115,115 @@ Schema core_schema() {
                 "eager steps before the step is captured (after the start and after each new plan)"),
         });
   return s;
+}
+
+// ---- Schema ----------------------------------------------------------------------------------
+
+void Schema::add(const std::string& section, const std::string& owner,
+                 const std::vector<OptionSpec>& options) {
+  for (const auto& option : options) {
+    const std::string key = section + "." + option.key;
+    if (auto it = keys_.find(key); it != keys_.end())
+      throw Error("key '" + key + "' is defined by both " + it->second.owner + " and " + owner +
+                  "; these two cannot be used together");
+    keys_[key] = KeySpec{key, option, owner};
+  }
+}
+
+void Schema::add_shorthand(const std::string& key, const std::string& canonical) {
+  auto& targets = shorthands_[key];
+  if (std::find(targets.begin(), targets.end(), canonical) == targets.end()) targets.push_back(canonical);
+}
+
+void Schema::add_foreign(const std::string& key, const std::string& why) { foreign_.emplace(key, why); }
+
+const KeySpec* Schema::find(const std::string& key) const {
+  auto it = keys_.find(key);
+  return it == keys_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> Schema::shorthand(const std::string& key) const {
+  auto it = shorthands_.find(key);
+  return it == shorthands_.end() ? std::vector<std::string>{} : it->second;
+}
+
+const std::string* Schema::foreign(const std::string& key) const {
+  auto it = foreign_.find(key);
+  return it == foreign_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> Schema::sections() const {
+  std::vector<std::string> out;
+  for (const auto& [key, spec] : keys_) {
+    const std::string s = key.substr(0, key.rfind('.'));  // (every schema key has a section)
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  }
+  return out;
+}
+
+std::string component_section(uint32_t kind, const std::string& name) {
+  const KindInfo* k = find_kind(kind);
+  return (k ? std::string(k->section) : kind_name(kind)) + "." + name;
+}
+
+std::vector<ComponentChoice> chosen_components(const Config& config) {
+  const Schema core = core_schema();
+  auto value = [&](const std::string& key) {
+    if (auto v = config.get(key)) return *v;
+    const KeySpec* spec = core.find(key);
+    return spec ? spec->option.default_value : std::string();
+  };
+  std::vector<ComponentChoice> out;
+  for (const KindInfo& kind : kinds()) {
+    const std::string key(kind.select_key);
+    const std::vector<std::string> names = kind.many ? sdk::parse_list(value(key)) : std::vector<std::string>{value(key)};
+    std::set<std::string> seen;
+    if (!kind.many && names.front().empty())  // `--set model.name=`: no choice, not "the default"
+      throw Error(key + " is empty; name the " + std::string(kind.noun) + " to use (`loom plugins` lists them), or " +
+                  "remove the setting for the default");
+    for (const auto& name : names) {
+      if (name.empty()) continue;
+      if (!seen.insert(name).second)
+        throw Error(key + " lists '" + name + "' twice (" + value(key) + "); each " + std::string(kind.noun) +
+                    " is used once: remove one");
+      out.push_back({kind.id, component_section(kind.id, name), name, key});
+    }
+  }
+  return out;
+}
+
+Schema run_schema(const Config& config, const PluginRegistry& registry) {
+  Schema schema = core_schema();
+  const auto chosen = chosen_components(config);
+  auto owner = [](const ComponentInfo& c) { return std::string(find_kind(c.kind)->noun) + " '" + c.name + "'"; };
+  for (const auto& choice : chosen) {
+    const ComponentInfo& info = registry.require(choice.kind, choice.name);
+    schema.add(choice.section, owner(info), info.options);
+    const std::string kind_section(find_kind(choice.kind)->section);
+    for (const auto& option : info.options)
+      if (!schema.find(kind_section + "." + option.key))
+        schema.add_shorthand(kind_section + "." + option.key, choice.section + "." + option.key);
+  }
+  // The options of every loaded component the run does not select: ignored, with a warning.
+  for (const auto& info : registry.components()) {
+    const KindInfo* kind = find_kind(info.kind);
+    if (kind == nullptr) continue;
+    const bool selected = std::any_of(chosen.begin(), chosen.end(), [&](const ComponentChoice& c) {
+      return c.kind == info.kind && c.name == info.name;
+    });
+    if (selected) continue;
+    const std::string key(kind->select_key);
+    const std::string now = config.get(key).value_or(core_schema().find(key)->option.default_value);
+    const std::string why = owner(info) + ", which this run does not select (" + key + " = " +
+                            (now.empty() ? "(none)" : now) + ")";
+    const std::string section = component_section(info.kind, info.name);
+    for (const auto& option : info.options) {
+      schema.add_foreign(section + "." + option.key, why);
+      const std::string short_key = std::string(kind->section) + "." + option.key;
+      if (!schema.find(short_key) && schema.shorthand(short_key).empty()) schema.add_foreign(short_key, why);
+    }
+  }
+  return schema;
 }
 
 }  // namespace loom::core

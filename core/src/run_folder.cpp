@@ -29,6 +29,7 @@
 #include <cstring>
 #include <ctime>
 #include <optional>
+#include <set>
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -214,23 +215,71 @@ void Trainer::set_aside_files_without_checkpoint() {
             "): they are moved to ", aside.string(), ", and the run starts from step 0");
 }
 
-void Trainer::keep_the_runs_keep_last() {
-  auto& mine = config_.at("trainer.keep_last");
-  if (mine.origin.source != "default") return;  // given for this resume: the user's choice
-  std::string recorded;
+namespace {
+
+/// Keys a resume changes as a matter of course (how long, how often, where, with what), said at
+/// info level; the rest change what is trained, and are warned about. Keys compared with the
+/// checkpoint itself (model, data, precision, seed, schedule, the global batch) are said there.
+enum class Change { kSaidElsewhere, kRoutine, kTraining };
+Change kind_of_change(const std::string& key) {
+  static const std::set<std::string> elsewhere = {"trainer.resume", "trainer.resume_from", "trainer.seed", "trainer.schedule",
+                                                  "trainer.batch_size", "trainer.gradient_accumulation_steps",
+                                                  "trainer.keep_last"};
+  static const std::set<std::string> routine = {
+      "trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trainer.log_every", "trainer.checkpoint_every",
+      "trainer.threads", "trainer.device", "trainer.device_step", "trainer.callbacks", "trainer.peak_tflops", "trainer.work_dir", "trainer.best_metric"};
+  for (const char* prefix : {"model.", "data.", "precision."})
+    if (key.rfind(prefix, 0) == 0) return Change::kSaidElsewhere;
+  if (elsewhere.count(key)) return Change::kSaidElsewhere;
+  for (const char* prefix : {"callback.", "memory.", "parallel.", "step.", "log."})
+    if (key.rfind(prefix, 0) == 0) return Change::kRoutine;
+  return routine.count(key) ? Change::kRoutine : Change::kTraining;
+}
+
+}  // namespace
+
+// A resume of the run in its own folder: its config.json records how it was started. A key this
+// resume does not set whose default would undo the run's choice (keep_last: pruning what the run
+// kept) takes the recorded value; every other difference is said, and the record of the steps
+// before is kept beside the new config.json (config.until_step_N.json).
+void Trainer::read_the_runs_config() {
+  json manifest;
   try {
-    const json manifest = json::parse(read_file(run_dir_ / "config.json"));
-    recorded = manifest.at("trainer.keep_last").at("value").get<std::string>();
+    manifest = json::parse(read_file(run_dir_ / "config.json"));
   } catch (const std::exception&) {
-    return;  // no readable record (a run of an older Loom, or damaged): the default, as before
+    return;  // no readable record (a run of an older Loom, or damaged): nothing to compare
   }
+  if (!manifest.is_object()) return;
+  const auto recorded = [&](const std::string& key) -> std::optional<std::string> {
+    const auto it = manifest.find(key);
+    if (it == manifest.end() || !it->is_object() || !it->contains("value") || !it->at("value").is_string()) return {};
+    return it->at("value").get<std::string>();
+  };
+  auto& mine = config_.at("trainer.keep_last");
   int64_t value = 0;
-  const auto [end, error] = std::from_chars(recorded.data(), recorded.data() + recorded.size(), value);
-  if (error != std::errc() || end != recorded.data() + recorded.size() || value < 0 || value == options_.keep_last) return;
-  log::info("trainer.keep_last = ", value, ", as the run recorded it in config.json (this resume does not set it; ",
-            "the default, ", options_.keep_last, ", would prune what the run kept)");
-  options_.keep_last = value;
-  mine = ConfigValue{recorded, Origin{"the run's config.json", {}, 0}};
+  if (const auto kept = recorded("trainer.keep_last"); kept && mine.origin.source == "default") {
+    const auto [end, error] = std::from_chars(kept->data(), kept->data() + kept->size(), value);
+    if (error == std::errc() && end == kept->data() + kept->size() && value >= 0 && value != options_.keep_last) {
+      log::info("trainer.keep_last = ", value, ", as the run recorded it in config.json (this resume does not set it; ",
+                "the default, ", options_.keep_last, ", would prune what the run kept)");
+      options_.keep_last = value;
+      mine = ConfigValue{*kept, Origin{"the run's config.json", {}, 0}};
+    }
+  }
+  std::vector<std::string> routine, training;
+  for (const auto& [key, now] : config_) {
+    const auto was = recorded(key);  // (none: a key of a component the run did not use, or of an older Loom)
+    if (!was || *was == now.value) continue;
+    const Change change = kind_of_change(key);
+    if (change == Change::kSaidElsewhere) continue;
+    (change == Change::kRoutine ? routine : training)
+        .push_back(key + " " + *was + " -> " + now.value + " (" + now.origin.describe() + ")");
+  }
+  if (!routine.empty()) log::info("resumed with ", join(routine, "; "));
+  if (!training.empty())
+    log::warn("this resume trains otherwise than the run did until step ", step_, " (its config.json): ", join(training, "; "),
+              ". To go on as it was, give the -c files and --set of the run's first command");
+  config_changed_ = !routine.empty() || !training.empty();
 }
 
 namespace {
@@ -364,12 +413,16 @@ void Trainer::open_run_here() {
                 ", or choose another trainer.name (nothing was written)");
   }
   if (resumed_at_ >= 0 && fs::weakly_canonical(resumed_from_.parent_path().parent_path()) == fs::weakly_canonical(run_dir_))
-    keep_the_runs_keep_last();
+    read_the_runs_config();
   checkpoints_ = std::make_unique<CheckpointStore>(run_dir_);
   if (resumed_at_ >= 0)
     notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
+  if (config_changed_) {  // the record of the steps before stays (the first one, if this step is resumed again)
+    const fs::path until = run_dir_ / ("config.until_step_" + std::to_string(step_) + ".json");
+    if (!fs::exists(until)) rename_durable(run_dir_ / "config.json", until);
+  }
   write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
   take_away.armed = false;
   made_run_dir_ = made_here && resumed_at_ < 0;

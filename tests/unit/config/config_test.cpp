@@ -134,6 +134,57 @@ TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {
                   "twice.ini:2: base is set again (line 1: one.ini); list every base on one line, base = one.ini, two.ini");
 }
 
+TEST_F(ConfigTest, ABaseReadForALaterFileThatOverridesAnEarlierFileIsSaid) {
+  // -c mine.ini -c other.ini, other.ini building on common.ini: common.ini is read after mine.ini,
+  // so its lr replaces mine's. That is the order (each file after its bases), and it is said.
+  write("common.ini", "[trainer]\nlr = 0.002\nseed = 5\n");
+  const auto mine = write("mine.ini", "[trainer]\nlr = 0.01\nseed = 5\n");
+  const auto other = write("other.ini", "base = common.ini\n[trainer]\nepochs = 2\n");
+  {
+    Config c;
+    log::Capture log(LOOM_LOG_WARN);
+    c.load_file(mine);
+    c.load_file(other);
+    EXPECT_EQ(*c.get("trainer.lr"), "0.002");
+    EXPECT_TRUE(log.contains("common.ini:2: trainer.lr = 0.002 replaces 0.01 from ")) << join(log.lines(), "\n");
+    EXPECT_TRUE(log.contains("mine.ini:2, read before ")) << join(log.lines(), "\n");
+    EXPECT_FALSE(log.contains("seed")) << "the same value replaces nothing: " << join(log.lines(), "\n");
+  }
+  {
+    // A file's own bases, later overriding earlier (base = b, c), and a later -c file overriding
+    // an earlier one: the order meant, said by nobody.
+    write("b.ini", "[trainer]\nlr = 1\n");
+    write("c.ini", "[trainer]\nlr = 2\n");
+    const auto top = write("top.ini", "base = b.ini, c.ini\n[trainer]\nseed = 4\n");
+    const auto later = write("later.ini", "[trainer]\nlr = 3\n");
+    Config c;
+    log::Capture log(LOOM_LOG_WARN);
+    c.load_file(top);
+    c.load_file(later);
+    EXPECT_EQ(*c.get("trainer.lr"), "3");
+    EXPECT_TRUE(log.lines().empty()) << join(log.lines(), "\n");
+  }
+}
+
+TEST_F(ConfigTest, BasesNamedTwiceTooDeepOrReadTooOftenAreOneError) {
+  write("x.ini", "[trainer]\nlr = 1\n");
+  const auto twice = write("twice.ini", "base = x.ini, x.ini\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(twice); }), "twice.ini:1: base names x.ini twice; name it once");
+  // 40 files, each the base of the one before.
+  for (int i = 0; i < 40; ++i)
+    write("deep" + std::to_string(i) + ".ini", i == 39 ? "[trainer]\nlr = 1\n" : "base = deep" + std::to_string(i + 1) + ".ini\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(dir_ / "deep0.ini"); }), "bases 32 deep");
+  // Twelve levels of diamonds: 2^12 reads of the last file, refused after 512 (it took minutes).
+  for (int i = 0; i < 12; ++i) {
+    const std::string next = "d" + std::to_string(i + 1) + ".ini";
+    write("d" + std::to_string(i) + ".ini", "base = l" + std::to_string(i) + ".ini, r" + std::to_string(i) + ".ini\n");
+    write("l" + std::to_string(i) + ".ini", "base = " + next + "\n");
+    write("r" + std::to_string(i) + ".ini", "base = " + next + "\n");
+  }
+  write("d12.ini", "[trainer]\nlr = 1\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(dir_ / "d0.ini"); }), "more than 512 configuration files read");
+}
+
 TEST_F(ConfigTest, MalformedLinesAndKeysOutsideSectionsAreErrors) {
   const auto bad = write("bad.ini", "[trainer]\nlr = 1\nthis line has no equals sign\n");
   EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(bad); }), "bad.ini:3: not a `key = value`");
@@ -174,6 +225,13 @@ TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
   config.load_file(file);
   const std::string message = error_of([&] { validate(config, core_schema()); });
   EXPECT_CONTAINS(message, "run.ini:4: unknown key 'trainer.batch_szie'; did you mean 'trainer.batch_size'?");
+  // `base` written under a section is that section's key: said where it belongs.
+  const auto late = write("late.ini", "[trainer]\nlr = 0.1\nbase = run.ini\n");
+  Config late_base;
+  late_base.load_file(late);
+  EXPECT_CONTAINS(error_of([&] { validate(late_base, core_schema()); }),
+                  "late.ini:3: unknown key 'trainer.base'; `base = ...` names the files this one builds on, on a line "
+                  "before the first [section]");
 }
 
 TEST_F(ConfigTest, UnknownSectionSuggestsTheClosestSection) {

@@ -10,6 +10,7 @@
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/safetensors.hpp>
+#include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 
 #include "trainer_testing.hpp"
@@ -492,6 +493,37 @@ TEST_F(RunFolderTest, AResumeKeepsTheCheckpointsItsRunKept) {
   c.set_assignment("trainer.keep_last=2");
   loom::testing::make_trainer(c)->train();
   EXPECT_EQ(steps(dir_ / "kept"), (std::vector<std::string>{step_dir_name(10), step_dir_name(12)}));
+}
+
+TEST_F(RunFolderTest, AResumeThatTrainsOtherwiseSaysWhatChangedAndKeepsTheRunsRecord) {
+  // The run was started with -c files and --set that a resume command may leave out: its learning
+  // rate and clipping then become the defaults, from the resumed step on. Said, with both values,
+  // and config.json of the steps before is kept (config.until_step_4.json).
+  Config first = base("changed", 4);
+  first.set_assignment("trainer.lr=0.01");
+  first.set_assignment("trainer.clip_grad_norm=0.5");
+  loom::testing::make_trainer(first)->train();
+  Config again = base("changed", 6);  // (max_steps 4 -> 6: a routine change, said at info level)
+  again.set_assignment("trainer.resume=auto");
+  {
+    log::Capture capture;
+    loom::testing::make_trainer(again)->train();
+    const std::string said = join(capture.lines(), "\n");
+    EXPECT_TRUE(capture.contains("this resume trains otherwise than the run did until step 4 (its config.json): ")) << said;
+    EXPECT_TRUE(capture.contains("trainer.clip_grad_norm 0.5 -> 1.0 (default)")) << said;
+    EXPECT_TRUE(capture.contains("trainer.lr 0.01 -> ")) << said;
+    EXPECT_TRUE(capture.contains("resumed with trainer.max_steps 4 -> 6 (--set)")) << said;
+    const fs::path until = dir_ / "changed" / "config.until_step_4.json";
+    ASSERT_TRUE(fs::exists(until));
+    EXPECT_NE(read_file(until).find("\"value\": \"0.01\""), std::string::npos);
+    EXPECT_EQ(read_file(dir_ / "changed" / "config.json").find("\"value\": \"0.01\""), std::string::npos);
+  }
+  // The same command again: nothing differs from config.json, nothing is said or kept.
+  again.set_assignment("trainer.max_steps=6");
+  log::Capture quiet;
+  loom::testing::make_trainer(again)->train();
+  EXPECT_FALSE(quiet.contains("trains otherwise")) << join(quiet.lines(), "\n");
+  EXPECT_FALSE(fs::exists(dir_ / "changed" / "config.until_step_6.json"));
 }
 
 TEST_F(RunFolderTest, TheUsersOwnCopiesBesideTheStepsAreNeitherResumedNorPruned) {

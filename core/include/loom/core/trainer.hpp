@@ -287,8 +287,9 @@ class Trainer {
   void set_aside_newer_steps(const std::filesystem::path& checkpoint);
   /// --resume auto in a folder whose run wrote files but no checkpoint: they move aside.
   void set_aside_files_without_checkpoint();
-  /// A resume of this run that leaves trainer.keep_last at its default takes the run's recorded value.
-  void keep_the_runs_keep_last();
+  /// A resume of this run in its folder, against its config.json: keep_last left at its default
+  /// takes the recorded value; other differences are said (config_changed_).
+  void read_the_runs_config();
 
   /// What callbacks see of the run (trainer_callbacks.cpp).
   class Context;
