@@ -298,10 +298,8 @@ int cmd_launch(const Invocation& invocation) {
     // Each SIGINT or SIGTERM goes on to every rank, and none is killed for it: the first stops them
     // after their step, rank 0 writing the checkpoint (as long as that takes: a scheduler's warning
     // before it kills a job is the time it gives); a second stops them at once.
-    if (const std::sig_atomic_t received = signals_received; received > forwarded) {
-      signal_all(children, interrupted);
-      forwarded = received;
-    }
+    for (const std::sig_atomic_t received = signals_received; forwarded < received; ++forwarded)
+      signal_all(children, interrupted);  // (two in one pass: both go on, the second stopping at once)
     bool any = false;
     for (const auto& c : children) any = any || c.running;
     if (!any) break;

@@ -81,9 +81,11 @@ void install_stop_signals(bool checkpoints) {
 int stop_signal_received() { return received.load(); }
 
 StopAtOnce::StopAtOnce(const char* message, const std::string& during) {
-  if (const int sig = received.load(); sig != 0 && sig != SIGPIPE)
+  at_once.store(message);  // first: a signal from here on ends the process; one before it is seen below
+  if (const int sig = received.load(); sig != 0 && sig != SIGPIPE) {
+    at_once.store(nullptr);
     throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " during set-up (before " + during + "): no step was trained");
-  at_once.store(message);
+  }
 }
 
 StopAtOnce::~StopAtOnce() { at_once.store(nullptr); }

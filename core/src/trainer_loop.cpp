@@ -58,7 +58,8 @@ TrainSummary Trainer::train() {
     if (sig != 0 && stop_reason_.empty()) stop_reason_ = signal_name(sig) + " received";
     // A callback's stop on one rank during the step is every rank's before the evaluation's decision.
     if (another_rank_stopped_ && stop_reason_.empty()) stop_reason_ = "another rank's callback stopped the run";
-    if (step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty()) {
+    const bool log_now = step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty();
+    if (log_now) {
       flush_window();
       // A stop logs a step that was not a log step: its rate is still on the device (one read).
       if (!r.read && lr_on_device_.defined()) r.lr = lr_on_device_.item<double>();
@@ -66,6 +67,9 @@ TrainSummary Trainer::train() {
       add_model_flops(values, flops_per_term_, devices_in_world(), peak_.tflops);  // Note [Model FLOPs in the log]
       finish_metrics(values, "train/");
       notify("on_log", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_log(run, step_, values); });
+      // (and one that on_log asked for: agreed again, on log steps only, which every rank shares)
+      if (parallel_->world_size() > 1 && any_rank(!stop_reason_.empty()) && stop_reason_.empty())
+        stop_reason_ = "another rank's callback stopped the run";
     }
     sdk::StepReport report = step_report(r, dt);
     const bool due = step_ % eval_every_ == 0 || step_ == total_steps_;

@@ -207,15 +207,22 @@ StepResult Trainer::step_with_recovery(bool read_values) {
       const auto names = sdk::parse_list(value_of(config_, "memory.policies"));
       for (size_t i = 0; i < memory_policies_.size() && replanned_by.empty(); ++i)
         if (memory_policies_[i]->on_oom(context)) replanned_by = i < names.size() ? names[i] : "?";
-      const bool replanned = !replanned_by.empty();
+      bool replanned = !replanned_by.empty();
+      // The same step is replayed with the new plan: one no smaller would run out of memory again, for
+      // ever. (With several ranks, said here and agreed below, so that every rank stops, none waits.)
+      std::string refused;
       if (replanned && context.plan.global() != plan_.global())
-        throw Error("memory policy changed the global batch while recovering from out-of-memory; refusing");
-      // The same step is replayed with the new plan: one no smaller would run out of memory again, for ever.
-      if (replanned && !(context.plan.micro_batch >= 1 && context.plan.micro_batch < plan_.micro_batch &&
-                         context.plan.accumulation >= 1 && context.plan.world_size == plan_.world_size))
-        throw Error("memory policy '" + replanned_by + "' answered an out-of-memory at step " +
-                    std::to_string(step_ + 1) + " with the plan " + sdk::plan_text(context.plan) + " (it was " +
-                    sdk::plan_text(plan_) + "): a replay needs a smaller micro-batch; " + message);
+        refused = "memory policy '" + replanned_by + "' changed the global batch while recovering from out-of-memory";
+      else if (replanned && !(context.plan.micro_batch >= 1 && context.plan.micro_batch < plan_.micro_batch &&
+                              context.plan.accumulation >= 1 && context.plan.world_size == plan_.world_size))
+        refused = "memory policy '" + replanned_by + "' answered an out-of-memory at step " + std::to_string(step_ + 1) +
+                  " with the plan " + sdk::plan_text(context.plan) + " (it was " + sdk::plan_text(plan_) +
+                  "): a replay needs a smaller micro-batch; " + message;
+      if (!refused.empty() && parallel_->world_size() <= 1) throw Error(refused);
+      if (!refused.empty()) {
+        log::error(refused);
+        replanned = false;
+      }
       // Every rank re-plans (the others learnt of the failure at the step's agreement); they go
       // on with the smallest micro-batch any chose. A rank with no policy that can re-plan stops
       // the run on every rank.

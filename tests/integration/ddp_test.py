@@ -203,14 +203,17 @@ try:
     # rank stops after that step (their evaluations would not meet otherwise) and ends cleanly.
     record = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_callback_record_callback.so")
     assert os.path.exists(record), f"{record} is built with the tests (tests/plugins)"
-    r = launch("--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=one_rank_stops", "--plugin-dir", record,
-               "--set", "trainer.callbacks=record, checkpoint", "--set", "callback.record.stop_main_at_begin=3",
-               "--set", "trainer.eval_every=1000", "--set", "data.validation_fraction=0.5", timeout=300, check=False)
-    assert r.returncode == 0, (r.returncode, r.stderr[-2500:])
-    assert "record asked rank 0 alone to stop in step 3" in r.stderr, r.stderr[-2500:]
-    assert "validation step 3: " in r.stderr and "stopped   early at step 3 of 100000" in r.stderr, r.stderr[-2500:]
-    assert os.path.isdir(os.path.join(work, "one_rank_stops", "checkpoints", "step_00000003")), r.stderr[-2500:]
-    print("a callback stopping rank 0 alone in step 3: both ranks stopped after it, evaluated together, exit 0")
+    for hook in ("on_step_begin", "on_log"):
+        name = f"one_rank_stops_{hook}"
+        r = launch("--nproc-per-node", "2", "--", "train", *long[:-1], f"trainer.name={name}", "--plugin-dir", record,
+                   "--set", "trainer.callbacks=record, checkpoint", "--set", "callback.record.stop_main_at=3",
+                   "--set", f"callback.record.stop_main_in={hook}", "--set", "trainer.eval_every=1000",
+                   "--set", "data.validation_fraction=0.5", timeout=300, check=False)
+        assert r.returncode == 0, (hook, r.returncode, r.stderr[-2500:])
+        assert f"record asked rank 0 alone to stop in {hook} of step 3" in r.stderr, r.stderr[-2500:]
+        assert "validation step 3: " in r.stderr and "stopped   early at step 3 of 100000" in r.stderr, r.stderr[-2500:]
+        assert os.path.isdir(os.path.join(work, name, "checkpoints", "step_00000003")), r.stderr[-2500:]
+        print(f"a callback stopping rank 0 alone in {hook} of step 3: both ranks stopped after it, evaluated together")
 
     # 5c''. A test split smaller than the world: rank 1 has no sample of it and adds nothing; the
     # figures are the one sample's, as a single process gives them.

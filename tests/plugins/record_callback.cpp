@@ -12,19 +12,18 @@ class RecordCallback final : public loom::sdk::Callback {
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_int("stop_at", "0", "ask to stop in on_step_end of this step (0: never)"),
       loom::sdk::option_string("fail_in", "", "throw in this hook (e.g. on_log)"),
-      loom::sdk::option_int("stop_main_at_begin", "0",
-                            "on the main rank only, ask to stop in on_step_begin of this step (0: never)"),
+      loom::sdk::option_int("stop_main_at", "0", "on the main rank only, ask to stop in this step (0: never)"),
+      loom::sdk::option_enum("stop_main_in", "on_step_begin", "on_step_begin|on_log", "the hook stop_main_at stops in"),
   };
 
   explicit RecordCallback(const loom::sdk::Options& o)
-      : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")),
-        stop_main_at_begin_(o.get_int("stop_main_at_begin")) {}
+      : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")), stop_main_at_(o.get_int("stop_main_at")),
+        stop_main_in_(o.get_string("stop_main_in")) {}
 
   void on_run_begin(loom::sdk::RunContext& run) override { hook("on_run_begin", run.step()); }
   void on_step_begin(loom::sdk::RunContext& run, int64_t step) override {
     hook("on_step_begin", step);
-    if (stop_main_at_begin_ > 0 && step == stop_main_at_begin_ && run.is_main())
-      run.request_stop("record asked rank 0 alone to stop in step " + std::to_string(step));
+    stop_main(run, "on_step_begin", step);
   }
   void on_after_backward(loom::sdk::RunContext& run, const std::vector<at::Tensor>& g) override {
     if (g.empty()) throw loom::sdk::Error("no gradients");
@@ -33,8 +32,9 @@ class RecordCallback final : public loom::sdk::Callback {
   void on_before_optimizer_step(loom::sdk::RunContext& run, const std::vector<at::Tensor>&) override {
     hook("on_before_optimizer_step", run.step() + 1);
   }
-  void on_log(loom::sdk::RunContext&, int64_t step, const std::map<std::string, double>& values) override {
+  void on_log(loom::sdk::RunContext& run, int64_t step, const std::map<std::string, double>& values) override {
     hook(values.count("train/loss") ? "on_log train" : "on_log eval", step);
+    if (values.count("train/loss")) stop_main(run, "on_log", step);
   }
   void on_evaluation_end(loom::sdk::RunContext&, const loom::sdk::EvalReport& r) override {
     hook(std::string("on_evaluation_end ") + loom::sdk::split_name(r.split), r.step);
@@ -65,6 +65,10 @@ class RecordCallback final : public loom::sdk::Callback {
   }
 
  private:
+  void stop_main(loom::sdk::RunContext& run, const char* in, int64_t step) {
+    if (stop_main_at_ > 0 && step == stop_main_at_ && stop_main_in_ == in && run.is_main())
+      run.request_stop("record asked rank 0 alone to stop in " + stop_main_in_ + " of step " + std::to_string(step));
+  }
   void hook(const std::string& what, int64_t step) {
     if (!fail_in_.empty() && what.rfind(fail_in_, 0) == 0) throw loom::sdk::Error("record fails in " + fail_in_ + " as asked");
     loom::sdk::log::info("record: ", what, " ", step);
@@ -72,7 +76,8 @@ class RecordCallback final : public loom::sdk::Callback {
 
   int64_t stop_at_;
   std::string fail_in_;
-  int64_t stop_main_at_begin_;
+  int64_t stop_main_at_;
+  std::string stop_main_in_;
   int64_t steps_ = 0;
   double loss_sum_ = 0;
 };

@@ -16,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/cuda.h>
 #if LOOM_DDP_NCCL
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -24,6 +25,8 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -183,7 +186,10 @@ class Ddp final : public loom::sdk::ParallelStrategy {
       store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env_.restart), store);
     store_ = store;
     agree_on_backend();
-    if (nccl_) return join_nccl();
+    if (nccl_) {
+      claim_gpu();
+      return join_nccl();
+    }
     auto gloo = c10d::ProcessGroupGloo::Options::create(timeout_);
     const char* interface = std::getenv("GLOO_SOCKET_IFNAME");
     try {
@@ -221,6 +227,28 @@ class Ddp final : public loom::sdk::ParallelStrategy {
       throw Error("ddp: rank " + std::to_string(env_.rank) + " would reduce with " + mine + ", rank 0 with " + theirs +
                   ": every rank needs the same backend and kind of device. Set trainer.device and parallel.backend for "
                   "all of them (a machine with fewer GPUs than ranks, or another build of Loom?)");
+  }
+
+  /// NCCL takes one GPU per rank: two ranks of one host on one GPU (two processes on a one-GPU
+  /// machine, each of which sees it as cuda:0) are said here, by the GPU's UUID, not by NCCL's
+  /// "Duplicate GPU detected" at the first all-reduce.
+  void claim_gpu() {
+#if LOOM_DDP_NCCL
+    const auto* properties = at::cuda::getDeviceProperties(device_.index());
+    std::string uuid;
+    for (const char byte : properties->uuid.bytes) {
+      static const char* hex = "0123456789abcdef";
+      uuid += hex[(static_cast<unsigned char>(byte) >> 4) & 15];
+      uuid += hex[static_cast<unsigned char>(byte) & 15];
+    }
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const int64_t ranks_on_it = store_->add("loom/ddp/gpu/" + std::string(host) + "/" + uuid, 1);
+    if (ranks_on_it > 1)
+      throw Error("ddp: rank " + std::to_string(env_.rank) + " would train on " + device_.str() + " (" + properties->name +
+                  ") of " + host + ", which another rank of this machine has: NCCL needs a GPU per rank. Start as many "
+                  "processes per node as GPUs, or set parallel.backend = gloo to share one");
+#endif
   }
 
   void join_nccl() {
