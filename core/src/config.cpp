@@ -151,25 +151,30 @@ namespace {
 // Files are read each after its bases, so a base read for a later file overrides what a file read
 // before that one set: `-c mine.ini -c debug` (debug's base, fashion_mnist.ini, sets trainer.lr
 // over mine.ini's), or a base two files share (read again for the second). Said, as it is rarely meant.
-void warn_if_base_overrides(const Config& config, const std::string& key, const std::string& value, const fs::path& path,
-                            int line, const std::vector<fs::path>& chain) {
+std::string base_override(const Config& config, const std::string& key, const std::string& value, const fs::path& path,
+                          int line, const std::vector<fs::path>& chain) {
   const ConfigValue* before = config.find(key);
   const auto& files = config.files();
-  if (chain.size() < 2 || before == nullptr || before->origin.source != "file" || before->value == value) return;
+  if (chain.size() < 2 || before == nullptr || before->origin.source != "file" || before->value == value) return "";
   const auto latest = [&](const fs::path& f) { return std::find(files.rbegin(), files.rend(), f) - files.rbegin(); };
   const fs::path& named_by = chain[chain.size() - 2];  // the file whose base this one is
-  if (latest(before->origin.file) <= latest(named_by)) return;  // (distance from the end: read after it, or it)
-  log::warn(display(path), ":", line, ": ", key, " = ", value, " replaces ", before->value, " from ",
-            before->origin.describe(), ", read before ", display(named_by), ", whose base this file is: a base's "
-            "values come before those of the file that names it. Set the key in ", display(named_by),
-            " or a file after it if ", before->value, " is meant");
+  if (latest(before->origin.file) <= latest(named_by)) return "";  // (distance from the end: read after it, or it)
+  return display(path) + ":" + std::to_string(line) + ": " + key + " = " + value + " replaces " + before->value + " from " +
+         before->origin.describe() + ", read before " + display(named_by) + ", whose base this file is: a base's " +
+         "values come before those of the file that names it. Set the key in " + display(named_by) +
+         " or a file after it if " + before->value + " is meant";
 }
 
 }  // namespace
 
 void Config::load_file(const fs::path& file) {
   std::vector<fs::path> chain;
+  base_overrides_.clear();
   load_file(file, chain, "");
+  for (const auto& o : base_overrides_)  // the base's value still in force: the file did not set the key itself
+    if (const ConfigValue* now = find(o.key); now && now->origin.file == o.file && now->origin.line == o.line)
+      log::warn(o.warning);
+  base_overrides_.clear();
 }
 
 void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
@@ -277,7 +282,8 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
                   "); the later, ", e.value, ", is used");
       it->second = &e;
     }
-    warn_if_base_overrides(*this, e.key, e.value, path, e.line, chain);
+    if (std::string warning = base_override(*this, e.key, e.value, path, e.line, chain); !warning.empty())
+      base_overrides_.push_back({e.key, path, e.line, std::move(warning)});
     set(e.key, e.value, Origin{"file", path, e.line});
   }
   chain.pop_back();

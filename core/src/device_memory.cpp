@@ -254,21 +254,38 @@ int64_t number_in(const std::filesystem::path& path) {
 }  // namespace
 
 CgroupMemory cgroup_memory(const std::filesystem::path& root) {
-  // cgroup v2: the process's group from /proc/self/cgroup ("0::/system.slice/x"), else the root's
-  // files (a container sees its own group as /); v1: the memory controller's files.
-  std::filesystem::path group = root / "sys/fs/cgroup";
+  // The process's group from /proc/self/cgroup: v2's "0::/job.slice/step", v1's memory controller
+  // "4:memory:/slurm/job_1". The limit is the smallest of the group's and its ancestors' (a job's
+  // limit holds for its steps); the usage is the group's, less the page cache the kernel reclaims
+  // first (inactive_file), or the start-up report's "free" would read near 0 after reading files.
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string v2, v1;
   std::ifstream self(root / "proc/self/cgroup");
-  for (std::string line; std::getline(self, line);)
-    if (line.rfind("0::", 0) == 0 && line.size() > 3 && std::filesystem::exists(group / line.substr(4) / "memory.max"))
-      group /= line.substr(4);
-  CgroupMemory m;
-  m.limit = number_in(group / "memory.max");
-  m.usage = number_in(group / "memory.current");
-  if (m.limit < 0) {
-    m.limit = number_in(root / "sys/fs/cgroup/memory/memory.limit_in_bytes");
-    m.usage = number_in(root / "sys/fs/cgroup/memory/memory.usage_in_bytes");
+  for (std::string line; std::getline(self, line);) {
+    if (line.rfind("0::", 0) == 0) v2 = line.substr(3);
+    const auto colon = line.find(':');
+    if (colon != std::string::npos && line.compare(colon, 8, ":memory:") == 0) v1 = line.substr(colon + 8);
   }
-  if (m.limit >= (int64_t{1} << 60)) m.limit = -1;  // v1's "no limit" (9223372036854771712)
+  const bool is_v2 = fs::exists(root / "sys/fs/cgroup/memory.max", ec) ||
+                     (!v2.empty() && fs::exists(root / "sys/fs/cgroup" / fs::path(v2).relative_path() / "memory.max", ec));
+  const fs::path top = is_v2 ? root / "sys/fs/cgroup" : root / "sys/fs/cgroup/memory";
+  const fs::path group = top / fs::path(is_v2 ? v2 : v1).relative_path();
+  const char* limit_file = is_v2 ? "memory.max" : "memory.limit_in_bytes";
+  CgroupMemory m;
+  // (a container sees its own group as /, whose files are at the top: the walk ends there)
+  for (fs::path at = group;; at = at.parent_path()) {
+    if (const int64_t limit = number_in(at / limit_file); limit >= 0 && limit < (int64_t{1} << 60))  // v1's none: 2^63 - 4096
+      m.limit = m.limit < 0 ? limit : std::min(m.limit, limit);
+    if (at == top || at.string().size() <= top.string().size() || !at.has_parent_path()) break;
+  }
+  const fs::path usage_at = fs::exists(group / limit_file, ec) ? group : top;
+  m.usage = number_in(usage_at / (is_v2 ? "memory.current" : "memory.usage_in_bytes"));
+  std::ifstream stat(usage_at / "memory.stat");
+  std::string key;
+  int64_t value = 0;
+  while (m.usage > 0 && stat >> key >> value)
+    if (key == (is_v2 ? "inactive_file" : "total_inactive_file")) m.usage = std::max<int64_t>(0, m.usage - value);
   return m;
 }
 

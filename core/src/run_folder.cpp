@@ -18,6 +18,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include <loom/sdk/files.hpp>
+#include <loom/sdk/options.hpp>
 #include "trainer_internal.hpp"
 
 #include <nlohmann/json.hpp>
@@ -222,7 +223,8 @@ namespace {
 /// checkpoint itself (model, data, precision, seed, schedule, the global batch) are said there.
 enum class Change { kSaidElsewhere, kRoutine, kTraining };
 Change kind_of_change(const std::string& key) {
-  static const std::set<std::string> elsewhere = {"trainer.resume", "trainer.resume_from", "trainer.seed", "trainer.schedule",
+  static const std::set<std::string> elsewhere = {"trainer.resume", "trainer.resume_from", "trainer.name", "trainer.seed",
+                                                  "trainer.schedule",
                                                   "trainer.batch_size", "trainer.gradient_accumulation_steps",
                                                   "trainer.keep_last"};
   static const std::set<std::string> routine = {
@@ -234,6 +236,16 @@ Change kind_of_change(const std::string& key) {
   for (const char* prefix : {"callback.", "memory.", "parallel.", "step.", "log."})
     if (key.rfind(prefix, 0) == 0) return Change::kRoutine;
   return routine.count(key) ? Change::kRoutine : Change::kTraining;
+}
+
+/// The same value written otherwise: `1` and `1.0`, `2e-3` and `0.002`, `a,b` and `a, b`.
+bool same_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  double x = 0, y = 0;
+  const auto [xe, xr] = std::from_chars(a.data(), a.data() + a.size(), x);
+  const auto [ye, yr] = std::from_chars(b.data(), b.data() + b.size(), y);
+  if (xr == std::errc() && yr == std::errc() && xe == a.data() + a.size() && ye == b.data() + b.size()) return x == y;
+  return sdk::parse_list(a) == sdk::parse_list(b);
 }
 
 }  // namespace
@@ -269,7 +281,7 @@ void Trainer::read_the_runs_config() {
   std::vector<std::string> routine, training;
   for (const auto& [key, now] : config_) {
     const auto was = recorded(key);  // (none: a key of a component the run did not use, or of an older Loom)
-    if (!was || *was == now.value) continue;
+    if (!was || same_value(*was, now.value)) continue;
     const Change change = kind_of_change(key);
     if (change == Change::kSaidElsewhere) continue;
     (change == Change::kRoutine ? routine : training)
@@ -421,7 +433,7 @@ void Trainer::open_run_here() {
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
   if (config_changed_) {  // the record of the steps before stays (the first one, if this step is resumed again)
     const fs::path until = run_dir_ / ("config.until_step_" + std::to_string(step_) + ".json");
-    if (!fs::exists(until)) rename_durable(run_dir_ / "config.json", until);
+    if (!fs::exists(until)) write_file_atomic(until, read_file(run_dir_ / "config.json"));  // (a copy: config.json is never missing)
   }
   write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
   take_away.armed = false;

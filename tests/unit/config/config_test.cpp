@@ -140,30 +140,31 @@ TEST_F(ConfigTest, ABaseReadForALaterFileThatOverridesAnEarlierFileIsSaid) {
   write("common.ini", "[trainer]\nlr = 0.002\nseed = 5\n");
   const auto mine = write("mine.ini", "[trainer]\nlr = 0.01\nseed = 5\n");
   const auto other = write("other.ini", "base = common.ini\n[trainer]\nepochs = 2\n");
-  {
+  // The files loaded in order (as -c gives them): the value of trainer.lr, and the warnings.
+  const auto load = [](std::initializer_list<fs::path> files) {
     Config c;
     log::Capture log(LOOM_LOG_WARN);
-    c.load_file(mine);
-    c.load_file(other);
-    EXPECT_EQ(*c.get("trainer.lr"), "0.002");
-    EXPECT_TRUE(log.contains("common.ini:2: trainer.lr = 0.002 replaces 0.01 from ")) << join(log.lines(), "\n");
-    EXPECT_TRUE(log.contains("mine.ini:2, read before ")) << join(log.lines(), "\n");
-    EXPECT_FALSE(log.contains("seed")) << "the same value replaces nothing: " << join(log.lines(), "\n");
-  }
-  {
-    // A file's own bases, later overriding earlier (base = b, c), and a later -c file overriding
-    // an earlier one: the order meant, said by nobody.
-    write("b.ini", "[trainer]\nlr = 1\n");
-    write("c.ini", "[trainer]\nlr = 2\n");
-    const auto top = write("top.ini", "base = b.ini, c.ini\n[trainer]\nseed = 4\n");
-    const auto later = write("later.ini", "[trainer]\nlr = 3\n");
-    Config c;
-    log::Capture log(LOOM_LOG_WARN);
-    c.load_file(top);
-    c.load_file(later);
-    EXPECT_EQ(*c.get("trainer.lr"), "3");
-    EXPECT_TRUE(log.lines().empty()) << join(log.lines(), "\n");
-  }
+    for (const auto& f : files) c.load_file(f);
+    return std::pair{*c.get("trainer.lr"), join(log.lines(), "\n")};
+  };
+  const auto [lr, said] = load({mine, other});
+  EXPECT_EQ(lr, "0.002");
+  EXPECT_CONTAINS(said, "common.ini:2: trainer.lr = 0.002 replaces 0.01 from ");
+  EXPECT_CONTAINS(said, "mine.ini:2, read before ");
+  EXPECT_EQ(said.find("seed"), std::string::npos) << "the same value replaces nothing: " << said;
+  // A later file that sets the key itself: its base's value never takes effect, and nothing is said.
+  const auto [own_lr, own_said] = load({mine, write("own.ini", "base = common.ini\n[trainer]\nlr = 0.5\n")});
+  EXPECT_EQ(own_lr, "0.5");
+  EXPECT_EQ(own_said, "");
+
+  // A file's own bases, later overriding earlier (base = b, c), and a later -c file overriding
+  // an earlier one: the order meant, said by nobody.
+  write("b.ini", "[trainer]\nlr = 1\n");
+  write("c.ini", "[trainer]\nlr = 2\n");
+  const auto [meant, quiet] = load({write("top.ini", "base = b.ini, c.ini\n[trainer]\nseed = 4\n"),
+                                    write("later.ini", "[trainer]\nlr = 3\n")});
+  EXPECT_EQ(meant, "3");
+  EXPECT_EQ(quiet, "");
 }
 
 TEST_F(ConfigTest, BasesNamedTwiceTooDeepOrReadTooOftenAreOneError) {

@@ -504,6 +504,13 @@ TEST(CgroupMemory, AContainersLimitIsTheMemoryItHasInV2AndV1) {
   auto m = loom::core::cgroup_memory(root);
   EXPECT_EQ(m.limit, int64_t{8} << 30);
   EXPECT_EQ(m.usage, int64_t{1} << 30);
+  // A smaller limit on a parent (the job's, over its step's) holds; reclaimable page cache is not used.
+  write("sys/fs/cgroup/job.slice/memory.max", "4294967296\n");
+  write("sys/fs/cgroup/job.slice/run/memory.stat", "anon 1000\ninactive_file 268435456\n");
+  m = loom::core::cgroup_memory(root);
+  EXPECT_EQ(m.limit, int64_t{4} << 30);
+  EXPECT_EQ(m.usage, (int64_t{1} << 30) - (int64_t{256} << 20));
+  std::filesystem::remove(root / "sys/fs/cgroup/job.slice/memory.max");
   write("sys/fs/cgroup/job.slice/run/memory.max", "max\n");
   EXPECT_EQ(loom::core::cgroup_memory(root).limit, -1) << "v2's max: no limit";
   std::filesystem::remove_all(root / "sys");

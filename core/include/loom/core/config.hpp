@@ -84,6 +84,15 @@ class Config {
   std::map<std::string, uint64_t> order_;
   uint64_t sets_ = 0;
   std::vector<std::filesystem::path> files_;
+  /// Values a base set over an earlier file's, while a -c file loads: warned about once it has
+  /// loaded, if the base's value is still the one in force (the file did not set the key itself).
+  struct BaseOverride {
+    std::string key;
+    std::filesystem::path file;
+    int line = 0;
+    std::string warning;
+  };
+  std::vector<BaseOverride> base_overrides_;
 };
 
 /// One key the configuration may contain.

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -90,17 +91,25 @@ inline std::string read_regular_file(const std::filesystem::path& path, int64_t 
 /// Replaces `path` with the bytes of `parts` (written one after the other, never joined in memory:
 /// a checkpoint's tensors) whole or not at all, across a crash or a power loss: a temporary file
 /// beside it, made anew (O_EXCL, O_NOFOLLOW: never a FIFO, a device or a link someone left under
-/// its name, and named by this process's id, so two processes never share one), written, synced,
-/// closed, renamed over `path`, and the folder synced. On failure the temporary file goes, `path`
-/// is as it was, and the error names the step, the file and the cause ("No space left on device").
+/// its name; named by host, process and the time, so no two writers share one, even on a
+/// file system several machines share), written, synced, closed, renamed over `path`, and the
+/// folder synced. On failure the temporary file goes, `path` is as it was, and the error names the
+/// step, the file and the cause ("No space left on device").
 inline void write_file_durably(const std::filesystem::path& path, const std::vector<std::string_view>& parts) {
-  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  char host[64] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::filesystem::path tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0 && attempt < 8; ++attempt) {  // (EEXIST: a name taken, by chance; another)
+    const auto now = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    tmp = path.string() + ".tmp." + host + "." + std::to_string(::getpid()) + "." + std::to_string(now % 1000000007);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   const auto failed = [&](const std::string& what, int error) {
     return Error("cannot " + what + " " + tmp.string() + ": " + std::strerror(error) + " (" + path.string() +
                  " is unchanged)");
   };
-  ::unlink(tmp.c_str());  // (whatever a killed process of the same id left)
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) throw failed("create", errno);
   // The temporary file goes, and the error names the call's cause, not what close or unlink set.
   const auto give_up = [&](const std::string& what, int error) {
