@@ -3,6 +3,7 @@
 //   correct    correct predictions per sample (higher is better; the host must not rename it)
 //   sq_error   squared error of the predicted class index, per *two* terms a sample (lower)
 //   per_batch  1 per micro-batch over 1 per micro-batch: exactly 1 however the data is split
+// `nan_eval_batches` makes the first evaluation batches' `correct` NaN (a model diverged early).
 #include <loom/sdk/sdk.hpp>
 
 #include <ATen/ops/argmax.h>
@@ -12,15 +13,19 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 
+#include <cmath>
+
 namespace {
 
 class MetricModel final : public loom::sdk::Model {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_bool("vector_metric", "false", "report per_batch with a sum of two elements (a broken model)"),
+      loom::sdk::option_int("nan_eval_batches", "0", "the first this many evaluation batches report correct as NaN"),
   };
 
-  explicit MetricModel(const loom::sdk::Options& o) : vector_metric_(o.get_bool("vector_metric")) {}
+  explicit MetricModel(const loom::sdk::Options& o)
+      : vector_metric_(o.get_bool("vector_metric")), nan_eval_batches_(o.get_int("nan_eval_batches")) {}
 
   void setup(const loom::sdk::DataSpec& data) override {
     int64_t features = 1;
@@ -32,7 +37,8 @@ class MetricModel final : public loom::sdk::Model {
 
   torch::nn::Module& module() override { return *root_; }
 
-  loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool) override {
+  loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool train) override {
+    const bool nan = !train && nan_eval_batches_ > 0 && nan_eval_batches_-- > 0;
     const at::Tensor x = batch.at(input_key_).flatten(1).to(at::kFloat);
     const at::Tensor target = batch.at(target_key_);
     const at::Tensor logits = linear_->forward(x);
@@ -42,7 +48,7 @@ class MetricModel final : public loom::sdk::Model {
     const double n = static_cast<double>(target.size(0));
     return {loss_sum,
             at::scalar_tensor(n, f),
-            {{"correct", {predicted.eq(target).sum().to(at::kFloat), {}}},
+            {{"correct", {predicted.eq(target).sum().to(at::kFloat) * (nan ? std::nan("") : 1.0), {}}},
              {"sq_error", {(predicted - target).pow(2).sum().to(at::kFloat), at::scalar_tensor(2 * n, f)}},
              {"per_batch", {vector_metric_ ? at::ones({2}, f) : at::scalar_tensor(1.0, f), at::scalar_tensor(1.0, f)}}}};
   }
@@ -56,6 +62,7 @@ class MetricModel final : public loom::sdk::Model {
 
  private:
   bool vector_metric_;
+  int64_t nan_eval_batches_;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};

@@ -82,7 +82,8 @@ void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
     metric_ = metric;
   }
   const std::optional<double> value = report.value(metric);
-  if (!value || (best_ && !sdk::improves(spec.direction, *value, *best_))) return;
+  // (NaN, a diverged model's, is no best: as the first it would be beaten by nothing after it)
+  if (!value || !std::isfinite(*value) || (best_ && !sdk::improves(spec.direction, *value, *best_))) return;
   best_ = *value;
   step_ = report.step;
   run.save_weights("best_" + metric + ".safetensors",
@@ -165,7 +166,7 @@ void EarlyStopping::on_run_begin(RunContext& run) {
 void EarlyStopping::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
   if (report.split != run.selection_split()) return;
   const std::optional<double> value = report.value(metric_);
-  if (value && (!best_ || sdk::improves(direction_, *value, *best_, min_delta_))) {
+  if (value && std::isfinite(*value) && (!best_ || sdk::improves(direction_, *value, *best_, min_delta_))) {
     best_ = *value;
     best_step_ = report.step;
     bad_evaluations_ = 0;

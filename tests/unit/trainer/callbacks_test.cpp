@@ -5,6 +5,7 @@
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/config.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/safetensors.hpp>
 #include <loom/core/trainer.hpp>
 
 #include "trainer_testing.hpp"
@@ -12,6 +13,7 @@
 #include <ATen/ops/equal.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -178,6 +180,27 @@ TEST_F(CallbacksTest, AResumeWithAnotherBestMetricStartsItsBestAfresh) {
   EXPECT_TRUE(capture.contains("best: the checkpoint's best is of accuracy; trainer.best_metric is now loss"));
   EXPECT_TRUE(fs::exists(dir_ / "best_metric" / "checkpoints" / "best_loss.safetensors"));
   EXPECT_TRUE(fs::exists(dir_ / "best_metric" / "checkpoints" / "best_accuracy.safetensors")) << "the other metric's best file stays";
+}
+
+TEST_F(CallbacksTest, ANaNMetricIsNeverTheBestThatLaterEvaluationsMustBeat) {
+  // The first validation (2 batches: 51 held-out samples at 32) reports NaN. As the best it would
+  // be beaten by nothing (every comparison with NaN is false): best_correct.safetensors stayed the
+  // NaN step's, and early stopping stopped after `patience` evaluations, however the model improved.
+  Config c = loom::testing::config_of(
+      {"model.name=metric_model", "model.nan_eval_batches=2", "data.name=synthetic", "data.train_size=512",
+       "data.test_size=128", "trainer.batch_size=32", "trainer.seed=7", "trainer.log_every=2", "trainer.eval_every=2",
+       "trainer.device=cpu", "precision.name=fp32", "memory.estimate=false"},
+      dir_, "nan_best");
+  c.set_assignment("trainer.best_metric=correct");
+  c.set_assignment("trainer.callbacks=best, early_stopping");
+  c.set_assignment("callback.early_stopping.patience=2");  // (the NaN counts as one without improvement)
+  c.set_assignment("trainer.max_steps=8");
+  const TrainSummary s = loom::testing::make_trainer(c)->train();
+  EXPECT_EQ(s.steps, 8) << "step 4's evaluation is a best, not a second failure to improve: " << s.stop_reason;
+  loom::sdk::TextMap metadata;
+  load_safetensors(dir_ / "nan_best" / "checkpoints" / "best_correct.safetensors", &metadata);
+  EXPECT_NE(metadata.at("step"), "2");
+  EXPECT_TRUE(std::isfinite(std::stod(metadata.at("value")))) << metadata.at("value");
 }
 
 TEST_F(CallbacksTest, EarlyStoppingRefusesAMetricTheModelDoesNotReport) {
