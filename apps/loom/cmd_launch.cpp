@@ -23,6 +23,7 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -76,6 +77,13 @@ std::string ended(int status) {
 }
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+/// A rank that ended as `loom train` does on a stop signal sent to it (128 + SIGHUP, SIGINT, SIGPIPE,
+/// SIGTERM): the ranks agreed on the stop and wrote their checkpoint; not a failure.
+bool stopped_by_signal(int status) {
+  if (!WIFEXITED(status)) return false;
+  const int code = WEXITSTATUS(status);
+  return code == 128 + SIGHUP || code == 128 + SIGINT || code == 128 + SIGPIPE || code == 128 + SIGTERM;
+}
 
 Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& env, const std::vector<std::string>& args) {
   int pipe_fds[2];
@@ -199,8 +207,11 @@ int cmd_launch(const Invocation& invocation) {
   if (node_rank < 0 || node_rank >= nnodes)
     throw Error("loom launch: --node-rank " + std::to_string(node_rank) + " is not in 0 ... " + std::to_string(nnodes - 1));
   if (port < 0 || port > 65535) throw Error("loom launch: --master-port " + std::to_string(port) + " is not a port");
-  if (!(grace >= 0 && grace <= 86400))  // (NaN too)
-    throw Error("loom launch: --grace " + std::to_string(grace) + " is not a number of seconds in 0 ... 86400");
+  if (!(grace >= 0 && grace <= 86400)) {  // (NaN too)
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", grace);
+    throw Error(std::string("loom launch: --grace ") + text + " is not a number of seconds in 0 ... 86400");
+  }
   // Ranks on other nodes reach rank 0 at --master-addr: 127.0.0.1 there is each node itself (said,
   // not refused: "nodes" that are one machine, a test of a multi-node job, do reach it).
   if (nnodes > 1 && (master == "localhost" || master.rfind("127.", 0) == 0 || master == "::1"))
@@ -252,6 +263,10 @@ int cmd_launch(const Invocation& invocation) {
   action.sa_handler = on_signal;
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
+  // A closed terminal hangs up the launcher's process group, not the ranks' (each has its own): the
+  // launcher passes it on, as Ctrl-C. Ignored on entry (nohup), it stays ignored.
+  if (struct sigaction inherited {}; ::sigaction(SIGHUP, nullptr, &inherited) == 0 && inherited.sa_handler != SIG_IGN)
+    ::sigaction(SIGHUP, &action, nullptr);
   std::vector<Child> children;
   // A Ctrl-C while the ranks start stops the starting: the loop below passes it to those started.
   try {
@@ -264,6 +279,7 @@ int cmd_launch(const Invocation& invocation) {
   }
 
   const Child* first_failure = nullptr;
+  const Child* signalled_rank = nullptr;  // one that stopped on a signal sent to it, not through the launcher
   std::sig_atomic_t forwarded = 0;  // signals passed on so far
   std::chrono::steady_clock::time_point stop_by{};
   for (;;) {
@@ -289,7 +305,8 @@ int cmd_launch(const Invocation& invocation) {
           c.running = false;
           c.status = status;
           if (c.out >= 0) drain(c, true);
-          if (failed(status) && first_failure == nullptr && !interrupted) {
+          if (stopped_by_signal(status) && signalled_rank == nullptr) signalled_rank = &c;
+          if (failed(status) && !stopped_by_signal(status) && first_failure == nullptr && !interrupted) {
             first_failure = &c;
             signal_all(children, SIGTERM);
             stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
@@ -319,6 +336,11 @@ int cmd_launch(const Invocation& invocation) {
   if (interrupted) {
     core::log::warn("launch: interrupted (", ::strsignal(interrupted), "), passed on to every rank");
     return 128 + interrupted;
+  }
+  if (signalled_rank != nullptr) {  // (every rank stopped after the same step; rank 0 wrote the checkpoint)
+    core::log::warn("launch: rank ", signalled_rank->rank, " ", ended(signalled_rank->status),
+                    ": a stop signal sent to it, which every rank agreed on");
+    return WEXITSTATUS(signalled_rank->status);
   }
   return 0;
 }

@@ -10,6 +10,8 @@
 //     foreground group), a few milliseconds apart.
 //   - A SIGPIPE is no reason to kill at once on the next signal: a SIGINT or SIGTERM after it
 //     counts as the first (it says so, and the checkpoint is still written).
+//   - A second SIGTERM within 2 s of the first is the same stop: a scheduler signals every process
+//     of a job, and `loom launch` passes its copy on to the ranks too.
 //   - SIGHUP and SIGPIPE ignored on entry stay ignored: `nohup loom train` keeps running when its
 //     terminal closes, and a service whose manager ignores SIGPIPE (systemd) keeps running when
 //     its log's reader restarts.
@@ -17,7 +19,9 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <unistd.h>
 
 namespace loom::core {
@@ -27,6 +31,13 @@ namespace {
 std::atomic<int> received{0};
 std::atomic<bool> saves{true};  // install_stop_signals' argument: what the first signal's message promises
 std::atomic<const char*> at_once{nullptr};  // a StopAtOnce's message while one lives
+std::atomic<int64_t> first_at{0};           // when the first stop signal came (CLOCK_MONOTONIC, ns)
+
+int64_t now_ns() {  // (clock_gettime is async-signal-safe)
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
 
 void on_signal(int sig) {
   const int before = received.load();
@@ -45,11 +56,15 @@ void on_signal(int sig) {
   }
   if (before != 0 && before != SIGPIPE) {
     if (sig == SIGHUP) return;  // the session's second hang-up: still the graceful stop
+    // A scheduler's SIGTERM to every process of a job reaches a rank twice, directly and passed on
+    // by `loom launch`, a moment apart: the same stop, not the second that would lose the checkpoint.
+    if (sig == SIGTERM && before == SIGTERM && now_ns() - first_at.load() < 2000000000) return;
     std::signal(sig, SIG_DFL);  // a second SIGINT or SIGTERM: the default action, now
     std::raise(sig);
     return;
   }
   received.store(sig);
+  first_at.store(now_ns());
   static const char message[] =
       "\nloom: stopping after the current step, with a checkpoint (during set-up: at its next check, nothing to "
       "save); send SIGINT or SIGTERM again to stop at once\n";

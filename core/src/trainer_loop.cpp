@@ -79,9 +79,13 @@ TrainSummary Trainer::train() {
       evaluation_cut_at_ = step_;  // a signal in the step skips its evaluation: pending in the checkpoint, as a cut one
     report.last = step_ == total_steps_ || !stop_reason_.empty();
     notify("on_step_end", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_end(run, report); });
-    // A callback that stops one rank's run stops every rank's (their next step would wait for it).
-    if (parallel_->world_size() > 1 && any_rank(!stop_reason_.empty()) && stop_reason_.empty())
-      stop_reason_ = "another rank's callback stopped the run";
+    // A callback that stops one rank's run stops every rank's (their next step would wait for it),
+    // and a signal during the evaluation (which ranks cannot cut short alone) stops them after it.
+    if (parallel_->world_size() > 1) {
+      const int late = stop_signal();
+      if (late != 0 && stop_reason_.empty()) stop_reason_ = signal_name(late) + " received";
+      if (another_rank_stopped_ && stop_reason_.empty()) stop_reason_ = "another rank's callback stopped the run";
+    }
   }
   // The test split, once, at the end (when validation chose the best checkpoint); also after a
   // resume at the last step whose cut validation just ran (the stop had skipped both).
