@@ -93,7 +93,7 @@ int cmd_train(const Invocation& invocation) {
     core::log::flush();
     return 128 + stopped.signal;
   }
-  if (trainer.step() >= trainer.total_steps()) {  // resumed at its end: a requeued job that finished
+  if (trainer.step() >= trainer.total_steps() && !trainer.evaluation_pending()) {  // resumed at its end: a requeued job that finished
     core::log::info("run ", trainer.run_dir().filename().string(), " is complete: its checkpoint is at step ",
                     trainer.step(), " of ", trainer.total_steps(), "; nothing to train. Raise trainer.max_steps to "
                     "train further; evaluate it with: loom eval ", trainer.run_dir().string());
@@ -147,6 +147,13 @@ int cmd_train(const Invocation& invocation) {
   if (fs::exists(run / "metrics.jsonl")) files.push_back((run / "metrics.jsonl").string());
   if (fs::exists(run / "tensorboard")) files.push_back((run / "tensorboard").string() + " (tensorboard --logdir " + run.string() + ")");
   core::log::info("files     ", files.empty() ? std::string("none (trainer.callbacks selects no writer)") : core::join(files, ", "));
+  if (s.signal != 0 && s.steps >= trainer.total_steps() && trainer.evaluation_pending()) {  // its validation was cut
+    core::log::warn("stopped by ", core::signal_name(s.signal), " after the last step (", s.steps, " of ", trainer.total_steps(),
+                    "): the training is complete and its checkpoint written; its validation was cut short, and a "
+                    "resume runs it and the test split: ", continue_hint(invocation, trainer, run.filename().string()));
+    core::log::flush();
+    return 128 + s.signal;
+  }
   if (s.signal != 0 && s.steps >= trainer.total_steps()) {  // during the last evaluation: nothing to continue
     core::log::warn("stopped by ", core::signal_name(s.signal), " after the last step (", s.steps, " of ", trainer.total_steps(),
                     "): the training is complete and its checkpoint written; only its final evaluation was cut "

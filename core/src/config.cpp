@@ -155,7 +155,7 @@ std::string base_override(const Config& config, const std::string& key, const st
                           int line, const std::vector<fs::path>& chain) {
   const ConfigValue* before = config.find(key);
   const auto& files = config.files();
-  if (chain.size() < 2 || before == nullptr || before->origin.source != "file" || before->value == value) return "";
+  if (chain.size() < 2 || before == nullptr || before->origin.source != "file" || same_value(before->value, value)) return "";
   const auto latest = [&](const fs::path& f) { return std::find(files.rbegin(), files.rend(), f) - files.rbegin(); };
   const fs::path& named_by = chain[chain.size() - 2];  // the file whose base this one is
   if (latest(before->origin.file) <= latest(named_by)) return "";  // (distance from the end: read after it, or it)
@@ -169,12 +169,16 @@ std::string base_override(const Config& config, const std::string& key, const st
 
 void Config::load_file(const fs::path& file) {
   std::vector<fs::path> chain;
-  base_overrides_.clear();
   load_file(file, chain, "");
-  for (const auto& o : base_overrides_)  // the base's value still in force: the file did not set the key itself
-    if (const ConfigValue* now = find(o.key); now && now->origin.file == o.file && now->origin.line == o.line)
-      log::warn(o.warning);
-  base_overrides_.clear();
+}
+
+std::vector<std::string> Config::base_override_warnings() const {
+  std::vector<std::string> out;
+  for (const auto& o : base_overrides_)  // (a base read again for several files: said once)
+    if (const ConfigValue* now = find(o.key); now && now->origin.source == "file" && now->origin.file == o.file &&
+                                             now->origin.line == o.line && std::find(out.begin(), out.end(), o.warning) == out.end())
+      out.push_back(o.warning);
+  return out;
 }
 
 void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,

@@ -129,6 +129,7 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
 }
 
 Resolved resolve_run(Config config, const PluginRegistry& registry) {
+  for (const auto& warning : config.base_override_warnings()) log::warn(warning);
   const Schema core = core_schema();
   auto get = [&](const std::string& key) {
     if (auto v = config.get(key)) return *v;

@@ -18,7 +18,6 @@
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include <loom/sdk/files.hpp>
-#include <loom/sdk/options.hpp>
 #include "trainer_internal.hpp"
 
 #include <nlohmann/json.hpp>
@@ -183,7 +182,8 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
     rename_durable(file, aside / file.filename());
     best_moved.push_back(file.filename().string());
   }
-  if (fs::exists(run_dir_ / "metrics.jsonl", ec)) fs::copy_file(run_dir_ / "metrics.jsonl", aside / "metrics.jsonl", ec);
+  for (const char* record : {"metrics.jsonl", "config.json"})  // (the configuration that trained those steps too)
+    if (fs::exists(run_dir_ / record, ec)) fs::copy_file(run_dir_ / record, aside / record, ec);
   const std::string best_said =
       best_moved.empty() ? std::string()
                          : join(best_moved, ", ") + " held weights of steps after " + checkpoint.filename().string() +
@@ -194,7 +194,7 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
   else
     log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ", which has newer checkpoints (",
               join(moved, ", "), "): they are moved to ", aside.string(),
-              " with that timeline's best files and metrics; nothing resumes or prunes them there",
+              " with that timeline's best files, metrics and config.json; nothing resumes or prunes them there",
               best_said.empty() ? std::string() : "; " + best_said);
 }
 
@@ -238,38 +238,59 @@ Change kind_of_change(const std::string& key) {
   return routine.count(key) ? Change::kRoutine : Change::kTraining;
 }
 
-/// The same value written otherwise: `1` and `1.0`, `2e-3` and `0.002`, `a,b` and `a, b`.
-bool same_value(const std::string& a, const std::string& b) {
-  if (a == b) return true;
-  double x = 0, y = 0;
-  const auto [xe, xr] = std::from_chars(a.data(), a.data() + a.size(), x);
-  const auto [ye, yr] = std::from_chars(b.data(), b.data() + b.size(), y);
-  if (xr == std::errc() && yr == std::errc() && xe == a.data() + a.size() && ye == b.data() + b.size()) return x == y;
-  return sdk::parse_list(a) == sdk::parse_list(b);
-}
-
 }  // namespace
 
-// A resume of the run in its own folder: its config.json records how it was started. A key this
-// resume does not set whose default would undo the run's choice (keep_last: pruning what the run
-// kept) takes the recorded value; every other difference is said, and the record of the steps
-// before is kept beside the new config.json (config.until_step_N.json).
+// A resume against the record of how its checkpoint was trained: the config.json of the
+// checkpoint's run folder, or, in this folder, the config.until_step_N.json of the first N at or
+// past the step (a resume from an older step compares with what trained up to it, not with what
+// trained the steps set aside). A key this resume does not set whose default would undo the run's
+// choice (keep_last: pruning what the run kept) takes the recorded value; every other difference
+// is said, and the record of the steps before is kept beside the new config.json.
 void Trainer::read_the_runs_config() {
+  const fs::path folder = resumed_from_.parent_path().parent_path();
+  const bool here = fs::weakly_canonical(folder) == fs::weakly_canonical(run_dir_);
+  fs::path record = folder / "config.json";
+  int64_t nearest = -1;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t until = -1;
+    const char* digits = name.c_str() + std::strlen("config.until_step_");
+    if (name.rfind("config.until_step_", 0) != 0 || name.size() < 24 || name.compare(name.size() - 5, 5, ".json") != 0 ||
+        std::from_chars(digits, name.c_str() + name.size() - 5, until).ec != std::errc())
+      continue;
+    if (until >= step_ && (nearest < 0 || until < nearest)) {
+      nearest = until;
+      record = entry.path();
+    }
+  }
   json manifest;
   try {
-    manifest = json::parse(read_file(run_dir_ / "config.json"));
-  } catch (const std::exception&) {
-    return;  // no readable record (a run of an older Loom, or damaged): nothing to compare
+    manifest = json::parse(read_file(record));
+  } catch (const std::exception& e) {
+    if (fs::exists(record, ec) || here)
+      log::warn("cannot compare this resume with how the run was trained: ", record.string(), " is ",
+                fs::exists(record, ec) ? "unreadable (" + std::string(e.what()) + ")" : std::string("missing"),
+                here && fs::exists(record, ec) ? "; it is kept as config.until_step_" + std::to_string(step_) + ".json" : "");
+    config_changed_ = here;
+    return;
   }
-  if (!manifest.is_object()) return;
+  if (!manifest.is_object()) {
+    log::warn("cannot compare this resume with how the run was trained: ", record.string(), " is not Loom's record");
+    config_changed_ = here;
+    return;
+  }
   const auto recorded = [&](const std::string& key) -> std::optional<std::string> {
     const auto it = manifest.find(key);
     if (it == manifest.end() || !it->is_object() || !it->contains("value") || !it->at("value").is_string()) return {};
-    return it->at("value").get<std::string>();
+    std::string value = it->at("value").get<std::string>();
+    for (char& c : value)  // (quoted in a terminal: no escape sequences from a file)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    return value;
   };
   auto& mine = config_.at("trainer.keep_last");
   int64_t value = 0;
-  if (const auto kept = recorded("trainer.keep_last"); kept && mine.origin.source == "default") {
+  if (const auto kept = recorded("trainer.keep_last"); here && kept && mine.origin.source == "default") {
     const auto [end, error] = std::from_chars(kept->data(), kept->data() + kept->size(), value);
     if (error == std::errc() && end == kept->data() + kept->size() && value >= 0 && value != options_.keep_last) {
       log::info("trainer.keep_last = ", value, ", as the run recorded it in config.json (this resume does not set it; ",
@@ -289,9 +310,9 @@ void Trainer::read_the_runs_config() {
   }
   if (!routine.empty()) log::info("resumed with ", join(routine, "; "));
   if (!training.empty())
-    log::warn("this resume trains otherwise than the run did until step ", step_, " (its config.json): ", join(training, "; "),
-              ". To go on as it was, give the -c files and --set of the run's first command");
-  config_changed_ = !routine.empty() || !training.empty();
+    log::warn("this resume trains otherwise than the run did until step ", step_, " (", record.string(), "): ",
+              join(training, "; "), ". To go on as it was, give the -c files and --set of the run's first command");
+  config_changed_ = here && (!routine.empty() || !training.empty());
 }
 
 namespace {
@@ -424,18 +445,20 @@ void Trainer::open_run_here() {
                              "aside") +
                 ", or choose another trainer.name (nothing was written)");
   }
-  if (resumed_at_ >= 0 && fs::weakly_canonical(resumed_from_.parent_path().parent_path()) == fs::weakly_canonical(run_dir_))
-    read_the_runs_config();
+  // A resume that trains nothing (its run complete, no evaluation pending) changes no record.
+  const bool trains = resumed_at_ < 0 || step_ < total_steps_ || evaluation_pending_;
+  if (resumed_at_ >= 0 && trains) read_the_runs_config();
   checkpoints_ = std::make_unique<CheckpointStore>(run_dir_);
   if (resumed_at_ >= 0)
     notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
-  if (config_changed_) {  // the record of the steps before stays (the first one, if this step is resumed again)
+  const fs::path record = run_dir_ / "config.json";
+  if (config_changed_ && fs::is_regular_file(record)) {  // the steps before keep their record (the first, if resumed twice)
     const fs::path until = run_dir_ / ("config.until_step_" + std::to_string(step_) + ".json");
-    if (!fs::exists(until)) write_file_atomic(until, read_file(run_dir_ / "config.json"));  // (a copy: config.json is never missing)
+    if (!fs::exists(until)) write_file_atomic(until, read_file(record));  // (a copy: config.json is never missing)
   }
-  write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
+  if (trains) write_file_atomic(record, manifest.dump(2) + "\n");
   take_away.armed = false;
   made_run_dir_ = made_here && resumed_at_ < 0;
 }

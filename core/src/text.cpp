@@ -3,10 +3,12 @@
 #include <loom/core/text.hpp>
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
+#include <loom/sdk/options.hpp>
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cerrno>
 #include <cstdlib>
@@ -60,6 +62,15 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
 }
 
 std::string format_bytes(int64_t bytes) { return sdk::format_bytes(bytes); }
+
+bool same_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  double x = 0, y = 0;
+  const auto [xe, xr] = std::from_chars(a.data(), a.data() + a.size(), x);
+  const auto [ye, yr] = std::from_chars(b.data(), b.data() + b.size(), y);
+  if (xr == std::errc() && yr == std::errc() && xe == a.data() + a.size() && ye == b.data() + b.size()) return x == y;
+  return sdk::parse_list(a) == sdk::parse_list(b);
+}
 
 }  // namespace loom::core
 

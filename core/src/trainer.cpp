@@ -9,6 +9,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/trainer.hpp>
+#include <loom/sdk/helpers.hpp>
 #include <loom/sdk/launch.hpp>
 #include "gradient_sync.hpp"
 #include "replicas.hpp"
@@ -330,7 +331,8 @@ void Trainer::build_plan() {
     context.device_name = device_description(device_);
     // A micro-batch above the global batch could not be used: when the user gave one, it bounds
     // a search too.
-    context.max_micro_batch = dataset_->size(sdk::Split::kTrain) / world;
+    // (accumulated as the run asks: a global batch no larger than the samples it trains on)
+    context.max_micro_batch = std::max<int64_t>(1, training_samples() / (world * plan_.accumulation));
     if (given) context.max_micro_batch = std::min(context.max_micro_batch, plan_.global() / world);
     policy->plan(context);
     if (context.plan.micro_batch < 1 || context.plan.accumulation < 1 || context.plan.world_size != world)
@@ -356,6 +358,20 @@ void Trainer::build_plan() {
     log::info("linear LR scaling: lr ", options_.lr, " x batch ", plan_.global(), " / reference ", options_.reference_batch,
               " = ", base_lr_);
   }
+}
+
+void Trainer::adopt_global_batch(int64_t global) {
+  const sdk::BatchPlan chosen = plan_;
+  plan_ = sdk::split_global_batch(global, plan_.world_size, plan_.micro_batch);
+  train_loader_->set_micro_batch(plan_.micro_batch * local_devices());
+  const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;  // (as build_loaders counts)
+  if (options_.max_steps == 0) total_steps_ = per_epoch * options_.epochs;
+  if (options_.eval_every == 0) eval_every_ = std::max<int64_t>(1, per_epoch);
+  if (options_.reference_batch > 0)
+    base_lr_ = options_.lr * static_cast<double>(global) / static_cast<double>(options_.reference_batch);
+  log::info("plan: ", sdk::plan_text(chosen), " -> ", sdk::plan_text(plan_), ": the checkpoint's global batch (the memory ",
+            "policies chose ", chosen.global(), " here; a resumed run keeps its batch, its schedule and its epochs; ",
+            "--batch-size sets another)");
 }
 
 int64_t Trainer::training_samples() const {

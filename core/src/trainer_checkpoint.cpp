@@ -201,7 +201,10 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   if (!data_changes.empty())  // (a choice, as fine-tuning on other data is: said, not refused)
     log::warn("this run's data differs from the checkpoint's: ", join(data_changes, "; "),
               "; the resumed run trains on these");
-  if (saved_plan.global() != plan_.global())
+  const bool chosen_here = config_.at("trainer.batch_size").origin.source == "default" && !memory_policies_.empty();
+  if (saved_plan.global() != plan_.global() && chosen_here && saved_plan.global() % plan_.world_size == 0)
+    adopt_global_batch(saved_plan.global());
+  else if (saved_plan.global() != plan_.global())
     log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global());
   train_loader_->seek(position);
   window_ = window;

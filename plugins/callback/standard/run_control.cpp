@@ -176,7 +176,7 @@ void EarlyStopping::on_evaluation_end(RunContext& run, const sdk::EvalReport& re
   if (bad_evaluations_ < patience_) return;
   stopped_ = "early_stopping: " + std::string(sdk::split_name(report.split)) + " " + metric_ + " has not improved" +
              (min_delta_ > 0 ? " by more than " + exact(min_delta_) : std::string()) + " for " +
-             std::to_string(bad_evaluations_) + " evaluations" +
+             std::to_string(bad_evaluations_) + (bad_evaluations_ == 1 ? " evaluation" : " evaluations") +
              (best_ ? " (best " + run.format_metric(metric_, *best_) + " at step " + std::to_string(best_step_) + ")"
                     : std::string(" (never measured)"));
   run.request_stop(stopped_);

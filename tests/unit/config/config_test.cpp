@@ -141,21 +141,26 @@ TEST_F(ConfigTest, ABaseReadForALaterFileThatOverridesAnEarlierFileIsSaid) {
   const auto mine = write("mine.ini", "[trainer]\nlr = 0.01\nseed = 5\n");
   const auto other = write("other.ini", "base = common.ini\n[trainer]\nepochs = 2\n");
   // The files loaded in order (as -c gives them): the value of trainer.lr, and the warnings.
-  const auto load = [](std::initializer_list<fs::path> files) {
+  const auto load = [](std::initializer_list<fs::path> files, const std::string& set = "") {
     Config c;
-    log::Capture log(LOOM_LOG_WARN);
     for (const auto& f : files) c.load_file(f);
-    return std::pair{*c.get("trainer.lr"), join(log.lines(), "\n")};
+    if (!set.empty()) c.set_assignment(set);
+    return std::pair{*c.get("trainer.lr"), join(c.base_override_warnings(), "\n")};
   };
   const auto [lr, said] = load({mine, other});
   EXPECT_EQ(lr, "0.002");
   EXPECT_CONTAINS(said, "common.ini:2: trainer.lr = 0.002 replaces 0.01 from ");
   EXPECT_CONTAINS(said, "mine.ini:2, read before ");
   EXPECT_EQ(said.find("seed"), std::string::npos) << "the same value replaces nothing: " << said;
-  // A later file that sets the key itself: its base's value never takes effect, and nothing is said.
+  // A later file that sets the key itself, a -c file after it, or --set: the base's value does not
+  // stay, and nothing is said; nor where it is the earlier value written otherwise (1e-2 and 0.01).
   const auto [own_lr, own_said] = load({mine, write("own.ini", "base = common.ini\n[trainer]\nlr = 0.5\n")});
   EXPECT_EQ(own_lr, "0.5");
   EXPECT_EQ(own_said, "");
+  EXPECT_EQ(load({mine, other, write("last.ini", "[trainer]\nlr = 0.3\n")}).second, "");
+  EXPECT_EQ(load({mine, other}, "trainer.lr=0.3").second, "");
+  write("same.ini", "[trainer]\nlr = 1e-2\n");
+  EXPECT_EQ(load({mine, write("other2.ini", "base = same.ini\n")}).second, "");
 
   // A file's own bases, later overriding earlier (base = b, c), and a later -c file overriding
   // an earlier one: the order meant, said by nobody.

@@ -523,3 +523,40 @@ TEST(CgroupMemory, AContainersLimitIsTheMemoryItHasInV2AndV1) {
   EXPECT_EQ(m.usage, 100);
   std::filesystem::remove_all(root);
 }
+
+TEST_F(MemoryTest, AResumeKeepsTheGlobalBatchAPolicyChoseOnAnotherDevice) {
+  // No batch given: vram_tiers chooses it from the device's memory (the budget here). Resumed
+  // where it chooses less, the run keeps its global batch (and so its schedule and epochs), at the
+  // micro-batch that fits here; a batch given for the resume is the user's.
+  const auto run = [&](const std::string& limit, const std::string& batch) {
+    Config c;
+    for (const auto& kv : {"model.name=lightweight_transformer", "model.num_layers=1", "model.d_model=32",
+                           "model.num_heads=2", "model.patch_size=4", "model.stem_channels=8", "data.name=synthetic",
+                           "data.image_size=28", "data.train_size=1024", "data.test_size=64", "trainer.epochs=1",
+                           "trainer.seed=3", "trainer.device=cpu", "precision.name=fp32", "memory.estimate=false",
+                           "memory.policies=vram_tiers", "memory.tiers=1GB:64, 0:16", "trainer.callbacks=checkpoint",
+                           "trainer.checkpoint_every=4", "trainer.resume=auto", "trainer.name=tiers"})
+      c.set_assignment(kv);
+    c.set_assignment("trainer.work_dir=" + dir_.string());
+    c.set_assignment("memory.device_memory_limit=" + limit);
+    if (!batch.empty()) c.set_assignment("trainer.batch_size=" + batch);
+    return c;
+  };
+  {
+    Config first = run("2GB", "");
+    first.set_assignment("trainer.max_steps=4");
+    auto t = make(first);
+    EXPECT_EQ(t->plan(), (loom::sdk::BatchPlan{64, 1, 1}));
+    t->train();
+  }
+  {
+    loom::core::log::Capture log(LOOM_LOG_INFO);
+    auto resumed = make(run("512MB", ""));
+    ASSERT_EQ(resumed->step(), 4);
+    EXPECT_EQ(resumed->plan(), (loom::sdk::BatchPlan{16, 4, 1})) << join(log.lines(), "\n");
+    EXPECT_TRUE(log.contains("-> micro-batch 16 x accumulation 4 = 64: the checkpoint's global batch")) << join(log.lines(), "\n");
+    EXPECT_EQ(resumed->total_steps(), 1024 * 9 / 10 / 64) << "one epoch of the global batch 64, as the run began";
+  }
+  auto given = make(run("512MB", "32"));  // (the run folder's lock went with the trainer above)
+  EXPECT_EQ(given->plan().global(), 32);
+}

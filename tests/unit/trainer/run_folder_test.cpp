@@ -509,7 +509,9 @@ TEST_F(RunFolderTest, AResumeThatTrainsOtherwiseSaysWhatChangedAndKeepsTheRunsRe
     log::Capture capture;
     loom::testing::make_trainer(again)->train();
     const std::string said = join(capture.lines(), "\n");
-    EXPECT_TRUE(capture.contains("this resume trains otherwise than the run did until step 4 (its config.json): ")) << said;
+    EXPECT_TRUE(capture.contains("this resume trains otherwise than the run did until step 4 (" +
+                                 (dir_ / "changed" / "config.json").string() + "): "))
+        << said;
     EXPECT_TRUE(capture.contains("trainer.clip_grad_norm 0.5 -> 1.0 (default)")) << said;
     EXPECT_TRUE(capture.contains("trainer.lr 0.01 -> ")) << said;
     EXPECT_TRUE(capture.contains("resumed with trainer.max_steps 4 -> 6 (--set)")) << said;
@@ -520,10 +522,43 @@ TEST_F(RunFolderTest, AResumeThatTrainsOtherwiseSaysWhatChangedAndKeepsTheRunsRe
   }
   // The same command again: nothing differs from config.json, nothing is said or kept.
   again.set_assignment("trainer.max_steps=6");
-  log::Capture quiet;
-  loom::testing::make_trainer(again)->train();
-  EXPECT_FALSE(quiet.contains("trains otherwise")) << join(quiet.lines(), "\n");
-  EXPECT_FALSE(fs::exists(dir_ / "changed" / "config.until_step_6.json"));
+  {
+    log::Capture quiet;
+    loom::testing::make_trainer(again)->train();
+    EXPECT_FALSE(quiet.contains("trains otherwise")) << join(quiet.lines(), "\n");
+    EXPECT_FALSE(fs::exists(dir_ / "changed" / "config.until_step_6.json"));
+  }
+
+  // From step 4 again, with the first learning rate: compared with what trained up to step 4
+  // (config.until_step_4.json, lr 0.01), not with what trained the steps now set aside.
+  again.set_assignment("trainer.resume=none");
+  again.set_assignment("trainer.resume_from=" + (dir_ / "changed" / "checkpoints" / step_dir_name(4)).string());
+  again.set_assignment("trainer.lr=0.01");
+  again.set_assignment("trainer.clip_grad_norm=0.5");
+  log::Capture from_4;
+  loom::testing::make_trainer(again);
+  EXPECT_FALSE(from_4.contains("trains otherwise")) << join(from_4.lines(), "\n");
+}
+
+TEST_F(RunFolderTest, AResumeThatTrainsNothingChangesNoRecordAndAnUnreadableOneIsSaid) {
+  loom::testing::make_trainer(base("done", 4))->train();
+  const fs::path record = dir_ / "done" / "config.json";
+  const std::string before = read_file(record);
+  Config again = base("done", 4);
+  again.set_assignment("trainer.resume=auto");
+  again.set_assignment("trainer.lr=0.5");  // (a complete run: nothing trains with it)
+  loom::testing::make_trainer(again);
+  EXPECT_EQ(read_file(record), before);
+  EXPECT_FALSE(fs::exists(dir_ / "done" / "config.until_step_4.json"));
+
+  std::ofstream(record, std::ios::trunc) << "{\"trainer.lr\": {\"value\": \"0.0";  // cut short
+  again.set_assignment("trainer.max_steps=6");
+  log::Capture capture;
+  loom::testing::make_trainer(again);
+  EXPECT_TRUE(capture.contains("cannot compare this resume with how the run was trained: " + record.string() +
+                               " is unreadable"))
+      << join(capture.lines(), "\n");
+  EXPECT_EQ(read_file(dir_ / "done" / "config.until_step_4.json"), "{\"trainer.lr\": {\"value\": \"0.0");
 }
 
 TEST_F(RunFolderTest, TheUsersOwnCopiesBesideTheStepsAreNeitherResumedNorPruned) {

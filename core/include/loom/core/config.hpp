@@ -75,6 +75,9 @@ class Config {
   std::vector<std::string> keys_in_set_order() const;
   /// Every file read, bases included, in the order read.
   const std::vector<std::filesystem::path>& files() const { return files_; }
+  /// A value a base of a later -c file set over an earlier file's, where it is still the value in
+  /// force (no later file, alias or --set replaced it): one warning each, said by resolve_run.
+  std::vector<std::string> base_override_warnings() const;
 
  private:
   void load_file(const std::filesystem::path& file, std::vector<std::filesystem::path>& chain,
@@ -84,8 +87,7 @@ class Config {
   std::map<std::string, uint64_t> order_;
   uint64_t sets_ = 0;
   std::vector<std::filesystem::path> files_;
-  /// Values a base set over an earlier file's, while a -c file loads: warned about once it has
-  /// loaded, if the base's value is still the one in force (the file did not set the key itself).
+  /// Values a base set over an earlier file's (base_override_warnings).
   struct BaseOverride {
     std::string key;
     std::filesystem::path file;

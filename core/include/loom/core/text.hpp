@@ -1,4 +1,4 @@
-// Small text helpers for messages: joining, and "did you mean" suggestions.
+// Small text helpers for messages: joining, "did you mean" suggestions, sizes, values compared.
 #pragma once
 
 #include <optional>
@@ -19,5 +19,8 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
 
 /// "1.5 GiB", "512.0 MiB", "12 B".
 std::string format_bytes(int64_t bytes);
+
+/// The same configuration value written otherwise: `1` and `1.0`, `2e-3` and `0.002`, `a,b` and `a, b`.
+bool same_value(const std::string& a, const std::string& b);
 
 }  // namespace loom::core

@@ -209,6 +209,11 @@ class Trainer {
 
   int64_t step() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
+  /// The checkpoint's step (or, after train(), the last step) was to be evaluated when a stop cut
+  /// the evaluation short: train() runs it first (and the test split after it, at the last step).
+  bool evaluation_pending() const {
+    return evaluation_pending_ || (evaluation_cut_at_ >= 0 && evaluation_cut_at_ == step_);
+  }
   const sdk::BatchPlan& plan() const { return plan_; }
   c10::Device device() const { return device_; }
   sdk::Model& model() { return *model_; }
@@ -254,6 +259,9 @@ class Trainer {
   void build_precision();
   void build_throughput();
   void build_plan();
+  /// A resume whose memory policies chose another global batch than the checkpoint's (another
+  /// device, another cap) takes the checkpoint's, re-split at the micro-batch that fits here.
+  void adopt_global_batch(int64_t global);
   void build_optimizer();
   void build_schedule();
   /// step.cuda_graph: checks that the step can be captured (Note [The step as a CUDA graph]).
