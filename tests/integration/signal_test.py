@@ -169,6 +169,25 @@ try:
     assert rows == [(1, "train"), (2, "train"), (3, "train"), (3, "val"), (4, "train"), (4, "val"), (4, "test")], rows
     print("SIGINT in a validation evaluation: exit 130, the resume evaluates step 3 first")
 
+    # The same at the last step: the run is trained, its validation and test split are not; the
+    # stop says so, and the resume (no step left to train) runs both.
+    name = "cut_last_eval"
+    last = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}", "--set", "trainer.max_steps=3",
+            "--set", "trainer.eval_every=3", "--set", "data.train_size=400000", "--set", "data.validation_fraction=0.5",
+            "--set", "model.flavour=standard"]
+    proc = subprocess.Popen([exe, "train", *last], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = os.path.join(work, name)
+    wait_for_row(proc, run, 3, "train/loss", "its evaluation at step 3")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "its validation was cut short, and a resume runs it and the test split" in err, err
+    r = loom(exe, "train", *last, "--resume", "auto")
+    assert "is complete" not in r.stderr and "the evaluation of step 3 that a stop cut short runs first" in r.stderr, r.stderr
+    rows = [(m["step"], "val" if "val/loss" in m else "train" if "train/loss" in m else "test") for m in metrics(run)]
+    assert rows == [(1, "train"), (2, "train"), (3, "train"), (3, "val"), (3, "test")], rows
+    print("SIGINT in the last step's validation: the resume runs it, then the test split")
+
     # A signal during set-up (the memory probes before the first step, a second or more on a large
     # micro-batch; an automatic batch search longer): set-up ends at its next probe, not after
     # them all and a first step; nothing trained, nothing left behind.
