@@ -305,7 +305,12 @@ int cmd_launch(const Invocation& invocation) {
           c.running = false;
           c.status = status;
           if (c.out >= 0) drain(c, true);
-          if (stopped_by_signal(status) && signalled_rank == nullptr) signalled_rank = &c;
+          if (stopped_by_signal(status) && signalled_rank == nullptr && !interrupted) {
+            // The others stop with it (they agreed after a step; before joining they had not: the
+            // same signal, passed on, stops them there at once instead of at parallel.timeout).
+            signalled_rank = &c;
+            signal_all(children, WEXITSTATUS(status) - 128);
+          }
           if (failed(status) && !stopped_by_signal(status) && first_failure == nullptr && !interrupted) {
             first_failure = &c;
             signal_all(children, SIGTERM);
@@ -316,7 +321,7 @@ int cmd_launch(const Invocation& invocation) {
     // after their step, rank 0 writing the checkpoint (as long as that takes: a scheduler's warning
     // before it kills a job is the time it gives); a second stops them at once.
     for (const std::sig_atomic_t received = signals_received; forwarded < received; ++forwarded)
-      signal_all(children, interrupted);  // (two in one pass: both go on, the second stopping at once)
+      signal_all(children, interrupted);  // (two in one pass: both go on, as the ranks would have had them)
     bool any = false;
     for (const auto& c : children) any = any || c.running;
     if (!any) break;

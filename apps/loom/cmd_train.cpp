@@ -149,8 +149,8 @@ int cmd_train(const Invocation& invocation) {
   core::log::info("files     ", files.empty() ? std::string("none (trainer.callbacks selects no writer)") : core::join(files, ", "));
   if (s.signal != 0 && s.steps >= trainer.total_steps() && trainer.evaluation_pending()) {  // its validation was cut
     core::log::warn("stopped by ", core::signal_name(s.signal), " after the last step (", s.steps, " of ", trainer.total_steps(),
-                    "): the training is complete and its checkpoint written; its validation was cut short, and a "
-                    "resume runs it and the test split: ", continue_hint(invocation, trainer, run.filename().string()));
+                    "): the training is complete and its checkpoint written; its final evaluation was cut short, and "
+                    "a resume runs it: ", continue_hint(invocation, trainer, run.filename().string()));
     core::log::flush();
     return 128 + s.signal;
   }

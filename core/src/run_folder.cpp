@@ -29,6 +29,7 @@
 #include <cstring>
 #include <ctime>
 #include <optional>
+#include <map>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -102,6 +103,29 @@ std::vector<std::string> runs_newest_first(const fs::path& work_dir) {
   std::vector<std::string> out;
   for (const auto& [time, name] : runs) out.push_back(name);
   return out;
+}
+
+/// The steps of `folder`'s config.until_step_N.json records, by N.
+std::map<int64_t, fs::path> until_records(const fs::path& folder) {
+  std::map<int64_t, fs::path> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t until = -1;
+    const char* end = name.c_str() + name.size() - 5;
+    if (name.rfind("config.until_step_", 0) == 0 && name.size() >= 24 && name.compare(name.size() - 5, 5, ".json") == 0 &&
+        std::from_chars(name.c_str() + 18, end, until).ptr == end)
+      out[until] = entry.path();
+  }
+  return out;
+}
+
+/// The record of how `folder`'s run trained up to `step`: the config.until_step_N.json of the
+/// first N at or past it (a resume from an older step), else config.json.
+fs::path record_until(const fs::path& folder, int64_t step) {
+  const auto records = until_records(folder);
+  const auto it = records.lower_bound(step);
+  return it == records.end() ? folder / "config.json" : it->second;
 }
 
 }  // namespace
@@ -184,6 +208,13 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
   }
   for (const char* record : {"metrics.jsonl", "config.json"})  // (the configuration that trained those steps too)
     if (fs::exists(run_dir_ / record, ec)) fs::copy_file(run_dir_ / record, aside / record, ec);
+  // The record of the steps up to the checkpoint's stays here (config.until_step_<its step>.json,
+  // from the record that covered them); those of later steps are that timeline's, and go with it.
+  const fs::path kept = run_dir_ / ("config.until_step_" + std::to_string(from) + ".json");
+  if (const fs::path covering = record_until(run_dir_, from); covering != kept && fs::is_regular_file(covering, ec))
+    write_file_atomic(kept, read_file(covering));
+  for (const auto& [until, file] : until_records(run_dir_))
+    if (until > from) rename_durable(file, aside / file.filename());
   const std::string best_said =
       best_moved.empty() ? std::string()
                          : join(best_moved, ", ") + " held weights of steps after " + checkpoint.filename().string() +
@@ -249,35 +280,24 @@ Change kind_of_change(const std::string& key) {
 void Trainer::read_the_runs_config() {
   const fs::path folder = resumed_from_.parent_path().parent_path();
   const bool here = fs::weakly_canonical(folder) == fs::weakly_canonical(run_dir_);
-  fs::path record = folder / "config.json";
-  int64_t nearest = -1;
+  const fs::path record = record_until(folder, step_);
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(folder, ec)) {
-    const std::string name = entry.path().filename().string();
-    int64_t until = -1;
-    const char* digits = name.c_str() + std::strlen("config.until_step_");
-    if (name.rfind("config.until_step_", 0) != 0 || name.size() < 24 || name.compare(name.size() - 5, 5, ".json") != 0 ||
-        std::from_chars(digits, name.c_str() + name.size() - 5, until).ec != std::errc())
-      continue;
-    if (until >= step_ && (nearest < 0 || until < nearest)) {
-      nearest = until;
-      record = entry.path();
-    }
-  }
+  // The record of the steps up to this one stays beside the new config.json (the first, if this
+  // step is resumed again): a copy of the record compared with, never a move (config.json is never missing).
+  const fs::path until = run_dir_ / ("config.until_step_" + std::to_string(step_) + ".json");
+  const auto keep_record = [&] {
+    if (here && record != until && fs::is_regular_file(record, ec) && !fs::exists(until, ec))
+      write_file_atomic(until, read_file(record));
+  };
   json manifest;
   try {
     manifest = json::parse(read_file(record));
+    if (!manifest.is_object()) throw Error("not Loom's record");
   } catch (const std::exception& e) {
     if (fs::exists(record, ec) || here)
       log::warn("cannot compare this resume with how the run was trained: ", record.string(), " is ",
-                fs::exists(record, ec) ? "unreadable (" + std::string(e.what()) + ")" : std::string("missing"),
-                here && fs::exists(record, ec) ? "; it is kept as config.until_step_" + std::to_string(step_) + ".json" : "");
-    config_changed_ = here;
-    return;
-  }
-  if (!manifest.is_object()) {
-    log::warn("cannot compare this resume with how the run was trained: ", record.string(), " is not Loom's record");
-    config_changed_ = here;
+                fs::exists(record, ec) ? "unreadable (" + std::string(e.what()) + ")" : std::string("missing"));
+    keep_record();
     return;
   }
   const auto recorded = [&](const std::string& key) -> std::optional<std::string> {
@@ -312,7 +332,7 @@ void Trainer::read_the_runs_config() {
   if (!training.empty())
     log::warn("this resume trains otherwise than the run did until step ", step_, " (", record.string(), "): ",
               join(training, "; "), ". To go on as it was, give the -c files and --set of the run's first command");
-  config_changed_ = here && (!routine.empty() || !training.empty());
+  if (!routine.empty() || !training.empty()) keep_record();
 }
 
 namespace {
@@ -453,12 +473,7 @@ void Trainer::open_run_here() {
     notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
-  const fs::path record = run_dir_ / "config.json";
-  if (config_changed_ && fs::is_regular_file(record)) {  // the steps before keep their record (the first, if resumed twice)
-    const fs::path until = run_dir_ / ("config.until_step_" + std::to_string(step_) + ".json");
-    if (!fs::exists(until)) write_file_atomic(until, read_file(record));  // (a copy: config.json is never missing)
-  }
-  if (trains) write_file_atomic(record, manifest.dump(2) + "\n");
+  if (trains) write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
   take_away.armed = false;
   made_run_dir_ = made_here && resumed_at_ < 0;
 }

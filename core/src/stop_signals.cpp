@@ -63,8 +63,8 @@ void on_signal(int sig) {
     std::raise(sig);
     return;
   }
+  first_at.store(now_ns());  // (before `received`: a second SIGTERM seeing the first sees its time)
   received.store(sig);
-  first_at.store(now_ns());
   static const char message[] =
       "\nloom: stopping after the current step, with a checkpoint (during set-up: at its next check, nothing to "
       "save); send SIGINT or SIGTERM again to stop at once\n";

@@ -369,9 +369,9 @@ void Trainer::adopt_global_batch(int64_t global) {
   if (options_.eval_every == 0) eval_every_ = std::max<int64_t>(1, per_epoch);
   if (options_.reference_batch > 0)
     base_lr_ = options_.lr * static_cast<double>(global) / static_cast<double>(options_.reference_batch);
-  log::info("plan: ", sdk::plan_text(chosen), " -> ", sdk::plan_text(plan_), ": the checkpoint's global batch (the memory ",
-            "policies chose ", chosen.global(), " here; a resumed run keeps its batch, its schedule and its epochs; ",
-            "--batch-size sets another)");
+  log::info("plan: ", sdk::plan_text(chosen), " -> ", sdk::plan_text(plan_), ": the checkpoint's global batch (this ",
+            "resume gives none, and its memory policies planned ", chosen.global(), "; a resumed run keeps its batch, its ",
+            "schedule and its epochs; --batch-size sets another)");
 }
 
 int64_t Trainer::training_samples() const {

@@ -43,6 +43,10 @@ TrainSummary Trainer::train() {
     log::info("the evaluation of step ", step_, " that a stop cut short runs first");
     evaluate_and_report(selection_split());
   }
+  // A stop a callback asked for on one rank alone before the first step (on_run_begin, the pending
+  // evaluation's hooks): every rank's, or that one would skip the loop the others enter.
+  if (parallel_->world_size() > 1 && stop_signal() == 0 && another_rank_stopped_ && stop_reason_.empty())
+    stop_reason_ = "another rank's callback stopped the run";
   double train_seconds = 0;
   while (step_ < total_steps_ && stop_reason_.empty()) {
     notify("on_step_begin", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_begin(run, step_ + 1); });
@@ -91,6 +95,9 @@ TrainSummary Trainer::train() {
   // resume at the last step whose cut validation just ran (the stop had skipped both).
   if (selection_split() == sdk::Split::kValidation && (step_ > first_step || ran_pending) && stop_signal() == 0)
     evaluate_and_report(sdk::Split::kTest);
+  // The pending evaluation ran at the checkpoint's step and no step followed: the checkpoint is
+  // written again without its mark, or every later resume would run it again.
+  if (ran_pending && step_ == first_step && evaluation_cut_at_ != step_ && stop_signal() == 0) save_checkpoint();
   check_replicas();
   return finish_run(first_step, train_seconds);
 }

@@ -181,12 +181,15 @@ try:
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "its validation was cut short, and a resume runs it and the test split" in err, err
+    assert proc.returncode == 130 and "its final evaluation was cut short, and a resume runs it: " in err, err
     r = loom(exe, "train", *last, "--resume", "auto")
     assert "is complete" not in r.stderr and "the evaluation of step 3 that a stop cut short runs first" in r.stderr, r.stderr
     rows = [(m["step"], "val" if "val/loss" in m else "train" if "train/loss" in m else "test") for m in metrics(run)]
     assert rows == [(1, "train"), (2, "train"), (3, "train"), (3, "val"), (3, "test")], rows
-    print("SIGINT in the last step's validation: the resume runs it, then the test split")
+    r = loom(exe, "train", *last, "--resume", "auto")  # (its checkpoint was written again without the mark)
+    assert "is complete" in r.stderr and "cut short runs first" not in r.stderr, r.stderr
+    assert len(metrics(run)) == 5, metrics(run)
+    print("SIGINT in the last step's validation: the resume runs it, then the test split; the next is complete")
 
     # A signal during set-up (the memory probes before the first step, a second or more on a large
     # micro-batch; an automatic batch search longer): set-up ends at its next probe, not after

@@ -540,6 +540,31 @@ TEST_F(RunFolderTest, AResumeThatTrainsOtherwiseSaysWhatChangedAndKeepsTheRunsRe
   EXPECT_FALSE(from_4.contains("trains otherwise")) << join(from_4.lines(), "\n");
 }
 
+TEST_F(RunFolderTest, AResumeFromAnOlderStepComparesWithTheRecordOfThatStep) {
+  // Steps 1-4 at lr 0.01, 5-8 at 0.02 (config.until_step_4.json keeps the first). Resumed from
+  // step 2 at 0.03: what trained up to step 2 was 0.01, not the set-aside steps' 0.02.
+  Config first = base("rewind", 4);
+  first.set_assignment("trainer.lr=0.01");
+  loom::testing::make_trainer(first)->train();
+  Config second = base("rewind", 8);
+  second.set_assignment("trainer.resume=auto");
+  second.set_assignment("trainer.lr=0.02");
+  loom::testing::make_trainer(second)->train();
+  ASSERT_TRUE(fs::exists(dir_ / "rewind" / "config.until_step_4.json"));
+  Config third = base("rewind", 8);
+  third.set_assignment("trainer.resume_from=" + (dir_ / "rewind" / "checkpoints" / step_dir_name(2)).string());
+  third.set_assignment("trainer.lr=0.03");
+  log::Capture capture;
+  loom::testing::make_trainer(third);
+  EXPECT_TRUE(capture.contains("trainer.lr 0.01 -> 0.03 (--set)")) << join(capture.lines(), "\n");
+  EXPECT_NE(read_file(dir_ / "rewind" / "config.until_step_2.json").find("\"value\": \"0.01\""), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "rewind" / "config.until_step_4.json")) << "the set-aside timeline's record goes with it";
+  int aside = 0;
+  for (const auto& entry : fs::directory_iterator(dir_ / "rewind" / "checkpoints"))
+    aside += fs::exists(entry.path() / "config.until_step_4.json") && fs::exists(entry.path() / "config.json");
+  EXPECT_EQ(aside, 1);
+}
+
 TEST_F(RunFolderTest, AResumeThatTrainsNothingChangesNoRecordAndAnUnreadableOneIsSaid) {
   loom::testing::make_trainer(base("done", 4))->train();
   const fs::path record = dir_ / "done" / "config.json";

@@ -295,8 +295,8 @@ class Trainer {
   void set_aside_newer_steps(const std::filesystem::path& checkpoint);
   /// --resume auto in a folder whose run wrote files but no checkpoint: they move aside.
   void set_aside_files_without_checkpoint();
-  /// A resume of this run in its folder, against its config.json: keep_last left at its default
-  /// takes the recorded value; other differences are said (config_changed_).
+  /// A resume, against the record of how its checkpoint was trained: keep_last left at its
+  /// default takes the recorded value; other differences are said, and the record kept.
   void read_the_runs_config();
 
   /// What callbacks see of the run (trainer_callbacks.cpp).
@@ -449,7 +449,6 @@ class Trainer {
   double recovery_seconds_ = 0;
   bool committed_ = false;  ///< the running step has begun to change the run's state (no replay)
   bool ranks_agreed_ = false;  ///< the ranks agreed the step's forward and backward went well (no replay)
-  bool config_changed_ = false;  ///< a resume whose configuration differs from the run's config.json
   int64_t predicted_peak_ = -1;
   double flops_per_term_ = 0;
   PeakFlops peak_;
