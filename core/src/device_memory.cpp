@@ -253,7 +253,16 @@ int64_t number_in(const std::filesystem::path& path) {
 
 }  // namespace
 
-CgroupMemory cgroup_memory(const std::filesystem::path& root) {
+namespace {
+
+/// Where the process's cgroup keeps its usage, and its limit (-1: none), found once per root.
+struct CgroupFiles {
+  int64_t limit = -1;
+  std::filesystem::path usage, stat;
+  const char* inactive = "inactive_file";
+};
+
+CgroupFiles cgroup_files(const std::filesystem::path& root) {
   // The process's group from /proc/self/cgroup: v2's "0::/job.slice/step", v1's memory controller
   // "4:memory:/slurm/job_1". The limit is the smallest of the group's and its ancestors' (a job's
   // limit holds for its steps); the usage is the group's, less the page cache the kernel reclaims
@@ -272,36 +281,57 @@ CgroupMemory cgroup_memory(const std::filesystem::path& root) {
   const fs::path top = is_v2 ? root / "sys/fs/cgroup" : root / "sys/fs/cgroup/memory";
   const fs::path group = top / fs::path(is_v2 ? v2 : v1).relative_path();
   const char* limit_file = is_v2 ? "memory.max" : "memory.limit_in_bytes";
-  CgroupMemory m;
+  CgroupFiles f;
   // (a container sees its own group as /, whose files are at the top: the walk ends there)
   for (fs::path at = group;; at = at.parent_path()) {
     if (const int64_t limit = number_in(at / limit_file); limit >= 0 && limit < (int64_t{1} << 60))  // v1's none: 2^63 - 4096
-      m.limit = m.limit < 0 ? limit : std::min(m.limit, limit);
+      f.limit = f.limit < 0 ? limit : std::min(f.limit, limit);
     if (at == top || at.string().size() <= top.string().size() || !at.has_parent_path()) break;
   }
   const fs::path usage_at = fs::exists(group / limit_file, ec) ? group : top;
-  m.usage = number_in(usage_at / (is_v2 ? "memory.current" : "memory.usage_in_bytes"));
-  std::ifstream stat(usage_at / "memory.stat");
+  f.usage = usage_at / (is_v2 ? "memory.current" : "memory.usage_in_bytes");
+  f.stat = usage_at / "memory.stat";
+  f.inactive = is_v2 ? "inactive_file" : "total_inactive_file";
+  return f;
+}
+
+int64_t usage_of(const CgroupFiles& f) {
+  int64_t usage = number_in(f.usage);
+  std::ifstream stat(f.stat);
   std::string key;
   int64_t value = 0;
-  while (m.usage > 0 && stat >> key >> value)
-    if (key == (is_v2 ? "inactive_file" : "total_inactive_file")) m.usage = std::max<int64_t>(0, m.usage - value);
-  return m;
+  while (usage > 0 && stat >> key >> value)
+    if (key == f.inactive) usage = std::max<int64_t>(0, usage - value);
+  return usage;
+}
+
+/// This process's: found once (the files a CPU run's memory figures read every step are two).
+const CgroupFiles& own_cgroup() {
+  static const CgroupFiles files = cgroup_files("/");
+  return files;
+}
+
+}  // namespace
+
+CgroupMemory cgroup_memory(const std::filesystem::path& root) {
+  const CgroupFiles f = cgroup_files(root);
+  return {f.limit, usage_of(f)};
 }
 
 // A container's memory limit is the memory it has: the machine's (sysconf) would let auto_batch
 // aim at what the kernel's OOM killer never lets it reach.
 int64_t physical_memory() {
   const int64_t machine = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
-  const int64_t limit = cgroup_memory().limit;
+  const int64_t limit = own_cgroup().limit;
   return limit > 0 ? std::min(machine, limit) : machine;
 }
 
 int64_t available_memory() {
   const int64_t v = meminfo("MemAvailable:");
   const int64_t machine = v > 0 ? v : static_cast<int64_t>(::sysconf(_SC_AVPHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
-  const CgroupMemory c = cgroup_memory();
-  return c.limit > 0 && c.usage >= 0 ? std::min(machine, std::max<int64_t>(0, c.limit - c.usage)) : machine;
+  const CgroupFiles& own = own_cgroup();
+  const int64_t usage = own.limit > 0 ? usage_of(own) : -1;
+  return own.limit > 0 && usage >= 0 ? std::min(machine, std::max<int64_t>(0, own.limit - usage)) : machine;
 }
 
 void install_cpu_allocator() { BudgetAllocator::instance(); }
