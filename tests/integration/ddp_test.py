@@ -231,21 +231,42 @@ try:
     print(f"a test split of 1 sample on 2 ranks: loss {loss2}, {acc2}, as one process")
 
     # 5d. A rank waiting to join others that never come (parallel.timeout 300 s): a stop signal ends
-    # it at once, in the wait or before it; nothing was written, nothing is saved.
-    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGINT, 0.3)):
+    # it at once, in the wait or before it; nothing was written, nothing is saved. The signal goes
+    # once the process catches SIGINT and SIGTERM (its /proc status says so): a signal before that,
+    # while the libraries load, takes the default action, which writes nothing either (case below).
+    def catches_stop_signals(pid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                caught = int(next(l for l in f if l.startswith("SigCgt:")).split()[1], 16)
+        except (OSError, StopIteration):
+            return False
+        return caught & (1 << (signal.SIGINT - 1)) and caught & (1 << (signal.SIGTERM - 1))
+
+    def never_joining(sig, settle):
         env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="1",
                    LOCAL_RANK="1")
         p = subprocess.Popen([exe, "train", *long[:-1], "trainer.name=never_joined", "--set", "parallel.timeout=300"],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(wait)  # (3 s: into the wait; 0.3 s: most likely before it, while plugins load)
+        if settle is not None:
+            deadline = time.time() + 120
+            while not catches_stop_signals(p.pid) and p.poll() is None and time.time() < deadline:
+                time.sleep(0.01)
+            assert catches_stop_signals(p.pid), "loom train never installed its SIGINT/SIGTERM handler"
+            time.sleep(settle)
         sent = time.time()
         p.send_signal(sig)
         _, err = p.communicate(timeout=120)
         took = time.time() - sent
         assert p.returncode in (-sig, 128 + sig) and took < 20, (sig.name, p.returncode, took, err[-1500:])
-        assert "stopping at once (joining the other ranks" in err or "during set-up (before joining the other ranks)" in err, err
         assert not os.path.exists(os.path.join(work, "never_joined")), "a rank that never joined wrote its run folder"
-        print(f"{sig.name} to a rank waiting to join: stopped after {took:.1f} s (exit {p.returncode})")
+        return took, p.returncode, err
+
+    for sig, settle in ((signal.SIGTERM, 2), (signal.SIGINT, 0)):  # (2 s: into the wait; 0: most likely before it)
+        took, code, err = never_joining(sig, settle)
+        assert "stopping at once (joining the other ranks" in err or "during set-up (before joining the other ranks)" in err, err
+        print(f"{sig.name} to a rank waiting to join: stopped after {took:.1f} s (exit {code})")
+    took, code, err = never_joining(signal.SIGINT, None)  # at once: before the handler, or at its first check
+    print(f"SIGINT as a rank starts: stopped after {took:.1f} s (exit {code}), nothing written")
 
     # 6. A whole job killed with SIGKILL resumes with another world size (the global batch and
     # the data position kept) and goes on as the run that never stopped.
