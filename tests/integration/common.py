@@ -36,8 +36,10 @@ def loom(exe, *args, check=True, **kwargs):
 
 
 def metrics(run_dir):
+    """The rows of a run's metrics.jsonl; a last line still being written (or cut by a SIGKILL),
+    without its newline yet, is left out: it is read whole next time, as Loom's resume drops it."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        return [json.loads(line) for line in f if line.endswith("\n")]
 
 
 def workdir():

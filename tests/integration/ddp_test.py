@@ -14,7 +14,7 @@ from common import SMALL, close, loom, losses, workdir
 
 exe = sys.argv[1]
 torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-BASE = [*SMALL, "--set", "model.dropout=0", "--set", "trainer.threads=1", "--set", "parallel.timeout=20"]
+BASE = [*SMALL, "--set", "model.dropout=0", "--set", "trainer.threads=1", "--set", "parallel.timeout=60"]
 DDP = ["--set", "parallel.name=ddp"]
 
 

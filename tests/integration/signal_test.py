@@ -137,7 +137,13 @@ try:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = os.path.join(work, name)
     wait_for_row(proc, run, 3, "val/loss", "its test evaluation")
-    time.sleep(2)  # past the last step's checkpoint (milliseconds), into the test split's evaluation (about 15 s)
+    # Past the last step's best weights and checkpoint (durable writes: milliseconds, or seconds
+    # when the other test's writes hold the disk), into the test split's evaluation (about 15 s).
+    deadline = time.time() + 120
+    while time.time() < deadline and not os.path.isdir(os.path.join(run, "checkpoints", "step_00000003")):
+        assert proc.poll() is None, "the run ended before its test evaluation: " + proc.stderr.read()
+        time.sleep(0.01)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     t0 = time.time()
     _, err = proc.communicate(timeout=120)
@@ -241,14 +247,19 @@ try:
     # ... but a second SIGTERM a moment after the first is the same stop (a scheduler signals every
     # process of a job, and loom launch passes its copy on): the graceful stop, with its checkpoint.
     proc, run = start("term_twice")
+    first = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.1)
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
+    apart = time.monotonic() - first  # (this process may be descheduled for seconds on a busy machine)
     proc.communicate(timeout=60)
-    assert proc.returncode == 143, f"SIGTERM twice within 2 s: exit {proc.returncode}"
-    assert any(d.startswith("step_") for d in os.listdir(os.path.join(run, "checkpoints"))), "no checkpoint"
-    print("two SIGTERMs 0.1 s apart: exit 143 with a checkpoint")
+    if apart < 1.5:
+        assert proc.returncode == 143, f"SIGTERM twice {apart:.2f} s apart: exit {proc.returncode}"
+        assert any(d.startswith("step_") for d in os.listdir(os.path.join(run, "checkpoints"))), "no checkpoint"
+        print(f"two SIGTERMs {apart:.2f} s apart: exit 143 with a checkpoint")
+    else:
+        print(f"two SIGTERMs: not checked, this test sent them {apart:.2f} s apart (a busy machine)")
 
     # A crash (here a SIGSEGV sent from outside; a real one takes the same handler) writes a report
     # naming the signal and the stack, and the process still dies of the signal.
