@@ -62,6 +62,7 @@ int cmd_bench(const Invocation& invocation) {
     config.set("trainer.resume", "none", {"loom bench", {}, 0});
     config.set("trainer.resume_from", "", {"loom bench", {}, 0});
     core::resolve_run(config, registry);
+    config.forget_base_override_warnings();  // said once above, not again in every round
   }
   std::vector<Row> rows(files.size());
   for (int64_t round = 0; round < repeats; ++round) {

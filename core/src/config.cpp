@@ -172,12 +172,25 @@ void Config::load_file(const fs::path& file) {
   load_file(file, chain, "");
 }
 
-std::vector<std::string> Config::base_override_warnings() const {
+std::vector<std::string> Config::base_override_warnings(const Schema* schema) const {
+  const auto option_of = [&](const std::string& key) {  // the option a key sets: a shorthand's canonical key
+    if (schema == nullptr || schema->find(key) != nullptr) return key;
+    const auto targets = schema->shorthand(key);
+    return targets.size() == 1 ? targets.front() : key;
+  };
   std::vector<std::string> out;
-  for (const auto& o : base_overrides_)  // (a base read again for several files: said once)
-    if (const ConfigValue* now = find(o.key); now && now->origin.source == "file" && now->origin.file == o.file &&
-                                             now->origin.line == o.line && std::find(out.begin(), out.end(), o.warning) == out.end())
-      out.push_back(o.warning);
+  for (const auto& o : base_overrides_) {  // (a base read again for several files: said once)
+    const ConfigValue* now = find(o.key);
+    if (!now || now->origin.source != "file" || now->origin.file != o.file || now->origin.line != o.line ||
+        std::find(out.begin(), out.end(), o.warning) != out.end())
+      continue;
+    const std::string option = option_of(o.key);  // set later written another way: that setting is in force
+    if (std::any_of(values_.begin(), values_.end(), [&](const auto& kv) {
+          return kv.first != o.key && set_order(kv.first) > set_order(o.key) && option_of(kv.first) == option;
+        }))
+      continue;
+    out.push_back(o.warning);
+  }
   return out;
 }
 
@@ -252,9 +265,8 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     if (bases.empty())
       throw Error(display(path) + ":" + std::to_string(e.line) + ": base is empty; name the file this one builds on " +
                   "(base = other.ini, a path relative to this file) or remove the line");
+    std::vector<std::pair<std::string, fs::path>> resolved;  // each base and its file, all checked before any is read
     for (const auto& base : bases) {
-      if (std::count(bases.begin(), bases.end(), base) > 1)
-        throw Error(display(path) + ":" + std::to_string(e.line) + ": base names " + base + " twice; name it once");
       if (base.find("://") != std::string::npos)
         throw Error(display(path) + ":" + std::to_string(e.line) + ": base = " + base + " is a URL; a base is a file " +
                     "(a path relative to this file, or one of Loom's configurations by name): download it first");
@@ -270,8 +282,16 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
           base_path = *shipped;
         }
       }
-      load_file(base_path, chain, display(path) + ":" + std::to_string(e.line));
+      // The same file named twice, however it is written (bb.ini, ./bb.ini, bb, a link to it).
+      const fs::path same = fs::weakly_canonical(base_path, ec);
+      for (const auto& [earlier, earlier_path] : resolved)
+        if (earlier_path == (ec ? base_path : same))
+          throw Error(display(path) + ":" + std::to_string(e.line) + ": base names " +
+                      (earlier == base ? base + " twice" : display(earlier_path) + " twice (" + earlier + ", " + base + ")") +
+                      "; name it once");
+      resolved.emplace_back(base, ec ? base_path : same);
     }
+    for (const auto& [base, base_path] : resolved) load_file(base_path, chain, display(path) + ":" + std::to_string(e.line));
   }
   std::map<std::string, const Entry*> here;  // a key written twice in one file: the later line wins, and is named
   for (const auto& e : entries) {

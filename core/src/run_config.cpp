@@ -129,7 +129,6 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
 }
 
 Resolved resolve_run(Config config, const PluginRegistry& registry) {
-  for (const auto& warning : config.base_override_warnings()) log::warn(warning);
   const Schema core = core_schema();
   auto get = [&](const std::string& key) {
     if (auto v = config.get(key)) return *v;
@@ -188,7 +187,9 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
     }
   }
 
-  Resolved resolved = validate(config, run_schema(config, registry));
+  const Schema schema = run_schema(config, registry);
+  for (const auto& warning : config.base_override_warnings(&schema)) log::warn(warning);
+  Resolved resolved = validate(config, schema);
   // What `loom train` checks before it builds anything, `loom config show` checks too: the
   // trainer's ranges, and each chosen component's own checks of its options (its factory).
   TrainerOptions::from(resolved);

@@ -94,7 +94,21 @@ try:
     expect(rows[1].split()[1:4] == ["32", "2", "64"], "bench shows micro-batch, accumulation, global batch", r)
     expect(rows[0].split()[-1] == "1.00x" and re.fullmatch(r"\d+\.\d\dx", rows[1].split()[-1]) is not None,
            "bench gives each configuration's ratio to the first", r)
+    # A base that overrides an earlier file's value is said once, not once per round.
+    p, q, over = (os.path.join(work, n) for n in ("p.ini", "q.ini", "over.ini"))
+    with open(p, "w") as f:
+        f.write("[trainer]\nclip_grad_norm = 1.0\n")
+    with open(q, "w") as f:
+        f.write("base = over.ini\n")
+    with open(over, "w") as f:
+        f.write("[trainer]\nclip_grad_norm = 0.5\n")
+    with open(b) as f:
+        b_text = f.read()
+    with open(b, "w") as f:
+        f.write("base = p.ini, q.ini\n" + b_text)
     r = loom(exe, "bench", "configs", a, b, "--steps", "3", "--repeats", "2", *RUN)
+    expect(r.stderr.count("trainer.clip_grad_norm = 0.5 replaces 1.0") == 1,
+           "bench says a base's override once, not in every round", r)
     rows = [l.split() for l in r.stdout.splitlines() if l.startswith(("a.ini", "b.ini"))]
     expect(len(rows) == 2 and all(re.fullmatch(r"(\d+)-(\d+)", row[-2]) for row in rows)
            and all(int(row[-2].split("-")[0]) <= float(row[-3]) <= int(row[-2].split("-")[1]) for row in rows),

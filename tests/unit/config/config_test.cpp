@@ -170,12 +170,31 @@ TEST_F(ConfigTest, ABaseReadForALaterFileThatOverridesAnEarlierFileIsSaid) {
                                     write("later.ini", "[trainer]\nlr = 3\n")});
   EXPECT_EQ(meant, "3");
   EXPECT_EQ(quiet, "");
+
+  // The same option written another way later (a component's shorthand over the base's full key):
+  // that value is in force, nothing is said; without it the base's full key is said.
+  Schema schema = core_schema();
+  schema.add("memory.tiny", "memory policy 'tiny'", {OptionSpec{"margin", LOOM_OPTION_FLOAT, "0.1", "", "", {}, {}}});
+  schema.add_shorthand("memory.margin", "memory.tiny.margin");
+  write("full.ini", "[memory.tiny]\nmargin = 0.3\n");
+  const auto first = write("first.ini", "[memory.tiny]\nmargin = 0.2\n");
+  Config by_base;
+  by_base.load_file(first);
+  by_base.load_file(write("by_base.ini", "base = full.ini\n"));
+  EXPECT_CONTAINS(join(by_base.base_override_warnings(&schema), "\n"), "memory.tiny.margin = 0.3 replaces 0.2");
+  Config by_shorthand;
+  by_shorthand.load_file(first);
+  by_shorthand.load_file(write("shorthand.ini", "base = full.ini\n[memory]\nmargin = 0.4\n"));
+  EXPECT_EQ(join(by_shorthand.base_override_warnings(&schema), "\n"), "");
 }
 
 TEST_F(ConfigTest, BasesNamedTwiceTooDeepOrReadTooOftenAreOneError) {
   write("x.ini", "[trainer]\nlr = 1\n");
   const auto twice = write("twice.ini", "base = x.ini, x.ini\n");
   EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(twice); }), "twice.ini:1: base names x.ini twice; name it once");
+  // The same file written two ways: its path, and the two ways the user wrote.
+  const auto two_ways = write("two_ways.ini", "base = x.ini, ./x.ini\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(two_ways); }), "x.ini twice (x.ini, ./x.ini); name it once");
   // 40 files, each the base of the one before.
   for (int i = 0; i < 40; ++i)
     write("deep" + std::to_string(i) + ".ini", i == 39 ? "[trainer]\nlr = 1\n" : "base = deep" + std::to_string(i + 1) + ".ini\n");

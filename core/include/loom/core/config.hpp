@@ -18,6 +18,8 @@
 
 namespace loom::core {
 
+class Schema;
+
 /// Where a value came from.
 struct Origin {
   std::string source;  ///< "file", "--set", "--batch-size" (an alias), "default"
@@ -76,8 +78,11 @@ class Config {
   /// Every file read, bases included, in the order read.
   const std::vector<std::filesystem::path>& files() const { return files_; }
   /// A value a base of a later -c file set over an earlier file's, where it is still the value in
-  /// force (no later file, alias or --set replaced it): one warning each, said by resolve_run.
-  std::vector<std::string> base_override_warnings() const;
+  /// force (no later file, alias or --set replaced it, nor a later setting of the same option
+  /// written another way, a shorthand of `schema`'s): one warning each, said by resolve_run.
+  std::vector<std::string> base_override_warnings(const Schema* schema = nullptr) const;
+  /// After they were said: a configuration resolved again (`loom bench`'s rounds) says them no more.
+  void forget_base_override_warnings() { base_overrides_.clear(); }
 
  private:
   void load_file(const std::filesystem::path& file, std::vector<std::filesystem::path>& chain,
