@@ -25,7 +25,8 @@ int cmd_bench(const Invocation& invocation) {
   if (!files.empty() && files.front() == "configs") files.erase(files.begin());
   if (files.empty()) throw Error("usage: loom bench configs A.ini B.ini ... [--steps 100] [--repeats 1] [--set ...]");
   const int64_t steps = invocation.options["steps"].as<int64_t>();
-  if (steps < 2) throw Error("--steps must be at least 2 (the first step is a warm-up)");
+  if (steps < 2 || steps > 100000)
+    throw Error("--steps must be in 2..100000 (the first step is a warm-up; a bench compares a few hundred steps)");
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::install_stop_signals(false);  // before the scratch folder: a stop from here on removes it

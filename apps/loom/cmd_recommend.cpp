@@ -10,6 +10,7 @@
 #include <loom/core/trainer.hpp>
 #include <loom/sdk/attributes.hpp>
 #include <loom/sdk/dataset.hpp>
+#include <loom/sdk/options.hpp>
 
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/topk.h>
@@ -66,7 +67,9 @@ int cmd_recommend(const Invocation& invocation) {
   const std::vector<std::string> users = sdk::attribute_lines(attributes.at("users.ids"));
   const std::vector<std::string> item_ids = sdk::attribute_lines(attributes.at("items.ids"));
   const std::vector<std::string> titles = sdk::attribute_lines(attributes.at("items.title"));
-  const auto found = std::find(users.begin(), users.end(), user_id);
+  auto found = std::find(users.begin(), users.end(), user_id);
+  if (const auto number = sdk::parse_int(user_id); found == users.end() && number)  // 01 or +1: the data's id 1
+    found = std::find_if(users.begin(), users.end(), [&](const std::string& id) { return sdk::parse_int(id) == number; });
   if (found == users.end())
     throw Error("user " + user_id + " is not in the data (" + std::to_string(users.size()) + " users, ids " + users.front() +
                 " ... " + users.back() + "; users with fewer than data.min_interactions interactions are left out)");

@@ -220,8 +220,23 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
   const auto recorded = core::checkpoint_run_config(checkpoint);
   for (const auto& [key, value] : recorded) config.set(key, value, core::Origin{"checkpoint", {}, 0});
   const core::Config user = config_from(invocation.options);
-  for (const std::string& key : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
-    const core::ConfigValue& value = *user.find(key);
+  // The checkpoint records a component's options as `model.<option>`: the user's full key for the
+  // same component, `model.<name>.<option>`, is that key (or the two would be one option written
+  // two ways, and the change would go unsaid).
+  const auto as_recorded = [&](const std::string& key) {
+    for (const std::string section : {"model", "data"}) {
+      const core::ConfigValue* chosen = user.find(section + ".name");
+      const auto named = recorded.find(section + ".name");
+      const std::string name = chosen ? chosen->value : named != recorded.end() ? named->second : "";
+      const std::string prefix = section + "." + name + ".";
+      if (!name.empty() && key.rfind(prefix, 0) == 0 && key.find('.', prefix.size()) == std::string::npos)
+        return section + "." + key.substr(prefix.size());
+    }
+    return key;
+  };
+  for (const std::string& written : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
+    const core::ConfigValue& value = *user.find(written);
+    const std::string key = as_recorded(written);
     const auto it = recorded.find(key);
     // (data.num_workers, prefetch and pin_memory are recorded with the data, but change neither it nor the model)
     const bool loader = key == "data.num_workers" || key == "data.prefetch" || key == "data.pin_memory";

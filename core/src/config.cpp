@@ -125,6 +125,7 @@ std::optional<fs::path> shipped_config(const std::string& name) {
 }  // namespace
 
 fs::path find_config(const std::string& name) {
+  if (name.empty()) throw Error("a configuration's name is empty: name a file, or one of Loom's configurations (e.g. -c debug)");
   std::error_code ec;
   // A file here, or a path (load_file reports what is wrong with it).
   if (fs::is_regular_file(name, ec) || name.find('/') != std::string::npos || name.empty()) return name;

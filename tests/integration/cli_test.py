@@ -98,6 +98,8 @@ expect(r.returncode == 1 and "'nope'" in r.stderr and "conforms" not in r.stdout
 r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), "/nonexistent.ini", "--steps", "2", check=False)
 expect(r.returncode == 1 and "/nonexistent.ini not found" in r.stderr and "run folder" not in r.stderr
        and "configuration" not in r.stdout, "bench checks every configuration first", r)
+r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), "--steps", "1000000000000", check=False)
+expect(r.returncode == 1 and "--steps must be in 2..100000" in r.stderr, "bench refuses a trillion steps", r)
 
 # configs/fashion_mnist.ini is the default job spelled out: `loom train` without -c runs exactly it.
 def settings(*args):
@@ -165,6 +167,9 @@ try:
     r = loom(exe, "eval", best, "--set", "data.test_size=128")
     expect("this command's model and data differ from the checkpoint's: data.test_size = 128 (--set; the "
            "checkpoint's: 256)" in r.stderr, "eval says where its data differs from the checkpoint's", r)
+    r = loom(exe, "eval", best, "--set", "data.synthetic.test_size=128")  # the full key, as `loom config show` gives it
+    expect("differ from the checkpoint's: data.test_size = 128 (--set; the checkpoint's: 256)" in r.stderr
+           and "written two ways" not in r.stderr, "eval says the change written with the full key too", r)
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "data.validation_fraction=0.999",
              check=False)
     expect(r.returncode == 1 and "hold out less of it for validation (data.validation_fraction = 0.999" in r.stderr,

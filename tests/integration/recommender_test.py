@@ -63,6 +63,10 @@ r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "7", "--top", "
 listed = [line.split()[1] for line in r.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)]
 assert len(listed) == 240 - 30 and len(set(listed)) == len(listed), len(listed)
 
+# The same user written 07: the id the data reads as 7.
+r7 = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "07", "--top", "100000")
+assert [line.split()[1] for line in r7.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)] == listed, r7.stdout
+
 r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "9999", check=False)
 assert r.returncode != 0 and "user 9999 is not in the data" in r.stderr + r.stdout, r.stderr
 print("ok")

@@ -176,6 +176,9 @@ class Gpt2Recommender final : public sdk::Model {
     if (r == data.fields.end() || !r->second.shape.empty())
       throw Error("gpt2_recommender: the dataset needs a field 'rating' of scalars");
     task_ = parse_task(task_option_ == "auto" ? attribute(data, "task") : task_option_);
+    if (task_ == Task::kRating && attribute(data, "task") == "ranking")  // (its ratings are 1: a constant would fit them)
+      throw Error("gpt2_recommender: model.task = rating on data made for ranking, whose ratings are all 1 (an interaction "
+                  "happened); predicting a rating needs the data's ratings: set data.task = rating, or model.task = auto");
     users_ = static_cast<int64_t>(number_attribute(data, "users.count"));
     items_ = static_cast<int64_t>(number_attribute(data, "items.count"));
     rating_mean_ = number_attribute(data, "rating.mean");
@@ -249,6 +252,18 @@ class Gpt2Recommender final : public sdk::Model {
                   " entries for " + std::to_string(users_) + " users");
     seen_indptr_ = indptr->second.to(at::kLong);
     seen_items_ = items->second.to(at::kLong);
+    if (task_ == Task::kRanking && users_ > 0) {
+      // Evaluation ranks a user's test item among the items they have not met (their known ones
+      // masked): for the user who knows the most, fewer than items_. A top K that holds them all
+      // gives that user a hit whatever the model (setup's check counts the whole catalogue).
+      const int64_t most = (seen_indptr_.narrow(0, 1, users_) - seen_indptr_.narrow(0, 0, users_)).max().item<int64_t>();
+      const int64_t candidates = items_ - most;
+      if (top_k_ >= candidates)
+        throw Error("gpt2_recommender: model.top_k " + std::to_string(top_k_) + " holds every candidate of a user who knows " +
+                    std::to_string(most) + " of the " + std::to_string(items_) + " items: their test item is ranked among the " +
+                    std::to_string(candidates) + " they do not know (the known ones are masked), so HR@" + std::to_string(top_k_) +
+                    " would count a hit for them whatever the model; lower model.top_k below " + std::to_string(candidates));
+    }
   }
 
   torch::nn::Module& module() override { return *net_; }

@@ -9,7 +9,9 @@
 #include <ATen/ops/randperm.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <sstream>
 
 namespace loom::plugins::recommender {
 
@@ -144,6 +146,14 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
     const at::Tensor perm = at::randperm(static_cast<int64_t>(kept.size()), gen, at::TensorOptions().dtype(at::kLong));
     const int64_t* p = perm.data_ptr<int64_t>();
     const auto held = static_cast<int64_t>(o.holdout * static_cast<double>(kept.size()));
+    if (held == 0) {
+      std::ostringstream share, least;
+      share << o.holdout;
+      least << std::ceil(1e4 / static_cast<double>(kept.size())) / 1e4;  // (rounded up: that share holds one out)
+      throw sdk::Error(name_ + ": data.holdout = " + share.str() + " of " + std::to_string(kept.size()) +
+                       " interactions holds out none: the test and validation splits would be empty; raise data.holdout to " +
+                       least.str() + " or more");
+    }
     for (int64_t k = 0; k < static_cast<int64_t>(kept.size()); ++k)
       split[kept[p[k]]] = k < held ? 2 : k < 2 * held ? 1 : 0;
   }

@@ -370,6 +370,10 @@ void Interactions::setup() {
     else
       throw sdk::Error("interactions: " + root.string() + " holds no MovieLens ratings (u.data for ml-100k, ratings.dat "
                        "for ml-1m, ratings.csv for ml-latest); set data.root to the unpacked folder");
+  } else if (const char* ratings = format == "ml-100k" ? "u.data" : format == "ml-1m" ? "ratings.dat" : "ratings.csv";
+             !fs::exists(fs::symlink_status(root / ratings, ec))) {  // (a file that is there but wrong: read_file says what)
+    throw sdk::Error("interactions: data.format = " + format + " reads " + (root / ratings).string() + ", which is not there; " +
+                     "set data.format to the folder's format, or auto to find it");
   }
   RawData data = format == "ml-100k" ? read_ml100k(root)
                  : format == "ml-1m" ? read_ml1m(root)

@@ -110,6 +110,12 @@ TEST_F(RecommenderData, MovieLens100kIsReadWithLatin1TitlesGenreFlagsAndAChronol
   EXPECT_TRUE(at::equal(tables.at("seen.items"), at::tensor(std::vector<int64_t>{0, 1, 2, 0, 1})));
   // Ranking: every interaction is a positive.
   EXPECT_TRUE(at::equal(d->get_batch(Split::kTrain, {0, 1, 2}).at("rating"), at::ones({3})));
+  // A random split whose share holds out no interaction of the 7 is refused, not run with empty
+  // test and validation splits.
+  const std::string message = error_of([&] { open({{"split", "random"}, {"holdout", "0.1"}}); });
+  EXPECT_NE(message.find("data.holdout = 0.1 of 7 interactions holds out none: the test and validation splits would be "
+                         "empty; raise data.holdout to 0.1429 or more"), std::string::npos) << message;
+  EXPECT_EQ(pairs(*open({{"split", "random"}, {"holdout", "0.15"}}), Split::kTest).size(), 1u);
 }
 
 TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
@@ -395,6 +401,30 @@ TEST_F(Gpt2RecommenderTest, ATopKOfTheWholeCatalogueIsRefused) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("model.top_k 48 is not below the 48 items"), std::string::npos) << e.what();
   }
+  // Nor one that holds every candidate of a user: each knows 11 items (12 less the test item, the
+  // validation one counted), masked in evaluation, so a test item is ranked among 37.
+  try {
+    make_trainer(config("top_k_masked", {"model.top_k=37"}));
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("model.top_k 37 holds every candidate of a user who knows 11 of the 48 items: their "
+                                         "test item is ranked among the 37 they do not know"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lower model.top_k below 37"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(make_trainer(config("top_k_36", {"model.top_k=36"})));
+}
+
+TEST_F(Gpt2RecommenderTest, ARatingModelOnDataMadeForRankingIsRefused) {
+  // Ranking data's ratings are all 1: a rating model would learn the constant and report an RMSE
+  // near 0. The data's own ratings (data.task = rating) train it.
+  try {
+    make_trainer(config("rating_on_ranking", {"model.task=rating", "data.task=ranking"}));
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("model.task = rating on data made for ranking, whose ratings are all 1"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(make_trainer(config("rating", {"model.task=rating", "data.task=rating"})));
 }
 
 TEST_F(Gpt2RecommenderTest, WeightsOfOtherDataAreRefusedByTheirIds) {
