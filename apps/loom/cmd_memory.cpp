@@ -74,13 +74,17 @@ int cmd_memory(const Invocation& invocation) {
               << core::format_estimate(e, trainer.device().str())
               << "(activations from probes at micro-batch " << fit.probe_small << " and " << fit.probe_large << ": "
               << core::format_bytes(static_cast<int64_t>(fit.per_sample)) << " per sample)\n";
+    if (const int64_t have = trainer.training_samples(); micro * devices > have)
+      std::cout << "note: this data's training split has " << have << " samples, too few for a micro-batch of " << micro
+                << " on each of " << devices << " device(s): loom train refuses this plan with it (the figures hold "
+                << "for data with enough samples)\n";
     return 0;
   }
 
   if (!invocation.options.count("target")) throw Error("loom memory suggest needs --target SIZE, e.g. --target 8GiB");
   const std::string target_text = invocation.options["target"].as<std::string>();
   const auto target = sdk::parse_bytes(target_text);
-  if (!target) throw Error("--target '" + target_text + "' is not a size; e.g. 8GiB, 512MiB, 16GB");
+  if (!target) throw Error("--target '" + target_text + "' is not a size (a number of bytes below 8 EiB, with its unit); e.g. 8GiB, 512MiB, 16GB");
   auto measured = trainer.activation_fit(std::max<int64_t>(2, samples / devices));
   if (!measured) throw Error("even a micro-batch of 2 runs out of memory on " + trainer.device().str());
   int64_t micro = core::largest_micro_batch(states, *measured, *target);

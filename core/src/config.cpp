@@ -496,7 +496,9 @@ Resolved validate(const Config& config, const Schema& schema) {
     std::string message = problems.size() == 1 ? "invalid configuration: " : "invalid configuration:";
     if (problems.size() == 1) message += problems.front();
     else
-      for (const auto& p : problems) message += "\n  " + p;
+      for (size_t i = 0; i < problems.size() && i < 20; ++i) message += "\n  " + problems[i];
+    if (problems.size() > 20)  // (a wrong file given as a configuration: not thousands of lines)
+      message += "\n  ... and " + std::to_string(problems.size() - 20) + " more; is this the configuration file meant?";
     throw Error(message);
   }
   return resolved;

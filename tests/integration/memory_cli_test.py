@@ -34,6 +34,12 @@ r = loom(exe, "memory", "estimate", *RUN, "--batch", "64")
 for part in ("parameters", "gradients", "optimizer states", "activations", "workspace", "total"):
     expect(part in r.stdout, f"estimate shows {part}", r)
 at64 = total_bytes(r.stdout)
+expect("note:" not in r.stdout, "a plan the data can train has no note", r)
+# A micro-batch larger than the data's training split: the figures, and a note that loom train
+# refuses that plan with this data (1024 samples less the validation share).
+r = loom(exe, "memory", "estimate", *RUN, "--batch", "2048")
+expect("samples, too few for a micro-batch of 2048 on each of 1 device(s): loom train refuses this plan with it"
+       in r.stdout and "total" in r.stdout, "estimate notes a batch the data cannot fill", r)
 r4 = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--devices", "4")
 expect("4 devices, each" in r4.stdout and "micro-batch 16" in r4.stdout, "estimate per device for 4 devices", r4)
 # a plan `loom train` would refuse is refused here too, with one that splits evenly

@@ -244,6 +244,19 @@ TEST_F(ConfigTest, AValueIsOneLineOfTextOfSensibleLength) {
   }
 }
 
+TEST_F(ConfigTest, ThousandsOfProblemsAreTwentyLinesAndACount) {
+  // Another kind of file given as a configuration: the first 20 problems, then how many more.
+  std::string text = "[trainer]\n";
+  for (int i = 0; i < 1000; ++i) text.append("k").append(std::to_string(i)).append(" = 1\n");  // (GCC 12's -Wrestrict misreads "k" + ...)
+  const std::string message = error_of([&] {
+    Config c;
+    c.load_file(write("many.ini", text));
+    validate(c, core_schema());
+  });
+  EXPECT_CONTAINS(message, "\n  ... and 980 more; is this the configuration file meant?");
+  EXPECT_EQ(std::count(message.begin(), message.end(), '\n'), 21) << message.substr(0, 2000);
+}
+
 TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
   const auto file = write("run.ini", "[trainer]\nlr = 0.1\n\nbatch_szie = 32\n");
   Config config;
