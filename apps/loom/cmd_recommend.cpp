@@ -7,6 +7,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include <loom/sdk/attributes.hpp>
 #include <loom/sdk/dataset.hpp>
@@ -68,8 +69,24 @@ int cmd_recommend(const Invocation& invocation) {
   const std::vector<std::string> item_ids = sdk::attribute_lines(attributes.at("items.ids"));
   const std::vector<std::string> titles = sdk::attribute_lines(attributes.at("items.title"));
   auto found = std::find(users.begin(), users.end(), user_id);
-  if (const auto number = sdk::parse_int(user_id); found == users.end() && number)  // 01 or +1: the data's id 1
-    found = std::find_if(users.begin(), users.end(), [&](const std::string& id) { return sdk::parse_int(id) == number; });
+  // Not an id as the data writes it, but a number (07, +7): the data's one id of that number.
+  const auto digits = [](const std::string& s) {
+    const size_t from = s.rfind('+', 0) == 0 ? 1 : 0;
+    return s.size() > from && s.find_first_not_of("0123456789", from) == std::string::npos;
+  };
+  if (found == users.end() && digits(user_id)) {
+    const auto number = sdk::parse_int(user_id);
+    std::vector<std::string> same;
+    for (const auto& id : users)
+      if (digits(id) && number && sdk::parse_int(id) == number) same.push_back(id);
+    if (same.size() > 1)
+      throw Error("user " + user_id + " is no id of the data, and several are that number (" + core::join(same, ", ") +
+                  "); give the id as the data writes it");
+    if (same.size() == 1) {
+      found = std::find(users.begin(), users.end(), same.front());
+      user_id = same.front() + " (given as " + user_id + ")";
+    }
+  }
   if (found == users.end())
     throw Error("user " + user_id + " is not in the data (" + std::to_string(users.size()) + " users, ids " + users.front() +
                 " ... " + users.back() + "; users with fewer than data.min_interactions interactions are left out)");

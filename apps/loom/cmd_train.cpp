@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 namespace fs = std::filesystem;
 
@@ -222,27 +223,36 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
   const core::Config user = config_from(invocation.options);
   // The checkpoint records a component's options as `model.<option>`: the user's full key for the
   // same component, `model.<name>.<option>`, is that key (or the two would be one option written
-  // two ways, and the change would go unsaid).
+  // two ways, and the change would go unsaid), as a shorthand is (not where the core has the key).
+  const core::Schema core_keys = core::core_schema();
   const auto as_recorded = [&](const std::string& key) {
     for (const std::string section : {"model", "data"}) {
       const core::ConfigValue* chosen = user.find(section + ".name");
       const auto named = recorded.find(section + ".name");
       const std::string name = chosen ? chosen->value : named != recorded.end() ? named->second : "";
       const std::string prefix = section + "." + name + ".";
-      if (!name.empty() && key.rfind(prefix, 0) == 0 && key.find('.', prefix.size()) == std::string::npos)
-        return section + "." + key.substr(prefix.size());
+      if (name.empty() || key.rfind(prefix, 0) != 0 || key.find('.', prefix.size()) != std::string::npos) continue;
+      if (const std::string short_key = section + "." + key.substr(prefix.size()); core_keys.find(short_key) == nullptr)
+        return short_key;
     }
     return key;
   };
+  std::map<std::string, const core::ConfigValue*> given;  // each key, as the user last set it
   for (const std::string& written : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
     const core::ConfigValue& value = *user.find(written);
     const std::string key = as_recorded(written);
+    if (const auto twice = given.find(key); twice != given.end() && twice->second->value != value.value)
+      core::log::warn(key, " is set twice, written two ways (", twice->second->value, " from ", twice->second->origin.describe(),
+                      ", ", value.value, " from ", value.origin.describe(), "); the later, ", value.value, ", is used");
+    given[key] = &value;
+    config.set(key, value.value, value.origin);
+  }
+  for (const auto& [key, value] : given) {
     const auto it = recorded.find(key);
     // (data.num_workers, prefetch and pin_memory are recorded with the data, but change neither it nor the model)
     const bool loader = key == "data.num_workers" || key == "data.prefetch" || key == "data.pin_memory";
-    if (it != recorded.end() && it->second != value.value && !loader)
-      changed.push_back(key + " = " + value.value + " (" + value.origin.describe() + "; the checkpoint's: " + it->second + ")");
-    config.set(key, value.value, value.origin);
+    if (it != recorded.end() && it->second != value->value && !loader)
+      changed.push_back(key + " = " + value->value + " (" + value->origin.describe() + "; the checkpoint's: " + it->second + ")");
   }
   if (!changed.empty())  // (data.seed, say: other samples than the run's, so other figures)
     core::log::warn("this command's model and data differ from the checkpoint's: ", core::join(changed, "; "));

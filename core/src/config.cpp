@@ -125,10 +125,10 @@ std::optional<fs::path> shipped_config(const std::string& name) {
 }  // namespace
 
 fs::path find_config(const std::string& name) {
-  if (name.empty()) throw Error("a configuration's name is empty: name a file, or one of Loom's configurations (e.g. -c debug)");
+  if (name.empty()) throw Error("a configuration's name is empty: name a file, or one of Loom's configurations (debug, fashion_mnist, ...)");
   std::error_code ec;
   // A file here, or a path (load_file reports what is wrong with it).
-  if (fs::is_regular_file(name, ec) || name.find('/') != std::string::npos || name.empty()) return name;
+  if (fs::is_regular_file(name, ec) || name.find('/') != std::string::npos) return name;
   if (auto shipped = shipped_config(name)) return *shipped;
   std::vector<std::string> available, searched;
   for (const fs::path& dir : config_search_path()) {
@@ -266,7 +266,11 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     if (bases.empty())
       throw Error(display(path) + ":" + std::to_string(e.line) + ": base is empty; name the file this one builds on " +
                   "(base = other.ini, a path relative to this file) or remove the line");
-    std::vector<std::pair<std::string, fs::path>> resolved;  // each base and its file, all checked before any is read
+    struct Base {
+      std::string written;
+      fs::path path, same;  // as named (relative to this file), and its canonical form
+    };
+    std::vector<Base> resolved;  // every base of the line, checked before any is read
     for (const auto& base : bases) {
       if (base.find("://") != std::string::npos)
         throw Error(display(path) + ":" + std::to_string(e.line) + ": base = " + base + " is a URL; a base is a file " +
@@ -284,15 +288,17 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
         }
       }
       // The same file named twice, however it is written (bb.ini, ./bb.ini, bb, a link to it).
-      const fs::path same = fs::weakly_canonical(base_path, ec);
-      for (const auto& [earlier, earlier_path] : resolved)
-        if (earlier_path == (ec ? base_path : same))
+      fs::path same = fs::weakly_canonical(base_path, ec);
+      if (ec) same = base_path;
+      for (const Base& earlier : resolved)
+        if (earlier.same == same)
           throw Error(display(path) + ":" + std::to_string(e.line) + ": base names " +
-                      (earlier == base ? base + " twice" : display(earlier_path) + " twice (" + earlier + ", " + base + ")") +
+                      (earlier.written == base ? base + " twice"
+                                               : display(same) + " twice (" + earlier.written + ", " + base + ")") +
                       "; name it once");
-      resolved.emplace_back(base, ec ? base_path : same);
+      resolved.push_back({base, base_path, same});
     }
-    for (const auto& [base, base_path] : resolved) load_file(base_path, chain, display(path) + ":" + std::to_string(e.line));
+    for (const Base& base : resolved) load_file(base.path, chain, display(path) + ":" + std::to_string(e.line));
   }
   std::map<std::string, const Entry*> here;  // a key written twice in one file: the later line wins, and is named
   for (const auto& e : entries) {

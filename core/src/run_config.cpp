@@ -128,7 +128,11 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   return o;
 }
 
-Resolved resolve_run(Config config, const PluginRegistry& registry) {
+namespace {
+
+/// The choices a run's configuration leaves to Loom (precision and schedule `auto`, the policy
+/// --memory-fraction asks for), made; the device it names, checked.
+Config automatic_choices(Config config, const PluginRegistry& registry) {
   const Schema core = core_schema();
   auto get = [&](const std::string& key) {
     if (auto v = config.get(key)) return *v;
@@ -187,8 +191,24 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
     }
   }
 
-  const Schema schema = run_schema(config, registry);
-  for (const auto& warning : config.base_override_warnings(&schema)) log::warn(warning);
+  return config;
+}
+
+}  // namespace
+
+Resolved resolve_run(Config config, const PluginRegistry& registry) {
+  // A base's override is said before anything fails on the value it set (a device, a plugin's
+  // name), and of the values as given (an automatic choice does not hide one).
+  const Config given = config;
+  Schema schema;
+  try {
+    config = automatic_choices(std::move(config), registry);
+    schema = run_schema(config, registry);
+  } catch (...) {
+    for (const auto& warning : given.base_override_warnings()) log::warn(warning);
+    throw;
+  }
+  for (const auto& warning : given.base_override_warnings(&schema)) log::warn(warning);
   Resolved resolved = validate(config, schema);
   // What `loom train` checks before it builds anything, `loom config show` checks too: the
   // trainer's ranges, and each chosen component's own checks of its options (its factory).

@@ -170,6 +170,10 @@ try:
     r = loom(exe, "eval", best, "--set", "data.synthetic.test_size=128")  # the full key, as `loom config show` gives it
     expect("differ from the checkpoint's: data.test_size = 128 (--set; the checkpoint's: 256)" in r.stderr
            and "written two ways" not in r.stderr, "eval says the change written with the full key too", r)
+    r = loom(exe, "eval", best, "--set", "model.dropout=0.3", "--set", "model.lightweight_transformer.dropout=0.2")
+    expect("model.dropout is set twice, written two ways (0.3 from --set, 0.2 from --set); the later, 0.2, is used"
+           in r.stderr and "differ from the checkpoint's: model.dropout = 0.2 (--set; the checkpoint's: 0.1)" in r.stderr,
+           "eval says a model option written two ways, and the one in force", r)
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "data.validation_fraction=0.999",
              check=False)
     expect(r.returncode == 1 and "hold out less of it for validation (data.validation_fraction = 0.999" in r.stderr,

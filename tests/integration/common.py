@@ -35,11 +35,16 @@ def loom(exe, *args, check=True, **kwargs):
     return result
 
 
-def metrics(run_dir):
-    """The rows of a run's metrics.jsonl; a last line still being written (or cut by a SIGKILL),
-    without its newline yet, is left out: it is read whole next time, as Loom's resume drops it."""
+def metrics(run_dir, partial=False):
+    """The rows of a run's metrics.jsonl. partial=True, for a run still writing it (or one cut by a
+    SIGKILL): a last line without its newline yet is left out, as Loom's resume drops it. Else
+    every line must be whole."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.endswith("\n")]
+        lines = f.readlines()
+    if lines and not lines[-1].endswith("\n"):
+        assert partial, f"{run_dir}/metrics.jsonl ends with a line cut short: {lines[-1]!r}"
+        lines.pop()
+    return [json.loads(line) for line in lines]
 
 
 def workdir():

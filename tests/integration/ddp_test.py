@@ -247,15 +247,22 @@ try:
                    LOCAL_RANK="1")
         p = subprocess.Popen([exe, "train", *long[:-1], "trainer.name=never_joined", "--set", "parallel.timeout=300"],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if settle is not None:
-            deadline = time.time() + 120
-            while not catches_stop_signals(p.pid) and p.poll() is None and time.time() < deadline:
-                time.sleep(0.01)
-            assert catches_stop_signals(p.pid), "loom train never installed its SIGINT/SIGTERM handler"
-            time.sleep(settle)
-        sent = time.time()
-        p.send_signal(sig)
-        _, err = p.communicate(timeout=120)
+        try:
+            if settle is not None:
+                deadline = time.time() + 120
+                while not catches_stop_signals(p.pid) and p.poll() is None and time.time() < deadline:
+                    time.sleep(0.01)
+                if not catches_stop_signals(p.pid):
+                    p.kill()
+                    raise AssertionError(f"loom train did not come to catch SIGINT and SIGTERM (exit {p.poll()}): "
+                                         + p.communicate()[1][-1500:])
+                time.sleep(settle)
+            sent = time.time()
+            p.send_signal(sig)
+            _, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
         took = time.time() - sent
         assert p.returncode in (-sig, 128 + sig) and took < 20, (sig.name, p.returncode, took, err[-1500:])
         assert not os.path.exists(os.path.join(work, "never_joined")), "a rank that never joined wrote its run folder"

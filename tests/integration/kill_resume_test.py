@@ -37,7 +37,7 @@ try:
     kept = sorted(d for d in os.listdir(checkpoints) if d.startswith("step_"))
     last = int(kept[-1][5:])
     assert last < STEPS, f"the run finished before the kill ({kept})"
-    written = [m["step"] for m in metrics(run) if "train/loss" in m]
+    written = [m["step"] for m in metrics(run, partial=True) if "train/loss" in m]  # (a SIGKILL may cut its last line)
     print(f"killed at about step {max(written)}; newest checkpoint step {last}")
 
     out = loom(exe, "train", *args, "--set", "trainer.name=killed", "--resume", "auto")

@@ -65,6 +65,7 @@ assert len(listed) == 240 - 30 and len(set(listed)) == len(listed), len(listed)
 
 # The same user written 07: the id the data reads as 7.
 r7 = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "07", "--top", "100000")
+assert "for user 7 (given as 07)" in r7.stdout, r7.stdout
 assert [line.split()[1] for line in r7.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)] == listed, r7.stdout
 
 r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "9999", check=False)

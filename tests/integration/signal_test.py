@@ -23,7 +23,7 @@ def wait_for_row(proc, run, step, key, before):
     """Until the run's metrics.jsonl has `key` at `step` (polled every 10 ms; the run must still be on)."""
     deadline = time.time() + 300
     while time.time() < deadline and not any(m.get("step") == step and key in m for m in
-                                              (metrics(run) if os.path.exists(os.path.join(run, "metrics.jsonl")) else [])):
+                                              (metrics(run, partial=True) if os.path.exists(os.path.join(run, "metrics.jsonl")) else [])):
         assert proc.poll() is None, f"the run ended before {before}: " + proc.stderr.read()
         time.sleep(0.01)
 args = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.max_steps={STEPS}",
@@ -36,7 +36,7 @@ def start(name):
     run = os.path.join(work, name)
     deadline = time.time() + 300
     while time.time() < deadline:  # until it has logged a few steps
-        if os.path.exists(os.path.join(run, "metrics.jsonl")) and len(metrics(run)) >= 5:
+        if os.path.exists(os.path.join(run, "metrics.jsonl")) and len(metrics(run, partial=True)) >= 5:
             return proc, run
         if proc.poll() is not None:
             raise SystemExit("the run ended before the signal: " + proc.stderr.read())
@@ -116,7 +116,7 @@ try:
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     run = os.path.join(work, "nohup")
     deadline = time.time() + 300
-    while time.time() < deadline and not (os.path.exists(os.path.join(run, "metrics.jsonl")) and len(metrics(run)) >= 5):
+    while time.time() < deadline and not (os.path.exists(os.path.join(run, "metrics.jsonl")) and len(metrics(run, partial=True)) >= 5):
         time.sleep(0.05)
     proc.send_signal(signal.SIGHUP)
     time.sleep(1)
@@ -143,6 +143,7 @@ try:
     while time.time() < deadline and not os.path.isdir(os.path.join(run, "checkpoints", "step_00000003")):
         assert proc.poll() is None, "the run ended before its test evaluation: " + proc.stderr.read()
         time.sleep(0.01)
+    assert os.path.isdir(os.path.join(run, "checkpoints", "step_00000003")), "no checkpoint of step 3 in 120 s"
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     t0 = time.time()

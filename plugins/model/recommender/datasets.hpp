@@ -18,7 +18,7 @@ namespace loom::plugins::recommender {
                        "auto: leave_last_out for ranking (each user's last item is test, the one before it "        \
                        "validation), random for rating"),                                                           \
       sdk::option_int("min_interactions", min_default, "users with fewer interactions are left out", "1.."),      \
-      sdk::option_float("holdout", "0.1", "random split: the test share, and the validation share", "0.001..0.49"),     \
+      sdk::option_float("holdout", "0.1", "random split: the test share, and the validation share", "0..0.49"),     \
       sdk::option_int("seed", "1234", "seed of the random split (and of generated data)", "0..")
 
 class Interactions final : public InteractionDataset {

@@ -107,7 +107,8 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
     throw sdk::Error(name_ + ": the leave-last-out split needs data.min_interactions >= 3 (a training, a validation and a "
                      "test item per user); it is " + std::to_string(o.min_interactions));
   if (!leave_last_out && !(o.holdout > 0 && o.holdout < 0.5))
-    throw sdk::Error(name_ + ": data.holdout must be in (0, 0.5) (the test share, and the validation share)");
+    throw sdk::Error(name_ + ": a random split needs data.holdout above 0 (the test share, and the validation share; at most "
+                     "0.49)");
 
   // The filter, and users re-indexed densely in their order of first appearance.
   const int64_t users_before = static_cast<int64_t>(data.user_ids.size());
@@ -147,12 +148,15 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
     const int64_t* p = perm.data_ptr<int64_t>();
     const auto held = static_cast<int64_t>(o.holdout * static_cast<double>(kept.size()));
     if (held == 0) {
-      std::ostringstream share, least;
+      const double least = std::ceil(1e4 / static_cast<double>(kept.size())) / 1e4;  // (rounded up: that share holds one out)
+      std::ostringstream share, raise;
       share << o.holdout;
-      least << std::ceil(1e4 / static_cast<double>(kept.size())) / 1e4;  // (rounded up: that share holds one out)
+      raise << least;
       throw sdk::Error(name_ + ": data.holdout = " + share.str() + " of " + std::to_string(kept.size()) +
-                       " interactions holds out none: the test and validation splits would be empty; raise data.holdout to " +
-                       least.str() + " or more");
+                       " interactions holds out none: the test and validation splits would be empty; " +
+                       (least <= 0.49 ? "raise data.holdout to " + raise.str() + " or more"
+                                      : std::string("too few interactions for a random split (data.split = leave_last_out "
+                                                    "holds out each user's last two)")));
     }
     for (int64_t k = 0; k < static_cast<int64_t>(kept.size()); ++k)
       split[kept[p[k]]] = k < held ? 2 : k < 2 * held ? 1 : 0;

@@ -188,6 +188,37 @@ TEST_F(ConfigTest, ABaseReadForALaterFileThatOverridesAnEarlierFileIsSaid) {
   EXPECT_EQ(join(by_shorthand.base_override_warnings(&schema), "\n"), "");
 }
 
+TEST_F(ConfigTest, ResolveRunSaysABasesOverrideOfTheValuesAsGivenAndNotOneAShorthandReplaced) {
+  // What loom train and loom config show call: the same warnings, with the run's shorthands, of
+  // the values as the files give them (precision.name = auto, which resolve_run then replaces).
+  write("amp.ini", "[precision]\nname = auto\n[model.lightweight_transformer]\nd_model = 64\n");
+  const auto mine = write("mine_run.ini", "[precision]\nname = fp32\n[model.lightweight_transformer]\nd_model = 32\n"
+                                          "[model]\nname = lightweight_transformer\n[data]\nname = synthetic\n"
+                                          "[trainer]\ndevice = cpu\n");
+  const auto said = [&](const fs::path& later) {
+    Config c;
+    c.load_file(mine);
+    c.load_file(later);
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    resolve_run(c, loom::testing::registry());
+    return join(capture.lines(), "\n");
+  };
+  const std::string both = said(write("later_run.ini", "base = amp.ini\n"));
+  EXPECT_CONTAINS(both, "precision.name = auto replaces fp32");
+  EXPECT_CONTAINS(both, "model.lightweight_transformer.d_model = 64 replaces 32");
+  const std::string one = said(write("later_short.ini", "base = amp.ini\n[model]\nd_model = 48\n"));
+  EXPECT_CONTAINS(one, "precision.name = auto replaces fp32");
+  EXPECT_EQ(one.find("d_model = 64 replaces"), std::string::npos) << one;  // (validate says the two spellings)
+  // And before an error the value caused: the warning that explains it comes first.
+  write("cuda.ini", "[trainer]\ndevice = cuda:99\n");
+  Config c;
+  c.load_file(mine);
+  c.load_file(write("later_cuda.ini", "base = cuda.ini\n"));
+  loom::core::log::Capture capture(LOOM_LOG_WARN);
+  EXPECT_THROW(resolve_run(c, loom::testing::registry()), std::exception);
+  EXPECT_TRUE(capture.contains("trainer.device = cuda:99 replaces cpu")) << join(capture.lines(), "\n");
+}
+
 TEST_F(ConfigTest, BasesNamedTwiceTooDeepOrReadTooOftenAreOneError) {
   write("x.ini", "[trainer]\nlr = 1\n");
   const auto twice = write("twice.ini", "base = x.ini, x.ini\n");

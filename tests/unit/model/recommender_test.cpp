@@ -6,6 +6,7 @@
 #include "trainer_testing.hpp"
 
 #include <loom/core/checkpoint.hpp>
+#include <loom/core/log.hpp>
 #include <loom/sdk/attributes.hpp>
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/model.hpp>
@@ -116,6 +117,10 @@ TEST_F(RecommenderData, MovieLens100kIsReadWithLatin1TitlesGenreFlagsAndAChronol
   EXPECT_NE(message.find("data.holdout = 0.1 of 7 interactions holds out none: the test and validation splits would be "
                          "empty; raise data.holdout to 0.1429 or more"), std::string::npos) << message;
   EXPECT_EQ(pairs(*open({{"split", "random"}, {"holdout", "0.15"}}), Split::kTest).size(), 1u);
+  // A format named that is not the folder's: its file is said missing, with data.format.
+  const std::string other = error_of([&] { open({{"format", "ml-1m"}}); });
+  EXPECT_NE(other.find("data.format = ml-1m reads " + (dir_ / "ratings.dat").string() + ", which is not there; set "
+                       "data.format to the folder's format, or auto to find it"), std::string::npos) << other;
 }
 
 TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
@@ -401,17 +406,29 @@ TEST_F(Gpt2RecommenderTest, ATopKOfTheWholeCatalogueIsRefused) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("model.top_k 48 is not below the 48 items"), std::string::npos) << e.what();
   }
-  // Nor one that holds every candidate of a user: each knows 11 items (12 less the test item, the
-  // validation one counted), masked in evaluation, so a test item is ranked among 37.
+  // Nor one that holds every item each user does not know: each knows 11 (12 less the test item,
+  // the validation one counted), masked in evaluation, so a test item is ranked among 37.
   try {
     make_trainer(config("top_k_masked", {"model.top_k=37"}));
     FAIL() << "expected an error";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("model.top_k 37 holds every candidate of a user who knows 11 of the 48 items: their "
-                                         "test item is ranked among the 37 they do not know"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("lower model.top_k below 37"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.top_k 37 holds every item each user does not know (37 at most, of 48; the "
+                                         "known ones are masked), so HR@37 would be 1 whatever the model; lower model.top_k "
+                                         "below 37"), std::string::npos) << e.what();
   }
-  EXPECT_NO_THROW(make_trainer(config("top_k_36", {"model.top_k=36"})));
+  {
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    EXPECT_NO_THROW(make_trainer(config("top_k_36", {"model.top_k=36"})));
+    EXPECT_FALSE(capture.contains("whatever the model")) << "no user has 36 or fewer candidates";
+  }
+  // A random split: users know 12 less their test items, so some have 37 candidates or fewer and
+  // others more: a warning with how many, and the run goes on.
+  loom::core::log::Capture capture(LOOM_LOG_WARN);
+  EXPECT_NO_THROW(make_trainer(config("top_k_some", {"model.top_k=37", "data.split=random"})));
+  std::string said;
+  for (const auto& line : capture.lines()) said += line + "\n";
+  EXPECT_NE(said.find(" of the 40 users do not know (their known ones are masked): their HR@37 is 1 whatever the model; "
+                      "lower model.top_k below "), std::string::npos) << said;
 }
 
 TEST_F(Gpt2RecommenderTest, ARatingModelOnDataMadeForRankingIsRefused) {
