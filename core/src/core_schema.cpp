@@ -4,10 +4,12 @@
 #include <loom/core/config.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/plugin_registry.hpp>
+#include <loom/core/text.hpp>
 
 #include <loom/sdk/options.hpp>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 namespace loom::core {
@@ -204,7 +206,9 @@ Schema run_schema(const Config& config, const PluginRegistry& registry) {
       if (!schema.find(kind_section + "." + option.key))
         schema.add_shorthand(kind_section + "." + option.key, choice.section + "." + option.key);
   }
-  // The options of every loaded component the run does not select: ignored, with a warning.
+  // The options of every loaded component the run does not select: ignored, with a warning. A
+  // section's short key may be an option of several (model.vocab_size): each is named.
+  std::map<std::string, std::pair<std::vector<std::string>, std::string>> short_keys;  // key -> owners, the choice made
   for (const auto& info : registry.components()) {
     const KindInfo* kind = find_kind(info.kind);
     if (kind == nullptr) continue;
@@ -214,14 +218,22 @@ Schema run_schema(const Config& config, const PluginRegistry& registry) {
     if (selected) continue;
     const std::string key(kind->select_key);
     const std::string now = config.get(key).value_or(core_schema().find(key)->option.default_value);
-    const std::string why = owner(info) + ", which this run does not select (" + key + " = " +
-                            (now.empty() ? "(none)" : now) + ")";
+    const std::string choice = key + " = " + (now.empty() ? "(none)" : now);
     const std::string section = component_section(info.kind, info.name);
     for (const auto& option : info.options) {
-      schema.add_foreign(section + "." + option.key, why);
+      schema.add_foreign(section + "." + option.key, owner(info) + ", which this run does not select (" + choice + ")");
       const std::string short_key = std::string(kind->section) + "." + option.key;
-      if (!schema.find(short_key) && schema.shorthand(short_key).empty()) schema.add_foreign(short_key, why);
+      if (!schema.find(short_key) && schema.shorthand(short_key).empty()) {
+        auto& [owners, made] = short_keys[short_key];
+        owners.push_back(owner(info));
+        made = choice;
+      }
     }
+  }
+  for (const auto& [short_key, owned] : short_keys) {
+    const auto& [owners, made] = owned;
+    schema.add_foreign(short_key, owners.size() == 1 ? owners.front() + ", which this run does not select (" + made + ")"
+                                                     : join(owners, " and ") + ", none of which this run selects (" + made + ")");
   }
   return schema;
 }

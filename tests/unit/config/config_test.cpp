@@ -219,6 +219,22 @@ TEST_F(ConfigTest, ResolveRunSaysABasesOverrideOfTheValuesAsGivenAndNotOneAShort
   EXPECT_TRUE(capture.contains("trainer.device = cuda:99 replaces cpu")) << join(capture.lines(), "\n");
 }
 
+TEST_F(ConfigTest, AShortKeyOfSeveralUnselectedComponentsNamesThemAll) {
+  // model.vocab_size is an option of both GPT-2 models; a run of the lightweight transformer
+  // ignores it, and says whose it is, not the first model's only.
+  Config c;
+  for (const char* kv : {"model.name=lightweight_transformer", "data.name=synthetic", "trainer.device=cpu",
+                         "model.vocab_size=5"})
+    c.set_assignment(kv);
+  loom::core::log::Capture capture(LOOM_LOG_WARN);
+  resolve_run(c, loom::testing::registry());
+  const std::string said = join(capture.lines(), "\n");
+  EXPECT_CONTAINS(said, "model.vocab_size is an option of model 'gpt2_");
+  EXPECT_CONTAINS(said, "model 'gpt2_lm'");
+  EXPECT_CONTAINS(said, "model 'gpt2_recommender'");
+  EXPECT_CONTAINS(said, ", none of which this run selects (model.name = lightweight_transformer); ignored");
+}
+
 TEST_F(ConfigTest, BasesNamedTwiceTooDeepOrReadTooOftenAreOneError) {
   write("x.ini", "[trainer]\nlr = 1\n");
   const auto twice = write("twice.ini", "base = x.ini, x.ini\n");
