@@ -128,13 +128,15 @@ int inspect(const Invocation& invocation) {
     std::cout << "plugin:    " << report.plugin_name << " " << report.plugin_version << "\n";
   for (const auto& [field, value] : report.fingerprint)
     std::cout << "  " << std::left << std::setw(18) << field << value << "\n";
-  std::cout << "status:    " << (report.accepted ? "accepted" : "refused") << "\n";
+  const Clashes clashing = report.accepted ? clashes(invocation, file, report.components) : Clashes{};
+  std::cout << "status:    "
+            << (!report.accepted ? "refused" : clashing.clashes.empty() ? "accepted" : "accepted alone; clashes with a loaded plugin (below)")
+            << "\n";
   if (report.refusal) {
     std::cout << "  stage:   " << report.refusal->stage << "\n  reason:  " << report.refusal->reason
               << "\n";
     if (!report.refusal->hint.empty()) std::cout << "  hint:    " << report.refusal->hint << "\n";
   }
-  const Clashes clashing = report.accepted ? clashes(invocation, file, report.components) : Clashes{};
   for (const auto& line : clashing.clashes) std::cout << "  clash:   " << line << "\n";
   for (const auto& line : clashing.copies) std::cout << "  note:    " << line << "\n";
   for (const auto& c : report.components) {

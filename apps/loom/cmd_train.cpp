@@ -12,6 +12,7 @@
 #include <loom/sdk/options.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -96,8 +97,9 @@ int cmd_train(const Invocation& invocation) {
   }
   if (trainer.step() >= trainer.total_steps() && !trainer.evaluation_pending()) {  // resumed at its end: a requeued job that finished
     core::log::info("run ", trainer.run_dir().filename().string(), " is complete: its checkpoint is at step ",
-                    trainer.step(), " of ", trainer.total_steps(), "; nothing to train. Raise trainer.max_steps to "
-                    "train further; evaluate it with: loom eval ", trainer.run_dir().string());
+                    trainer.step(), trainer.step() > trainer.total_steps() ? ", past this command's " : " of ",
+                    trainer.total_steps(), "; nothing to train. Raise trainer.max_steps to train further (a decaying "
+                    "schedule then restarts higher: the resume says so); evaluate it with: loom eval ", trainer.run_dir().string());
     return 0;
   }
   core::TrainSummary s;
@@ -167,6 +169,15 @@ int cmd_train(const Invocation& invocation) {
                     "; continue with: ", continue_hint(invocation, trainer, run.filename().string()));
     core::log::flush();
     return 128 + s.signal;
+  }
+  // A model that diverged is a failed run, whatever files it wrote: a script that trains, then
+  // deploys, stops here.
+  if (s.final_eval && std::isnan(s.final_eval->loss)) {
+    core::log::error("the run diverged: its final evaluation's loss is NaN (", trainer.skipped_steps(),
+                     " of its steps had non-finite gradients and were skipped). Lower trainer.lr, clip the gradients "
+                     "(trainer.clip_grad_norm), or train in bf16_amp or fp32 rather than fp16_amp");
+    core::log::flush();
+    return 1;
   }
   return 0;
 }

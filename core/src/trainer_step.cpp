@@ -294,7 +294,7 @@ bool Trainer::finish_on_device(StepResult& result, const at::Tensor& packed, con
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);
   const bool finite = tail.size() == 3 && tail[1] == 0;
-  if (finite) result.grad_norm = tail[0];
+  result.grad_norm = finite ? tail[0] : std::nan("");  // (not 0: the norm was inf or NaN, not vanishing)
   // On CPU the table holds doubles (the report's floats would round the rate); reading is free there.
   if (tail.size() == 3) result.lr = device_.is_cpu() ? lr_on_device_.item<double>() : tail[2];
   return finite;
@@ -315,7 +315,7 @@ bool Trainer::update_on_host(StepResult& result, const StepWork& work) {
   // out-of-memory can be replayed. From the commit on, the step changes the run's state.
   LOOM_PHASE("optimizer");
   const bool finite = precision_->unscale_gradients(grads);
-  if (finite) result.grad_norm = clip_grad_norm(work.flats, options_.clip_grad_norm).item<double>();
+  result.grad_norm = finite ? clip_grad_norm(work.flats, options_.clip_grad_norm).item<double>() : std::nan("");
   committed_ = true;
   if (finite) {
     notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });

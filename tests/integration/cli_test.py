@@ -153,6 +153,8 @@ try:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (ignored across exec: the write fails instead)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     r = loom(exe, "train", *full, "--set", "trainer.max_steps=8", "--resume", "auto", check=False, preexec_fn=small_files)
+    expect("trainer.max_steps 4 -> 8 with the warmup_cosine schedule: the schedule is computed over the new length, so "
+           "from step 5 the learning rate is that of the longer run" in r.stderr, "a longer resume says its rate restarts", r)
     expect(r.returncode == 1 and "the checkpoint of step 6 could not be written" in r.stderr
            and "its partial folder is removed" in r.stderr and "step_00000004 are intact" in r.stderr,
            "a checkpoint that cannot be written is one error naming what stands", r)
@@ -249,6 +251,20 @@ try:
              "--set", "precision.loss_scale=1e30", "--set", "trainer.max_steps=1", check=False)
     expect(r.returncode == 1 and "precision.loss_scale = 1e30 (fp16_amp) is more than float16's largest value (65504)" in r.stderr,
            "a static loss scale float16 cannot hold", r)
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "precision.name=fp16_amp",
+             "--set", "precision.loss_scale=1e-10", "--set", "trainer.max_steps=1", check=False)
+    expect(r.returncode == 1 and "precision.loss_scale = 1e-10 (fp16_amp) is below 1" in r.stderr,
+           "a static loss scale whose gradients underflow to zero", r)
+    # A run that diverges (a rate far too high, no clipping): its steps are skipped, its final
+    # loss is NaN, and it ends with a failure and what to change, its files kept.
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=diverged",
+             "--set", "trainer.max_steps=20", "--set", "trainer.lr=10", "--set", "trainer.clip_grad_norm=0",
+             "--set", "trainer.optimizer=sgd", "--set", "optimizer.sgd.momentum=0.99", check=False)
+    expect(r.returncode == 1 and "the run diverged: its final evaluation's loss is NaN (" in r.stderr
+           and os.path.isdir(os.path.join(work, "diverged", "checkpoints")), "a diverged run fails", r)
+    rows = [json.loads(line) for line in open(os.path.join(work, "diverged", "metrics.jsonl"))]
+    expect(any(m.get("train/grad_norm", 0) is None for m in rows if "train/loss" in m),
+           f"a skipped step's gradient norm is null, not 0: {rows[-3:]}", r)
     # Started as one of several processes (torchrun's or `loom launch`'s variables) with a strategy
     # that trains alone: refused, as each process would train the whole model by itself. Under
     # Slurm's variables (an sbatch script around one process) a warning only.
@@ -323,7 +339,8 @@ try:
                                                                   "libloom_dataset_broken_duplicate.so"))
         if os.path.exists(good) and os.path.exists(twin):
             r = loom(exe, "plugins", "inspect", good, "--plugin-dir", twin, env=env, check=False)
-            expect(r.returncode == 1 and f"clash:   dataset 'counting' is also provided by {twin}" in r.stdout,
+            expect(r.returncode == 1 and f"clash:   dataset 'counting' is also provided by {twin}" in r.stdout
+                   and "status:    accepted alone; clashes with a loaded plugin (below)" in r.stdout,
                    "inspect names the other plugin of a component's name", r)
             r = loom(exe, "plugins", "check", twin, "--plugin-dir", good, env=env, check=False)
             expect(r.returncode == 1 and f"FAIL  unique name: dataset 'counting' is also provided by {good}" in r.stdout,

@@ -27,7 +27,7 @@ class Sgd final : public loom::plugins::GroupedOptimizer {
     if (weight_decay() < 0) throw loom::sdk::Error("optimizer.weight_decay must be >= 0");
     if (momentum_ < 0) throw loom::sdk::Error("optimizer.momentum must be >= 0");
     if (nesterov_ && (momentum_ <= 0 || dampening_ != 0))
-      throw loom::sdk::Error("optimizer.nesterov needs momentum > 0 and dampening 0 (as PyTorch's SGD)");
+      throw loom::sdk::Error("optimizer.sgd.nesterov needs momentum > 0 and dampening 0 (as PyTorch's SGD)");
   }
 
   int64_t state_bytes(const at::Tensor& p) const override {

@@ -1,5 +1,5 @@
 // fp16_amp: autocast to float16 with loss scaling, dynamic (PyTorch's GradScaler policy) or
-// static (`loss_scale = 512`, mmcv's `fp16 = dict(loss_scale=512.0)`; any positive number).
+// static (`loss_scale = 512`, mmcv's `fp16 = dict(loss_scale=512.0)`; from 1 to 65504).
 #include <loom/sdk/sdk.hpp>
 
 namespace {
@@ -20,6 +20,11 @@ loom::sdk::GradScaler::Options scaler_options(const loom::sdk::Options& o) {
       throw loom::sdk::Error("precision.loss_scale = " + scale + " (fp16_amp) is more than float16's largest value (65504): " +
                              "every step's gradients would overflow and be skipped; use 'dynamic', or a static scale "
                              "such as 512 or 1024");
+    // Below 1 it shrinks the loss, and float16 gradients underflow to zero: nothing would learn.
+    if (*value < 1)
+      throw loom::sdk::Error("precision.loss_scale = " + scale + " (fp16_amp) is below 1: it shrinks the loss, and its float16 " +
+                             "gradients round to zero, so nothing would learn; use 'dynamic', or a static scale such as " +
+                             "512 or 1024");
     s.dynamic = false;
     s.init_scale = *value;
   }
@@ -32,7 +37,7 @@ loom::sdk::GradScaler::Options scaler_options(const loom::sdk::Options& o) {
 class Fp16Amp final : public loom::sdk::PrecisionStrategy {
  public:
   static constexpr loom_option_spec kOptions[] = {
-      loom::sdk::option_string("loss_scale", "dynamic", "'dynamic', or a static scale such as 512 (any positive number)"),
+      loom::sdk::option_string("loss_scale", "dynamic", "'dynamic', or a static scale such as 512 (1 to 65504)"),
       loom::sdk::option_float("init_scale", "65536", "dynamic: the first scale (2^16)", "1..1e30"),
       loom::sdk::option_float("growth_factor", "2.0", "dynamic: scale x this after growth_interval finite steps", "1.001..1000"),
       loom::sdk::option_float("backoff_factor", "0.5", "dynamic: scale x this after a step with inf/NaN gradients", "1e-6..0.999"),

@@ -2,6 +2,8 @@
 // updates (PyTorch's StepLR, counted in updates).
 #include "../warmup.hpp"
 
+#include <sstream>
+
 namespace {
 
 class Step final : public loom::plugins::WarmupSchedule {
@@ -25,7 +27,9 @@ class Step final : public loom::plugins::WarmupSchedule {
   }
 
   std::string describe() const override {
-    return (warmup_ratio_ > 0 ? warmup_text() + ", then " : std::string()) + "x " + std::to_string(gamma_).substr(0, 5) +
+    std::ostringstream gamma;  // (6 significant digits: 1e-06, not to_string's cut "0.000")
+    gamma << gamma_;
+    return (warmup_ratio_ > 0 ? warmup_text() + ", then " : std::string()) + "x " + gamma.str() +
            " every " + (step_size_ > 0 ? std::to_string(step_size_) + " updates" : std::string("third of the run"));
   }
 

@@ -418,6 +418,7 @@ class Trainer {
   std::unique_ptr<StepGraphs> graphs_;  ///< step.cuda_graph
   sdk::BatchPlan graph_plan_;           ///< the plan the graphs were captured at
   int64_t skipped_at_resume_ = 0;  ///< skipped_steps_ when the run resumed
+  bool said_zero_gradients_ = false;  ///< a logged step's gradients were all zero: said once
   Parameters parameters_;
   std::shared_ptr<sdk::Optimizer> optimizer_;
   std::shared_ptr<sdk::Schedule> schedule_;
