@@ -130,7 +130,7 @@ int inspect(const Invocation& invocation) {
     std::cout << "  " << std::left << std::setw(18) << field << value << "\n";
   const Clashes clashing = report.accepted ? clashes(invocation, file, report.components) : Clashes{};
   std::cout << "status:    "
-            << (!report.accepted ? "refused" : clashing.clashes.empty() ? "accepted" : "accepted alone; clashes with a loaded plugin (below)")
+            << (!report.accepted ? "refused" : clashing.clashes.empty() ? "accepted" : "accepted alone; clashes with another plugin on the search path (below)")
             << "\n";
   if (report.refusal) {
     std::cout << "  stage:   " << report.refusal->stage << "\n  reason:  " << report.refusal->reason

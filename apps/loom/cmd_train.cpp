@@ -98,8 +98,8 @@ int cmd_train(const Invocation& invocation) {
   if (trainer.step() >= trainer.total_steps() && !trainer.evaluation_pending()) {  // resumed at its end: a requeued job that finished
     core::log::info("run ", trainer.run_dir().filename().string(), " is complete: its checkpoint is at step ",
                     trainer.step(), trainer.step() > trainer.total_steps() ? ", past this command's " : " of ",
-                    trainer.total_steps(), "; nothing to train. Raise trainer.max_steps to train further (a decaying "
-                    "schedule then restarts higher: the resume says so); evaluate it with: loom eval ", trainer.run_dir().string());
+                    trainer.total_steps(), "; nothing to train. Raise trainer.max_steps to train further; evaluate it "
+                    "with: loom eval ", trainer.run_dir().string());
     return 0;
   }
   core::TrainSummary s;
@@ -172,10 +172,12 @@ int cmd_train(const Invocation& invocation) {
   }
   // A model that diverged is a failed run, whatever files it wrote: a script that trains, then
   // deploys, stops here.
-  if (s.final_eval && std::isnan(s.final_eval->loss)) {
-    core::log::error("the run diverged: its final evaluation's loss is NaN (", trainer.skipped_steps(),
-                     " of its steps had non-finite gradients and were skipped). Lower trainer.lr, clip the gradients "
-                     "(trainer.clip_grad_norm), or train in bf16_amp or fp32 rather than fp16_amp");
+  if (s.final_eval && !std::isfinite(s.final_eval->loss)) {
+    const int64_t skipped = trainer.skipped_steps();
+    core::log::error("the run diverged: its final evaluation's loss is ", s.final_eval->loss,
+                     skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "",
+                     ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)",
+                     resolved.at("precision.name").value == "fp16_amp" ? ", or train in bf16_amp or fp32 rather than fp16_amp" : "");
     core::log::flush();
     return 1;
   }

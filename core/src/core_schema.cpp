@@ -233,7 +233,8 @@ Schema run_schema(const Config& config, const PluginRegistry& registry) {
   for (const auto& [short_key, owned] : short_keys) {
     const auto& [owners, made] = owned;
     schema.add_foreign(short_key, owners.size() == 1 ? owners.front() + ", which this run does not select (" + made + ")"
-                                                     : join(owners, " and ") + ", none of which this run selects (" + made + ")");
+                                                     : join(owners, " and ") + (owners.size() == 2 ? ", neither of which" : ", none of which") +
+                                                           " this run selects (" + made + ")");
   }
   return schema;
 }

@@ -329,17 +329,6 @@ void Trainer::read_the_runs_config() {
         .push_back(key + " " + *was + " -> " + now.value + " (" + now.origin.describe() + ")");
   }
   if (!routine.empty()) log::info("resumed with ", join(routine, "; "));
-  // A longer run is a schedule over more steps: a decaying rate jumps back up at the resume.
-  for (const char* key : {"trainer.max_steps", "trainer.epochs"}) {
-    const auto now = config_.find(key);
-    if (const auto was = recorded(key); options_.schedule != "constant" && was && now != config_.end() &&
-                                        !same_value(*was, now->second.value)) {
-      log::warn(key, " ", *was, " -> ", now->second.value, " with the ", options_.schedule, " schedule: the schedule is "
-                "computed over the new length, so from step ", step_ + 1, " the learning rate is that of the longer run ",
-                "at this step (a decay resumed from higher up: a warm restart), not a continuation of where it ended");
-      break;
-    }
-  }
   if (!training.empty())
     log::warn("this resume trains otherwise than the run did until step ", step_, " (", record.string(), "): ",
               join(training, "; "), ". To go on as it was, give the -c files and --set of the run's first command");

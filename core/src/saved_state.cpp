@@ -122,6 +122,7 @@ SavedState parse_state_json(const std::string& text, const fs::path& file, int64
   f.integer({"format"}, 1, 1);
   out.step = f.integer({"step"}, 0, int64_t{1} << 40);
   out.skipped = f.integer({"skipped_steps"}, 0, out.step);
+  if (f.has({"total_steps"})) out.total_steps = f.integer({"total_steps"}, 0, int64_t{1} << 40);
   out.model_name = f.text({"model", "name"});
   out.model_config = f.texts({"model", "config"});
   out.manifest = f.texts({"precision", "manifest"});

@@ -16,6 +16,7 @@ namespace loom::core {
 
 struct SavedState {
   int64_t step = 0, skipped = 0;
+  int64_t total_steps = 0;  ///< the run's length when it was written (0: not recorded)
   std::string model_name;
   std::map<std::string, std::string> model_config, manifest;
   std::map<std::string, std::string> optimizer, precision, schedule;  ///< each one's text state

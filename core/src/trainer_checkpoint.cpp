@@ -17,6 +17,7 @@
 #include <torch/nn/module.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 namespace fs = std::filesystem;
@@ -206,6 +207,16 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     adopt_global_batch(saved_plan.global());
   else if (saved_plan.global() != plan_.global())
     log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global());
+  // Another length (trainer.max_steps, epochs, or the batch in epochs): the schedule is computed
+  // over it, and where that moves the next update's rate, a decay resumes elsewhere than it was.
+  if (const int64_t taken = step_ - skipped_steps_;
+      saved.total_steps > 0 && saved.total_steps != total_steps_ && step_ < total_steps_ && schedule_name == options_.schedule) {
+    const double before = base_lr_ * schedule_->factor(taken, saved.total_steps), now = base_lr_ * schedule_->factor(taken, total_steps_);
+    if (std::abs(now - before) > 1e-9 * std::max(std::abs(before), std::abs(now)))
+      log::warn("the run is now ", total_steps_, " steps long, not ", saved.total_steps, ": the ", options_.schedule,
+                " schedule is computed over the new length, so step ", step_ + 1, "'s learning rate is ", now, ", not ", before,
+                now > before ? " (the decay resumes from higher up: a warm restart)" : " (the decay goes on faster)");
+  }
   train_loader_->seek(position);
   window_ = window;
   taken_on_device_ = lr_table_ = at::Tensor();  // made again from step_ and the loaded schedule

@@ -67,9 +67,9 @@ TrainSummary Trainer::train() {
       flush_window();
       // A stop logs a step that was not a log step: its rate is still on the device (one read).
       if (!r.read && lr_on_device_.defined()) r.lr = lr_on_device_.item<double>();
-      if (r.grad_norm == 0 && !said_zero_gradients_) {  // (exactly 0: not small, nothing at all)
+      if (r.grad_norm == 0 && r.terms > 0 && !said_zero_gradients_) {  // (exactly 0: not small, nothing at all)
         said_zero_gradients_ = true;
-        log::warn("step ", step_, ": the gradients are all zero, so no parameter learns (every trainable parameter "
+        log::warn("step ", step_, "'s gradients are all zero: no parameter learned from it (every trainable parameter "
                   "frozen, a loss that does not depend on them, or float16 gradients that underflow)");
       }
       auto values = window_.take(step_values(r));

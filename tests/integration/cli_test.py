@@ -153,8 +153,9 @@ try:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (ignored across exec: the write fails instead)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     r = loom(exe, "train", *full, "--set", "trainer.max_steps=8", "--resume", "auto", check=False, preexec_fn=small_files)
-    expect("trainer.max_steps 4 -> 8 with the warmup_cosine schedule: the schedule is computed over the new length, so "
-           "from step 5 the learning rate is that of the longer run" in r.stderr, "a longer resume says its rate restarts", r)
+    expect("the run is now 8 steps long, not 4: the warmup_cosine schedule is computed over the new length, so step 5's "
+           "learning rate is " in r.stderr and "(the decay resumes from higher up: a warm restart)" in r.stderr,
+           "a longer resume says its rate restarts", r)
     expect(r.returncode == 1 and "the checkpoint of step 6 could not be written" in r.stderr
            and "its partial folder is removed" in r.stderr and "step_00000004 are intact" in r.stderr,
            "a checkpoint that cannot be written is one error naming what stands", r)
@@ -260,7 +261,8 @@ try:
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=diverged",
              "--set", "trainer.max_steps=20", "--set", "trainer.lr=10", "--set", "trainer.clip_grad_norm=0",
              "--set", "trainer.optimizer=sgd", "--set", "optimizer.sgd.momentum=0.99", check=False)
-    expect(r.returncode == 1 and "the run diverged: its final evaluation's loss is NaN (" in r.stderr
+    expect(r.returncode == 1 and "the run diverged: its final evaluation's loss is nan (" in r.stderr
+           and "fp16_amp" not in r.stderr
            and os.path.isdir(os.path.join(work, "diverged", "checkpoints")), "a diverged run fails", r)
     rows = [json.loads(line) for line in open(os.path.join(work, "diverged", "metrics.jsonl"))]
     expect(any(m.get("train/grad_norm", 0) is None for m in rows if "train/loss" in m),
@@ -340,7 +342,7 @@ try:
         if os.path.exists(good) and os.path.exists(twin):
             r = loom(exe, "plugins", "inspect", good, "--plugin-dir", twin, env=env, check=False)
             expect(r.returncode == 1 and f"clash:   dataset 'counting' is also provided by {twin}" in r.stdout
-                   and "status:    accepted alone; clashes with a loaded plugin (below)" in r.stdout,
+                   and "status:    accepted alone; clashes with another plugin on the search path (below)" in r.stdout,
                    "inspect names the other plugin of a component's name", r)
             r = loom(exe, "plugins", "check", twin, "--plugin-dir", good, env=env, check=False)
             expect(r.returncode == 1 and f"FAIL  unique name: dataset 'counting' is also provided by {good}" in r.stdout,

@@ -22,9 +22,9 @@ loom::sdk::GradScaler::Options scaler_options(const loom::sdk::Options& o) {
                              "such as 512 or 1024");
     // Below 1 it shrinks the loss, and float16 gradients underflow to zero: nothing would learn.
     if (*value < 1)
-      throw loom::sdk::Error("precision.loss_scale = " + scale + " (fp16_amp) is below 1: it shrinks the loss, and its float16 " +
-                             "gradients round to zero, so nothing would learn; use 'dynamic', or a static scale such as " +
-                             "512 or 1024");
+      throw loom::sdk::Error("precision.loss_scale = " + scale + " (fp16_amp) is below 1: it shrinks the loss, so more of its " +
+                             "float16 gradients round to zero (at 1e-10 all of them: nothing learns); use 'dynamic', or " +
+                             "a static scale such as 512 or 1024");
     s.dynamic = false;
     s.init_scale = *value;
   }

@@ -232,7 +232,7 @@ TEST_F(ConfigTest, AShortKeyOfSeveralUnselectedComponentsNamesThemAll) {
   EXPECT_CONTAINS(said, "model.vocab_size is an option of model 'gpt2_");
   EXPECT_CONTAINS(said, "model 'gpt2_lm'");
   EXPECT_CONTAINS(said, "model 'gpt2_recommender'");
-  EXPECT_CONTAINS(said, ", none of which this run selects (model.name = lightweight_transformer); ignored");
+  EXPECT_CONTAINS(said, ", neither of which this run selects (model.name = lightweight_transformer); ignored");
 }
 
 TEST_F(ConfigTest, BasesNamedTwiceTooDeepOrReadTooOftenAreOneError) {

@@ -182,7 +182,7 @@ typedef struct loom_c_step_report {
   int64_t epoch;
   double loss;
   double lr;
-  double grad_norm;
+  double grad_norm; /* before clipping; NaN for a skipped update (its norm was not finite) */
   int64_t samples;
   double seconds;
   loom_c_plan plan;

@@ -48,7 +48,7 @@ struct StepReport {
   double loss = 0;             ///< mean over the global batch (NaN where not read, above)
   std::map<std::string, double> metrics;  ///< the model's metrics over the global batch
   double lr = 0;
-  double grad_norm = 0;        ///< before clipping; 0 for a skipped update
+  double grad_norm = 0;        ///< before clipping; NaN for a skipped update (its norm was not finite)
   bool skipped = false;        ///< non-finite gradients: no update
   int64_t samples = 0;
   double seconds = 0;          ///< this step's wall time (replays after running out of memory included)
