@@ -150,6 +150,18 @@ int cmd_train(const Invocation& invocation) {
   if (fs::exists(run / "metrics.jsonl")) files.push_back((run / "metrics.jsonl").string());
   if (fs::exists(run / "tensorboard")) files.push_back((run / "tensorboard").string() + " (tensorboard --logdir " + run.string() + ")");
   core::log::info("files     ", files.empty() ? std::string("none (trainer.callbacks selects no writer)") : core::join(files, ", "));
+  // A model that diverged is a failed run, whatever files it wrote: a script that trains, then
+  // deploys, stops here. (Before the signals, once every step is trained: the evaluation that ran
+  // is the run's verdict, and under `loom launch` the other ranks' exit 1 may signal this one.)
+  if (s.final_eval && !std::isfinite(s.final_eval->loss) && (s.signal == 0 || s.steps >= trainer.total_steps())) {
+    const int64_t skipped = trainer.skipped_steps();
+    core::log::error("the run diverged: its final evaluation's loss is ", s.final_eval->loss,
+                     skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "",
+                     ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)",
+                     resolved.at("precision.name").value == "fp16_amp" ? ", or train in bf16_amp or fp32 rather than fp16_amp" : "");
+    core::log::flush();
+    return 1;
+  }
   if (s.signal != 0 && s.steps >= trainer.total_steps() && trainer.evaluation_pending()) {  // its validation was cut
     core::log::warn("stopped by ", core::signal_name(s.signal), " after the last step (", s.steps, " of ", trainer.total_steps(),
                     "): the training is complete and its checkpoint written; its final evaluation was cut short, and "
@@ -169,17 +181,6 @@ int cmd_train(const Invocation& invocation) {
                     "; continue with: ", continue_hint(invocation, trainer, run.filename().string()));
     core::log::flush();
     return 128 + s.signal;
-  }
-  // A model that diverged is a failed run, whatever files it wrote: a script that trains, then
-  // deploys, stops here.
-  if (s.final_eval && !std::isfinite(s.final_eval->loss)) {
-    const int64_t skipped = trainer.skipped_steps();
-    core::log::error("the run diverged: its final evaluation's loss is ", s.final_eval->loss,
-                     skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "",
-                     ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)",
-                     resolved.at("precision.name").value == "fp16_amp" ? ", or train in bf16_amp or fp32 rather than fp16_amp" : "");
-    core::log::flush();
-    return 1;
   }
   return 0;
 }
