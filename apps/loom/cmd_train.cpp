@@ -76,6 +76,15 @@ std::string continue_hint(const Invocation& invocation, const core::Trainer& tra
   return continue_command(invocation, trainer, name);
 }
 
+/// What a run whose final evaluation's loss is `loss` (not finite) did, and what to change.
+std::string diverged(double loss, const core::Trainer& trainer, const core::Resolved& resolved) {
+  const int64_t skipped = trainer.skipped_steps();
+  return "the run diverged: its final evaluation's loss is " + std::string(std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf") +
+         (skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "") +
+         ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)" +
+         (resolved.at("precision.name").value == "fp16_amp" ? ", or train in bf16_amp or fp32 rather than fp16_amp" : "");
+}
+
 }  // namespace
 
 int cmd_train(const Invocation& invocation) {
@@ -96,6 +105,14 @@ int cmd_train(const Invocation& invocation) {
     return 128 + stopped.signal;
   }
   if (trainer.step() >= trainer.total_steps() && !trainer.evaluation_pending()) {  // resumed at its end: a requeued job that finished
+    // A run that diverged fails each time it is asked, or a requeued job would report it done.
+    if (const auto loss = trainer.recorded_final_loss(); loss && !std::isfinite(*loss)) {
+      core::log::error("run ", trainer.run_dir().filename().string(), " is trained to its step ", trainer.step(),
+                       " and its summary.json says ", diverged(*loss, trainer, resolved),
+                       "; then train again: a new run (another trainer.name), or --resume-from one of its earlier checkpoints");
+      core::log::flush();
+      return 1;
+    }
     core::log::info("run ", trainer.run_dir().filename().string(), " is complete: its checkpoint is at step ",
                     trainer.step(), trainer.step() > trainer.total_steps() ? ", past this command's " : " of ",
                     trainer.total_steps(), "; nothing to train. Raise trainer.max_steps to train further; evaluate it "
@@ -148,17 +165,14 @@ int cmd_train(const Invocation& invocation) {
                                     [](const fs::directory_entry& e) { return e.path().filename().string().rfind("step_", 0) == 0; });
   if (any_step) files.push_back((run / "checkpoints").string() + " (step folders)");
   if (fs::exists(run / "metrics.jsonl")) files.push_back((run / "metrics.jsonl").string());
+  if (fs::exists(run / "summary.json")) files.push_back((run / "summary.json").string());
   if (fs::exists(run / "tensorboard")) files.push_back((run / "tensorboard").string() + " (tensorboard --logdir " + run.string() + ")");
   core::log::info("files     ", files.empty() ? std::string("none (trainer.callbacks selects no writer)") : core::join(files, ", "));
   // A model that diverged is a failed run, whatever files it wrote: a script that trains, then
   // deploys, stops here. (Before the signals, once every step is trained: the evaluation that ran
   // is the run's verdict, and under `loom launch` the other ranks' exit 1 may signal this one.)
   if (s.final_eval && !std::isfinite(s.final_eval->loss) && (s.signal == 0 || s.steps >= trainer.total_steps())) {
-    const int64_t skipped = trainer.skipped_steps();
-    core::log::error("the run diverged: its final evaluation's loss is ", s.final_eval->loss,
-                     skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "",
-                     ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)",
-                     resolved.at("precision.name").value == "fp16_amp" ? ", or train in bf16_amp or fp32 rather than fp16_amp" : "");
+    core::log::error(diverged(s.final_eval->loss, trainer, resolved));
     core::log::flush();
     return 1;
   }

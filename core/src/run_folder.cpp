@@ -215,6 +215,7 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
     write_file_atomic(kept, read_file(covering));
   for (const auto& [until, file] : until_records(run_dir_))
     if (until > from) rename_durable(file, aside / file.filename());
+  if (fs::is_regular_file(run_dir_ / "summary.json", ec)) rename_durable(run_dir_ / "summary.json", aside / "summary.json");
   const std::string best_said =
       best_moved.empty() ? std::string()
                          : join(best_moved, ", ") + " held weights of steps after " + checkpoint.filename().string() +
@@ -232,7 +233,7 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
 void Trainer::set_aside_files_without_checkpoint() {
   std::error_code ec;
   std::vector<fs::path> files;
-  for (const char* name : {"config.json", "metrics.jsonl", "tensorboard"})
+  for (const char* name : {"config.json", "metrics.jsonl", "tensorboard", "summary.json"})
     if (fs::exists(fs::symlink_status(run_dir_ / name, ec))) files.push_back(run_dir_ / name);
   for (const auto& entry : fs::directory_iterator(run_dir_ / "checkpoints", ec))
     if (entry.path().filename().string().rfind("best_", 0) == 0) files.push_back(entry.path());

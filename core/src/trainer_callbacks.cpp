@@ -4,6 +4,7 @@
 // What they see of the run: run_context.hpp.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/device_memory.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include "run_context.hpp"
@@ -139,6 +140,7 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   if (step_ >= total_steps_ && stop_signal() == 0) stop_reason_.clear();
   summary.stop_reason = stop_reason_;
   summary.signal = stop_signal();
+  if (step_ >= total_steps_ && last_eval_ && last_eval_->step == step_ && parallel_->rank() == 0) write_run_summary();
   if (!stop_reason_.empty()) log::info("stopped   early at step ", step_, " of ", total_steps_, ": ", stop_reason_);
 
   sdk::RunReport report;
@@ -157,6 +159,43 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
     log::info("memory snapshot written to ", options_.memory_snapshot, " (open it at https://pytorch.org/memory_viz)");
   }
   return summary;
+}
+
+void Trainer::write_run_summary() const {
+  // The verdict of a run trained to its end, in its folder: a later `--resume auto` of it (a
+  // requeued job) reads it, so that a diverged run fails every time it is asked, not only once.
+  const auto number = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  json evaluation = json::object();
+  const std::string prefix = last_eval_->split == sdk::Split::kValidation ? "val/" : "test/";
+  evaluation[prefix + "loss"] = number(last_eval_->loss);
+  for (const auto& [k, v] : last_eval_->metrics) evaluation[prefix + k] = number(v);
+  const json summary{{"step", step_},
+                     {"total_steps", total_steps_},
+                     {"skipped_steps", skipped_steps_},
+                     {"final_evaluation", evaluation},
+                     {"diverged", !std::isfinite(last_eval_->loss)}};
+  try {
+    write_file_atomic(run_dir_ / "summary.json", summary.dump(2) + "\n");
+  } catch (const std::exception& e) {  // (the checkpoints are written; the verdict is a convenience)
+    log::warn("could not write ", (run_dir_ / "summary.json").string(), ": ", e.what());
+  }
+}
+
+std::optional<double> Trainer::recorded_final_loss() const {
+  const fs::path file = run_dir_ / "summary.json";
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(file, ec))) return std::nullopt;
+  try {
+    const json summary = json::parse(read_file(file, int64_t{1} << 20));
+    if (summary.at("step").get<int64_t>() != step_) return std::nullopt;  // (another length's, or an older step's)
+    const json& evaluation = summary.at("final_evaluation");  // (one evaluation: test/*, or val/* where no test split)
+    const json& loss = evaluation.contains("test/loss") ? evaluation.at("test/loss") : evaluation.at("val/loss");
+    return loss.is_null() ? std::numeric_limits<double>::quiet_NaN() : loss.get<double>();
+  } catch (const std::exception& e) {  // (written by Loom: damaged, or edited by hand)
+    log::warn(file.string(), " is not a run summary Loom can read (", e.what(), "); its verdict is not checked. Remove it, "
+              "or `loom eval ", run_dir_.string(), "` to evaluate the run again");
+    return std::nullopt;
+  }
 }
 
 }  // namespace loom::core

@@ -267,6 +267,15 @@ try:
     rows = [json.loads(line) for line in open(os.path.join(work, "diverged", "metrics.jsonl"))]
     expect(any(m.get("train/grad_norm", 0) is None for m in rows if "train/loss" in m),
            f"a skipped step's gradient norm is null, not 0: {rows[-3:]}", r)
+    summary = json.load(open(os.path.join(work, "diverged", "summary.json")))
+    expect(summary["step"] == 20 and summary["diverged"] is True and summary["final_evaluation"]["test/loss"] is None,
+           f"a diverged run's summary.json: {summary}", r)
+    # Asked again (a requeued job's --resume auto), it fails again: not "complete".
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=diverged",
+             "--set", "trainer.max_steps=20", "--set", "trainer.lr=10", "--set", "trainer.clip_grad_norm=0",
+             "--set", "trainer.optimizer=sgd", "--set", "optimizer.sgd.momentum=0.99", "--resume", "auto", check=False)
+    expect(r.returncode == 1 and "is trained to its step 20 and its summary.json says the run diverged" in r.stderr
+           and "is complete" not in r.stderr, "a diverged run resumed at its end fails again", r)
     # Started as one of several processes (torchrun's or `loom launch`'s variables) with a strategy
     # that trains alone: refused, as each process would train the whole model by itself. Under
     # Slurm's variables (an sbatch script around one process) a warning only.
@@ -296,6 +305,19 @@ try:
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev",
              "--set", "trainer.max_steps=10", "--resume", "auto")
     expect("run ev is complete: its checkpoint is at step 10 of 10; nothing to train" in r.stderr, "a complete run", r)
+    summary_file = os.path.join(work, "ev", "summary.json")
+    summary = json.load(open(summary_file))
+    expect(summary["step"] == 10 and summary["diverged"] is False and summary["final_evaluation"]["test/loss"] > 0
+           and "test/accuracy" in summary["final_evaluation"], f"a run's summary.json: {summary}", r)
+    kept = open(summary_file).read()
+    with open(summary_file, "w") as f:
+        f.write("{\"step\": 10, \"final_evaluation\": ")  # (cut short)
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev",
+             "--set", "trainer.max_steps=10", "--resume", "auto")
+    expect("summary.json is not a run summary Loom can read" in r.stderr and "run ev is complete" in r.stderr,
+           "a damaged summary.json", r)
+    with open(summary_file, "w") as f:
+        f.write(kept)
     # eval reads the weights and state.json: a step folder copied without optimizer.safetensors, or
     # with it damaged, evaluates (state.json unchecked, said); a changed state.json beside a good
     # optimizer.safetensors is still refused.

@@ -101,6 +101,7 @@ TEST_F(RunFolderTest, ARefusedStartLeavesNoFolderBehindButKeepsOneThatWasThere) 
 TEST_F(RunFolderTest, ResumingFromAnOlderCheckpointSetsTheNewerStepsAside) {
   loom::testing::make_trainer(base("timeline", 6))->train();
   ASSERT_EQ(steps(dir_ / "timeline"), (std::vector<std::string>{step_dir_name(2), step_dir_name(4), step_dir_name(6)}));
+  ASSERT_TRUE(fs::exists(dir_ / "timeline" / "summary.json"));  // (the verdict of step 6: that timeline's)
   Config again = base("", 6);
   again.set_assignment("trainer.resume_from=" + (dir_ / "timeline" / "checkpoints" / step_dir_name(2)).string());
   auto t = loom::testing::make_trainer(again);
@@ -112,10 +113,13 @@ TEST_F(RunFolderTest, ResumingFromAnOlderCheckpointSetsTheNewerStepsAside) {
     if (entry.path().filename().string().rfind("abandoned-", 0) == 0) {
       EXPECT_TRUE(fs::exists(entry.path() / step_dir_name(4) / "model.safetensors"));
       EXPECT_TRUE(fs::exists(entry.path() / step_dir_name(6) / "state.json"));
+      EXPECT_TRUE(fs::exists(entry.path() / "summary.json"));
       ++aside;
     }
   EXPECT_EQ(aside, 1);
+  EXPECT_FALSE(fs::exists(dir_ / "timeline" / "summary.json"));
   t->train();
+  EXPECT_TRUE(fs::exists(dir_ / "timeline" / "summary.json"));
   t.reset();
   // --resume auto now continues the resumed timeline, whose newest checkpoint is its own step 6.
   Config resume = base("timeline", 8);

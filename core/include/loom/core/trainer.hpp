@@ -211,6 +211,9 @@ class Trainer {
   int64_t total_steps() const { return total_steps_; }
   /// The checkpoint's step (or, after train(), the last step) was to be evaluated when a stop cut
   /// the evaluation short: train() runs it first (and the test split after it, at the last step).
+  /// The final evaluation's loss that summary.json records for the checkpoint's step (a resumed
+  /// run at its end): NaN where it was not finite, nothing where no summary is of this step.
+  std::optional<double> recorded_final_loss() const;
   bool evaluation_pending() const {
     return evaluation_pending_ || (evaluation_cut_at_ >= 0 && evaluation_cut_at_ == step_);
   }
@@ -272,6 +275,7 @@ class Trainer {
   void build_callbacks();
   /// Chooses, claims and locks the run folder, resumes (run_folder.cpp).
   void open_run();
+  void write_run_summary() const;  // rank 0, a run trained to its end: summary.json
   void open_run_here();  // rank 0 (or a single process): chooses, locks and writes the run folder
   void join_run();       // other ranks: rank 0's run folder and checkpoint, nothing written
   // Several ranks (trainer_parallel.cpp): what every rank must agree on.
