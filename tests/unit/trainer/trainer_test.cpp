@@ -3,6 +3,7 @@
 // checkpoints are refused, damaged ones are named.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/config.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/safetensors.hpp>
 #include <loom/core/trainer.hpp>
@@ -424,6 +425,26 @@ Config metric_run(const fs::path& dir, const std::string& name) {
                                    "trainer.seed=7", "trainer.log_every=1", "trainer.eval_every=4",
                                    "trainer.device=cpu", "precision.name=fp32", "memory.estimate=false"},
                                   dir, name);
+}
+
+TEST_F(TrainerTest, GradientsThatAreAllZeroAreSaidOnce) {
+  // (a loss that does not depend on the parameters: every logged step's norm is exactly 0, and
+  // the run learns nothing; said once, not on every log line)
+  Config c = metric_run(dir_, "zero");
+  c.set_assignment("model.zero_loss=true");
+  {
+    const loom::core::log::Capture capture(LOOM_LOG_WARN);
+    make(c)->train();
+    const auto lines = capture.lines();
+    EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                            [](const std::string& l) { return l.find("'s gradients are all zero: no parameter learned") != std::string::npos; }),
+              1) << ::testing::PrintToString(lines);
+    EXPECT_TRUE(capture.contains("step 1's gradients are all zero"));
+  }
+  // A model that learns: not said.
+  const loom::core::log::Capture learning(LOOM_LOG_WARN);
+  make(metric_run(dir_, "learning"))->train();
+  EXPECT_FALSE(learning.contains("gradients are all zero")) << ::testing::PrintToString(learning.lines());
 }
 
 TEST_F(TrainerTest, MetricsKeepTheirNamesAndTheirOwnDenominators) {
