@@ -3,6 +3,7 @@ global batch does; launched by `loom launch`, by torchrun and as two "nodes"; a 
 stops the other with an error naming it; a job killed with SIGKILL resumes with another world
 size and goes on as the run that never stopped."""
 import os
+import random
 import shutil
 import signal
 import socket
@@ -18,10 +19,31 @@ BASE = [*SMALL, "--set", "model.dropout=0", "--set", "trainer.threads=1", "--set
 DDP = ["--set", "parallel.name=ddp"]
 
 
+_given_ports = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # Below the kernel's ephemeral range (ip_local_port_range): a port the kernel hands out is one
+    # an outgoing connection (gloo's own, another test's) may take before the rank binds it; one
+    # below that range is taken only by a listener. Each port is given once per test.
+    low = 32768
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random(os.getpid())
+    for _ in range(200):
+        port = rng.randrange(max(1025, low - 12000), low)
+        if port in _given_ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
+    raise SystemExit("no free port below the ephemeral range")
 
 
 def launch(*args, timeout=600, check=True):
