@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -27,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,19 +56,41 @@ struct Child {
   int status = 0;
 };
 
-/// A port nothing listens on now (the kernel's choice), for a one-node job without --master-port.
-int free_port() {
+/// Whether `port` on the loopback can be bound now (0: the kernel's choice, written back).
+bool bindable(int& port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw Error(std::string("loom launch: no socket for choosing a port: ") + std::strerror(errno));
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t size = sizeof address;
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
                   ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0;
   ::close(fd);
-  if (!ok) throw Error("loom launch: could not choose a free port; give one with --master-port");
-  return ntohs(address.sin_port);
+  if (ok) port = ntohs(address.sin_port);
+  return ok;
+}
+
+/// A port nothing listens on now, for a one-node job without --master-port. Below the kernel's
+/// ephemeral range (ip_local_port_range) where it can: a port the kernel hands out may be taken
+/// by any outgoing connection (gloo's, NCCL's) in the moment before rank 0 listens on it; one
+/// below that range only by another listener.
+int free_port() {
+  int low = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &low) != 1) low = 32768;
+    std::fclose(f);
+  }
+  if (low - 1024 >= 2000) {
+    std::mt19937 pick(std::random_device{}());
+    std::uniform_int_distribution<int> below(std::max(1024, low - 12000), low - 1);
+    for (int tries = 0; tries < 100; ++tries)
+      if (int port = below(pick); bindable(port)) return port;
+  }
+  int port = 0;
+  if (!bindable(port)) throw Error("loom launch: could not choose a free port; give one with --master-port");
+  return port;
 }
 
 std::string ended(int status) {

@@ -165,14 +165,17 @@ int cmd_train(const Invocation& invocation) {
                                     [](const fs::directory_entry& e) { return e.path().filename().string().rfind("step_", 0) == 0; });
   if (any_step) files.push_back((run / "checkpoints").string() + " (step folders)");
   if (fs::exists(run / "metrics.jsonl")) files.push_back((run / "metrics.jsonl").string());
-  if (fs::exists(run / "summary.json")) files.push_back((run / "summary.json").string());
+  if (s.wrote_summary) files.push_back((run / "summary.json").string());
   if (fs::exists(run / "tensorboard")) files.push_back((run / "tensorboard").string() + " (tensorboard --logdir " + run.string() + ")");
   core::log::info("files     ", files.empty() ? std::string("none (trainer.callbacks selects no writer)") : core::join(files, ", "));
   // A model that diverged is a failed run, whatever files it wrote: a script that trains, then
   // deploys, stops here. (Before the signals, once every step is trained: the evaluation that ran
   // is the run's verdict, and under `loom launch` the other ranks' exit 1 may signal this one.)
-  if (s.final_eval && !std::isfinite(s.final_eval->loss) && (s.signal == 0 || s.steps >= trainer.total_steps())) {
-    core::log::error(diverged(s.final_eval->loss, trainer, resolved));
+  // (No evaluation ran: a resumed run that early stopping stops again at once; its verdict is the
+  // one it recorded at that stop.)
+  const std::optional<double> final_loss = s.final_eval ? std::optional<double>(s.final_eval->loss) : trainer.recorded_final_loss();
+  if (final_loss && !std::isfinite(*final_loss) && (s.signal == 0 || s.steps >= trainer.total_steps())) {
+    core::log::error(diverged(*final_loss, trainer, resolved));
     core::log::flush();
     return 1;
   }

@@ -28,6 +28,7 @@
 #include <charconv>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <optional>
 #include <map>
 #include <set>
@@ -122,6 +123,18 @@ std::map<int64_t, fs::path> until_records(const fs::path& folder) {
 
 /// The record of how `folder`'s run trained up to `step`: the config.until_step_N.json of the
 /// first N at or past it (a resume from an older step), else config.json.
+/// The step whose verdict `file` (a run's summary.json) holds: -1 where there is none, a large
+/// number where it cannot be read (it goes aside with a newer timeline as if of it).
+int64_t summary_step(const fs::path& file) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) return -1;
+  try {
+    return json::parse(read_file(file, int64_t{1} << 20)).at("step").get<int64_t>();
+  } catch (const std::exception&) {
+    return std::numeric_limits<int64_t>::max();
+  }
+}
+
 fs::path record_until(const fs::path& folder, int64_t step) {
   const auto records = until_records(folder);
   const auto it = records.lower_bound(step);
@@ -215,7 +228,7 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
     write_file_atomic(kept, read_file(covering));
   for (const auto& [until, file] : until_records(run_dir_))
     if (until > from) rename_durable(file, aside / file.filename());
-  if (fs::is_regular_file(run_dir_ / "summary.json", ec)) rename_durable(run_dir_ / "summary.json", aside / "summary.json");
+  if (summary_step(run_dir_ / "summary.json") > from) rename_durable(run_dir_ / "summary.json", aside / "summary.json");
   const std::string best_said =
       best_moved.empty() ? std::string()
                          : join(best_moved, ", ") + " held weights of steps after " + checkpoint.filename().string() +

@@ -81,6 +81,9 @@ bool Trainer::evaluate_and_report(sdk::Split split) {
   for (const auto& [k, v] : e.metrics) values[prefix + k] = v;
   notify("on_log", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_log(run, step_, values); });
   notify("on_evaluation_end", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_evaluation_end(run, e); });
+  // The run's verdict, written after each evaluation at its end (validation, then test over it:
+  // a run killed between the two keeps the first) or at an early stop a callback just asked for.
+  if ((step_ >= total_steps_ || !stop_reason_.empty()) && parallel_->rank() == 0) write_run_summary();
   return true;
 }
 
@@ -126,6 +129,7 @@ sdk::StepReport Trainer::step_report(const StepResult& r, double seconds) const 
 TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   TrainSummary summary;
   summary.run_dir = run_dir_;
+  summary.wrote_summary = wrote_summary_;
   summary.steps = step_;
   summary.seconds = train_seconds;
   summary.samples_per_second = static_cast<double>((step_ - first_step) * plan_.global()) / std::max(1e-9, train_seconds);
@@ -140,7 +144,6 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   if (step_ >= total_steps_ && stop_signal() == 0) stop_reason_.clear();
   summary.stop_reason = stop_reason_;
   summary.signal = stop_signal();
-  if (step_ >= total_steps_ && last_eval_ && last_eval_->step == step_ && parallel_->rank() == 0) write_run_summary();
   if (!stop_reason_.empty()) log::info("stopped   early at step ", step_, " of ", total_steps_, ": ", stop_reason_);
 
   sdk::RunReport report;
@@ -161,21 +164,22 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   return summary;
 }
 
-void Trainer::write_run_summary() const {
-  // The verdict of a run trained to its end, in its folder: a later `--resume auto` of it (a
-  // requeued job) reads it, so that a diverged run fails every time it is asked, not only once.
-  const auto number = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+void Trainer::write_run_summary() {
+  // The verdict of a run at its end, in its folder: a later `--resume auto` of it (a requeued
+  // job) reads it, so that a diverged run fails each time it is asked, not only once. JSON has no
+  // NaN: a figure that is not finite is written "nan", "inf" or "-inf".
+  const auto number = [](double v) { return std::isfinite(v) ? json(v) : json(std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"); };
   json evaluation = json::object();
   const std::string prefix = last_eval_->split == sdk::Split::kValidation ? "val/" : "test/";
   evaluation[prefix + "loss"] = number(last_eval_->loss);
   for (const auto& [k, v] : last_eval_->metrics) evaluation[prefix + k] = number(v);
-  const json summary{{"step", step_},
-                     {"total_steps", total_steps_},
-                     {"skipped_steps", skipped_steps_},
-                     {"final_evaluation", evaluation},
-                     {"diverged", !std::isfinite(last_eval_->loss)}};
+  json summary{{"step", step_}, {"total_steps", total_steps_}, {"skipped_steps", skipped_steps_}};
+  if (step_ < total_steps_) summary["stopped_early"] = stop_reason_;
+  summary["final_evaluation"] = evaluation;
+  summary["diverged"] = !std::isfinite(last_eval_->loss);
   try {
     write_file_atomic(run_dir_ / "summary.json", summary.dump(2) + "\n");
+    wrote_summary_ = true;
   } catch (const std::exception& e) {  // (the checkpoints are written; the verdict is a convenience)
     log::warn("could not write ", (run_dir_ / "summary.json").string(), ": ", e.what());
   }
@@ -188,12 +192,17 @@ std::optional<double> Trainer::recorded_final_loss() const {
   try {
     const json summary = json::parse(read_file(file, int64_t{1} << 20));
     if (summary.at("step").get<int64_t>() != step_) return std::nullopt;  // (another length's, or an older step's)
-    const json& evaluation = summary.at("final_evaluation");  // (one evaluation: test/*, or val/* where no test split)
+    const json& evaluation = summary.at("final_evaluation");  // (one evaluation: test/*, or val/* where the test's did not run)
     const json& loss = evaluation.contains("test/loss") ? evaluation.at("test/loss") : evaluation.at("val/loss");
-    return loss.is_null() ? std::numeric_limits<double>::quiet_NaN() : loss.get<double>();
+    if (loss.is_string()) {
+      const std::string text = loss.get<std::string>();
+      if (text != "nan" && text != "inf" && text != "-inf") throw Error("a loss of '" + text + "'");
+      return std::stod(text);
+    }
+    return loss.get<double>();
   } catch (const std::exception& e) {  // (written by Loom: damaged, or edited by hand)
-    log::warn(file.string(), " is not a run summary Loom can read (", e.what(), "); its verdict is not checked. Remove it, "
-              "or `loom eval ", run_dir_.string(), "` to evaluate the run again");
+    log::warn(file.string(), " is not a run summary Loom can read (", e.what(), "), so whether the run diverged is not "
+              "checked; `loom eval ", run_dir_.string(), "` shows its figures, and removing the file drops this warning");
     return std::nullopt;
   }
 }

@@ -268,7 +268,7 @@ try:
     expect(any(m.get("train/grad_norm", 0) is None for m in rows if "train/loss" in m),
            f"a skipped step's gradient norm is null, not 0: {rows[-3:]}", r)
     summary = json.load(open(os.path.join(work, "diverged", "summary.json")))
-    expect(summary["step"] == 20 and summary["diverged"] is True and summary["final_evaluation"]["test/loss"] is None,
+    expect(summary["step"] == 20 and summary["diverged"] is True and summary["final_evaluation"]["test/loss"] == "nan",
            f"a diverged run's summary.json: {summary}", r)
     # Asked again (a requeued job's --resume auto), it fails again: not "complete".
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=diverged",
@@ -276,6 +276,21 @@ try:
              "--set", "trainer.optimizer=sgd", "--set", "optimizer.sgd.momentum=0.99", "--resume", "auto", check=False)
     expect(r.returncode == 1 and "is trained to its step 20 and its summary.json says the run diverged" in r.stderr
            and "is complete" not in r.stderr, "a diverged run resumed at its end fails again", r)
+    # The same where early stopping ended it: the resume stops again at once, evaluating nothing,
+    # and the verdict recorded at the stop stands.
+    diverging = ("--set", f"trainer.work_dir={work}", "--set", "trainer.name=diverged_es", "--set", "trainer.max_steps=40",
+                 "--set", "trainer.lr=10", "--set", "trainer.clip_grad_norm=0", "--set", "trainer.optimizer=sgd",
+                 "--set", "optimizer.sgd.momentum=0.99", "--set", "trainer.eval_every=10",
+                 "--set", "trainer.callbacks=progress, jsonl, checkpoint, early_stopping",
+                 "--set", "callback.early_stopping.metric=loss", "--set", "callback.early_stopping.patience=1")
+    r = loom(exe, "train", *SMALL, *diverging, check=False)
+    summary = json.load(open(os.path.join(work, "diverged_es", "summary.json")))
+    expect(r.returncode == 1 and "the run diverged" in r.stderr and summary["step"] < 40 and summary["diverged"] is True
+           and summary["stopped_early"].startswith("early_stopping: validation loss has not improved"),
+           f"a diverged run early stopping ended: {summary}", r)
+    r = loom(exe, "train", *SMALL, *diverging, "--resume", "auto", check=False)
+    expect(r.returncode == 1 and "the run diverged: its final evaluation's loss is nan" in r.stderr,
+           "a diverged run that early stopping ended, resumed", r)
     # Started as one of several processes (torchrun's or `loom launch`'s variables) with a strategy
     # that trains alone: refused, as each process would train the whole model by itself. Under
     # Slurm's variables (an sbatch script around one process) a warning only.

@@ -32,7 +32,7 @@ def free_port():
     except (OSError, ValueError, IndexError):
         pass
     rng = random.Random(os.getpid())
-    for _ in range(200):
+    for _ in range(200 if low - 1024 >= 2000 else 0):  # (a range that starts low: the kernel's choice)
         port = rng.randrange(max(1025, low - 12000), low)
         if port in _given_ports:
             continue
@@ -43,7 +43,9 @@ def free_port():
                 continue
         _given_ports.add(port)
         return port
-    raise SystemExit("no free port below the ephemeral range")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def launch(*args, timeout=600, check=True):

@@ -101,6 +101,7 @@ struct TrainSummary {
   std::string stop_reason;        ///< why the run stopped before its end (a callback, a signal), else empty
   int signal = 0;                 ///< the stop signal (SIGINT, SIGTERM, SIGHUP, SIGPIPE) that ended it, else 0
   std::filesystem::path run_dir;
+  bool wrote_summary = false;     ///< this run wrote run_dir/summary.json (its final evaluation)
 };
 
 /// Where a step starts: enough to replay it, or to resume there.
@@ -209,11 +210,11 @@ class Trainer {
 
   int64_t step() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
+  /// The final evaluation's loss that summary.json records for this step (the checkpoint's, in a
+  /// run resumed at its end or after its early stop): nothing where no summary is of this step.
+  std::optional<double> recorded_final_loss() const;
   /// The checkpoint's step (or, after train(), the last step) was to be evaluated when a stop cut
   /// the evaluation short: train() runs it first (and the test split after it, at the last step).
-  /// The final evaluation's loss that summary.json records for the checkpoint's step (a resumed
-  /// run at its end): NaN where it was not finite, nothing where no summary is of this step.
-  std::optional<double> recorded_final_loss() const;
   bool evaluation_pending() const {
     return evaluation_pending_ || (evaluation_cut_at_ >= 0 && evaluation_cut_at_ == step_);
   }
@@ -275,7 +276,7 @@ class Trainer {
   void build_callbacks();
   /// Chooses, claims and locks the run folder, resumes (run_folder.cpp).
   void open_run();
-  void write_run_summary() const;  // rank 0, a run trained to its end: summary.json
+  void write_run_summary();  // rank 0, an evaluation at the run's end: summary.json
   void open_run_here();  // rank 0 (or a single process): chooses, locks and writes the run folder
   void join_run();       // other ranks: rank 0's run folder and checkpoint, nothing written
   // Several ranks (trainer_parallel.cpp): what every rank must agree on.
@@ -434,6 +435,7 @@ class Trainer {
   std::unique_ptr<Context> context_;
   std::string stop_reason_;
   std::optional<EvalResult> last_eval_;
+  bool wrote_summary_ = false;
   int64_t eval_every_ = 1;
   int64_t resumed_at_ = -1;
   /// The step whose scheduled evaluation a stop signal cut short or skipped (its checkpoint says
