@@ -14,6 +14,7 @@
 // $LOOM_CACHE/auto_batch.tsv.
 // Probes run forward and backward only, restore the RNG and zero the gradients: weights,
 // optimizer and data order are as if no search had happened.
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
 
 #include <loom/sdk/sdk.hpp>
@@ -40,10 +41,13 @@ fs::path default_cache() {
   return {};
 }
 
-/// The cache: one "key<TAB>micro-batch" line per answer.
+/// The cache: one "key<TAB>micro-batch" line per answer. Absent: empty. Anything but a regular
+/// file of at most 16 MiB (a FIFO would block, /dev/zero never end) throws loom::sdk::Error.
 std::map<std::string, int64_t> read_cache(const fs::path& path) {
   std::map<std::string, int64_t> out;
-  std::ifstream in(path);
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(path, ec))) return out;
+  std::istringstream in(loom::sdk::read_regular_file(path, int64_t{16} << 20, "auto_batch: the answer cache ", "absent"));
   std::string line;
   while (std::getline(in, line)) {
     const auto tab = line.rfind('\t');
@@ -89,7 +93,14 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
                             "|max=" + std::to_string(limit) + "|" + context.config_key;
     int64_t chosen = 0;
     if (cache_ != "off") {
-      auto entries = read_cache(cache_);
+      std::map<std::string, int64_t> entries;
+      try {
+        entries = read_cache(cache_);
+      } catch (const loom::sdk::Error& e) {  // (not this run's failure: it searches, and leaves the file alone)
+        loom::sdk::log::warn(e.what(), ": the search runs without it and writes nothing there. Point memory.auto_batch.cache "
+                             "at a file (or remove what is at ", cache_, "), or set it to off");
+        cache_ = "off";
+      }
       if (auto it = entries.find(key); it != entries.end()) {
         chosen = it->second;
         cached_key_ = key;
@@ -103,9 +114,13 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
         loom::sdk::log::warn("the search used its ", kMaxProbes, " probes before it settled: micro-batch ", chosen,
                              " fits, a larger one may too; the answer is not cached");
       if (cache_ != "off" && converged_) {
-        auto entries = read_cache(cache_);
-        entries[key] = chosen;
-        write_cache(cache_, entries);
+        try {
+          auto entries = read_cache(cache_);
+          entries[key] = chosen;
+          write_cache(cache_, entries);
+        } catch (const loom::sdk::Error& e) {  // (replaced since it was read)
+          loom::sdk::log::warn(e.what(), ": the answer is not cached");
+        }
       }
     }
     const int64_t world = context.plan.world_size;

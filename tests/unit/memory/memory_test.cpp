@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -301,6 +302,23 @@ TEST_F(MemoryTest, AutoBatchBisectsWhereItsLineIsWrongAndDoesNotCacheAnUnsettled
   EXPECT_LE(near.probes, 6);
   EXPECT_LE(near.peak(c2.plan.micro_batch), near.cap);
   EXPECT_GE(c2.plan.micro_batch, 80);
+}
+
+TEST_F(MemoryTest, AutoBatchLeavesACacheThatIsNoFileAsItIsAndSearches) {
+  // A FIFO blocked set-up for ever (a plain ifstream), /dev/zero filled the memory, and writing
+  // the answer renamed a regular file over the special one (as root: /dev/zero itself).
+  const fs::path fifo = dir_ / "cache.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  ProbedDevice device{[](int64_t b) { return int64_t{1000} * b; }, 100000};
+  auto policy = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", fifo.string()}});
+  auto context = device.context(64);
+  const loom::core::log::Capture capture(LOOM_LOG_WARN);
+  policy->plan(context);
+  EXPECT_GE(context.plan.micro_batch, 32);
+  EXPECT_TRUE(capture.contains("the answer cache " + fifo.string() + " is a FIFO, not a regular file: the search runs "
+                               "without it and writes nothing there"))
+      << ::testing::PrintToString(capture.lines());
+  EXPECT_TRUE(fs::is_fifo(fifo)) << "the FIFO was replaced";
 }
 
 TEST_F(MemoryTest, OomRecoveryGivesTheRunThatNeverRanOutOfMemory) {

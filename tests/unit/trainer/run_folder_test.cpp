@@ -629,6 +629,29 @@ TEST_F(RunFolderTest, TheUsersOwnCopiesBesideTheStepsAreNeitherResumedNorPruned)
   EXPECT_EQ(aside, 1);
 }
 
+TEST_F(RunFolderTest, ADurableWriteDoesNotReplaceADeviceOrAFifo) {
+  // Renaming the new file over the path would replace the special file itself (as root, an
+  // output given as /dev/null); a symbolic link is replaced, its target left as it was.
+  const fs::path fifo = dir_ / "out.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const fs::path& special : {fifo, fs::path("/dev/null")}) {
+    try {
+      loom::core::write_file_atomic(special, "x");
+      ADD_FAILURE() << special << " was written";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("which Loom does not replace; give the path of a file"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  const fs::path target = dir_ / "target.txt", link = dir_ / "link.txt";
+  loom::core::write_file_atomic(target, "kept");
+  fs::create_symlink(target, link);
+  loom::core::write_file_atomic(link, "new");
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(link)));
+  EXPECT_EQ(loom::core::read_file(target), "kept");
+}
+
 TEST_F(RunFolderTest, CheckpointsAreListedInStepOrderNotNameOrder) {
   const fs::path run = dir_ / "order";
   for (const std::string name : {"step_99999999", "step_100000000", "step_abc", "step_99999999999999999999"}) {

@@ -96,6 +96,14 @@ inline std::string read_regular_file(const std::filesystem::path& path, int64_t 
 /// folder synced. On failure the temporary file goes, `path` is as it was, and the error names the
 /// step, the file and the cause ("No space left on device").
 inline void write_file_durably(const std::filesystem::path& path, const std::vector<std::string_view>& parts) {
+  // The new file is renamed over the path: over a device or a FIFO (as root, /dev/null given as
+  // an output) that would replace the special file itself. A symbolic link is replaced, not its
+  // target.
+  if (struct stat st {}; ::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode))
+    throw Error("cannot write " + path.string() + ": it is " +
+                (S_ISDIR(st.st_mode) ? "a folder" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device"
+                 : S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a regular file") +
+                ", which Loom does not replace; give the path of a file (or of none yet)");
   char host[64] = {};
   ::gethostname(host, sizeof host - 1);
   std::filesystem::path tmp;
