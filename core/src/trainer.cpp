@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <sys/resource.h>
 #include <thread>
 #include <unistd.h>
@@ -44,6 +45,17 @@ std::string threads_over_process_limit(int64_t threads, uint64_t limit) {
 }
 
 namespace {
+
+/// The processes of this job on this node (LOCAL_WORLD_SIZE, which loom launch and torchrun set;
+/// Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE), or 1.
+int64_t local_processes() {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+    if (const char* text = std::getenv(name)) {
+      const auto n = sdk::parse_int(text);
+      return n && *n > 1 && *n <= 4096 ? *n : 1;
+    }
+  return 1;
+}
 
 /// trainer.threads within what this process may start (the kernel holds root to no ulimit -u) and
 /// a warning past the cores, which only slow every operator down.
@@ -118,6 +130,14 @@ void Trainer::build_components(bool with_optimizer) {
   if (options_.threads > 0) {
     check_threads(options_.threads);
     at::set_num_threads(static_cast<int>(options_.threads));
+  } else if (const int64_t local = local_processes(); local > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    // N processes of a job on this node (loom launch, torchrun) each with every core's threads
+    // oversubscribe the machine (on 2 cores, 2 ranks ran 8x slower): each takes its share.
+    const int cores = at::get_num_threads();
+    const int share = std::max<int>(1, cores / static_cast<int>(local));
+    at::set_num_threads(share);
+    log::info("threads   ", share, " per process: ", local, " processes of this job share this node's ", cores,
+              " cores (trainer.threads = 0; set it, or OMP_NUM_THREADS, to choose)");
   }
   at::manual_seed(static_cast<uint64_t>(options_.seed));
   build_parallel();
@@ -213,10 +233,12 @@ Created<sdk::Model> Trainer::make_model() {
   const std::string name = value_of(config_, "model.name");
   const auto& info = registry_.require(LOOM_KIND_MODEL, name);
   Created<sdk::Model> model = registry_.create<sdk::Model>(name, component_values(config_, info));
-  model->setup(data_spec_);
+  model_name_ = name;
+  const auto who = [&] { return "model '" + name + "'" + (info.plugin ? " (" + info.plugin->file.filename().string() + ")" : ""); };
+  as_component(who, name, [&] { model->setup(data_spec_); });
   if (dataset_.implements(2) && model.implements(1)) {  // Dataset 1.2 and Model 2.1: the shared tables
     sdk::TensorMap tables = dataset_->tables();
-    if (!tables.empty()) model->use_tables(tables);
+    if (!tables.empty()) as_component(who, name, [&] { model->use_tables(tables); });
   }
   return model;
 }
@@ -376,7 +398,9 @@ void Trainer::adopt_global_batch(int64_t global) {
 
 int64_t Trainer::training_samples() const {
   const int64_t train_size = dataset_->size(sdk::Split::kTrain);
-  if ((dataset_.implements(1) && dataset_->size(sdk::Split::kValidation) > 0) || options_.validation_fraction <= 0)
+  // (one sample: none held out, or the training would have none; a loader's empty subset is its whole split)
+  if ((dataset_.implements(1) && dataset_->size(sdk::Split::kValidation) > 0) || options_.validation_fraction <= 0 ||
+      train_size < 2)
     return train_size;
   return train_size - std::clamp<int64_t>(static_cast<int64_t>(std::llround(options_.validation_fraction *
                                                                               static_cast<double>(train_size))),
@@ -453,6 +477,9 @@ void Trainer::build_loaders(bool training) {
   held_out_ = 0;
   if (native > 0) {
     val_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kValidation, eval);
+  } else if (options_.validation_fraction > 0 && train_size < 2) {
+    log::warn("the training split has ", train_size, train_size == 1 ? " sample" : " samples", ": none is held out for "
+              "validation (data.validation_fraction), so the run has no validation split");
   } else if (options_.validation_fraction > 0) {
     held_out_ = train_size - training_samples();
     HostMemoryScope host;  // bookkeeping in host memory, not the device's budget

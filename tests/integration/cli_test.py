@@ -184,6 +184,10 @@ try:
     r = loom(exe, "plugins", "--plugin-dir", "/dev/zero")
     expect("--plugin-dir /dev/zero is a character device, not a folder or a plugin file" in r.stderr,
            "a --plugin-dir that is a device is said", r)
+    r = loom(exe, "plugins", env=dict(os.environ, LOOM_PLUGIN_PATH=f"/dev/zero:{work}/no_such_folder"))
+    expect("LOOM_PLUGIN_PATH's /dev/zero is a character device, not a folder or a plugin file" in r.stderr
+           and f"LOOM_PLUGIN_PATH's {work}/no_such_folder: no such folder or file" in r.stderr,
+           "LOOM_PLUGIN_PATH's entries are checked as --plugin-dir is", r)
     r = loom(exe, "eval", "--checkpoint", os.path.join(work, "ev", "checkpoints", "step_00000010"))
     expect("accuracy" in r.stderr, "eval of a step folder", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=256")
@@ -276,6 +280,13 @@ try:
              "--set", "trainer.optimizer=sgd", "--set", "optimizer.sgd.momentum=0.99", "--resume", "auto", check=False)
     expect(r.returncode == 1 and "is trained to its step 20 and its summary.json says the run diverged" in r.stderr
            and "is complete" not in r.stderr, "a diverged run resumed at its end fails again", r)
+    # One training sample: none is held out (holding it out left nothing to train on, and the
+    # loader trained on the validation sample).
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=one_sample",
+             "--set", "data.train_size=1", "--set", "trainer.batch_size=1", "--set", "trainer.max_steps=2",
+             "--set", "trainer.eval_every=1")
+    expect("the training split has 1 sample: none is held out for validation" in r.stderr
+           and "validation step" not in r.stderr and "1 train (no validation" in r.stderr, "one training sample", r)
     # The same where early stopping ended it: the resume stops again at once, evaluating nothing,
     # and the verdict recorded at the stop stands.
     diverging = ("--set", f"trainer.work_dir={work}", "--set", "trainer.name=diverged_es", "--set", "trainer.max_steps=40",
