@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <sstream>
 #include <utility>
 
 namespace loom::cli {
@@ -152,15 +153,23 @@ core::Config config_from(const po::variables_map& options) {
 }
 
 void scan_plugins(core::PluginRegistry& registry, const po::variables_map& options, bool log_refusals) {
+  // A folder, or a plugin file; anything else (a FIFO, /dev/zero) is passed over, and said.
+  const auto check = [](const std::string& given, const std::string& dir) {
+    if (const std::string what = sdk::what_is_at(dir); what == "no such file")
+      core::log::warn(given, ": no such folder or file; no plugin is loaded from it");
+    else if (!what.empty() && what != "a folder")
+      core::log::warn(given, what.rfind("cannot", 0) == 0 ? " " : " is ", what,
+                      ", not a folder or a plugin file; no plugin is loaded from it");
+  };
+  if (const char* env = std::getenv("LOOM_PLUGIN_PATH")) {
+    std::stringstream entries(env);
+    for (std::string dir; std::getline(entries, dir, ':');)
+      if (!dir.empty()) check("LOOM_PLUGIN_PATH's " + dir, dir);
+  }
   std::vector<std::filesystem::path> extra;
   if (options.count("plugin-dir"))
     for (const auto& dir : options["plugin-dir"].as<std::vector<std::string>>()) {
-      // A folder, or a plugin file; anything else (a FIFO, /dev/zero) is passed over, and said.
-      if (const std::string what = sdk::what_is_at(dir); what == "no such file")
-        core::log::warn("--plugin-dir ", dir, ": no such folder or file; no plugin is loaded from it");
-      else if (!what.empty() && what != "a folder")
-        core::log::warn("--plugin-dir ", dir, what.rfind("cannot", 0) == 0 ? " " : " is ", what,
-                        ", not a folder or a plugin file; no plugin is loaded from it");
+      check("--plugin-dir " + dir, dir);
       extra.emplace_back(dir);
     }
   registry.set_log_refusals(log_refusals);

@@ -12,6 +12,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -52,6 +53,7 @@ struct Child {
   int out = -1;          // the read end of its stdout and stderr
   std::string partial;   // a line not yet ended
   std::string last;      // its last complete, non-empty line
+  std::string error;     // its last error line ("[hh:mm:ss E rank R] ...")
   bool running = true;
   int status = 0;
 };
@@ -179,6 +181,18 @@ Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& en
 }
 
 // Forwards what a child wrote, line by line (a line of one rank is never cut by another's).
+/// A line Loom logged at error level: "[hh:mm:ss E] ..." or "[hh:mm:ss E rank R] ...".
+bool is_error_line(const std::string& line) {
+  const size_t close = line.find(']');
+  if (line.empty() || line[0] != '[' || close == std::string::npos || close > 40) return false;
+  const std::string head = line.substr(0, close);
+  return head.find(" E rank ") != std::string::npos || (head.size() >= 2 && head.compare(head.size() - 2, 2, " E") == 0);
+}
+
+/// A rank's error that only reports another rank's failure (the ddp strategy's collective that
+/// found a peer gone): the launcher names the rank that failed of itself, where one did.
+bool reports_a_peer(const Child& c) { return c.error.find(" stopped or did not answer within ") != std::string::npos; }
+
 void drain(Child& c, bool all) {
   char buffer[65536];
   for (;;) {
@@ -203,6 +217,7 @@ void drain(Child& c, bool all) {
       const size_t cr = line.rfind('\r');  // a progress line redrawn in place: its last state
       if (cr != std::string::npos) line = line.substr(cr + 1);
       if (!line.empty()) c.last = line;
+      if (is_error_line(line)) c.error = line;
       start = end + 1;
     }
     c.partial.erase(0, start);
@@ -235,6 +250,17 @@ int cmd_launch(const Invocation& invocation) {
     char text[32];
     std::snprintf(text, sizeof text, "%g", grace);
     throw Error(std::string("loom launch: --grace ") + text + " is not a number of seconds in 0 ... 86400");
+  }
+  // An address no rank could reach is said now, not after every rank waited parallel.timeout for it.
+  if (master.empty()) throw Error("loom launch: --master-addr is empty; give rank 0's host name or address (127.0.0.1 on one machine)");
+  {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (const int error = ::getaddrinfo(master.c_str(), nullptr, &hints, &found); error != 0)
+      throw Error("loom launch: --master-addr " + master + " does not resolve (" + ::gai_strerror(error) +
+                  "); give rank 0's host name or address, one every node resolves (127.0.0.1 on one machine)");
+    ::freeaddrinfo(found);
   }
   // Ranks on other nodes reach rank 0 at --master-addr: 127.0.0.1 there is each node itself (said,
   // not refused: "nodes" that are one machine, a test of a multi-node job, do reach it).
@@ -271,6 +297,9 @@ int cmd_launch(const Invocation& invocation) {
   if (command.empty())
     throw Error("loom launch: no command after --; e.g. loom launch --nproc-per-node 2 -- train -c my.ini "
                 "--set parallel.name=ddp");
+  if (std::none_of(commands().begin(), commands().end(), [&](const Command& c) { return c.name == command; }))
+    throw Error("loom launch -- " + command + ": no such command (`loom --help` lists them); the command each process "
+                "runs is train, e.g. loom launch --nproc-per-node 2 -- train -c my.ini --set parallel.name=ddp");
   if (command != "train")
     throw Error("loom launch -- " + command + ": only train is a job of several processes (each of the " +
                 std::to_string(nproc) + " would run `loom " + command + "` by itself); run it without launch: loom " +
@@ -357,9 +386,19 @@ int cmd_launch(const Invocation& invocation) {
   for (auto& c : children)
     if (c.out >= 0) drain(c, true);
   if (first_failure != nullptr) {
-    core::log::error("launch: rank ", first_failure->rank, " ", ended(first_failure->status),
-                     "; the other ranks were stopped. Its last line: ",
-                     first_failure->last.empty() ? "(none)" : first_failure->last);
+    // The first to exit is often a rank whose collective found the failed one gone (it exits the
+    // moment the connection closes); the rank that failed of itself is the one to name.
+    const Child* blamed = first_failure;
+    if (reports_a_peer(*blamed))
+      for (const auto& c : children)
+        if (failed(c.status) && !stopped_by_signal(c.status) && WIFEXITED(c.status) && !c.error.empty() && !reports_a_peer(c)) {
+          blamed = &c;
+          break;
+        }
+    const std::string& line = !blamed->error.empty() ? blamed->error : blamed->last;
+    core::log::error("launch: rank ", blamed->rank, " ", ended(blamed->status), blamed == first_failure ? "" : " (it failed first)",
+                     "; the other ranks were stopped. Its ", !blamed->error.empty() ? "error: " : "last line: ",
+                     line.empty() ? "(none)" : line);
     return 1;
   }
   if (interrupted) {

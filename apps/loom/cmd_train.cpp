@@ -79,7 +79,12 @@ std::string continue_hint(const Invocation& invocation, const core::Trainer& tra
 /// What a run whose final evaluation's loss is `loss` (not finite) did, and what to change.
 std::string diverged(double loss, const core::Trainer& trainer, const core::Resolved& resolved) {
   const int64_t skipped = trainer.skipped_steps();
-  return "the run diverged: its final evaluation's loss is " + std::string(std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf") +
+  const std::string value = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+  if (skipped > 0 && skipped >= trainer.step())  // no update ever: no learning rate made this
+    return "the final evaluation's loss is " + value + ", and every one of the run's " + std::to_string(skipped) +
+           " steps had non-finite gradients, so no step updated the weights: the loss was not finite from the start. "
+           "Check the data for NaN or infinite values, and the model's forward (a log of 0, a division by 0)";
+  return "the run diverged: its final evaluation's loss is " + value +
          (skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "") +
          ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)" +
          (resolved.at("precision.name").value == "fp16_amp" ? ", or train in bf16_amp or fp32 rather than fp16_amp" : "");

@@ -10,6 +10,7 @@
 #include <loom/sdk/version.hpp>
 
 
+#include <algorithm>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
@@ -120,7 +121,13 @@ int run_loom(int argc, char** argv) {
     po::store(po::command_line_parser(args).options(all).positional(positional).run(), invocation.options);
     if (!invocation.options.count("help")) po::notify(invocation.options);  // (`launch --help` needs no --nproc-per-node)
   } catch (const po::error& e) {
-    std::cerr << "loom " << command->name << ": " << e.what() << "\nRun `loom " << command->name
+    // `loom launch --nproc-per-node 2 train -c x`: the command's own options need a -- before it.
+    std::string hint;
+    if (std::string(command->name) == "launch" && std::find(args.begin(), args.end(), "--") == args.end())
+      for (size_t i = 0; i < args.size() && hint.empty(); ++i)
+        if (!args[i].empty() && args[i][0] != '-' && (i == 0 || args[i - 1].rfind("--", 0) != 0 || args[i - 1].find('=') != std::string::npos))
+          hint = "\nPut -- before the command each process runs: loom launch [launch options] -- " + args[i] + " ...";
+    std::cerr << "loom " << command->name << ": " << e.what() << hint << "\nRun `loom " << command->name
               << " --help` for its options.\n";
     return 2;
   }

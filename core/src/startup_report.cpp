@@ -79,7 +79,8 @@ void Trainer::report_startup() const {
   log::info("data      ", value_of(config_, "data.name"), ": ", dataset_->size(sdk::Split::kTrain), " train", validation,
             ", ", dataset_->size(sdk::Split::kTest), " test; ", fields,
             data_spec_.num_classes ? "; " + std::to_string(data_spec_.num_classes) + " classes" : std::string());
-  log::info("model     ", value_of(config_, "model.name"), ": ", model_->describe(), "; ", format_count(params),
+  const std::string model = model_->describe();
+  log::info("model     ", value_of(config_, "model.name"), ": ", model.empty() ? std::string() : model + "; ", format_count(params),
             " parameters (", format_count(trainable), " trainable, ", format_bytes(bytes), ")");
   log::info("plan      batch ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ",
             plan_.world_size, " (micro-batch x accumulation x devices); ", per_epoch, " steps/epoch, ", total_steps_,

@@ -7,6 +7,7 @@
 #include <loom/core/stop_signals.hpp>
 
 #include <loom/sdk/compat.hpp>
+#include <loom/sdk/model.hpp>
 #include <loom/sdk/options.hpp>
 
 #include <c10/util/Exception.h>
@@ -74,6 +75,39 @@ auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
   } catch (const std::exception& e) {
     throw Error(phase + ": " + e.what());
   }
+}
+
+/// Runs a plugin's call `f` (a model's setup or forward): its error names the component, `who`
+/// ("model 'name'", called only on failure), unless the message does already (a built-in's
+/// "gpt2_recommender: ..."). Out of memory and a stop pass through unchanged (they are handled).
+template <class Who, class F>
+auto as_component(Who&& who, const std::string& name, F&& f) -> decltype(f()) {
+  const auto named = [&](const std::string& message) {
+    return message.rfind(name, 0) == 0 ? Error(message) : Error(who() + ": " + message);
+  };
+  try {
+    return f();
+  } catch (const StoppedBySignal&) {
+    throw;
+  } catch (const c10::OutOfMemoryError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw named(loom::explained(e));
+  } catch (const std::exception& e) {
+    throw named(e.what());
+  }
+}
+
+/// A model's training output as backward needs it: a loss_sum of one element that depends on the
+/// parameters (else backward's own error says neither which model nor what to fix).
+inline sdk::ModelOutput checked_for_backward(sdk::ModelOutput out) {
+  if (!out.loss_sum.defined() || out.loss_sum.dim() != 0)
+    throw std::runtime_error("forward's loss_sum must be a tensor of one element, the sum of the batch's loss terms; it is " +
+                             (out.loss_sum.defined() ? "of shape " + c10::str(out.loss_sum.sizes()) : std::string("undefined")));
+  if (!out.loss_sum.requires_grad())
+    throw std::runtime_error("forward's loss_sum does not depend on any trainable parameter (it needs no gradient): "
+                             "every parameter is frozen, or the loss was computed from detached tensors or under no_grad");
+  return out;
 }
 
 inline at::Generator cpu_generator() { return sdk::compat::default_generator(c10::Device(c10::kCPU)); }

@@ -3,6 +3,7 @@
 // the data a resumed run with another world size goes on, and, at the end, that every rank still
 // holds the same weights. Rank 0's run folder and checkpoint: run_folder.cpp.
 #include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include "gradient_sync.hpp"
 #include "trainer_internal.hpp"
@@ -33,9 +34,13 @@ void Trainer::build_gradient_sync() {
   if (parallel_->world_size() <= 1 || !parallel_.implements(1) || bucket_mb_ <= 0) return;
   auto buckets = parameters_.buckets(static_cast<int64_t>(bucket_mb_ * 1024 * 1024));
   if (buckets.empty()) return;
+  // (what the buckets hold, not what parallel.bucket_mb allows: a small model is one small bucket)
+  int64_t bytes = 0;
+  for (const auto& bucket : buckets) bytes += bucket.slice.numel() * static_cast<int64_t>(bucket.slice.element_size());
+  bucket_bytes_ = bytes / static_cast<int64_t>(buckets.size());
   sync_ = std::make_unique<GradientSync>(*parallel_, std::move(buckets));
-  log::debug("parallel  ", sync_->buckets(), " gradient buckets of about ", bucket_mb_,
-             " MiB, reduced during backward");
+  log::debug("parallel  ", sync_->buckets(), " gradient buckets of about ", format_bytes(bucket_bytes_),
+             ", reduced during backward");
 }
 
 // Rank 0 keeps the run's seed, so that its stream is a single process's; the others draw
@@ -120,7 +125,7 @@ void Trainer::check_replicas() {
               " tensors compared with rank 0's)");
     if (sync_ && sync_->steps() > 0)
       log::info("parallel  gradients in ", sync_->buckets(), " bucket", sync_->buckets() == 1 ? "" : "s", " of about ",
-                bucket_mb_, " MiB; ",
+                format_bytes(bucket_bytes_), "; ",
                 100.0 * static_cast<double>(sync_->overlapped_total()) /
                     static_cast<double>(sync_->steps() * static_cast<int64_t>(sync_->buckets())),
                 " % of them started during backward, over ", sync_->steps(), " steps");

@@ -35,9 +35,8 @@ namespace {
 
 using Sums = std::map<std::string, std::pair<at::Tensor, at::Tensor>>;
 
-/// The loss sum, the count and each metric's sum and count (metrics by name) as one tensor on
-/// the device: what a step or an evaluation reports, reduced across ranks in one call and read
-/// to the host once.
+/// The loss sum, the count and each metric's sum and count (metrics by name) as one tensor on the
+/// device: what a step or an evaluation reports, reduced across ranks in one call, read once.
 at::Tensor pack_report(const at::Tensor& loss_sum, const at::Tensor& count, const Sums& sums) {
   std::vector<at::Tensor> parts{loss_sum.reshape({1}), count.reshape({1})};
   for (const auto& [name, pair] : sums) {
@@ -169,7 +168,8 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
   {
     LOOM_PHASE("forward");
     const auto autocast = precision_->forward_guard();
-    out = model_->forward(batch, train);
+    out = as_component([&] { return "model '" + model_name_ + "'"; }, model_name_,
+                       [&] { return train ? checked_for_backward(model_->forward(batch, train)) : model_->forward(batch, train); });
   }
   if (train) {
     LOOM_PHASE("backward");

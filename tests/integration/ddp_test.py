@@ -238,6 +238,27 @@ try:
         assert "validation step 3: " in r.stderr and "stopped   early at step 3 of 100000" in r.stderr, r.stderr[-2500:]
         assert os.path.isdir(os.path.join(work, name, "checkpoints", "step_00000003")), r.stderr[-2500:]
         print(f"a callback stopping rank 0 alone in {hook} of step 3: both ranks stopped after it, evaluated together")
+    # A rank that fails of itself (rank 1's callback throws): rank 0 exits first, its collective
+    # finding rank 1 gone, and the launcher names rank 1 and its error, not rank 0's report of it.
+    r = launch("--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=rank1_fails", "--plugin-dir", record,
+               "--set", "trainer.callbacks=record, checkpoint", "--set", "callback.record.fail_other_at=3",
+               timeout=300, check=False)
+    assert r.returncode == 1 and "launch: rank 1 exited with status 1" in r.stderr, r.stderr[-2500:]
+    assert "record fails on a rank but the main one at step 3 as asked" in r.stderr.split("launch: rank 1")[-1], r.stderr[-2500:]
+    print("a rank failing of itself under loom launch: the launcher names it and its error")
+    # Without trainer.threads, each of a node's processes takes its share of the cores.
+    r = launch("--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "trainer.threads=0",
+               "--set", "trainer.max_steps=2", "--set", "trainer.name=shared_cores")
+    if "OMP_NUM_THREADS" not in os.environ:
+        assert "per process: 2 processes of this job share this node's" in r.stderr, r.stderr[-2500:]
+    # A master address that does not resolve: refused before any rank starts (they would wait
+    # parallel.timeout for it).
+    started = time.monotonic()
+    r = launch("--nproc-per-node", "2", "--master-addr", "no.such.host.invalid", "--", "train", *args, *DDP,
+               "--set", "trainer.name=unresolved", timeout=120, check=False)
+    assert r.returncode == 1 and "--master-addr no.such.host.invalid does not resolve" in r.stderr, r.stderr[-2500:]
+    assert not os.path.exists(os.path.join(work, "unresolved")), "a rank started"
+    print(f"an unresolvable --master-addr: refused in {time.monotonic() - started:.1f} s, no rank started")
 
     # 5c''. A test split smaller than the world: rank 1 has no sample of it and adds nothing; the
     # figures are the one sample's, as a single process gives them.

@@ -14,16 +14,19 @@ class RecordCallback final : public loom::sdk::Callback {
       loom::sdk::option_string("fail_in", "", "throw in this hook (e.g. on_log)"),
       loom::sdk::option_int("stop_main_at", "0", "on the main rank only, ask to stop in this step (0: never)"),
       loom::sdk::option_enum("stop_main_in", "on_step_begin", "on_step_begin|on_log", "the hook stop_main_at stops in"),
+      loom::sdk::option_int("fail_other_at", "0", "on ranks but the main one, throw in on_step_begin of this step (0: never)"),
   };
 
   explicit RecordCallback(const loom::sdk::Options& o)
       : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")), stop_main_at_(o.get_int("stop_main_at")),
-        stop_main_in_(o.get_string("stop_main_in")) {}
+        stop_main_in_(o.get_string("stop_main_in")), fail_other_at_(o.get_int("fail_other_at")) {}
 
   void on_run_begin(loom::sdk::RunContext& run) override { hook("on_run_begin", run.step()); }
   void on_step_begin(loom::sdk::RunContext& run, int64_t step) override {
     hook("on_step_begin", step);
     stop_main(run, "on_step_begin", step);
+    if (fail_other_at_ > 0 && step == fail_other_at_ && !run.is_main())
+      throw loom::sdk::Error("record fails on a rank but the main one at step " + std::to_string(step) + " as asked");
   }
   void on_after_backward(loom::sdk::RunContext& run, const std::vector<at::Tensor>& g) override {
     if (g.empty()) throw loom::sdk::Error("no gradients");
@@ -78,6 +81,7 @@ class RecordCallback final : public loom::sdk::Callback {
   std::string fail_in_;
   int64_t stop_main_at_;
   std::string stop_main_in_;
+  int64_t fail_other_at_;
   int64_t steps_ = 0;
   double loss_sum_ = 0;
 };

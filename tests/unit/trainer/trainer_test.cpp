@@ -447,6 +447,20 @@ TEST_F(TrainerTest, GradientsThatAreAllZeroAreSaidOnce) {
   EXPECT_FALSE(learning.contains("gradients are all zero")) << ::testing::PrintToString(learning.lines());
 }
 
+TEST_F(TrainerTest, AModelsLossThatBackwardCannotTakeIsNamedWithTheModel) {
+  // (backward's own words were "grad can be implicitly created only for scalar outputs")
+  Config c = metric_run(dir_, "vector_loss");
+  c.set_assignment("model.vector_loss=true");
+  try {
+    make(c)->train();
+    ADD_FAILURE() << "a loss_sum of one value per sample trained";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model 'metric_model': forward's loss_sum must be a tensor of one element, the sum "
+                                         "of the batch's loss terms; it is of shape [32]"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TrainerTest, MetricsKeepTheirNamesAndTheirOwnDenominators) {
   Config c = metric_run(dir_, "metrics");
   auto t = make(c);

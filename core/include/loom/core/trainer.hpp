@@ -443,6 +443,8 @@ class Trainer {
   int64_t evaluation_cut_at_ = -1;
   bool evaluation_pending_ = false;
   double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
+  int64_t bucket_bytes_ = 0;  // the gradient buckets' mean size
+  std::string model_name_;    // model.name, for the model's errors
   int agreed_signal_ = 0;  // a stop signal of another rank, agreed at the step (stop_signal())
   bool another_rank_stopped_ = false;  // a callback of another rank asked to stop in the step (stop_signal())
   std::filesystem::path resumed_from_;
