@@ -257,10 +257,14 @@ int cmd_launch(const Invocation& invocation) {
     addrinfo hints{};
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* found = nullptr;
-    if (const int error = ::getaddrinfo(master.c_str(), nullptr, &hints, &found); error != 0)
+    const int error = ::getaddrinfo(master.c_str(), nullptr, &hints, &found);
+    if (error == EAI_AGAIN)  // (a name server that did not answer now: the ranks try again)
+      core::log::warn("loom launch: --master-addr ", master, " could not be resolved now (", ::gai_strerror(error),
+                      "); the ranks try again");
+    else if (error != 0)
       throw Error("loom launch: --master-addr " + master + " does not resolve (" + ::gai_strerror(error) +
                   "); give rank 0's host name or address, one every node resolves (127.0.0.1 on one machine)");
-    ::freeaddrinfo(found);
+    if (found != nullptr) ::freeaddrinfo(found);
   }
   // Ranks on other nodes reach rank 0 at --master-addr: 127.0.0.1 there is each node itself (said,
   // not refused: "nodes" that are one machine, a test of a multi-node job, do reach it).
@@ -396,7 +400,7 @@ int cmd_launch(const Invocation& invocation) {
           break;
         }
     const std::string& line = !blamed->error.empty() ? blamed->error : blamed->last;
-    core::log::error("launch: rank ", blamed->rank, " ", ended(blamed->status), blamed == first_failure ? "" : " (it failed first)",
+    core::log::error("launch: rank ", blamed->rank, " ", ended(blamed->status), blamed == first_failure ? "" : " (it failed of itself)",
                      "; the other ranks were stopped. Its ", !blamed->error.empty() ? "error: " : "last line: ",
                      line.empty() ? "(none)" : line);
     return 1;

@@ -83,7 +83,10 @@ std::string diverged(double loss, const core::Trainer& trainer, const core::Reso
   if (skipped > 0 && skipped >= trainer.step())  // no update ever: no learning rate made this
     return "the final evaluation's loss is " + value + ", and every one of the run's " + std::to_string(skipped) +
            " steps had non-finite gradients, so no step updated the weights: the loss was not finite from the start. "
-           "Check the data for NaN or infinite values, and the model's forward (a log of 0, a division by 0)";
+           "Check the data for NaN or infinite values, and the model's forward (a log of 0, a division by 0)" +
+           (resolved.at("precision.name").value == "fp16_amp" ? std::string(", or train in bf16_amp or fp32: a forward "
+                                                                            "in float16 may overflow")
+                                                             : std::string());
   return "the run diverged: its final evaluation's loss is " + value +
          (skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "") +
          ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)" +

@@ -217,7 +217,12 @@ void check_legacy_fingerprint(const loom_build_fingerprint* f) {
 }
 
 std::pair<std::string, std::string> why_not_loaded(const std::filesystem::path& file, const std::string& library_error) {
-  // "boost::dll::shared_library::load() failed (dlerror system message: <it>): Bad file descriptor"
+  // "boost::dll::shared_library::load() failed (dlerror system message: <it>): Bad file descriptor";
+  // anything else was thrown by the plugin's own code as the file loaded (a global's constructor).
+  if (library_error.find("shared_library") == std::string::npos && library_error.find("dlerror") == std::string::npos)
+    return {"a static initializer threw as the file loaded: " + library_error,
+            "a global object of the plugin throws in its constructor; build what it needs in the component's "
+            "constructor or setup instead, where an error is reported as the component's"};
   std::string why = library_error;
   const std::string marker = "dlerror system message: ";
   if (const size_t at = why.find(marker); at != std::string::npos) {

@@ -478,8 +478,9 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     report.accepted = true;
     log::debug("plugin ", plugin->name, " ", plugin->version, library ? " loaded from " : " registered from the scan of ",
                file.string(), " (", report.components.size(), " component(s))");
-  } catch (const PluginRefused& r) {
-    refuse(report, r.stage, r.reason, r.hint);
+  } catch (const PluginRefused& r) {  // (a link in a plugin folder is named as the user put it there)
+    const bool linked = file != file_in && file != fs::absolute(file_in, ec).lexically_normal();
+    refuse(report, r.stage, linked ? r.reason + " (found as " + file_in.string() + ")" : r.reason, r.hint);
   }
   return report;
 }

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <sched.h>
 #include <sys/resource.h>
 #include <thread>
 #include <unistd.h>
@@ -55,6 +56,23 @@ int64_t local_processes() {
       return n && *n > 1 && *n <= 4096 ? *n : 1;
     }
   return 1;
+}
+
+/// N processes of a job on this machine (loom launch, torchrun), each with LibTorch's default of
+/// every core's threads, oversubscribe it (on 2 cores, 2 ranks ran 8x slower): each takes its
+/// share. Not where the launcher bound each process to cores of its own (Open MPI, Slurm's
+/// binding: OpenMP's default follows the binding), nor where OMP_NUM_THREADS says.
+void share_cores(int default_threads) {
+  const int64_t local = local_processes();
+  if (local <= 1 || std::getenv("OMP_NUM_THREADS") != nullptr) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const unsigned all = std::thread::hardware_concurrency();
+  if (::sched_getaffinity(0, sizeof set, &set) != 0 || (all > 0 && static_cast<unsigned>(CPU_COUNT(&set)) < all)) return;
+  const int share = std::max<int>(1, default_threads / static_cast<int>(local));
+  at::set_num_threads(share);
+  log::info("threads   ", share, " per process: ", local, " processes of this job share this machine's ", default_threads,
+            " cores (trainer.threads = 0; set it, or OMP_NUM_THREADS, to choose)");
 }
 
 /// trainer.threads within what this process may start (the kernel holds root to no ulimit -u) and
@@ -127,20 +145,16 @@ void Trainer::setup() {
 }
 
 void Trainer::build_components(bool with_optimizer) {
+  static const int default_threads = at::get_num_threads();  // (LibTorch's, before any run of this process set one)
   if (options_.threads > 0) {
     check_threads(options_.threads);
     at::set_num_threads(static_cast<int>(options_.threads));
-  } else if (const int64_t local = local_processes(); local > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    // N processes of a job on this node (loom launch, torchrun) each with every core's threads
-    // oversubscribe the machine (on 2 cores, 2 ranks ran 8x slower): each takes its share.
-    const int cores = at::get_num_threads();
-    const int share = std::max<int>(1, cores / static_cast<int>(local));
-    at::set_num_threads(share);
-    log::info("threads   ", share, " per process: ", local, " processes of this job share this node's ", cores,
-              " cores (trainer.threads = 0; set it, or OMP_NUM_THREADS, to choose)");
+  } else {
+    at::set_num_threads(default_threads);
   }
   at::manual_seed(static_cast<uint64_t>(options_.seed));
   build_parallel();
+  if (options_.threads == 0) share_cores(default_threads);  // (after build_parallel: said by rank 0 alone)
   build_data();
   build_memory();
   try {

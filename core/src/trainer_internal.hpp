@@ -93,6 +93,8 @@ auto as_component(Who&& who, const std::string& name, F&& f) -> decltype(f()) {
     throw;
   } catch (const c10::Error& e) {
     throw named(loom::explained(e));
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw named(loom::explained(e));
   } catch (const std::exception& e) {
     throw named(e.what());
   }
@@ -101,9 +103,11 @@ auto as_component(Who&& who, const std::string& name, F&& f) -> decltype(f()) {
 /// A model's training output as backward needs it: a loss_sum of one element that depends on the
 /// parameters (else backward's own error says neither which model nor what to fix).
 inline sdk::ModelOutput checked_for_backward(sdk::ModelOutput out) {
-  if (!out.loss_sum.defined() || out.loss_sum.dim() != 0)
-    throw std::runtime_error("forward's loss_sum must be a tensor of one element, the sum of the batch's loss terms; it is " +
-                             (out.loss_sum.defined() ? "of shape " + c10::str(out.loss_sum.sizes()) : std::string("undefined")));
+  if (!out.loss_sum.defined() || out.loss_sum.numel() != 1)
+    throw std::runtime_error("forward's loss_sum must be a tensor of one element, the sum of the batch's loss terms; it " +
+                             (out.loss_sum.defined() ? "has " + std::to_string(out.loss_sum.numel()) + " (shape " +
+                                                           c10::str(out.loss_sum.sizes()) + ")"
+                                                     : std::string("is undefined")));
   if (!out.loss_sum.requires_grad())
     throw std::runtime_error("forward's loss_sum does not depend on any trainable parameter (it needs no gradient): "
                              "every parameter is frozen, or the loss was computed from detached tensors or under no_grad");

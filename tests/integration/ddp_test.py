@@ -250,7 +250,7 @@ try:
     r = launch("--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "trainer.threads=0",
                "--set", "trainer.max_steps=2", "--set", "trainer.name=shared_cores")
     if "OMP_NUM_THREADS" not in os.environ:
-        assert "per process: 2 processes of this job share this node's" in r.stderr, r.stderr[-2500:]
+        assert "per process: 2 processes of this job share this machine's" in r.stderr, r.stderr[-2500:]
     # A master address that does not resolve: refused before any rank starts (they would wait
     # parallel.timeout for it).
     started = time.monotonic()

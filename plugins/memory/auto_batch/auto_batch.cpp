@@ -46,7 +46,7 @@ fs::path default_cache() {
 std::map<std::string, int64_t> read_cache(const fs::path& path) {
   std::map<std::string, int64_t> out;
   std::error_code ec;
-  if (!fs::exists(fs::symlink_status(path, ec))) return out;
+  if (!fs::exists(path, ec)) return out;  // (a link to nothing too: the answer written replaces the link)
   std::istringstream in(loom::sdk::read_regular_file(path, int64_t{16} << 20, "auto_batch: the answer cache ", "absent"));
   std::string line;
   while (std::getline(in, line)) {
@@ -140,11 +140,15 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
   /// after oom_recovery, which handles the failure first, it is not told.)
   bool on_oom(loom::sdk::OomContext& context) override {
     if (context.evaluation || cached_key_.empty() || cache_ == "off") return false;
-    auto entries = read_cache(cache_);
-    if (entries.erase(cached_key_) > 0) {
-      write_cache(cache_, entries);
-      loom::sdk::log::warn("the cached micro-batch ran out of memory: its entry is removed from ", cache_,
-                           "; the next run searches again");
+    try {  // (the recovery goes on whatever became of the cache)
+      auto entries = read_cache(cache_);
+      if (entries.erase(cached_key_) > 0) {
+        write_cache(cache_, entries);
+        loom::sdk::log::warn("the cached micro-batch ran out of memory: its entry is removed from ", cache_,
+                             "; the next run searches again");
+      }
+    } catch (const loom::sdk::Error& e) {
+      loom::sdk::log::warn(e.what(), ": the cached micro-batch that ran out of memory stays in it");
     }
     cached_key_.clear();
     return false;

@@ -272,6 +272,15 @@ TEST(PluginLoader, APathThatIsNoPluginFileIsRefusedByName) {
     EXPECT_EQ(report.refusal->reason, reason) << report.refusal->line();
     EXPECT_EQ(report.refusal->file, path) << "named by the path it was found by, not a link's target";
   }
+  // A link to a library that is no plugin (libloom_x.so -> some system library): the target is
+  // refused, and the link is named too, as the user put it in the folder.
+  fs::create_directory(dir / "links");
+  fs::create_symlink(kDir / "libloom_dataset_broken_no_entry.so", dir / "links" / "libloom_linked.so");
+  const auto linked = registry.load(dir / "links" / "libloom_linked.so");
+  ASSERT_TRUE(linked.refusal);
+  EXPECT_NE(linked.refusal->line().find("no entry symbol"), std::string::npos) << linked.refusal->line();
+  EXPECT_NE(linked.refusal->line().find("(found as " + (dir / "links" / "libloom_linked.so").string() + ")"), std::string::npos)
+      << linked.refusal->line();
   // In a plugin folder, each of them is refused by name too, not passed over in silence (and the
   // scanner, which would block on the FIFO, opens none of them).
   PluginRegistry scanned;

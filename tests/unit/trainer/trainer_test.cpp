@@ -456,7 +456,7 @@ TEST_F(TrainerTest, AModelsLossThatBackwardCannotTakeIsNamedWithTheModel) {
     ADD_FAILURE() << "a loss_sum of one value per sample trained";
   } catch (const loom::Error& e) {
     EXPECT_NE(std::string(e.what()).find("model 'metric_model': forward's loss_sum must be a tensor of one element, the sum "
-                                         "of the batch's loss terms; it is of shape [32]"),
+                                         "of the batch's loss terms; it has 32 (shape [32])"),
               std::string::npos) << e.what();
   }
 }
