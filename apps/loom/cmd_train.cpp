@@ -76,17 +76,23 @@ std::string continue_hint(const Invocation& invocation, const core::Trainer& tra
   return continue_command(invocation, trainer, name);
 }
 
+/// A run none of whose steps updated the weights (each had non-finite gradients): what to check.
+std::string never_updated(const core::Trainer& trainer, const core::Resolved& resolved) {
+  return "every one of the run's " + std::to_string(trainer.skipped_steps()) + " steps had non-finite gradients, so no "
+         "step updated the weights: the loss or its gradients were not finite from the start, which no learning rate "
+         "causes. Check the data for NaN or infinite values, the model's forward (a log of 0, a division by 0) and the "
+         "precision strategy" +
+         (resolved.at("precision.name").value == "fp16_amp" ? std::string(", or train in bf16_amp or fp32: a forward in "
+                                                                          "float16 may overflow")
+                                                           : std::string());
+}
+
 /// What a run whose final evaluation's loss is `loss` (not finite) did, and what to change.
 std::string diverged(double loss, const core::Trainer& trainer, const core::Resolved& resolved) {
   const int64_t skipped = trainer.skipped_steps();
   const std::string value = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
   if (skipped > 0 && skipped >= trainer.step())  // no update ever: no learning rate made this
-    return "the final evaluation's loss is " + value + ", and every one of the run's " + std::to_string(skipped) +
-           " steps had non-finite gradients, so no step updated the weights: the loss was not finite from the start. "
-           "Check the data for NaN or infinite values, and the model's forward (a log of 0, a division by 0)" +
-           (resolved.at("precision.name").value == "fp16_amp" ? std::string(", or train in bf16_amp or fp32: a forward "
-                                                                            "in float16 may overflow")
-                                                             : std::string());
+    return "the final evaluation's loss is " + value + ", and " + never_updated(trainer, resolved);
   return "the run diverged: its final evaluation's loss is " + value +
          (skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "") +
          ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)" +
@@ -184,6 +190,12 @@ int cmd_train(const Invocation& invocation) {
   const std::optional<double> final_loss = s.final_eval ? std::optional<double>(s.final_eval->loss) : trainer.recorded_final_loss();
   if (final_loss && !std::isfinite(*final_loss) && (s.signal == 0 || s.steps >= trainer.total_steps())) {
     core::log::error(diverged(*final_loss, trainer, resolved));
+    core::log::flush();
+    return 1;
+  }
+  // Trained to its end without one update: no model came of it, whatever its figures say.
+  if (s.signal == 0 && trainer.skipped_steps() > 0 && trainer.skipped_steps() >= trainer.step()) {
+    core::log::error("the run learned nothing: ", never_updated(trainer, resolved));
     core::log::flush();
     return 1;
   }

@@ -148,6 +148,11 @@ int run_loom(int argc, char** argv) {
     // (LibTorch's own errors carry a C++ backtrace in what(): message_of gives what users need)
     loom::core::log::error(loom::cli::message_of(e));
     return 1;
+  } catch (...) {  // (`throw 42;` in a plugin: std::terminate otherwise)
+    loom::core::log::error("loom ", command->name, ": a plugin threw a value that is not an exception (not derived from "
+                           "std::exception), so what failed is unknown; the checkpoints written before it stand. A plugin "
+                           "reports a failure by throwing loom::sdk::Error");
+    return 1;
   }
 }
 

@@ -94,8 +94,9 @@ void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo
     try {
       d = registry.create<sdk::Dataset>(c.name, options_of(o, c.name));
     } catch (const std::exception& e) {
-      // A dataset of the user's files (a folder to read) cannot be made without them.
-      if (!o.options.count(c.name))
+      // A dataset of the user's files (a folder to read) cannot be made without them; one that
+      // has no options cannot be made at all.
+      if (!o.options.count(c.name) && !c.options.empty())
         throw conformance::Skip(std::string("cannot be created with its default options (") + e.what() +
                                 "); check it with its options");
       throw;
@@ -131,6 +132,22 @@ void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo
     }
     for (const auto& [name, tensor] : b)
       if (!spec.fields.count(name)) return "the batch has a field '" + name + "' that spec() does not describe";
+    return {};
+  });
+  s.run("targets_are_classes", [&]() -> std::string {
+    // A classifier's loss indexes its logits by the target: one outside 0..num_classes-1 fails
+    // in the model, far from the dataset that gave it.
+    if (spec.num_classes < 0) return "spec().num_classes is " + std::to_string(spec.num_classes) + " (0: not a classification)";
+    const auto target = spec.fields.find(spec.target_key);
+    if (spec.num_classes == 0 || target == spec.fields.end() || !at::isIntegralType(target->second.dtype, false))
+      return {};  // (not a classification with integer targets: nothing to check)
+    const int64_t n = d->size(sdk::Split::kTrain);
+    const sdk::Batch b = d->get_batch(sdk::Split::kTrain, indices(n, std::min<int64_t>(n, 256)));
+    const at::Tensor t = b.at(spec.target_key);
+    const int64_t low = t.min().item<int64_t>(), high = t.max().item<int64_t>();
+    if (low < 0 || high >= spec.num_classes)
+      return "targets run from " + std::to_string(low) + " to " + std::to_string(high) + ", outside the classes 0.." +
+             std::to_string(spec.num_classes - 1) + " that spec().num_classes = " + std::to_string(spec.num_classes) + " gives";
     return {};
   });
   s.run("deterministic", [&]() -> std::string {

@@ -186,6 +186,14 @@ sdk::Batch DataLoader::fetch(const Job& job) {
         else target = t;
       }
     }
+    // Every tensor's first dimension is the batch's (the Dataset contract): a short or empty batch
+    // would train and evaluate on fewer samples than the counts say, in silence.
+    const auto rows = static_cast<int64_t>(job.indices.size());
+    for (const auto& [name, t] : into)
+      if (!t.defined() || t.dim() == 0 || t.size(0) != rows)
+        throw Error("the dataset's get_batch of " + std::to_string(rows) + " samples gave field '" + name + "' " +
+                    (!t.defined() ? std::string("undefined") : "of shape " + c10::str(t.sizes())) + "; every field's first "
+                    "dimension is the number of samples asked for (loom plugins check tests a dataset)");
     if (pin)
       for (auto& [name, t] : into)
         if (!t.is_pinned()) t = t.pin_memory();

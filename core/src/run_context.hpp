@@ -24,7 +24,7 @@ class Trainer::Context final : public sdk::RunContext {
   int64_t checkpoint_every() const override { return t_.options_.checkpoint_every; }
   std::string best_metric() const override { return t_.options_.best_metric; }
   sdk::Split selection_split() const override { return t_.selection_split(); }
-  std::filesystem::path save_checkpoint() override { return t_.save_checkpoint(); }
+  std::filesystem::path save_checkpoint() override { return t_.save_checkpoint_for_callback(); }
   std::filesystem::path save_weights(const std::string& file_name, const sdk::TextMap& metadata) override {
     return t_.save_weights(file_name, metadata);
   }

@@ -206,6 +206,9 @@ void Trainer::build_parallel() {
     StopAtOnce at_once("\nloom: stopping at once (joining the other ranks: nothing to save)\n", "joining the other ranks");
     parallel_->setup(options_.device);
   }
+  if (const int64_t world = parallel_->world_size(), rank = parallel_->rank(); world < 1 || world > (int64_t{1} << 20) || rank < 0 || rank >= world)
+    throw Error("parallel strategy '" + name + "' says this process is rank " + std::to_string(rank) + " of " +
+                std::to_string(world) + ": a world has 1 or more ranks, numbered from 0 (loom plugins check tests a strategy)");
   device_ = parallel_->device();
   log::set_rank(parallel_->rank(), parallel_->world_size());
 }

@@ -41,7 +41,8 @@ Optimizer::~Optimizer() = default;
 
 void Optimizer::step_on_device_dividing(const at::Tensor& lr, const at::Tensor& found_non_finite,
                                         const at::Tensor& divisor, const std::vector<at::Tensor>& gradients) {
-  if (!gradients.empty()) at::_foreach_div_(gradients, divisor);
+  // (the host's divisor is of shape [1]; the foreach division takes a tensor of no dimensions)
+  if (!gradients.empty()) at::_foreach_div_(gradients, divisor.dim() == 0 ? divisor : divisor.reshape({}));
   step_on_device(lr, found_non_finite);
 }
 

@@ -128,4 +128,24 @@ TEST_F(PluginsCheck, ANonConformingPluginFailsTheChecksItBreaksAndOnlyThose) {
   EXPECT_EQ(find(callback, "hooks_of_a_short_run")->outcome, ConformanceCheck::Outcome::kPass);
 }
 
+TEST_F(PluginsCheck, ADatasetWhoseLabelsAreNotItsClassesFailsThatCheckAlone) {
+  // (labels 1..3 of 3 classes passed, and training failed in the model: "Target 3 is out of bounds")
+  loom::core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  const fs::path file = fs::path(LOOM_BINARY_DIR) / "tests" / "nonconforming" / "libloom_dataset_one_based_labels.so";
+  ASSERT_TRUE(registry.load(file).accepted);
+  const auto reports = loom::core::check_plugin(registry, file);
+  ASSERT_EQ(reports.size(), 1u);
+  const ConformanceReport& dataset = reports[0];
+  EXPECT_EQ(dataset.component, "one_based_labels");
+  const ConformanceCheck* classes = find(dataset, "targets_are_classes");
+  ASSERT_NE(classes, nullptr);
+  EXPECT_EQ(classes->outcome, ConformanceCheck::Outcome::kFail);
+  EXPECT_NE(classes->reason.find("targets run from 1 to 3, outside the classes 0..2"), std::string::npos) << classes->reason;
+  for (const auto& c : dataset.checks)
+    if (c.name != "targets_are_classes") {
+      EXPECT_NE(c.outcome, ConformanceCheck::Outcome::kFail) << c.name << ": " << c.reason;
+    }
+}
+
 }  // namespace

@@ -280,6 +280,14 @@ try:
              "--set", "trainer.optimizer=sgd", "--set", "optimizer.sgd.momentum=0.99", "--resume", "auto", check=False)
     expect(r.returncode == 1 and "is trained to its step 20 and its summary.json says the run diverged" in r.stderr
            and "is complete" not in r.stderr, "a diverged run resumed at its end fails again", r)
+    # A run none of whose steps updated the weights (a training loss that is never finite) ends
+    # with exit 1, whatever its final evaluation says.
+    models = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_model_metric_model.so")
+    r = loom(exe, "train", *SMALL, "--plugin-dir", models, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=no_update",
+             "--set", "model.name=metric_model", "--set", "model.nan_training_loss=true", "--set", "trainer.max_steps=3",
+             check=False)
+    expect(r.returncode == 1 and "the run learned nothing: every one of the run's 3 steps had non-finite gradients" in r.stderr,
+           "a run without one update", r)
     # One training sample: none is held out (holding it out left nothing to train on, and the
     # loader trained on the validation sample).
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=one_sample",

@@ -24,11 +24,13 @@ class MetricModel final : public loom::sdk::Model {
       loom::sdk::option_int("nan_eval_batches", "0", "the first this many evaluation batches report correct as NaN"),
       loom::sdk::option_bool("zero_loss", "false", "a training loss times 0: its gradients are all zero"),
       loom::sdk::option_bool("vector_loss", "false", "loss_sum is each sample's loss, not their sum (a broken model)"),
+      loom::sdk::option_bool("nan_training_loss", "false", "a training loss of NaN (every step skipped)"),
   };
 
   explicit MetricModel(const loom::sdk::Options& o)
       : vector_metric_(o.get_bool("vector_metric")), nan_eval_batches_(o.get_int("nan_eval_batches")),
-        zero_loss_(o.get_bool("zero_loss")), vector_loss_(o.get_bool("vector_loss")) {}
+        zero_loss_(o.get_bool("zero_loss")), vector_loss_(o.get_bool("vector_loss")),
+        nan_training_loss_(o.get_bool("nan_training_loss")) {}
 
   void setup(const loom::sdk::DataSpec& data) override {
     int64_t features = 1;
@@ -46,7 +48,8 @@ class MetricModel final : public loom::sdk::Model {
     const at::Tensor target = batch.at(target_key_);
     const at::Tensor logits = linear_->forward(x);
     const at::Tensor loss_sum =
-        at::cross_entropy_loss(logits, target, {}, vector_loss_ ? at::Reduction::None : at::Reduction::Sum) * (zero_loss_ && train ? 0.0 : 1.0);
+        at::cross_entropy_loss(logits, target, {}, vector_loss_ ? at::Reduction::None : at::Reduction::Sum) *
+        (zero_loss_ && train ? 0.0 : nan_training_loss_ && train ? std::nan("") : 1.0);
     const at::Tensor predicted = at::argmax(logits, 1);
     const auto f = logits.options();
     const double n = static_cast<double>(target.size(0));
@@ -67,7 +70,7 @@ class MetricModel final : public loom::sdk::Model {
  private:
   bool vector_metric_;
   int64_t nan_eval_batches_;
-  bool zero_loss_, vector_loss_;
+  bool zero_loss_, vector_loss_, nan_training_loss_;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};

@@ -15,11 +15,13 @@ class RecordCallback final : public loom::sdk::Callback {
       loom::sdk::option_int("stop_main_at", "0", "on the main rank only, ask to stop in this step (0: never)"),
       loom::sdk::option_enum("stop_main_in", "on_step_begin", "on_step_begin|on_log", "the hook stop_main_at stops in"),
       loom::sdk::option_int("fail_other_at", "0", "on ranks but the main one, throw in on_step_begin of this step (0: never)"),
+      loom::sdk::option_string("save_in", "", "call save_checkpoint() in this hook (e.g. on_checkpoint_saved)"),
   };
 
   explicit RecordCallback(const loom::sdk::Options& o)
       : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")), stop_main_at_(o.get_int("stop_main_at")),
-        stop_main_in_(o.get_string("stop_main_in")), fail_other_at_(o.get_int("fail_other_at")) {}
+        stop_main_in_(o.get_string("stop_main_in")), fail_other_at_(o.get_int("fail_other_at")),
+        save_in_(o.get_string("save_in")) {}
 
   void on_run_begin(loom::sdk::RunContext& run) override { hook("on_run_begin", run.step()); }
   void on_step_begin(loom::sdk::RunContext& run, int64_t step) override {
@@ -31,12 +33,14 @@ class RecordCallback final : public loom::sdk::Callback {
   void on_after_backward(loom::sdk::RunContext& run, const std::vector<at::Tensor>& g) override {
     if (g.empty()) throw loom::sdk::Error("no gradients");
     hook("on_after_backward", run.step() + 1);
+    if (save_in_ == "on_after_backward") run.save_checkpoint();
   }
   void on_before_optimizer_step(loom::sdk::RunContext& run, const std::vector<at::Tensor>&) override {
     hook("on_before_optimizer_step", run.step() + 1);
   }
   void on_log(loom::sdk::RunContext& run, int64_t step, const std::map<std::string, double>& values) override {
     hook(values.count("train/loss") ? "on_log train" : "on_log eval", step);
+    if (save_in_ == "on_log" && values.count("train/loss")) run.save_checkpoint();
     if (values.count("train/loss")) stop_main(run, "on_log", step);
   }
   void on_evaluation_end(loom::sdk::RunContext&, const loom::sdk::EvalReport& r) override {
@@ -50,6 +54,7 @@ class RecordCallback final : public loom::sdk::Callback {
   }
   void on_checkpoint_saved(loom::sdk::RunContext& run, const std::filesystem::path&) override {
     hook("on_checkpoint_saved", run.step());
+    if (save_in_ == "on_checkpoint_saved") run.save_checkpoint();
   }
   void on_checkpoint_loaded(loom::sdk::RunContext& run, const std::filesystem::path&) override {
     hook("on_checkpoint_loaded", run.step());
@@ -82,6 +87,7 @@ class RecordCallback final : public loom::sdk::Callback {
   int64_t stop_main_at_;
   std::string stop_main_in_;
   int64_t fail_other_at_;
+  std::string save_in_;
   int64_t steps_ = 0;
   double loss_sum_ = 0;
 };

@@ -3,13 +3,16 @@
 // kernels' results on a GPU: tests/gpu/precision_gpu_test.cpp.
 #include <loom/sdk/cross_entropy.hpp>
 #include <loom/sdk/layer_norm.hpp>
+#include <loom/sdk/optimizer.hpp>
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/layer_norm.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 
@@ -115,3 +118,38 @@ TEST(LayerNorm, AddLayerNormIsTheSumAndItsLayerNormOnCpu) {
 }
 
 }  // namespace
+
+namespace {
+
+/// An optimizer as the docs describe the least one: step() only (plain SGD on the gradients).
+class StepOnly final : public loom::sdk::Optimizer {
+ public:
+  void setup(const std::vector<loom::sdk::ParameterGroup>& groups) override { groups_ = groups; }
+  void materialize() override {}
+  void step(double lr) override {
+    for (auto& g : groups_)
+      for (auto& p : g.params) p.sub_(p.grad() * lr);
+  }
+  int64_t state_bytes(const at::Tensor&) const override { return 0; }
+  loom::sdk::State state_dict() const override { return {}; }
+  void load_state_dict(const loom::sdk::State&) override {}
+
+ private:
+  std::vector<loom::sdk::ParameterGroup> groups_;
+};
+
+}  // namespace
+
+TEST(OptimizerDefaults, StepOnDeviceDividingDividesByTheHostsDivisorOfShapeOne) {
+  // The host hands the divisor as a float tensor of shape [1]: the default once threw "scalar
+  // tensor expected to be 0 dim" at the first step of any optimizer that implements step() only.
+  at::Tensor p = at::tensor({1.0f, 2.0f});
+  p.mutable_grad() = at::tensor({4.0f, 8.0f});
+  StepOnly optimizer;
+  loom::sdk::ParameterGroup group;
+  group.params = {p};
+  optimizer.setup({group});
+  optimizer.step_on_device_dividing(at::tensor(0.5), at::zeros({1}), at::full({1}, 4.0f), {p.grad()});
+  EXPECT_TRUE(at::equal(p.grad(), at::tensor({1.0f, 2.0f})));
+  EXPECT_TRUE(at::equal(p, at::tensor({0.5f, 1.0f})));  // 1 - 0.5 x 1, 2 - 0.5 x 2
+}

@@ -92,6 +92,28 @@ TEST_F(CallbacksTest, AnErrorInACallbackNamesTheCallbackAndTheHook) {
   }
 }
 
+TEST_F(CallbacksTest, ACheckpointAskedForMidStepOrFromASaveIsRefusedAndOneBetweenStepsIsWritten) {
+  // From on_checkpoint_saved a save saved again until the process crashed; from on_after_backward
+  // it wrote a state that was no step's over the good checkpoint of the step before.
+  for (const std::string hook : {"on_checkpoint_saved", "on_after_backward"}) {
+    Config c = base("save_in_" + hook);
+    c.set_assignment("trainer.callbacks=record, checkpoint");
+    c.set_assignment("callback.record.save_in=" + hook);
+    try {
+      loom::testing::make_trainer(c)->train();
+      ADD_FAILURE() << "a save from " << hook << " was taken";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("callback 'record' (" + hook + "): save_checkpoint() from " + hook + " is refused"),
+                std::string::npos) << e.what();
+    }
+  }
+  Config c = base("save_in_on_log");
+  c.set_assignment("trainer.callbacks=record");
+  c.set_assignment("callback.record.save_in=on_log");
+  loom::testing::make_trainer(c)->train();
+  EXPECT_TRUE(fs::exists(dir_ / "save_in_on_log" / "checkpoints" / loom::core::step_dir_name(2) / "state.json"));
+}
+
 TEST_F(CallbacksTest, WithoutCallbacksARunWritesNothingButStillEvaluates) {
   Config c = base("silent");
   c.set_assignment("trainer.callbacks=");

@@ -163,6 +163,31 @@ TEST(DataLoader, EvaluationSharesOfRanksCoverTheSplitWithItsTail) {
   EXPECT_EQ(seen.size(), 23u);
 }
 
+/// A broken dataset: one sample fewer than asked for.
+class ShortBatches final : public loom::sdk::Dataset {
+ public:
+  void setup() override {}
+  loom::sdk::DataSpec spec() const override { return {}; }
+  int64_t size(loom::sdk::Split) const override { return 64; }
+  loom::sdk::Batch get_batch(loom::sdk::Split, const std::vector<int64_t>& indices) const override {
+    std::vector<int64_t> fewer(indices.begin(), indices.end() - 1);
+    return {{"x", at::tensor(fewer, at::TensorOptions().dtype(at::kLong))}};
+  }
+};
+
+TEST(DataLoader, ABatchOfAnotherNumberOfSamplesThanAskedIsAnError) {
+  // (it trained, and its figures counted samples that were never there)
+  for (const int64_t workers : {0, 2}) {
+    DataLoader l(std::make_shared<ShortBatches>(), loom::sdk::Split::kTrain, options(8, workers));
+    try {
+      l.next();
+      ADD_FAILURE() << "a short batch was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("get_batch of 8 samples gave field 'x' of shape [7]"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(DataLoader, TooFewSamplesForOneBatchIsAClearError) {
   auto data = std::make_shared<Numbers>(10);
   try {

@@ -276,6 +276,7 @@ class Trainer {
   void build_callbacks();
   /// Chooses, claims and locks the run folder, resumes (run_folder.cpp).
   void open_run();
+  std::filesystem::path save_checkpoint_for_callback();  // RunContext::save_checkpoint: not mid-step, not re-entrant
   void write_run_summary();  // rank 0, an evaluation at the run's end: summary.json
   void open_run_here();  // rank 0 (or a single process): chooses, locks and writes the run folder
   void join_run();       // other ranks: rank 0's run folder and checkpoint, nothing written
@@ -445,6 +446,7 @@ class Trainer {
   double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
   int64_t bucket_bytes_ = 0;  // the gradient buckets' mean size
   std::string model_name_;    // model.name, for the model's errors
+  const char* hook_ = nullptr;  // the callback hook being called, if any
   int agreed_signal_ = 0;  // a stop signal of another rank, agreed at the step (stop_signal())
   bool another_rank_stopped_ = false;  // a callback of another rank asked to stop in the step (stop_signal())
   std::filesystem::path resumed_from_;

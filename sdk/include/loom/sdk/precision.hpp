@@ -6,6 +6,7 @@
 #include <loom/sdk/amp.hpp>
 #include <loom/sdk/types.hpp>
 
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -66,7 +67,9 @@ class LOOM_SDK_API PrecisionStrategy {
   /// unscale_gradients(), so that a strategy that overrides only that stays right, at the cost of
   /// the host's wait; a strategy without a loss scale overrides this with nothing.
   virtual void unscale_gradients_on_device(const std::vector<at::Tensor>& gradients) {
-    (void)unscale_gradients(gradients);
+    // Its "not finite" reaches the host as the gradients' norm: one NaN makes the step skipped.
+    if (!unscale_gradients(gradients) && !gradients.empty())
+      gradients.front().fill_(std::numeric_limits<double>::quiet_NaN());
   }
 
   /// 1.1: update() with the decision on the device: `found_non_finite` is a float tensor of one

@@ -1,0 +1,34 @@
+// A dataset that breaks a contract on purpose, for the conformance tests and `loom plugins check`:
+// its labels count from 1, so the class num_classes is out of range of a classifier's logits (the
+// model's loss fails, far from the dataset that gave it).
+#include <loom/sdk/sdk.hpp>
+
+#include <ATen/ops/stack.h>
+#include <ATen/ops/tensor.h>
+
+namespace {
+
+class OneBasedLabels final : public loom::sdk::Dataset {
+ public:
+  explicit OneBasedLabels(const loom::sdk::Options&) {}
+  void setup() override {}
+  loom::sdk::DataSpec spec() const override {
+    loom::sdk::DataSpec spec;
+    spec.fields["x"] = {{2}, at::kFloat};
+    spec.fields["y"] = {{}, at::kLong};
+    spec.input_key = "x";
+    spec.target_key = "y";
+    spec.num_classes = 3;
+    return spec;
+  }
+  int64_t size(loom::sdk::Split split) const override { return split == loom::sdk::Split::kTrain ? 30 : 0; }
+  loom::sdk::Batch get_batch(loom::sdk::Split, const std::vector<int64_t>& indices) const override {
+    const at::Tensor i = at::tensor(indices, at::TensorOptions().dtype(at::kLong));
+    return {{"x", at::stack({i, i}, 1).to(at::kFloat)}, {"y", i.remainder(3) + 1}};  // the bug: 1..3, not 0..2
+  }
+};
+
+}  // namespace
+
+LOOM_PLUGIN("one_based_labels", "1.0.0",
+            loom::sdk::component<OneBasedLabels>("one_based_labels", "test: labels 1..3 of 3 classes (non-conforming)"))
