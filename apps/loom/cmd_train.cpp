@@ -193,11 +193,19 @@ int cmd_train(const Invocation& invocation) {
     core::log::flush();
     return 1;
   }
-  // Trained to its end without one update: no model came of it, whatever its figures say.
+  // Trained to its end without one update: no model came of it, whatever its figures say. (With
+  // fp16_amp's dynamic loss scale the first steps overflow while it comes down from 65536: a
+  // short run may skip them all, and is told so.)
   if (s.signal == 0 && trainer.skipped_steps() > 0 && trainer.skipped_steps() >= trainer.step()) {
-    core::log::error("the run learned nothing: ", never_updated(trainer, resolved));
-    core::log::flush();
-    return 1;
+    if (resolved.at("precision.name").value == "fp16_amp") {
+      core::log::warn("no step updated the weights: every one of the run's ", trainer.skipped_steps(), " steps had ",
+                      "non-finite gradients, as fp16_amp's loss scale comes down from its start by halving at each; "
+                      "train longer, or start it lower (precision.init_scale)");
+    } else {
+      core::log::error("the run learned nothing: ", never_updated(trainer, resolved));
+      core::log::flush();
+      return 1;
+    }
   }
   if (s.signal != 0 && s.steps >= trainer.total_steps() && trainer.evaluation_pending()) {  // its validation was cut
     core::log::warn("stopped by ", core::signal_name(s.signal), " after the last step (", s.steps, " of ", trainer.total_steps(),

@@ -74,6 +74,9 @@ auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
     throw Error(phase + ": " + loom::explained(e));
   } catch (const std::exception& e) {
     throw Error(phase + ": " + e.what());
+  } catch (...) {  // (`throw 42;` in a plugin)
+    throw Error(phase + ": a plugin threw a value that is not an exception (not derived from std::exception); a plugin "
+                "reports a failure by throwing loom::sdk::Error");
   }
 }
 

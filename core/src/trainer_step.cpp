@@ -268,7 +268,7 @@ at::Tensor Trainer::queue_update(const StepWork& work) {
     } else if (optimizer_divides_) {
       optimizer_->step_on_device_dividing(lr_on_device_, found, divisor, work.flats);
     } else {  // a 1.1 optimizer: one pass here instead of two
-      at::_foreach_div_(work.flats, divisor);
+      at::_foreach_div_(work.flats, divisor.reshape({}));  // (the foreach division takes no shape [1])
       optimizer_->step_on_device(lr_on_device_, found);
     }
     precision_->update_on_device(found);

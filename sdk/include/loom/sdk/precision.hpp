@@ -68,8 +68,12 @@ class LOOM_SDK_API PrecisionStrategy {
   /// the host's wait; a strategy without a loss scale overrides this with nothing.
   virtual void unscale_gradients_on_device(const std::vector<at::Tensor>& gradients) {
     // Its "not finite" reaches the host as the gradients' norm: one NaN makes the step skipped.
-    if (!unscale_gradients(gradients) && !gradients.empty())
-      gradients.front().fill_(std::numeric_limits<double>::quiet_NaN());
+    if (!unscale_gradients(gradients))
+      for (const auto& g : gradients)
+        if (g.defined() && g.numel() > 0) {
+          g.fill_(std::numeric_limits<double>::quiet_NaN());
+          break;
+        }
   }
 
   /// 1.1: update() with the decision on the device: `found_non_finite` is a float tensor of one
