@@ -21,6 +21,19 @@ std::string step_dir_name(int64_t step) {
   return name;
 }
 
+std::string save_refused_in(const std::string& hook) {
+  // Mid-step (after backward, before the update) the weights are the last step's and the data
+  // position the next one's: a resume from that state would skip a batch.
+  static const std::string where = "save from on_step_end, on_evaluation_end, on_log or on_run_end";
+  if (hook == "on_after_backward" || hook == "on_before_optimizer_step")
+    return "save_checkpoint() from " + hook + " is refused: in the middle of a step the state is no step's (a resume "
+           "from it would skip a batch); " + where;
+  if (hook == "on_checkpoint_saved")
+    return "save_checkpoint() from on_checkpoint_saved is refused: it would save again each time it is told of a save; " +
+           where;
+  return {};
+}
+
 CheckpointStore::CheckpointStore(fs::path run_dir) : dir_(std::move(run_dir) / "checkpoints") {
   fs::create_directories(dir_);
   recover(dir_.parent_path());

@@ -1,6 +1,8 @@
 // Conformance suites of memory policies, optimizers, schedules, precision and parallel
 // strategies and callbacks (conformance.hpp). Each check says in its reason what the host relies
 // on that the component did not do.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/error.hpp>
 #include <loom/core/kinds.hpp>
 #include "conformance_internal.hpp"
 
@@ -324,7 +326,8 @@ void check_parallel(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
   });
 }
 
-/// The run a callback is checked in: a temporary folder, 2 steps, one evaluation.
+/// The run a callback is checked in: a temporary folder, 2 steps, one evaluation. A save is
+/// refused where the trainer refuses it (save_refused_in), and told to the callback after step 2.
 class CheckRun final : public sdk::RunContext {
  public:
   explicit CheckRun(fs::path dir) : dir_(std::move(dir)) {
@@ -343,11 +346,16 @@ class CheckRun final : public sdk::RunContext {
   int64_t checkpoint_every() const override { return 0; }
   std::string best_metric() const override { return "accuracy"; }
   sdk::Split selection_split() const override { return sdk::Split::kValidation; }
-  fs::path save_checkpoint() override { return dir_ / "checkpoints" / ("step_" + std::to_string(step_)); }
+  fs::path save_checkpoint() override {
+    const std::string refused = save_refused_in(hook_);
+    if (!refused.empty()) throw Error(refused);
+    return dir_ / "checkpoints" / step_dir_name(step_);
+  }
   fs::path save_weights(const std::string& file, const sdk::TextMap&) override { return dir_ / "checkpoints" / file; }
   void request_stop(const std::string& reason) override { stop_ = reason; }
   bool stop_requested() const override { return !stop_.empty(); }
   int64_t step_ = 0;
+  std::string hook_;  ///< the hook being called
 
  private:
   fs::path dir_;
@@ -367,11 +375,16 @@ void check_callback(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
     fs::create_directories(dir);
     CheckRun run(dir);
     std::vector<at::Tensor> grads{at::full({2}, 0.25)};
-    cb->on_run_begin(run);
+    const auto in = [&](const char* hook, const std::function<void()>& call) {
+      run.hook_ = hook;
+      call();
+      run.hook_.clear();
+    };
+    in("on_run_begin", [&] { cb->on_run_begin(run); });
     for (int64_t step = 1; step <= 2; ++step) {
-      cb->on_step_begin(run, step);
-      cb->on_after_backward(run, grads);
-      cb->on_before_optimizer_step(run, grads);
+      in("on_step_begin", [&] { cb->on_step_begin(run, step); });
+      in("on_after_backward", [&] { cb->on_after_backward(run, grads); });
+      in("on_before_optimizer_step", [&] { cb->on_before_optimizer_step(run, grads); });
       run.step_ = step;
       sdk::StepReport report;
       report.step = step;
@@ -381,23 +394,24 @@ void check_callback(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
       report.lr = 1e-3;
       report.samples = 32;
       report.seconds = 0.01;
-      cb->on_log(run, step, {{"train/loss", report.loss}, {"train/lr", 1e-3}, {"train/samples_per_s", 3200.0}});
+      in("on_log", [&] { cb->on_log(run, step, {{"train/loss", report.loss}, {"train/lr", 1e-3}, {"train/samples_per_s", 3200.0}}); });
       if (step == 2) {
         sdk::EvalReport eval;
         eval.step = 2;
         eval.loss = 0.5;
         eval.metrics = {{"accuracy", 0.75}};
         eval.samples = 64;
-        cb->on_log(run, step, {{"val/loss", 0.5}, {"val/accuracy", 0.75}});
-        cb->on_evaluation_end(run, eval);
+        in("on_log", [&] { cb->on_log(run, step, {{"val/loss", 0.5}, {"val/accuracy", 0.75}}); });
+        in("on_evaluation_end", [&] { cb->on_evaluation_end(run, eval); });
         report.evaluated = report.last = true;
       }
-      cb->on_step_end(run, report);
+      in("on_step_end", [&] { cb->on_step_end(run, report); });
     }
+    in("on_checkpoint_saved", [&] { cb->on_checkpoint_saved(run, dir / "checkpoints" / step_dir_name(2)); });
     sdk::RunReport end;
     end.steps = 2;
     end.seconds = 0.02;
-    cb->on_run_end(run, end);
+    in("on_run_end", [&] { cb->on_run_end(run, end); });
     return std::string();
   });
   s.run("state_round_trip", [&]() -> std::string {

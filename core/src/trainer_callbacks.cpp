@@ -55,16 +55,8 @@ void Trainer::notify(const char* hook, const std::function<void(sdk::Callback&, 
 }
 
 fs::path Trainer::save_checkpoint_for_callback() {
-  // Mid-step (after backward, before the update) the state is no step's: its weights are the last
-  // step's, its data position the next one's, so a resume from it would skip a batch. From
-  // on_checkpoint_saved a save would save again, without end.
-  const std::string hook = hook_ != nullptr ? hook_ : "";
-  if (hook == "on_after_backward" || hook == "on_before_optimizer_step")
-    throw Error("save_checkpoint() from " + hook + " is refused: in the middle of a step the state is no step's (a resume "
-                "from it would skip a batch); save from on_step_end, on_evaluation_end, on_log or on_run_end");
-  if (hook == "on_checkpoint_saved")
-    throw Error("save_checkpoint() from on_checkpoint_saved is refused: it would save again each time it is told of a save; "
-                "save from on_step_end, on_evaluation_end, on_log or on_run_end");
+  const std::string refused = save_refused_in(hook_ != nullptr ? hook_ : "");
+  if (!refused.empty()) throw Error(refused);
   return save_checkpoint();
 }
 

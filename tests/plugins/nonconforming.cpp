@@ -48,8 +48,16 @@ class ForgetfulCallback final : public loom::sdk::Callback {
   int64_t steps_ = 0;
 };
 
+// Saves a checkpoint after backward: a resume from it would skip a batch (the trainer refuses it).
+class MidStepSaver final : public loom::sdk::Callback {
+ public:
+  explicit MidStepSaver(const loom::sdk::Options&) {}
+  void on_after_backward(loom::sdk::RunContext& run, const std::vector<at::Tensor>&) override { run.save_checkpoint(); }
+};
+
 }  // namespace
 
 LOOM_PLUGIN("nonconforming", "1.0.0",
             loom::sdk::component<MeanLossModel>("mean_loss_model", "test: returns a mean loss (non-conforming)"),
-            loom::sdk::component<ForgetfulCallback>("forgetful", "test: forgets its state (non-conforming)"))
+            loom::sdk::component<ForgetfulCallback>("forgetful", "test: forgets its state (non-conforming)"),
+            loom::sdk::component<MidStepSaver>("mid_step_saver", "test: saves a checkpoint mid-step (non-conforming)"))

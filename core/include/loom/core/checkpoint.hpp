@@ -63,6 +63,11 @@ class CheckpointStore {
 
 /// The step folder name for a step: step_00000300.
 std::string step_dir_name(int64_t step);
+
+/// Why a callback may not call save_checkpoint() from the hook `hook` (empty: it may). Mid-step
+/// (on_after_backward, on_before_optimizer_step) the state is no step's; from on_checkpoint_saved
+/// a save would save again without end. The trainer and `loom plugins check` refuse alike.
+std::string save_refused_in(const std::string& hook);
 /// The step of a step folder (step_00000300: 300), or -1 for another name.
 int64_t step_of(const std::filesystem::path& step_dir);
 
