@@ -93,10 +93,17 @@ std::string diverged(double loss, const core::Trainer& trainer, const core::Reso
   const std::string value = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
   if (skipped > 0 && skipped >= trainer.step())  // no update ever: no learning rate made this
     return "the final evaluation's loss is " + value + ", and " + never_updated(trainer, resolved);
+  // Weights that went non-finite were written by an update whose gradients were finite: a rate
+  // too high, or an optimizer (or a callback) that writes NaN.
+  const std::string bad = trainer.nonfinite_parameter();
   return "the run diverged: its final evaluation's loss is " + value +
          (skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "") +
          ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)" +
-         (resolved.at("precision.name").value == "fp16_amp" ? ", or train in bf16_amp or fp32 rather than fp16_amp" : "");
+         (resolved.at("precision.name").value == "fp16_amp" ? ", or train in bf16_amp or fp32 rather than fp16_amp" : "") +
+         (bad.empty() ? std::string()
+                      : ". Its parameter '" + bad + "' holds NaN or infinite values, written by an update (a step with "
+                        "non-finite gradients changes nothing): if a lower rate does not help, look at optimizer '" +
+                        resolved.at("trainer.optimizer").value + "' and the callbacks that change weights");
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include <ATen/ops/randperm.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
 #include <c10/util/ParallelGuard.h>
 
 #include <algorithm>
@@ -174,24 +175,38 @@ sdk::Batch DataLoader::fetch(const Job& job) {
   HostMemoryScope host;
   const bool pin = options_.pin_memory && options_.device.is_cuda();
   // Fills `into` (empty: fresh memory) with the job's samples, pinned where the device is CUDA.
+  const auto rows = static_cast<int64_t>(job.indices.size());
+  const std::string who = options_.name.empty() ? "the dataset" : "dataset '" + options_.name + "'";
+  // A dataset's error names it and the call, unless its message does (a built-in's "fashion_mnist: ...").
+  const auto named = [&](const std::string& message) {
+    if (!options_.name.empty() && message.rfind(options_.name, 0) == 0) return Error(message);
+    return Error(who + " (get_batch of " + std::to_string(rows) + " " + sdk::split_name(split_) + " samples): " + message);
+  };
   auto fill = [&](sdk::Batch& into) {
-    if (options_.fills_buffers) {
-      dataset_->get_batch_into(split_, job.indices, into);
-    } else {  // an older dataset: its batch copied into pinned buffers (pin is true here when into is not empty)
-      sdk::Batch fresh = dataset_->get_batch(split_, job.indices);
-      for (auto it = into.begin(); it != into.end();) it = fresh.count(it->first) ? std::next(it) : into.erase(it);
-      for (auto& [name, t] : fresh) {
-        at::Tensor& target = into[name];
-        if (target.defined() && target.scalar_type() == t.scalar_type()) target.resize_(t.sizes()).copy_(t);
-        else target = t;
+    try {
+      if (options_.fills_buffers) {
+        dataset_->get_batch_into(split_, job.indices, into);
+      } else {  // an older dataset: its batch copied into pinned buffers (pin is true here when into is not empty)
+        sdk::Batch fresh = dataset_->get_batch(split_, job.indices);
+        for (auto it = into.begin(); it != into.end();) it = fresh.count(it->first) ? std::next(it) : into.erase(it);
+        for (auto& [name, t] : fresh) {
+          at::Tensor& target = into[name];
+          if (target.defined() && target.scalar_type() == t.scalar_type()) target.resize_(t.sizes()).copy_(t);
+          else target = t;
+        }
       }
+    } catch (const c10::OutOfMemoryError&) {
+      throw;
+    } catch (const c10::Error& e) {
+      throw named(explained(e));
+    } catch (const std::exception& e) {
+      throw named(e.what());
     }
     // Every tensor's first dimension is the batch's (the Dataset contract): a short or empty batch
     // would train and evaluate on fewer samples than the counts say, in silence.
-    const auto rows = static_cast<int64_t>(job.indices.size());
     for (const auto& [name, t] : into)
       if (!t.defined() || t.dim() == 0 || t.size(0) != rows)
-        throw Error("the dataset's get_batch of " + std::to_string(rows) + " samples gave field '" + name + "' " +
+        throw Error(who + "'s get_batch of " + std::to_string(rows) + " samples gave field '" + name + "' " +
                     (!t.defined() ? std::string("undefined") : "of shape " + c10::str(t.sizes())) + "; every field's first "
                     "dimension is the number of samples asked for (loom plugins check tests a dataset)");
     if (pin)

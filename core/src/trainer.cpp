@@ -227,7 +227,7 @@ void Trainer::build_memory() {
   for (const auto& policy : sdk::parse_list(value_of(config_, "memory.policies"))) {
     const auto& policy_info = registry_.require(LOOM_KIND_MEMORY, policy);
     memory_policies_.push_back(registry_.create<sdk::MemoryPolicy>(policy, component_values(config_, policy_info)));
-    memory_policies_.back()->setup(*memory_);
+    as_component([&] { return "memory policy '" + policy + "'"; }, policy, [&] { memory_policies_.back()->setup(*memory_); });
   }
   // On the CPU no allocation fails without a budget: the kernel ends the process first.
   const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
@@ -242,8 +242,9 @@ void Trainer::build_data() {
   const auto& info = registry_.require(LOOM_KIND_DATASET, name);
   dataset_ = registry_.create<sdk::Dataset>(name, component_values(config_, info));
   HostMemoryScope host;  // the data set lives in host memory, whatever the device
-  dataset_->setup();
-  data_spec_ = dataset_->spec();
+  const auto who = [&] { return "dataset '" + name + "'"; };
+  as_component(who, name, [&] { dataset_->setup(); });
+  data_spec_ = as_component(who, name, [&] { return dataset_->spec(); });
 }
 
 Created<sdk::Model> Trainer::make_model() {
@@ -334,7 +335,8 @@ void Trainer::build_precision() {
   auto precision = registry_.create<sdk::PrecisionStrategy>(name, component_values(config_, info));
   precision_on_device_ = precision.implements(1);  // 1.1: unscale_gradients_on_device, update_on_device
   precision_ = std::move(precision);
-  precision_->setup(device_);
+  precision_name_ = name;
+  as_component([&] { return "precision '" + name + "'"; }, name, [&] { precision_->setup(device_); });
 }
 
 void Trainer::build_throughput() {
@@ -359,7 +361,10 @@ void Trainer::build_plan() {
   plan_ = sdk::BatchPlan{options_.batch_size / per_step, options_.accumulation, world};
   // Memory policies may choose or change the micro-batch; a global batch the user gave stays.
   const bool given = config_.at("trainer.batch_size").origin.source != "default";
-  for (auto& policy : memory_policies_) {
+  const auto names = sdk::parse_list(value_of(config_, "memory.policies"));
+  for (size_t i = 0; i < memory_policies_.size(); ++i) {
+    auto& policy = memory_policies_[i];
+    const std::string name = i < names.size() ? names[i] : policy->describe();
     sdk::PlanContext context;
     context.memory = memory_.get();
     context.plan = plan_;
@@ -373,12 +378,13 @@ void Trainer::build_plan() {
     // (accumulated as the run asks: a global batch no larger than the samples it trains on)
     context.max_micro_batch = std::max<int64_t>(1, training_samples() / (world * plan_.accumulation));
     if (given) context.max_micro_batch = std::min(context.max_micro_batch, plan_.global() / world);
-    policy->plan(context);
-    if (context.plan.micro_batch < 1 || context.plan.accumulation < 1 || context.plan.world_size != world)
-      throw Error("memory policy '" + policy->describe() + "' made an invalid plan");
+    as_component([&] { return "memory policy '" + name + "'"; }, name, [&] { policy->plan(context); });
+    const std::string problem = plan_problem(context.plan, world);
+    if (!problem.empty()) throw Error("memory policy '" + name + "' made an impossible plan, " + problem);
     if (given && context.plan.global() != options_.batch_size)
-      throw Error("memory policy changed the global batch from " + std::to_string(options_.batch_size) + " to " +
-                  std::to_string(context.plan.global()) + "; a policy may only re-split a batch the user chose");
+      throw Error("memory policy '" + name + "' changed the global batch from " + std::to_string(options_.batch_size) +
+                  " to " + std::to_string(context.plan.global()) + " (" + sdk::plan_text(context.plan) +
+                  "); a policy may only re-split a batch the user chose");
     if (!(context.plan == plan_))
       log::info("plan: ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ", plan_.world_size,
                 " -> ", context.plan.micro_batch, " x ", context.plan.accumulation, " x ", context.plan.world_size,
@@ -431,14 +437,32 @@ void Trainer::build_optimizer() {
   step_on_device_ = options_.device_step && precision_on_device_ && optimizer.implements(1);  // 1.1: step_on_device
   optimizer_divides_ = optimizer.implements(2);  // 1.2: step_on_device_dividing
   optimizer_ = std::move(optimizer);
-  optimizer_->setup(parameters_.trainable());
+  const auto who = [&] { return "optimizer '" + options_.optimizer + "'"; };
+  as_component(who, options_.optimizer, [&] { optimizer_->setup(parameters_.trainable()); });
+  parameter_shapes_.clear();
+  for (const auto& item : model_->module().named_parameters()) parameter_shapes_.emplace_back(item.key(), item.value().sizes().vec());
   // Optimizer state and gradients exist from the start, so memory planning measures the steady
   // state. (Before its gradient exists, backward hands a parameter the incoming buffer; after,
   // it adds into it through a temporary: probes taken across that change disagree by a
   // parameter-sized buffer per parameter, which the activation fit would read as per-sample
   // memory.)
-  optimizer_->materialize();
+  as_component(who, options_.optimizer, [&] { optimizer_->materialize(); });
   parameters_.gradients();
+}
+
+std::string Trainer::model_who() const {
+  // A parameter whose shape changed since the optimizer was set up was changed by an update (an
+  // optimizer's or a callback's): the model's error that follows is not the model's doing.
+  const std::string model = "model '" + model_name_ + "'";
+  const auto now = model_->module().named_parameters();
+  for (const auto& [name, sizes] : parameter_shapes_) {
+    const at::Tensor* p = now.find(name);
+    if (p != nullptr && p->sizes().vec() != sizes)
+      return model + " (its parameter '" + name + "' is now of shape " + c10::str(p->sizes()) + ", of shape " +
+             c10::str(c10::IntArrayRef(sizes)) + " when training began: an update changed it, optimizer '" +
+             options_.optimizer + "' or a callback)";
+  }
+  return model;
 }
 
 void Trainer::build_step_graphs() {
@@ -481,6 +505,7 @@ void Trainer::build_loaders(bool training) {
   train.pin_memory = options_.pin_memory;
   train.fills_buffers = dataset_.implements(3);  // Dataset 1.3: get_batch_into (Note [Reused batch buffers])
   train.device = device_;
+  train.name = value_of(config_, "data.name");
 
   // Validation: the dataset's own split (interface 1.1 and newer), else a share of train held
   // out by a permutation that depends on the seed alone, so a resumed run holds out the same.

@@ -64,6 +64,7 @@ sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::k
 
 fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap& metadata) {
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / file_name;  // rank 0 writes (save_checkpoint)
+  check_weights_before_saving(file_name);
   const json state = json::parse(state_json());
   sdk::TextMap all = metadata;
   all.emplace("step", std::to_string(step_));  // (a resume from an earlier step sets a later one's file aside)

@@ -14,6 +14,8 @@
 #include <loom/sdk/version.hpp>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/stack.h>
 #include <torch/nn/module.h>
 #include <nlohmann/json.hpp>
 
@@ -71,6 +73,34 @@ sdk::TensorMap Trainer::model_tensors() const {
   return out;
 }
 
+std::string Trainer::nonfinite_parameter() const {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> finite;
+  for (const auto& item : model_->module().named_parameters())
+    if (at::isFloatingType(item.value().scalar_type())) {
+      names.push_back(item.key());
+      finite.push_back(at::isfinite(item.value()).all());
+    }
+  if (finite.empty()) return {};
+  const at::Tensor read = at::stack(finite).to(at::kCPU);
+  const bool* flags = read.data_ptr<bool>();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!flags[i]) return names[i];
+  return {};
+}
+
+void Trainer::check_weights_before_saving(const std::string& what) const {
+  // Weights that hold NaN never recover (each step after them is skipped), and a resume refuses
+  // them as damage: written, they would only let pruning delete the good checkpoints.
+  const std::string bad = nonfinite_parameter();
+  if (bad.empty()) return;
+  throw Error("not writing " + what + " of step " + std::to_string(step_) + ": the model's parameter '" + bad +
+              "' holds NaN or infinite values, written by an update (a step with non-finite gradients changes nothing), "
+              "and the run cannot recover from them; the run stops here, its older checkpoints kept. Lower trainer.lr, or "
+              "clip the gradients (trainer.clip_grad_norm); if it happens at any rate, look at optimizer '" +
+              options_.optimizer + "' and the callbacks that change weights");
+}
+
 std::string Trainer::state_json() const {
   json s;
   s["format"] = 1;
@@ -113,14 +143,22 @@ fs::path Trainer::save_checkpoint() {
               " had finite gradients; ", resumed_from_.string(), " stays the newest checkpoint");
     return resumed_from_;
   }
+  check_weights_before_saving("the checkpoint");
   sdk::TensorMap extra;
-  const sdk::State optimizer = optimizer_->state_dict();
-  for (const auto& [k, t] : optimizer.tensors) extra["optimizer." + k] = t;
-  const sdk::State precision = precision_->state_dict();
-  for (const auto& [k, t] : precision.tensors) extra["precision." + k] = t;
-  for (const auto& [k, t] : schedule_->state_dict().tensors) extra["schedule." + k] = t;
-  for (const auto& [name, callback] : callbacks_)
-    for (const auto& [k, t] : callback->state_dict().tensors) extra["callback." + name + "." + k] = t;
+  // A state's tensor that is not one is named with its component (the writer's own error said
+  // neither, and blamed the disk).
+  const auto add = [&](const std::string& who, const std::string& prefix, const sdk::State& state) {
+    for (const auto& [k, t] : state.tensors) {
+      if (!t.defined())
+        throw Error(who + "'s state_dict() gives tensor '" + k + "' undefined: a state holds defined tensors only (leave "
+                    "out what it does not have)");
+      extra[prefix + k] = t;
+    }
+  };
+  add("optimizer '" + options_.optimizer + "'", "optimizer.", optimizer_->state_dict());
+  add("precision '" + precision_name_ + "'", "precision.", precision_->state_dict());
+  add("schedule '" + options_.schedule + "'", "schedule.", schedule_->state_dict());
+  for (const auto& [name, callback] : callbacks_) add("callback '" + name + "'", "callback." + name + ".", callback->state_dict());
   extra["rng.cpu"] = cpu_generator().get_state();
   if (device_.is_cuda()) extra["rng.device"] = device_generator(device_).get_state();
   const fs::path dir = checkpoints_->save(step_, model_tensors(), extra, state_json(), options_.keep_last);
@@ -312,8 +350,11 @@ void Trainer::restore_model(const sdk::TensorMap& tensors, const std::string& wh
     if (from.scalar_type() != into.scalar_type())
       throw Error(what + " is damaged: tensor '" + key + "' is " + c10::toString(from.scalar_type()) + " in the checkpoint, " +
                   c10::toString(into.scalar_type()) + " in this model");
-    if (at::isFloatingType(from.scalar_type()) && !at::isfinite(from).all().item<bool>())
-      throw Error(what + " is damaged: tensor '" + key + "' holds NaN or infinite values");
+    // (a buffer may hold infinities, an attention mask's -inf; a parameter may not)
+    const bool parameter = key.rfind("param.", 0) == 0;
+    if (at::isFloatingType(from.scalar_type()) &&
+        (parameter ? !at::isfinite(from).all().item<bool>() : at::isnan(from).any().item<bool>()))
+      throw Error(what + " is damaged: tensor '" + key + "' holds NaN" + (parameter ? " or infinite values" : ""));
     copies.emplace_back(into, from);
   };
   for (const auto& item : model_->module().named_parameters()) check("param." + item.key(), item.value());

@@ -7,12 +7,15 @@
 #include <loom/core/stop_signals.hpp>
 
 #include <loom/sdk/compat.hpp>
+#include <loom/sdk/memory_policy.hpp>
 #include <loom/sdk/model.hpp>
 #include <loom/sdk/options.hpp>
+#include <loom/sdk/precision.hpp>
 
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -101,6 +104,33 @@ auto as_component(Who&& who, const std::string& name, F&& f) -> decltype(f()) {
   } catch (const std::exception& e) {
     throw named(e.what());
   }
+}
+
+/// What is wrong with a memory policy's plan for `world` devices ("" if nothing): each count at
+/// least 1, the run's world size, a global batch that a 64-bit count holds. Said before the
+/// plan's global() is computed (it would overflow).
+inline std::string plan_problem(const sdk::BatchPlan& p, int64_t world) {
+  const std::string text = "micro-batch " + std::to_string(p.micro_batch) + " x accumulation " +
+                           std::to_string(p.accumulation) + " x world size " + std::to_string(p.world_size);
+  if (p.micro_batch < 1 || p.accumulation < 1) return text + ": the micro-batch and the accumulation are at least 1";
+  if (p.world_size != world) return text + ": the world size is the run's, " + std::to_string(world);
+  if (p.micro_batch > std::numeric_limits<int64_t>::max() / p.accumulation / p.world_size)
+    return text + ": the global batch overflows a 64-bit count";
+  return {};
+}
+
+/// The precision strategy's scaled loss, as backward needs it (one element), its errors naming
+/// the strategy (backward's own error on an undefined or a vector loss named neither).
+inline at::Tensor scaled_for_backward(sdk::PrecisionStrategy& precision, const std::string& name, const at::Tensor& loss_sum) {
+  return as_component([&] { return "precision '" + name + "'"; }, name, [&] {
+    at::Tensor scaled = precision.scale_loss(loss_sum);
+    if (!scaled.defined() || scaled.numel() != 1)
+      throw std::runtime_error("scale_loss returned " +
+                               (scaled.defined() ? "a tensor of shape " + c10::str(scaled.sizes())
+                                                 : std::string("an undefined tensor")) +
+                               "; it returns the loss times its scale, a tensor of one element");
+    return scaled;
+  });
 }
 
 /// A model's training output as backward needs it: a loss_sum of one element that depends on the

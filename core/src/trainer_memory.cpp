@@ -211,7 +211,11 @@ StepResult Trainer::step_with_recovery(bool read_values) {
       // The same step is replayed with the new plan: one no smaller would run out of memory again, for
       // ever. (With several ranks, said here and agreed below, so that every rank stops, none waits.)
       std::string refused;
-      if (replanned && context.plan.global() != plan_.global())
+      const std::string problem = replanned ? plan_problem(context.plan, plan_.world_size) : std::string();
+      if (!problem.empty())
+        refused = "memory policy '" + replanned_by + "' answered an out-of-memory at step " + std::to_string(step_ + 1) +
+                  " with an impossible plan, " + problem + "; " + message;
+      else if (replanned && context.plan.global() != plan_.global())
         refused = "memory policy '" + replanned_by + "' changed the global batch while recovering from out-of-memory";
       else if (replanned && !(context.plan.micro_batch >= 1 && context.plan.micro_batch < plan_.micro_batch &&
                               context.plan.accumulation >= 1 && context.plan.world_size == plan_.world_size))

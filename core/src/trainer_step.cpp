@@ -168,12 +168,12 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
   {
     LOOM_PHASE("forward");
     const auto autocast = precision_->forward_guard();
-    out = as_component([&] { return "model '" + model_name_ + "'"; }, model_name_,
+    out = as_component([&] { return model_who(); }, model_name_,
                        [&] { return train ? checked_for_backward(model_->forward(batch, train)) : model_->forward(batch, train); });
   }
   if (train) {
     LOOM_PHASE("backward");
-    precision_->scale_loss(out.loss_sum).backward();
+    scaled_for_backward(*precision_, precision_name_, out.loss_sum).backward();
   }
   return out;
 }
@@ -193,7 +193,7 @@ sdk::ModelOutput Trainer::run_spread(const sdk::Batch& batch, bool train) {
   }
   if (train) {
     LOOM_PHASE("backward");
-    precision_->scale_loss(out.loss_sum).backward();  // reaches every replica (Note [Replicas in one process])
+    scaled_for_backward(*precision_, precision_name_, out.loss_sum).backward();  // to every replica (Note [Replicas in one process])
   }
   return out;
 }

@@ -288,6 +288,13 @@ try:
              check=False)
     expect(r.returncode == 1 and "the run learned nothing: every one of the run's 3 steps had non-finite gradients" in r.stderr,
            "a run without one update", r)
+    # Weights made NaN (as an optimizer that writes NaN would): the divergence says which parameter.
+    r = loom(exe, "train", *SMALL, "--plugin-dir", models, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=nan_weights",
+             "--set", "model.name=metric_model", "--set", "model.nan_weights_at=2", "--set", "trainer.max_steps=4",
+             "--set", "trainer.callbacks=progress", check=False)
+    expect(r.returncode == 1 and "the run diverged" in r.stderr
+           and "Its parameter 'linear.weight' holds NaN or infinite values, written by an update" in r.stderr,
+           "a run whose weights became NaN", r)
     # One training sample: none is held out (holding it out left nothing to train on, and the
     # loader trained on the validation sample).
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=one_sample",

@@ -6,10 +6,12 @@
 // `nan_eval_batches` makes the first evaluation batches' `correct` NaN (a model diverged early).
 #include <loom/sdk/sdk.hpp>
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 
@@ -25,12 +27,17 @@ class MetricModel final : public loom::sdk::Model {
       loom::sdk::option_bool("zero_loss", "false", "a training loss times 0: its gradients are all zero"),
       loom::sdk::option_bool("vector_loss", "false", "loss_sum is each sample's loss, not their sum (a broken model)"),
       loom::sdk::option_bool("nan_training_loss", "false", "a training loss of NaN (every step skipped)"),
+      loom::sdk::option_int("nan_weights_at", "0", "the n-th training forward (0: none) first fills the weight with NaN, "
+                                                   "as an optimizer that writes NaN would"),
+      loom::sdk::option_int("reshape_weights_at", "0", "the n-th training forward (0: none) first makes the weight of "
+                                                       "shape [1], as an optimizer that replaces a tensor would"),
   };
 
   explicit MetricModel(const loom::sdk::Options& o)
       : vector_metric_(o.get_bool("vector_metric")), nan_eval_batches_(o.get_int("nan_eval_batches")),
         zero_loss_(o.get_bool("zero_loss")), vector_loss_(o.get_bool("vector_loss")),
-        nan_training_loss_(o.get_bool("nan_training_loss")) {}
+        nan_training_loss_(o.get_bool("nan_training_loss")), nan_weights_at_(o.get_int("nan_weights_at")),
+        reshape_weights_at_(o.get_int("reshape_weights_at")) {}
 
   void setup(const loom::sdk::DataSpec& data) override {
     int64_t features = 1;
@@ -44,6 +51,12 @@ class MetricModel final : public loom::sdk::Model {
 
   loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool train) override {
     const bool nan = !train && nan_eval_batches_ > 0 && nan_eval_batches_-- > 0;
+    if (train) {
+      ++training_calls_;
+      at::NoGradGuard no_grad;
+      if (training_calls_ == nan_weights_at_) linear_->weight.fill_(std::nan(""));
+      if (training_calls_ == reshape_weights_at_) linear_->weight.set_(at::zeros({1}, linear_->weight.options()));
+    }
     const at::Tensor x = batch.at(input_key_).flatten(1).to(at::kFloat);
     const at::Tensor target = batch.at(target_key_);
     const at::Tensor logits = linear_->forward(x);
@@ -71,6 +84,7 @@ class MetricModel final : public loom::sdk::Model {
   bool vector_metric_;
   int64_t nan_eval_batches_;
   bool zero_loss_, vector_loss_, nan_training_loss_;
+  int64_t nan_weights_at_, reshape_weights_at_, training_calls_ = 0;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};

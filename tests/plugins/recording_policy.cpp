@@ -2,7 +2,8 @@
 // ("record_oom: step 1, micro-batch 64"), then halves the micro-batch like oom_recovery. Tests
 // read the line back to check what the host hands a policy. Its option `margin` has the name of
 // an auto_batch option, for the tests of component sections. With `same_plan` it answers with the
-// plan unchanged, as a broken third-party policy might.
+// plan unchanged, as a broken third-party policy might; with `plan_micro_batch` it plans that
+// micro-batch (one below 1 is a broken policy's plan).
 #include <loom/sdk/sdk.hpp>
 
 namespace {
@@ -11,9 +12,16 @@ class RecordOom final : public loom::sdk::MemoryPolicy {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_float("margin", "0.5", "unused; named like auto_batch's margin"),
-      loom::sdk::option_bool("same_plan", "false", "answer an out-of-memory with the plan unchanged (a broken policy)")};
+      loom::sdk::option_bool("same_plan", "false", "answer an out-of-memory with the plan unchanged (a broken policy)"),
+      loom::sdk::option_int("plan_micro_batch", "0", "plan this micro-batch (0: leave the plan; below 1: a broken policy)",
+                            "-1000000..1000000")};
 
-  explicit RecordOom(const loom::sdk::Options& o) : same_plan_(o.get_bool("same_plan")) {}
+  explicit RecordOom(const loom::sdk::Options& o)
+      : same_plan_(o.get_bool("same_plan")), plan_micro_batch_(o.get_int("plan_micro_batch")) {}
+
+  void plan(loom::sdk::PlanContext& context) override {
+    if (plan_micro_batch_ != 0) context.plan.micro_batch = plan_micro_batch_;
+  }
 
   bool on_oom(loom::sdk::OomContext& context) override {
     loom::sdk::log::warn("record_oom: step ", context.step, ", micro-batch ", context.plan.micro_batch);
@@ -26,6 +34,7 @@ class RecordOom final : public loom::sdk::MemoryPolicy {
 
  private:
   bool same_plan_;
+  int64_t plan_micro_batch_;
 };
 
 }  // namespace

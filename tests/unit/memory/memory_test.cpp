@@ -388,6 +388,27 @@ TEST_F(MemoryTest, APolicyThatAnswersAnOutOfMemoryWithNoSmallerPlanIsOneErrorNot
   }
 }
 
+TEST_F(MemoryTest, APolicysImpossiblePlanIsNamedWithThePolicyAndWhatIsWrong) {
+  // (it said "memory policy '<its describe()>' made an invalid plan", and a changed global batch
+  // named no policy)
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"-3", "memory policy 'record_oom' made an impossible plan, micro-batch -3 x accumulation 1 x world size 1: the "
+             "micro-batch and the accumulation are at least 1"},
+      {"16", "memory policy 'record_oom' changed the global batch from 64 to 16 (micro-batch 16 x accumulation 1 = 16); "
+             "a policy may only re-split a batch the user chose"}};
+  for (const auto& [micro_batch, said] : cases) {
+    Config c = config("plan_" + micro_batch);
+    c.set_assignment("memory.policies=record_oom");
+    c.set_assignment("memory.record_oom.plan_micro_batch=" + micro_batch);
+    try {
+      make(c);
+      ADD_FAILURE() << "the plan of micro-batch " << micro_batch << " was taken";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(said), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(MemoryTest, EvaluationThatRunsOutOfMemoryIsReplannedLikeAStepOrSaysItWasEvaluation) {
   // Evaluation at micro-batch 64 needs more than the cap set below; at 32 it fits. With
   // oom_recovery it evaluates in smaller micro-batches and gives the same figures; without a

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <stdexcept>
 
 using namespace loom::core;
 
@@ -184,6 +185,33 @@ TEST(DataLoader, ABatchOfAnotherNumberOfSamplesThanAskedIsAnError) {
       ADD_FAILURE() << "a short batch was taken";
     } catch (const std::exception& e) {
       EXPECT_NE(std::string(e.what()).find("get_batch of 8 samples gave field 'x' of shape [7]"), std::string::npos) << e.what();
+    }
+  }
+}
+
+/// A broken dataset: its get_batch throws what a std::vector's at() throws.
+class OutOfRange final : public loom::sdk::Dataset {
+ public:
+  void setup() override {}
+  loom::sdk::DataSpec spec() const override { return {}; }
+  int64_t size(loom::sdk::Split) const override { return 64; }
+  loom::sdk::Batch get_batch(loom::sdk::Split, const std::vector<int64_t>&) const override {
+    throw std::out_of_range("vector::_M_range_check");
+  }
+};
+
+TEST(DataLoader, ADatasetsErrorNamesTheDatasetAndTheCall) {
+  // (a third-party dataset's std::out_of_range reached the user as "training step 1: vector::_M_range_check")
+  for (const int64_t workers : {0, 2}) {
+    auto o = options(8, workers);
+    o.name = "my_data";
+    DataLoader l(std::make_shared<OutOfRange>(), loom::sdk::Split::kTrain, o);
+    try {
+      l.next();
+      ADD_FAILURE() << "a batch was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("dataset 'my_data' (get_batch of 8 train samples): vector::_M_range_check"),
+                std::string::npos) << e.what();
     }
   }
 }

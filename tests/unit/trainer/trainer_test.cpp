@@ -461,6 +461,41 @@ TEST_F(TrainerTest, AModelsLossThatBackwardCannotTakeIsNamedWithTheModel) {
   }
 }
 
+TEST_F(TrainerTest, WeightsThatHoldNaNAreNotSavedAndTheRunStopsKeepingTheOlderCheckpoints) {
+  // (a step folder of NaN weights was written, resumes refused it as damage, and pruning had
+  // deleted the good ones; the best file kept the NaN weights)
+  Config c = metric_run(dir_, "nan_weights");
+  c.set_assignment("model.nan_weights_at=3");
+  c.set_assignment("trainer.checkpoint_every=2");
+  c.set_assignment("trainer.keep_last=1");
+  try {
+    make(c)->train();
+    ADD_FAILURE() << "a run whose weights became NaN at step 3 trained to its end";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("of step 4: the model's parameter 'linear.weight' holds NaN or infinite values"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the run stops here, its older checkpoints kept"), std::string::npos) << e.what();
+  }
+  const fs::path checkpoints = dir_ / "nan_weights" / "checkpoints";
+  EXPECT_TRUE(fs::exists(checkpoints / loom::core::step_dir_name(2) / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(checkpoints / loom::core::step_dir_name(4)));
+}
+
+TEST_F(TrainerTest, AModelsErrorAfterAnUpdateChangedAParametersShapeSaysSo) {
+  // (an optimizer that replaced a parameter with a tensor of another shape: the error blamed the model)
+  Config c = metric_run(dir_, "reshaped");
+  c.set_assignment("model.reshape_weights_at=2");
+  try {
+    make(c)->train();
+    ADD_FAILURE() << "a parameter of shape [1] trained";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model 'metric_model' (its parameter 'linear.weight' is now of shape [1], of shape "
+                                         "[4, 128] when training began: an update changed it, optimizer 'adamw' or a "
+                                         "callback): "),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TrainerTest, MetricsKeepTheirNamesAndTheirOwnDenominators) {
   Config c = metric_run(dir_, "metrics");
   auto t = make(c);

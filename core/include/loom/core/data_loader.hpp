@@ -55,6 +55,8 @@ class DataLoader {
     /// the loader's reused buffers. Without it, buffers are used only to pin (CUDA).
     bool fills_buffers = false;
     c10::Device device{c10::kCPU};
+    /// The dataset's component name, which its errors are given (empty: "the dataset").
+    std::string name;
     /// The split's samples this loader draws from, as dataset indices (a held-out validation
     /// share of train, or the rest); empty: the whole split.
     std::vector<int64_t> subset;

@@ -197,6 +197,9 @@ class Trainer {
 
   sdk::PrecisionStrategy& precision() { return *precision_; }
   int64_t skipped_steps() const { return skipped_steps_; }
+  /// The first of the model's parameters holding NaN or an infinity ("" if none): written by an
+  /// update (a step with non-finite gradients changes nothing). One read of the device.
+  std::string nonfinite_parameter() const;
   sdk::DeviceMemory& memory() { return *memory_; }
   int64_t probes_run() const { return probes_run_; }
   int64_t predicted_peak() const { return predicted_peak_; }
@@ -388,6 +391,10 @@ class Trainer {
   double rate_after(int64_t taken) const;
   std::string state_json() const;
   sdk::TensorMap model_tensors() const;
+  /// "model 'name'", for the model's errors, saying so where a parameter's shape changed since set-up.
+  std::string model_who() const;
+  /// Throws where a parameter holds NaN or an infinity: `what` (the checkpoint, best_x.safetensors) is not written.
+  void check_weights_before_saving(const std::string& what) const;
   void restore_model(const sdk::TensorMap& tensors, const std::string& what);
   void check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved_config,
                           const std::string& what) const;
@@ -446,6 +453,9 @@ class Trainer {
   double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
   int64_t bucket_bytes_ = 0;  // the gradient buckets' mean size
   std::string model_name_;    // model.name, for the model's errors
+  std::string precision_name_;  // precision.name, for the precision strategy's errors
+  /// Each parameter's shape when the optimizer was set up (model_who).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes_;
   const char* hook_ = nullptr;  // the callback hook being called, if any
   int agreed_signal_ = 0;  // a stop signal of another rank, agreed at the step (stop_signal())
   bool another_rank_stopped_ = false;  // a callback of another rank asked to stop in the step (stop_signal())
