@@ -29,7 +29,7 @@ int cmd_bench(const Invocation& invocation) {
     throw Error("--steps must be in 2..100000 (the first step is a warm-up; a bench compares a few hundred steps)");
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
-  core::install_stop_signals(false);  // before the scratch folder: a stop from here on removes it
+  core::install_stop_signals(core::OnStop::kScratch);  // before the scratch folder: a stop from here on removes it
   const ScratchFolder work("loom-bench");
 
   const int64_t repeats = invocation.options["repeats"].as<int64_t>();

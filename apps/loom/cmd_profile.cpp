@@ -66,7 +66,7 @@ int cmd_profile(const Invocation& invocation) {
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Config config = config_from(invocation.options);
-  core::install_stop_signals(false);  // before the scratch folder: a stop from here on removes it
+  core::install_stop_signals(core::OnStop::kScratch);  // before the scratch folder: a stop from here on removes it
   const ScratchFolder work("loom-profile");
   config.set("trainer.work_dir", work.path().string(), {"loom profile", {}, 0});
   config.set("trainer.name", "profile", {"loom profile", {}, 0});

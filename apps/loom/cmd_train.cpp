@@ -117,7 +117,13 @@ int cmd_train(const Invocation& invocation) {
   const core::Config config = config_from(invocation.options);  // --resume too
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
-  core::install_stop_signals();
+  const auto callbacks = sdk::parse_list(resolved.at("trainer.callbacks").value);
+  const bool checkpoints = std::find(callbacks.begin(), callbacks.end(), "checkpoint") != callbacks.end();
+  const std::string unsaved = "the run writes no checkpoint (trainer.callbacks has no 'checkpoint')";
+  core::install_stop_signals(checkpoints ? core::OnStop::kCheckpoint : core::OnStop::kNoCheckpoint);
+  for (const char* key : {"trainer.checkpoint_every", "trainer.keep_last"})
+    if (!checkpoints && resolved.at(key).origin.source != "default")
+      core::log::warn(key, " = ", resolved.at(key).value, " is set, but ", unsaved, ": it has no effect");
   try {
     trainer.setup();
   } catch (const core::StoppedBySignal& stopped) {  // before the run folder was opened
@@ -213,6 +219,12 @@ int cmd_train(const Invocation& invocation) {
       core::log::flush();
       return 1;
     }
+  }
+  if (s.signal != 0 && !checkpoints) {  // nothing to continue from, nor to evaluate
+    core::log::warn("stopped by ", core::signal_name(s.signal), " after step ", s.steps, " of ", trainer.total_steps(), "; ",
+                    unsaved, s.steps >= trainer.total_steps() ? ": its figures are in its log" : ", so it cannot be continued");
+    core::log::flush();
+    return 128 + s.signal;
   }
   if (s.signal != 0 && s.steps >= trainer.total_steps() && trainer.evaluation_pending()) {  // its validation was cut
     core::log::warn("stopped by ", core::signal_name(s.signal), " after the last step (", s.steps, " of ", trainer.total_steps(),

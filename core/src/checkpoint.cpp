@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <optional>
 #include <cstdio>
 
 namespace fs = std::filesystem;
@@ -102,10 +103,12 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
   try {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
-    save_safetensors(tmp / "model.safetensors", model);
     // The safetensors files carry their own checksums (Note [Checkpoint checksums]); state.json's
-    // is kept in optimizer.safetensors, so a flipped byte in any of the three is found at load.
-    save_safetensors(tmp / "optimizer.safetensors", extra, {{"state_json_crc32", crc32_hex(state_json)}});
+    // is kept in both, so a flipped byte in any of the three is found at load, and so is a file
+    // of another save (another step's weights copied in).
+    const sdk::TextMap bound{{"state_json_crc32", crc32_hex(state_json)}};
+    save_safetensors(tmp / "model.safetensors", model, bound);
+    save_safetensors(tmp / "optimizer.safetensors", extra, bound);
     write_file_atomic(tmp / "state.json", state_json);
   } catch (const std::exception& e) {
     // A full disk (or a quota): the half-written folder goes, so it holds no space the user must
@@ -167,6 +170,37 @@ fs::path CheckpointStore::save_weights(const std::string& file_name, const sdk::
 
 namespace {
 
+// The three files of a step folder are of one save: each safetensors file records state.json's
+// checksum (model.safetensors since 0.1: older ones record nothing, and are not checked). The
+// file that disagrees with the other two is named: a state.json changed after the save, or a
+// weights or optimizer file of another save copied in.
+void check_one_save(const fs::path& dir, const std::string& state, const sdk::TextMap& model, const sdk::TextMap& optimizer) {
+  const auto recorded = [](const sdk::TextMap& m) {
+    const auto it = m.find("state_json_crc32");
+    return it == m.end() ? std::optional<std::string>() : it->second;
+  };
+  const auto by_model = recorded(model), by_optimizer = recorded(optimizer);
+  const bool model_fits = !by_model || *by_model == state, optimizer_fits = !by_optimizer || *by_optimizer == state;
+  if (model_fits && optimizer_fits) return;
+  const std::string damaged = "; the checkpoint is damaged";
+  if (!by_model || !by_optimizer) {  // one record: which of the two files changed is not known
+    const std::string file = by_model ? "model.safetensors" : "optimizer.safetensors";
+    throw Error((dir / "state.json").string() + " has checksum " + state + ", " + file + " recorded " +
+                (by_model ? *by_model : *by_optimizer) + ": one of the two changed after Loom wrote it, or is of another "
+                "save" + damaged);
+  }
+  if (*by_model == *by_optimizer)
+    throw Error((dir / "state.json").string() + " has checksum " + state + ", the checkpoint recorded " + *by_model +
+                ": it changed after Loom wrote it" + damaged);
+  if (!model_fits && !optimizer_fits)
+    throw Error("the files of " + dir.string() + " are of three different saves (state.json's checksum " + state +
+                ", model.safetensors records " + *by_model + ", optimizer.safetensors " + *by_optimizer + ")" + damaged);
+  const std::string file = model_fits ? "optimizer.safetensors" : "model.safetensors";
+  throw Error((dir / file).string() + " is not of this step folder's save: it records state.json's checksum as " +
+              (model_fits ? *by_optimizer : *by_model) + ", state.json has " + state +
+              ", as the folder's other file records (a file of another step or run copied in?)" + damaged);
+}
+
 Checkpoint load_step_folder(const fs::path& dir, bool with_optimizer) {
   if (!fs::is_directory(dir))
     throw Error("checkpoint " + dir.string() + " is not a folder; pass a step folder such as runs/<name>/checkpoints/step_00000300");
@@ -175,7 +209,8 @@ Checkpoint load_step_folder(const fs::path& dir, bool with_optimizer) {
       throw Error("checkpoint " + dir.string() + " has no " + file + "; it is incomplete or not a Loom checkpoint");
   Checkpoint c;
   c.dir = dir;
-  c.model = load_safetensors(dir / "model.safetensors");
+  sdk::TextMap model_metadata;
+  c.model = load_safetensors(dir / "model.safetensors", &model_metadata);
   sdk::TextMap metadata;
   if (with_optimizer) {
     c.extra = load_safetensors(dir / "optimizer.safetensors", &metadata);
@@ -190,9 +225,7 @@ Checkpoint load_step_folder(const fs::path& dir, bool with_optimizer) {
     }
   }
   c.state_json = read_file(dir / "state.json", 64 << 20);
-  if (auto it = metadata.find("state_json_crc32"); it != metadata.end() && it->second != crc32_hex(c.state_json))
-    throw Error((dir / "state.json").string() + " has checksum " + crc32_hex(c.state_json) + ", the checkpoint recorded " +
-                it->second + ": it changed after Loom wrote it; the checkpoint is damaged");
+  check_one_save(dir, crc32_hex(c.state_json), model_metadata, metadata);
   return c;
 }
 

@@ -29,7 +29,7 @@ namespace loom::core {
 namespace {
 
 std::atomic<int> received{0};
-std::atomic<bool> saves{true};  // install_stop_signals' argument: what the first signal's message promises
+std::atomic<int> promise{0};  // install_stop_signals' argument (an OnStop): what the first signal's message promises
 std::atomic<const char*> at_once{nullptr};  // a StopAtOnce's message while one lives
 std::atomic<int64_t> first_at{0};           // when the first stop signal came (CLOCK_MONOTONIC, ns)
 
@@ -68,18 +68,24 @@ void on_signal(int sig) {
   static const char message[] =
       "\nloom: stopping after the current step, with a checkpoint (during set-up: at its next check, nothing to "
       "save); send SIGINT or SIGTERM again to stop at once\n";
+  static const char unsaved[] =
+      "\nloom: stopping after the current step; this run writes no checkpoint (trainer.callbacks has no 'checkpoint'), "
+      "so it cannot be continued; send SIGINT or SIGTERM again to stop at once\n";
   static const char scratch[] =
       "\nloom: stopping after the current step; its scratch runs are removed, nothing is reported; send SIGINT or "
       "SIGTERM again to stop at once\n";
-  const bool save = saves.load();
-  const ssize_t written = ::write(STDERR_FILENO, save ? message : scratch, (save ? sizeof message : sizeof scratch) - 1);
+  const int on_stop = promise.load();
+  const bool saves = on_stop == static_cast<int>(OnStop::kCheckpoint), unsaving = on_stop == static_cast<int>(OnStop::kNoCheckpoint);
+  const char* text = saves ? message : unsaving ? unsaved : scratch;
+  const size_t size = saves ? sizeof message : unsaving ? sizeof unsaved : sizeof scratch;
+  const ssize_t written = ::write(STDERR_FILENO, text, size - 1);
   (void)written;
 }
 
 }  // namespace
 
-void install_stop_signals(bool checkpoints) {
-  saves.store(checkpoints);
+void install_stop_signals(OnStop on_stop) {
+  promise.store(static_cast<int>(on_stop));
   struct sigaction action {};
   action.sa_handler = &on_signal;
   sigemptyset(&action.sa_mask);

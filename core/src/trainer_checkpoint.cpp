@@ -180,8 +180,11 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   const std::vector<std::string> data_changes = changed_data(c.state_json);
   // Every field is read with its type and range before anything changes: a damaged file leaves
   // the run as it was (and --resume auto falls back to an older checkpoint).
+  // (where the data changed, an epoch may now hold fewer samples than the checkpoint had taken of
+  // its own: that is no damage, and the run goes on at the next epoch below)
+  const int64_t epoch_samples = train_loader_->samples_per_epoch() * parallel_->world_size();
   const SavedState saved =
-      parse_state_json(c.state_json, dir / "state.json", train_loader_->samples_per_epoch() * parallel_->world_size());
+      parse_state_json(c.state_json, dir / "state.json", data_changes.empty() ? epoch_samples : int64_t{1} << 50);
   const int64_t step = saved.step;
   check_step_folder_name(dir, step);  // (damage: --resume auto falls back to the one before)
   const std::string& model_name = saved.model_name;
@@ -193,7 +196,13 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   schedule.text = saved.schedule;
   const std::string& schedule_name = saved.schedule_name;
   const sdk::BatchPlan saved_plan = saved.plan;
-  const DataLoader::Position position = position_for_world(saved.epoch, saved.offset, saved.ranks);
+  DataLoader::Position position = position_for_world(saved.epoch, saved.offset, saved.ranks);
+  if (position.offset > train_loader_->samples_per_epoch()) {
+    log::warn("the checkpoint had taken ", saved.offset * saved.ranks, " samples of its epoch ", saved.epoch,
+              ", more than this run's epoch holds (", epoch_samples, ": the data changed), so training goes on at the "
+              "start of epoch ", saved.epoch + 1);
+    position = {saved.epoch + 1, 0};
+  }
   LogWindow window;
   window.steps = saved.window_steps;
   window.samples = saved.window_samples;

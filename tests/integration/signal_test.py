@@ -87,6 +87,21 @@ try:
     assert "lr nan" not in err, err
     print(f"SIGTERM at step {last['step']} (no log step before it): its line's train/lr {last['train/lr']}")
 
+    # A run whose callbacks write no checkpoint: neither the stop nor its end promises one (they
+    # said "with a checkpoint" and "continue with: ... --resume auto", which started over).
+    name = "no_checkpoint"
+    proc = subprocess.Popen([exe, "train", *args, "--set", f"trainer.name={name}", "--set", "trainer.callbacks=progress, jsonl"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = os.path.join(work, name)
+    wait_for_row(proc, run, 5, "train/loss", "its step 5")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, f"SIGTERM without checkpoints: exit {proc.returncode}\n{err}"
+    assert "trainer.checkpoint_every = 100000 is set, but the run writes no checkpoint" in err, err
+    assert "this run writes no checkpoint (trainer.callbacks has no 'checkpoint'), so it cannot be continued" in err, err
+    assert "with a checkpoint" not in err and "continue with" not in err and not os.listdir(os.path.join(run, "checkpoints")), err
+    print("SIGTERM without a checkpoint callback: said so, no command to continue")
+
     # The reader of its output goes away: the next write raises SIGPIPE (the progress line, every
     # 5 s without a terminal), and the run stops after its step with a checkpoint, as on SIGTERM.
     proc, run = start("reader_gone")

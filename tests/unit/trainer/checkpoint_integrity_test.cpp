@@ -68,11 +68,13 @@ class CheckpointIntegrityTest : public testing::Test {
     std::string text = read_file(newest_ / "state.json");
     text = std::regex_replace(text, std::regex(from), to);
     std::ofstream(newest_ / "state.json", std::ios::trunc) << text;
-    loom::sdk::TextMap metadata;
-    const auto extra = load_safetensors(newest_ / "optimizer.safetensors", &metadata);
-    metadata.erase("loom_crc32");
-    metadata["state_json_crc32"] = crc32_hex(text);
-    save_safetensors(newest_ / "optimizer.safetensors", extra, metadata);
+    for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+      loom::sdk::TextMap metadata;
+      const auto tensors = load_safetensors(newest_ / file, &metadata);
+      metadata.erase("loom_crc32");
+      metadata["state_json_crc32"] = crc32_hex(text);
+      save_safetensors(newest_ / file, tensors, metadata);
+    }
   }
 
   fs::path dir_, newest_;
@@ -90,6 +92,33 @@ TEST_F(CheckpointIntegrityTest, AFlippedByteInAnyCheckpointFileIsFoundAndTheRunF
     EXPECT_EQ(step, 2) << file;
     EXPECT_NE(warnings.find("cannot resume from " + newest_.string()), std::string::npos) << file << "\n" << warnings;
     EXPECT_NE(warnings.find("checksum"), std::string::npos) << file << "\n" << warnings;
+  }
+}
+
+TEST_F(CheckpointIntegrityTest, AFileOfAnotherSaveCopiedIntoAStepFolderIsNamed) {
+  // (step 2's weights copied over step 4's evaluated and resumed as step 4, without a word)
+  const fs::path older = newest_.parent_path() / loom::core::step_dir_name(2);
+  const fs::path backup = dir_ / "backup";
+  fs::copy(newest_, backup);
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    fs::remove_all(newest_);
+    fs::copy(backup, newest_);
+    fs::copy_file(older / file, newest_ / file, fs::copy_options::overwrite_existing);
+    const auto [step, warnings] = resume();
+    EXPECT_EQ(step, 2) << file;
+    EXPECT_NE(warnings.find((newest_ / file).string() + " is not of this step folder's save"), std::string::npos)
+        << file << "\n" << warnings;
+  }
+  // Evaluation reads the weights alone: the same check.
+  fs::remove_all(newest_);
+  fs::copy(backup, newest_);
+  fs::copy_file(older / "model.safetensors", newest_ / "model.safetensors", fs::copy_options::overwrite_existing);
+  fs::remove(newest_ / "optimizer.safetensors");
+  try {
+    loom::core::CheckpointStore::load_weights(newest_);
+    ADD_FAILURE() << "step 2's weights were taken as step 4's";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors recorded"), std::string::npos) << e.what();
   }
 }
 

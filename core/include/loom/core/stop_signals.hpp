@@ -10,10 +10,11 @@ namespace loom::core {
 /// SIGINT, SIGTERM, SIGHUP and SIGPIPE stop training gracefully: the first makes Trainer::train stop after the
 /// step it is in (no further evaluation), write a checkpoint through the callbacks and return
 /// with TrainSummary::signal set; a second ends the process at once (stop_signals.cpp; a
-/// SIGPIPE is never the second). `checkpoints` false: the command's runs are scratch (loom bench,
-/// loom profile), and the first signal's message says nothing is saved; the command checks
-/// stop_signal_received() itself.
-void install_stop_signals(bool checkpoints = true);
+/// SIGPIPE is never the second). `on_stop` is what the first signal's message promises: a
+/// checkpoint; none (a run whose trainer.callbacks has no `checkpoint`); or nothing at all, the
+/// command's runs being scratch (loom bench, loom profile), which checks stop_signal_received() itself.
+enum class OnStop { kCheckpoint, kNoCheckpoint, kScratch };
+void install_stop_signals(OnStop on_stop = OnStop::kCheckpoint);
 /// The first stop signal received, or 0.
 int stop_signal_received();
 /// "SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE".
