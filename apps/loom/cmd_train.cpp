@@ -297,8 +297,12 @@ fs::path checkpoint_path(const Invocation& invocation) {
 core::Config checkpoint_config(const Invocation& invocation, const fs::path& checkpoint, std::vector<std::string>& changed) {
   core::Config config;
   const auto recorded = core::checkpoint_run_config(checkpoint);
-  for (const auto& [key, value] : recorded) config.set(key, value, core::Origin{"checkpoint", {}, 0});
   const core::Config user = config_from(invocation.options);
+  // The precision it was trained in, unless the user chooses one (--no-amp and --allow-tf32 choose
+  // through precision.name = auto): its own figures are reproduced in it.
+  const bool chooses_precision = user.find("precision.name") || user.find("precision.amp") || user.find("precision.allow_tf32");
+  for (const auto& [key, value] : recorded)
+    if (key != "precision.name" || !chooses_precision) config.set(key, value, core::Origin{"checkpoint", {}, 0});
   // The checkpoint records a component's options as `model.<option>`: the user's full key for the
   // same component, `model.<name>.<option>`, is that key (or the two would be one option written
   // two ways, and the change would go unsaid), as a shorthand is (not where the core has the key).
@@ -329,6 +333,7 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
     const auto it = recorded.find(key);
     // (data.num_workers, prefetch and pin_memory are recorded with the data, but change neither it nor the model)
     const bool loader = key == "data.num_workers" || key == "data.prefetch" || key == "data.pin_memory";
+    if (key == "precision.name") continue;  // (not the model's: cmd_eval says it)
     if (it != recorded.end() && it->second != value->value && !loader)
       changed.push_back(key + " = " + value->value + " (" + value->origin.describe() + "; the checkpoint's: " + it->second + ")");
   }
@@ -357,8 +362,19 @@ int cmd_eval(const Invocation& invocation) {
   core::Trainer trainer(resolved, registry);
   trainer.setup_for_evaluation();
   load_weights(trainer, checkpoint, changed);
+  const std::string precision = resolved.at("precision.name").value;
+  const auto recorded = core::checkpoint_run_config(checkpoint);
+  if (const auto trained = recorded.find("precision.name"); trained != recorded.end() && trained->second != precision)
+    core::log::info("evaluating in precision ", precision, " (", resolved.at("precision.name").origin.describe(),
+                    "); the checkpoint was trained in ", trained->second);
   const core::EvalResult e = trainer.evaluate();
   core::log::info(checkpoint.string(), ": ", eval_line(trainer, e), " (", sdk::format_duration(e.seconds), ")");
+  if (!std::isfinite(e.loss)) {  // (as a run whose final evaluation is so fails: a script deploys on exit 0)
+    core::log::error("the evaluation's loss is ", std::isnan(e.loss) ? "nan" : e.loss > 0 ? "inf" : "-inf", ": the model of ", checkpoint.string(), " gives non-finite outputs ",
+                     "on the test split (a run that diverged, or a precision it overflows in: it was evaluated in ",
+                     precision, ")");
+    return 1;
+  }
   return 0;
 }
 

@@ -70,6 +70,7 @@ fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap&
   all.emplace("step", std::to_string(step_));  // (a resume from an earlier step sets a later one's file aside)
   all["model"] = state["model"].dump();
   all["data"] = state["data"].dump();
+  all["precision"] = precision_name_;  // (loom eval evaluates in it)
   return checkpoints_->save_weights(file_name, model_tensors(), all);
 }
 

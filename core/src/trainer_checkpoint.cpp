@@ -388,6 +388,10 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
       if (s.contains("step") && s.at("step").is_number_integer()) check_step_folder_name(checkpoint, s.at("step").get<int64_t>());
       model = s.at("model");
       data = s.at("data");
+      // (the precision it trained in: its figures are reproduced in it; older files name none)
+      if (s.contains("precision") && s.at("precision").is_object() && s.at("precision").contains("name") &&
+          s.at("precision").at("name").is_string())
+        out["precision.name"] = s.at("precision").at("name").get<std::string>();
     } else {
       sdk::TextMap metadata;
       load_safetensors(checkpoint, &metadata);
@@ -395,6 +399,7 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
         throw Error(checkpoint.string() + " carries no model configuration; pass a checkpoint folder or a best_*.safetensors Loom wrote");
       model = json::parse(metadata.at("model"));
       data = json::parse(metadata.at("data"));
+      if (metadata.count("precision") && !metadata.at("precision").empty()) out["precision.name"] = metadata.at("precision");
     }
     for (const auto& [key, value] : model.at("config").items()) out["model." + key] = value.get<std::string>();
     for (const auto& [key, value] : data.at("config").items()) out["data." + key] = value.get<std::string>();

@@ -3,6 +3,7 @@ origins, one clear error for a bad configuration (and the exit status), `eval` o
 plugins that crash while loading refused by name."""
 import json
 import os
+import re
 import resource
 import shlex
 import shutil
@@ -196,6 +197,24 @@ try:
     # small dataset, evaluated at the default batch) is no reason to refuse.
     r = loom(exe, "eval", best, "--batch-size", "4096")
     expect("accuracy" in r.stderr and "too few" not in r.stderr, "eval at a batch larger than the training split", r)
+    # `loom eval` evaluates in the precision the run trained in (it took fp32, and its figures were
+    # not the run's own), and fails where the loss is not finite (it said so and exited 0).
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=evp",
+             "--set", "precision.name=bf16_amp", "--set", "trainer.max_steps=4", "--set", "trainer.eval_every=4")
+    final = re.search(r"test step 4: loss ([0-9.]+), accuracy ([0-9.]+) %", r.stderr)
+    expect(final is not None, "the run's final test line", r)
+    r = loom(exe, "eval", os.path.join(work, "evp"))
+    expect(f"accuracy {final.group(2)} %, loss {final.group(1)} on 256 test samples" in r.stderr,
+           "eval gives the run's own final figures, in its precision", r)
+    r = loom(exe, "eval", os.path.join(work, "evp"), "--no-amp")
+    expect("evaluating in precision fp32 (auto" in r.stderr and "the checkpoint was trained in bf16_amp" in r.stderr,
+           "eval in another precision says so", r)
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=evnan", "--set", "trainer.max_steps=40",
+             "--set", "trainer.lr=10", "--set", "trainer.clip_grad_norm=0", "--set", "trainer.use_scheduler=false",
+             "--set", "trainer.optimizer=sgd", "--set", "precision.name=fp16_amp", check=False)
+    r = loom(exe, "eval", os.path.join(work, "evnan"), check=False)
+    expect(r.returncode == 1 and "the evaluation's loss is nan" in r.stderr and "it was evaluated in fp16_amp" in r.stderr,
+           "eval of a model whose loss is not finite fails", r)
     r = loom(exe, "eval", best, best, check=False)
     expect(r.returncode == 1 and "one argument too many" in r.stderr and "is a switch" not in r.stderr,
            "eval refuses a second checkpoint", r)
@@ -290,7 +309,8 @@ try:
            "a run without one update", r)
     # Weights made NaN (as an optimizer that writes NaN would): the divergence says which parameter.
     r = loom(exe, "train", *SMALL, "--plugin-dir", models, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=nan_weights",
-             "--set", "model.name=metric_model", "--set", "model.nan_weights_at=2", "--set", "trainer.max_steps=4",
+             "--set", "model.name=metric_model", "--set", "model.nan_weights_at=3", "--set", "trainer.max_steps=6",
+             "--set", "memory.estimate=false",
              "--set", "trainer.callbacks=progress", check=False)
     expect(r.returncode == 1 and "the run diverged" in r.stderr
            and "Its parameter 'linear.weight' holds NaN or infinite values, written by an update" in r.stderr,

@@ -83,7 +83,10 @@ void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
   }
   const std::optional<double> value = report.value(metric);
   // (NaN, a diverged model's, is no best: as the first it would be beaten by nothing after it)
-  if (!value || !std::isfinite(*value) || (best_ && !sdk::improves(spec.direction, *value, *best_))) return;
+  // (nor is an evaluation whose loss is not finite: some of its outputs overflowed, whatever its accuracy says)
+  if (!value || !std::isfinite(*value) || !std::isfinite(report.loss) ||
+      (best_ && !sdk::improves(spec.direction, *value, *best_)))
+    return;
   best_ = *value;
   step_ = report.step;
   run.save_weights("best_" + metric + ".safetensors",
