@@ -3,6 +3,7 @@
 
 #include <loom/core/config.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/stop_signals.hpp>
 #include <loom/sdk/files.hpp>
@@ -201,7 +202,7 @@ void stop_if_signalled(const std::string& command) {
 }
 
 ScratchFolder::ScratchFolder(const std::string& prefix) {
-  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  std::string pattern = (core::temp_folder() / (prefix + "-XXXXXX")).string();
   if (::mkdtemp(pattern.data()) == nullptr)
     throw Error("cannot make a scratch folder " + pattern + ": " + std::strerror(errno) +
                 " (TMPDIR chooses where; point it at a writable folder)");

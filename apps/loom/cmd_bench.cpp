@@ -50,20 +50,32 @@ int cmd_bench(const Invocation& invocation) {
   // checked before the first one runs: a missing file or a wrong key in the last is found now,
   // not after the others have been timed.
   const core::Config user = config_from(invocation.options);
+  // A configuration's failure names it (a set-up error of the second read as the first's).
+  const auto in_configuration = [](const std::string& file, const auto& f) {
+    try {
+      f();
+    } catch (const core::StoppedBySignal&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error("configuration " + file + ": " + message_of(e));
+    }
+  };
   std::vector<core::Config> configs;
   for (const std::string& file : files) {
     core::Config& config = configs.emplace_back();
-    config.load_file(core::find_config(file));
-    for (const std::string& key : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
-      const core::ConfigValue& value = *user.find(key);
-      config.set(key, value.value, value.origin);
-    }
-    config.set("trainer.work_dir", work.path().string(), {"loom bench", {}, 0});
-    config.set("trainer.max_steps", std::to_string(steps), {"--steps", {}, 0});
-    config.set("trainer.resume", "none", {"loom bench", {}, 0});
-    config.set("trainer.resume_from", "", {"loom bench", {}, 0});
-    core::resolve_run(config, registry);
-    config.forget_base_override_warnings();  // said once above, not again in every round
+    in_configuration(file, [&] {
+      config.load_file(core::find_config(file));
+      for (const std::string& key : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
+        const core::ConfigValue& value = *user.find(key);
+        config.set(key, value.value, value.origin);
+      }
+      config.set("trainer.work_dir", work.path().string(), {"loom bench", {}, 0});
+      config.set("trainer.max_steps", std::to_string(steps), {"--steps", {}, 0});
+      config.set("trainer.resume", "none", {"loom bench", {}, 0});
+      config.set("trainer.resume_from", "", {"loom bench", {}, 0});
+      core::resolve_run(config, registry);
+      config.forget_base_override_warnings();  // said once above, not again in every round
+    });
   }
   std::vector<Row> rows(files.size());
   for (int64_t round = 0; round < repeats; ++round) {
@@ -76,22 +88,24 @@ int cmd_bench(const Invocation& invocation) {
         if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
       config.set("trainer.name", std::to_string(round + 1) + "-" + std::to_string(index + 1) + "-" + stem,
                  {"loom bench", {}, 0});
-      core::Trainer trainer(core::resolve_run(config, registry), registry);
-      trainer.setup();
-      trainer.step_with_recovery();  // warm-up, not timed
-      trainer.memory().reset_peak();
-      const auto start = std::chrono::steady_clock::now();
-      int64_t samples = 0;
-      for (int64_t i = 1; i < steps; ++i) {
-        stop_if_signalled("loom bench");
-        samples += trainer.step_with_recovery().samples;
-      }
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      Row& row = rows[index];
-      row.name = fs::path(file).filename().string();
-      row.plan = trainer.plan();
-      row.peak = std::max(row.peak, trainer.memory().stats().peak);
-      row.rates.push_back(samples / seconds);
+      in_configuration(file, [&] {
+        core::Trainer trainer(core::resolve_run(config, registry), registry);
+        trainer.setup();
+        trainer.step_with_recovery();  // warm-up, not timed
+        trainer.memory().reset_peak();
+        const auto start = std::chrono::steady_clock::now();
+        int64_t samples = 0;
+        for (int64_t i = 1; i < steps; ++i) {
+          stop_if_signalled("loom bench");
+          samples += trainer.step_with_recovery().samples;
+        }
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        Row& row = rows[index];
+        row.name = fs::path(file).filename().string();
+        row.plan = trainer.plan();
+        row.peak = std::max(row.peak, trainer.memory().stats().peak);
+        row.rates.push_back(samples / seconds);
+      });
     }
   }
 

@@ -53,7 +53,8 @@ int cmd_profile(const Invocation& invocation) {
     throw Error("--trace " + trace.string() + " already exists; choose another path or remove it");
   if (trace.empty()) throw Error("--trace needs a path, e.g. --trace profile.json");
   if (trace.has_parent_path() && !fs::is_directory(trace.parent_path()))
-    throw Error("--trace " + trace.string() + ": the folder " + trace.parent_path().string() + " does not exist");
+    throw Error("--trace " + trace.string() + ": " + trace.parent_path().string() +
+                (fs::exists(trace.parent_path(), ec) ? " is not a folder" : ": no such folder"));
   // Writable now, not found out after the profiled steps: made and taken away again.
   if (const int fd = ::open(trace.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); fd >= 0) {
     ::close(fd);

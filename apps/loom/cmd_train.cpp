@@ -298,6 +298,11 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
   core::Config config;
   const auto recorded = core::checkpoint_run_config(checkpoint);
   const core::Config user = config_from(invocation.options);
+  // (keys of where a training run goes: this command reads a checkpoint and writes no run)
+  for (const char* key : {"trainer.resume", "trainer.resume_from", "trainer.work_dir", "trainer.name"})
+    if (const core::ConfigValue* v = user.find(key))
+      core::log::warn(key, " = ", v->value, " (", v->origin.describe(), ") has no effect here: this command reads the "
+                      "checkpoint it is given and writes no run");
   // The precision it was trained in, unless the user chooses one (--no-amp and --allow-tf32 choose
   // through precision.name = auto): its own figures are reproduced in it.
   const bool chooses_precision = user.find("precision.name") || user.find("precision.amp") || user.find("precision.allow_tf32");

@@ -3,6 +3,7 @@
 // on that the component did not do.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/kinds.hpp>
 #include "conformance_internal.hpp"
 
@@ -365,7 +366,7 @@ class CheckRun final : public sdk::RunContext {
 
 void check_callback(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
   std::shared_ptr<sdk::Callback> cb;
-  const fs::path dir = fs::temp_directory_path() / ("loom_check_" + c.name + "_" + std::to_string(::getpid()));
+  const fs::path dir = temp_folder() / ("loom_check_" + c.name + "_" + std::to_string(::getpid()));
   s.require("create", [&] {
     cb = r.create<sdk::Callback>(c.name);
     return std::string();

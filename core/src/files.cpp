@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fcntl.h>
@@ -172,6 +173,16 @@ FileLock::FileLock(const fs::path& path) : path_(path) {
 
 FileLock::~FileLock() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+fs::path temp_folder() {
+  const char* env = std::getenv("TMPDIR");
+  const fs::path root = env != nullptr && *env != '\0' ? fs::path(env) : fs::path("/tmp");
+  std::error_code ec;
+  if (!fs::is_directory(root, ec))
+    throw Error("TMPDIR=" + root.string() + " is " + (fs::exists(root, ec) ? "not a folder" : "no such folder") +
+                ": scratch files go there; point TMPDIR at a writable folder, or unset it for /tmp");
+  return root;
 }
 
 }  // namespace loom::core

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 namespace loom::callbacks {
 
@@ -92,6 +93,19 @@ void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
   run.save_weights("best_" + metric + ".safetensors",
                    {{"metric", metric}, {"value", exact(*value)}, {"step", std::to_string(report.step)},
                     {"direction", sdk::direction_name(spec.direction)}});
+}
+
+void Best::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& dir) {
+  // The checkpoint's best is only worth beating where its weights are this run's file: a
+  // checkpoint of another run (--resume-from into a new name), or one whose newer best file was
+  // set aside with its timeline, would leave this run without a best file to the end.
+  if (!best_ || metric_.empty()) return;
+  const std::string file = "best_" + metric_ + ".safetensors";
+  std::error_code ec;
+  if (std::filesystem::exists(run.run_dir() / "checkpoints" / file, ec)) return;
+  sdk::log::info("best: ", dir.string(), " recorded a best ", metric_, " of ", run.format_metric(metric_, *best_),
+                 " (step ", step_, "), whose weights are not this run's ", file, ": the best starts afresh");
+  best_.reset();
 }
 
 sdk::State Best::state_dict() const {

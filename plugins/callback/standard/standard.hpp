@@ -93,6 +93,7 @@ class Best final : public sdk::Callback {
   bool reads_gradients() const override { return false; }
   explicit Best(const sdk::Options&) {}
   void on_evaluation_end(RunContext& run, const sdk::EvalReport& report) override;
+  void on_checkpoint_loaded(RunContext& run, const std::filesystem::path& dir) override;
   sdk::State state_dict() const override;
   void load_state_dict(const sdk::State& state) override;
   std::string describe() const override { return "best: best_<metric>.safetensors"; }

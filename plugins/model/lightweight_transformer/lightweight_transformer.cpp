@@ -308,13 +308,16 @@ class LightweightTransformer final : public loom::sdk::Model {
         activation_(o.get_string("activation") == "relu" ? Activation::kRelu : Activation::kGelu) {
     if (o.get_string("flavour") == "debug") {
       // The debug flavour fixes the shape: a value the user set for one of these would be ignored
-      // without a word. (A value equal to the default cannot be told from an unset one.)
-      for (const char* key : {"num_layers", "d_model", "num_heads", "patch_size", "stem_channels"})
+      // without a word, unless it is the debug one. (A value equal to the default cannot be told
+      // from an unset one.)
+      const std::pair<const char*, int64_t> fixed[] = {
+          {"num_layers", 1}, {"d_model", 32}, {"num_heads", 2}, {"patch_size", 7}, {"stem_channels", 0}};
+      for (const auto& [key, value] : fixed)
         for (const auto& spec : kOptions)
-          if (std::string(spec.key) == key && o.get_string(key) != spec.default_value)
-            throw Error(std::string("lightweight_transformer: flavour = debug fixes num_layers, d_model, num_heads, "
-                                    "patch_size and stem_channels, so model.") + key + " = " + o.get_string(key) +
-                        " would be ignored; drop it, or use flavour = standard");
+          if (std::string(spec.key) == key && o.get_string(key) != spec.default_value && o.get_int(key) != value)
+            throw Error(std::string("lightweight_transformer: flavour = debug builds num_layers 1, d_model 32, "
+                                    "num_heads 2, patch_size 7 and stem_channels 0, so model.") + key + " = " +
+                        o.get_string(key) + " would be ignored; drop it, or use flavour = standard");
       layers_ = 1;
       stem_channels_ = 0;
       d_model_ = 32;

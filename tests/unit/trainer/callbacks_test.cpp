@@ -204,6 +204,25 @@ TEST_F(CallbacksTest, AResumeWithAnotherBestMetricStartsItsBestAfresh) {
   EXPECT_TRUE(fs::exists(dir_ / "best_metric" / "checkpoints" / "best_accuracy.safetensors")) << "the other metric's best file stays";
 }
 
+TEST_F(CallbacksTest, ARunResumedFromAnotherRunsCheckpointWritesItsOwnBest) {
+  // (the other run's best value came with the checkpoint, its weights did not: the new run had to
+  // beat it to write best_accuracy.safetensors, and ended without one)
+  Config c = base("best_source");
+  c.set_assignment("trainer.callbacks=best, checkpoint");
+  c.set_assignment("trainer.best_metric=accuracy");
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 4);
+  Config next = base("best_continued");
+  next.set_assignment("trainer.callbacks=best, checkpoint");
+  next.set_assignment("trainer.best_metric=accuracy");
+  next.set_assignment("trainer.max_steps=6");
+  next.set_assignment("trainer.resume_from=" + (dir_ / "best_source" / "checkpoints" / loom::core::step_dir_name(4)).string());
+  log::Capture capture;
+  EXPECT_EQ(loom::testing::make_trainer(next)->train().steps, 6);
+  EXPECT_TRUE(capture.contains("whose weights are not this run's best_accuracy.safetensors: the best starts afresh"))
+      << ::testing::PrintToString(capture.lines());
+  EXPECT_TRUE(fs::exists(dir_ / "best_continued" / "checkpoints" / "best_accuracy.safetensors"));
+}
+
 TEST_F(CallbacksTest, ANaNMetricIsNeverTheBestThatLaterEvaluationsMustBeat) {
   // The first validation (2 batches: 51 held-out samples at 32) reports NaN. As the best it would
   // be beaten by nothing (every comparison with NaN is false): best_correct.safetensors stayed the

@@ -341,8 +341,8 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
       {"trainer.device=cuda:99", "trainer.device = 'cuda:99', but "},
       {"trainer.device=cpu:5", "trainer.device = 'cpu:5': the CPU is one device, cpu (or cpu:0); trainer.threads"},
       {"trainer.device=quantum", "trainer.device = 'quantum' is not a device Loom trains on"},
-      {"model.d_model=64", "flavour = debug fixes num_layers, d_model, num_heads, patch_size and stem_channels, so "
-                           "model.d_model = 64 would be ignored"},
+      {"model.d_model=64", "flavour = debug builds num_layers 1, d_model 32, num_heads 2, patch_size 7 and "
+                           "stem_channels 0, so model.d_model = 64 would be ignored"},
   };
   for (const auto& [assignment, expected] : cases) {
     Config c = base("absurd");
@@ -355,6 +355,10 @@ TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
     }
   }
   EXPECT_FALSE(fs::exists(dir_ / "absurd")) << "nothing is written";
+  // The debug flavour's own width is no conflict (it was refused as "would be ignored").
+  Config debug = base("debug_width");
+  debug.set_assignment("model.d_model=32");
+  EXPECT_NO_THROW(resolve_run(debug, loom::testing::registry()));
 }
 
 TEST(TrainerThreads, MoreThreadsThanUlimitUAllowsIsOneErrorBeforeAnyOperator) {

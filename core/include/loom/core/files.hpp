@@ -69,6 +69,10 @@ class FileLock {
 /// fsyncs a folder (after a rename into it).
 void fsync_dir(const std::filesystem::path& dir);
 
+/// The folder scratch files go in: $TMPDIR, or /tmp where it is unset or empty. Throws a
+/// loom::Error naming TMPDIR where it is no folder (std::filesystem's said neither).
+std::filesystem::path temp_folder();
+
 /// Atomically renames `from` to `to` (both in one folder) and fsyncs the folder.
 void rename_durable(const std::filesystem::path& from, const std::filesystem::path& to);
 
