@@ -101,6 +101,12 @@ expect(r.returncode == 1 and "/nonexistent.ini not found" in r.stderr and "run f
        and "configuration" not in r.stdout, "bench checks every configuration first", r)
 r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), "--steps", "1000000000000", check=False)
 expect(r.returncode == 1 and "--steps must be in 2..100000" in r.stderr, "bench refuses a trillion steps", r)
+# A configuration that fails in its set-up is named (the error read as the first one's).
+big = os.path.join(workdir(), "big.ini")
+with open(big, "w") as f:
+    f.write(f"base = {os.path.join(configs, 'debug.ini')}\n[trainer]\nbatch_size = 4000\n")
+r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), big, "--steps", "2", check=False)
+expect(r.returncode == 1 and f"configuration {big}: set-up: the train split has" in r.stderr, "bench names the failing configuration", r)
 
 # configs/fashion_mnist.ini is the default job spelled out: `loom train` without -c runs exactly it.
 def settings(*args):
