@@ -308,6 +308,20 @@ int cmd_launch(const Invocation& invocation) {
     throw Error("loom launch -- " + command + ": only train is a job of several processes (each of the " +
                 std::to_string(nproc) + " would run `loom " + command + "` by itself); run it without launch: loom " +
                 command + " ...");
+  // `-- train --help`: the command's help, once, not once per rank.
+  if (std::any_of(invocation.args.begin(), invocation.args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; })) {
+    std::error_code ec;
+    std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+    if (ec) self = "loom";
+    std::vector<std::string> strings = invocation.args;
+    strings.insert(strings.begin(), self);
+    std::vector<char*> argv;
+    for (auto& a : strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::cout.flush();
+    ::execv(self.c_str(), argv.data());
+    throw Error("loom launch: cannot run " + self + " for the help of " + command + ": " + std::strerror(errno));
+  }
   const std::string world = std::to_string(nproc * nnodes);
   const std::vector<std::string> env{"WORLD_SIZE=" + world, "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
                                      "GROUP_RANK=" + std::to_string(node_rank), "MASTER_ADDR=" + master,

@@ -43,8 +43,15 @@ int cmd_memory(const Invocation& invocation) {
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Config config = config_from(invocation.options);
-  if (invocation.options.count("batch"))
-    config.set("trainer.batch_size", std::to_string(invocation.options["batch"].as<int64_t>()), {"--batch", {}, 0});
+  if (invocation.options.count("batch")) {
+    const std::string batch = std::to_string(invocation.options["batch"].as<int64_t>());
+    // (over a configuration file's batch, --batch is what it is for; beside --set or --batch-size, one is lost)
+    if (const core::ConfigValue* given = config.find("trainer.batch_size");
+        given != nullptr && given->value != batch && given->origin.source != "file" && given->origin.source != "default")
+      core::log::warn("the global batch is given twice: --batch ", batch, " and trainer.batch_size = ", given->value, " (",
+                      given->origin.describe(), "); --batch is used");
+    config.set("trainer.batch_size", batch, {"--batch", {}, 0});
+  }
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
   trainer.setup_for_estimate();
@@ -123,15 +130,17 @@ int cmd_memory(const Invocation& invocation) {
     return 1;
   }
   std::string capped;  // (a global batch train would refuse is no answer)
-  if (micro > kMaxBatch / devices) {
-    micro = kMaxBatch / devices;
+  const int64_t accumulation = trainer.options().accumulation;
+  if (micro > kMaxBatch / devices / accumulation) {
+    micro = std::max<int64_t>(1, kMaxBatch / devices / accumulation);
     capped = "; capped there: a global batch is at most " + std::to_string(kMaxBatch);
   }
-  if (const int64_t split = trainer.training_samples(); split > 0 && micro > split / devices) {
-    if (split < devices)
-      throw Error("--devices " + std::to_string(devices) + ": the run trains on " + std::to_string(split) +
-                  " samples, fewer than one per device; give at most " + std::to_string(split) + " devices");
-    micro = split / devices;
+  if (const int64_t split = trainer.training_samples(); split > 0 && micro > split / devices / accumulation) {
+    if (split < devices * accumulation)
+      throw Error("--devices " + std::to_string(devices) + " x gradient_accumulation_steps " + std::to_string(accumulation) +
+                  ": the run trains on " + std::to_string(split) + " samples, fewer than one per micro-batch; give fewer "
+                  "devices or less accumulation");
+    micro = split / devices / accumulation;
     const int64_t whole = trainer.dataset().size(sdk::Split::kTrain);
     capped = "; capped there: the run trains on " + std::to_string(split) + " samples" +
              (split < whole ? " (the training split's " + std::to_string(whole) + " less those data.validation_fraction holds out)"
@@ -139,7 +148,9 @@ int cmd_memory(const Invocation& invocation) {
   }
   const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
   std::cout << "largest micro-batch under " << core::format_bytes(*target) << " per device: " << micro
-            << " (global batch " << micro * devices << " on " << devices << " device(s) without accumulation" << capped
+            << " (global batch " << micro * devices * accumulation << " on " << devices << " device(s) "
+            << (accumulation > 1 ? "x accumulation " + std::to_string(accumulation) : std::string("without accumulation"))
+            << capped
             << ")\n"
             << core::format_estimate(e, trainer.device().str())
             << "(activations from probes at micro-batch " << fit.probe_small << " and " << fit.probe_large << ": "

@@ -32,6 +32,8 @@ r = loom(exe, "plugins", env=dict(os.environ, LOOM_PLUGIN_SCANNER="/nonexistent/
 expect("LOOM_PLUGIN_SCANNER=/nonexistent/scanner is not an executable file" in r.stderr, "a broken scanner is said", r)
 r = loom(exe, "launch", "--help")  # its required --nproc-per-node is not asked for by --help
 expect("--nproc-per-node" in r.stdout, "launch --help shows its options", r)
+r = loom(exe, "launch", "--nproc-per-node", "2", "--", "train", "--help")  # the command's help, once (it was once per rank)
+expect(r.stdout.count("Usage: loom train") == 1 and "launch    2 processes" not in r.stderr, "launch -- train --help", r)
 r = loom(exe, "launch", "--nproc-per-node", "2", "--", "launch", "--nproc-per-node", "2", "--", "train", check=False)
 expect(r.returncode == 1 and "a launch inside a launch" in r.stderr, "a nested launch is refused", r)
 r = loom(exe, "launch", "--nproc-per-node", "2", "--grace", "nan", "--", "train", check=False)

@@ -59,6 +59,14 @@ expect(m and 32 <= int(m.group(1)) < 64, f"suggest for {budget} bytes lies betwe
 r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB")
 expect("per device: 922 " in r.stdout and "the run trains on 922 samples" in r.stdout,
        "suggest caps the micro-batch at the 922 of 1024 samples a run trains on", r)
+# With accumulation the global batch is micro-batch x accumulation, capped by the samples too
+# (it said "without accumulation", and capped the micro-batch alone).
+r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB", "--set", "trainer.gradient_accumulation_steps=2")
+expect("per device: 461 (global batch 922 on 1 device(s) x accumulation 2" in r.stdout,
+       "suggest with accumulation 2 caps the global batch at the 922 samples", r)
+r = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--batch-size", "32")
+expect("the global batch is given twice: --batch 64 and trainer.batch_size = 32 (--batch-size); --batch is used" in r.stderr,
+       "estimate says a batch given twice", r)
 
 work = workdir()
 try:
