@@ -129,7 +129,13 @@ fs::path find_config(const std::string& name) {
   std::error_code ec;
   // A file here, or a path (load_file reports what is wrong with it).
   if (fs::is_regular_file(name, ec) || name.find('/') != std::string::npos) return name;
-  if (auto shipped = shipped_config(name)) return *shipped;
+  if (auto shipped = shipped_config(name)) {
+    // (a `base = debug` beside a debug.ini takes that file: here the name is Loom's, so say which)
+    if (const fs::path here = name + ".ini"; fs::is_regular_file(here, ec) && !fs::equivalent(here, *shipped, ec))
+      log::warn("config '", name, "' is Loom's ", shipped->string(), ", not ", here.string(), " here; give -c ./", here.string(),
+                " for that one");
+    return *shipped;
+  }
   std::vector<std::string> available, searched;
   for (const fs::path& dir : config_search_path()) {
     searched.push_back(dir.string());
@@ -474,8 +480,10 @@ Resolved validate(const Config& config, const Schema& schema) {
     const OptionSpec& o = spec->option;
     const std::string shown = written_as.count(key) ? written_as.at(key) : key;
     if (o.type == LOOM_OPTION_LIST && sdk::list_has_empty_item(value.value)) {
+      const auto items = sdk::parse_list(value.value);
       problems.push_back(where + ": " + shown + " = '" + value.value + "' has an empty item (a stray comma); " +
-                         "write the items with one comma between each, e.g. '" + join(sdk::parse_list(value.value), ", ") + "'");
+                         (items.empty() ? std::string("an empty list is written with nothing after the =, e.g. ") + shown + " ="
+                                        : "write the items with one comma between each, e.g. '" + join(items, ", ") + "'"));
     } else if (!sdk::is_valid_value(o.type, value.value, o.choices.c_str())) {
       std::string expected = sdk::describe_type(o.type);
       if (o.type == LOOM_OPTION_ENUM) expected = "one of " + join(sdk::enum_choices(o.choices.c_str()), ", ");

@@ -336,7 +336,7 @@ TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
   const auto file = write("run.ini",
                           "[trainer]\nbatch_size = big\nresume = later\nuse_scheduler = maybe\nlr = 1e-3\n"
                           "keep_last = 99999999999999999999\n[memory]\ndevice_memory_limit = 2 GiB\n"
-                          "policies = auto_batch,,oom_recovery\n[trainer]\nclip_grad_norm = 0x10\n");
+                          "policies = auto_batch,,oom_recovery\n[trainer]\nclip_grad_norm = 0x10\ncallbacks = ,\n");
   Config config;
   config.load_file(file);
   const std::string message = error_of([&] { validate(config, core_schema()); });
@@ -350,6 +350,9 @@ TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
   EXPECT_CONTAINS(message, "run.ini:9: memory.policies = 'auto_batch,,oom_recovery' has an empty item (a stray comma); "
                            "write the items with one comma between each, e.g. 'auto_batch, oom_recovery'");
   EXPECT_CONTAINS(message, "run.ini:11: trainer.clip_grad_norm = '0x10' is not valid: expected a finite number");
+  // (an empty list's advice was "e.g. ''")
+  EXPECT_CONTAINS(message, "run.ini:12: trainer.callbacks = ',' has an empty item (a stray comma); an empty list is "
+                           "written with nothing after the =, e.g. trainer.callbacks =");
   EXPECT_EQ(message.find("trainer.lr"), std::string::npos) << message;
   EXPECT_EQ(message.find("device_memory_limit"), std::string::npos) << message;
 }
@@ -510,6 +513,17 @@ TEST_F(ConfigTest, AConfigurationIsFoundByNameFromAnyFolder) {
   EXPECT_EQ(c.get("data.name"), "synthetic");
   // A file in the current folder, or any path, is taken as it is.
   EXPECT_EQ(find_config("configs/debug.ini"), fs::path("configs/debug.ini"));
+  // A debug.ini in the current folder is not what `-c debug` names: said.
+  write("debug.ini", "[trainer]\nmax_steps = 3\n");
+  const fs::path before = fs::current_path();
+  fs::current_path(dir_);
+  {
+    const log::Capture capture(LOOM_LOG_WARN);
+    EXPECT_EQ(find_config("debug"), debug);
+    EXPECT_TRUE(capture.contains("config 'debug' is Loom's " + debug.string() + ", not debug.ini here; give -c ./debug.ini"))
+        << ::testing::PrintToString(capture.lines());
+  }
+  fs::current_path(before);
   // LOOM_CONFIG_PATH comes first.
   write("mine.ini", "[trainer]\nmax_steps = 3\n");
   ::setenv("LOOM_CONFIG_PATH", dir_.c_str(), 1);
