@@ -315,6 +315,12 @@ try:
              check=False)
     expect(r.returncode == 1 and "the run learned nothing: every one of the run's 3 steps had non-finite gradients" in r.stderr,
            "a run without one update", r)
+    # In fp16_amp a short run's every step may overflow while the loss scale comes down: a warning.
+    r = loom(exe, "train", *SMALL, "--plugin-dir", models, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=no_update16",
+             "--set", "model.name=metric_model", "--set", "model.nan_training_loss=true", "--set", "trainer.max_steps=3",
+             "--set", "precision.name=fp16_amp", check=False)
+    expect("no step updated the weights: every one of the run's 3 steps had non-finite gradients, as fp16_amp's loss "
+           "scale comes down" in r.stderr and "the run learned nothing" not in r.stderr, "an fp16_amp run without one update", r)
     # Weights made NaN (as an optimizer that writes NaN would): the divergence says which parameter.
     r = loom(exe, "train", *SMALL, "--plugin-dir", models, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=nan_weights",
              "--set", "model.name=metric_model", "--set", "model.nan_weights_at=3", "--set", "trainer.max_steps=6",
