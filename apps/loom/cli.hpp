@@ -59,11 +59,12 @@ void scan_plugins(core::PluginRegistry& registry, const po::variables_map& optio
 /// A run folder names its newest step folder; a file in a step folder, that folder.
 std::filesystem::path checkpoint_path(const Invocation& invocation);
 
-/// The configuration a checkpoint was trained with (its run's model and data), then the user's
-/// files and flags over it: what `loom eval` and `loom recommend` build. `changed` gets each
-/// model and data key the user set to another value than the checkpoint's.
+/// The configuration a checkpoint was trained with (its run's model and data, and its precision
+/// where it runs here), then the user's files and flags over it: what `loom eval` and `loom
+/// recommend` build. `changed` gets each model and data key the user set to another value than
+/// the checkpoint's.
 core::Config checkpoint_config(const Invocation& invocation, const std::filesystem::path& checkpoint,
-                               std::vector<std::string>& changed);
+                               const core::PluginRegistry& registry, std::vector<std::string>& changed);
 
 /// trainer.load_weights(checkpoint); a refusal names the keys in `changed` (checkpoint_config's).
 void load_weights(core::Trainer& trainer, const std::filesystem::path& checkpoint, const std::vector<std::string>& changed);

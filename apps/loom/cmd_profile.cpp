@@ -53,8 +53,14 @@ int cmd_profile(const Invocation& invocation) {
     throw Error("--trace " + trace.string() + " already exists; choose another path or remove it");
   if (trace.empty()) throw Error("--trace needs a path, e.g. --trace profile.json");
   if (trace.has_parent_path() && !fs::is_directory(trace.parent_path()))
-    throw Error("--trace " + trace.string() + ": " + trace.parent_path().string() +
-                (fs::exists(trace.parent_path(), ec) ? " is not a folder" : ": no such folder"));
+  {
+    // (the nearest part of the path that exists says what is wrong: a file where a folder is needed)
+    fs::path existing = trace.parent_path();
+    while (existing.has_parent_path() && existing != existing.parent_path() && !fs::exists(existing, ec)) existing = existing.parent_path();
+    throw Error("--trace " + trace.string() + ": " +
+                (fs::exists(existing, ec) && !fs::is_directory(existing, ec) ? existing.string() + " is not a folder"
+                                                                             : trace.parent_path().string() + ": no such folder"));
+  }
   // Writable now, not found out after the profiled steps: made and taken away again.
   if (const int fd = ::open(trace.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); fd >= 0) {
     ::close(fd);

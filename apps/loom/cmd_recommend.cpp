@@ -52,10 +52,10 @@ int cmd_recommend(const Invocation& invocation) {
   const int64_t top = invocation.options["top"].as<int64_t>();
   if (top < 1) throw Error("--top must be at least 1");
   const fs::path checkpoint = checkpoint_path(invocation);
-  std::vector<std::string> changed;
-  const core::Config config = checkpoint_config(invocation, checkpoint, changed);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
+  std::vector<std::string> changed;
+  const core::Config config = checkpoint_config(invocation, checkpoint, registry, changed);
   core::Trainer trainer(core::resolve_run(config, registry), registry);
   trainer.setup_for_evaluation();
   load_weights(trainer, checkpoint, changed);

@@ -10,6 +10,7 @@
 
 #include <loom/sdk/helpers.hpp>
 #include <loom/sdk/options.hpp>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cmath>
@@ -95,14 +96,14 @@ std::string diverged(double loss, const core::Trainer& trainer, const core::Reso
     return "the final evaluation's loss is " + value + ", and " + never_updated(trainer, resolved);
   // Weights that went non-finite were written by an update whose gradients were finite: a rate
   // too high, or an optimizer (or a callback) that writes NaN.
-  const std::string bad = trainer.nonfinite_parameter();
+  const std::string bad = trainer.nonfinite_weights();
   return "the run diverged: its final evaluation's loss is " + value +
          (skipped > 0 ? " (" + std::to_string(skipped) + " of its steps had non-finite gradients and were skipped)" : "") +
          ". Lower trainer.lr, or clip the gradients (trainer.clip_grad_norm)" +
          (resolved.at("precision.name").value == "fp16_amp" ? ", or train in bf16_amp or fp32 rather than fp16_amp" : "") +
          (bad.empty() ? std::string()
-                      : ". Its parameter '" + bad + "' holds NaN or infinite values, written by an update (a step with "
-                        "non-finite gradients changes nothing): if a lower rate does not help, look at optimizer '" +
+                      : ". Its " + bad + ", written by an update or a forward (a step with non-finite gradients "
+                        "updates nothing): if a lower rate does not help, look at optimizer '" +
                         resolved.at("trainer.optimizer").value + "' and the callbacks that change weights");
 }
 
@@ -294,7 +295,30 @@ fs::path checkpoint_path(const Invocation& invocation) {
 
 /// The checkpoint's model and data configuration, with the user's settings over it; `changed`
 /// gets the model and data keys the user set to another value than the checkpoint's.
-core::Config checkpoint_config(const Invocation& invocation, const fs::path& checkpoint, std::vector<std::string>& changed) {
+namespace {
+
+/// Why `loom eval` does not evaluate in the precision the checkpoint was trained in ("" where it
+/// does): its device was another type (float16 autocast on a CPU is for tests, slow), its plugin
+/// is not loaded, or bfloat16 needs a GPU this one is not.
+std::string precision_elsewhere(const core::TrainedIn& trained, const core::Config& user, const core::PluginRegistry& registry) {
+  const core::ConfigValue* given = user.find("trainer.device");
+  const std::string device = given != nullptr ? given->value : "auto";
+  const bool cuda = device.rfind("cuda", 0) == 0 || (device == "auto" && torch::cuda::is_available());
+  if (registry.find(LOOM_KIND_PRECISION, trained.precision) == nullptr) return "precision '" + trained.precision + "' is not loaded";
+  if (trained.device.empty()) return "the checkpoint does not say which device it trained on";
+  if (trained.device != (cuda ? "cuda" : "cpu"))
+    return "it trained on " + std::string(trained.device == "cuda" ? "a GPU" : trained.device) + ", this runs on " +
+           (cuda ? "a GPU" : "the CPU");
+  if (cuda && trained.precision == "bf16_amp" &&
+      sdk::cuda_capability(device == "auto" ? c10::Device(c10::kCUDA, 0) : c10::Device(device)) < 80)
+    return "this GPU has no bfloat16 (compute capability below 8.0)";
+  return {};
+}
+
+}  // namespace
+
+core::Config checkpoint_config(const Invocation& invocation, const fs::path& checkpoint, const core::PluginRegistry& registry,
+                               std::vector<std::string>& changed) {
   core::Config config;
   const auto recorded = core::checkpoint_run_config(checkpoint);
   const core::Config user = config_from(invocation.options);
@@ -303,11 +327,17 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
     if (const core::ConfigValue* v = user.find(key))
       core::log::warn(key, " = ", v->value, " (", v->origin.describe(), ") has no effect here: this command reads the "
                       "checkpoint it is given and writes no run");
-  // The precision it was trained in, unless the user chooses one (--no-amp and --allow-tf32 choose
-  // through precision.name = auto): its own figures are reproduced in it.
+  for (const auto& [key, value] : recorded) config.set(key, value, core::Origin{"checkpoint", {}, 0});
+  // The precision it was trained in, where it runs here and the user chooses none (--no-amp and
+  // --allow-tf32 choose through precision.name = auto): its own figures are reproduced in it.
   const bool chooses_precision = user.find("precision.name") || user.find("precision.amp") || user.find("precision.allow_tf32");
-  for (const auto& [key, value] : recorded)
-    if (key != "precision.name" || !chooses_precision) config.set(key, value, core::Origin{"checkpoint", {}, 0});
+  if (const core::TrainedIn trained = core::checkpoint_trained_in(checkpoint); !trained.precision.empty() && !chooses_precision) {
+    if (const std::string why = precision_elsewhere(trained, user, registry); why.empty())
+      config.set("precision.name", trained.precision, core::Origin{"checkpoint", {}, 0});
+    else
+      core::log::info("the checkpoint was trained in precision ", trained.precision, "; ", why, ", so precision.name = auto "
+                      "chooses (set precision.name to choose)");
+  }
   // The checkpoint records a component's options as `model.<option>`: the user's full key for the
   // same component, `model.<name>.<option>`, is that key (or the two would be one option written
   // two ways, and the change would go unsaid), as a shorthand is (not where the core has the key).
@@ -359,19 +389,18 @@ void load_weights(core::Trainer& trainer, const fs::path& checkpoint, const std:
 
 int cmd_eval(const Invocation& invocation) {
   const fs::path checkpoint = checkpoint_path(invocation);
-  std::vector<std::string> changed;
-  const core::Config config = checkpoint_config(invocation, checkpoint, changed);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
+  std::vector<std::string> changed;
+  const core::Config config = checkpoint_config(invocation, checkpoint, registry, changed);
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
   trainer.setup_for_evaluation();
   load_weights(trainer, checkpoint, changed);
   const std::string precision = resolved.at("precision.name").value;
-  const auto recorded = core::checkpoint_run_config(checkpoint);
-  if (const auto trained = recorded.find("precision.name"); trained != recorded.end() && trained->second != precision)
+  if (const core::TrainedIn trained = core::checkpoint_trained_in(checkpoint); !trained.precision.empty() && trained.precision != precision)
     core::log::info("evaluating in precision ", precision, " (", resolved.at("precision.name").origin.describe(),
-                    "); the checkpoint was trained in ", trained->second);
+                    "); the checkpoint was trained in ", trained.precision);
   const core::EvalResult e = trainer.evaluate();
   core::log::info(checkpoint.string(), ": ", eval_line(trainer, e), " (", sdk::format_duration(e.seconds), ")");
   if (!std::isfinite(e.loss)) {  // (as a run whose final evaluation is so fails: a script deploys on exit 0)

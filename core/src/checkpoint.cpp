@@ -216,7 +216,7 @@ Checkpoint load_step_folder(const fs::path& dir, bool with_optimizer) {
     c.extra = load_safetensors(dir / "optimizer.safetensors", &metadata);
   } else if (!fs::exists(dir / "optimizer.safetensors")) {
     log::warn("checkpoint ", dir.string(), " has no optimizer.safetensors: its state.json (the model's configuration) ",
-              "cannot be checked against the checksum recorded there; it is used as it is");
+              "is checked against model.safetensors' record of it alone (a checkpoint before 0.1's has none)");
   } else {
     try {
       metadata = load_safetensors_metadata(dir / "optimizer.safetensors");  // its header: the optimizer is not used

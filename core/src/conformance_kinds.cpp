@@ -408,7 +408,9 @@ void check_callback(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
       }
       in("on_step_end", [&] { cb->on_step_end(run, report); });
     }
-    in("on_checkpoint_saved", [&] { cb->on_checkpoint_saved(run, dir / "checkpoints" / step_dir_name(2)); });
+    const fs::path saved = dir / "checkpoints" / step_dir_name(2);  // (a folder there, as after a save: one may copy it)
+    fs::create_directories(saved);
+    in("on_checkpoint_saved", [&] { cb->on_checkpoint_saved(run, saved); });
     sdk::RunReport end;
     end.steps = 2;
     end.seconds = 0.02;

@@ -232,7 +232,7 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
   const std::string best_said =
       best_moved.empty() ? std::string()
                          : join(best_moved, ", ") + " held weights of steps after " + checkpoint.filename().string() +
-                               ": moved there; this run's best starts afresh with its next evaluation";
+                               ": moved there, and written again when this run beats the checkpoint's best";
   if (newer.empty())
     log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ": ", best_said, " (",
               aside.string(), ")");

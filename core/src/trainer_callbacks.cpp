@@ -63,14 +63,15 @@ fs::path Trainer::save_checkpoint_for_callback() {
 sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::kValidation : sdk::Split::kTest; }
 
 fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap& metadata) {
+  check_weights_before_saving(file_name);  // (on every rank: they stop together)
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / file_name;  // rank 0 writes (save_checkpoint)
-  check_weights_before_saving(file_name);
   const json state = json::parse(state_json());
   sdk::TextMap all = metadata;
   all.emplace("step", std::to_string(step_));  // (a resume from an earlier step sets a later one's file aside)
   all["model"] = state["model"].dump();
   all["data"] = state["data"].dump();
-  all["precision"] = precision_name_;  // (loom eval evaluates in it)
+  all["precision"] = precision_name_;  // (loom eval evaluates in it, on a device of the type it trained on)
+  all["device"] = state["device"].get<std::string>();
   return checkpoints_->save_weights(file_name, model_tensors(), all);
 }
 

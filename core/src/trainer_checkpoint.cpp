@@ -73,16 +73,23 @@ sdk::TensorMap Trainer::model_tensors() const {
   return out;
 }
 
-std::string Trainer::nonfinite_parameter() const {
+std::string Trainer::nonfinite_weights() const {
+  // A parameter may hold neither NaN nor an infinity; a buffer may hold infinities (a mask's
+  // -inf), not NaN: as a resume checks them (restore_model).
   std::vector<std::string> names;
-  std::vector<at::Tensor> finite;
+  std::vector<at::Tensor> fine;
   for (const auto& item : model_->module().named_parameters())
     if (at::isFloatingType(item.value().scalar_type())) {
-      names.push_back(item.key());
-      finite.push_back(at::isfinite(item.value()).all());
+      names.push_back("parameter '" + item.key() + "' holds NaN or infinite values");
+      fine.push_back(at::isfinite(item.value()).all());
     }
-  if (finite.empty()) return {};
-  const at::Tensor read = at::stack(finite).to(at::kCPU);
+  for (const auto& item : model_->module().named_buffers())
+    if (at::isFloatingType(item.value().scalar_type())) {
+      names.push_back("buffer '" + item.key() + "' holds NaN");
+      fine.push_back(at::isnan(item.value()).any().logical_not());
+    }
+  if (fine.empty()) return {};
+  const at::Tensor read = at::stack(fine).to(at::kCPU);  // one read of the device
   const bool* flags = read.data_ptr<bool>();
   for (size_t i = 0; i < names.size(); ++i)
     if (!flags[i]) return names[i];
@@ -92,11 +99,11 @@ std::string Trainer::nonfinite_parameter() const {
 void Trainer::check_weights_before_saving(const std::string& what) const {
   // Weights that hold NaN never recover (each step after them is skipped), and a resume refuses
   // them as damage: written, they would only let pruning delete the good checkpoints.
-  const std::string bad = nonfinite_parameter();
+  const std::string bad = nonfinite_weights();
   if (bad.empty()) return;
-  throw Error("not writing " + what + " of step " + std::to_string(step_) + ": the model's parameter '" + bad +
-              "' holds NaN or infinite values, written by an update (a step with non-finite gradients changes nothing), "
-              "and the run cannot recover from them; the run stops here, its older checkpoints kept. Lower trainer.lr, or "
+  throw Error("not writing " + what + " of step " + std::to_string(step_) + ": the model's " + bad +
+              ", written by an update or a forward (a step with non-finite gradients updates nothing), and the run cannot "
+              "recover from them; the run stops here, its older checkpoints kept. Lower trainer.lr, or "
               "clip the gradients (trainer.clip_grad_norm); if it happens at any rate, look at optimizer '" +
               options_.optimizer + "' and the callbacks that change weights");
 }
@@ -107,6 +114,7 @@ std::string Trainer::state_json() const {
   s["loom_version"] = LOOM_SDK_VERSION;
   s["step"] = step_;
   s["total_steps"] = total_steps_;
+  s["device"] = c10::DeviceTypeName(device_.type(), /*lower_case=*/true);  // (loom eval: the precision's device)
   s["skipped_steps"] = skipped_steps_;
   const auto position = train_loader_->position();
   // The offset is into this rank's share of the epoch; "ranks" says how many shares there were
@@ -135,6 +143,7 @@ fs::path Trainer::save_checkpoint() {
   flush_window();  // the skipped steps and the window's sums are part of the state
   // Rank 0 writes; every rank holds the same state (the weights were broadcast and every update
   // is the same sum), so the others only name the folder rank 0 writes.
+  check_weights_before_saving("the checkpoint");  // (on every rank: they stop together)
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / step_dir_name(step_);
   // Since resuming, no update had finite gradients: this state is the resumed checkpoint's at
   // best, and perhaps damaged; writing it could let pruning delete the good checkpoints.
@@ -143,7 +152,6 @@ fs::path Trainer::save_checkpoint() {
               " had finite gradients; ", resumed_from_.string(), " stays the newest checkpoint");
     return resumed_from_;
   }
-  check_weights_before_saving("the checkpoint");
   sdk::TensorMap extra;
   // A state's tensor that is not one is named with its component (the writer's own error said
   // neither, and blamed the disk).
@@ -184,7 +192,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   // its own: that is no damage, and the run goes on at the next epoch below)
   const int64_t epoch_samples = train_loader_->samples_per_epoch() * parallel_->world_size();
   const SavedState saved =
-      parse_state_json(c.state_json, dir / "state.json", data_changes.empty() ? epoch_samples : int64_t{1} << 50);
+      parse_state_json(c.state_json, dir / "state.json", data_changes.empty() ? epoch_samples : int64_t{1} << 40);
   const int64_t step = saved.step;
   check_step_folder_name(dir, step);  // (damage: --resume auto falls back to the one before)
   const std::string& model_name = saved.model_name;
@@ -196,13 +204,14 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   schedule.text = saved.schedule;
   const std::string& schedule_name = saved.schedule_name;
   const sdk::BatchPlan saved_plan = saved.plan;
-  DataLoader::Position position = position_for_world(saved.epoch, saved.offset, saved.ranks);
-  if (position.offset > train_loader_->samples_per_epoch()) {
+  // (offset at most 2^40 and ranks 2^20: the product holds in 64 bits)
+  const bool beyond = saved.offset * saved.ranks > epoch_samples;
+  if (beyond)
     log::warn("the checkpoint had taken ", saved.offset * saved.ranks, " samples of its epoch ", saved.epoch,
               ", more than this run's epoch holds (", epoch_samples, ": the data changed), so training goes on at the "
               "start of epoch ", saved.epoch + 1);
-    position = {saved.epoch + 1, 0};
-  }
+  const DataLoader::Position position =
+      beyond ? DataLoader::Position{saved.epoch + 1, 0} : position_for_world(saved.epoch, saved.offset, saved.ranks);
   LogWindow window;
   window.steps = saved.window_steps;
   window.samples = saved.window_samples;
@@ -388,24 +397,37 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
       if (s.contains("step") && s.at("step").is_number_integer()) check_step_folder_name(checkpoint, s.at("step").get<int64_t>());
       model = s.at("model");
       data = s.at("data");
-      // (the precision it trained in: its figures are reproduced in it; older files name none)
-      if (s.contains("precision") && s.at("precision").is_object() && s.at("precision").contains("name") &&
-          s.at("precision").at("name").is_string())
-        out["precision.name"] = s.at("precision").at("name").get<std::string>();
     } else {
-      sdk::TextMap metadata;
-      load_safetensors(checkpoint, &metadata);
+      const sdk::TextMap metadata = load_safetensors_metadata(checkpoint);  // (the header: not the weights)
       if (!metadata.count("model") || !metadata.count("data"))
         throw Error(checkpoint.string() + " carries no model configuration; pass a checkpoint folder or a best_*.safetensors Loom wrote");
       model = json::parse(metadata.at("model"));
       data = json::parse(metadata.at("data"));
-      if (metadata.count("precision") && !metadata.at("precision").empty()) out["precision.name"] = metadata.at("precision");
     }
     for (const auto& [key, value] : model.at("config").items()) out["model." + key] = value.get<std::string>();
     for (const auto& [key, value] : data.at("config").items()) out["data." + key] = value.get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(file.string() + ": the model and data configuration it records is damaged (" + e.what() + ")");
   }
+  return out;
+}
+
+TrainedIn checkpoint_trained_in(const fs::path& checkpoint) {
+  TrainedIn out;
+  try {
+    if (fs::is_directory(checkpoint)) {
+      const json s = json::parse(read_file(checkpoint / "state.json"));
+      if (s.contains("precision") && s.at("precision").is_object() && s.at("precision").contains("name") &&
+          s.at("precision").at("name").is_string())
+        out.precision = s.at("precision").at("name").get<std::string>();
+      if (s.contains("device") && s.at("device").is_string()) out.device = s.at("device").get<std::string>();
+    } else {
+      const sdk::TextMap metadata = load_safetensors_metadata(checkpoint);
+      if (const auto it = metadata.find("precision"); it != metadata.end()) out.precision = it->second;
+      if (const auto it = metadata.find("device"); it != metadata.end()) out.device = it->second;
+    }
+  } catch (const std::exception&) {
+  }  // (damage is checkpoint_run_config's and the load's to name: here it only says nothing)
   return out;
 }
 

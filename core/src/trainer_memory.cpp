@@ -104,7 +104,9 @@ int64_t Trainer::probe_peak(int64_t b, bool train) {
     sdk::Batch batch, staged;
     {
       HostMemoryScope host;
-      batch = dataset_->get_batch(split, indices);
+      const std::string name = value_of(config_, "data.name");
+      batch = as_component([&] { return "dataset '" + name + "' (get_batch of a memory probe's " + std::to_string(b) + " samples)"; },
+                           name, [&] { return dataset_->get_batch(split, indices); });
     }
     for (auto& [name, t] : batch) t = t.to(device_);
     if (device_.is_cuda())

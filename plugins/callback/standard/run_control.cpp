@@ -96,15 +96,17 @@ void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
 }
 
 void Best::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& dir) {
-  // The checkpoint's best is only worth beating where its weights are this run's file: a
-  // checkpoint of another run (--resume-from into a new name), or one whose newer best file was
-  // set aside with its timeline, would leave this run without a best file to the end.
+  // A checkpoint of another run (--resume-from into a new name) brings its best value, not its
+  // weights: beating it would be the only way to a best file, and the run could end without one.
+  // (A best file of this run that is gone, moved away or set aside with a newer timeline, is
+  // written again when this run beats the value.)
   if (!best_ || metric_.empty()) return;
-  const std::string file = "best_" + metric_ + ".safetensors";
   std::error_code ec;
-  if (std::filesystem::exists(run.run_dir() / "checkpoints" / file, ec)) return;
-  sdk::log::info("best: ", dir.string(), " recorded a best ", metric_, " of ", run.format_metric(metric_, *best_),
-                 " (step ", step_, "), whose weights are not this run's ", file, ": the best starts afresh");
+  const auto run_dir = std::filesystem::weakly_canonical(run.run_dir(), ec);
+  const auto from = std::filesystem::weakly_canonical(dir, ec).parent_path().parent_path();  // <run>/checkpoints/step_*
+  if (ec || from == run_dir) return;
+  sdk::log::info("best: ", dir.string(), " is another run's checkpoint, whose best ", metric_, " (",
+                 run.format_metric(metric_, *best_), " at step ", step_, ") is not this run's: its best starts afresh");
   best_.reset();
 }
 

@@ -62,9 +62,11 @@ class FashionMnist final : public loom::sdk::TensorDataset {
   fs::path find(const std::string& stem) const {
     // (a folder that does not exist is the package not installed, said below)
     if (const std::string what = loom::sdk::what_is_at(folder_); what != "a folder" && what != "no such file")
-      throw loom::sdk::Error("fashion_mnist: data.path = " + folder_.string() + " is " +
-                             (what.empty() ? std::string("a file") : what) + ", not a folder; set data.path to the folder "
-                             "with the four IDX files");
+      throw loom::sdk::Error("fashion_mnist: data.path = " + folder_.string() +
+                             (what.rfind("cannot", 0) == 0 ? " " + what
+                                                           : " is " + (what.empty() ? std::string("a file") : what) +
+                                                                 ", not a folder") +
+                             "; set data.path to the folder with the four IDX files");
     for (const char* suffix : {".gz", ""}) {
       const fs::path p = folder_ / (stem + suffix);
       // Something of that name that is not a file is named as what it is, not taken for a missing

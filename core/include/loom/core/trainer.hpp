@@ -197,9 +197,9 @@ class Trainer {
 
   sdk::PrecisionStrategy& precision() { return *precision_; }
   int64_t skipped_steps() const { return skipped_steps_; }
-  /// The first of the model's parameters holding NaN or an infinity ("" if none): written by an
-  /// update (a step with non-finite gradients changes nothing). One read of the device.
-  std::string nonfinite_parameter() const;
+  /// The first of the model's parameters holding NaN or an infinity, or buffers holding NaN, as
+  /// "parameter 'w' holds NaN or infinite values" ("" if none). One read of the device.
+  std::string nonfinite_weights() const;
   sdk::DeviceMemory& memory() { return *memory_; }
   int64_t probes_run() const { return probes_run_; }
   int64_t predicted_peak() const { return predicted_peak_; }
@@ -487,6 +487,14 @@ Resolved resolve_run(Config config, const PluginRegistry& registry);
 /// The model's and data's configuration a checkpoint was trained with (from a step folder's
 /// state.json or a best_<metric>.safetensors file's metadata), as config keys ("model.d_model").
 std::map<std::string, std::string> checkpoint_run_config(const std::filesystem::path& checkpoint);
+
+/// The precision a checkpoint was trained in and the type of device it trained on ("cpu",
+/// "cuda"), from a step folder's state.json or a weights file's metadata; empty where it does not
+/// say (the device: checkpoints before 0.1's precision record).
+struct TrainedIn {
+  std::string precision, device;
+};
+TrainedIn checkpoint_trained_in(const std::filesystem::path& checkpoint);
 
 /// Peak resident memory of this process, in bytes.
 int64_t peak_resident_bytes();
