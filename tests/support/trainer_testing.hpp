@@ -16,6 +16,10 @@
 #include <unistd.h>
 #include <vector>
 
+/// `haystack` (a string) contains `needle`; the message shows the whole haystack.
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
 namespace loom::testing {
 
 /// The build's in-tree plugins and the test models (the out-of-tree example MLP), loaded once.

@@ -45,9 +45,6 @@ class ConfigTest : public testing::Test {
   fs::path dir_;
 };
 
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
-
 TEST_F(ConfigTest, ChildOverridesItsBaseAndRemembersWhereEachValueCameFrom) {
   write("base.ini", "# shared defaults\n[trainer]\nbatch_size = 64\nlr = 0.1\n");
   const auto child = write("exp/child.ini", "base = ../base.ini\n\n[trainer]\nbatch_size = 32  # smaller\n");
