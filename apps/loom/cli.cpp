@@ -109,6 +109,57 @@ const std::vector<Command>& commands() {
   return table;
 }
 
+po::options_description global_options() {
+  po::options_description global("Options of every command");
+  global.add_options()
+      ("help,h", "show help (of the command, after its name)")
+      ("log-level", po::value<std::string>()->default_value("info"),
+       "trace, debug, info, warn, error or off")
+      ("plugin-dir", po::value<std::vector<std::string>>()->composing(),
+       "another folder (or file) of plugins; repeatable");
+  return global;
+}
+
+po::options_description run_config_options() {
+  po::options_description run("Run configuration");
+  run.add_options()
+      ("config,c", po::value<std::vector<std::string>>()->composing(),
+       "INI file (may name `base = other.ini`); repeatable, later wins")
+      ("set", po::value<std::vector<std::string>>()->composing(),
+       "section.key=value, applied last; repeatable");
+  po::options_description seeds("Seed-style flags (aliases of keys)");
+  for (const auto& alias : loom::core::aliases()) {
+    const std::string help = std::string(alias.help) + " [" + alias.key + "]";
+    if (alias.switch_to != nullptr)
+      seeds.add_options()(alias.flag, help.c_str());
+    else
+      seeds.add_options()(alias.flag, po::value<std::string>()->value_name("V"), help.c_str());
+  }
+  run.add(seeds);
+  return run;
+}
+
+po::options_description command_options(const Command& command, const std::string& caption) {
+  po::options_description described(caption);
+  po::options_description own("Options");
+  if (command.add_options) command.add_options(own);
+  if (!own.options().empty()) described.add(own);
+  if (command.takes_run_config) described.add(run_config_options());
+  described.add(global_options());
+  return described;
+}
+
+po::variables_map parse_command_line(const Command& command, const std::vector<std::string>& args) {
+  po::options_description all;
+  all.add(command_options(command, "")).add_options()("args", po::value<std::vector<std::string>>()->composing(), "");
+  po::positional_options_description positional;
+  positional.add("args", -1);
+  po::variables_map options;
+  po::store(po::command_line_parser(args).options(all).positional(positional).run(), options);
+  if (!options.count("help")) po::notify(options);  // (`launch --help` needs no --nproc-per-node)
+  return options;
+}
+
 core::Config config_from(const po::variables_map& options) {
   core::Config config;
   if (options.count("config"))

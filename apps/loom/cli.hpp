@@ -38,6 +38,15 @@ struct Command {
 /// All commands, in the order `loom --help` lists them.
 const std::vector<Command>& commands();
 
+/// The options of every command (--help, --log-level, --plugin-dir).
+po::options_description global_options();
+/// A command's options under `caption`: its own, the run configuration's (--config, --set, the
+/// seed-style aliases) where it takes one, and those of every command.
+po::options_description command_options(const Command& command, const std::string& caption);
+/// `args` (the command line less the command's name) as `command` reads them, the positional
+/// ones under "args"; throws po::error where they are not its options.
+po::variables_map parse_command_line(const Command& command, const std::vector<std::string>& args);
+
 /// --config, --set and the aliases, applied in precedence order to a Config.
 core::Config config_from(const po::variables_map& options);
 

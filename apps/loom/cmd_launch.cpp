@@ -9,6 +9,7 @@
 
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/trainer.hpp>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -290,10 +291,11 @@ int cmd_launch(const Invocation& invocation) {
                 "--set parallel.name=ddp");
   // Each process runs `loom <command>`: only training is a job of several processes.
   std::string command;  // the first word that is no option, past the options of every command (as main finds it)
+  size_t command_at = 0;
   for (size_t i = 0; i < invocation.args.size() && command.empty(); ++i) {
     const std::string& a = invocation.args[i];
     if (a == "--log-level" || a == "--plugin-dir") ++i;
-    else if (!a.empty() && a[0] != '-') command = a;
+    else if (!a.empty() && a[0] != '-') command = a, command_at = i;
   }
   if (command == "launch")
     throw Error("loom launch -- launch ...: a launch inside a launch would start " + std::to_string(nproc) +
@@ -321,6 +323,22 @@ int cmd_launch(const Invocation& invocation) {
     std::cout.flush();
     ::execv(self.c_str(), argv.data());
     throw Error("loom launch: cannot run " + self + " for the help of " + command + ": " + std::strerror(errno));
+  }
+  // The run's configuration is checked once, here: a wrong key or a missing file would be said by
+  // every rank, and once more in the launcher's summary.
+  {
+    std::vector<std::string> child = invocation.args;
+    child.erase(child.begin() + static_cast<std::ptrdiff_t>(command_at));
+    const Command& train = *std::find_if(commands().begin(), commands().end(), [](const Command& c) { return c.name == std::string("train"); });
+    po::variables_map options;
+    try {
+      options = parse_command_line(train, child);
+    } catch (const po::error& e) {
+      throw Error("loom launch -- train: " + std::string(e.what()) + "; run `loom train --help` for its options");
+    }
+    core::PluginRegistry registry;
+    scan_plugins(registry, options, /*log_refusals=*/false);  // (each rank says its refusals)
+    core::resolve_run(config_from(options), registry);
   }
   const std::string world = std::to_string(nproc * nnodes);
   const std::vector<std::string> env{"WORLD_SIZE=" + world, "LOCAL_WORLD_SIZE=" + std::to_string(nproc),

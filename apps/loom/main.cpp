@@ -20,43 +20,13 @@ namespace po = boost::program_options;
 
 namespace {
 
-po::options_description global_options() {
-  po::options_description global("Options of every command");
-  global.add_options()
-      ("help,h", "show help (of the command, after its name)")
-      ("log-level", po::value<std::string>()->default_value("info"),
-       "trace, debug, info, warn, error or off")
-      ("plugin-dir", po::value<std::vector<std::string>>()->composing(),
-       "another folder (or file) of plugins; repeatable");
-  return global;
-}
-
-po::options_description run_config_options() {
-  po::options_description run("Run configuration");
-  run.add_options()
-      ("config,c", po::value<std::vector<std::string>>()->composing(),
-       "INI file (may name `base = other.ini`); repeatable, later wins")
-      ("set", po::value<std::vector<std::string>>()->composing(),
-       "section.key=value, applied last; repeatable");
-  po::options_description seeds("Seed-style flags (aliases of keys)");
-  for (const auto& alias : loom::core::aliases()) {
-    const std::string help = std::string(alias.help) + " [" + alias.key + "]";
-    if (alias.switch_to != nullptr)
-      seeds.add_options()(alias.flag, help.c_str());
-    else
-      seeds.add_options()(alias.flag, po::value<std::string>()->value_name("V"), help.c_str());
-  }
-  run.add(seeds);
-  return run;
-}
-
 void print_usage(std::ostream& out) {
   out << "loom " LOOM_SDK_VERSION " - train models on LibTorch with run-time plugins\n\n"
       << "Usage: loom <command> [options]\n\nCommands:\n";
   for (const auto& c : loom::cli::commands())
     out << "  " << c.name << std::string(10 - std::min<size_t>(9, std::strlen(c.name)), ' ')
         << c.summary << "\n";
-  out << "\n" << global_options() << "\n`loom <command> --help` shows a command's options.\n";
+  out << "\n" << loom::cli::global_options() << "\n`loom <command> --help` shows a command's options.\n";
 }
 
 }  // namespace
@@ -101,25 +71,12 @@ int run_loom(int argc, char** argv) {
     return 2;
   }
 
-  po::options_description described(std::string("Usage: ") + command->usage);
-  po::options_description own("Options");
-  if (command->add_options) command->add_options(own);
-  if (!own.options().empty()) described.add(own);
-  if (command->takes_run_config) described.add(run_config_options());
-  described.add(global_options());
-  po::options_description hidden;
-  hidden.add_options()("args", po::value<std::vector<std::string>>()->composing(), "");
-  po::options_description all;
-  all.add(described).add(hidden);
-  po::positional_options_description positional;
-  positional.add("args", -1);
-
+  const po::options_description described = loom::cli::command_options(*command, std::string("Usage: ") + command->usage);
   args.erase(args.begin() + static_cast<std::ptrdiff_t>(command_at));
   loom::cli::Invocation invocation;
   invocation.command_line = args;
   try {
-    po::store(po::command_line_parser(args).options(all).positional(positional).run(), invocation.options);
-    if (!invocation.options.count("help")) po::notify(invocation.options);  // (`launch --help` needs no --nproc-per-node)
+    invocation.options = loom::cli::parse_command_line(*command, args);
   } catch (const po::error& e) {
     // `loom launch --nproc-per-node 2 train -c x`: the command's own options need a -- before it.
     std::string hint;

@@ -34,6 +34,10 @@ r = loom(exe, "launch", "--help")  # its required --nproc-per-node is not asked 
 expect("--nproc-per-node" in r.stdout, "launch --help shows its options", r)
 r = loom(exe, "launch", "--nproc-per-node", "2", "--", "train", "--help")  # the command's help, once (it was once per rank)
 expect(r.stdout.count("Usage: loom train") == 1 and "launch    2 processes" not in r.stderr, "launch -- train --help", r)
+# The run's configuration is checked once by the launcher, before any rank starts (each rank said it).
+r = loom(exe, "launch", "--nproc-per-node", "2", "--", "train", "--set", "trainer.batch_szie=3", check=False)
+expect(r.returncode == 1 and r.stderr.count("unknown key 'trainer.batch_szie'") == 1 and "launch    2 processes" not in r.stderr,
+       "launch checks the configuration once", r)
 r = loom(exe, "launch", "--nproc-per-node", "2", "--", "launch", "--nproc-per-node", "2", "--", "train", check=False)
 expect(r.returncode == 1 and "a launch inside a launch" in r.stderr, "a nested launch is refused", r)
 r = loom(exe, "launch", "--nproc-per-node", "2", "--grace", "nan", "--", "train", check=False)

@@ -117,7 +117,12 @@ expect(hashlib.sha256(open(trace, "rb").read()).hexdigest() == digest, "the exis
 r = loom(exe, "profile", *RUN, "--steps", "0", "--trace", os.path.join(work, "zero.json"), check=False)
 expect(r.returncode != 0 and "--steps must be in 1..100000" in r.stderr, "--steps 0 is refused", r)
 r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "no", "such", "folder", "t.json"), check=False)
-expect(r.returncode != 0 and "does not exist" in r.stderr, "a trace in a missing folder is refused before training", r)
+expect(r.returncode != 0 and "/no/such/folder: no such folder" in r.stderr, "a trace in a missing folder is refused before training", r)
+# A file where a folder is needed, some levels up: that file is named (it said "does not exist").
+with open(os.path.join(work, "a_file"), "w") as f:
+    f.write("x")
+r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "a_file", "sub", "t.json"), check=False)
+expect(r.returncode != 0 and os.path.join(work, "a_file") + " is not a folder" in r.stderr, "a trace under a file is refused, naming it", r)
 r = loom(exe, "profile", *RUN, "--trace", "/proc/nope.json", check=False)  # a folder no file can be made in
 expect(r.returncode != 0 and "--trace /proc/nope.json cannot be written (" in r.stderr and "profiled" not in r.stderr,
        "an unwritable trace path is refused before training", r)
