@@ -1,6 +1,7 @@
 // The profiler. See profiler.hpp.
 #include <loom/core/error.hpp>
 #include <loom/core/profiler.hpp>
+#include <loom/core/text.hpp>
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 
@@ -14,6 +15,7 @@
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <unistd.h>
 
 namespace loom::core {
 
@@ -117,9 +119,20 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
 #endif
   std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
   if (!result) throw Error("the profiler returned no result");
-  result->save(trace.string());
-  if (!std::filesystem::is_regular_file(trace))
-    throw Error("the profiler did not write its trace to " + trace.string());
+  // The profiler writes <path>.tmp and renames it: given the trace's own path, it replaced a file
+  // of the user's of that name. It writes under a name of this process's, renamed to the trace.
+  namespace fs = std::filesystem;
+  const fs::path own = trace.string() + ".loom-" + std::to_string(::getpid()) + ".json";
+  result->save(own.string());
+  std::error_code ec;
+  if (!fs::is_regular_file(own, ec) || (fs::rename(own, trace, ec), ec)) {
+    fs::remove(own, ec);
+    fs::remove(own.string() + ".tmp", ec);  // (a partial one, on a full disk)
+    const fs::space_info space = fs::space(trace.has_parent_path() ? trace.parent_path() : fs::path("."), ec);
+    throw Error("the profiler could not write its trace to " + trace.string() +
+                (ec ? std::string() : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
+                "; nothing was left there");
+  }
 
   // Self time: on each thread, CPU events nest by time; an event's self time is its duration
   // less its direct children's.

@@ -354,13 +354,15 @@ void Trainer::build_throughput() {
 void Trainer::build_plan() {
   const int64_t world = devices_in_world();  // ranks x the devices of each (data_parallel)
   const int64_t per_step = options_.accumulation * world;
-  if (options_.batch_size % per_step != 0)
-    throw Error("trainer.batch_size " + std::to_string(options_.batch_size) + " is not divisible by " +
-                "gradient_accumulation_steps " + std::to_string(options_.accumulation) + " x world size " +
-                std::to_string(world) + "; the global batch must split evenly into micro-batches");
-  plan_ = sdk::BatchPlan{options_.batch_size / per_step, options_.accumulation, world};
-  // Memory policies may choose or change the micro-batch; a global batch the user gave stays.
+  // Memory policies may choose or change the micro-batch; a global batch the user gave stays. One
+  // not given is only where the policies start (auto_batch's micro-batch x the accumulation).
   const bool given = config_.at("trainer.batch_size").origin.source != "default";
+  const std::string uneven = "trainer.batch_size " + std::to_string(options_.batch_size) + " is not divisible by " +
+                             "gradient_accumulation_steps " + std::to_string(options_.accumulation) + " x world size " +
+                             std::to_string(world) + "; the global batch must split evenly into micro-batches";
+  if (options_.batch_size % per_step != 0 && (given || memory_policies_.empty())) throw Error(uneven);
+  plan_ = sdk::BatchPlan{std::max<int64_t>(1, options_.batch_size / per_step), options_.accumulation, world};
+  const sdk::BatchPlan start = plan_;
   const auto names = sdk::parse_list(value_of(config_, "memory.policies"));
   for (size_t i = 0; i < memory_policies_.size(); ++i) {
     auto& policy = memory_policies_[i];
@@ -391,6 +393,7 @@ void Trainer::build_plan() {
                 " (", policy->describe(), ")");
     plan_ = context.plan;
   }
+  if (options_.batch_size % per_step != 0 && plan_ == start) throw Error(uneven);  // (no policy chose a plan)
   plan_ = agree_plan(plan_);
   if (options_.estimate_memory && plan_.micro_batch >= 2) {
     // Probes now, so the end of the run can say how far the estimate was off.

@@ -58,13 +58,48 @@ std::optional<ActivationFit> Trainer::activation_fit(int64_t micro) {
   return std::nullopt;
 }
 
+StepState Trainer::capture() const {
+  StepState s;
+  s.step = step_;
+  s.loader = train_loader_->position();
+  {
+    // (bookkeeping in host memory, not the device budget's: a step whose start allocated it there
+    // ran out of memory before its recovery could act)
+    HostMemoryScope host;
+    s.cpu_rng = cpu_generator().get_state();
+    if (device_.is_cuda()) s.device_rng = device_generator(device_).get_state();
+  }
+  s.buffers = save_buffers();
+  return s;
+}
+
+std::vector<at::Tensor> Trainer::save_buffers() const {
+  // Buffers a forward in training mode updates (BatchNorm's running statistics): a replayed or
+  // probed forward must not count twice.
+  std::vector<at::Tensor> out;
+  for (const auto& item : model_->module().named_buffers()) out.push_back(item.value().detach().clone());
+  return out;
+}
+
+void Trainer::restore_buffers(const std::vector<at::Tensor>& saved) {
+  at::NoGradGuard no_grad;
+  size_t i = 0;
+  for (const auto& item : model_->module().named_buffers())
+    if (i < saved.size()) item.value().copy_(saved[i++]);
+}
+
 std::string Trainer::config_key() const {
   std::string key;
   for (const auto& section : {"model", "data", "precision"})
     for (const auto& [k, v] : this->section(section)) key += std::string(section) + "." + k + "=" + v + ";";
+  // The optimizer's options too: SGD's momentum holds a buffer per parameter that plain SGD does not.
+  key += "optimizer=" + options_.optimizer + ";";
+  const std::string optimizer = "optimizer." + options_.optimizer + ".";
+  for (const auto& [k, v] : config_)
+    if (k.rfind(optimizer, 0) == 0) key += k.substr(optimizer.size()) + "=" + v.value + ";";
   // probe=2: what a probe holds (its batch in host memory, the staged next one on CUDA); answers
   // measured by the earlier probes are not reused.
-  return key + "optimizer=" + options_.optimizer + ";libtorch=" + TORCH_VERSION + ";probe=2";
+  return key + "libtorch=" + TORCH_VERSION + ";probe=2";
 }
 
 int64_t Trainer::probe_peak(int64_t b, bool train) {
@@ -78,9 +113,12 @@ int64_t Trainer::probe_peak(int64_t b, bool train) {
     probe_peak(1, false);
   }
   at::Generator cpu = cpu_generator();
-  const at::Tensor cpu_state = cpu.get_state();
-  at::Tensor device_state;
-  if (device_.is_cuda()) device_state = device_generator(device_).get_state();
+  at::Tensor cpu_state, device_state;
+  {
+    HostMemoryScope host;  // (bookkeeping, as in capture())
+    cpu_state = cpu.get_state();
+    if (device_.is_cuda()) device_state = device_generator(device_).get_state();
+  }
   const std::vector<at::Tensor> buffers = save_buffers();
   auto restore_state = [&] {
     model_->module().train();  // (an evaluation probe that ran out of memory left it in evaluation mode)
@@ -252,6 +290,9 @@ StepResult Trainer::step_with_recovery(bool read_values) {
                 " after running out of memory at step ", step_ + 1);
       plan_ = context.plan;
       train_loader_->set_micro_batch(plan_.micro_batch * local_devices());
+      // The peak from here on is the new plan's (the attempt that failed is not what the run
+      // uses: memory/peak_bytes and the estimate's check would keep it for the rest of the run).
+      memory_->reset_peak();
       ++oom_recoveries_;
       recovery_seconds_ += seconds_since(t0);
     }

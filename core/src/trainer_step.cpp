@@ -72,31 +72,6 @@ ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector
 
 }  // namespace
 
-StepState Trainer::capture() const {
-  StepState s;
-  s.step = step_;
-  s.loader = train_loader_->position();
-  s.cpu_rng = cpu_generator().get_state();
-  if (device_.is_cuda()) s.device_rng = device_generator(device_).get_state();
-  s.buffers = save_buffers();
-  return s;
-}
-
-std::vector<at::Tensor> Trainer::save_buffers() const {
-  // Buffers a forward in training mode updates (BatchNorm's running statistics): a replayed or
-  // probed forward must not count twice.
-  std::vector<at::Tensor> out;
-  for (const auto& item : model_->module().named_buffers()) out.push_back(item.value().detach().clone());
-  return out;
-}
-
-void Trainer::restore_buffers(const std::vector<at::Tensor>& saved) {
-  at::NoGradGuard no_grad;
-  size_t i = 0;
-  for (const auto& item : model_->module().named_buffers())
-    if (i < saved.size()) item.value().copy_(saved[i++]);
-}
-
 void Trainer::restore(const StepState& s) {
   step_ = s.step;
   train_loader_->seek(s.loader);

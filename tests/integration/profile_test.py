@@ -123,6 +123,13 @@ with open(os.path.join(work, "a_file"), "w") as f:
     f.write("x")
 r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "a_file", "sub", "t.json"), check=False)
 expect(r.returncode != 0 and os.path.join(work, "a_file") + " is not a folder" in r.stderr, "a trace under a file is refused, naming it", r)
+# A file of the user's named <trace>.tmp stays (the profiler wrote its trace there first, and renamed it).
+kept = os.path.join(work, "own.json.tmp")
+with open(kept, "w") as f:
+    f.write("precious")
+r = loom(exe, "profile", *RUN, "--steps", "1", "--trace", os.path.join(work, "own.json"))
+expect(open(kept).read() == "precious" and os.path.isfile(os.path.join(work, "own.json"))
+       and not [f for f in os.listdir(work) if ".loom-" in f], "a file named like the trace's temporary one stays", r)
 r = loom(exe, "profile", *RUN, "--trace", "/proc/nope.json", check=False)  # a folder no file can be made in
 expect(r.returncode != 0 and "--trace /proc/nope.json cannot be written (" in r.stderr and "profiled" not in r.stderr,
        "an unwritable trace path is refused before training", r)

@@ -57,15 +57,14 @@ std::map<std::string, int64_t> read_cache(const fs::path& path) {
   return out;
 }
 
+/// Replaces the cache whole or not at all (a full disk or a read-only folder leaves it as it was,
+/// and throws loom::sdk::Error saying why: it had been emptied in silence).
 void write_cache(const fs::path& path, const std::map<std::string, int64_t>& entries) {
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
-  const fs::path tmp = path.string() + "." + std::to_string(::getpid()) + ".tmp";  // runs may share the cache
-  {
-    std::ofstream out(tmp);
-    for (const auto& [k, v] : entries) out << k << '\t' << v << '\n';
-  }
-  fs::rename(tmp, path, ec);
+  std::string text;
+  for (const auto& [k, v] : entries) text.append(k).append("\t").append(std::to_string(v)).append("\n");
+  loom::sdk::write_file_durably(path, text);
 }
 
 class AutoBatch final : public loom::sdk::MemoryPolicy {
@@ -118,7 +117,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
           auto entries = read_cache(cache_);
           entries[key] = chosen;
           write_cache(cache_, entries);
-        } catch (const loom::sdk::Error& e) {  // (replaced since it was read)
+        } catch (const loom::sdk::Error& e) {  // (replaced since it was read, or a full disk)
           loom::sdk::log::warn(e.what(), ": the answer is not cached");
         }
       }
@@ -128,6 +127,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
       context.plan = loom::sdk::split_global_batch(context.global_batch, world, chosen);
     else
       context.plan = loom::sdk::BatchPlan{chosen, context.plan.accumulation, world};  // (the run's accumulation stays)
+    planned_micro_batch_ = context.plan.micro_batch;
     loom::sdk::log::info("plan ", loom::sdk::plan_text(context.plan));
   }
 
@@ -136,10 +136,20 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
   /// A cached answer that ran out of memory (measured by an older Loom, or on a device that
   /// other processes now share) is taken out of the cache, so that the next run searches again;
   /// re-planning is oom_recovery's.
-  /// (An evaluation's out-of-memory is not about the training micro-batch it measured. Listed
-  /// after oom_recovery, which handles the failure first, it is not told.)
+  /// (An evaluation's out-of-memory is not about the training micro-batch it measured: that one
+  /// is halved. Listed after oom_recovery, which handles the failure first, it is not told.)
   bool on_oom(loom::sdk::OomContext& context) override {
-    if (context.evaluation || cached_key_.empty() || cache_ == "off") return false;
+    // An evaluation's micro-batch was never searched (evaluation may hold more than a step: a
+    // recommender's item vectors): halved until it fits, as auto_batch promises a run that fits.
+    // (The evaluation changes nothing but its own sums, so it starts again.)
+    if (context.evaluation) {
+      if (context.plan.micro_batch <= 1) return false;
+      context.plan.micro_batch /= 2;
+      return true;
+    }
+    if (cached_key_.empty() || cache_ == "off") return false;
+    // (a policy after it, or a recovery before, changed the micro-batch: not the cached answer's failure)
+    if (context.plan.micro_batch != planned_micro_batch_) return false;
     try {  // (the recovery goes on whatever became of the cache)
       auto entries = read_cache(cache_);
       if (entries.erase(cached_key_) > 0) {
@@ -251,6 +261,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
   int probes_ = 0;
   bool converged_ = false;  ///< the search ended on its own, not for want of probes
   std::string cached_key_;  ///< the cache's key of the answer this run took from it, if any
+  int64_t planned_micro_batch_ = 0;  ///< the micro-batch of the plan it made
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <loom/core/config.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/device_memory.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
@@ -22,9 +23,11 @@
 #include <torch/nn/module.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -319,6 +322,59 @@ TEST_F(MemoryTest, AutoBatchLeavesACacheThatIsNoFileAsItIsAndSearches) {
                                "without it and writes nothing there"))
       << ::testing::PrintToString(capture.lines());
   EXPECT_TRUE(fs::is_fifo(fifo)) << "the FIFO was replaced";
+}
+
+TEST_F(MemoryTest, AutoBatchLeavesItsCacheWholeWhereTheAnswerCannotBeWritten) {
+  // (on a full disk the file was rewritten in place: every other entry was lost, without a word)
+  const fs::path cache = dir_ / "cache.tsv";
+  std::string entries;
+  for (int i = 0; i < 200; ++i) entries.append("k").append(std::to_string(i)).append("|cap=1\t").append(std::to_string(i + 1)).append("\n");
+  std::ofstream(cache) << entries;
+  ProbedDevice device{[](int64_t b) { return int64_t{1000} * b; }, 100000};
+  auto policy = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", cache.string()}});
+  auto context = device.context(64);
+  const loom::core::log::Capture capture(LOOM_LOG_WARN);
+  {  // files of at most 1 KiB: the cache's new version (over 4 KiB) cannot be written, as on a full disk
+    rlimit before{};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+    const auto sigxfsz = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = before;
+    small.rlim_cur = 1024;
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+    policy->plan(context);
+    ::setrlimit(RLIMIT_FSIZE, &before);
+    std::signal(SIGXFSZ, sigxfsz);
+  }
+  EXPECT_GE(context.plan.micro_batch, 32);
+  EXPECT_EQ(loom::core::read_file(cache), entries) << "the cache changed";
+  EXPECT_TRUE(capture.contains(": the answer is not cached")) << ::testing::PrintToString(capture.lines());
+}
+
+TEST_F(MemoryTest, AutoBatchKeepsItsCachedAnswerWhereAnotherPlanRanOutOfMemoryAndHalvesAnEvaluation) {
+  // (vram_tiers after it planned a larger micro-batch, which ran out of memory: auto_batch said
+  // "the cached micro-batch ran out of memory" and removed its good entry)
+  const fs::path cache = dir_ / "cache.tsv";
+  ProbedDevice device{[](int64_t b) { return int64_t{1000} * b; }, 100000};
+  auto first = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", cache.string()}});
+  auto context = device.context(64);
+  first->plan(context);
+  const std::string cached = loom::core::read_file(cache);
+  auto again = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", cache.string()}});
+  auto from_cache = device.context(64);
+  again->plan(from_cache);
+  loom::sdk::OomContext oom;
+  oom.plan = from_cache.plan;
+  oom.plan.micro_batch *= 2;  // another policy's plan
+  EXPECT_FALSE(again->on_oom(oom));
+  EXPECT_EQ(loom::core::read_file(cache), cached);
+  // Evaluation: never searched, so halved until it fits (the run died at its first evaluation).
+  loom::sdk::OomContext eval;
+  eval.evaluation = true;
+  eval.plan = loom::sdk::BatchPlan{256, 1, 1};
+  EXPECT_TRUE(again->on_oom(eval));
+  EXPECT_EQ(eval.plan.micro_batch, 128);
+  eval.plan.micro_batch = 1;
+  EXPECT_FALSE(again->on_oom(eval));
 }
 
 TEST_F(MemoryTest, OomRecoveryGivesTheRunThatNeverRanOutOfMemory) {
