@@ -30,6 +30,21 @@ int64_t devices_of(const Invocation& invocation) {
 
 }  // namespace
 
+namespace {
+
+/// Where the probes ran below the micro-batch `wanted` (the larger ones ran out of memory under a
+/// cap): the figures are extrapolated from small batches, whose fixed costs weigh more; said.
+void cap_note(core::Trainer& trainer, const core::ActivationFit& fit, int64_t wanted) {
+  const int64_t cap = trainer.memory().stats().limit;
+  wanted = std::clamp<int64_t>(wanted, 2, std::max<int64_t>(2, trainer.dataset().size(sdk::Split::kTrain)));  // (as activation_fit)
+  if (cap <= 0 || fit.probe_large >= wanted) return;
+  core::log::warn("the probes ran at micro-batch ", fit.probe_small, " and ", fit.probe_large, ", not ", wanted,
+                  ": larger ones ran out of memory under the cap of ", core::format_bytes(cap), ". Figures for larger "
+                  "batches are extrapolated from these (off by much where fixed costs dominate); drop the cap to measure them");
+}
+
+}  // namespace
+
 int cmd_memory(const Invocation& invocation) {
   const std::string what = invocation.args.empty() ? "" : invocation.args[0];
   const std::string usage =
@@ -81,6 +96,7 @@ int cmd_memory(const Invocation& invocation) {
               << core::format_estimate(e, trainer.device().str())
               << "(activations from probes at micro-batch " << fit.probe_small << " and " << fit.probe_large << ": "
               << core::format_bytes(static_cast<int64_t>(fit.per_sample)) << " per sample)\n";
+    cap_note(trainer, fit, micro / 2);
     if (const int64_t have = trainer.training_samples(); micro * devices > have)
       std::cout << "note: this data's training split has " << have << " samples, too few for a micro-batch of " << micro
                 << " on each of " << devices << " device(s): loom train refuses this plan with it (the figures hold "
@@ -92,8 +108,14 @@ int cmd_memory(const Invocation& invocation) {
   const std::string target_text = invocation.options["target"].as<std::string>();
   const auto target = sdk::parse_bytes(target_text);
   if (!target) throw Error("--target '" + target_text + "' is not a size (a number of bytes below 8 EiB, with its unit); e.g. 8GiB, 512MiB, 16GB");
+  if (const int64_t cap = trainer.memory().stats().limit; cap > 0 && *target > cap)
+    core::log::warn("--target ", core::format_bytes(*target), " is above the cap this command runs under, ",
+                    core::format_bytes(cap), " (memory.device_memory_limit or --memory-fraction): the probes cannot go "
+                    "past it, and a run with that cap could not use the answer; give a target below the cap, or drop the "
+                    "cap to measure for a larger device");
   auto measured = trainer.activation_fit(std::max<int64_t>(2, samples / devices));
   if (!measured) throw Error("even a micro-batch of 2 runs out of memory on " + trainer.device().str());
+  cap_note(trainer, *measured, std::max<int64_t>(2, samples / devices) / 2);
   int64_t micro = core::largest_micro_batch(states, *measured, *target);
   // Per-sample memory drifts with the batch (kernels pick other algorithms, buffers round), so
   // a candidate far above the probes is measured again nearer to it: probes at a quarter and half

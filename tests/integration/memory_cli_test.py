@@ -64,6 +64,13 @@ expect("per device: 922 " in r.stdout and "the run trains on 922 samples" in r.s
 r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB", "--set", "trainer.gradient_accumulation_steps=2")
 expect("per device: 461 (global batch 922 on 1 device(s) x accumulation 2" in r.stdout,
        "suggest with accumulation 2 caps the global batch at the 922 samples", r)
+# Under a cap the probes may run small; a target above the cap cannot be measured: both said
+# (an answer of 9 under a 200 KiB cap for a 300 KiB target then ran out of memory).
+debug = os.path.join(source, "configs", "debug.ini")
+r = loom(exe, "memory", "suggest", "-c", debug, "--target", "300KiB", "--set", "memory.device_memory_limit=200KiB")
+expect("--target 300.0 KiB is above the cap this command runs under, 200.0 KiB" in r.stderr
+       and "the probes ran at micro-batch 1 and 2, not 16: larger ones ran out of memory under the cap" in r.stderr,
+       "suggest says a target above the cap and probes the cap held small", r)
 r = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--batch-size", "32")
 expect("the global batch is given twice: --batch 64 and trainer.batch_size = 32 (--batch-size); --batch is used" in r.stderr,
        "estimate says a batch given twice", r)
