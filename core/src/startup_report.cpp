@@ -110,8 +110,13 @@ void Trainer::report_startup() const {
   }
   const auto mem = memory_->stats();
   if (mem.limit > 0)
-    log::info("memory    ", device_.str(), " may use ", format_bytes(mem.limit), " of ", format_bytes(device_.is_cpu() && options_.device_memory_limit > 0 ? options_.device_memory_limit : mem.total),
-              device_.is_cpu() && options_.device_memory_limit > 0 ? " (--device-memory-limit: the CPU acts as a device of that size)" : "");
+    // (on the CPU the budget is the device's size: "of" it only where --device-memory-limit made
+    // the CPU a device of that size; a fraction's share of the machine its policy's line says)
+    log::info("memory    ", device_.str(), " may use ", format_bytes(mem.limit),
+              !device_.is_cpu() ? " of " + format_bytes(mem.total)
+              : options_.device_memory_limit > 0
+                  ? " of " + format_bytes(options_.device_memory_limit) + " (--device-memory-limit: the CPU acts as a device of that size)"
+                  : std::string());
   for (const auto& policy : memory_policies_) log::info("memory    ", policy->describe());
   if (predicted_peak_ > 0) log::info("memory    estimated peak ", format_bytes(predicted_peak_), " at micro-batch ", plan_.micro_batch);
   std::vector<std::string> names;

@@ -100,7 +100,8 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
                              "at a file (or remove what is at ", cache_, "), or set it to off");
         cache_ = "off";
       }
-      if (auto it = entries.find(key); it != entries.end()) {
+      // (an answer above the key's own max is no answer of this search: an edited or damaged line)
+      if (auto it = entries.find(key); it != entries.end() && it->second <= limit) {
         chosen = it->second;
         cached_key_ = key;
         loom::sdk::log::info("micro-batch ", chosen, " from the cache ", cache_);

@@ -26,6 +26,12 @@ std::vector<Tier> parse_tiers(const std::string& text) {
   }
   if (tiers.empty()) throw loom::sdk::Error("memory.tiers is empty; e.g. 20GB:128, 10GB:64, 0:32");
   std::sort(tiers.begin(), tiers.end(), [](const Tier& a, const Tier& b) { return a.min_bytes > b.min_bytes; });
+  // (two batches for one size: which one a device of that size gets would depend on the order)
+  for (size_t i = 1; i < tiers.size(); ++i)
+    if (tiers[i].min_bytes == tiers[i - 1].min_bytes)
+      throw loom::sdk::Error("memory.tiers gives " + loom::sdk::format_bytes(tiers[i].min_bytes) + " twice (micro-batch " +
+                             std::to_string(tiers[i - 1].micro_batch) + " and " + std::to_string(tiers[i].micro_batch) +
+                             "); give each size once");
   return tiers;
 }
 

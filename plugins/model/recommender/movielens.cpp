@@ -331,8 +331,16 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
   }
   Rows rows(root / "ratings.csv");
   header(rows, "userId,movieId,rating,timestamp");
+  std::vector<std::string> unquoted;
   while (rows.next(line)) {
-    const auto f = split_on(line, ",");
+    // (fields in quotes, as some exporters write every field: read as CSV; the plain split is the fast path)
+    std::vector<std::string_view> f;
+    if (line.find('"') == std::string::npos) {
+      f = split_on(line, ",");
+    } else {
+      unquoted = csv_fields(line, rows);
+      f.assign(unquoted.begin(), unquoted.end());
+    }
     if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (userId,movieId,rating,timestamp)");
     reader.add_interaction(std::to_string(integer(f[0], "userId", rows)), std::to_string(integer(f[1], "movieId", rows)),
                            rating(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "movies.csv");

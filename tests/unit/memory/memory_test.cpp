@@ -182,6 +182,13 @@ TEST_F(MemoryTest, VramTiersPicksTheSeedsBatchForEachTier) {
   c.plan = {128, 1, 1};
   custom->plan(c);
   EXPECT_EQ(c.plan.micro_batch, 256);
+  // One size twice: which batch a device of that size got depended on the order (taken in silence).
+  try {
+    registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "20GB:128, 20GB:64, 0:16"}});
+    ADD_FAILURE() << "a size given twice was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.tiers gives 18.6 GiB twice (micro-batch "), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(MemoryTest, AutoBatchFindsTheLargestBatchInAtMostSixProbesAndLeavesNoTrace) {
