@@ -282,10 +282,6 @@ int cmd_launch(const Invocation& invocation) {
   if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && nproc > static_cast<int64_t>(cores))
     core::log::warn("loom launch: --nproc-per-node ", nproc, " on a machine with ", cores, " logical cores: each rank is a "
                     "process of its own (one per GPU on a GPU machine; on CPU, each gets less than a core)");
-  if (port == 0) {
-    if (nnodes > 1) throw Error("loom launch: --nnodes " + std::to_string(nnodes) + " needs --master-port, the same on every node");
-    port = free_port();
-  }
   if (invocation.args.empty())
     throw Error("loom launch: no command to launch; e.g. loom launch --nproc-per-node 2 -- train -c my.ini "
                 "--set parallel.name=ddp");
@@ -339,6 +335,11 @@ int cmd_launch(const Invocation& invocation) {
     core::PluginRegistry registry;
     scan_plugins(registry, options, /*log_refusals=*/false);  // (each rank says its refusals)
     core::resolve_run(config_from(options), registry);
+  }
+  // (the port last: the checks before take time in which another program could take it)
+  if (port == 0) {
+    if (nnodes > 1) throw Error("loom launch: --nnodes " + std::to_string(nnodes) + " needs --master-port, the same on every node");
+    port = free_port();
   }
   const std::string world = std::to_string(nproc * nnodes);
   const std::vector<std::string> env{"WORLD_SIZE=" + world, "LOCAL_WORLD_SIZE=" + std::to_string(nproc),

@@ -10,6 +10,7 @@
 #endif
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -125,13 +126,19 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
   const fs::path own = trace.string() + ".loom-" + std::to_string(::getpid()) + ".json";
   result->save(own.string());
   std::error_code ec;
-  if (!fs::is_regular_file(own, ec) || (fs::rename(own, trace, ec), ec)) {
+  // (link, then unlink: a trace made at that path since the command checked it is not replaced)
+  const bool placed = fs::is_regular_file(own, ec) && ::link(own.c_str(), trace.c_str()) == 0;
+  const int error = placed ? 0 : errno;
+  if (placed) fs::remove(own, ec);
+  if (!placed) {
     fs::remove(own, ec);
     fs::remove(own.string() + ".tmp", ec);  // (a partial one, on a full disk)
     const fs::space_info space = fs::space(trace.has_parent_path() ? trace.parent_path() : fs::path("."), ec);
     throw Error("the profiler could not write its trace to " + trace.string() +
-                (ec ? std::string() : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
-                "; nothing was left there");
+                (error == EEXIST ? std::string(": a file of that name appeared while it ran; it is left as it is")
+                 : ec           ? std::string()
+                                : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
+                "; nothing of this profile was left there");
   }
 
   // Self time: on each thread, CPU events nest by time; an event's self time is its duration

@@ -362,7 +362,9 @@ void Trainer::build_plan() {
                              std::to_string(world) + "; the global batch must split evenly into micro-batches";
   if (options_.batch_size % per_step != 0 && (given || memory_policies_.empty())) throw Error(uneven);
   plan_ = sdk::BatchPlan{std::max<int64_t>(1, options_.batch_size / per_step), options_.accumulation, world};
-  const sdk::BatchPlan start = plan_;
+  if (options_.batch_size % per_step != 0)
+    log::info("trainer.batch_size ", options_.batch_size, " (the default) does not divide into ", per_step,
+              " micro-batches: the memory policies start from ", sdk::plan_text(plan_));
   const auto names = sdk::parse_list(value_of(config_, "memory.policies"));
   for (size_t i = 0; i < memory_policies_.size(); ++i) {
     auto& policy = memory_policies_[i];
@@ -393,7 +395,6 @@ void Trainer::build_plan() {
                 " (", policy->describe(), ")");
     plan_ = context.plan;
   }
-  if (options_.batch_size % per_step != 0 && plan_ == start) throw Error(uneven);  // (no policy chose a plan)
   plan_ = agree_plan(plan_);
   if (options_.estimate_memory && plan_.micro_batch >= 2) {
     // Probes now, so the end of the run can say how far the estimate was off.

@@ -151,7 +151,8 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   summary.seconds = train_seconds;
   summary.samples_per_second = static_cast<double>((step_ - first_step) * plan_.global()) / std::max(1e-9, train_seconds);
   summary.final_eval = last_eval_;
-  summary.peak_memory = memory_->stats().peak;
+  const int64_t plan_peak = memory_->stats().peak;  // since the last re-plan, if any
+  summary.peak_memory = std::max(plan_peak, peak_before_replan_);
   summary.peak_resident = peak_resident_bytes();
   if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).peak();  // the final plan
   summary.predicted_peak = predicted_peak_;
@@ -169,7 +170,7 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   report.seconds = train_seconds;
   report.samples_per_second = summary.samples_per_second;
   report.plan = plan_;
-  report.peak_memory = summary.peak_memory;
+  report.peak_memory = plan_peak;  // (the final plan's: what its estimate is checked against)
   report.predicted_peak = summary.predicted_peak;
   report.oom_recoveries = oom_recoveries_;
   report.stop_reason = stop_reason_;

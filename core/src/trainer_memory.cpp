@@ -70,6 +70,7 @@ StepState Trainer::capture() const {
     if (device_.is_cuda()) s.device_rng = device_generator(device_).get_state();
   }
   s.buffers = save_buffers();
+  s.peak = memory_->stats().peak;
   return s;
 }
 
@@ -214,7 +215,12 @@ std::string Trainer::oom_advice(const std::string& message) const {
 }
 
 StepResult Trainer::step_with_recovery(bool read_values) {
-  const StepState start = capture();
+  StepState start;
+  try {  // (a model's buffers are copied on the device: that too may run out of memory)
+    start = capture();
+  } catch (const c10::OutOfMemoryError& e) {
+    throw Error(oom_advice(e.what_without_backtrace()));
+  }
   while (true) {
     try {
       return train_step(read_values);
@@ -291,7 +297,9 @@ StepResult Trainer::step_with_recovery(bool read_values) {
       plan_ = context.plan;
       train_loader_->set_micro_batch(plan_.micro_batch * local_devices());
       // The peak from here on is the new plan's (the attempt that failed is not what the run
-      // uses: memory/peak_bytes and the estimate's check would keep it for the rest of the run).
+      // uses: memory/peak_bytes and the estimate's check would keep it for the rest of the run);
+      // what the steps before it used stays the run's peak (finish_run).
+      peak_before_replan_ = std::max(peak_before_replan_, start.peak);
       memory_->reset_peak();
       ++oom_recoveries_;
       recovery_seconds_ += seconds_since(t0);

@@ -138,7 +138,8 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
   /// other processes now share) is taken out of the cache, so that the next run searches again;
   /// re-planning is oom_recovery's.
   /// (An evaluation's out-of-memory is not about the training micro-batch it measured: that one
-  /// is halved. Listed after oom_recovery, which handles the failure first, it is not told.)
+  /// is halved, down to 1. Listed after oom_recovery, it is told only once that one declines,
+  /// its memory.max_replans spent: the evaluation goes on halving, as it changes nothing.)
   bool on_oom(loom::sdk::OomContext& context) override {
     // An evaluation's micro-batch was never searched (evaluation may hold more than a step: a
     // recommender's item vectors): halved until it fits, as auto_batch promises a run that fits.

@@ -304,7 +304,10 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
   std::string_view line;
   auto header = [&](Rows& rows, const char* expected) {
     if (!rows.next(line)) throw rows.error("the file is empty; expected the header " + std::string(expected));
-    if (trimmed(line).rfind(expected, 0) != 0) throw rows.error("the header is '" + std::string(line) + "', expected " + expected);
+    std::string fields;  // (an exporter that quotes every field quotes the header's too)
+    for (const auto& f : csv_fields(line, rows)) fields += (fields.empty() ? "" : ",") + trimmed(f);
+    if (trimmed(line).rfind(expected, 0) != 0 && fields.rfind(expected, 0) != 0)
+      throw rows.error("the header is '" + std::string(line) + "', expected " + expected);
   };
   {
     Rows rows(root / "movies.csv");

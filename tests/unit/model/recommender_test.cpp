@@ -144,7 +144,7 @@ TEST_F(RecommenderData, MovieLensLatestReadsQuotedTitlesWithCommasAndTags) {
                              "3,\"Dr. \"\"Strangelove\"\" (1964)\",(no genres listed)\n");
   write(dir_ / "tags.csv", "userId,movieId,tag,timestamp\n1,2,dreamlike,1\n2,2,dreamlike,2\n2,2,\"dark, strange\",3\n");
   // (an exporter that quotes every field: "is not an integer" before)
-  write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,100\n1,2,3.5,101\n1,3,5.0,102\n"
+  write(dir_ / "ratings.csv", "\"userId\",\"movieId\",\"rating\",\"timestamp\"\n1,1,4.0,100\n1,2,3.5,101\n1,3,5.0,102\n"
                               "\"2\",\"1\",\"0.5\",\"200\"\n2,2,4.5,201\n2,3,3.0,202\n");
   auto d = open();
   const auto text = attribute_lines(d->spec().attributes.at("items.text"));

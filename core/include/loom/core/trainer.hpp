@@ -111,6 +111,7 @@ struct StepState {
   at::Tensor cpu_rng;
   at::Tensor device_rng;
   std::vector<at::Tensor> buffers;  ///< the model's buffers, in named_buffers() order
+  int64_t peak = 0;  ///< the device's peak allocation when the step began (the run's so far)
 };
 
 class Trainer {
@@ -471,6 +472,7 @@ class Trainer {
   bool committed_ = false;  ///< the running step has begun to change the run's state (no replay)
   bool ranks_agreed_ = false;  ///< the ranks agreed the step's forward and backward went well (no replay)
   int64_t predicted_peak_ = -1;
+  int64_t peak_before_replan_ = 0;  ///< the run's peak before its last re-plan (the peak restarts there)
   double flops_per_term_ = 0;
   PeakFlops peak_;
   int64_t eval_micro_batch_cap_ = std::numeric_limits<int64_t>::max();  ///< lowered when evaluation ran out of memory

@@ -81,7 +81,8 @@ struct RunReport {
   double seconds = 0;             ///< training time, evaluations excluded
   double samples_per_second = 0;
   BatchPlan plan;                 ///< the final plan
-  int64_t peak_memory = -1;       ///< bytes allocated on the device at the peak (CPU: Loom's allocator)
+  int64_t peak_memory = -1;       ///< bytes allocated on the device at the peak (CPU: Loom's allocator), of the
+                                  ///< final plan (after an out-of-memory re-plan, since it)
   int64_t predicted_peak = -1;    ///< the estimator's prediction for the final plan; -1 if it did not run
   int64_t oom_recoveries = 0;
   std::string stop_reason;        ///< why it stopped before the end (a callback's request), else empty
