@@ -344,7 +344,8 @@ int cmd_launch(const Invocation& invocation) {
   const std::string world = std::to_string(nproc * nnodes);
   const std::vector<std::string> env{"WORLD_SIZE=" + world, "LOCAL_WORLD_SIZE=" + std::to_string(nproc),
                                      "GROUP_RANK=" + std::to_string(node_rank), "MASTER_ADDR=" + master,
-                                     "MASTER_PORT=" + std::to_string(port)};
+                                     "MASTER_PORT=" + std::to_string(port),
+                                     "LOOM_LAUNCH_CHECKED=1"};  // (its warnings said here: cmd_train)
   core::log::info("launch    ", nproc, " process", nproc == 1 ? "" : "es", " on node ", node_rank, " of ", nnodes,
                   " (ranks ", node_rank * nproc, " ... ", node_rank * nproc + nproc - 1, " of ", world, "), rank 0 at ",
                   master, ":", port);

@@ -14,8 +14,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 namespace fs = std::filesystem;
 
@@ -115,8 +117,13 @@ int cmd_train(const Invocation& invocation) {
                 "'); configuration files go after -c" + switch_value_hint(invocation, invocation.args[0]));
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
+  // A rank `loom launch` started: the launcher checked this configuration and said its warnings
+  // (each rank would repeat them, before its lines carry its rank).
+  std::optional<core::log::Quiet> said_by_launcher;
+  said_by_launcher.emplace(std::getenv("LOOM_LAUNCH_CHECKED") != nullptr);
   const core::Config config = config_from(invocation.options);  // --resume too
   const core::Resolved resolved = core::resolve_run(config, registry);
+  said_by_launcher.reset();
   core::Trainer trainer(resolved, registry);
   const auto callbacks = sdk::parse_list(resolved.at("trainer.callbacks").value);
   const bool checkpoints = std::find(callbacks.begin(), callbacks.end(), "checkpoint") != callbacks.end();

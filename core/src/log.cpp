@@ -83,6 +83,16 @@ void set_rank(int64_t rank, int64_t world_size) {
   if (rank != 0 && l->level() > spdlog::level::debug && l->level() < spdlog::level::warn) l->set_level(spdlog::level::warn);
 }
 
+Quiet::Quiet(bool active) {
+  if (!active || logger()->level() >= spdlog::level::err) return;
+  previous_ = static_cast<int>(logger()->level());
+  logger()->set_level(spdlog::level::err);
+}
+
+Quiet::~Quiet() {
+  if (previous_ >= 0) logger()->set_level(static_cast<spdlog::level::level_enum>(previous_));
+}
+
 Capture::Capture(loom_log_level level) {
   std::lock_guard<std::mutex> lock(capture_mutex);
   if (captured != nullptr) throw sdk::Error("internal: a log capture is already active");

@@ -144,6 +144,7 @@ fs::path Trainer::save_checkpoint() {
   // Rank 0 writes; every rank holds the same state (the weights were broadcast and every update
   // is the same sum), so the others only name the folder rank 0 writes.
   check_weights_before_saving("the checkpoint");  // (on every rank: they stop together)
+  sdk::TensorMap extra = rank_rng_states();         // (a collective: before the ranks part)
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / step_dir_name(step_);
   // Since resuming, no update had finite gradients: this state is the resumed checkpoint's at
   // best, and perhaps damaged; writing it could let pruning delete the good checkpoints.
@@ -152,7 +153,6 @@ fs::path Trainer::save_checkpoint() {
               " had finite gradients; ", resumed_from_.string(), " stays the newest checkpoint");
     return resumed_from_;
   }
-  sdk::TensorMap extra;
   // A state's tensor that is not one is named with its component (the writer's own error said
   // neither, and blamed the disk).
   const auto add = [&](const std::string& who, const std::string& prefix, const sdk::State& state) {
@@ -252,6 +252,15 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   load_callback_states(callbacks_, callbacks, c.extra, dir);
   if (auto it = c.extra.find("rng.cpu"); it != c.extra.end()) cpu_generator().set_state(it->second);
   if (auto it = c.extra.find("rng.device"); it != c.extra.end() && device_.is_cuda()) device_generator(device_).set_state(it->second);
+  if (const int64_t rank = parallel_->rank(); rank > 0) {  // its own, where the checkpoint's run had this rank
+    const std::string suffix = ".rank" + std::to_string(rank);
+    if (auto it = c.extra.find(std::string("rng.cpu").append(suffix)); it != c.extra.end()) {
+      cpu_generator().set_state(it->second);
+      rank_rng_restored_ = true;
+    }
+    if (auto it = c.extra.find(std::string("rng.device").append(suffix)); it != c.extra.end() && device_.is_cuda())
+      device_generator(device_).set_state(it->second);
+  }
 
   step_ = step;
   skipped_steps_ = skipped_at_resume_ = saved.skipped;

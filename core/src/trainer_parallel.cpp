@@ -47,9 +47,32 @@ void Trainer::build_gradient_sync() {
 // dropout (and anything else random in the step) of their own. The model was built before, from
 // the same seed on every rank, then broadcast; the data's order has its own generator.
 void Trainer::seed_rank() {
-  if (parallel_->rank() == 0) return;
+  if (parallel_->rank() == 0 || rank_rng_restored_) return;
   at::manual_seed(static_cast<uint64_t>(options_.seed) + 1000003ULL * static_cast<uint64_t>(parallel_->rank()) +
                   static_cast<uint64_t>(step_));
+}
+
+// A checkpoint holds every rank's generators, so that a resume with as many ranks draws the dropout
+// the run that never stopped would have (rank 0's are its own "rng.cpu"/"rng.device"; a rank the
+// checkpoint has none of, after a resume with more ranks, is seeded by seed_rank). One gather per
+// save: each rank fills its row of a sum.
+sdk::TensorMap Trainer::rank_rng_states() {
+  const int64_t world = parallel_->world_size();
+  sdk::TensorMap states;
+  if (world <= 1) return states;
+  HostMemoryScope host;
+  const auto gather = [&](const std::string& name, const at::Tensor& mine) {
+    const at::Tensor bytes = mine.contiguous().to(at::kInt);
+    at::Tensor rows = at::zeros({world, bytes.numel()}, at::kInt);
+    rows[parallel_->rank()].copy_(bytes.view({-1}));
+    parallel_->all_reduce_sum({rows});
+    for (int64_t r = 1; r < world; ++r)
+      states[std::string("rng.").append(name).append(".rank").append(std::to_string(r))] =
+          rows[r].to(at::kByte).clone();
+  };
+  gather("cpu", detail::cpu_generator().get_state());
+  if (device_.is_cuda()) gather("device", detail::device_generator(device_).get_state());
+  return states;
 }
 
 bool Trainer::any_rank(bool local) {

@@ -322,13 +322,7 @@ try:
 
     # 6. A whole job killed with SIGKILL resumes with another world size (the global batch and
     # the data position kept) and goes on as the run that never stopped.
-    STEPS = 300
-    res = [*BASE, "--set", f"trainer.work_dir={work}", "--set", f"trainer.max_steps={STEPS}",
-           "--set", "trainer.checkpoint_every=20", "--set", "trainer.eval_every=100"]
-    loom(exe, "train", *res, "--set", "trainer.name=straight")
-    straight = losses(os.path.join(work, "straight"))
-    for first, then in ((2, 1), (1, 2), (2, 2)):
-        name = f"resume_{first}_{then}"
+    def killed_and_resumed(name, first, then, res, straight):
         run = os.path.join(work, name)
         cmd = ([exe, "launch", "--nproc-per-node", str(first), "--", "train", *res, *DDP] if first > 1
                else [exe, "train", *res])
@@ -351,7 +345,8 @@ try:
             while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
                 time.sleep(0.01)
         last = max(int(d[5:]) for d in os.listdir(checkpoints) if d.startswith("step_"))
-        assert last < STEPS
+        steps = max(straight)
+        assert last < steps
         again = [*res, "--set", f"trainer.name={name}", "--resume", "auto"]
         if then > 1:
             out = launch("--nproc-per-node", str(then), "--", "train", *again, *DDP)
@@ -359,11 +354,34 @@ try:
             out = loom(exe, "train", *again)
         assert f"at step {last}" in out.stderr, out.stderr[-3000:]
         resumed = losses(run)
-        assert sorted(resumed) == list(range(1, STEPS + 1)), "metrics.jsonl must hold every step once"
+        assert sorted(resumed) == list(range(1, steps + 1)), "metrics.jsonl must hold every step once"
         close({s: v for s, v in resumed.items() if s > last}, {s: v for s, v in straight.items() if s > last},
               f"killed with {first} rank(s), resumed with {then}")
+        return last
+
+    STEPS = 300
+    res = [*BASE, "--set", f"trainer.work_dir={work}", "--set", f"trainer.max_steps={STEPS}",
+           "--set", "trainer.checkpoint_every=20", "--set", "trainer.eval_every=100"]
+    loom(exe, "train", *res, "--set", "trainer.name=straight")
+    straight = losses(os.path.join(work, "straight"))
+    for first, then in ((2, 1), (1, 2), (2, 2)):
+        last = killed_and_resumed(f"resume_{first}_{then}", first, then, res, straight)
         print(f"killed with {first} rank(s) after step {last}, resumed with {then}: steps {last + 1}..{STEPS} "
               "as the run that never stopped")
+
+    # 7. With dropout, each rank draws its own masks; the checkpoint holds every rank's generator,
+    # so a job resumed with as many ranks draws what the job that never stopped drew (rank 1 was
+    # reseeded from the step before, and its losses went their own way).
+    res = [*SMALL, "--set", "trainer.threads=1", "--set", "parallel.timeout=60", "--set", f"trainer.work_dir={work}",
+           "--set", "trainer.max_steps=120", "--set", "trainer.checkpoint_every=20", "--set", "trainer.eval_every=100"]
+    # (A configuration's warning is said once, by the launcher that checked it, not once more per rank.)
+    out = launch("--nproc-per-node", "2", "--", "train", *res, *DDP, "--set", "trainer.name=straight_dropout",
+                 "--set", "trainer.log_every=5", "--set", "trainer.log_every=1")
+    assert out.stderr.count("trainer.log_every is given twice") == 1, out.stderr[-3000:]
+    straight = losses(os.path.join(work, "straight_dropout"))
+    last = killed_and_resumed("resume_dropout", 2, 2, res, straight)
+    print(f"dropout 0.1, killed with 2 ranks after step {last}, resumed with 2: each rank's dropout as the job "
+          "that never stopped")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("ddp test passed")

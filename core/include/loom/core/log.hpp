@@ -35,6 +35,19 @@ void flush();
 /// console reads as one run's with each rank's problems.
 void set_rank(int64_t rank, int64_t world_size);
 
+/// While alive (and active), only errors are written: the warnings of a step another process has
+/// said already (the configuration's, which `loom launch` checked before starting the ranks).
+class Quiet {
+ public:
+  explicit Quiet(bool active);
+  ~Quiet();
+  Quiet(const Quiet&) = delete;
+  Quiet& operator=(const Quiet&) = delete;
+
+ private:
+  int previous_ = -1;  // the logger's level before, where active
+};
+
 /// While alive, also keeps every line written at `level` or above (the host's lines that pass the
 /// logger's level, and every plugin's), for tests and for callers that quote a component.
 /// One capture at a time per process; not thread-safe to create concurrently.
