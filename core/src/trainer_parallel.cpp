@@ -3,11 +3,13 @@
 // the data a resumed run with another world size goes on, and, at the end, that every rank still
 // holds the same weights. Rank 0's run folder and checkpoint: run_folder.cpp.
 #include <loom/core/log.hpp>
+#include <loom/core/profiler.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include "gradient_sync.hpp"
 #include "trainer_internal.hpp"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
@@ -15,6 +17,7 @@
 #include <c10/core/GradMode.h>
 
 #include <csignal>
+#include <map>
 
 namespace loom::core {
 
@@ -23,6 +26,67 @@ void Trainer::broadcast_model() {
   std::vector<at::Tensor> tensors;
   for (const auto& [name, t] : model_tensors()) tensors.push_back(t);  // by name: the same order on every rank
   parallel_->broadcast(tensors);
+  buffers_at_setup_.clear();  // (sync_buffers compares them with the first step's)
+  for (const auto& [name, t] : model_tensors())
+    if (name.rfind("buffer.", 0) == 0) buffers_at_setup_.push_back(t.clone());
+}
+
+// Buffers a step changes, BatchNorm's running statistics (each rank's from its own shard), are
+// rank 0's on every rank after each step, as PyTorch's DistributedDataParallel makes them
+// (broadcast_buffers): the evaluation, the checkpoint and the end-of-run check see one model (the
+// check stopped such a run at its end). Which buffers change is found at this process's first
+// step (each buffer against its copy at set-up: the version counter misses the running statistics,
+// which the kernel writes itself), agreed by the ranks (one sum); then one broadcast per
+// dtype per step, and none for a model whose buffers no step changes (a mask, a position table).
+void Trainer::sync_buffers() {
+  if (parallel_->world_size() <= 1) return;
+  at::NoGradGuard no_grad;
+  if (!moving_buffers_) {
+    std::vector<std::string> names;
+    std::vector<at::Tensor> buffers;
+    for (const auto& [name, t] : model_tensors())
+      if (name.rfind("buffer.", 0) == 0) {
+        names.push_back(name.substr(7));
+        buffers.push_back(t);
+      }
+    moving_buffers_.emplace();
+    const std::vector<at::Tensor> before = std::move(buffers_at_setup_);
+    buffers_at_setup_.clear();
+    if (buffers.empty() || buffers.size() != before.size()) return;  // (the same on every rank)
+    std::vector<std::string> moving;
+    {
+      HostMemoryScope host;
+      at::Tensor moved = at::zeros({static_cast<int64_t>(buffers.size())}, at::kInt);
+      for (size_t i = 0; i < buffers.size(); ++i)
+        if (!at::equal(buffers[i], before[i])) moved[static_cast<int64_t>(i)] = 1;
+      parallel_->all_reduce_sum({moved});
+      const auto* flags = moved.data_ptr<int>();
+      for (size_t i = 0; i < buffers.size(); ++i)
+        if (flags[i] > 0) {
+          moving_buffers_->push_back(buffers[i]);
+          moving.push_back(names[i]);
+        }
+    }
+    if (moving.empty()) return;
+    log::info("parallel  ", moving.size(), " buffer", moving.size() == 1 ? "" : "s", " change in training (",
+              moving.size() > 3 ? join({moving[0], moving[1], moving[2], "..."}, ", ") : join(moving, ", "),
+              "): rank 0's are every rank's after each step");
+  }
+  if (moving_buffers_->empty()) return;
+  LOOM_PHASE("buffers");
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
+  for (const auto& t : *moving_buffers_) by_type[t.scalar_type()].push_back(t);
+  for (auto& [type, group] : by_type) {
+    std::vector<at::Tensor> flat;
+    for (const auto& t : group) flat.push_back(t.reshape({-1}).to(type == at::kBool ? at::kByte : type));
+    at::Tensor one = at::cat(flat);
+    parallel_->broadcast({one});
+    int64_t offset = 0;
+    for (auto& t : group) {
+      t.copy_(one.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
 }
 
 void Trainer::build_gradient_sync() {

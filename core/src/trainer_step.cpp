@@ -485,6 +485,7 @@ StepResult Trainer::train_step(bool read_values) {
     result.skipped = true;
     log::warn("step ", step_ + 1, ": non-finite gradients, update skipped (", skipped_steps_, " skipped so far)");
   }
+  sync_buffers();  // (ranks > 1: those the step changed)
   ++step_;
   // Every step since a resume skipped: the checkpoint's weights or optimizer state are bad. Stop
   // before a checkpoint of this state is saved and pruning deletes the good ones.

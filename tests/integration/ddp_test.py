@@ -382,6 +382,23 @@ try:
     last = killed_and_resumed("resume_dropout", 2, 2, res, straight)
     print(f"dropout 0.1, killed with 2 ranks after step {last}, resumed with 2: each rank's dropout as the job "
           "that never stopped")
+    assert "change in training" not in out.stderr, "the ViT has no buffer a step changes"
+
+    # 8. A model with BatchNorm (a user's CNN): each rank's running statistics come from its own
+    # shard; after each step they are rank 0's on every rank, as PyTorch's DDP makes them, so the
+    # end-of-run check of the replicas passes (it stopped such a run, after all its training).
+    bn = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_model_batchnorm_model.so")
+    assert os.path.exists(bn), f"{bn} is built with the tests (tests/plugins)"
+    out = launch("--nproc-per-node", "2", "--", "train", *BASE, *DDP, "--plugin-dir", bn, "--set", "model.name=batchnorm_model",
+                 "--set", f"trainer.work_dir={work}", "--set", "trainer.name=batchnorm", "--set", "trainer.max_steps=30",
+                 "--set", "trainer.eval_every=10")
+    assert "3 buffers change in training (norm.num_batches_tracked, norm.running_mean, norm.running_var)" in out.stderr, \
+        out.stderr[-3000:]
+    assert "weights identical on all 2 ranks at the end" in out.stderr, out.stderr[-3000:]
+    saved = weights(os.path.join(work, "batchnorm"))
+    assert int(saved["buffer.norm.num_batches_tracked"]) == 30, saved["buffer.norm.num_batches_tracked"]
+    print("batchnorm_model over 2 ranks: its running statistics rank 0's on both after each step, the replicas "
+          "identical at the end")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("ddp test passed")

@@ -287,6 +287,7 @@ class Trainer {
   // Several ranks (trainer_parallel.cpp): what every rank must agree on.
   void broadcast_model();         // rank 0's parameters and buffers on every rank
   void seed_rank();               // ranks > 0 draw their own dropout
+  void sync_buffers();            // the buffers a step changed become rank 0's on every rank
   sdk::TensorMap rank_rng_states();  // ranks > 0's generator states, gathered on every rank (rank 0 saves them)
   bool any_rank(bool local);      // true on every rank when it is true on one
   sdk::BatchPlan agree_plan(const sdk::BatchPlan& mine);  // the plan of the smallest micro-batch
@@ -454,6 +455,8 @@ class Trainer {
   bool evaluation_pending_ = false;
   double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
   int64_t bucket_bytes_ = 0;  // the gradient buckets' mean size
+  std::vector<at::Tensor> buffers_at_setup_;           // copies of the model's buffers, until the first step
+  std::optional<std::vector<at::Tensor>> moving_buffers_;  // those the first step changed on some rank
   std::string model_name_;    // model.name, for the model's errors
   std::string precision_name_;  // precision.name, for the precision strategy's errors
   /// Each parameter's shape when the optimizer was set up (model_who).
