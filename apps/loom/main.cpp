@@ -11,6 +11,7 @@
 
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +36,9 @@ namespace {
 
 int run_loom(int argc, char** argv) {
   loom::core::install_crash_report("loom");
+  // A file-size limit (`ulimit -f`) ends a process at its first write past it (SIGXFSZ), without a
+  // word and with the file cut; ignored, such a write fails (EFBIG) and is said as a full disk is.
+  std::signal(SIGXFSZ, SIG_IGN);
   // Note [libstdc++ first] (cmake/LoomTorch.cmake): where std::filesystem went to a LibTorch copy,
   // torch 2.11's crashes the first time a folder is removed. Say so before that happens.
   if (const std::string provider = loom::core::std_filesystem_provider();

@@ -163,6 +163,15 @@ Config automatic_choices(Config config, const PluginRegistry& registry) {
     }
     config.set("precision.name", choice, Origin{"auto (" + why + ")", {}, 0});
   }
+  // --no-amp beside a precision that is mixed by name: one of the two is a mistake, and the named
+  // one would win without a word (the run trained in 16 bits after asking for float32).
+  if (const ConfigValue* amp = config.find("precision.amp"); amp && !sdk::parse_bool(amp->value).value_or(true)) {
+    const std::string name = get("precision.name");
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, "_amp") == 0)
+      throw Error("precision.name = " + name + " (" + config.find("precision.name")->origin.describe() +
+                  ") trains with autocast, but precision.amp = false (" + amp->origin.describe() +
+                  ") asks for float32: drop one of the two (precision.name = auto with --no-amp trains in fp32)");
+  }
   if (tf32) {
     const std::string name = get("precision.name");
     if (name == "fp32")

@@ -91,14 +91,19 @@ std::string claim_fresh_name(const fs::path& work_dir) {
   }
 }
 
-/// Runs in `work_dir` that have step folders, the one with the newest checkpoint first.
+/// Runs in `work_dir`, the one last active first: by the later of its newest checkpoint and its
+/// config.json (written when it starts, and again when it resumes). A run stopped before its first
+/// checkpoint counts too: --resume auto must not pass over it to an older run and change that.
 std::vector<std::string> runs_newest_first(const fs::path& work_dir) {
   std::vector<std::pair<fs::file_time_type, std::string>> runs;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(work_dir, ec)) {
-    const auto all = CheckpointStore::list_run(entry.path());
-    if (all.empty()) continue;
-    runs.emplace_back(fs::last_write_time(all.back(), ec), entry.path().filename().string());
+    if (!entry.is_directory(ec) || !holds_a_run(entry.path())) continue;
+    auto last = fs::file_time_type::min();
+    if (const auto all = CheckpointStore::list_run(entry.path()); !all.empty())
+      last = std::max(last, fs::last_write_time(all.back(), ec));
+    if (const auto config = fs::last_write_time(entry.path() / "config.json", ec); !ec) last = std::max(last, config);
+    runs.emplace_back(last, entry.path().filename().string());
   }
   std::sort(runs.rbegin(), runs.rend());
   std::vector<std::string> out;
@@ -420,9 +425,23 @@ void Trainer::open_run_here() {
   if (options_.resume == "auto" && name.empty()) {
     // The newest run with a checkpoint that loads; a run whose checkpoints are all damaged is
     // passed over (and said so), not restarted.
-    for (const auto& candidate : runs_newest_first(work_dir)) {
+    const std::vector<std::string> runs = runs_newest_first(work_dir);
+    for (const auto& candidate : runs) {
       run_dir_ = work_dir / candidate;
-      lock_run(run_dir_);
+      lock_run(run_dir_);  // (one in use is refused: the newest run is another process's)
+      if (CheckpointStore::list_run(run_dir_).empty()) {  // stopped before its first checkpoint: it starts again, as by name
+        name = candidate;
+        std::string older;
+        for (const auto& other : runs)
+          if (other != candidate && !CheckpointStore::list_run(work_dir / other).empty()) {
+            older = other;
+            break;
+          }
+        log::warn("resume = auto: the newest run, ", run_dir_.string(), ", stopped before its first checkpoint, so it ",
+                  "starts again", older.empty() ? std::string() : " (to continue the older run " + older +
+                  " instead, name it: --set trainer.name=" + older + ")");
+        break;
+      }
       if ((resumed = resume_newest(run_dir_, problems))) {
         name = candidate;
         break;

@@ -72,9 +72,10 @@ void Trainer::report_startup() const {
               describe_devices(replicas_->devices()), "), a model replica on each; each loader batch of ",
               plan_.micro_batch * replicas_->size(), " cut across them (the plan's micro-batch, ", plan_.micro_batch,
               " per device), gradients summed on ", device_.str());
+  // (the split's size: a rank's loader holds its share of it)
   const std::string validation =
       held_out_ > 0 ? " (" + std::to_string(held_out_) + " of them held out for validation)"
-                    : val_loader_ ? ", " + std::to_string(val_loader_->samples_per_epoch()) + " validation"
+                    : val_loader_ ? ", " + std::to_string(dataset_->size(sdk::Split::kValidation)) + " validation"
                                   : " (no validation: the test split picks the best checkpoint)";
   log::info("data      ", value_of(config_, "data.name"), ": ", dataset_->size(sdk::Split::kTrain), " train", validation,
             ", ", dataset_->size(sdk::Split::kTest), " test; ", fields,

@@ -124,6 +124,8 @@ std::string explained(const std::filesystem::filesystem_error& e) {
     text += " (a symbolic link there points back at itself)";
   else if (code == ENOSPC || code == EDQUOT)
     text += code == ENOSPC ? " (the disk is full)" : " (this user's disk quota is used up)";
+  else if (code == EFBIG)
+    text += " (the file-size limit of this process, `ulimit -f`: raise it, or lift it with `ulimit -f unlimited`)";
   else if (code == EROFS)
     text += " (a read-only file system: choose a path on one that can be written)";
   else if (code == ENOENT && operation.find("create director") != std::string::npos)

@@ -154,6 +154,7 @@ void Trainer::build_components(bool with_optimizer) {
   }
   at::manual_seed(static_cast<uint64_t>(options_.seed));
   build_parallel();
+  detail::agree_on_configuration(*parallel_, config_);  // (before any collective whose shapes it decides)
   if (options_.threads == 0) share_cores(default_threads);  // (after build_parallel: said by rank 0 alone)
   build_data();
   build_memory();

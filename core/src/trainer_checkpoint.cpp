@@ -247,7 +247,14 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   if (schedule_name != options_.schedule)
     log::warn("the checkpoint was trained with schedule ", schedule_name, ", this run uses ", options_.schedule);
   optimizer_->load_state_dict(optimizer);
-  precision_->load_state_dict(precision);
+  // A precision changed (allowed) from one that keeps no state, fp32 or bf16, to one that does, a
+  // loss scaler: the scaler starts afresh, as in a new run (its state is not the checkpoint's to
+  // lack: that was taken for damage, and every checkpoint passed over).
+  if (!precision_diff.empty() && precision.tensors.empty() && !precision_->state_dict().tensors.empty())
+    log::warn("precision '", precision_name_, "' starts afresh (the checkpoint's precision kept no state of its own, "
+              "such as a loss scale)");
+  else
+    precision_->load_state_dict(precision);
   schedule_->load_state_dict(schedule);
   load_callback_states(callbacks_, callbacks, c.extra, dir);
   if (auto it = c.extra.find("rng.cpu"); it != c.extra.end()) cpu_generator().set_state(it->second);

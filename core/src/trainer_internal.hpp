@@ -10,6 +10,7 @@
 #include <loom/sdk/memory_policy.hpp>
 #include <loom/sdk/model.hpp>
 #include <loom/sdk/options.hpp>
+#include <loom/sdk/parallel.hpp>
 #include <loom/sdk/precision.hpp>
 
 #include <c10/util/Exception.h>
@@ -154,5 +155,9 @@ inline at::Generator device_generator(const c10::Device& device) { return sdk::c
 inline std::map<std::string, std::string> component_values(const Resolved& config, const ComponentInfo& info) {
   return section_values(config, component_section(info.kind, info.name), info.options);
 }
+
+/// Every rank runs the configuration rank 0 runs (trainer_parallel.cpp); throws on every rank
+/// where one differs, the rank that differs naming its keys.
+void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& config);
 
 }  // namespace loom::core::detail

@@ -17,6 +17,7 @@
 #include <c10/core/GradMode.h>
 
 #include <csignal>
+#include <cstring>
 #include <map>
 
 namespace loom::core {
@@ -138,6 +139,64 @@ sdk::TensorMap Trainer::rank_rng_states() {
   if (device_.is_cuda()) gather("device", detail::device_generator(device_).get_state());
   return states;
 }
+
+namespace detail {
+
+// Ranks started with different configurations (another command line on one node, a file edited
+// between two starts) met in their first collective whose shapes differed, and Gloo aborted the
+// process (a model option), or trained apart until the end-of-run check (a learning rate), or
+// never noticed (a data seed). Rank 0's keys and values are sent to every rank, which names what
+// differs. What may differ per node: its threads, loader workers, device and memory cap (the memory
+// policies agree on the plan of the smallest), and paths on its disks.
+void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& config) {
+  if (parallel.world_size() <= 1) return;
+  const auto local = [](const std::string& key) {
+    if (key == "memory.device_memory_limit" || key == "memory.fraction") return true;  // (the policies agree on a plan)
+    const std::string last = key.substr(key.rfind('.') + 1);
+    for (const char* k : {"threads", "workers", "device", "work_dir", "root", "pretrained", "tokenizer"})
+      if (last == k) return true;
+    return false;
+  };
+  std::string mine;
+  for (const auto& [key, v] : config)
+    if (!local(key)) mine.append(key).append(1, '\0').append(v.value).append(1, '\0');
+  HostMemoryScope host;
+  at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  parallel.broadcast({length});
+  at::Tensor bytes = at::zeros({length.item<int64_t>()}, at::kByte);
+  if (parallel.rank() == 0) std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  parallel.broadcast({bytes});
+  std::map<std::string, std::string> theirs;
+  const std::string text(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t key_end = text.find('\0', pos), value_end = text.find('\0', key_end + 1);
+    if (key_end == std::string::npos || value_end == std::string::npos) break;
+    theirs[text.substr(pos, key_end - pos)] = text.substr(key_end + 1, value_end - key_end - 1);
+    pos = value_end + 1;
+  }
+  std::vector<std::string> differ;
+  for (const auto& [key, v] : config) {
+    if (local(key)) continue;
+    const auto it = theirs.find(key);
+    if (it == theirs.end())
+      differ.push_back(key + " = " + v.value + " (" + v.origin.describe() + ") here, which rank 0 does not have");
+    else if (it->second != v.value)
+      differ.push_back(key + " = " + v.value + " (" + v.origin.describe() + ") here, " + it->second + " on rank 0");
+  }
+  for (const auto& [key, value] : theirs)
+    if (!config.count(key)) differ.push_back(key + " = " + value + " on rank 0, which this rank does not have");
+  at::Tensor flag = at::full({1}, differ.empty() ? 0.0f : 1.0f, at::kFloat);
+  parallel.all_reduce_sum({flag});
+  const std::string fix = ". Every rank must train one configuration: start all with the same command and configuration "
+                          "files (only threads, workers, the device, its memory cap and paths may differ per node)";
+  if (!differ.empty())
+    throw Error("rank " + std::to_string(parallel.rank()) + "'s configuration differs from rank 0's: " +
+                join(differ, "; ") + fix);
+  if (flag.item<float>() > 0)
+    throw Error("another rank's configuration differs from rank 0's (its error names the keys)" + fix);
+}
+
+}  // namespace detail
 
 bool Trainer::any_rank(bool local) {
   if (parallel_->world_size() <= 1) return local;

@@ -161,6 +161,23 @@ try:
         assert p.returncode == 0, f"node {n}: {outs[n][1]}"
     close(losses(os.path.join(work, "nodes")), single, "two nodes")
     print("two nodes of one rank each = single")
+    # Nodes started with different configurations (a model option: Gloo aborted rank 0 in the first
+    # broadcast of a shape that differed) are refused at the start, the keys named; threads may differ.
+    port = str(free_port())
+    nodes = [subprocess.Popen([exe, "launch", "--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "1",
+                               "--master-port", port, "--", "train", *args, *DDP, "--set", "trainer.name=nodes_differ",
+                               "--set", f"trainer.threads={n + 1}", *(["--set", "model.dropout=0.2", "--set",
+                                                                       "trainer.lr=0.01"] if n else [])],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in nodes]
+    assert [p.returncode for p in nodes] == [1, 1], [o[1][-2000:] for o in outs]
+    said = outs[1][1]
+    assert "rank 1's configuration differs from rank 0's: " in said and "dropout = 0.2 (--set) here, 0 on rank 0" in said \
+        and "trainer.lr = 0.01 (--set) here, " in said, said[-2000:]
+    assert "another rank's configuration differs from rank 0's (its error names the keys)" in outs[0][1], outs[0][1][-2000:]
+    assert "Aborted" not in outs[0][1] + outs[1][1]
+    assert "threads" not in said.split("differs from rank 0's: ")[1].split(". Every rank")[0], said[-2000:]
+    print("nodes started with different configurations: refused at the start, the keys named")
 
     # 5. A rank killed: the other stops with an error naming it, well within a minute.
     long = [*BASE, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=100000", "--set",
@@ -399,6 +416,24 @@ try:
     assert int(saved["buffer.norm.num_batches_tracked"]) == 30, saved["buffer.norm.num_batches_tracked"]
     print("batchnorm_model over 2 ranks: its running statistics rank 0's on both after each step, the replicas "
           "identical at the end")
+
+    # 9. A host name for rank 0 that does not resolve (torchrun's or Slurm's variables, by hand) is
+    # said at once; the store retried it for parallel.timeout, printing c10d's warning every few seconds.
+    try:
+        socket.getaddrinfo("no.such.invalid", None)
+        resolves = True
+    except socket.gaierror as e:
+        resolves = e.errno == socket.EAI_AGAIN  # (no name server answered: the store would try again)
+    if not resolves:
+        started = time.time()
+        env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="no.such.invalid",
+                   MASTER_PORT=str(free_port()))
+        r = subprocess.run([exe, "train", *BASE, *DDP, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=nohost",
+                            "--set", "parallel.timeout=60"], capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 1 and "ddp: rank 0's host no.such.invalid (MASTER_ADDR) does not resolve" in r.stderr, \
+            r.stderr[-2000:]
+        assert time.time() - started < 30, "said at once, not after parallel.timeout"
+        print(f"MASTER_ADDR that does not resolve: said after {time.time() - started:.1f} s")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("ddp test passed")

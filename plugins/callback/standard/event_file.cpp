@@ -4,6 +4,7 @@
 #include <loom/sdk/error.hpp>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <unistd.h>
@@ -104,11 +105,28 @@ void EventFileWriter::write_event(const std::string& event) {
   put_le(record, masked_crc(&length, sizeof length));
   record += event;
   put_le(record, masked_crc(event.data(), event.size()));
-  out_.write(record.data(), static_cast<std::streamsize>(record.size()));
-  out_.flush();
-  // A failed write stops the run with this message (the callback's hook names it), rather than
-  // leaving a TensorBoard file that ends in the middle of a record.
-  if (!out_) throw loom::sdk::Error("cannot write " + path_.string() + " (disk full?)");
+  // A failed write stops the run (the callback's hook names it), the file cut back to its last
+  // whole record.
+  append_whole(out_, path_, record);
+}
+
+void append_whole(std::ofstream& out, const std::filesystem::path& path, const std::string& bytes) {
+  std::error_code ec;
+  const std::uintmax_t before = std::filesystem::file_size(path, ec);  // (every append is flushed: the file's size is all of it)
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.flush();
+  if (out) return;
+  const int code = errno;
+  out.close();
+  std::error_code cut;
+  if (!ec) std::filesystem::resize_file(path, before, cut);
+  std::string why = code != 0 ? std::strerror(code) : "a write failed";
+  if (code == ENOSPC) why += ": the disk is full";
+  else if (code == EDQUOT) why += ": this user's disk quota is used up";
+  else if (code == EFBIG) why += ": the file-size limit of this process (`ulimit -f`)";
+  throw loom::sdk::Error("cannot write " + path.string() + " (" + why + ")" +
+                         (!ec && !cut ? "; it is kept as it was before this write (no half line or record)" : "") +
+                         "; free space or raise the limit, then resume the run (--resume auto)");
 }
 
 void EventFileWriter::purge_from(int64_t step) {

@@ -14,6 +14,11 @@ namespace loom::callbacks {
 /// CRC-32C (Castagnoli), as TFRecord framing needs.
 uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
 
+/// Appends `bytes` to `out` (open on `path`, appending) and flushes. A write that fails (a full
+/// disk, a file-size limit) cuts the file back to where it was, so that it never ends in half a
+/// record or line, which its readers refuse, and throws an error naming the file and the cause.
+void append_whole(std::ofstream& out, const std::filesystem::path& path, const std::string& bytes);
+
 /// A TensorBoard event file: events.out.tfevents.<time>.<host> in `dir`.
 class EventFileWriter {
  public:

@@ -196,8 +196,7 @@ void Jsonl::on_log(RunContext& run, int64_t step, const std::map<std::string, do
   if (!run.is_main()) return;
   std::string line = "{\"step\":" + std::to_string(step);
   for (const auto& [key, value] : values) line += "," + quoted(key) + ":" + number(value);
-  out_ << line << "}\n" << std::flush;
-  if (!out_) throw sdk::Error("cannot write " + path_.string() + " (disk full?)");
+  append_whole(out_, path_, line + "}\n");  // (a line a full disk cut would end the file in half a JSON object)
 }
 
 // ---- tensorboard ---------------------------------------------------------------------------

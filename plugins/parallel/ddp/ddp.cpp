@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include <netdb.h>
 #include <unistd.h>
 
 namespace {
@@ -161,6 +162,22 @@ class Ddp final : public loom::sdk::ParallelStrategy {
   }
 
   void join() {
+    // A host name that does not resolve is said now: the store would retry it for parallel.timeout
+    // (30 minutes by default), printing c10d's warning every few seconds.
+    {
+      addrinfo hints{};
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* found = nullptr;
+      const int error = ::getaddrinfo(env_.master_addr.c_str(), nullptr, &hints, &found);
+      if (found != nullptr) ::freeaddrinfo(found);
+      if (error != 0 && error != EAI_AGAIN)  // (a name server that did not answer now: the store tries again)
+        throw Error("ddp: rank 0's host " + env_.master_addr + " (" +
+                    (std::getenv("MASTER_ADDR") == nullptr && env_.launcher == "slurm" ? "the first node of Slurm's node list"
+                                                                                          : "MASTER_ADDR") +
+                    ") does not resolve (" +
+                    ::gai_strerror(error) + "); set MASTER_ADDR to rank 0's host name or address, one every node "
+                    "resolves (127.0.0.1 on one machine)");
+    }
     c10d::TCPStoreOptions options;
     options.port = static_cast<uint16_t>(env_.port);
     options.isServer = env_.rank == 0 && !env_.agent_store;

@@ -216,6 +216,25 @@ TEST_F(ConfigTest, ResolveRunSaysABasesOverrideOfTheValuesAsGivenAndNotOneAShort
   EXPECT_TRUE(capture.contains("trainer.device = cuda:99 replaces cpu")) << join(capture.lines(), "\n");
 }
 
+TEST_F(ConfigTest, NoAmpBesideAMixedPrecisionByNameIsRefused) {
+  // --no-amp asks for float32; precision.name = bf16_amp would win without a word.
+  Config c;
+  for (const char* kv : {"model.name=lightweight_transformer", "data.name=synthetic", "trainer.device=cpu",
+                         "precision.name=bf16_amp"})
+    c.set_assignment(kv);
+  c.set("precision.amp", "false", Origin{"--no-amp", {}, 0});
+  std::string m = "(no error)";
+  try {
+    resolve_run(c, loom::testing::registry());
+  } catch (const std::exception& e) {
+    m = e.what();
+  }
+  EXPECT_CONTAINS(m, "precision.name = bf16_amp (--set) trains with autocast, but precision.amp = false (--no-amp) asks "
+                     "for float32: drop one of the two (precision.name = auto with --no-amp trains in fp32)");
+  c.set_assignment("precision.name=auto");  // the seeds' way: float32
+  EXPECT_NO_THROW(resolve_run(c, loom::testing::registry()));
+}
+
 TEST_F(ConfigTest, AShortKeyOfSeveralUnselectedComponentsNamesThemAll) {
   // model.vocab_size is an option of both GPT-2 models; a run of the lightweight transformer
   // ignores it, and says whose it is, not the first model's only.

@@ -17,8 +17,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <csignal>
 #include <fstream>
+#include <sstream>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -243,6 +245,60 @@ TEST_F(RunFolderTest, ResumeAutoPassesOverARunWhoseCheckpointsAreAllDamaged) {
   EXPECT_NE(m.find("move the folder away to start again, or choose another trainer.name"), std::string::npos) << m;
 }
 
+TEST_F(RunFolderTest, ResumeAutoTakesTheNewestRunAlsoOneStoppedBeforeItsFirstCheckpoint) {
+  // An older run that finished, then a newer one killed before its first checkpoint (set up, its
+  // config.json written, no step): --resume auto without a name is the newer run, started again;
+  // it used to pass over it and change the older run (its config.json, checkpoints and metrics).
+  loom::testing::make_trainer(base("finished"))->train();
+  const auto old = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  for (const auto& step : CheckpointStore::list_run(dir_ / "finished")) fs::last_write_time(step, old);
+  fs::last_write_time(dir_ / "finished" / "config.json", old);
+  const auto text = [](const fs::path& p) {
+    std::ostringstream out;
+    out << std::ifstream(p).rdbuf();
+    return out.str();
+  };
+  const std::string config = text(dir_ / "finished" / "config.json");
+  loom::testing::make_trainer(base("killed", 8));
+  Config c = base("", 8);
+  c.set_assignment("trainer.resume=auto");
+  {
+    log::Capture capture(LOOM_LOG_WARN);
+    auto t = loom::testing::make_trainer(c);
+    EXPECT_EQ(t->run_dir(), dir_ / "killed");
+    EXPECT_EQ(t->step(), 0);
+    EXPECT_TRUE(capture.contains("resume = auto: the newest run, " + (dir_ / "killed").string() +
+                                 ", stopped before its first checkpoint, so it starts again (to continue the older run "
+                                 "finished instead, name it: --set trainer.name=finished)"));
+  }
+  EXPECT_EQ(text(dir_ / "finished" / "config.json"), config) << "the older run is left as it was";
+  EXPECT_EQ(steps(dir_ / "finished"), (std::vector<std::string>{"step_00000002", "step_00000004"}));
+  // A run with a checkpoint newer than the killed one's start is the newest again.
+  Config named = base("finished", 8);
+  named.set_assignment("trainer.resume=auto");
+  loom::testing::make_trainer(named)->train();
+  auto t = loom::testing::make_trainer(c);
+  EXPECT_EQ(t->run_dir(), dir_ / "finished");
+}
+
+TEST_F(RunFolderTest, AResumeIntoALossScaledPrecisionStartsItsScalerAfresh) {
+  // fp32 keeps no state; fp16_amp's loss scaler does. Resumed with the change allowed, the scaler
+  // starts at its initial scale; its absence from the checkpoint was taken for damage, and every
+  // checkpoint was passed over ("none of the checkpoints can be loaded").
+  loom::testing::make_trainer(base("to_fp16"))->train();
+  Config c = base("to_fp16", 8);
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("precision.name=fp16_amp");
+  c.set_assignment("precision.allow_precision_change=true");
+  log::Capture capture(LOOM_LOG_WARN);
+  auto t = loom::testing::make_trainer(c);
+  EXPECT_EQ(t->step(), 4);
+  EXPECT_TRUE(capture.contains("precision 'fp16_amp' starts afresh (the checkpoint's precision kept no state of its "
+                               "own, such as a loss scale)"));
+  t->train();
+  EXPECT_EQ(t->step(), 8);
+}
+
 TEST_F(RunFolderTest, AFolderInUseIsRefused) {
   auto first = loom::testing::make_trainer(base("busy"));
   Config second = base("busy");
@@ -372,9 +428,11 @@ TEST(TrainerThreads, MoreThreadsThanUlimitUAllowsIsOneErrorBeforeAnyOperator) {
 }
 
 TEST_F(RunFolderTest, AWriteThatFailsStopsTheRunAndNamesTheFile) {
-  // A file-size limit of 0 bytes fails every write that would grow a file (EFBIG, with SIGXFSZ
-  // ignored): a full disk under the run's files from the first step on. The run folder and its
-  // config.json are written before it (make_trainer).
+  // A file-size limit of 100 bytes fails every write that would grow a file past it (EFBIG, with
+  // SIGXFSZ ignored, as loom does): a full disk under the run's files from the first step on. The
+  // run folder and its config.json are written before it (make_trainer). The first line of
+  // metrics.jsonl is longer: the kernel writes its first 100 bytes, then refuses; the file is cut
+  // back to no line rather than left with half of one.
   Config c = base("full");
   c.set_assignment("trainer.log_every=1");
   auto t = loom::testing::make_trainer(c);
@@ -382,7 +440,7 @@ TEST_F(RunFolderTest, AWriteThatFailsStopsTheRunAndNamesTheFile) {
   ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
   const auto previous = std::signal(SIGXFSZ, SIG_IGN);
   struct rlimit none = before;
-  none.rlim_cur = 0;
+  none.rlim_cur = 100;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &none), 0);
   std::string m = "(no error)";
   try {
@@ -392,9 +450,12 @@ TEST_F(RunFolderTest, AWriteThatFailsStopsTheRunAndNamesTheFile) {
   }
   ::setrlimit(RLIMIT_FSIZE, &before);
   std::signal(SIGXFSZ, previous);
-  EXPECT_NE(m.find("callback 'jsonl' (on_log): cannot write " + (dir_ / "full" / "metrics.jsonl").string() + " (disk full?)"),
+  EXPECT_NE(m.find("callback 'jsonl' (on_log): cannot write " + (dir_ / "full" / "metrics.jsonl").string() +
+                   " (File too large: the file-size limit of this process (`ulimit -f`)); it is kept as it was before "
+                   "this write (no half line or record)"),
             std::string::npos)
       << m;
+  EXPECT_EQ(fs::file_size(dir_ / "full" / "metrics.jsonl"), 0u) << "no half line";
   EXPECT_EQ(t->step(), 1) << "it stops at the first write";
 }
 
