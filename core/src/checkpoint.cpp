@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <optional>
 #include <cstdio>
 
@@ -119,8 +121,12 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
     if (const auto* file = dynamic_cast<const fs::filesystem_error*>(&e)) why = explained(*file);
     if (const auto* torch = dynamic_cast<const c10::Error*>(&e)) why = explained(*torch);  // (no backtrace)
     const fs::space_info space = fs::space(dir_, ec);
+    const bool limit = why.find(std::strerror(EFBIG)) != std::string::npos;  // (the space is not what is short)
     throw Error("the checkpoint of step " + std::to_string(step) + " could not be written to " + dir_.string() + ": " +
-                why + (ec ? std::string() : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
+                why +
+                (limit ? " (the file-size limit of this process, `ulimit -f`: raise it, or lift it with `ulimit -f unlimited`)"
+                 : ec  ? std::string()
+                       : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
                 (removed ? "; its partial folder " + tmp.string() + " could not be removed (" + removed.message() +
                                "): delete it by hand"
                          : std::string("; its partial folder is removed")));

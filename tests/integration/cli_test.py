@@ -172,7 +172,8 @@ try:
            "learning rate is " in r.stderr and "(the decay resumes from higher up: a warm restart)" in r.stderr,
            "a longer resume says its rate restarts", r)
     expect(r.returncode == 1 and "the checkpoint of step 6 could not be written" in r.stderr
-           and "its partial folder is removed" in r.stderr and "step_00000004 are intact" in r.stderr,
+           and "its partial folder is removed" in r.stderr and "step_00000004 are intact" in r.stderr
+           and "(the file-size limit of this process, `ulimit -f`: raise it" in r.stderr,
            "a checkpoint that cannot be written is one error naming what stands", r)
     steps = sorted(f for f in os.listdir(checkpoints) if f.startswith((".", "step_")))
     expect(steps == ["step_00000002", "step_00000004"], f"no partial checkpoint folder: {steps}", r)
