@@ -333,8 +333,8 @@ void Trainer::flush_window() {
   window_.device_steps = 0;
   if (skipped > 0) {
     skipped_steps_ += skipped;
-    log::warn(skipped, " of the ", n, " steps before step ", step_ + 1, " (their values read now) had non-finite gradients, ",
-              "updates skipped (", skipped_steps_, " skipped so far)");
+    log::warn(skipped, " of the ", n, " steps ", step_ - n + 1, n > 1 ? " ... " + std::to_string(step_) : std::string(),
+              " (their values read now) had non-finite gradients, updates skipped (", skipped_steps_, " skipped so far)");
   }
 }
 
@@ -480,6 +480,9 @@ StepResult Trainer::train_step(bool read_values) {
       finite = update_on_host(result, work);
     }
   }
+  // The steps before a read one that were not read are counted first: its own skip is said after
+  // theirs, with their count in its total.
+  if (read) flush_window();
   if (!finite) {
     ++skipped_steps_;
     result.skipped = true;

@@ -4,6 +4,7 @@
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/config.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/safetensors.hpp>
 #include <loom/core/trainer.hpp>
@@ -404,7 +405,24 @@ TEST_F(TrainerTest, StepsBetweenLogStepsKeepTheirValuesOnTheDeviceAndLogTheSameM
                            eval_values(jsonl, "train/skipped_steps"), weights, t->skipped_steps());
   };
   const auto [host_loss, host_accuracy, host_skipped, host_weights, host_skips] = run("window_host", false);
+  auto capture = std::make_unique<log::Capture>(LOOM_LOG_WARN);
   const auto [loss, accuracy, skipped, weights, skips] = run("window_device", true);
+  const std::vector<std::string> said = capture->lines();
+  capture.reset();
+  // The skips are said in the order of their steps, each with the total so far: the unread steps
+  // before a log step first (their range named), then the log step's own.
+  int64_t so_far = 0;
+  for (const auto& line : said) {
+    const size_t at = line.find(" skipped so far)");
+    if (at == std::string::npos) continue;
+    const int64_t total = std::stoll(line.substr(line.rfind('(', at) + 1));
+    EXPECT_GT(total, so_far) << "the totals go up line by line:\n" << join(said, "\n");
+    so_far = total;
+  }
+  EXPECT_EQ(so_far, skips) << join(said, "\n");
+  EXPECT_TRUE(std::any_of(said.begin(), said.end(), [](const std::string& l) {
+    return l.find(" of the 3 steps 1 ... 3 (their values read now) had non-finite gradients") != std::string::npos;
+  })) << join(said, "\n");
   ASSERT_EQ(host_loss.size(), 3u) << "a log at steps 4, 8 and 12";
   ASSERT_EQ(loss.size(), host_loss.size());
   EXPECT_GT(host_skips, 0) << "the test needs skipped steps: init_scale no longer overflows";
