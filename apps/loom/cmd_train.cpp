@@ -218,6 +218,15 @@ int cmd_train(const Invocation& invocation) {
   // fp16_amp's dynamic loss scale the first steps overflow while it comes down from 65536: a
   // short run may skip them all, and is told so.)
   if (s.signal == 0 && trainer.skipped_steps() > 0 && trainer.skipped_steps() >= trainer.step()) {
+    const auto scale = resolved.find("precision.fp16_amp.loss_scale");
+    const bool fixed = scale != resolved.end() && sdk::trim(scale->second.value) != "dynamic";
+    if (resolved.at("precision.name").value == "fp16_amp" && fixed) {  // (it never comes down: no longer run helps)
+      core::log::error("the run learned nothing: every one of its ", trainer.skipped_steps(), " steps had non-finite ",
+                       "gradients under fp16_amp's static loss scale of ", scale->second.value, ", which overflows float16's ",
+                       "gradients at every step; lower precision.loss_scale, or make it dynamic (it comes down by itself)");
+      core::log::flush();
+      return 1;
+    }
     if (resolved.at("precision.name").value == "fp16_amp") {
       core::log::warn("no step updated the weights: every one of the run's ", trainer.skipped_steps(), " steps had ",
                       "non-finite gradients, as fp16_amp's loss scale comes down from its start by halving at each; "

@@ -231,6 +231,14 @@ try:
     expect(r.returncode == 1 and re.search(r"the evaluation's loss is (nan|inf|-inf): ", r.stderr)
            and "it was evaluated in fp16_amp" in r.stderr,
            "eval of a model whose loss is not finite fails", r)
+    # A static loss scale that overflows every step never comes down: the run learned nothing, and
+    # the advice is the scale's (it was "train longer, or lower precision.init_scale", and exit 0).
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=static_scale",
+             "--set", "trainer.max_steps=4", "--set", "precision.name=fp16_amp", "--set", "precision.loss_scale=60000",
+             check=False)
+    expect(r.returncode == 1 and "the run learned nothing: every one of its 4 steps had non-finite gradients under "
+           "fp16_amp's static loss scale of 60000" in r.stderr and "lower precision.loss_scale" in r.stderr,
+           "a static loss scale that overflows every step is an error naming it", r)
     r = loom(exe, "eval", best, best, check=False)
     expect(r.returncode == 1 and "one argument too many" in r.stderr and "is a switch" not in r.stderr,
            "eval refuses a second checkpoint", r)
