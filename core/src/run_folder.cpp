@@ -28,6 +28,7 @@
 #include <charconv>
 #include <cstring>
 #include <ctime>
+#include <unistd.h>
 #include <limits>
 #include <optional>
 #include <map>
@@ -165,6 +166,15 @@ void Trainer::lock_run(const fs::path& dir) {
     run_lock_.reset();
     throw Error((dir / "config.json").string() + " is " + there + ", not the run's configuration, which Loom writes " +
                 "there; move it out of the run folder and run the command again");
+  }
+  // A checkpoints folder this process cannot write in (a read-only mount, its permissions): said
+  // now, not at the first save, once the steps before it were trained for nothing.
+  const fs::path checkpoints = dir / "checkpoints";
+  if (std::error_code ec; fs::is_directory(checkpoints, ec) && ::access(checkpoints.c_str(), W_OK | X_OK) != 0) {
+    const int code = errno;
+    run_lock_.reset();
+    throw Error(explained(fs::filesystem_error("cannot write in", checkpoints, std::error_code(code, std::generic_category()))) +
+                "; the run's checkpoints go there (nothing was written)");
   }
 }
 

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <sys/resource.h>
@@ -297,6 +298,33 @@ TEST_F(RunFolderTest, AResumeIntoALossScaledPrecisionStartsItsScalerAfresh) {
                                "own, such as a loss scale)"));
   t->train();
   EXPECT_EQ(t->step(), 8);
+}
+
+TEST_F(RunFolderTest, AResumeIntoACheckpointsFolderThatCannotBeWrittenIsRefusedBeforeTraining) {
+  // A read-only checkpoints/ (here immutable, which root cannot write either) was found at the
+  // first save, after the steps before it had trained for nothing and config.json was rewritten.
+  loom::testing::make_trainer(base("frozen"))->train();
+  const fs::path checkpoints = dir_ / "frozen" / "checkpoints";
+  const auto text = [](const fs::path& p) {
+    std::ostringstream out;
+    out << std::ifstream(p).rdbuf();
+    return out.str();
+  };
+  const std::string config = text(dir_ / "frozen" / "config.json");
+  if (std::system(("chattr +i '" + checkpoints.string() + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "chattr +i is not available here (a file system without it, or no CAP_LINUX_IMMUTABLE)";
+  struct Thaw {
+    fs::path path;
+    ~Thaw() {
+      if (std::system(("chattr -i '" + path.string() + "'").c_str()) != 0) ADD_FAILURE() << "chattr -i " << path;
+    }
+  } thaw{checkpoints};
+  Config c = base("frozen", 8);
+  c.set_assignment("trainer.resume=auto");
+  const std::string m = error_of(c);
+  EXPECT_CONTAINS(m, "cannot write in " + checkpoints.string() + ": Operation not permitted");
+  EXPECT_CONTAINS(m, "; the run's checkpoints go there (nothing was written)");
+  EXPECT_EQ(text(dir_ / "frozen" / "config.json"), config);
 }
 
 TEST_F(RunFolderTest, AFolderInUseIsRefused) {
