@@ -148,7 +148,12 @@ int cmd_memory(const Invocation& invocation) {
   if (micro < 1) {
     std::cout << "nothing fits in " << core::format_bytes(*target) << ": the model states alone need "
               << core::format_bytes(states.total()) << " and the workspace "
-              << core::format_bytes(std::max<int64_t>(0, static_cast<int64_t>(fit.fixed) - states.total())) << "\n";
+              << core::format_bytes(std::max<int64_t>(0, static_cast<int64_t>(fit.fixed) - states.total()))
+              << (fit.has_eval && fit.eval_fixed + fit.eval_per_sample >= static_cast<double>(*target)
+                      ? ", and an evaluation of one sample peaks at " +
+                            core::format_bytes(static_cast<int64_t>(fit.eval_fixed + fit.eval_per_sample))
+                      : std::string())
+              << "\n";
     return 1;
   }
   std::string capped;  // (a global batch train would refuse is no answer)

@@ -50,8 +50,16 @@ int64_t largest_micro_batch(const ModelStates& states, const ActivationFit& fit,
   if (states.total() >= target) return 0;
   const double room = static_cast<double>(target) - fit.fixed;
   if (room <= 0) return 0;
-  if (fit.per_sample <= 0) return INT64_MAX;
-  return static_cast<int64_t>(std::floor(room / fit.per_sample));
+  int64_t largest = fit.per_sample <= 0 ? INT64_MAX : static_cast<int64_t>(std::floor(room / fit.per_sample));
+  // An evaluation that peaks above the step (a recommender ranks the whole catalogue) bounds it too:
+  // a batch whose evaluation does not fit ends the run at its first evaluation.
+  if (fit.has_eval) {
+    const double eval_room = static_cast<double>(target) - fit.eval_fixed;
+    if (eval_room <= 0) return 0;
+    if (fit.eval_per_sample > 0)
+      largest = std::min(largest, static_cast<int64_t>(std::floor(eval_room / fit.eval_per_sample)));
+  }
+  return largest;
 }
 
 std::string format_estimate(const MemoryEstimate& e, const std::string& device) {

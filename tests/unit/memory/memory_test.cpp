@@ -6,6 +6,7 @@
 #include <loom/core/config.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/device_memory.hpp>
+#include <loom/core/estimator.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/text.hpp>
@@ -75,6 +76,27 @@ class MemoryTest : public testing::Test {
 
   fs::path dir_;
 };
+
+TEST(MemorySuggest, TheLargestMicroBatchKeepsTheEvaluationsPeakUnderTheTargetToo) {
+  // A recommender's evaluation ranks the whole catalogue and peaks above its step: `loom memory
+  // suggest` gave the step's answer, whose evaluation its own table showed above the target, and
+  // the run it suggested ran out of memory at its first evaluation.
+  ModelStates states;
+  states.parameters = 1000;
+  ActivationFit fit;
+  fit.fixed = 2000;
+  fit.per_sample = 10;  // the step: 2000 + 10 b
+  EXPECT_EQ(largest_micro_batch(states, fit, 3000), 100);
+  fit.has_eval = true;
+  fit.eval_fixed = 1500;
+  fit.eval_per_sample = 30;  // the evaluation: 1500 + 30 b, above the step from b = 25
+  const int64_t b = largest_micro_batch(states, fit, 3000);
+  EXPECT_EQ(b, 50);
+  EXPECT_LE(estimate(states, fit, b).peak(), 3000);
+  EXPECT_GT(estimate(states, fit, b + 1).peak(), 3000);
+  fit.eval_fixed = 3000;  // an evaluation of any batch is over it
+  EXPECT_EQ(largest_micro_batch(states, fit, 3000), 0);
+}
 
 TEST_F(MemoryTest, BudgetAllocatorCountsLimitsAndThrowsTheDevicesError) {
   auto memory = make_device_memory(c10::Device(c10::kCPU), 8 << 20);

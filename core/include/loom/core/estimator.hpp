@@ -68,7 +68,8 @@ ActivationFit fit_activations(const std::function<int64_t(int64_t)>& probe, int6
 /// The estimate for a micro-batch per device.
 MemoryEstimate estimate(const ModelStates& states, const ActivationFit& fit, int64_t micro_batch, int64_t devices = 1);
 
-/// The largest micro-batch whose estimate fits under `target` bytes, or 0 when none does.
+/// The largest micro-batch whose estimate fits under `target` bytes, its evaluation's peak too
+/// where probed (the run's peak: MemoryEstimate::peak), or 0 when none does.
 int64_t largest_micro_batch(const ModelStates& states, const ActivationFit& fit, int64_t target);
 
 /// The per-device table, as seed 002 lays it out.
