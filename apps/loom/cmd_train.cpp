@@ -390,6 +390,19 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
   }
   if (!changed.empty())  // (data.seed, say: other samples than the run's, so other figures)
     core::log::warn("this command's model and data differ from the checkpoint's: ", core::join(changed, "; "));
+  // A path the run was given relative to the folder it trained in is relative to this command's
+  // folder here: where it is not there, that is said (the dataset said only "not a folder").
+  for (const auto& [key, value] : recorded) {
+    const std::string last = key.substr(key.rfind('.') + 1);
+    const core::ConfigValue* used = config.find(key);
+    if ((last != "root" && last != "path" && last != "tokenizer" && last != "pretrained") || used == nullptr ||
+        used->origin.source != "checkpoint" || value.empty() || fs::path(value).is_absolute())
+      continue;
+    if (std::error_code ec; !fs::exists(value, ec))
+      throw Error(key + " = " + value + " comes from the checkpoint's configuration, a path relative to the folder its run "
+                  "trained in, and there is no " + value + " in this one (" + fs::current_path(ec).string() +
+                  "): run this command from that folder, or give --set " + key + "=<its absolute path>");
+  }
   return config;
 }
 

@@ -188,7 +188,10 @@ void Trainer::refuse_training_alone_among_ranks() const {
   }
   if (!found || found->world_size <= 1) return;
   const std::string what = "this process is rank " + std::to_string(found->rank) + " of " +
-                           std::to_string(found->world_size) + " (" + found->launcher + "'s variables), but " +
+                           std::to_string(found->world_size) + " (" +
+                           (std::getenv("LOOM_LAUNCH_CHECKED") != nullptr ? std::string("started by loom launch")
+                                                                            : found->launcher + "'s variables") +
+                           "), but " +
                            "parallel strategy '" + value_of(config_, "parallel.name") + "' trains alone: every " +
                            "process would train the whole model by itself. Set parallel.name=ddp to train together";
   // torchrun and `loom launch` start the processes for this command; under Slurm or MPI a job's

@@ -153,7 +153,7 @@ void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& con
   const auto local = [](const std::string& key) {
     if (key == "memory.device_memory_limit" || key == "memory.fraction") return true;  // (the policies agree on a plan)
     const std::string last = key.substr(key.rfind('.') + 1);
-    for (const char* k : {"threads", "workers", "device", "work_dir", "root", "pretrained", "tokenizer"})
+    for (const char* k : {"threads", "workers", "device", "work_dir", "root", "path", "pretrained", "tokenizer"})
       if (last == k) return true;
     return false;
   };

@@ -231,6 +231,20 @@ try:
     expect(r.returncode == 1 and re.search(r"the evaluation's loss is (nan|inf|-inf): ", r.stderr)
            and "it was evaluated in fp16_amp" in r.stderr,
            "eval of a model whose loss is not finite fails", r)
+    # A data path the run was given relative to its folder, evaluated from another: named as the
+    # checkpoint's, with the fix (the dataset said only that it found no data there).
+    fashion = "/usr/share/datasets/fashion-mnist"
+    if os.path.isdir(fashion):
+        os.symlink(fashion, os.path.join(work, "fm"))
+        loom(exe, "train", "-c", os.path.join(configs, "fashion_mnist.ini"), "--set", f"trainer.work_dir={work}",
+             "--set", "trainer.name=relative", "--set", "data.path=fm", "--set", "data.limit_train=256",
+             "--set", "data.limit_test=64", "--set", "trainer.max_steps=2", "--set", "model.flavour=debug", cwd=work)
+        r = loom(exe, "eval", os.path.join(work, "relative"), check=False, cwd="/")
+        expect(r.returncode == 1 and "data.path = fm comes from the checkpoint's configuration, a path relative to the "
+               "folder its run trained in, and there is no fm in this one (/): run this command from that folder, or give "
+               "--set data.path=<its absolute path>" in r.stderr, "eval names a relative data path of the checkpoint", r)
+        r = loom(exe, "eval", os.path.join(work, "relative"), cwd=work)
+        expect("accuracy" in r.stderr, "eval from the run's folder finds it", r)
     # A static loss scale that overflows every step never comes down: the run learned nothing, and
     # the advice is the scale's (it was "train longer, or lower precision.init_scale", and exit 0).
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=static_scale",

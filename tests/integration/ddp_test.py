@@ -178,6 +178,9 @@ try:
     assert "Aborted" not in outs[0][1] + outs[1][1]
     assert "threads" not in said.split("differs from rank 0's: ")[1].split(". Every rank")[0], said[-2000:]
     print("nodes started with different configurations: refused at the start, the keys named")
+    r = launch("--nproc-per-node", "2", "--", "train", *args, "--set", "trainer.name=alone", check=False)
+    assert r.returncode == 1 and "this process is rank 0 of 2 (started by loom launch), but parallel strategy 'single' " \
+        "trains alone" in r.stderr, r.stderr[-2000:]
 
     # 5. A rank killed: the other stops with an error naming it, well within a minute.
     long = [*BASE, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=100000", "--set",
