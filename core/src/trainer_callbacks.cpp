@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <set>
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -199,7 +200,11 @@ void Trainer::write_run_summary() {
     write_file_atomic(run_dir_ / "summary.json", summary.dump(2) + "\n");
     wrote_summary_ = true;
   } catch (const std::exception& e) {  // (the checkpoints are written; the verdict is a convenience)
-    log::warn("could not write ", (run_dir_ / "summary.json").string(), ": ", e.what());
+    static std::set<std::string> said;  // (once per run: the validation's and the test's evaluations both write it)
+    if (said.insert(run_dir_.string()).second)
+      log::warn("could not write ", (run_dir_ / "summary.json").string(), " (", e.what(), "): the run's figures are in its ",
+                "log, metrics.jsonl and checkpoints (`loom eval ", run_dir_.string(), "` gives them again); move what is ",
+                "at that path out of the run folder for later runs to write it");
   }
 }
 

@@ -165,6 +165,10 @@ void Jsonl::on_run_begin(RunContext& run) {
   if (!run.is_main()) return;
   path_ = run.run_dir() / "metrics.jsonl";
   require_regular_file(path_, "the run's metrics (metrics.jsonl)");
+  // A link to a file elsewhere (a shared metrics store) is written through, as the tensorboard and
+  // checkpoints folders are: the resume's rewrite replaced the link with a file of its own.
+  if (std::error_code ec; fs::is_symlink(path_, ec))
+    if (const fs::path target = fs::canonical(path_, ec); !ec) path_ = target;
   if (run.resumed_at() >= 0 && fs::exists(path_)) {
     // Keep what the interrupted run wrote up to the checkpoint; a torn last line is dropped.
     std::ifstream in(path_);

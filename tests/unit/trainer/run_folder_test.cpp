@@ -327,6 +327,33 @@ TEST_F(RunFolderTest, AResumeIntoACheckpointsFolderThatCannotBeWrittenIsRefusedB
   EXPECT_EQ(text(dir_ / "frozen" / "config.json"), config);
 }
 
+TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsWrittenThroughAndASummaryThatIsAFolderIsSaidOnce) {
+  // metrics.jsonl as a link to a shared store: a resume replaced the link with a file of its own,
+  // and the store stopped getting rows. A folder where summary.json goes: one warning with the fix
+  // (it was said after each final evaluation, with advice to give another path).
+  loom::testing::make_trainer(base("linked"))->train();
+  const fs::path run = dir_ / "linked", store = dir_ / "store.jsonl";
+  fs::rename(run / "metrics.jsonl", store);
+  fs::create_symlink(store, run / "metrics.jsonl");
+  fs::remove(run / "summary.json");
+  fs::create_directory(run / "summary.json");
+  Config c = base("linked", 8);
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("trainer.log_every=2");
+  log::Capture capture(LOOM_LOG_WARN);
+  loom::testing::make_trainer(c)->train();
+  EXPECT_TRUE(fs::is_symlink(run / "metrics.jsonl"));
+  std::ostringstream rows;
+  rows << std::ifstream(store).rdbuf();
+  EXPECT_CONTAINS(rows.str(), "{\"step\":8,");
+  const auto lines = capture.lines();
+  EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                          [&](const std::string& l) { return l.find("could not write " + (run / "summary.json").string()) != std::string::npos; }),
+            1)
+      << join(lines, "\n");
+  EXPECT_TRUE(capture.contains("move what is at that path out of the run folder for later runs to write it"));
+}
+
 TEST_F(RunFolderTest, AFolderInUseIsRefused) {
   auto first = loom::testing::make_trainer(base("busy"));
   Config second = base("busy");
