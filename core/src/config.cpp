@@ -210,6 +210,9 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     std::vector<std::string> names;
     for (const auto& p : chain) names.push_back(display(p));
     names.push_back(display(path));
+    if (chain.size() == 1 && chain.front() == path)
+      throw Error(display(path) + " names itself as its base; name another file (a path relative to it), or one of "
+                  "Loom's configurations by its bare name (base = debug)");
     throw Error("config inheritance cycle: " + join(names, " -> ") +
                 "; remove one of these `base =` lines");
   }
@@ -286,8 +289,11 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       // (`base = debug`, or a copy of debug.ini whose `base = fashion_mnist.ini` stayed behind).
       std::error_code ec;
       if (base.find('/') == std::string::npos && !fs::exists(fs::symlink_status(base_path, ec))) {
-        if (fs::exists(fs::symlink_status(base_path.string() + ".ini", ec)))
-          base_path += ".ini";  // `base = debug` beside a debug.ini of the user's own: that one
+        // `base = debug` beside a debug.ini of the user's own: that one, unless it is this file (a
+        // debug.ini that extends Loom's debug: the name cannot mean the file itself).
+        if (const fs::path beside = base_path.string() + ".ini";
+            fs::exists(fs::symlink_status(beside, ec)) && !fs::equivalent(beside, path, ec))
+          base_path = beside;
         else if (auto shipped = shipped_config(base)) {
           log::info(display(path), ":", e.line, ": base = ", base, " is not beside it: Loom's ", shipped->string());
           base_path = *shipped;

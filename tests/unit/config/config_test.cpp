@@ -96,7 +96,14 @@ TEST_F(ConfigTest, InheritanceCycleIsReportedWithTheChain) {
   EXPECT_CONTAINS(message, "a.ini -> ");
   EXPECT_CONTAINS(message, "b.ini -> ");
   const auto self = write("self.ini", "base = self.ini\n");
-  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(self); }), "cycle");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(self); }), "self.ini names itself as its base; name another file");
+  // A debug.ini of the user's own that extends Loom's debug by its bare name: that one, not itself
+  // (it was "config inheritance cycle: debug.ini -> debug.ini").
+  const auto mine = write("debug.ini", "base = debug\n[trainer]\nmax_steps = 9\n");
+  Config c;
+  c.load_file(mine);
+  EXPECT_EQ(c.find("trainer.max_steps")->value, "9");
+  EXPECT_EQ(c.find("model.flavour")->value, "debug") << "Loom's debug.ini read as the base";
 }
 
 TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {
