@@ -291,7 +291,17 @@ fs::path checkpoint_path(const Invocation& invocation) {
     if (all.empty())
       throw Error(checkpoint.string() + " is a run folder without step checkpoints; pass one of its best_*.safetensors "
                   "files, or a run that wrote a checkpoint");
-    return all.back();
+    // The newest whole one, as --resume auto takes (a step folder a kill or a hand left without
+    // one of its files is passed over, said).
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      std::vector<std::string> missing;
+      for (const char* file : {"state.json", "model.safetensors"})
+        if (std::error_code ec; !fs::is_regular_file(*it / file, ec)) missing.push_back(file);
+      if (missing.empty()) return *it;
+      core::log::warn(it->string(), " has no ", core::join(missing, " nor "), ": ",
+                      std::next(it) != all.rend() ? "taking the step before it" : "no step of the run is whole");
+    }
+    throw Error(checkpoint.string() + ": none of its step checkpoints is whole; pass one of its best_*.safetensors files");
   }
   const std::string name = checkpoint.filename().string();
   if (!fs::is_directory(checkpoint) && (name == "state.json" || name == "model.safetensors" || name == "optimizer.safetensors") &&

@@ -11,6 +11,7 @@
 // listed gets TFLOP/s but no MFU unless the user gives the peak. The figures are the log's, the
 // benchmark's are compare_gpt2.py's: both use the same count for GPT-2.
 #include <loom/core/throughput.hpp>
+#include <loom/core/log.hpp>
 
 #include <cmath>
 
@@ -77,6 +78,15 @@ void add_model_flops(std::map<std::string, double>& values, double flops_per_ter
   const double tflops = flops_per_term * rate->second / static_cast<double>(devices) / 1e12;
   values["train/tflops"] = tflops;
   if (peak_tflops > 0) values["train/mfu"] = tflops / peak_tflops;
+  // More than the peak is no utilization: the peak given (or a model's FLOPs) is wrong. Said once
+  // per process, the figure still logged as measured.
+  static bool said = false;
+  if (peak_tflops > 0 && tflops > peak_tflops && !said) {
+    said = true;
+    log::warn("the model's FLOPs run at ", tflops, " TFLOP/s per device, above the peak of ", peak_tflops,
+              " TFLOP/s this MFU is measured against (trainer.peak_tflops, or the card's table): an MFU above 100 % "
+              "means that peak is too low for this device and precision, or the model declares more FLOPs than it runs");
+  }
 }
 
 }  // namespace loom::core

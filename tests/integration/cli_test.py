@@ -181,6 +181,13 @@ try:
     expect(again[:2] == ["loom", "train"] and again[-2:] == ["--set", "trainer.name=full"], "the continue command", r)
     r = loom(exe, *again[1:])
     expect(f"resumed from {os.path.join(checkpoints, 'step_00000004')} at step 4" in r.stderr and "step_00000008" in os.listdir(checkpoints), "the suggested command continues the run", r)
+    # A run folder whose newest step lost a file: eval takes the step before it, as a resume does.
+    copy = os.path.join(work, "full_copy")
+    shutil.copytree(os.path.join(work, "full"), copy)
+    os.remove(os.path.join(copy, "checkpoints", "step_00000008", "model.safetensors"))
+    r = loom(exe, "eval", copy)
+    expect("step_00000008 has no model.safetensors: taking the step before it" in r.stderr and "accuracy" in r.stderr,
+           "eval of a run folder passes over a step folder that is not whole", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "data.test_size=256")
     expect("accuracy" in r.stderr and "on 256 test samples" in r.stderr, "eval of the best checkpoint", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=128")

@@ -745,4 +745,14 @@ TEST(ModelFlops, TheLogWindowGetsTflopsPerDeviceAndMfu) {
   std::map<std::string, double> undeclared{{"train/samples_per_s", 500}};
   add_model_flops(undeclared, 0, 1, 100);
   EXPECT_EQ(undeclared.size(), 1u);
+  // Above the peak (trainer.peak_tflops=0.000001 gave "MFU 1398856.7 %" without a word): said once.
+  log::Capture capture(LOOM_LOG_WARN);
+  std::map<std::string, double> over{{"train/samples_per_s", 500}};
+  add_model_flops(over, 2e8, 1, 0.01);
+  add_model_flops(over, 2e8, 1, 0.01);
+  EXPECT_DOUBLE_EQ(over.at("train/mfu"), 10);  // (logged as measured)
+  const auto lines = capture.lines();
+  EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                          [](const std::string& l) { return l.find("an MFU above 100 % means that peak is too low") != std::string::npos; }),
+            1);
 }
