@@ -223,7 +223,8 @@ int cmd_train(const Invocation& invocation) {
     if (resolved.at("precision.name").value == "fp16_amp" && fixed) {  // (it never comes down: no longer run helps)
       core::log::error("the run learned nothing: every one of its ", trainer.skipped_steps(), " steps had non-finite ",
                        "gradients under fp16_amp's static loss scale of ", scale->second.value, ", which overflows float16's ",
-                       "gradients at every step; lower precision.loss_scale, or make it dynamic (it comes down by itself)");
+                       "gradients at every step; lower precision.loss_scale, or make it dynamic (it comes down by itself); if ",
+                       "fp32 fails too, the loss itself is not finite");
       core::log::flush();
       return 1;
     }

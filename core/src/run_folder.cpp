@@ -92,6 +92,12 @@ std::string claim_fresh_name(const fs::path& work_dir) {
   }
 }
 
+/// lock_run's refusal of a folder another process holds.
+class RunInUse : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Runs in `work_dir`, the one last active first: by the later of its newest checkpoint and its
 /// config.json (written when it starts, and again when it resumes). A run stopped before its first
 /// checkpoint counts too: --resume auto must not pass over it to an older run and change that.
@@ -154,8 +160,8 @@ void Trainer::lock_run(const fs::path& dir) {
   try {
     run_lock_ = std::make_unique<FileLock>(dir / ".lock");
   } catch (const FileLock::Locked& e) {
-    throw Error("run folder " + dir.string() + " is in use by " + e.what() +
-                "; wait for that run to end, or choose another trainer.name");
+    throw RunInUse("run folder " + dir.string() + " is in use by " + e.what() +
+                   "; wait for that run to end, or choose another trainer.name");
   }
   // A save of a step again that a kill interrupted: its older folder back before a resume lists them.
   CheckpointStore::recover(dir);
@@ -438,8 +444,17 @@ void Trainer::open_run_here() {
     const std::vector<std::string> runs = runs_newest_first(work_dir);
     for (const auto& candidate : runs) {
       run_dir_ = work_dir / candidate;
-      lock_run(run_dir_);  // (one in use is refused: the newest run is another process's)
-      if (CheckpointStore::list_run(run_dir_).empty()) {  // stopped before its first checkpoint: it starts again, as by name
+      const bool saved = !CheckpointStore::list_run(run_dir_).empty();
+      std::error_code ec;
+      if (!saved && fs::exists(run_dir_ / "summary.json", ec)) continue;  // finished without checkpoints: nothing to continue
+      try {
+        lock_run(run_dir_);
+      } catch (const RunInUse&) {
+        if (saved) throw;  // (the newest run with a checkpoint is another process's: refused, as by name)
+        log::info("resume = auto: passing over ", run_dir_.string(), ", in progress in another process (no checkpoint yet)");
+        continue;
+      }
+      if (!saved) {  // stopped before its first checkpoint: it starts again, as by name
         name = candidate;
         std::string older;
         for (const auto& other : runs)
@@ -459,7 +474,7 @@ void Trainer::open_run_here() {
       log::warn("resume = auto: no checkpoint of ", run_dir_.string(), " can be loaded; looking at older runs");
       run_lock_.reset();
     }
-    if (!resumed) log::info("resume = auto: no run in ", work_dir.string(), " to resume; starting a new one");
+    if (!resumed && name.empty()) log::info("resume = auto: no run in ", work_dir.string(), " to resume; starting a new one");
   }
   bool made_here = name.empty();
   if (name.empty()) name = claim_fresh_name(work_dir);

@@ -157,6 +157,8 @@ void Trainer::build_components(bool with_optimizer) {
   detail::agree_on_configuration(*parallel_, config_);  // (before any collective whose shapes it decides)
   if (options_.threads == 0) share_cores(default_threads);  // (after build_parallel: said by rank 0 alone)
   build_data();
+  // (a dataset is not interrupted while it builds: a stop during it is acted on here, and named so)
+  stop_if_signalled_in_setup(parallel_->world_size(), "while the data was built");
   build_memory();
   try {
     build_model();

@@ -144,7 +144,6 @@ fs::path Trainer::save_checkpoint() {
   // Rank 0 writes; every rank holds the same state (the weights were broadcast and every update
   // is the same sum), so the others only name the folder rank 0 writes.
   check_weights_before_saving("the checkpoint");  // (on every rank: they stop together)
-  sdk::TensorMap extra = rank_rng_states();         // (a collective: before the ranks part)
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / step_dir_name(step_);
   // Since resuming, no update had finite gradients: this state is the resumed checkpoint's at
   // best, and perhaps damaged; writing it could let pruning delete the good checkpoints.
@@ -153,6 +152,7 @@ fs::path Trainer::save_checkpoint() {
               " had finite gradients; ", resumed_from_.string(), " stays the newest checkpoint");
     return resumed_from_;
   }
+  sdk::TensorMap extra;
   // A state's tensor that is not one is named with its component (the writer's own error said
   // neither, and blamed the disk).
   const auto add = [&](const std::string& who, const std::string& prefix, const sdk::State& state) {
@@ -238,7 +238,17 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     log::warn(what, "; continuing because precision.allow_precision_change is set");
   }
 
-  restore_model(c.model, dir.string());
+  try {
+    restore_model(c.model, dir.string());
+  } catch (const std::exception& e) {
+    // Weights whose shapes follow the data (a recommender's users and items) do not fit data
+    // that changed: that is the data's change, not damage (every older checkpoint was passed over
+    // as damaged, and the run called unloadable).
+    if (data_changes.empty()) throw;
+    throw ResumeRefused("refusing to resume from " + dir.string() + ": its weights do not fit this run's data (" +
+                        e.what() + "), and the data differs from the checkpoint's: " + join(data_changes, "; ") +
+                        ". Resume with the checkpoint's data, or train on this data as a new run (another trainer.name)");
+  }
   for (const auto& [k, t] : c.extra) {
     if (k.rfind("optimizer.", 0) == 0) optimizer.tensors[k.substr(10)] = t;
     else if (k.rfind("precision.", 0) == 0) precision.tensors[k.substr(10)] = t;
@@ -259,15 +269,6 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   load_callback_states(callbacks_, callbacks, c.extra, dir);
   if (auto it = c.extra.find("rng.cpu"); it != c.extra.end()) cpu_generator().set_state(it->second);
   if (auto it = c.extra.find("rng.device"); it != c.extra.end() && device_.is_cuda()) device_generator(device_).set_state(it->second);
-  if (const int64_t rank = parallel_->rank(); rank > 0) {  // its own, where the checkpoint's run had this rank
-    const std::string suffix = ".rank" + std::to_string(rank);
-    if (auto it = c.extra.find(std::string("rng.cpu").append(suffix)); it != c.extra.end()) {
-      cpu_generator().set_state(it->second);
-      rank_rng_restored_ = true;
-    }
-    if (auto it = c.extra.find(std::string("rng.device").append(suffix)); it != c.extra.end() && device_.is_cuda())
-      device_generator(device_).set_state(it->second);
-  }
 
   step_ = step;
   skipped_steps_ = skipped_at_resume_ = saved.skipped;

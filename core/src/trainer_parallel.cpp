@@ -108,36 +108,20 @@ void Trainer::build_gradient_sync() {
              ", reduced during backward");
 }
 
-// Rank 0 keeps the run's seed, so that its stream is a single process's; the others draw
-// dropout (and anything else random in the step) of their own. The model was built before, from
-// the same seed on every rank, then broadcast; the data's order has its own generator.
+// Rank 0 keeps the run's seed, so that its stream is a single process's; the others draw dropout
+// (and anything else random in the step, a recommender's negatives) of their own, from a seed of
+// (seed, rank, step) set at each step's start: a checkpoint needs no rank's generator but rank 0's,
+// and a job resumed at step s draws at each rank what the job that never stopped drew (a save is
+// no collective: a callback may save on one rank). The model was built before, from the same seed
+// on every rank, then broadcast; the data's order has its own generator.
 void Trainer::seed_rank() {
-  if (parallel_->rank() == 0 || rank_rng_restored_) return;
-  at::manual_seed(static_cast<uint64_t>(options_.seed) + 1000003ULL * static_cast<uint64_t>(parallel_->rank()) +
-                  static_cast<uint64_t>(step_));
-}
-
-// A checkpoint holds every rank's generators, so that a resume with as many ranks draws the dropout
-// the run that never stopped would have (rank 0's are its own "rng.cpu"/"rng.device"; a rank the
-// checkpoint has none of, after a resume with more ranks, is seeded by seed_rank). One gather per
-// save: each rank fills its row of a sum.
-sdk::TensorMap Trainer::rank_rng_states() {
-  const int64_t world = parallel_->world_size();
-  sdk::TensorMap states;
-  if (world <= 1) return states;
-  HostMemoryScope host;
-  const auto gather = [&](const std::string& name, const at::Tensor& mine) {
-    const at::Tensor bytes = mine.contiguous().to(at::kInt);
-    at::Tensor rows = at::zeros({world, bytes.numel()}, at::kInt);
-    rows[parallel_->rank()].copy_(bytes.view({-1}));
-    parallel_->all_reduce_sum({rows});
-    for (int64_t r = 1; r < world; ++r)
-      states[std::string("rng.").append(name).append(".rank").append(std::to_string(r))] =
-          rows[r].to(at::kByte).clone();
-  };
-  gather("cpu", detail::cpu_generator().get_state());
-  if (device_.is_cuda()) gather("device", detail::device_generator(device_).get_state());
-  return states;
+  if (parallel_->rank() == 0) return;
+  // splitmix64 of the three: no two (rank, step) of a run share a seed
+  uint64_t z = static_cast<uint64_t>(options_.seed) * 0x9E3779B97F4A7C15ULL ^
+               (static_cast<uint64_t>(parallel_->rank()) << 40) ^ static_cast<uint64_t>(step_);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  at::manual_seed(z ^ (z >> 31));
 }
 
 namespace detail {
@@ -146,14 +130,17 @@ namespace detail {
 // between two starts) met in their first collective whose shapes differed, and Gloo aborted the
 // process (a model option), or trained apart until the end-of-run check (a learning rate), or
 // never noticed (a data seed). Rank 0's keys and values are sent to every rank, which names what
-// differs. What may differ per node: its threads, loader workers, device and memory cap (the memory
-// policies agree on the plan of the smallest), and paths on its disks.
+// differs. What may differ per node: its threads, data loader's workers and buffers, device and
+// memory.device_memory_limit, and paths on its disks.
 void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& config) {
   if (parallel.world_size() <= 1) return;
   const auto local = [](const std::string& key) {
-    if (key == "memory.device_memory_limit" || key == "memory.fraction") return true;  // (the policies agree on a plan)
+    // (a cap of one device: its OOM recovery re-plans every rank; memory.fraction is not one of
+    // these: it chooses the fraction_cap policy, whose planning is a collective every rank runs)
+    if (key == "memory.device_memory_limit") return true;
     const std::string last = key.substr(key.rfind('.') + 1);
-    for (const char* k : {"threads", "workers", "device", "work_dir", "root", "path", "pretrained", "tokenizer"})
+    for (const char* k : {"threads", "num_workers", "prefetch", "pin_memory", "device", "work_dir", "root", "path",
+                          "pretrained", "tokenizer", "snapshot", "cache"})
       if (last == k) return true;
     return false;
   };
@@ -188,7 +175,8 @@ void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& con
   at::Tensor flag = at::full({1}, differ.empty() ? 0.0f : 1.0f, at::kFloat);
   parallel.all_reduce_sum({flag});
   const std::string fix = ". Every rank must train one configuration: start all with the same command and configuration "
-                          "files (only threads, workers, the device, its memory cap and paths may differ per node)";
+                          "files (only threads, the data loader's workers, the device, memory.device_memory_limit and paths "
+                          "may differ per node)";
   if (!differ.empty())
     throw Error("rank " + std::to_string(parallel.rank()) + "'s configuration differs from rank 0's: " +
                 join(differ, "; ") + fix);

@@ -333,8 +333,12 @@ void Trainer::flush_window() {
   window_.device_steps = 0;
   if (skipped > 0) {
     skipped_steps_ += skipped;
-    log::warn(skipped, " of the ", n, " steps ", step_ - n + 1, n > 1 ? " ... " + std::to_string(step_) : std::string(),
-              " (their values read now) had non-finite gradients, updates skipped (", skipped_steps_, " skipped so far)");
+    if (n == 1)
+      log::warn("step ", step_, " (its values read now): non-finite gradients, update skipped (", skipped_steps_,
+                " skipped so far)");
+    else
+      log::warn(skipped, " of the ", n, " steps ", step_ - n + 1, " ... ", step_, " (their values read now) had non-finite ",
+                "gradients, updates skipped (", skipped_steps_, " skipped so far)");
   }
 }
 
@@ -448,6 +452,7 @@ bool Trainer::graphed_step(StepResult& result, bool read) {
 StepResult Trainer::train_step(bool read_values) {
   LOOM_PHASE("step");
   committed_ = ranks_agreed_ = false;
+  if (parallel_->world_size() > 1) seed_rank();  // (ranks > 0: this step's own draws)
   // The device path keeps a table of the schedule's rate per taken update (Note [The step on the
   // device]); past a few million steps that table would be large: such runs check on the host.
   constexpr int64_t kLargestRateTable = int64_t{1} << 22;

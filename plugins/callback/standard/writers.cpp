@@ -3,6 +3,7 @@
 
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
+#include <loom/sdk/log.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -165,10 +166,11 @@ void Jsonl::on_run_begin(RunContext& run) {
   if (!run.is_main()) return;
   path_ = run.run_dir() / "metrics.jsonl";
   require_regular_file(path_, "the run's metrics (metrics.jsonl)");
-  // A link to a file elsewhere (a shared metrics store) is written through, as the tensorboard and
-  // checkpoints folders are: the resume's rewrite replaced the link with a file of its own.
-  if (std::error_code ec; fs::is_symlink(path_, ec))
-    if (const fs::path target = fs::canonical(path_, ec); !ec) path_ = target;
+  // A link to a file elsewhere (another run's, in a copy made with links): a resume cuts the rows
+  // after its checkpoint, which must not happen to that file. The run writes its own copy, said.
+  if (std::error_code ec; run.resumed_at() >= 0 && fs::is_symlink(path_, ec))
+    sdk::log::warn("metrics.jsonl of ", run.run_dir().string(), " is a link to ", fs::read_symlink(path_, ec).string(),
+                   ": this run writes its own copy from here, and leaves that file as it is");
   if (run.resumed_at() >= 0 && fs::exists(path_)) {
     // Keep what the interrupted run wrote up to the checkpoint; a torn last line is dropped.
     std::ifstream in(path_);

@@ -304,9 +304,17 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
   std::string_view line;
   auto header = [&](Rows& rows, const char* expected) {
     if (!rows.next(line)) throw rows.error("the file is empty; expected the header " + std::string(expected));
+    // A file in another encoding or with old Mac line endings reads as one line that begins with
+    // the header, or as bytes: named, with the fix, not as a file without rows or an odd header.
+    if (line.size() >= 2 && ((line[0] == '\xFF' && line[1] == '\xFE') || (line[0] == '\xFE' && line[1] == '\xFF') ||
+                             line.find('\0') != std::string_view::npos))
+      throw rows.error("the file is UTF-16 (or holds NUL bytes); save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8");
+    if (line.find('\r') != std::string_view::npos)
+      throw rows.error("the file's lines end in a carriage return alone (old Mac line endings); convert them to "
+                       "newlines, e.g. tr '\\r' '\\n'");
     std::string fields;  // (an exporter that quotes every field quotes the header's too)
     for (const auto& f : csv_fields(line, rows)) fields += (fields.empty() ? "" : ",") + trimmed(f);
-    if (trimmed(line).rfind(expected, 0) != 0 && fields.rfind(expected, 0) != 0)
+    if (trimmed(line) != expected && fields != expected)
       throw rows.error("the header is '" + std::string(line) + "', expected " + expected);
   };
   {
@@ -325,7 +333,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
   }
   if (fs::exists(root / "tags.csv") && max_tags > 0) {
     Rows rows(root / "tags.csv");
-    header(rows, "userId,movieId,tag");
+    header(rows, "userId,movieId,tag,timestamp");
     while (rows.next(line)) {
       const auto f = csv_fields(line, rows);
       if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (userId,movieId,tag,timestamp)");

@@ -106,6 +106,24 @@ TEST_F(ConfigTest, InheritanceCycleIsReportedWithTheChain) {
   EXPECT_EQ(c.find("model.flavour")->value, "debug") << "Loom's debug.ini read as the base";
 }
 
+TEST_F(ConfigTest, AHugeKeyIsRefusedShortAndAKeyRepeatedManyTimesIsSaidAScreenfulOnly) {
+  const auto huge = write("huge.ini", "[trainer]\n" + std::string(100000, 'x') + " = 1\n");
+  const std::string m = error_of([&] { Config c; c.load_file(huge); });
+  EXPECT_CONTAINS(m, "huge.ini:2: a key of 100008 characters (trainer.xxx");
+  EXPECT_CONTAINS(m, "xxx...); keys are at most 256");
+  EXPECT_LT(m.size(), 400u);
+  std::string text = "[trainer]\n";
+  for (int i = 0; i < 50; ++i) text += "lr = 0." + std::to_string(i + 1) + "\n";
+  const auto repeated = write("repeated.ini", text);
+  log::Capture capture(LOOM_LOG_WARN);
+  Config c;
+  c.load_file(repeated);
+  EXPECT_EQ(c.find("trainer.lr")->value, "0.50");
+  const auto lines = capture.lines();
+  EXPECT_EQ(std::count_if(lines.begin(), lines.end(), [](const std::string& l) { return l.find(" is set again ") != std::string::npos; }), 20);
+  EXPECT_TRUE(capture.contains("repeated.ini: 29 more keys set again after those said; the last line of each is used"));
+}
+
 TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {
   const auto child = write("child.ini", "\nbase = nowhere.ini\n");
   const std::string message = error_of([&] { Config c; c.load_file(child); });

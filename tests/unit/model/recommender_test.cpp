@@ -153,6 +153,30 @@ TEST_F(RecommenderData, MovieLensLatestReadsQuotedTitlesWithCommasAndTags) {
   EXPECT_EQ(d->size(Split::kTrain) + d->size(Split::kValidation) + d->size(Split::kTest), 6);
 }
 
+TEST_F(RecommenderData, AnMlLatestFileInAnotherEncodingOrWithMacLineEndingsIsNamed) {
+  // CR-only line endings made the whole file one line that began with the header ("has no
+  // ratings"); UTF-16 showed its raw bytes as "the header". Each is named, with the fix.
+  write(dir_ / "movies.csv", "movieId,title,genres\n1,Heat (1995),Action\n2,Babe (1995),Comedy\n");
+  write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\r1,1,4.0,100\r1,2,3.5,101\r");
+  std::string message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.csv:1: the file's lines end in a carriage return alone (old Mac line endings); convert "
+                         "them to newlines, e.g. tr '\\r' '\\n'"),
+            std::string::npos)
+      << message;
+  std::string utf16 = "\xFF\xFE";
+  for (char c : std::string("userId,movieId,rating,timestamp\n1,1,4.0,100\n")) utf16 += std::string{c, '\0'};
+  write(dir_ / "ratings.csv", utf16);
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.csv:1: the file is UTF-16 (or holds NUL bytes); save it as UTF-8"), std::string::npos)
+      << message;
+  // A header that only begins as the expected one is another file's.
+  write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp,source\n1,1,4.0,100,x\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("the header is 'userId,movieId,rating,timestamp,source', expected userId,movieId,rating,timestamp"),
+            std::string::npos)
+      << message;
+}
+
 TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   write(dir_ / "movies.dat", "1::Heat (1995)::Action\n2::Babe (1995)::Comedy\n");
   write(dir_ / "ratings.dat", "1::1::5::1\n1::2::4::2\n1::2::x::3\n");
@@ -249,6 +273,27 @@ class Gpt2RecommenderTest : public ::testing::Test {
 
   fs::path dir_;
 };
+
+TEST_F(Gpt2RecommenderTest, AResumeOnDataWithOtherUsersIsRefusedNamingTheDataNotDamage) {
+  // The users' embedding follows the data: 40 users trained, 30 now. Each checkpoint was called
+  // "damaged or of another model" and passed over, and the run called unloadable ("move the folder
+  // away"); the data's change is named instead, once, and nothing older is tried.
+  make_trainer(config("fewer", {"trainer.checkpoint_every=4"}))->train();
+  auto resume = config("fewer", {"data.users=30", "trainer.max_steps=12"});
+  resume.set_assignment("trainer.resume=auto");
+  std::string message = "(no error)";
+  try {
+    make_trainer(resume);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("checkpoints/step_00000008: its weights do not fit this run's data ("), std::string::npos) << message;
+  EXPECT_NE(message.find("and the data differs from the checkpoint's: data.users = 30 (the checkpoint's: 40). Resume with "
+                         "the checkpoint's data, or train on this data as a new run (another trainer.name)"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("step_00000004"), std::string::npos) << "no older checkpoint tried: " << message;
+}
 
 TEST_F(Gpt2RecommenderTest, CachedAndDynamicTextVectorsGiveTheSameScores) {
   auto cached = make_trainer(config("cached", {"model.use_cache=true"}));

@@ -274,6 +274,16 @@ TEST_F(RunFolderTest, ResumeAutoTakesTheNewestRunAlsoOneStoppedBeforeItsFirstChe
   }
   EXPECT_EQ(text(dir_ / "finished" / "config.json"), config) << "the older run is left as it was";
   EXPECT_EQ(steps(dir_ / "finished"), (std::vector<std::string>{"step_00000002", "step_00000004"}));
+  // A newer run in progress in another process (its lock held), without a checkpoint yet, has not
+  // stopped: passed over, said (a sweep of `--resume auto` jobs in one folder each start their own).
+  {
+    auto busy = loom::testing::make_trainer(base("busy", 8));
+    log::Capture capture(LOOM_LOG_INFO);
+    auto t = loom::testing::make_trainer(c);
+    EXPECT_NE(t->run_dir(), dir_ / "busy");
+    EXPECT_TRUE(capture.contains("resume = auto: passing over " + (dir_ / "busy").string() +
+                                 ", in progress in another process (no checkpoint yet)"));
+  }
   // A run with a checkpoint newer than the killed one's start is the newest again.
   Config named = base("finished", 8);
   named.set_assignment("trainer.resume=auto");
@@ -327,13 +337,17 @@ TEST_F(RunFolderTest, AResumeIntoACheckpointsFolderThatCannotBeWrittenIsRefusedB
   EXPECT_EQ(text(dir_ / "frozen" / "config.json"), config);
 }
 
-TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsWrittenThroughAndASummaryThatIsAFolderIsSaidOnce) {
-  // metrics.jsonl as a link to a shared store: a resume replaced the link with a file of its own,
-  // and the store stopped getting rows. A folder where summary.json goes: one warning with the fix
+TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAFolderIsSaidOnce) {
+  // metrics.jsonl as a link to another run's file (a copy of a run made with links): the resume
+  // writes a copy of its own, said, and leaves that file whole (cutting its rows after the
+  // checkpoint would lose them there). A folder where summary.json goes: one warning with the fix
   // (it was said after each final evaluation, with advice to give another path).
   loom::testing::make_trainer(base("linked"))->train();
   const fs::path run = dir_ / "linked", store = dir_ / "store.jsonl";
   fs::rename(run / "metrics.jsonl", store);
+  std::ofstream(store, std::ios::app) << "{\"step\":5,\"train/loss\":1}\n";  // (a row after the checkpoint: the other run's)
+  std::ostringstream before;
+  before << std::ifstream(store).rdbuf();
   fs::create_symlink(store, run / "metrics.jsonl");
   fs::remove(run / "summary.json");
   fs::create_directory(run / "summary.json");
@@ -342,10 +356,14 @@ TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsWrittenThroughAndASummaryThatIsAF
   c.set_assignment("trainer.log_every=2");
   log::Capture capture(LOOM_LOG_WARN);
   loom::testing::make_trainer(c)->train();
-  EXPECT_TRUE(fs::is_symlink(run / "metrics.jsonl"));
-  std::ostringstream rows;
-  rows << std::ifstream(store).rdbuf();
+  EXPECT_FALSE(fs::is_symlink(run / "metrics.jsonl"));
+  std::ostringstream rows, after;
+  rows << std::ifstream(run / "metrics.jsonl").rdbuf();
   EXPECT_CONTAINS(rows.str(), "{\"step\":8,");
+  after << std::ifstream(store).rdbuf();
+  EXPECT_EQ(after.str(), before.str()) << "the linked file is left as it was";
+  EXPECT_TRUE(capture.contains("metrics.jsonl of " + run.string() + " is a link to " + store.string() +
+                               ": this run writes its own copy from here, and leaves that file as it is"));
   const auto lines = capture.lines();
   EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
                           [&](const std::string& l) { return l.find("could not write " + (run / "summary.json").string()) != std::string::npos; }),

@@ -286,9 +286,8 @@ class Trainer {
   void join_run();       // other ranks: rank 0's run folder and checkpoint, nothing written
   // Several ranks (trainer_parallel.cpp): what every rank must agree on.
   void broadcast_model();         // rank 0's parameters and buffers on every rank
-  void seed_rank();               // ranks > 0 draw their own dropout
+  void seed_rank();               // ranks > 0 draw their own dropout, seeded anew at each step
   void sync_buffers();            // the buffers a step changed become rank 0's on every rank
-  sdk::TensorMap rank_rng_states();  // ranks > 0's generator states, gathered on every rank (rank 0 saves them)
   bool any_rank(bool local);      // true on every rank when it is true on one
   sdk::BatchPlan agree_plan(const sdk::BatchPlan& mine);  // the plan of the smallest micro-batch
   int stop_signal();              // a stop signal any rank received (agreed once per step)
@@ -476,7 +475,6 @@ class Trainer {
   bool committed_ = false;  ///< the running step has begun to change the run's state (no replay)
   bool ranks_agreed_ = false;  ///< the ranks agreed the step's forward and backward went well (no replay)
   int64_t predicted_peak_ = -1;
-  bool rank_rng_restored_ = false;  ///< this rank > 0 took its generators' states from the checkpoint
   int64_t peak_before_replan_ = 0;  ///< the run's peak before its last re-plan (the peak restarts there)
   double flops_per_term_ = 0;
   PeakFlops peak_;
