@@ -74,33 +74,39 @@ sdk::TensorMap Trainer::model_tensors() const {
   return out;
 }
 
+namespace detail {
+
+// In slices of a million values: isfinite holds |x| and three masks at once, 1.75 times the
+// tensor, which for a large embedding was the run's peak (a save measured 1.3 GiB where the steps
+// peaked at 495 MiB). A boolean of one element, on the tensor's device (no read of it here).
+at::Tensor all_finite(const at::Tensor& t, bool nan_only) {
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  const at::Tensor flat = t.detach().reshape({-1});
+  std::vector<at::Tensor> slices;
+  for (int64_t from = 0; from < flat.numel(); from += kSlice) {
+    const at::Tensor part = flat.narrow(0, from, std::min(kSlice, flat.numel() - from));
+    slices.push_back(nan_only ? at::isnan(part).any().logical_not() : at::isfinite(part).all());
+  }
+  return slices.empty() ? at::ones({}, flat.options().dtype(at::kBool)) : at::stack(slices).all();
+}
+
+}  // namespace detail
+
 std::string Trainer::nonfinite_weights() const {
   // A parameter may hold neither NaN nor an infinity; a buffer may hold infinities (a mask's
   // -inf), not NaN: as a resume checks them (restore_model).
-  // In slices: isfinite holds |x| and three masks at once, 1.75 times the tensor, which for a
-  // large embedding was the run's peak (a save measured 1.3 GiB where the steps peaked at 495 MiB).
-  constexpr int64_t kSlice = int64_t{1} << 20;
   at::NoGradGuard no_grad;
-  const auto all_of = [&](const at::Tensor& t, bool nan_only) {
-    const at::Tensor flat = t.detach().reshape({-1});
-    std::vector<at::Tensor> slices;
-    for (int64_t from = 0; from < flat.numel(); from += kSlice) {
-      const at::Tensor part = flat.narrow(0, from, std::min(kSlice, flat.numel() - from));
-      slices.push_back(nan_only ? at::isnan(part).any().logical_not() : at::isfinite(part).all());
-    }
-    return slices.empty() ? at::ones({}, flat.options().dtype(at::kBool)) : at::stack(slices).all();
-  };
   std::vector<std::string> names;
   std::vector<at::Tensor> fine;
   for (const auto& item : model_->module().named_parameters())
     if (at::isFloatingType(item.value().scalar_type())) {
       names.push_back("parameter '" + item.key() + "' holds NaN or infinite values");
-      fine.push_back(all_of(item.value(), /*nan_only=*/false));
+      fine.push_back(detail::all_finite(item.value(), /*nan_only=*/false));
     }
   for (const auto& item : model_->module().named_buffers())
     if (at::isFloatingType(item.value().scalar_type())) {
       names.push_back("buffer '" + item.key() + "' holds NaN");
-      fine.push_back(all_of(item.value(), /*nan_only=*/true));
+      fine.push_back(detail::all_finite(item.value(), /*nan_only=*/true));
     }
   if (fine.empty()) return {};
   const at::Tensor read = at::stack(fine).to(at::kCPU);  // one read of the device
@@ -402,7 +408,7 @@ void Trainer::restore_model(const sdk::TensorMap& tensors, const std::string& wh
     // (a buffer may hold infinities, an attention mask's -inf; a parameter may not)
     const bool parameter = key.rfind("param.", 0) == 0;
     if (at::isFloatingType(from.scalar_type()) &&
-        (parameter ? !at::isfinite(from).all().item<bool>() : at::isnan(from).any().item<bool>()))
+        !detail::all_finite(from, /*nan_only=*/!parameter).item<bool>())
       throw Error(what + " is damaged: tensor '" + key + "' holds NaN" + (parameter ? " or infinite values" : ""));
     copies.emplace_back(into, from);
   };
