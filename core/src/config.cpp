@@ -317,7 +317,8 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     for (const Base& base : resolved) load_file(base.path, chain, display(path) + ":" + std::to_string(e.line));
   }
   std::map<std::string, const Entry*> here;  // a key written twice in one file: the later line wins, and is named
-  int set_again = 0;
+  int set_again = 0;                // (each said, up to a screenful: a generated file that repeats a key a
+  constexpr int kSetAgainSaid = 20;  // million times printed 107 MB)
   for (const auto& e : entries) {
     if (e.key == "base") continue;
     if (section_of(e.key).empty())
@@ -325,9 +326,7 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
                   "' is outside any section; put it under [trainer], [model], [data], ... "
                   "(only `base` may come before the first section)");
     if (const auto [it, first] = here.emplace(e.key, &e); !first) {
-      // (each said, up to a screenful: a generated file that repeats a key a million times printed 107 MB)
-      constexpr int kSaid = 20;
-      if (it->second->value != e.value && ++set_again <= kSaid)
+      if (it->second->value != e.value && ++set_again <= kSetAgainSaid)
         log::warn(display(path), ":", e.line, ": ", e.key, " is set again (line ", it->second->line, ": ", it->second->value,
                   "); the later, ", e.value, ", is used");
       it->second = &e;
@@ -336,8 +335,9 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       base_overrides_.push_back({e.key, path, e.line, std::move(warning)});
     set(e.key, e.value, Origin{"file", path, e.line});
   }
-  if (set_again > 20)
-    log::warn(display(path), ": ", set_again - 20, " more keys set again after those said; the last line of each is used");
+  if (set_again > kSetAgainSaid)
+    log::warn(display(path), ": ", set_again - kSetAgainSaid, " more lines set a key again after those said; the last line "
+              "of each key is used");
   chain.pop_back();
 }
 

@@ -439,20 +439,25 @@ void Trainer::open_run_here() {
   std::vector<std::string> problems;
   bool resumed = false;
   if (options_.resume == "auto" && name.empty()) {
-    // The newest run with a checkpoint that loads; a run whose checkpoints are all damaged is
-    // passed over (and said so), not restarted.
     const std::vector<std::string> runs = runs_newest_first(work_dir);
+    // The newest run is the one to continue; an older one is taken only past a newest whose
+    // checkpoints are all damaged. A newest in progress elsewhere, or finished without checkpoints,
+    // is no run to continue: a new one starts (never an older run changed in its place).
+    std::string passed;
     for (const auto& candidate : runs) {
       run_dir_ = work_dir / candidate;
-      const bool saved = !CheckpointStore::list_run(run_dir_).empty();
-      std::error_code ec;
-      if (!saved && fs::exists(run_dir_ / "summary.json", ec)) continue;  // finished without checkpoints: nothing to continue
       try {
-        lock_run(run_dir_);
+        lock_run(run_dir_);  // (it also puts back a step folder whose save again a kill interrupted)
       } catch (const RunInUse&) {
-        if (saved) throw;  // (the newest run with a checkpoint is another process's: refused, as by name)
-        log::info("resume = auto: passing over ", run_dir_.string(), ", in progress in another process (no checkpoint yet)");
-        continue;
+        if (!CheckpointStore::list_run(run_dir_).empty()) throw;  // (a run with checkpoints in use: refused, as by name)
+        passed = run_dir_.string() + " is in progress in another process (no checkpoint yet)";
+        break;
+      }
+      const bool saved = !CheckpointStore::list_run(run_dir_).empty();
+      if (std::error_code ec; !saved && fs::exists(run_dir_ / "summary.json", ec)) {
+        run_lock_.reset();
+        passed = run_dir_.string() + " finished without checkpoints";
+        break;
       }
       if (!saved) {  // stopped before its first checkpoint: it starts again, as by name
         name = candidate;
@@ -474,7 +479,10 @@ void Trainer::open_run_here() {
       log::warn("resume = auto: no checkpoint of ", run_dir_.string(), " can be loaded; looking at older runs");
       run_lock_.reset();
     }
-    if (!resumed && name.empty()) log::info("resume = auto: no run in ", work_dir.string(), " to resume; starting a new one");
+    if (!passed.empty())
+      log::info("resume = auto: starting a new run: the newest, ", passed);
+    else if (!resumed && name.empty())
+      log::info("resume = auto: no run in ", work_dir.string(), " to resume; starting a new one");
   }
   bool made_here = name.empty();
   if (name.empty()) name = claim_fresh_name(work_dir);

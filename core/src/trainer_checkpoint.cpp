@@ -74,6 +74,17 @@ sdk::TensorMap Trainer::model_tensors() const {
   return out;
 }
 
+namespace {
+
+/// restore_model's refusal of a tensor whose shape is not the model's (load_checkpoint tells a
+/// change of the data from damage by it).
+class ShapeDiffers : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace
+
 namespace detail {
 
 // In slices of a million values: isfinite holds |x| and three masks at once, 1.75 times the
@@ -260,10 +271,10 @@ void Trainer::load_checkpoint(const fs::path& dir) {
 
   try {
     restore_model(c.model, dir.string());
-  } catch (const std::exception& e) {
+  } catch (const ShapeDiffers& e) {
     // Weights whose shapes follow the data (a recommender's users and items) do not fit data
     // that changed: that is the data's change, not damage (every older checkpoint was passed over
-    // as damaged, and the run called unloadable).
+    // as damaged, and the run called unloadable). Other damage still falls back to an older one.
     if (data_changes.empty()) throw;
     throw ResumeRefused("refusing to resume from " + dir.string() + ": its weights do not fit this run's data (" +
                         e.what() + "), and the data differs from the checkpoint's: " + join(data_changes, "; ") +
@@ -400,8 +411,8 @@ void Trainer::restore_model(const sdk::TensorMap& tensors, const std::string& wh
     if (it == tensors.end()) throw Error(what + " is damaged or of another model: it has no tensor '" + key + "'");
     const at::Tensor& from = it->second;
     if (from.sizes() != into.sizes())
-      throw Error(what + " is damaged or of another model: tensor '" + key + "' has shape " + c10::str(from.sizes()) +
-                  " in the checkpoint, " + c10::str(into.sizes()) + " in this model");
+      throw ShapeDiffers(what + " is damaged or of another model: tensor '" + key + "' has shape " + c10::str(from.sizes()) +
+                         " in the checkpoint, " + c10::str(into.sizes()) + " in this model");
     if (from.scalar_type() != into.scalar_type())
       throw Error(what + " is damaged: tensor '" + key + "' is " + c10::toString(from.scalar_type()) + " in the checkpoint, " +
                   c10::toString(into.scalar_type()) + " in this model");

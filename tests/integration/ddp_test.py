@@ -391,7 +391,8 @@ try:
 
     # 7. With dropout, each rank draws its own masks; rank 1's generator is seeded anew at each
     # step from (seed, rank, step), so a job resumed with as many ranks draws what the job that
-    # never stopped drew (rank 1 was reseeded once, at the resume, and its losses went their own way).
+    # never stopped drew (rank 1 was reseeded once, at the resume, and its losses went their own way,
+    before it was seeded at each step).
     res = [*SMALL, "--set", "trainer.threads=1", "--set", "parallel.timeout=60", "--set", f"trainer.work_dir={work}",
            "--set", "trainer.max_steps=120", "--set", "trainer.checkpoint_every=20", "--set", "trainer.eval_every=100"]
     # (A configuration's warning is said once, by the launcher that checked it, not once more per rank.)

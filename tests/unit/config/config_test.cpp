@@ -121,7 +121,7 @@ TEST_F(ConfigTest, AHugeKeyIsRefusedShortAndAKeyRepeatedManyTimesIsSaidAScreenfu
   EXPECT_EQ(c.find("trainer.lr")->value, "0.50");
   const auto lines = capture.lines();
   EXPECT_EQ(std::count_if(lines.begin(), lines.end(), [](const std::string& l) { return l.find(" is set again ") != std::string::npos; }), 20);
-  EXPECT_TRUE(capture.contains("repeated.ini: 29 more keys set again after those said; the last line of each is used"));
+  EXPECT_TRUE(capture.contains("repeated.ini: 29 more lines set a key again after those said; the last line of each key is used"));
 }
 
 TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {

@@ -275,14 +275,16 @@ TEST_F(RunFolderTest, ResumeAutoTakesTheNewestRunAlsoOneStoppedBeforeItsFirstChe
   EXPECT_EQ(text(dir_ / "finished" / "config.json"), config) << "the older run is left as it was";
   EXPECT_EQ(steps(dir_ / "finished"), (std::vector<std::string>{"step_00000002", "step_00000004"}));
   // A newer run in progress in another process (its lock held), without a checkpoint yet, has not
-  // stopped: passed over, said (a sweep of `--resume auto` jobs in one folder each start their own).
+  // stopped: a new run starts, said (a sweep of `--resume auto` jobs in one folder each start their
+  // own), and no older run is taken in its place.
   {
     auto busy = loom::testing::make_trainer(base("busy", 8));
     log::Capture capture(LOOM_LOG_INFO);
     auto t = loom::testing::make_trainer(c);
-    EXPECT_NE(t->run_dir(), dir_ / "busy");
-    EXPECT_TRUE(capture.contains("resume = auto: passing over " + (dir_ / "busy").string() +
-                                 ", in progress in another process (no checkpoint yet)"));
+    for (const char* taken : {"busy", "killed", "finished"}) EXPECT_NE(t->run_dir(), dir_ / taken);
+    EXPECT_EQ(t->step(), 0);
+    EXPECT_TRUE(capture.contains("resume = auto: starting a new run: the newest, " + (dir_ / "busy").string() +
+                                 " is in progress in another process (no checkpoint yet)"));
   }
   // A run with a checkpoint newer than the killed one's start is the newest again.
   Config named = base("finished", 8);
