@@ -334,7 +334,18 @@ int cmd_launch(const Invocation& invocation) {
     }
     core::PluginRegistry registry;
     scan_plugins(registry, options, /*log_refusals=*/false);  // (each rank says its refusals)
-    core::resolve_run(config_from(options), registry);
+    const core::Resolved resolved = core::resolve_run(config_from(options), registry);
+    // A global batch the ranks cannot split is each rank's error too: said once, here (the check
+    // the trainer makes, for the world this command starts; a batch chosen by memory policies is theirs).
+    const core::ConfigValue& batch = resolved.at("trainer.batch_size");
+    const int64_t accumulation = std::stoll(resolved.at("trainer.gradient_accumulation_steps").value);
+    const int64_t per_step = accumulation * nproc * nnodes;
+    if (resolved.at("parallel.name").value == "ddp" && batch.origin.source != "default" &&
+        std::stoll(batch.value) % per_step != 0)
+      throw Error("loom launch: trainer.batch_size " + batch.value + " (" + batch.origin.describe() + ") is not divisible by " +
+                  "gradient_accumulation_steps " + std::to_string(accumulation) + " x world size " +
+                  std::to_string(nproc * nnodes) + "; the global batch must split evenly into micro-batches, e.g. " +
+                  std::to_string(std::max<int64_t>(per_step, std::stoll(batch.value) / per_step * per_step)));
   }
   // (the port last: the checks before take time in which another program could take it)
   if (port == 0) {

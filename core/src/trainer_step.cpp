@@ -122,6 +122,7 @@ std::vector<std::string> Trainer::metric_names() const {
 
 std::string Trainer::format_metric(const std::string& name, double value) const {
   char text[64];
+  if (std::isnan(value)) value = std::nan("");  // (printf writes a NaN with its sign bit as "-nan")
   auto it = metric_specs_.find(name);
   if (it != metric_specs_.end() && it->second.percent) std::snprintf(text, sizeof text, "%.2f %%", 100.0 * value);
   else std::snprintf(text, sizeof text, "%.4f", value);

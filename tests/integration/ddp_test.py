@@ -178,6 +178,9 @@ try:
     assert "Aborted" not in outs[0][1] + outs[1][1]
     assert "threads" not in said.split("differs from rank 0's: ")[1].split(". Every rank")[0], said[-2000:]
     print("nodes started with different configurations: refused at the start, the keys named")
+    r = launch("--nproc-per-node", "3", "--", "train", *args, *DDP, "--set", "trainer.name=uneven", check=False)
+    assert r.returncode == 1 and r.stderr.count("is not divisible by gradient_accumulation_steps 1 x world size 3") == 1 \
+        and " rank 0]" not in r.stderr, r.stderr[-2000:]  # (said once, by the launcher, before any rank starts)
     r = launch("--nproc-per-node", "2", "--", "train", *args, "--set", "trainer.name=alone", check=False)
     assert r.returncode == 1 and "this process is rank 0 of 2 (started by loom launch), but parallel strategy 'single' " \
         "trains alone" in r.stderr, r.stderr[-2000:]
@@ -392,7 +395,7 @@ try:
     # 7. With dropout, each rank draws its own masks; rank 1's generator is seeded anew at each
     # step from (seed, rank, step), so a job resumed with as many ranks draws what the job that
     # never stopped drew (rank 1 was reseeded once, at the resume, and its losses went their own way,
-    before it was seeded at each step).
+    # before it was seeded at each step).
     res = [*SMALL, "--set", "trainer.threads=1", "--set", "parallel.timeout=60", "--set", f"trainer.work_dir={work}",
            "--set", "trainer.max_steps=120", "--set", "trainer.checkpoint_every=20", "--set", "trainer.eval_every=100"]
     # (A configuration's warning is said once, by the launcher that checked it, not once more per rank.)

@@ -41,7 +41,7 @@ double now_seconds() {
 
 double value_or_nan(const std::map<std::string, double>& values, const std::string& key) {
   auto it = values.find(key);
-  return it == values.end() ? std::nan("") : it->second;
+  return it == values.end() || std::isnan(it->second) ? std::nan("") : it->second;  // (never "-nan" on the line)
 }
 
 /// A JSON string literal.
