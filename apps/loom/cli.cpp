@@ -5,6 +5,7 @@
 #include <loom/core/error.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
 #include <loom/core/stop_signals.hpp>
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/options.hpp>
@@ -168,14 +169,9 @@ core::Config config_from(const po::variables_map& options) {
   // one, and the value replaced is never checked, so a mistyped one would pass unseen: said (once
   // per process: `loom bench` reads the command line once per file and repeat).
   static std::set<std::string> warned;
-  std::map<std::string, std::pair<std::string, std::string>> given_before;  // key: value, as given
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> given_as;  // key: (value, as given), in order
   auto replacing = [&](const std::string& key, const std::string& value, const std::string& given) {
-    auto [it, first] = given_before.try_emplace(key, value, given);
-    if (!first && it->second.first != value && warned.insert(key).second)
-      core::log::warn(key, " is given twice on the command line (", it->second.second, " and ", given, "): ", value,
-                      " is used (--set wins over a flag, a later --set over an earlier one), ", it->second.first,
-                      " is not");
-    it->second = {value, given};
+    given_as[key].emplace_back(value, given);
   };
   auto flag = [&](const std::string& key, const std::string& value, const std::string& given) {
     replacing(key, value, given);
@@ -201,6 +197,18 @@ core::Config config_from(const po::variables_map& options) {
                   "--set " + assignment);
       config.set_assignment(assignment);
     }
+  for (const auto& [key, all] : given_as) {
+    std::vector<std::string> how, lost;
+    for (const auto& [value, given] : all) {
+      how.push_back(given);
+      if (value != all.back().first && std::find(lost.begin(), lost.end(), value) == lost.end()) lost.push_back(value);
+    }
+    if (lost.empty() || !warned.insert(key).second) continue;
+    core::log::warn(key, " is given ", all.size() == 2 ? std::string("twice") : std::to_string(all.size()) + " times",
+                    " on the command line (", core::join(how, ", "), "): ", all.back().first,
+                    " is used (--set wins over a flag, a later --set over an earlier one), ", core::join(lost, ", "),
+                    lost.size() == 1 ? " is not" : " are not");
+  }
   return config;
 }
 

@@ -81,9 +81,11 @@ std::string continue_hint(const Invocation& invocation, const core::Trainer& tra
 
 /// A run none of whose steps updated the weights (each had non-finite gradients): what to check.
 std::string never_updated(const core::Trainer& trainer, const core::Resolved& resolved) {
-  return "every one of the run's " + std::to_string(trainer.skipped_steps()) + " steps had non-finite gradients, so no "
-         "step updated the weights: the loss or its gradients were not finite from the start, which no learning rate "
-         "causes. Check the data for NaN or infinite values, the model's forward (a log of 0, a division by 0) and the "
+  const std::string its = trainer.session_steps() < trainer.step()
+                              ? "the " + std::to_string(trainer.session_steps()) + " steps since resuming"
+                              : "the run's " + std::to_string(trainer.session_steps()) + " steps";
+  return "every one of " + its + " had non-finite gradients, so no step updated the weights: the loss or its gradients "
+         "were not finite from the start, which no learning rate causes. Check the data for NaN or infinite values, the model's forward (a log of 0, a division by 0) and the "
          "precision strategy" +
          (resolved.at("precision.name").value == "fp16_amp" ? std::string(", or train in bf16_amp or fp32: a forward in "
                                                                           "float16 may overflow")
@@ -217,11 +219,16 @@ int cmd_train(const Invocation& invocation) {
   // Trained to its end without one update: no model came of it, whatever its figures say. (With
   // fp16_amp's dynamic loss scale the first steps overflow while it comes down from 65536: a
   // short run may skip them all, and is told so.)
-  if (s.signal == 0 && trainer.skipped_steps() > 0 && trainer.skipped_steps() >= trainer.step()) {
+  // (a resumed run's steps since its checkpoint: a session that updated nothing learned nothing,
+  // whatever the steps before it did)
+  if (s.signal == 0 && trainer.session_skipped() > 0 && trainer.session_skipped() >= trainer.session_steps()) {
+    const std::string its = trainer.session_steps() < trainer.step() ? "the " + std::to_string(trainer.session_steps()) +
+                                                                           " steps since resuming"
+                                                                     : "the run's " + std::to_string(trainer.session_steps()) + " steps";
     const auto scale = resolved.find("precision.fp16_amp.loss_scale");
     const bool fixed = scale != resolved.end() && sdk::trim(scale->second.value) != "dynamic";
     if (resolved.at("precision.name").value == "fp16_amp" && fixed) {  // (it never comes down: no longer run helps)
-      core::log::error("the run learned nothing: every one of its ", trainer.skipped_steps(), " steps had non-finite ",
+      core::log::error("the run learned nothing: every one of ", its, " had non-finite ",
                        "gradients under fp16_amp's static loss scale of ", scale->second.value, ", which overflows float16's ",
                        "gradients at every step; lower precision.loss_scale, or make it dynamic (it comes down by itself); if ",
                        "fp32 fails too, the loss itself is not finite");
@@ -229,7 +236,7 @@ int cmd_train(const Invocation& invocation) {
       return 1;
     }
     if (resolved.at("precision.name").value == "fp16_amp") {
-      core::log::warn("no step updated the weights: every one of the run's ", trainer.skipped_steps(), " steps had ",
+      core::log::warn("no step updated the weights: every one of ", its, " had ",
                       "non-finite gradients, as fp16_amp's loss scale comes down from its start by halving at each; "
                       "train longer, or start it lower (precision.init_scale)");
     } else {
@@ -292,15 +299,20 @@ fs::path checkpoint_path(const Invocation& invocation) {
     if (all.empty())
       throw Error(checkpoint.string() + " is a run folder without step checkpoints; pass one of its best_*.safetensors "
                   "files, or a run that wrote a checkpoint");
-    // The newest whole one, as --resume auto takes (a step folder a kill or a hand left without
-    // one of its files is passed over, said).
+    // The newest whole one, as --resume auto takes: a step folder a kill or a hand left without
+    // its state.json (not listed), without a file, or damaged is passed over, said.
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(checkpoint / "checkpoints", ec))
+      if (entry.is_directory(ec) && core::step_of(entry.path()) > core::step_of(all.back()))
+        core::log::warn(entry.path().string(), " is no whole checkpoint (its state.json is missing or damaged): passed over");
     for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      std::vector<std::string> missing;
-      for (const char* file : {"state.json", "model.safetensors"})
-        if (std::error_code ec; !fs::is_regular_file(*it / file, ec)) missing.push_back(file);
-      if (missing.empty()) return *it;
-      core::log::warn(it->string(), " has no ", core::join(missing, " nor "), ": ",
-                      std::next(it) != all.rend() ? "taking the step before it" : "no step of the run is whole");
+      try {
+        (void)core::CheckpointStore::load(*it);  // (every file there, its checksums: what a resume checks)
+        return *it;
+      } catch (const std::exception& e) {
+        core::log::warn(it->string(), " cannot be evaluated (", e.what(), "): ",
+                        std::next(it) != all.rend() ? "taking the step before it" : "no step of the run is whole");
+      }
     }
     throw Error(checkpoint.string() + ": none of its step checkpoints is whole; pass one of its best_*.safetensors files");
   }

@@ -25,6 +25,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <ctime>
@@ -106,9 +107,12 @@ std::vector<std::string> runs_newest_first(const fs::path& work_dir) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(work_dir, ec)) {
     if (!entry.is_directory(ec) || !holds_a_run(entry.path())) continue;
+    const auto all = CheckpointStore::list_run(entry.path());
+    // (without a checkpoint, only a folder a Loom run opened, its lock file there: an exported
+    // folder with a config.json of its own is no run to start again in)
+    if (all.empty() && !fs::exists(fs::symlink_status(entry.path() / ".lock", ec))) continue;
     auto last = fs::file_time_type::min();
-    if (const auto all = CheckpointStore::list_run(entry.path()); !all.empty())
-      last = std::max(last, fs::last_write_time(all.back(), ec));
+    if (!all.empty()) last = std::max(last, fs::last_write_time(all.back(), ec));
     if (const auto config = fs::last_write_time(entry.path() / "config.json", ec); !ec) last = std::max(last, config);
     runs.emplace_back(last, entry.path().filename().string());
   }
@@ -212,6 +216,18 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
   std::vector<fs::path> newer;
   for (const auto& step : CheckpointStore::list_run(run_dir_))
     if (step_of(step) > from) newer.push_back(step);
+  // A newer step folder that is no checkpoint (its state.json lost or torn) is not listed; the
+  // resumed timeline would save its step over it: it goes aside with the listed ones.
+  std::vector<fs::path> incomplete;
+  {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(run_dir_ / "checkpoints", ec))
+      if (entry.is_directory(ec) && step_of(entry.path()) > from &&
+          std::find(newer.begin(), newer.end(), entry.path()) == newer.end())
+        incomplete.push_back(entry.path());
+    std::sort(incomplete.begin(), incomplete.end());
+  }
+  newer.insert(newer.end(), incomplete.begin(), incomplete.end());
   // A best file written at a step up to the checkpoint's is the resumed timeline's best so far: it
   // stays (a copy goes aside). One written after it holds weights of steps this timeline will not
   // have (a newer checkpoint's, or those of a run that died before its next checkpoint): `loom eval
@@ -228,12 +244,17 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
     }
     (written_at <= from ? best_kept : best_newer).push_back(entry.path());
   }
-  if (newer.empty() && best_newer.empty()) return;
+  // A session after the checkpoint that saved none (every step skipped, say) left its summary and
+  // its config.json's record: they go aside too, not dropped by the resume's rewrite in silence.
+  const int64_t summarised = summary_step(run_dir_ / "summary.json");  // (a damaged one alone is no such session)
+  const bool summary_newer = summarised > from && summarised != std::numeric_limits<int64_t>::max();
+  if (newer.empty() && best_newer.empty() && !summary_newer) return;
   const fs::path aside = claim_aside(dir, "abandoned-" + timestamp() + "-from-" + checkpoint.filename().string());
   std::vector<std::string> moved, best_moved;
   for (const auto& step : newer) {
     rename_durable(step, aside / step.filename());
-    moved.push_back(step.filename().string());
+    const bool whole = std::find(incomplete.begin(), incomplete.end(), step) == incomplete.end();
+    moved.push_back(step.filename().string() + (whole ? "" : " (no whole checkpoint: its state.json is missing or damaged)"));
   }
   for (const auto& file : best_kept) fs::copy_file(file, aside / file.filename(), ec);
   for (const auto& file : best_newer) {
@@ -255,8 +276,10 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
                          : join(best_moved, ", ") + " held weights of steps after " + checkpoint.filename().string() +
                                ": moved there, and written again when this run beats the checkpoint's best";
   if (newer.empty())
-    log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ": ", best_said, " (",
-              aside.string(), ")");
+    log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ": ",
+              best_said.empty() ? "the steps after it that saved no checkpoint (their summary, metrics and config.json)"
+                                : best_said,
+              " are moved to ", aside.string());
   else
     log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ", which has newer checkpoints (",
               join(moved, ", "), "): they are moved to ", aside.string(),
@@ -519,7 +542,7 @@ void Trainer::open_run_here() {
       throw Error("resume = auto: none of the checkpoints of " + run_dir_.string() + " can be loaded (" +
                   join(problems, "; ") + "); move the folder away to start again, or choose another trainer.name");
     if (resumed_at_ < 0) {
-      log::info("resume = auto: no checkpoint in ", run_dir_.string(), "; starting fresh");
+      if (!made_here) log::info("resume = auto: no checkpoint in ", run_dir_.string(), "; starting fresh");
       set_aside_files_without_checkpoint();
     }
   } else if (options_.resume != "auto" && !options_.name.empty() && holds_a_run(run_dir_)) {

@@ -120,6 +120,11 @@ void Trainer::report_startup() const {
                   : std::string());
   for (const auto& policy : memory_policies_) log::info("memory    ", policy->describe());
   if (predicted_peak_ > 0) log::info("memory    estimated peak ", format_bytes(predicted_peak_), " at micro-batch ", plan_.micro_batch);
+  // (said before a step runs out of memory against it: an oom_recovery policy re-plans there)
+  if (const int64_t cap = memory_->stats().limit; predicted_peak_ > 0 && cap > 0 && predicted_peak_ > cap)
+    log::warn("the estimated peak, ", format_bytes(predicted_peak_), ", is above the ", format_bytes(cap),
+              " this run may use: a step or an evaluation may run out of memory (a smaller --batch-size, or "
+              "memory.policies = auto_batch, which measures what fits)");
   std::vector<std::string> names;
   for (const auto& [name, callback] : callbacks_) {
     names.push_back(name);

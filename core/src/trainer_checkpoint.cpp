@@ -80,7 +80,8 @@ namespace {
 /// change of the data from damage by it).
 class ShapeDiffers : public Error {
  public:
-  using Error::Error;
+  ShapeDiffers(const std::string& what, std::string detail) : Error(what), detail(std::move(detail)) {}
+  std::string detail;  ///< "tensor 'x' has shape [4, 32] in the checkpoint, [5, 32] in this model"
 };
 
 }  // namespace
@@ -277,7 +278,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     // as damaged, and the run called unloadable). Other damage still falls back to an older one.
     if (data_changes.empty()) throw;
     throw ResumeRefused("refusing to resume from " + dir.string() + ": its weights do not fit this run's data (" +
-                        e.what() + "), and the data differs from the checkpoint's: " + join(data_changes, "; ") +
+                        e.detail + "), and the data differs from the checkpoint's: " + join(data_changes, "; ") +
                         ". Resume with the checkpoint's data, or train on this data as a new run (another trainer.name)");
   }
   for (const auto& [k, t] : c.extra) {
@@ -410,9 +411,11 @@ void Trainer::restore_model(const sdk::TensorMap& tensors, const std::string& wh
     auto it = tensors.find(key);
     if (it == tensors.end()) throw Error(what + " is damaged or of another model: it has no tensor '" + key + "'");
     const at::Tensor& from = it->second;
-    if (from.sizes() != into.sizes())
-      throw ShapeDiffers(what + " is damaged or of another model: tensor '" + key + "' has shape " + c10::str(from.sizes()) +
-                         " in the checkpoint, " + c10::str(into.sizes()) + " in this model");
+    if (from.sizes() != into.sizes()) {
+      const std::string detail = "tensor '" + key + "' has shape " + c10::str(from.sizes()) + " in the checkpoint, " +
+                                 c10::str(into.sizes()) + " in this model";
+      throw ShapeDiffers(what + " is damaged or of another model: " + detail, detail);
+    }
     if (from.scalar_type() != into.scalar_type())
       throw Error(what + " is damaged: tensor '" + key + "' is " + c10::toString(from.scalar_type()) + " in the checkpoint, " +
                   c10::toString(into.scalar_type()) + " in this model");

@@ -64,8 +64,12 @@ expect("flavour = debug" in r.stdout and "(model 'lightweight_transformer')" in 
 
 # A key given twice on the command line: the value not used is never checked, so it is named.
 r = loom(exe, "config", "show", "--batch-size", "abc", "--set", "trainer.batch_size=64")
-expect("batch_size = 64" in r.stdout and "trainer.batch_size is given twice on the command line (--batch-size abc and "
+expect("batch_size = 64" in r.stdout and "trainer.batch_size is given twice on the command line (--batch-size abc, "
        "--set trainer.batch_size=64): 64 is used" in r.stderr, "a flag's value replaced by --set is named", r)
+r = loom(exe, "config", "show", "--set", "trainer.lr=1", "--set", "trainer.lr=2", "--set", "trainer.lr=3")
+expect("trainer.lr is given 3 times on the command line (--set trainer.lr=1, --set trainer.lr=2, --set trainer.lr=3): 3 "
+       "is used (--set wins over a flag, a later --set over an earlier one), 1, 2 are not" in r.stderr,
+       "a key given three times names the value used, the last", r)
 
 # A key written twice in one file: the later line wins, and the earlier value is named.
 tmp = workdir()
@@ -185,9 +189,13 @@ try:
     copy = os.path.join(work, "full_copy")
     shutil.copytree(os.path.join(work, "full"), copy)
     os.remove(os.path.join(copy, "checkpoints", "step_00000008", "model.safetensors"))
+    with open(os.path.join(copy, "checkpoints", "step_00000006", "model.safetensors"), "r+b") as f:
+        f.truncate(2000)  # (damaged: it was an error, with advice for --resume auto)
     r = loom(exe, "eval", copy)
-    expect("step_00000008 has no model.safetensors: taking the step before it" in r.stderr and "accuracy" in r.stderr,
-           "eval of a run folder passes over a step folder that is not whole", r)
+    expect(re.search(r"step_00000008 cannot be evaluated \(.*has no model\.safetensors.*\): taking the step before it", r.stderr)
+           and re.search(r"step_00000006 cannot be evaluated \(.*\): taking the step before it", r.stderr)
+           and "step_00000004" in r.stderr and "accuracy" in r.stderr,
+           "eval of a run folder passes over step folders that are not whole or damaged", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "data.test_size=256")
     expect("accuracy" in r.stderr and "on 256 test samples" in r.stderr, "eval of the best checkpoint", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=128")
@@ -257,9 +265,18 @@ try:
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=static_scale",
              "--set", "trainer.max_steps=4", "--set", "precision.name=fp16_amp", "--set", "precision.loss_scale=60000",
              check=False)
-    expect(r.returncode == 1 and "the run learned nothing: every one of its 4 steps had non-finite gradients under "
+    expect(r.returncode == 1 and "the run learned nothing: every one of the run's 4 steps had non-finite gradients under "
            "fp16_amp's static loss scale of 60000" in r.stderr and "lower precision.loss_scale" in r.stderr,
            "a static loss scale that overflows every step is an error naming it", r)
+    # So is a resumed session whose every step overflowed (it exited 0, its summary "not diverged").
+    loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=static_resumed",
+         "--set", "trainer.max_steps=4")
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=static_resumed",
+             "--set", "trainer.max_steps=6", "--set", "precision.name=fp16_amp", "--set", "precision.loss_scale=60000",
+             "--set", "precision.allow_precision_change=true", "--resume", "auto", check=False)
+    expect(r.returncode == 1 and "the run learned nothing: every one of the 2 steps since resuming had non-finite "
+           "gradients under fp16_amp's static loss scale of 60000" in r.stderr,
+           "a resumed session that updated nothing is an error too", r)
     r = loom(exe, "eval", best, best, check=False)
     expect(r.returncode == 1 and "one argument too many" in r.stderr and "is a switch" not in r.stderr,
            "eval refuses a second checkpoint", r)

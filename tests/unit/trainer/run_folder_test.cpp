@@ -374,6 +374,30 @@ TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAF
   EXPECT_TRUE(capture.contains("move what is at that path out of the run folder for later runs to write it"));
 }
 
+TEST_F(RunFolderTest, ANewerStepFolderThatLostItsStateGoesAsideNotUnderTheResumedTimeline) {
+  // step_6 without its state.json is no checkpoint: not listed, so the resume from step 4 said
+  // nothing of it and the resumed timeline saved its own step 6 over it (its weights lost).
+  loom::testing::make_trainer(base("lost_state", 6))->train();
+  const fs::path step6 = dir_ / "lost_state" / "checkpoints" / step_dir_name(6);
+  fs::remove(step6 / "state.json");
+  const auto size = fs::file_size(step6 / "model.safetensors");
+  Config c = base("lost_state", 8);
+  c.set_assignment("trainer.resume=auto");
+  log::Capture capture(LOOM_LOG_WARN);
+  auto t = loom::testing::make_trainer(c);
+  EXPECT_EQ(t->step(), 4);
+  EXPECT_TRUE(capture.contains("step_00000006 (no whole checkpoint: its state.json is missing or damaged)"))
+      << join(capture.lines(), "\n");
+  t->train();
+  bool kept = false;
+  for (const auto& entry : fs::directory_iterator(dir_ / "lost_state" / "checkpoints"))
+    if (entry.path().filename().string().rfind("abandoned-", 0) == 0 &&
+        fs::exists(entry.path() / step_dir_name(6) / "model.safetensors"))
+      kept = fs::file_size(entry.path() / step_dir_name(6) / "model.safetensors") == size;
+  EXPECT_TRUE(kept) << "the old step 6's weights are kept aside";
+  EXPECT_TRUE(fs::exists(step6 / "state.json")) << "the resumed timeline's own step 6";
+}
+
 TEST_F(RunFolderTest, AFolderInUseIsRefused) {
   auto first = loom::testing::make_trainer(base("busy"));
   Config second = base("busy");

@@ -198,6 +198,10 @@ class Trainer {
 
   sdk::PrecisionStrategy& precision() { return *precision_; }
   int64_t skipped_steps() const { return skipped_steps_; }
+  /// This process's steps, and those of them that skipped their update (since the checkpoint a
+  /// resumed run started from).
+  int64_t session_steps() const { return step_ - std::max<int64_t>(resumed_at_, 0); }
+  int64_t session_skipped() const { return skipped_steps_ - skipped_at_resume_; }
   /// The first of the model's parameters holding NaN or an infinity, or buffers holding NaN, as
   /// "parameter 'w' holds NaN or infinite values" ("" if none). One read of the device.
   std::string nonfinite_weights() const;
