@@ -124,7 +124,7 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
     const bool limit = why.find(std::strerror(EFBIG)) != std::string::npos;  // (the space is not what is short)
     throw Error("the checkpoint of step " + std::to_string(step) + " could not be written to " + dir_.string() + ": " +
                 why +
-                (limit ? " (the file-size limit of this process, `ulimit -f`: raise it, or lift it with `ulimit -f unlimited`)"
+                (limit ? " (raise the file-size limit, or lift it: `ulimit -f unlimited`)"
                  : ec  ? std::string()
                        : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
                 (removed ? "; its partial folder " + tmp.string() + " could not be removed (" + removed.message() +

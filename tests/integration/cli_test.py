@@ -177,7 +177,8 @@ try:
            "a longer resume says its rate restarts", r)
     expect(r.returncode == 1 and "the checkpoint of step 6 could not be written" in r.stderr
            and "its partial folder is removed" in r.stderr and "step_00000004 are intact" in r.stderr
-           and "(the file-size limit of this process, `ulimit -f`: raise it" in r.stderr,
+           and "the file-size limit of this process (`ulimit -f`)" in r.stderr
+           and "(raise the file-size limit, or lift it: `ulimit -f unlimited`)" in r.stderr,
            "a checkpoint that cannot be written is one error naming what stands", r)
     steps = sorted(f for f in os.listdir(checkpoints) if f.startswith((".", "step_")))
     expect(steps == ["step_00000002", "step_00000004"], f"no partial checkpoint folder: {steps}", r)

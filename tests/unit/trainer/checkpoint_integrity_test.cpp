@@ -215,8 +215,8 @@ TEST_F(CheckpointIntegrityTest, ACheckpointThatCannotBeWrittenIsOneErrorAndLeave
             std::string::npos) << what;
   EXPECT_NE(what.find("File too large"), std::string::npos) << what;
   // (the limit named, not the free space: the disk is not what is short)
-  EXPECT_NE(what.find("(the file-size limit of this process, `ulimit -f`: raise it, or lift it with `ulimit -f unlimited`); "
-                      "its partial folder is removed"),
+  EXPECT_NE(what.find("File too large, the file-size limit of this process (`ulimit -f`)"), std::string::npos) << what;
+  EXPECT_NE(what.find("(raise the file-size limit, or lift it: `ulimit -f unlimited`); its partial folder is removed"),
             std::string::npos)
       << what;
   std::vector<std::string> left;

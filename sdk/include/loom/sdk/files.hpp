@@ -115,8 +115,12 @@ inline void write_file_durably(const std::filesystem::path& path, const std::vec
     if (fd < 0 && errno != EEXIST) break;
   }
   const auto failed = [&](const std::string& what, int error) {
-    return Error("cannot " + what + " " + tmp.string() + ": " + std::strerror(error) + " (" + path.string() +
-                 " is unchanged)");
+    // (what stands at the path is said as it is: unchanged, or nothing where there was nothing)
+    struct stat st {};
+    const bool there = ::lstat(path.c_str(), &st) == 0;
+    return Error("cannot " + what + " " + tmp.string() + ": " + std::strerror(error) +
+                 (error == EFBIG ? std::string(", the file-size limit of this process (`ulimit -f`)") : std::string()) +
+                 " (" + path.string() + (there ? " is unchanged)" : " was not written)"));
   };
   if (fd < 0) throw failed("create", errno);
   // The temporary file goes, and the error names the call's cause, not what close or unlink set.
