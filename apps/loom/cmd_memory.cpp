@@ -20,6 +20,10 @@ namespace {
 // trainer.batch_size's largest, as the core's schema bounds it
 const int64_t kMaxBatch = static_cast<int64_t>(*core::core_schema().find("trainer.batch_size")->option.max);
 
+// What `suggest` keeps below the batch where the estimate meets the target (2.5 %): auto_batch's
+// aim with its default margin, 1 - 0.05 / 2.
+constexpr double kSuggestHeadroom = 0.025;
+
 int64_t devices_of(const Invocation& invocation) {
   const int64_t n = invocation.options["devices"].as<int64_t>();
   if (n < 1 || n > kMaxBatch)
@@ -156,11 +160,22 @@ int cmd_memory(const Invocation& invocation) {
               << "\n";
     return 1;
   }
+  // The estimate is a line through two probes, off by about a percent either way (docs/memory.md),
+  // and the batch where it meets the target exactly ran out of memory by a few hundred bytes: the
+  // answer keeps the same headroom auto_batch aims at with its default margin.
+  std::string headroom;
+  if (const int64_t kept = static_cast<int64_t>(std::floor(static_cast<double>(micro) * (1.0 - kSuggestHeadroom)));
+      kept < micro && kept >= 1) {
+    headroom.append("(").append(std::to_string(kept)).append(" is 2.5 % below ").append(std::to_string(micro))
+        .append(", where the estimate meets the target exactly: headroom for its error and the allocator's rounding)\n");
+    micro = kept;
+  }
   std::string capped;  // (a global batch train would refuse is no answer)
   const int64_t accumulation = trainer.options().accumulation;
   if (micro > kMaxBatch / devices / accumulation) {
     micro = std::max<int64_t>(1, kMaxBatch / devices / accumulation);
     capped = "; capped there: a global batch is at most " + std::to_string(kMaxBatch);
+    headroom.clear();
   }
   if (const int64_t split = trainer.training_samples(); split > 0 && micro > split / devices / accumulation) {
     if (split < devices * accumulation)
@@ -169,12 +184,13 @@ int cmd_memory(const Invocation& invocation) {
                   "devices or less accumulation");
     micro = split / devices / accumulation;
     const int64_t whole = trainer.dataset().size(sdk::Split::kTrain);
+    headroom.clear();
     capped = "; capped there: the run trains on " + std::to_string(split) + " samples" +
              (split < whole ? " (the training split's " + std::to_string(whole) + " less those data.validation_fraction holds out)"
                             : std::string());
   }
   const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
-  std::cout << "largest micro-batch under " << core::format_bytes(*target) << " per device: " << micro
+  std::cout << "micro-batch for " << core::format_bytes(*target) << " per device: " << micro
             << " (global batch " << micro * devices * accumulation << " on " << devices << " device(s) "
             << (accumulation > 1 ? "x accumulation " + std::to_string(accumulation) : std::string("without accumulation"))
             << capped
@@ -182,7 +198,8 @@ int cmd_memory(const Invocation& invocation) {
             << core::format_estimate(e, trainer.device().str())
             << "(activations from probes at micro-batch " << fit.probe_small << " and " << fit.probe_large << ": "
             << core::format_bytes(static_cast<int64_t>(fit.per_sample))
-            << " per sample; memory.policies = auto_batch finds the batch by measurement on the device itself)\n";
+            << " per sample; memory.policies = auto_batch finds the batch by measurement on the device itself)\n"
+            << headroom;
   return 0;
 }
 

@@ -54,6 +54,11 @@ budget = int((at64 + at32) / 2)
 r = loom(exe, "memory", "suggest", *RUN, "--target", str(budget))
 m = re.search(r"per device: (\d+)", r.stdout)
 expect(m and 32 <= int(m.group(1)) < 64, f"suggest for {budget} bytes lies between 32 and 64", r)
+# The answer keeps 2.5 % below the batch where the estimate meets the target (that exact fit ran
+# out of memory by 512 bytes under a 2 MiB cap).
+h = re.search(r"\((\d+) is 2\.5 % below (\d+), where the estimate meets the target exactly", r.stdout)
+expect(m and h and int(h.group(1)) == int(m.group(1)) and -1e-6 <= int(h.group(2)) * 0.975 - int(h.group(1)) < 1 + 1e-6,
+       "suggest answers 2.5 % below the exact fit, and says so", r)
 
 # Capped by what the run trains on: the split less what data.validation_fraction (0.1) holds out.
 r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB")
