@@ -88,6 +88,7 @@ class TokenizerImpl {
   }
 
   int64_t vocab_size() const { return size_; }  ///< every id is below it
+  int64_t token_count() const { return static_cast<int64_t>(token_of_.size()); }
 
  private:
   static constexpr const char* kPattern =
@@ -247,5 +248,6 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const { return impl_->encode(text); }
 std::string Tokenizer::decode(const std::vector<int64_t>& ids) const { return impl_->decode(ids); }
 int64_t Tokenizer::vocab_size() const { return impl_->vocab_size(); }
+int64_t Tokenizer::token_count() const { return impl_->token_count(); }
 
 }  // namespace loom::sdk::gpt2

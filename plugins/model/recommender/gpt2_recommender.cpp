@@ -216,6 +216,15 @@ class Gpt2Recommender final : public sdk::Model {
       throw Error("gpt2_recommender: model.vocab_size is for a GPT-2 without model.pretrained (whose config.json says it)");
     if (pretrained_.empty()) {
       c.vocab_size = vocab_size_ > 0 ? vocab_size_ : tokens_.vocab_size;
+      // A trimmed vocab.json that kept its ids sizes the embedding by its largest id: one token
+      // at id 16 000 000 makes a 49 GB table of rows no token uses. Said, with the size.
+      if (tokenizer && tokens_.vocab_size - tokenizer->token_count() > std::max<int64_t>(int64_t{1} << 16, tokenizer->token_count()))
+        sdk::log::warn("gpt2_recommender: ", vocab_dir.string(), "/vocab.json has ", tokenizer->token_count(),
+                       " tokens but ids up to ", tokens_.vocab_size - 1, ": the embedding has a row per id, ",
+                       tokens_.vocab_size - tokenizer->token_count(), " of them no token's (",
+                       tokens_.vocab_size * c.n_embd * 4 / (int64_t{1} << 20), " MiB in fp32 at n_embd ", c.n_embd,
+                       "; three times more where GPT-2 trains: its gradient and AdamW's two states); number the tokens 0..",
+                       tokenizer->token_count() - 1, " to keep the table to them");
       c.n_ctx = std::max(c.n_ctx, text_tokens_);
       sdk::log::warn("gpt2_recommender: no model.pretrained: GPT-2 (", size_, ") starts from random weights, so the item ",
                      "text carries little until it trains; point model.pretrained at a Hugging Face GPT-2 folder");

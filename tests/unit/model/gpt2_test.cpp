@@ -4,6 +4,7 @@
 #include <loom/sdk/gpt2_text.hpp>
 #include <loom/sdk/gpt2_tokenizer.hpp>
 
+#include "byte_vocabulary.hpp"
 #include "trainer_testing.hpp"
 
 #include <loom/core/error.hpp>
@@ -343,21 +344,12 @@ TEST(Gpt2Tokenizer, VocabularySizeIsTheLargestIdPlusOneAndBadIdsAreRefused) {
   // The vocabulary's size sizes the model's embedding: a trimmed vocab.json that keeps its ids
   // (gaps) must not give ids past it, and an id that is no whole number in range is named.
   const auto dir = loom::testing::fresh_test_dir("loom_bpe_ids");
-  std::ofstream(dir / "merges.txt") << "#version: 0.2\n";
-  nlohmann::json vocab;
-  int next = 256;
-  for (int b = 0; b < 256; ++b) {  // GPT-2's byte symbols: the printable bytes, the others from U+0100
-    std::string symbol;
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    const int code = printable ? b : next++;
-    if (code < 0x80) symbol = std::string(1, static_cast<char>(code));
-    else symbol = {static_cast<char>(0xc0 | (code >> 6)), static_cast<char>(0x80 | (code & 0x3f))};
-    vocab[symbol] = b == 'z' ? 1000 : b;  // 'z' far past the others
-  }
-  const auto write_vocab = [&](const nlohmann::json& v) { std::ofstream(dir / "vocab.json", std::ios::trunc) << v.dump(); };
+  const nlohmann::json vocab = loom::testing::byte_vocabulary([](int b) { return b == 'z' ? 1000 : b; });  // 'z' far past
+  const auto write_vocab = [&](const nlohmann::json& v) { loom::testing::write_tokenizer(dir, v); };
   write_vocab(vocab);
   const gpt2::Tokenizer tokenizer(dir);
   EXPECT_EQ(tokenizer.vocab_size(), 1001);
+  EXPECT_EQ(tokenizer.token_count(), 256);
   EXPECT_EQ(tokenizer.encode("z"), (std::vector<int64_t>{1000}));
   for (const int64_t id : tokenizer.encode("zz az")) EXPECT_LT(id, tokenizer.vocab_size());
   const auto refused = [&](const nlohmann::json& id, const std::string& says) {

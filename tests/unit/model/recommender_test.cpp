@@ -3,6 +3,7 @@
 // titles, malformed rows, special files), the splits and tables, cached against dynamic text
 // vectors, a frozen GPT-2, exact resume for both tasks, the cache after a checkpoint is loaded,
 // and the metrics against a reference computed here from predict().
+#include "byte_vocabulary.hpp"
 #include "trainer_testing.hpp"
 
 #include <loom/core/checkpoint.hpp>
@@ -489,6 +490,33 @@ TEST_F(Gpt2RecommenderTest, ATopKOfTheWholeCatalogueIsRefused) {
   for (const auto& line : capture.lines()) said += line + "\n";
   EXPECT_NE(said.find(" of the 40 users do not know (their known ones are masked): their HR@37 is 1 whatever the model; "
                       "lower model.top_k below "), std::string::npos) << said;
+}
+
+TEST_F(Gpt2RecommenderTest, ATokenizerWhoseIdsLeaveAWideGapWarnsOfTheEmbeddingItSizes) {
+  // A trimmed vocab.json that kept one id far past the others sized the embedding by it in
+  // silence (one token at id 16 000 000 is a 49 GB table at n_embd 768): said, with the fix.
+  const fs::path sparse = dir_ / "sparse_tokenizer";
+  fs::create_directories(sparse);
+  loom::testing::write_tokenizer(sparse, loom::testing::byte_vocabulary([](int b) { return b == 'z' ? 200000 : b; }));
+  const std::string tokenizer = "model.tokenizer=" + sparse.string();
+  {
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    auto trainer = make_trainer(config("sparse", {tokenizer.c_str()}));
+    std::string said;
+    for (const auto& line : capture.lines()) said += line + "\n";
+    EXPECT_CONTAINS(said, sparse.string() + "/vocab.json has 256 tokens but ids up to 200000: the embedding has a row per "
+                          "id, 199745 of them no token's (");
+    EXPECT_CONTAINS(said, "number the tokens 0..255 to keep the table to them");
+    EXPECT_NO_THROW(trainer->train());  // a warning: the run goes on
+  }
+  // A dense vocabulary (GPT-2's own has no gaps) says nothing.
+  const fs::path dense = dir_ / "dense_tokenizer";
+  fs::create_directories(dense);
+  loom::testing::write_tokenizer(dense, loom::testing::byte_vocabulary([](int b) { return b; }));
+  const std::string dense_tokenizer = "model.tokenizer=" + dense.string();
+  loom::core::log::Capture capture(LOOM_LOG_WARN);
+  make_trainer(config("dense", {dense_tokenizer.c_str()}));
+  EXPECT_FALSE(capture.contains("no token's")) << "a dense vocabulary warned";
 }
 
 TEST_F(Gpt2RecommenderTest, ARatingModelOnDataMadeForRankingIsRefused) {

@@ -37,6 +37,7 @@ class LOOM_SDK_API Tokenizer {
   /// The text of `ids` (the inverse of encode for ids it made).
   std::string decode(const std::vector<int64_t>& ids) const;
   int64_t vocab_size() const;  ///< the largest id + 1: every id encode gives is below it
+  int64_t token_count() const;  ///< the tokens in vocab.json: below vocab_size() where its ids leave gaps
 
  private:
   class Impl;
