@@ -193,7 +193,13 @@ void Jsonl::on_run_begin(RunContext& run) {
       throw sdk::Error(std::string(e.what()) + "; free space or make the run folder writable, then resume again");
     }
   }
-  // A fresh run starts the file anew (a folder reused after an attempt that never checkpointed).
+  // A fresh run starts the file anew (a folder reused after an attempt that never checkpointed),
+  // its own: truncating through a link emptied the file it pointed at.
+  if (std::error_code ec; run.resumed_at() < 0 && fs::is_symlink(path_, ec)) {
+    sdk::log::warn("metrics.jsonl of ", run.run_dir().string(), " is a link to ", fs::read_symlink(path_, ec).string(),
+                   ": this run writes its own file in its place, and leaves that file as it is");
+    fs::remove(path_);
+  }
   out_.open(path_, run.resumed_at() >= 0 ? std::ios::app : std::ios::trunc);
   if (!out_) throw sdk::Error("cannot write " + path_.string());
 }
@@ -214,6 +220,13 @@ void TensorBoard::on_run_begin(RunContext& run) {
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw sdk::Error(dir.string() + " is not a directory; move it out of the run folder, and Loom writes TensorBoard's "
                      "event files in a folder of that name");
+  // A link to a folder elsewhere (another run's, in a copy made with links): a resume cuts the
+  // events after its checkpoint, which must not happen there. The run writes its own folder, said.
+  if (fs::is_symlink(dir, ec)) {
+    sdk::log::warn("tensorboard of ", run.run_dir().string(), " is a link to ", fs::read_symlink(dir, ec).string(),
+                   ": this run writes its own event files in a folder in its place, and leaves that folder as it is");
+    fs::remove(dir);
+  }
   writer_ = std::make_unique<EventFileWriter>(dir);
   if (run.resumed_at() >= 0) writer_->purge_from(run.resumed_at() + 1);
 }

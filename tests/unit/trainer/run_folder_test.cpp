@@ -21,6 +21,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -44,6 +45,17 @@ class RunFolderTest : public testing::Test {
         dir_, name);
     c.set_assignment("trainer.max_steps=" + std::to_string(steps));
     return c;
+  }
+
+  static std::string text(const fs::path& p) {
+    std::ostringstream out;
+    out << std::ifstream(p).rdbuf();
+    return out.str();
+  }
+
+  /// A file's size and hash: binary contents compared without printing them.
+  static std::string digest(const std::string& bytes) {
+    return std::to_string(bytes.size()) + " bytes, hash " + std::to_string(std::hash<std::string>{}(bytes));
   }
 
   static std::string error_of(const Config& c) {
@@ -254,11 +266,6 @@ TEST_F(RunFolderTest, ResumeAutoTakesTheNewestRunAlsoOneStoppedBeforeItsFirstChe
   const auto old = fs::file_time_type::clock::now() - std::chrono::hours(1);
   for (const auto& step : CheckpointStore::list_run(dir_ / "finished")) fs::last_write_time(step, old);
   fs::last_write_time(dir_ / "finished" / "config.json", old);
-  const auto text = [](const fs::path& p) {
-    std::ostringstream out;
-    out << std::ifstream(p).rdbuf();
-    return out.str();
-  };
   const std::string config = text(dir_ / "finished" / "config.json");
   loom::testing::make_trainer(base("killed", 8));
   Config c = base("", 8);
@@ -317,11 +324,6 @@ TEST_F(RunFolderTest, AResumeIntoACheckpointsFolderThatCannotBeWrittenIsRefusedB
   // first save, after the steps before it had trained for nothing and config.json was rewritten.
   loom::testing::make_trainer(base("frozen"))->train();
   const fs::path checkpoints = dir_ / "frozen" / "checkpoints";
-  const auto text = [](const fs::path& p) {
-    std::ostringstream out;
-    out << std::ifstream(p).rdbuf();
-    return out.str();
-  };
   const std::string config = text(dir_ / "frozen" / "config.json");
   if (std::system(("chattr +i '" + checkpoints.string() + "' 2>/dev/null").c_str()) != 0)
     GTEST_SKIP() << "chattr +i is not available here (a file system without it, or no CAP_LINUX_IMMUTABLE)";
@@ -344,7 +346,9 @@ TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAF
   // writes a copy of its own, said, and leaves that file whole (cutting its rows after the
   // checkpoint would lose them there). A folder where summary.json goes: one warning with the fix
   // (it was said after each final evaluation, with advice to give another path).
-  loom::testing::make_trainer(base("linked"))->train();
+  Config first = base("linked");
+  first.set_assignment("trainer.callbacks=jsonl, tensorboard, checkpoint");
+  loom::testing::make_trainer(first)->train();
   const fs::path run = dir_ / "linked", store = dir_ / "store.jsonl";
   fs::rename(run / "metrics.jsonl", store);
   std::ofstream(store, std::ios::app) << "{\"step\":5,\"train/loss\":1}\n";  // (a row after the checkpoint: the other run's)
@@ -353,7 +357,16 @@ TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAF
   fs::create_symlink(store, run / "metrics.jsonl");
   fs::remove(run / "summary.json");
   fs::create_directory(run / "summary.json");
+  // The TensorBoard folder likewise: the resume cut the events after the checkpoint in the
+  // folder the link named.
+  const fs::path events = dir_ / "store_tensorboard";
+  fs::rename(run / "tensorboard", events);
+  fs::create_directory_symlink(events, run / "tensorboard");
+  std::map<std::string, std::string> events_before;
+  for (const auto& e : fs::directory_iterator(events)) events_before[e.path().filename().string()] = digest(text(e.path()));
+  ASSERT_FALSE(events_before.empty());
   Config c = base("linked", 8);
+  c.set_assignment("trainer.callbacks=jsonl, tensorboard, checkpoint");
   c.set_assignment("trainer.resume=auto");
   c.set_assignment("trainer.log_every=2");
   log::Capture capture(LOOM_LOG_WARN);
@@ -366,6 +379,13 @@ TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAF
   EXPECT_EQ(after.str(), before.str()) << "the linked file is left as it was";
   EXPECT_TRUE(capture.contains("metrics.jsonl of " + run.string() + " is a link to " + store.string() +
                                ": this run writes its own copy from here, and leaves that file as it is"));
+  std::map<std::string, std::string> events_after;
+  for (const auto& e : fs::directory_iterator(events)) events_after[e.path().filename().string()] = digest(text(e.path()));
+  EXPECT_EQ(events_after, events_before) << "the linked TensorBoard folder is left as it was";
+  EXPECT_FALSE(fs::is_symlink(run / "tensorboard"));
+  EXPECT_FALSE(fs::is_empty(run / "tensorboard"));
+  EXPECT_TRUE(capture.contains("tensorboard of " + run.string() + " is a link to " + events.string() +
+                               ": this run writes its own event files in a folder in its place, and leaves that folder as it is"));
   const auto lines = capture.lines();
   EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
                           [&](const std::string& l) { return l.find("could not write " + (run / "summary.json").string()) != std::string::npos; }),
