@@ -23,8 +23,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <set>
-#include <sstream>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -32,21 +30,6 @@ namespace fs = std::filesystem;
 namespace loom::core {
 
 namespace {
-
-/// A string from a plugin's memory: non-null, NUL-terminated within `max` bytes.
-std::optional<std::string> bounded(const char* s, size_t max) {
-  if (s == nullptr) return std::nullopt;
-  const size_t n = ::strnlen(s, max + 1);
-  if (n > max) return std::nullopt;
-  return std::string(s, n);
-}
-
-bool is_identifier(const std::string& s) {
-  if (s.empty() || !(s[0] >= 'a' && s[0] <= 'z')) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-  });
-}
 
 [[noreturn]] void refuse_now(std::string stage, std::string reason, std::string hint = {}) {
   throw PluginRefused{std::move(stage), std::move(reason), std::move(hint)};
@@ -148,127 +131,6 @@ void PluginRegistry::refuse(LoadReport& report, std::string stage, std::string r
   refusals_.push_back(std::move(refusal));
 }
 
-void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
-  if (d == nullptr) refuse_now("descriptor", "the entry point returned no descriptor", kRebuildHint);
-  if (d->magic != LOOM_ABI_MAGIC) {
-    std::ostringstream m;
-    m << "bad magic 0x" << std::hex << d->magic << " (expected 0x" << LOOM_ABI_MAGIC << ")";
-    refuse_now("descriptor", m.str(), "the descriptor is not a Loom descriptor; " + std::string(kRebuildHint));
-  }
-  if (d->abi_major != LOOM_ABI_MAJOR)
-    refuse_now("descriptor",
-               "plugin ABI " + std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) +
-                   ", host ABI " + std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(LOOM_ABI_MINOR) +
-                   ": the major versions differ",
-               d->abi_major > LOOM_ABI_MAJOR ? "the plugin needs a newer Loom: upgrade Loom, or "
-                                               "rebuild the plugin against this Loom's SDK"
-                                             : kRebuildHint);
-  if (d->abi_minor > LOOM_ABI_MINOR)
-    refuse_now("descriptor",
-               "plugin ABI " + std::to_string(d->abi_major) + "." + std::to_string(d->abi_minor) +
-                   " is newer than the host's " + std::to_string(LOOM_ABI_MAJOR) + "." +
-                   std::to_string(LOOM_ABI_MINOR),
-               "upgrade Loom, or rebuild the plugin against this Loom's SDK");
-  // The first four fields are in every minor; the rest is as large as the plugin's minor says.
-  const uint32_t minor = d->abi_minor;
-  if (d->struct_size < LOOM_MIN_SIZE(loom_plugin_descriptor, minor))
-    refuse_now("descriptor",
-               "descriptor struct_size " + std::to_string(d->struct_size) + " is smaller than " +
-                   std::to_string(LOOM_MIN_SIZE(loom_plugin_descriptor, minor)) + ", its size in ABI " +
-                   std::to_string(LOOM_ABI_MAJOR) + "." + std::to_string(minor),
-               kRebuildHint);
-  const auto name = bounded(d->name, LOOM_MAX_NAME);
-  if (!name || !is_identifier(*name))
-    refuse_now("descriptor", "the plugin name is missing, too long or not lower_snake_case", kRebuildHint);
-  report.plugin_name = *name;
-  const auto version = bounded(d->version, LOOM_MAX_NAME);
-  if (!version) refuse_now("descriptor", "the plugin version is missing or too long", kRebuildHint);
-  report.plugin_version = *version;
-  // Since ABI 1.4 the fingerprint note decides (plugin_fingerprint.hpp); before, the descriptor's.
-  if (minor < 4 && d->fingerprint != nullptr && d->fingerprint->struct_size >= LOOM_MIN_SIZE(loom_build_fingerprint, minor))
-    report.fingerprint = legacy_fingerprint_fields(*d->fingerprint);
-  if (d->component_count == 0 || d->component_count > LOOM_MAX_COMPONENTS || d->components == nullptr)
-    refuse_now("descriptor",
-               "component table of " + std::to_string(d->component_count) +
-                   " entries (expected 1 to " + std::to_string(LOOM_MAX_COMPONENTS) + ")",
-               kRebuildHint);
-  std::set<std::pair<uint32_t, std::string>> own;
-  for (uint32_t i = 0; i < d->component_count; ++i) {
-    const loom_component& c = d->components[i];
-    const std::string where = "component #" + std::to_string(i);
-    if (c.struct_size < LOOM_MIN_SIZE(loom_component, minor))
-      refuse_now("descriptor", where + ": struct_size " + std::to_string(c.struct_size) + " is smaller than " +
-                                   std::to_string(LOOM_MIN_SIZE(loom_component, minor)) + ", its size in ABI 1." +
-                                   std::to_string(minor), kRebuildHint);
-    const auto cname = bounded(c.name, LOOM_MAX_NAME);
-    if (!cname || !is_identifier(*cname))
-      refuse_now("descriptor", where + ": name missing, too long or not lower_snake_case", kRebuildHint);
-    if (!find_kind(c.kind))
-      refuse_now("descriptor", "component '" + *cname + "': unknown kind " + std::to_string(c.kind), kRebuildHint);
-    if (!own.insert({c.kind, *cname}).second)
-      refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "' is listed twice in the plugin",
-                 "give each component of a plugin its own name");
-    if (c.create == nullptr || c.destroy == nullptr)
-      refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "' has no create or destroy function", kRebuildHint);
-    ComponentInfo info;
-    info.kind = c.kind;
-    info.name = *cname;
-    info.summary = bounded(c.summary, LOOM_MAX_TEXT).value_or("");
-    info.interface_major = c.interface_major;
-    info.interface_minor = c.interface_minor;
-    info.raw = &c;
-    info.flags = minor >= 4 ? c.flags : 0;  // reserved0, always 0, before ABI 1.4
-    if ((info.flags & ~LOOM_COMPONENT_C_TIER) != 0)
-      refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "': unknown flags " + std::to_string(info.flags),
-                 "upgrade Loom, or " + std::string(kRebuildHint));
-    if (c.option_count > LOOM_MAX_OPTIONS || (c.option_count > 0 && c.options == nullptr))
-      refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "': bad options table", kRebuildHint);
-    std::set<std::string> keys;
-    for (uint32_t k = 0; k < c.option_count; ++k) {
-      const loom_option_spec& o = c.options[k];
-      OptionSpec spec;
-      const auto key = bounded(o.key, LOOM_MAX_NAME);
-      const std::string owhere = kind_name(c.kind) + " '" + *cname + "' option #" + std::to_string(k);
-      if (o.struct_size < LOOM_MIN_SIZE(loom_option_spec, minor) || !key || !is_identifier(*key))
-        refuse_now("descriptor", owhere + ": struct_size too small, or key missing or not lower_snake_case", kRebuildHint);
-      if (!keys.insert(*key).second)
-        refuse_now("descriptor", owhere + ": key '" + *key + "' appears twice", kRebuildHint);
-      if (o.type < LOOM_OPTION_BOOL || o.type > LOOM_OPTION_LIST)
-        refuse_now("descriptor", owhere + " '" + *key + "': unknown type " + std::to_string(o.type), kRebuildHint);
-      spec.key = *key;
-      spec.type = o.type;
-      spec.default_value = bounded(o.default_value, LOOM_MAX_TEXT).value_or("");
-      spec.help = bounded(o.help, LOOM_MAX_TEXT).value_or("");
-      if (o.type == LOOM_OPTION_ENUM) {
-        const auto choices = bounded(o.choices, LOOM_MAX_TEXT);
-        if (!choices || sdk::enum_choices(choices->c_str()).empty())
-          refuse_now("descriptor", owhere + " '" + *key + "': an enum without choices", kRebuildHint);
-        spec.choices = *choices;
-      }
-      // A range in `choices` is ABI 1.3's; an older plugin's choices of a number are not read.
-      if ((o.type == LOOM_OPTION_INT || o.type == LOOM_OPTION_FLOAT) && o.choices != nullptr && d->abi_minor >= 3) {
-        const auto range = bounded(o.choices, LOOM_MAX_TEXT);
-        spec.choices = range.value_or("");
-        if (!range || !set_range_from_choices(spec))
-          refuse_now("descriptor", owhere + " '" + *key + "': range '" + spec.choices + "' is not 'lo..hi'", kRebuildHint);
-      }
-      if (!spec.default_value.empty() &&
-          !sdk::is_valid_value(spec.type, spec.default_value, spec.choices.c_str()))
-        refuse_now("descriptor",
-                   owhere + " '" + *key + "': default '" + spec.default_value + "' is not " +
-                       sdk::describe_type(spec.type),
-                   kRebuildHint);
-      if (!spec.default_value.empty() && spec.min.has_value() + spec.max.has_value() > 0) {
-      const auto v = sdk::parse_float(spec.default_value);
-      if (v && ((spec.min && *v < *spec.min) || (spec.max && *v > *spec.max)))
-        refuse_now("descriptor", owhere + " '" + *key + "': default " + spec.default_value + " is outside its range " +
-                                     spec.choices, kRebuildHint);
-    }
-    info.options.push_back(std::move(spec));
-    }
-    report.components.push_back(std::move(info));
-  }
-}
 
 namespace {
 

@@ -17,6 +17,7 @@
 #endif
 #include <loom/sdk/sdk.hpp>
 
+#include <array>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +48,17 @@ class Dummy final : public loom::sdk::Dataset {
   static constexpr loom_option_spec kOptions[] = {loom::sdk::option_int("size", "3", "a size", "5..1")};
 #elif defined(BROKEN_DEFAULT_OUT_OF_RANGE)
   static constexpr loom_option_spec kOptions[] = {loom::sdk::option_float("rate", "2", "a rate", "0..1")};
+#elif defined(BROKEN_LONG_DEFAULT)
+  // A default past LOOM_MAX_TEXT (1024 bytes): it was read as none, and runs used ''.
+  static constexpr auto kLong = [] {
+    std::array<char, 1101> text{};
+    for (size_t i = 0; i < 1100; ++i) text[i] = 'x';
+    return text;
+  }();
+  static constexpr loom_option_spec kOptions[] = {loom::sdk::option_string("path", kLong.data(), "a path")};
+#elif defined(BROKEN_PRINTED_TEXT)
+  // Text `loom plugins` prints, with a line break, a carriage return and terminal escapes in it.
+  static constexpr loom_option_spec kOptions[] = {loom::sdk::option_int("size", "3", "a size\n[12:00:00 E] forged\r\x1b[2K")};
 #endif
   explicit Dummy(const loom::sdk::Options&) {
 #if defined(BROKEN_FACTORY_THROWS)
@@ -69,7 +81,11 @@ constexpr const char* kComponentName = BROKEN_NAME;
 #endif
 
 constexpr loom_component make_component() {
+#if defined(BROKEN_PRINTED_TEXT)
+  loom_component c = loom::sdk::component<Dummy>(kComponentName, "ok\n[12:00:00 E] loom: forged\x1b[31m red\xc2\x9b");
+#else
   loom_component c = loom::sdk::component<Dummy>(kComponentName, "a test component");
+#endif
 #if defined(BROKEN_NEWER_MINOR)
   c.interface_minor = loom::sdk::Dataset::kInterfaceMinor + 1;  // built against a newer SDK
 #elif defined(BROKEN_UNKNOWN_FLAGS)
@@ -124,6 +140,8 @@ loom_plugin_descriptor make_descriptor() {
   d.init = &init_exit;
 #elif defined(BROKEN_INIT_HANG)
   d.init = &init_hang;
+#elif defined(BROKEN_CONTROL_VERSION)
+  d.version = "1.0\r\x1b[2Kfake";
 #endif
   return d;
 }

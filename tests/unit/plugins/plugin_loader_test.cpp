@@ -87,7 +87,10 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"libloom_dataset_broken_init_throws.so", "init", "init threw an exception: boom from init"},
         BrokenCase{"libloom_dataset_broken_bad_range.so", "descriptor", "option #0 'size': range '5..1' is not 'lo..hi'"},
         BrokenCase{"libloom_dataset_broken_default_out_of_range.so", "descriptor",
-                   "option #0 'rate': default 2 is outside its range 0..1"}),
+                   "option #0 'rate': default 2 is outside its range 0..1"},
+        BrokenCase{"libloom_dataset_broken_long_default.so", "descriptor",
+                   "option #0 'path': its default is longer than 1024 bytes (LOOM_MAX_TEXT)"},
+        BrokenCase{"libloom_dataset_broken_control_version.so", "descriptor", "the plugin version has control characters"}),
     [](const testing::TestParamInfo<BrokenCase>& info) {
       std::string name = info.param.file;
       name = name.substr(std::string("libloom_dataset_broken_").size());
@@ -96,12 +99,29 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(PluginLoader, RefusesExactlyTheBrokenFilesAndLoadsTheRest) {
   auto& registry = shared_registry();
-  EXPECT_EQ(registry.refusals().size(), 17u);
+  EXPECT_EQ(registry.refusals().size(), 19u);
   std::vector<std::string> loaded;
   for (const auto& p : registry.plugins()) loaded.push_back(p->name);
   std::sort(loaded.begin(), loaded.end());
   // factory_throws is a well-formed plugin: its failure comes when its component is created.
-  EXPECT_EQ(loaded, (std::vector<std::string>{"basic_counting", "broken_factory_throws"}));
+  EXPECT_EQ(loaded, (std::vector<std::string>{"basic_counting", "broken_factory_throws", "broken_printed_text"}));
+}
+
+TEST(PluginLoader, APluginsTextIsPrintedWithoutItsControlCharactersAndABadOptionTableNamesTheSourceAsTheFix) {
+  // `loom plugins` prints summaries and help: a line break, a carriage return or an escape in
+  // them printed lines that looked like Loom's own ("[12:00:00 E] loom: ...").
+  const auto* c = shared_registry().find(LOOM_KIND_DATASET, "broken_printed_text");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->summary, "ok [12:00:00 E] loom: forged [31m red ");
+  ASSERT_EQ(c->options.size(), 1u);
+  EXPECT_EQ(c->options[0].help, "a size [12:00:00 E] forged  [2K");
+  // Rebuilding a plugin does not fix its option table: its source does.
+  for (const auto& r : shared_registry().refusals())
+    if (r.file.filename() == "libloom_dataset_broken_bad_range.so") {
+      EXPECT_NE(r.hint.find("fix the component's option table in the plugin's source"), std::string::npos) << r.hint;
+      return;
+    }
+  ADD_FAILURE() << "broken_bad_range was not refused";
 }
 
 TEST(PluginLoader, GoodPluginDescribesItself) {
