@@ -6,14 +6,22 @@
 // (core/src/plugin_scan.cpp) reads those lines and how the process ended, nothing else.
 #include <loom/core/plugin_registry.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <exception>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: loom-plugin-scanner FILE...\n");
     return 2;
   }
+  // Dies with the command that started it: a plugin whose initializer spins or hangs kept a
+  // scanner at full CPU for good after the command was interrupted (the time limit is the
+  // command's to enforce, and it was gone).
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() == 1) return 3;  // it was gone before prctl
   for (int i = 1; i < argc; ++i) {
     std::printf("begin %d\n", i - 1);
     std::fflush(stdout);

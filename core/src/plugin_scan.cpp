@@ -108,7 +108,11 @@ void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::pa
     for (const auto& [k, value] : entries) text += k + "\t" + value + "\n";
     write_file_atomic(path, text);
   } catch (const std::exception& e) {
-    log::debug("cannot write the plugin scan cache ", path.string(), ": ", e.what());
+    // Each command would scan every plugin again (20 s for one that hangs), unsaid.
+    static bool said = false;
+    if (!said) log::warn("cannot write the plugin scan cache (", e.what(), "): every command scans the plugins again; ",
+                         "make it a writable file, or point LOOM_CACHE at a writable folder");
+    said = true;
   }
 }
 
@@ -220,7 +224,9 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
     ScanVerdict v{false, {}, {}};
     if (timed_out) {
       v.reason = "did not finish loading within " + std::to_string(static_cast<int>(limit)) +
-                 " s in the scanner (does its initialization hang?)";
+                 " s in the scanner (does its initialization hang? On a busy machine, raise LOOM_PLUGIN_SCAN_TIMEOUT; "
+                 "the next command tries it again)";
+      v.timed_out = true;
     } else if (WIFSIGNALED(status)) {
       const char* name = signal_text(WTERMSIG(status));
       v.reason = "crashed with " + (name ? std::string(name) : "signal " + std::to_string(WTERMSIG(status))) +
@@ -273,8 +279,9 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
     }
     std::vector<fs::path> rest;
     for (const auto& f : pending) {
-      if (auto it = verdicts.find(f); it != verdicts.end()) fresh[f] = out[f] = it->second;
-      else rest.push_back(f);
+      if (auto it = verdicts.find(f); it == verdicts.end()) rest.push_back(f);
+      else if (it->second.timed_out) out[f] = it->second;  // not remembered: a busy machine's verdict, not the file's
+      else fresh[f] = out[f] = it->second;
     }
     pending = std::move(rest);
   }
