@@ -172,17 +172,6 @@ int check(const Invocation& invocation) {
   // (with the user's scan cache: before LOOM_CACHE points at the scratch folder below)
   const Clashes clashing = clashes(invocation, file, loaded.components);
   std::cout << "plugin " << loaded.plugin_name << " " << loaded.plugin_version << " (" << file.string() << ")\n" << std::flush;
-  std::vector<core::ConformanceReport> reports;
-  {
-    // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache.
-    const ScratchFolder scratch("loom-check");
-    const char* user_cache = std::getenv("LOOM_CACHE");
-    const std::string saved = user_cache != nullptr ? user_cache : "";
-    ::setenv("LOOM_CACHE", scratch.path().c_str(), 1);
-    reports = core::check_plugin(registry, file, options);
-    if (user_cache != nullptr) ::setenv("LOOM_CACHE", saved.c_str(), 1);
-    else ::unsetenv("LOOM_CACHE");
-  }
   int passed = 0, failed = 0, skipped = 0;
   if (!clashing.clashes.empty() || !clashing.copies.empty()) {
     std::cout << "\nthe plugin's names\n";
@@ -190,12 +179,25 @@ int check(const Invocation& invocation) {
     for (const auto& line : clashing.copies) std::cout << "  note  " << line << "\n";
     failed += static_cast<int>(clashing.clashes.size());
   }
-  for (const auto& r : reports) {
+  // Each component's checks as its suite ends: one whose code crashes the process (abort() in a
+  // hook) took every report with it.
+  options.on_report = [&](const core::ConformanceReport& r) {
     std::cout << "\n" << r.kind << " '" << r.component << "'" << (r.context.empty() ? "" : " (" + r.context + ")") << "\n";
     for (const auto& c : r.checks) {
       std::cout << "  " << outcome_word(c.outcome) << "  " << c.name << (c.reason.empty() ? "" : ": " + c.reason) << "\n";
       (c.outcome == core::ConformanceCheck::Outcome::kPass ? passed : c.outcome == core::ConformanceCheck::Outcome::kFail ? failed : skipped)++;
     }
+    std::cout << std::flush;
+  };
+  {
+    // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache.
+    const ScratchFolder scratch("loom-check");
+    const char* user_cache = std::getenv("LOOM_CACHE");
+    const std::string saved = user_cache != nullptr ? user_cache : "";
+    ::setenv("LOOM_CACHE", scratch.path().c_str(), 1);
+    core::check_plugin(registry, file, options);
+    if (user_cache != nullptr) ::setenv("LOOM_CACHE", saved.c_str(), 1);
+    else ::unsetenv("LOOM_CACHE");
   }
   std::cout << "\n" << passed + failed + skipped << " checks: " << passed << " passed, " << failed << " failed, " << skipped
             << " skipped" << (failed ? "" : "; the plugin conforms") << "\n";

@@ -36,6 +36,7 @@ namespace {
 
 int run_loom(int argc, char** argv) {
   loom::core::install_crash_report("loom");
+  loom::core::report_exit_calls();
   // A file-size limit (`ulimit -f`) ends a process at its first write past it (SIGXFSZ), without a
   // word and with the file cut; ignored, such a write fails (EFBIG) and is said as a full disk is.
   std::signal(SIGXFSZ, SIG_IGN);
@@ -133,6 +134,7 @@ int run_loom(int argc, char** argv) {
 int main(int argc, char** argv) {
   const int status = run_loom(argc, argv);
 #if LOOM_SANITIZED
+  loom::core::command_returning();
   return status;  // the sanitizers' leak check runs in exit()
 #else
   // Note [Leaving without the libraries' destructors]

@@ -1,6 +1,7 @@
 // Conformance suites (conformance.hpp): the runner, and the suites of the kinds that feed the
 // step (model, dataset). The other kinds' suites: conformance_kinds.cpp.
 #include <loom/core/conformance.hpp>
+#include <loom/core/crash_report.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/text.hpp>
 #include "conformance_internal.hpp"
@@ -35,6 +36,8 @@ void Suite::run(const std::string& name, const std::function<std::string()>& che
     c.reason = blocked_;
   } else {
     try {
+      const CrashContext checking(("running the conformance check '" + name + "' of " + report_.kind + " '" +
+                                   report_.component + "'").c_str());
       c.reason = check();
       if (!c.reason.empty()) c.outcome = ConformanceCheck::Outcome::kFail;
     } catch (const Skip& s) {
@@ -362,8 +365,10 @@ std::vector<ConformanceReport> check_plugin(const PluginRegistry& registry, cons
   const auto canonical = std::filesystem::weakly_canonical(file, ec);
   std::vector<ConformanceReport> out;
   for (const auto& c : registry.components())
-    if (c.plugin && std::filesystem::weakly_canonical(c.plugin->file, ec) == canonical)
+    if (c.plugin && std::filesystem::weakly_canonical(c.plugin->file, ec) == canonical) {
       out.push_back(check_component(registry, c, options));
+      if (options.on_report) options.on_report(out.back());
+    }
   return out;
 }
 

@@ -1,13 +1,16 @@
-// A crash says so: on SIGSEGV, SIGBUS, SIGFPE or SIGILL the process writes one report to stderr
-// (the signal, the faulting address, the stack as module+offset, which `addr2line -f -C -e
+// A crash says so: on SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGABRT the process writes one report to
+// stderr (the signal, the faulting address, what it was doing in a plugin where a CrashContext
+// said so, the stack as module+offset, which `addr2line -f -C -e
 // MODULE OFFSET` turns into functions and lines) and then dies of the same signal, so the exit
 // status and core dumps stay what they would have been. Only async-signal-safe calls run in the
 // handler (write, backtrace_symbols_fd, dladdr reads no allocation); `backtrace` is called once
 // at installation so that libgcc's unwinder is loaded before any crash.
 #include <loom/core/crash_report.hpp>
 
+#include <atomic>
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -60,20 +63,49 @@ const char* name_of(int sig) {
     case SIGBUS: return "SIGBUS (bus error: a file mapped into memory shrank, or an unaligned access)";
     case SIGFPE: return "SIGFPE (arithmetic error)";
     case SIGILL: return "SIGILL (illegal instruction: code built for another processor?)";
+    case SIGABRT: return "SIGABRT (abort(): a failed assertion, or an exception nothing caught)";
     default: return "a fatal signal";
   }
 }
 
 const char* program_name = "loom";
+char context[256] = "";  // CrashContext's text: read by the handlers, written only outside them
+std::atomic<bool> returning{false};
+
+void put_context() {
+  if (context[0] == '\0') return;
+  put("  while ");
+  put(context);
+  put("\n");
+}
+
+// exit() before the command returned: a plugin's (Loom calls none; main ends with _Exit).
+void on_exit_call() {
+  if (returning.load()) return;
+  put("\n");
+  put(program_name);
+  put(": a plugin ended the process with exit() before the command finished");
+  if (context[0] != '\0') {
+    put(", while ");
+    put(context);
+  }
+  put(". What the command was doing did not complete (files it wrote before stand); the exit status is 1, "
+      "whatever the plugin gave. A plugin reports a failure by throwing loom::sdk::Error; `loom plugins check FILE` "
+      "runs its components one by one.\n");
+  std::_Exit(1);
+}
 
 void on_crash(int sig, siginfo_t* info, void* raw_context) {
   put("\n");
   put(program_name);
   put(": crashed with ");
   put(name_of(sig));
-  put(" at address ");
-  put_hex(reinterpret_cast<uintptr_t>(info->si_addr));
+  if (sig != SIGABRT) {  // (raised, not a fault: no address)
+    put(" at address ");
+    put_hex(reinterpret_cast<uintptr_t>(info->si_addr));
+  }
   put(". This is a bug in Loom or in a plugin; please report it with the lines below.\n");
+  put_context();
 #if defined(__x86_64__)
   const auto* context = static_cast<const ucontext_t*>(raw_context);
   const auto pc = static_cast<uintptr_t>(context->uc_mcontext.gregs[REG_RIP]);
@@ -115,7 +147,22 @@ void install_crash_report(const char* program) {
   action.sa_sigaction = &on_crash;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_SIGINFO | SA_RESETHAND | SA_ONSTACK;
-  for (const int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) ::sigaction(sig, &action, nullptr);
+  for (const int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::sigaction(sig, &action, nullptr);
 }
+
+void report_exit_calls() {
+  static bool registered = false;
+  if (!registered) registered = std::atexit(&on_exit_call) == 0;
+}
+
+void command_returning() { returning.store(true); }
+
+CrashContext::CrashContext(const char* what) {
+  std::memcpy(previous_, context, sizeof previous_);
+  std::strncpy(context, what, sizeof context - 1);
+  context[sizeof context - 1] = '\0';
+}
+
+CrashContext::~CrashContext() { std::memcpy(context, previous_, sizeof previous_); }
 
 }  // namespace loom::core

@@ -1,4 +1,5 @@
 // The plugin registry: the loading stages of plugin_registry.hpp, and component creation.
+#include <loom/core/crash_report.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
@@ -435,6 +436,7 @@ void* PluginRegistry::create_raw(const ComponentInfo& info,
   error.capacity = LOOM_ERROR_CAPACITY;
   void* object = nullptr;
   try {
+    const CrashContext creating(("creating " + kind_name(info.kind) + " '" + info.name + "' of " + info.plugin->file.string()).c_str());
     object = info.raw->create(&args, &error);
   } catch (...) {
     throw Error(kind_name(info.kind) + " '" + info.name + "' (" + info.plugin->file.string() +

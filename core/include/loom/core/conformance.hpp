@@ -7,6 +7,7 @@
 
 #include <loom/core/plugin_registry.hpp>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -37,6 +38,9 @@ struct ConformanceOptions {
   /// are built with their defaults. A dataset that cannot be created with its defaults, and has
   /// none here, is skipped with the reason.
   std::map<std::string, std::map<std::string, std::string>> options;
+  /// Called with each component's report as soon as its suite ends (a later component that
+  /// crashes the process loses no earlier report).
+  std::function<void(const ConformanceReport&)> on_report;
 };
 
 /// Runs the suite of `component`'s kind on a fresh instance built with its default options.
