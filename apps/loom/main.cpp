@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstring>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 #include <iostream>
 
@@ -131,8 +132,25 @@ int run_loom(int argc, char** argv) {
 #define LOOM_SANITIZED 0
 #endif
 
+namespace {
+
+/// A report that could not be written (a full disk, a closed stdout) ended with status 0 and no
+/// word: the status says so now, and stderr why.
+int check_output(int status) {
+  std::cout.flush();
+  errno = 0;
+  const bool failed = std::cout.fail() || std::fflush(stdout) != 0 || std::ferror(stdout);
+  if (!failed) return status;
+  const int error = errno;
+  std::cerr << "loom: could not write to the standard output" << (error != 0 ? std::string(" (") + std::strerror(error) + ")" : "")
+            << ": what the command printed there is incomplete\n";
+  return status == 0 ? 1 : status;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  const int status = run_loom(argc, argv);
+  const int status = check_output(run_loom(argc, argv));
 #if LOOM_SANITIZED
   loom::core::command_returning();
   return status;  // the sanitizers' leak check runs in exit()

@@ -8,6 +8,7 @@ import resource
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 
 from common import SMALL, loom, workdir
@@ -509,6 +510,12 @@ try:
                  "--set", "trainer.max_steps=2", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=beside",
                  "--set", "trainer.device=cpu", env=env)
         expect("done" in r.stderr, "a run beside crashing plugins trains", r)
+    # A report that cannot be written (a closed stdout; a full disk) is a failure, said: it ended
+    # with status 0 and nothing on stderr.
+    r = subprocess.run([exe, "doctor"], capture_output=False, stdout=None, stderr=subprocess.PIPE, text=True,
+                       preexec_fn=lambda: os.close(1))
+    expect(r.returncode == 1 and "loom: could not write to the standard output" in r.stderr
+           and "what the command printed there is incomplete" in r.stderr, "a closed stdout fails the command, said", r)
     # Plugins whose code ends the process once created (the scanner creates nothing): a factory's
     # exit(0) made `loom train` succeed having done nothing; an abort() in one component of
     # `loom plugins check` lost the report of every component, without a word.
