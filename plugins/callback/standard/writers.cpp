@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <unistd.h>
 
@@ -162,6 +163,31 @@ void Progress::finish() {
 
 // ---- jsonl ---------------------------------------------------------------------------------
 
+namespace {
+
+/// The step of a metrics row, {"step": N, ...} however it is spaced; nullopt for any other line.
+std::optional<int64_t> row_step(const std::string& line) {
+  size_t i = 0;
+  const auto blanks = [&] {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r')) ++i;
+  };
+  const auto literal = [&](const char* text) {
+    blanks();
+    const size_t n = std::strlen(text);
+    if (line.compare(i, n, text) != 0) return false;
+    i += n;
+    return true;
+  };
+  if (!literal("{") || !literal("\"step\"") || !literal(":")) return std::nullopt;
+  blanks();
+  int64_t step = 0;
+  const auto [end, ec] = std::from_chars(line.data() + i, line.data() + line.size(), step);
+  if (ec != std::errc()) return std::nullopt;
+  return step;
+}
+
+}  // namespace
+
 void Jsonl::on_run_begin(RunContext& run) {
   if (!run.is_main()) return;
   path_ = run.run_dir() / "metrics.jsonl";
@@ -177,15 +203,24 @@ void Jsonl::on_run_begin(RunContext& run) {
     if (!in.is_open())
       throw sdk::Error("cannot read " + path_.string() + " (" + std::strerror(errno) +
                        "): resuming keeps the metrics it holds up to the checkpoint; make it readable, or move it away");
+    // Rows of later steps go (the resumed run writes them again); every other line stays: rows
+    // rewritten by another tool ({"step": 4, ...} from Python's json.dumps) and lines a user
+    // added were dropped with the later rows, the whole history of a file so rewritten.
     std::string line, kept;
-    const std::string prefix = "{\"step\":";
+    int64_t foreign = 0;
     while (std::getline(in, line)) {
-      if (line.rfind(prefix, 0) != 0 || line.back() != '}') continue;
-      int64_t step = 0;
-      const char* first = line.data() + prefix.size();
-      if (std::from_chars(first, line.data() + line.size(), step).ec == std::errc() && step <= run.resumed_at())
+      const bool whole = !in.eof();  // (a last line without its newline: cut by a kill)
+      if (const auto step = row_step(line)) {
+        if (*step <= run.resumed_at() && (whole || line.back() == '}')) kept += line + "\n";
+      } else if (!whole && line.rfind('{', 0) == 0) {
+        // a torn row: dropped
+      } else if (!line.empty()) {
         kept += line + "\n";
+        ++foreign;
+      }
     }
+    if (foreign > 0)
+      sdk::log::info("metrics.jsonl: ", foreign, " line(s) that are no step's row are kept as they are");
     if (in.bad()) throw sdk::Error("cannot read " + path_.string() + ": an I/O error; nothing in it was changed");
     try {
       sdk::write_file_durably(path_, kept);

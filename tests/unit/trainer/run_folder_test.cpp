@@ -341,6 +341,37 @@ TEST_F(RunFolderTest, AResumeIntoACheckpointsFolderThatCannotBeWrittenIsRefusedB
   EXPECT_EQ(text(dir_ / "frozen" / "config.json"), config);
 }
 
+TEST_F(RunFolderTest, AResumeKeepsTheMetricsRowsUpToItsCheckpointHoweverTheyAreSpacedAndLinesAUserAdded) {
+  // The resume kept only lines starting with the exact bytes {"step": : a file rewritten by
+  // Python's json.dumps ({"step": 1, ...}) lost its whole history, and a note a user added went too.
+  Config first = base("spaced");
+  first.set_assignment("trainer.log_every=1");
+  loom::testing::make_trainer(first)->train();
+  const fs::path metrics = dir_ / "spaced" / "metrics.jsonl";
+  std::string rewritten;
+  {
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);) {
+      const auto colon = line.find("\"step\":");
+      ASSERT_NE(colon, std::string::npos) << line;
+      rewritten += line.substr(0, colon) + "\"step\": " + line.substr(colon + 7) + "\n";
+    }
+  }
+  rewritten += "# the learning rate was too high here\n{\"step\": 9, \"train/loss\": 1}\n{\"step\": 10, \"train/lo";
+  std::ofstream(metrics, std::ios::trunc) << rewritten;
+  Config resume = base("spaced", 6);
+  resume.set_assignment("trainer.log_every=1");
+  resume.set_assignment("trainer.resume=auto");
+  loom::testing::make_trainer(resume)->train();
+  const std::string after = text(metrics);
+  for (int step = 1; step <= 4; ++step) EXPECT_CONTAINS(after, "{\"step\": " + std::to_string(step) + ",");
+  EXPECT_CONTAINS(after, "# the learning rate was too high here\n");
+  EXPECT_EQ(after.find("{\"step\": 9"), std::string::npos) << "a row after the checkpoint stays: " << after;
+  EXPECT_EQ(after.find("{\"step\": 10"), std::string::npos) << "a torn row stays: " << after;
+  EXPECT_CONTAINS(after, "{\"step\":5,");
+  EXPECT_CONTAINS(after, "{\"step\":6,");
+}
+
 TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAFolderIsSaidOnce) {
   // metrics.jsonl as a link to another run's file (a copy of a run made with links): the resume
   // writes a copy of its own, said, and leaves that file whole (cutting its rows after the
