@@ -372,6 +372,31 @@ TEST_F(RunFolderTest, AResumeKeepsTheMetricsRowsUpToItsCheckpointHoweverTheyAreS
   EXPECT_CONTAINS(after, "{\"step\":6,");
 }
 
+TEST_F(RunFolderTest, ACheckpointsFolderThatLinksToAnotherRunsIsRefusedAndOneOnAnotherDiskIsUsed) {
+  // Run B's checkpoints a link to run A's: B resumed from A's weights, pruned A's steps and wrote
+  // over A's best file. Refused, A untouched; a link to a plain folder (a larger disk) is B's own.
+  loom::testing::make_trainer(base("a"))->train();
+  loom::testing::make_trainer(base("b"))->train();
+  const auto a_steps = steps(dir_ / "a");
+  fs::remove_all(dir_ / "b" / "checkpoints");
+  fs::create_directory_symlink(dir_ / "a" / "checkpoints", dir_ / "b" / "checkpoints");
+  Config c = base("b", 8);
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("trainer.keep_last=1");
+  const std::string m = error_of(c);
+  EXPECT_CONTAINS(m, (dir_ / "b" / "checkpoints").string() + " is a link to " + fs::canonical(dir_ / "a" / "checkpoints").string() +
+                         ", another run's checkpoints, which this run would prune and write over");
+  EXPECT_EQ(steps(dir_ / "a"), a_steps);
+  fs::remove(dir_ / "b" / "checkpoints");
+  fs::create_directories(dir_ / "disk" / "b_checkpoints");
+  fs::create_directory_symlink(dir_ / "disk" / "b_checkpoints", dir_ / "b" / "checkpoints");
+  Config fresh = base("b", 4);
+  fresh.set_assignment("trainer.resume=auto");
+  loom::testing::make_trainer(fresh)->train();
+  EXPECT_FALSE(steps(dir_ / "b").empty());
+  EXPECT_TRUE(fs::exists(dir_ / "disk" / "b_checkpoints" / "step_00000004"));
+}
+
 TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAFolderIsSaidOnce) {
   // metrics.jsonl as a link to another run's file (a copy of a run made with links): the resume
   // writes a copy of its own, said, and leaves that file whole (cutting its rows after the
