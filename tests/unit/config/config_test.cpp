@@ -308,6 +308,27 @@ TEST_F(ConfigTest, MalformedLinesAndKeysOutsideSectionsAreErrors) {
   EXPECT_CONTAINS(error_of([&] { config.set_assignment("trainer.lr"); }), "expected section.key=value");
 }
 
+TEST_F(ConfigTest, AHashRightAfterAValueAndCarriageReturnOnlyLinesAreRefusedNotReadAsSomethingElse) {
+  // `work_dir = exp#2` wrote the run to exp, and `root = set#2` trained on another folder, in
+  // silence; a '#' after a space is a comment, as before.
+  const auto hash = write("hash.ini", "[trainer]\nlr = 0.5 # the peak\nwork_dir = exp#2\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(hash); }),
+                  "hash.ini:3: '#' starts a comment, even inside a value, so `work_dir = exp` would be all of it. Put a "
+                  "space before a comment's '#'; a value with '#' in it goes on the command line (--set KEY=VALUE)");
+  const auto fine = write("fine.ini", "# a note\n[trainer] # the trainer\nlr = 0.5 # the peak\nname =# none\n");
+  Config c;
+  c.load_file(fine);
+  EXPECT_EQ(c.find("trainer.lr")->value, "0.5");
+  Config given;
+  given.set_assignment("trainer.work_dir=exp#2");
+  EXPECT_EQ(given.find("trainer.work_dir")->value, "exp#2");
+  // Lines ended by a carriage return alone read as one line, and the error named a file of the
+  // whole text ("config file debug[trainer]max_steps = 3 not found").
+  const auto mac = write("mac.ini", "base = debug\r[trainer]\rmax_steps = 3\r");
+  EXPECT_CONTAINS(error_of([&] { Config m; m.load_file(mac); }),
+                  "mac.ini ends its lines with a carriage return alone (classic Mac OS), which reads as one line");
+}
+
 TEST_F(ConfigTest, AValueIsOneLineOfTextOfSensibleLength) {
   // A NUL cut the message at the value; a 10 MB value was echoed whole; a byte order mark made
   // the first line "not a key = value line".
