@@ -125,6 +125,13 @@ void Trainer::report_startup() const {
     log::warn("the estimated peak, ", format_bytes(predicted_peak_), ", is above the ", format_bytes(cap),
               " this run may use: a step or an evaluation may run out of memory (a smaller --batch-size, or "
               "memory.policies = auto_batch, which measures what fits)");
+  // On the CPU without a cap, past what the machine has free the kernel's OOM killer ends the
+  // process with no word from it (exit 137), minutes in; said now, with what would help.
+  else if (device_.is_cpu() && predicted_peak_ > 0 && mem.limit <= 0 && mem.free > 0 && predicted_peak_ > mem.free)
+    log::warn("the estimated peak, ", format_bytes(predicted_peak_), ", is above the ", format_bytes(mem.free),
+              " of memory this machine has free: the system may end the process without a word (killed, exit 137). A "
+              "smaller --batch-size or model, or --device-memory-limit ", format_bytes(mem.free),
+              " with memory.policies = auto_batch to find what fits");
   std::vector<std::string> names;
   for (const auto& [name, callback] : callbacks_) {
     names.push_back(name);
