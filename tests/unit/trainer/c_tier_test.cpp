@@ -108,6 +108,16 @@ TEST_F(CTierTest, ACMemoryPolicyAndCallbackPlanStopAndKeepTheirState) {
   EXPECT_NE(text2.str().find("\"steps_seen\": \"4\""), std::string::npos) << text2.str();
 }
 
+TEST_F(CTierTest, ACTierPluginWrittenInCppExportsItsEntryPoint) {
+  // LOOM_C_PLUGIN in a .cpp file mangled the entry point's name: "no entry symbol ... is exported".
+  for (const auto& r : loom::testing::registry().refusals())
+    EXPECT_NE(r.file.filename().string(), "libloom_callback_c_tier_cxx.so") << r.line();
+  const auto* info = loom::testing::registry().find(LOOM_KIND_CALLBACK, "c_from_cxx");
+  ASSERT_NE(info, nullptr);
+  EXPECT_TRUE(info->c_tier());
+  EXPECT_NE(loom::testing::registry().create<loom::sdk::Callback>("c_from_cxx"), nullptr);
+}
+
 TEST_F(CTierTest, TensorsThatBreakTheContractAreOneClearErrorEach) {
   const std::vector<std::pair<std::string, std::string>> faults = {
       {"error", "dataset 'c_faulty': get_batch failed: the disk is on fire"},

@@ -301,6 +301,13 @@ typedef struct loom_c_fingerprint_note {
 
 /* Emits the descriptor of a C-tier plugin, its entry point and its fingerprint note. COMPONENTS
  * is a static array of LOOM_C_DATASET(...), LOOM_C_MEMORY_POLICY(...), LOOM_C_CALLBACK(...). */
+/* In a C++ file the entry point must keep its C name (the loader looks it up by that name). */
+#ifdef __cplusplus
+#define LOOM_C_LINKAGE_ extern "C"
+#else
+#define LOOM_C_LINKAGE_
+#endif
+
 #define LOOM_C_PLUGIN(NAME, VERSION, COMPONENTS)                                                  \
   __attribute__((section(LOOM_NOTE_SECTION), used, aligned(4)))                                   \
   static const loom_c_fingerprint_note loom_plugin_fingerprint_note_ = {                          \
@@ -317,7 +324,7 @@ typedef struct loom_c_fingerprint_note {
       LOOM_ABI_MAGIC, sizeof(loom_plugin_descriptor), LOOM_ABI_MAJOR, LOOM_ABI_MINOR,             \
       (uint32_t)(sizeof(COMPONENTS) / sizeof((COMPONENTS)[0])), (NAME), (VERSION), NULL,           \
       (COMPONENTS), loom_c_init_};                                                                \
-  __attribute__((visibility("default"), used, section(LOOM_ENTRY_SECTION)))                       \
+  LOOM_C_LINKAGE_ __attribute__((visibility("default"), used, section(LOOM_ENTRY_SECTION)))       \
   const loom_plugin_descriptor* loom_plugin_entry_v1(void) { return &loom_plugin_descriptor_; }
 
 #ifdef __cplusplus
