@@ -1,6 +1,6 @@
 // A C-tier plugin written in C++ (c_plugin.h's macros in a .cpp file): LOOM_C_PLUGIN must export
 // the entry point under its C name there too (it was mangled, and the loader said the plugin had
-// no entry point). tests/unit/trainer/c_tier_test.cpp loads it.
+// no entry point). tests/unit/trainer/c_tier_test.cpp loads it (libloom_c_tier_cxx.so).
 #include <loom/sdk/c_plugin.h>
 
 #include <cstdlib>
