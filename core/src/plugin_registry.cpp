@@ -23,6 +23,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <elf.h>
+#include <fstream>
 #include <mutex>
 #include <unistd.h>
 
@@ -45,6 +47,35 @@ void keep_loaded(std::shared_ptr<boost::dll::shared_library> library) {
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
   libraries->push_back(std::move(library));
+}
+
+#if defined(__x86_64__)
+constexpr uint16_t kNativeMachine = EM_X86_64;
+constexpr const char* kNativeElf = "x86-64, 64-bit";
+#elif defined(__aarch64__)
+constexpr uint16_t kNativeMachine = EM_AARCH64;
+constexpr const char* kNativeElf = "aarch64, 64-bit";
+#endif
+
+/// How an ELF file's header says it was built, where not for this machine ("for aarch64"); ""
+/// for a native one or a file that is no ELF (the library reader names that). Boost's reader took
+/// an aarch64 plugin for a native one, and the loader then said "No such file or directory".
+std::string foreign_elf(const fs::path& file) {
+  unsigned char header[20] = {};
+  std::ifstream in(file, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(header), sizeof header) || std::memcmp(header, ELFMAG, SELFMAG) != 0) return {};
+  if (header[EI_CLASS] != ELFCLASS64) return header[EI_CLASS] == ELFCLASS32 ? "for 32 bits" : "of an unknown class";
+  if (header[EI_DATA] != ELFDATA2LSB) return "big-endian";
+  const auto machine = static_cast<uint16_t>(header[18] | (header[19] << 8));
+  if (machine == kNativeMachine) return {};
+  switch (machine) {
+    case EM_X86_64: return "for x86-64";
+    case EM_AARCH64: return "for aarch64";
+    case EM_386: return "for i386";
+    case EM_RISCV: return "for RISC-V";
+    case EM_PPC64: return "for POWER";
+    default: return "for machine type " + std::to_string(machine);
+  }
 }
 
 /// Where this executable lives (for the plugin folder beside it).
@@ -264,6 +295,9 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
                          : "found in a plugin folder: move it out (a plugin folder holds plugin files); named by itself: "
                            "give a plugin's .so file");
     }
+    if (const std::string other = foreign_elf(file); !other.empty())
+      refuse_now("static-check", "an ELF file built " + other + ", not for this machine (" + kNativeElf + ")",
+                 "build the plugin for this machine, with this Loom's SDK (find_package(LoomSDK))");
     try {
       boost::dll::library_info info(file, /*throw_if_not_native_format=*/true);
       const auto in_section = info.symbols(LOOM_ENTRY_SECTION);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -122,6 +123,32 @@ TEST(PluginLoader, APluginsTextIsPrintedWithoutItsControlCharactersAndABadOption
       return;
     }
   ADD_FAILURE() << "broken_bad_range was not refused";
+}
+
+TEST(PluginLoader, APluginBuiltForAnotherMachineIsNamedAsSuch) {
+  // An aarch64 or 32-bit build was refused as "cannot open shared object file: No such file or
+  // directory", with advice to run ldd, of a file that was there.
+  const fs::path dir = fs::temp_directory_path() / ("loom_foreign_elf_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto patched = [&](const std::string& name, int offset, std::vector<unsigned char> bytes) {
+    const fs::path file = dir / name;
+    fs::copy_file(kDir / "libloom_dataset_basic_counting.so", file, fs::copy_options::overwrite_existing);
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(offset);
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    return file;
+  };
+  loom::core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  for (const auto& [file, says] : std::vector<std::pair<fs::path, std::string>>{
+           {patched("libloom_dataset_arm.so", 18, {183, 0}), "an ELF file built for aarch64, not for this machine ("},
+           {patched("libloom_dataset_i386.so", 4, {1}), "an ELF file built for 32 bits, not for this machine ("}}) {
+    const auto report = registry.load(file);
+    ASSERT_TRUE(report.refusal.has_value()) << file;
+    EXPECT_EQ(report.refusal->stage, "static-check");
+    EXPECT_NE(report.refusal->reason.find(says), std::string::npos) << report.refusal->reason;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(PluginLoader, GoodPluginDescribesItself) {
