@@ -122,6 +122,16 @@ std::vector<std::string> runs_newest_first(const fs::path& work_dir) {
   return out;
 }
 
+/// `--resume auto` of a name no run has starts it: said, with a close run's name (a typo trained afresh unsaid).
+void say_named_run_starts(const fs::path& work_dir, const std::string& name) {
+  auto others = runs_newest_first(work_dir);
+  std::erase(others, name);
+  if (const auto close = closest(name, others))
+    log::warn("resume = auto: no run named '", name, "' in ", work_dir.string(), ", so it starts; did you mean '", *close, "'?");
+  else
+    log::info("resume = auto: no run named '", name, "' in ", work_dir.string(), " yet; starting it");
+}
+
 /// The steps of `folder`'s config.until_step_N.json records, by N.
 std::map<int64_t, fs::path> until_records(const fs::path& folder) {
   std::map<int64_t, fs::path> out;
@@ -553,6 +563,7 @@ void Trainer::open_run_here() {
                   join(problems, "; ") + "); move the folder away to start again, or choose another trainer.name");
     if (resumed_at_ < 0) {
       if (!made_here) log::info("resume = auto: no checkpoint in ", run_dir_.string(), "; starting fresh");
+      else if (!options_.name.empty()) say_named_run_starts(work_dir, name);
       set_aside_files_without_checkpoint();
     }
   } else if (options_.resume != "auto" && !options_.name.empty() && holds_a_run(run_dir_)) {

@@ -397,6 +397,25 @@ TEST_F(RunFolderTest, ACheckpointsFolderThatLinksToAnotherRunsIsRefusedAndOneOnA
   EXPECT_TRUE(fs::exists(dir_ / "disk" / "b_checkpoints" / "step_00000004"));
 }
 
+TEST_F(RunFolderTest, ResumeAutoOfANameNoRunHasSaysItStartsAndNamesACloseOne) {
+  // `--set trainer.name=myrnu --resume auto` beside run myrun trained afresh without a word.
+  loom::testing::make_trainer(base("myrun"))->train();
+  Config typo = base("myrnu");
+  typo.set_assignment("trainer.resume=auto");
+  {
+    log::Capture capture(LOOM_LOG_INFO);
+    loom::testing::make_trainer(typo);
+    EXPECT_TRUE(capture.contains("resume = auto: no run named 'myrnu' in " + dir_.string() + ", so it starts; did you mean 'myrun'?"))
+        << join(capture.lines(), "\n");
+  }
+  Config other = base("zebra");
+  other.set_assignment("trainer.resume=auto");
+  log::Capture capture(LOOM_LOG_INFO);
+  loom::testing::make_trainer(other);
+  EXPECT_TRUE(capture.contains("resume = auto: no run named 'zebra' in " + dir_.string() + " yet; starting it"))
+      << join(capture.lines(), "\n");
+}
+
 TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAFolderIsSaidOnce) {
   // metrics.jsonl as a link to another run's file (a copy of a run made with links): the resume
   // writes a copy of its own, said, and leaves that file whole (cutting its rows after the
