@@ -559,8 +559,11 @@ void Trainer::build_loaders(bool training) {
                 fraction + " holds out " + std::to_string(held_out_) + " of its " + std::to_string(train_size) + ")");
   }
   const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;
-  if (per_epoch < 1 && options_.max_steps == 0)
-    throw Error("one epoch has fewer micro-batches than one optimizer step needs; lower the batch or set trainer.max_steps");
+  // (with accumulation a step of more samples than the split has trained, each seeing some twice)
+  if (per_epoch < 1)
+    throw Error("the global batch, " + std::to_string(plan_.global()) + ", is more than the " +
+                std::to_string(train_loader_->samples_per_epoch() * train.world_size) + " samples an epoch of the training " +
+                "split has: one step would see some of them twice; lower trainer.batch_size");
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
   eval_every_ = options_.eval_every > 0 ? options_.eval_every : std::max<int64_t>(1, per_epoch);
 }

@@ -254,6 +254,21 @@ TEST_F(TrainerTest, GlobalBatchMustSplitEvenly) {
   EXPECT_THROW(make(c), loom::Error);
 }
 
+TEST_F(TrainerTest, AGlobalBatchLargerThanTheTrainingSplitIsRefusedWithAccumulationToo) {
+  // Micro-batch 1 x accumulation 512 on 461 samples (512 less the 51 held out) trained "0 steps
+  // per epoch", each step seeing samples twice; micro-batch 512 alone was refused.
+  Config c = base("too_large");
+  c.set_assignment("trainer.batch_size=512");
+  c.set_assignment("trainer.gradient_accumulation_steps=512");
+  try {
+    make(c);
+    FAIL() << "a global batch above the split was accepted";
+  } catch (const loom::Error& e) {
+    EXPECT_CONTAINS(e.what(), "the global batch, 512, is more than the 461 samples an epoch of the training split has: "
+                              "one step would see some of them twice; lower trainer.batch_size");
+  }
+}
+
 TEST_F(TrainerTest, ReplayingAStepFromItsCapturedStateGivesTheSameStep) {
   auto t = make(base("replay"));
   t->train_step();
