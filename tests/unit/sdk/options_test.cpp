@@ -15,6 +15,11 @@ TEST(Options, Bytes) {
   EXPECT_FALSE(parse_bytes("lots"));
   EXPECT_FALSE(parse_bytes("-1GiB"));
   EXPECT_FALSE(parse_bytes("3 parsecs"));
+  // Below 8 EiB, as the messages say, in every unit up to it (1PiB was "not a size").
+  EXPECT_EQ(parse_bytes("1PiB"), 1LL << 50);
+  EXPECT_EQ(parse_bytes("2 EiB"), 2LL << 60);
+  EXPECT_EQ(parse_bytes("1000PB"), 1000000000000000000LL);
+  EXPECT_FALSE(parse_bytes("8EiB"));
 }
 
 TEST(Options, ScalarsAndLists) {

@@ -122,9 +122,9 @@ inline std::optional<Range> parse_range(std::string_view text) {
   return r;
 }
 
-/// A size in bytes: "4096", "512MiB", "2GiB", "1.5GB", "64k". Binary (KiB, MiB, GiB, TiB, and the
-/// single letters K, M, G, T) and decimal (kB, MB, GB, TB) units; case-insensitive except that
-/// "b" alone means bytes.
+/// A size in bytes below 8 EiB: "4096", "512MiB", "2GiB", "1.5GB", "64k". Binary (KiB, MiB, GiB,
+/// TiB, PiB, EiB, and the single letters K, M, G, T, P, E) and decimal (kB, MB, GB, TB, PB, EB)
+/// units; case-insensitive except that "b" alone means bytes.
 inline std::optional<int64_t> parse_bytes(std::string_view text) {
   const std::string s(trim(text));
   if (s.empty() || s.find_first_of("xX") != std::string::npos) return std::nullopt;  // no hexadecimal (0x10)
@@ -138,10 +138,14 @@ inline std::optional<int64_t> parse_bytes(std::string_view text) {
   else if (unit == "m" || unit == "mib") scale = 1024.0 * 1024;
   else if (unit == "g" || unit == "gib") scale = 1024.0 * 1024 * 1024;
   else if (unit == "t" || unit == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "p" || unit == "pib") scale = 1024.0 * 1024 * 1024 * 1024 * 1024;
+  else if (unit == "e" || unit == "eib") scale = 1024.0 * 1024 * 1024 * 1024 * 1024 * 1024;
   else if (unit == "kb") scale = 1e3;
   else if (unit == "mb") scale = 1e6;
   else if (unit == "gb") scale = 1e9;
   else if (unit == "tb") scale = 1e12;
+  else if (unit == "pb") scale = 1e15;
+  else if (unit == "eb") scale = 1e18;
   else return std::nullopt;
   const double bytes = number * scale;
   if (bytes > 9.0e18) return std::nullopt;
