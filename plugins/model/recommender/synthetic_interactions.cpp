@@ -10,7 +10,7 @@
 // the next draw favours the preferred genre, so the Bayes-optimal ranking puts a user's unseen
 // items of that genre first (in any order among themselves). With M such candidates and K others
 // for a user whose test item is t, its expected HR@10 is min(1, 10 / M) when t is of the
-// preferred genre and max(0, 10 - M) / K otherwise; the optimum is the mean over users. For
+// preferred genre and min(1, max(0, 10 - M) / K) otherwise; the optimum is the mean over users. For
 // ratings the conditional mean is the best predictor, and its RMSE is the noise's deviation.
 #include "datasets.hpp"
 
@@ -112,7 +112,8 @@ void SyntheticInteractions::setup() {
     for (int64_t i = 0; i < items_; ++i)
       if (!seen[i]) (genre_of[i] == preferred ? m : other) += 1;
     optimum_hr += genre_of[test] == preferred ? std::min(1.0, 10.0 / static_cast<double>(m))
-                                              : (other > 0 ? std::max<double>(0, 10 - m) / static_cast<double>(other) : 0.0);
+                                              : (other > 0 ? std::min(1.0, std::max<double>(0, 10 - m) / static_cast<double>(other))
+                                                           : 0.0);  // (at most 1: 35 items made it 1.67)
   }
   if (split_.min_interactions > per_user_)
     throw sdk::Error("synthetic_interactions: data.min_interactions " + std::to_string(split_.min_interactions) +

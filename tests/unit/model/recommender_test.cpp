@@ -247,6 +247,19 @@ TEST(SyntheticInteractions, SizesThatWouldNotFitInMemoryAreRefusedBeforeGenerati
   EXPECT_NE(message.find("users x per_user = 2000000000 interactions, more than 100000000"), std::string::npos) << message;
 }
 
+TEST(SyntheticInteractions, TheBestAchievableHitRateIsAProbability) {
+  // With few items a user's candidates of other genres were fewer than the places left in the
+  // top 10, and the "best achievable HR@10" came out 10, 3.3, 1.67.
+  for (const char* items : {"30", "32", "35", "48"}) {
+    auto d = registry().create<loom::sdk::Dataset>("synthetic_interactions",
+                                                  {{"users", "40"}, {"items", items}, {"per_user", "12"}});
+    d->setup();
+    const double best = std::stod(d->spec().attributes.at("optimum.hr_at_10"));
+    EXPECT_GT(best, 0.0) << items << " items";
+    EXPECT_LE(best, 1.0) << items << " items";
+  }
+}
+
 // ---- the model -----------------------------------------------------------------------------
 
 class Gpt2RecommenderTest : public ::testing::Test {
