@@ -12,6 +12,7 @@
 #include <array>
 #include <climits>
 #include <cstdint>
+#include <set>
 #include <sstream>
 #include <map>
 #include <memory>
@@ -141,8 +142,17 @@ class TokenizerImpl {
 
   void read_vocab(const std::filesystem::path& path) {
     const std::string text = read(path);
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+      throw sdk::Error(path.string() + " is empty; vocab.json maps each token to its id (a Hugging Face tokenizer folder's)");
     try {
-      const nlohmann::json j = nlohmann::json::parse(text);
+      // A token given twice kept its last id in silence, its first lost (nlohmann keeps the last).
+      std::set<std::string> keys;
+      const auto once = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        if (event == nlohmann::json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second)
+          throw sdk::Error(path.string() + ": the token '" + parsed.get<std::string>() + "' is given twice; each token has one id");
+        return true;
+      };
+      const nlohmann::json j = nlohmann::json::parse(text, once);
       if (!j.is_object()) throw sdk::Error(path.string() + " is not a JSON object of token: id");
       // Ids index the model's embedding: each a whole number in [0, 2^24), no two tokens on one
       // id; the vocabulary's size is the largest id + 1 (a trimmed vocabulary may leave gaps).
@@ -176,6 +186,11 @@ class TokenizerImpl {
       if (space == std::string::npos || space == 0 || space + 1 == line.size() || line.find(' ', space + 1) != std::string::npos)
         throw sdk::Error(path.string() + ":" + std::to_string(line_number) + ": '" + line +
                          "' is not a merge (two symbols separated by one space)");
+      // (a merge whose result has no id failed at the first text that made it, blamed on the bytes)
+      if (!id_of_.count(line.substr(0, space) + line.substr(space + 1)))
+        throw sdk::Error(path.string() + ":" + std::to_string(line_number) + ": the merge '" + line + "' makes '" +
+                         line.substr(0, space) + line.substr(space + 1) + "', which vocab.json does not have (each merge's "
+                         "result is a token of the vocabulary)");
       rank_.emplace(line.substr(0, space) + " " + line.substr(space + 1), rank++);
     }
   }

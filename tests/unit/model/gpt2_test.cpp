@@ -321,12 +321,12 @@ TEST(Gpt2Tokenizer, BadTextAndBadFilesAreNamed) {
   }
   const auto dir = loom::testing::fresh_test_dir("loom_bpe_bad");
   std::filesystem::copy_file(bpe_corpus() / "vocab.json", dir / "vocab.json");
-  std::ofstream(dir / "merges.txt") << "#version: 0.2\na b\nnot-a-merge\n";
+  std::ofstream(dir / "merges.txt") << "#version: 0.2\nnot-a-merge\n";
   try {
     gpt2::Tokenizer bad(dir);
     FAIL() << "expected an error";
   } catch (const loom::sdk::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("merges.txt:3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("merges.txt:2"), std::string::npos) << e.what();
   }
   std::filesystem::remove(dir / "vocab.json");
   EXPECT_THROW(gpt2::Tokenizer missing(dir), loom::sdk::Error);
@@ -368,6 +368,25 @@ TEST(Gpt2Tokenizer, VocabularySizeIsTheLargestIdPlusOneAndBadIdsAreRefused) {
   refused("7", "token 'a' has id \"7\"");
   refused(int64_t{1} << 40, "token 'a' has id 1099511627776");
   refused(98, "have the same id 98; each token needs an id of its own");  // 'b''s id
+  // A token given twice (the last id was kept in silence), an empty file (nlohmann's parse error
+  // text), a merge whose result has no id (blamed on the bytes at the first text that made it).
+  const auto error_of = [&] {
+    try {
+      gpt2::Tokenizer bad(dir);
+    } catch (const loom::sdk::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string twice = vocab.dump();
+  twice.insert(twice.size() - 1, ",\"a\":300");
+  std::ofstream(dir / "vocab.json", std::ios::trunc) << twice;
+  EXPECT_CONTAINS(error_of(), "vocab.json: the token 'a' is given twice; each token has one id");
+  std::ofstream(dir / "vocab.json", std::ios::trunc) << "\n";
+  EXPECT_CONTAINS(error_of(), "vocab.json is empty");
+  write_vocab(vocab);
+  std::ofstream(dir / "merges.txt", std::ios::trunc) << "#version: 0.2\nT h\n";
+  EXPECT_CONTAINS(error_of(), "merges.txt:2: the merge 'T h' makes 'Th', which vocab.json does not have");
   std::filesystem::remove_all(dir);
 }
 
