@@ -365,15 +365,19 @@ void Config::set(const std::string& key, const std::string& value, Origin origin
   if (value.size() > kMaxValue)
     throw Error(origin.describe() + ": " + key + " has a value of " + std::to_string(value.size()) + " bytes; values are " +
                 "at most " + std::to_string(kMaxValue) + " (a number, a name, a path, a list)");
-  for (size_t i = 0; i < value.size(); ++i) {
-    const auto c = static_cast<unsigned char>(value[i]);
-    if ((c < 0x20 && c != '\t') || c == 0x7f) {
+  // (a key's escape sequence reached the terminal in its "unknown key" error: it set the window's title)
+  for (const std::string* text : {&key, &value})
+    for (size_t i = 0; i < text->size(); ++i) {
+      const auto c = static_cast<unsigned char>((*text)[i]);
+      if ((c >= 0x20 || c == '\t') && c != 0x7f) continue;
       char code[8];
       std::snprintf(code, sizeof code, "0x%02x", c);
+      if (text == &key)
+        throw Error(origin.describe() + ": a key holds a control character (byte " + code + " at position " +
+                    std::to_string(i + 1) + "); keys are words of letters, digits and _ joined by dots");
       throw Error(origin.describe() + ": " + key + " holds a control character (byte " + code + " at position " +
                   std::to_string(i + 1) + "); a value is one line of text");
     }
-  }
   values_[key] = ConfigValue{value, std::move(origin)};
   order_[key] = ++sets_;
 }
@@ -447,6 +451,7 @@ Resolved validate(const Config& config, const Schema& schema) {
   const auto sections = schema.sections();
   std::vector<std::string> all_keys;
   for (const auto& [key, spec] : schema.keys()) all_keys.push_back(key);
+  for (const auto& alias : aliases()) all_keys.emplace_back(alias.key);  // (memory.fractoin named no memory.fraction)
 
   // Shorthand keys (Note [Component sections]) become their canonical key; of a key given both
   // ways, the later setting wins (a --set of model.d_model over a file's [model.<name>] d_model).

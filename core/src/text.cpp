@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <cerrno>
@@ -47,8 +48,13 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 std::optional<std::string> closest(const std::string& word, const std::vector<std::string>& candidates) {
   std::optional<std::string> best;
   size_t best_distance = 0;
+  // Case aside: trainer.MAX_STEPS is trainer.max_steps mistyped, not seven letters off.
+  const auto lower = [](std::string s) {
+    for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return s;
+  };
   for (const auto& c : candidates) {
-    const size_t d = edit_distance(word, c);
+    const size_t d = edit_distance(lower(word), lower(c));
     if (!best || d < best_distance) {
       best = c;
       best_distance = d;

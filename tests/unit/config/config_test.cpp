@@ -342,6 +342,10 @@ TEST_F(ConfigTest, AValueIsOneLineOfTextOfSensibleLength) {
   Config c;
   EXPECT_CONTAINS(error_of([&] { c.set_assignment("trainer.name=a\x1b[2Jb"); }),
                   "--set: trainer.name holds a control character (byte 0x1b at position 2)");
+  // A key's escape sequence reached the terminal in its "unknown key" error (it set the title).
+  const std::string key_error = error_of([&] { c.set_assignment("trainer.ma\x1b]0;pwned\ax=1"); });
+  EXPECT_CONTAINS(key_error, "--set: a key holds a control character (byte 0x1b at position 11)");
+  EXPECT_EQ(key_error.find('\x1b'), std::string::npos) << "the escape is not echoed";
   const auto bom = write("bom.ini", "\xEF\xBB\xBF[trainer]\nmax_steps = 7\n");
   Config with_bom;
   with_bom.load_file(bom);
@@ -379,6 +383,13 @@ TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
   EXPECT_CONTAINS(error_of([&] { validate(late_base, core_schema()); }),
                   "late.ini:3: unknown key 'trainer.base'; `base = ...` names the files this one builds on, on a line "
                   "before the first [section]");
+  // Case aside, and the keys a flag sets: trainer.MAX_STEPS and memory.fractoin named no key.
+  Config typos;
+  typos.set_assignment("trainer.MAX_STEPS=3");
+  typos.set_assignment("memory.fractoin=0.5");
+  const std::string said = error_of([&] { validate(typos, core_schema()); });
+  EXPECT_CONTAINS(said, "unknown key 'trainer.MAX_STEPS'; did you mean 'trainer.max_steps'?");
+  EXPECT_CONTAINS(said, "unknown key 'memory.fractoin'; did you mean 'memory.fraction'?");
 }
 
 TEST_F(ConfigTest, UnknownSectionSuggestsTheClosestSection) {
