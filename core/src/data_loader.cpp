@@ -37,6 +37,10 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
   if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
     throw Error("loader: rank " + std::to_string(options_.rank) + " outside world of " + std::to_string(options_.world_size));
   size_ = options_.subset.empty() ? dataset_->size(split_) : static_cast<int64_t>(options_.subset.size());
+  // (2^62 from a dataset's size() ended the first step with "cannot create std::vector larger than max_size()")
+  if (constexpr int64_t kMaxSamples = int64_t{1} << 40; size_ < 0 || size_ > kMaxSamples)
+    throw Error(std::string("the dataset says its ") + sdk::split_name(split_) + " split has " + std::to_string(size_) +
+                " samples, outside [0, 2^40]: its size() is wrong");
   // (Evaluation: a rank past a split smaller than the world has no sample and adds zeros to the sums.)
   if (options_.drop_last ? samples_per_epoch() < options_.micro_batch : size_ < 1)
     throw Error(std::string("the ") + sdk::split_name(split_) + " split has " + std::to_string(size_) +

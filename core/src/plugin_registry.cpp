@@ -480,6 +480,7 @@ void* PluginRegistry::create_raw(const ComponentInfo& info,
   if (object == nullptr) {
     error.message[LOOM_ERROR_CAPACITY - 1] = '\0';
     std::string reason = error.message[0] ? error.message : "its factory gave no reason";
+    if (reason == "std::bad_alloc") reason = "not enough host memory for it (std::bad_alloc)";
     if (reason.rfind(info.name + ": ", 0) == 0) reason.erase(0, info.name.size() + 2);  // named once, here
     throw Error(kind_name(info.kind) + " '" + info.name + "' could not be created: " + reason + " (plugin " +
                 info.plugin->file.string() + ")");
