@@ -276,7 +276,14 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     // Weights whose shapes follow the data (a recommender's users and items) do not fit data
     // that changed: that is the data's change, not damage (every older checkpoint was passed over
     // as damaged, and the run called unloadable). Other damage still falls back to an older one.
-    if (data_changes.empty()) throw;
+    // With the data's settings unchanged too, what the model is sized by changed in the data's own
+    // files (a user added to ratings.csv): it was called damage, and the run unloadable ("move the
+    // folder away"), every checkpoint failing alike.
+    if (data_changes.empty())
+      throw ResumeRefused("refusing to resume from " + dir.string() + ": its weights do not fit this run (" + e.detail +
+                          ") though the model's and the data's settings are the checkpoint's: the data the model is "
+                          "sized by changed in its files (more users or items, another vocabulary). Resume with the "
+                          "data it was trained on, or train on this data as a new run (another trainer.name)");
     throw ResumeRefused("refusing to resume from " + dir.string() + ": its weights do not fit this run's data (" +
                         e.detail + "), and the data differs from the checkpoint's: " + join(data_changes, "; ") +
                         ". Resume with the checkpoint's data, or train on this data as a new run (another trainer.name)");

@@ -309,6 +309,42 @@ TEST_F(Gpt2RecommenderTest, AResumeOnDataWithOtherUsersIsRefusedNamingTheDataNot
   EXPECT_EQ(message.find("step_00000004"), std::string::npos) << "no older checkpoint tried: " << message;
 }
 
+TEST_F(Gpt2RecommenderTest, AResumeOnRatingsThatGainedAUserIsRefusedNamingTheDataNotDamage) {
+  // The same data.root with a user added to its ratings: every checkpoint was called "damaged or
+  // of another model" and the run unloadable ("move the folder away").
+  const fs::path ml = dir_ / "ml";
+  fs::create_directories(ml);
+  std::string movies, ratings;
+  for (int item = 1; item <= 12; ++item) movies += std::to_string(item) + "::Film " + std::to_string(item) + " (1995)::Drama\n";
+  write(ml / "movies.dat", movies);
+  for (int user = 1; user <= 6; ++user)
+    for (int k = 0; k < 4; ++k) {
+      const int item = (user * 2 + k) % 12 + 1;
+      ratings += std::to_string(user) + "::" + std::to_string(item) + "::" + std::to_string(1 + (user + k) % 5) +
+                 "::" + std::to_string(978300000 + user * 10 + k) + "\n";
+    }
+  write(ml / "ratings.dat", ratings);
+  const auto config = [&](const char* steps) {
+    loom::core::Config c = loom::testing::config_of(
+        {"model.name=gpt2_recommender", "model.size=debug", "model.text_tokens=8", "model.embedding_dim=8",
+         "model.hidden=16", "model.top_k=2", "model.negatives=2", "data.name=interactions", "data.min_interactions=3", "data.num_workers=0",
+         "trainer.batch_size=4", "trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.seed=3"},
+        dir_, "grown");
+    c.set_assignment("data.root=" + ml.string());
+    c.set_assignment(std::string("trainer.max_steps=") + steps);
+    return c;
+  };
+  make_trainer(config("2"))->train();
+  std::ofstream(ml / "ratings.dat", std::ios::app) << "7::1::4::978300900\n7::2::3::978300901\n7::3::5::978300902\n";
+  auto resume = config("4");
+  resume.set_assignment("trainer.resume=auto");
+  const std::string message = error_of([&] { make_trainer(resume); });
+  EXPECT_CONTAINS(message, "its weights do not fit this run (tensor '");
+  EXPECT_CONTAINS(message, "though the model's and the data's settings are the checkpoint's: the data the model is sized by "
+                           "changed in its files");
+  EXPECT_EQ(message.find("move the folder away"), std::string::npos) << message;
+}
+
 TEST_F(Gpt2RecommenderTest, SavingACheckpointAddsLittleToThePeakOfALargeEmbedding) {
   // The check that no weight is NaN before a save held |x| and three masks of each parameter at
   // once: 1.75 times a large frozen embedding, above the steps' own peak (measured 1.3 GiB against
