@@ -5,6 +5,7 @@
 #include "cli.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/stop_signals.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
@@ -45,6 +46,7 @@ int cmd_bench(const Invocation& invocation) {
     sdk::BatchPlan plan;
     int64_t peak = 0;
     std::vector<double> rates;
+    std::string failed;  ///< why it stopped, where it did: its row says so, the others stand
   };
   // Each configuration is read once, with the user's settings over it and the bench's own, and
   // checked before the first one runs: a missing file or a wrong key in the last is found now,
@@ -69,18 +71,25 @@ int cmd_bench(const Invocation& invocation) {
         const core::ConfigValue& value = *user.find(key);
         config.set(key, value.value, value.origin);
       }
-      config.set("trainer.work_dir", work.path().string(), {"loom bench", {}, 0});
-      config.set("trainer.max_steps", std::to_string(steps), {"--steps", {}, 0});
-      config.set("trainer.resume", "none", {"loom bench", {}, 0});
-      config.set("trainer.resume_from", "", {"loom bench", {}, 0});
+      set_scratch_run(config, "loom bench", work.path(), steps);
       core::resolve_run(config, registry);
       config.forget_base_override_warnings();  // said once above, not again in every round
     });
   }
   std::vector<Row> rows(files.size());
+  for (size_t index = 0; index < files.size(); ++index) {  // (two x.ini of other folders read as one)
+    const std::string name = fs::path(files[index]).filename().string();
+    const bool shared = std::count_if(files.begin(), files.end(),
+                                      [&](const std::string& f) { return fs::path(f).filename() == name; }) > 1;
+    rows[index].name = shared ? files[index] : name;
+  }
   for (int64_t round = 0; round < repeats; ++round) {
     for (size_t index = 0; index < files.size(); ++index) {
       const std::string& file = files[index];
+      if (!rows[index].failed.empty()) continue;
+      core::log::info("bench     ", rows[index].name, repeats > 1 ? ", round " + std::to_string(round + 1) + " of " +
+                                                                        std::to_string(repeats) : std::string(),
+                      ": ", steps, " steps");
       core::Config config = configs[index];
       // One folder per run, even when two files share a name (a run refuses a used folder).
       std::string stem = fs::path(file).stem().string();
@@ -88,7 +97,9 @@ int cmd_bench(const Invocation& invocation) {
         if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
       config.set("trainer.name", std::to_string(round + 1) + "-" + std::to_string(index + 1) + "-" + stem,
                  {"loom bench", {}, 0});
-      in_configuration(file, [&] {
+      // A configuration that fails while it runs (out of memory under its cap) is a row that says
+      // so: the figures of the others, measured already, were lost with it.
+      try {
         core::Trainer trainer(core::resolve_run(config, registry), registry);
         trainer.setup();
         trainer.step_with_recovery();  // warm-up, not timed
@@ -101,11 +112,15 @@ int cmd_bench(const Invocation& invocation) {
         }
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         Row& row = rows[index];
-        row.name = fs::path(file).filename().string();
         row.plan = trainer.plan();
         row.peak = std::max(row.peak, trainer.memory().stats().peak);
         row.rates.push_back(samples / seconds);
-      });
+      } catch (const core::StoppedBySignal&) {
+        throw;
+      } catch (const std::exception& e) {
+        rows[index].failed = message_of(e);
+        core::log::error("configuration ", file, ": ", rows[index].failed, " (its row says FAILED; the others run on)");
+      }
     }
   }
 
@@ -118,9 +133,16 @@ int cmd_bench(const Invocation& invocation) {
   };
   std::printf("\n%-28s %11s %12s %12s %12s %12s %14s %9s\n", "configuration", "micro-batch", "accumulation",
               "global batch", "peak memory", "samples/s", "range", "vs first");
+  // Ratios to the first configuration, or to the first that ran where it failed (said below).
+  const auto base = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.failed.empty(); });
   for (const auto& r : rows) {
+    if (!r.failed.empty()) {
+      std::printf("%-28s FAILED%s: %s\n", r.name.c_str(),
+                  r.rates.empty() ? "" : (" in round " + std::to_string(r.rates.size() + 1)).c_str(), r.failed.c_str());
+      continue;
+    }
     std::vector<double> ratios;
-    for (size_t k = 0; k < r.rates.size(); ++k) ratios.push_back(r.rates[k] / rows.front().rates[k]);
+    for (size_t k = 0; k < r.rates.size(); ++k) ratios.push_back(r.rates[k] / base->rates[k]);
     const auto [lo, hi] = std::minmax_element(r.rates.begin(), r.rates.end());
     char range[32];
     std::snprintf(range, sizeof range, "%.0f-%.0f", *lo, *hi);
@@ -135,7 +157,9 @@ int cmd_bench(const Invocation& invocation) {
               repeats > 1 ? (std::to_string(repeats) + " interleaved rounds, medians and their range").c_str()
                           : "one round (--repeats N runs N interleaved rounds and gives medians)",
               repeats > 1 ? "the median of each round's ratio to the first configuration" : "the ratio to the first configuration");
-  return 0;
+  if (base == rows.end()) return 1;
+  if (base != rows.begin()) std::printf("(the first configuration failed: vs first is against %s)\n", base->name.c_str());
+  return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.failed.empty(); }) ? 1 : 0;
 }
 
 }  // namespace loom::cli
