@@ -75,11 +75,8 @@ int cmd_profile(const Invocation& invocation) {
   core::Config config = config_from(invocation.options);
   core::install_stop_signals(core::OnStop::kScratch);  // before the scratch folder: a stop from here on removes it
   const ScratchFolder work("loom-profile");
-  config.set("trainer.work_dir", work.path().string(), {"loom profile", {}, 0});
+  set_scratch_run(config, "loom profile", work.path(), warmup + steps);
   config.set("trainer.name", "profile", {"loom profile", {}, 0});
-  config.set("trainer.max_steps", std::to_string(warmup + steps), {"--steps", {}, 0});
-  config.set("trainer.resume", "none", {"loom profile", {}, 0});
-  config.set("trainer.resume_from", "", {"loom profile", {}, 0});
 
   core::Trainer trainer(core::resolve_run(config, registry), registry);
   trainer.setup();
@@ -110,8 +107,13 @@ int cmd_profile(const Invocation& invocation) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s", core::format_profile(report, static_cast<size_t>(top), steps).c_str());
   std::printf("\n%lld steps, %.0f samples/s under the profiler (it slows operators down: time a run with `loom train` "
-              "or `loom bench`)\ntrace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
-              static_cast<long long>(steps), samples / seconds, fs::absolute(trace).string().c_str());
+              "or `loom bench`)\n",
+              static_cast<long long>(steps), samples / seconds);
+  if (!report.trace_error.empty()) {  // (the tables above were lost with it)
+    core::log::error(report.trace_error);
+    return 1;
+  }
+  std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", fs::absolute(trace).string().c_str());
   return 0;
 }
 

@@ -130,15 +130,24 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
   const bool placed = fs::is_regular_file(own, ec) && ::link(own.c_str(), trace.c_str()) == 0;
   const int error = placed ? 0 : errno;
   if (placed) fs::remove(own, ec);
+  std::string trace_error;
   if (!placed) {
+    // (the partial file's size says what the trace needed at least, on a full disk)
+    std::uintmax_t partial = 0;
+    for (const fs::path& file : {own, fs::path(own.string() + ".tmp")})
+      if (const auto n = fs::file_size(file, ec); !ec) partial = std::max(partial, n);
     fs::remove(own, ec);
-    fs::remove(own.string() + ".tmp", ec);  // (a partial one, on a full disk)
+    fs::remove(own.string() + ".tmp", ec);
     const fs::space_info space = fs::space(trace.has_parent_path() ? trace.parent_path() : fs::path("."), ec);
-    throw Error("the profiler could not write its trace to " + trace.string() +
-                (error == EEXIST ? std::string(": a file of that name appeared while it ran; it is left as it is")
-                 : ec           ? std::string()
-                                : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
-                "; nothing of this profile was left there");
+    trace_error = "the profiler could not write its trace to " + trace.string() +
+                  (error == EEXIST ? std::string(": a file of that name appeared while it ran; it is left as it is")
+                   : ec           ? std::string()
+                                  : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there" +
+                                        (partial > 0
+                                             ? ", and it needed more than the " + format_bytes(static_cast<int64_t>(partial)) +
+                                                   " it had written"
+                                             : std::string()) + ")") +
+                  "; nothing of this profile was left there";
   }
 
   // Self time: on each thread, CPU events nest by time; an event's self time is its duration
@@ -148,6 +157,7 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
   std::map<std::string, uint64_t> phase_first;
   ProfileReport report;
   report.memory = options_.memory;
+  report.trace_error = trace_error;
   std::map<std::string, ProfileRow> syncs;
   for (const auto& e : result->events()) {
     if (is_memory(e.name())) {  // on the thread that allocated, whatever the device: nests like an operator

@@ -10,6 +10,7 @@ pid, tid) as chrome://tracing and Perfetto's JSON importer read it."""
 import hashlib
 import json
 import os
+import subprocess
 import sys
 
 from common import loom, workdir
@@ -130,6 +131,23 @@ with open(kept, "w") as f:
 r = loom(exe, "profile", *RUN, "--steps", "1", "--trace", os.path.join(work, "own.json"))
 expect(open(kept).read() == "precious" and os.path.isfile(os.path.join(work, "own.json"))
        and not [f for f in os.listdir(work) if ".loom-" in f], "a file named like the trace's temporary one stays", r)
+# A trace that cannot be written at the end (here a file made at its path while the profile ran)
+# is an error, and the tables stand: they were lost with it.
+late = os.path.join(work, "late.json")
+p = subprocess.Popen([exe, "profile", *RUN, "--steps", "30", "--warmup", "1", "--trace", late],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+said = []
+for line in p.stderr:
+    said.append(line)
+    if "profile   " in line:  # the profile starts: the path was checked
+        with open(late, "w") as f:
+            f.write("mine")
+        break
+out, err = p.communicate(timeout=600)
+err = "".join(said) + err
+expect(p.returncode == 1 and "a file of that name appeared while it ran; it is left as it is" in err
+       and "loom::step" in out and "by self time" in out and open(late).read() == "mine",
+       f"a trace that cannot be written keeps the tables and the file (rc {p.returncode}): {out[-400:]} {err[-600:]}")
 r = loom(exe, "profile", *RUN, "--trace", "/proc/nope.json", check=False)  # a folder no file can be made in
 expect(r.returncode != 0 and "--trace /proc/nope.json cannot be written (" in r.stderr and "profiled" not in r.stderr,
        "an unwritable trace path is refused before training", r)

@@ -51,6 +51,9 @@ struct ProfileReport {
   std::vector<ProfileRow> allocators;
   int64_t allocated_bytes = 0;
   bool memory = false;
+  /// Why the trace could not be written, where it could not: the tables above stand (they were
+  /// lost with it).
+  std::string trace_error;
 };
 
 /// Profiles from construction to stop(). One at a time per process; the device's activity
