@@ -32,6 +32,18 @@ std::atomic<int> received{0};
 std::atomic<int> promise{0};  // install_stop_signals' argument (an OnStop): what the first signal's message promises
 std::atomic<const char*> at_once{nullptr};  // a StopAtOnce's message while one lives
 std::atomic<int64_t> first_at{0};           // when the first stop signal came (CLOCK_MONOTONIC, ns)
+char scratch_folder[4096] = "";             // a command's scratch folder, removed on a stop at once too
+std::atomic<bool> has_scratch{false};
+
+// A stop at once removes the scratch folder the message promised to (it was left in /tmp): by a
+// child `rm -rf`, fork and exec being what a signal handler may call.
+void remove_scratch_folder() {
+  if (!has_scratch.load()) return;
+  if (const pid_t pid = ::fork(); pid == 0) {
+    ::execl("/bin/rm", "rm", "-rf", "--", scratch_folder, static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+}
 
 int64_t now_ns() {  // (clock_gettime is async-signal-safe)
   timespec t{};
@@ -50,6 +62,7 @@ void on_signal(int sig) {
     while (message[n] != '\0') ++n;
     const ssize_t written = ::write(STDERR_FILENO, message, n);
     (void)written;
+    remove_scratch_folder();
     std::signal(sig, SIG_DFL);
     std::raise(sig);
     return;
@@ -59,6 +72,7 @@ void on_signal(int sig) {
     // A scheduler's SIGTERM to every process of a job reaches a rank twice, directly and passed on
     // by `loom launch`, a moment apart: the same stop, not the second that would lose the checkpoint.
     if (sig == SIGTERM && before == SIGTERM && now_ns() - first_at.load() < 2000000000) return;
+    remove_scratch_folder();
     std::signal(sig, SIG_DFL);  // a second SIGINT or SIGTERM: the default action, now
     std::raise(sig);
     return;
@@ -100,6 +114,13 @@ void install_stop_signals(OnStop on_stop) {
 }
 
 int stop_signal_received() { return received.load(); }
+
+void note_scratch_folder(const std::string& path) {
+  has_scratch.store(false);
+  if (path.empty() || path.size() >= sizeof scratch_folder) return;
+  std::memcpy(scratch_folder, path.c_str(), path.size() + 1);
+  has_scratch.store(true);
+}
 
 StopAtOnce::StopAtOnce(const char* message, const std::string& during) {
   at_once.store(message);  // first: a signal from here on ends the process; one before it is seen below

@@ -160,6 +160,25 @@ try:
         result = subprocess.CompletedProcess(args, p.returncode, out, err)
         expect(p.returncode == 143 and "stopped by SIGTERM" in err, f"{name} stops on SIGTERM", result)
         expect(os.listdir(tmp) == [], f"{name} leaves no scratch folder (found {os.listdir(tmp)})", result)
+    # Stopped at once (a second SIGINT), bench removes its scratch runs too, as its first message
+    # promised (they were left in the temporary folder).
+    p = subprocess.Popen([exe, "bench", "configs", a, "--steps", "100000", *RUN, "--set", "trainer.batch_size=512",
+                          "--set", "model.d_model=128", "--set", "model.num_layers=4"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=tmp))
+    deadline = time.time() + 120
+    while time.time() < deadline and not os.listdir(tmp):
+        time.sleep(0.05)
+    time.sleep(2)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.05)  # (within the step: 512 samples of a larger model, some tenths of a second)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    deadline = time.time() + 20  # (removed by a child rm that outlives the process)
+    while time.time() < deadline and os.listdir(tmp):
+        time.sleep(0.1)
+    result = subprocess.CompletedProcess(["bench"], p.returncode, out, err)
+    expect(p.returncode == -signal.SIGINT and os.listdir(tmp) == [],
+           f"bench stopped at once leaves no scratch folder (found {os.listdir(tmp)})", result)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("memory cli test passed")

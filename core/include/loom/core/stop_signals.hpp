@@ -15,6 +15,10 @@ namespace loom::core {
 /// command's runs being scratch (loom bench, loom profile), which checks stop_signal_received() itself.
 enum class OnStop { kCheckpoint, kNoCheckpoint, kScratch };
 void install_stop_signals(OnStop on_stop = OnStop::kCheckpoint);
+
+/// The folder a stop at once (the second signal) removes as it ends the process, as the first
+/// signal's message promised of a scratch run; "" for none.
+void note_scratch_folder(const std::string& path);
 /// The first stop signal received, or 0.
 int stop_signal_received();
 /// "SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE".
