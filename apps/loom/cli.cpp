@@ -260,15 +260,34 @@ void stop_if_signalled(const std::string& command) {
                                          "; nothing is reported, and its scratch runs are removed");
 }
 
+void set_scratch_run(core::Config& config, const std::string& command, const std::filesystem::path& work, int64_t steps) {
+  const std::pair<const char*, std::string> settings[] = {{"trainer.work_dir", work.string()},
+                                                          {"trainer.max_steps", std::to_string(steps)},
+                                                          {"trainer.resume", "none"},
+                                                          {"trainer.resume_from", ""},
+                                                          {"trainer.callbacks", ""}};
+  for (const auto& [key, value] : settings) {
+    // (from the command line: a configuration file's max_steps or callbacks are its own run's)
+    if (const core::ConfigValue* given = config.find(key);
+        given != nullptr && given->value != value && given->origin.source != "file" && given->origin.source != "default")
+      core::log::warn(command, " sets ", key, (std::string(key) == "trainer.max_steps" ? " from --steps" : ""),
+                      ": the value given, '", given->value, "' (", given->origin.describe(), "), is not used",
+                      std::string(key) == "trainer.callbacks" ? " (a scratch run's steps run without callbacks)" : "");
+    config.set(key, value, {command, {}, 0});
+  }
+}
+
 ScratchFolder::ScratchFolder(const std::string& prefix) {
   std::string pattern = (core::temp_folder() / (prefix + "-XXXXXX")).string();
   if (::mkdtemp(pattern.data()) == nullptr)
     throw Error("cannot make a scratch folder " + pattern + ": " + std::strerror(errno) +
                 " (TMPDIR chooses where; point it at a writable folder)");
   path_ = pattern;
+  core::note_scratch_folder(path_.string());
 }
 
 ScratchFolder::~ScratchFolder() {
+  core::note_scratch_folder("");
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
 }

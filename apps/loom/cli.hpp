@@ -94,6 +94,12 @@ class ScratchFolder {
   std::filesystem::path path_;
 };
 
+/// The settings of a scratch run of `command` (loom bench, loom profile) over `config`: its work
+/// folder, `steps` steps, no resume and no callbacks (their hooks are loom train's: a bench or a
+/// profile runs steps alone, and listed callbacks read as run). A value the user gave to one of
+/// these is said not to be used (`--set trainer.max_steps=abc` was accepted in silence).
+void set_scratch_run(core::Config& config, const std::string& command, const std::filesystem::path& work, int64_t steps);
+
 /// After core::install_stop_signals(false): throws core::StoppedBySignal (main exits 128 + the
 /// signal) once a stop signal has come, naming `command` ("loom bench").
 void stop_if_signalled(const std::string& command);
