@@ -112,6 +112,11 @@ expect(r.returncode == 1 and "/nonexistent.ini not found" in r.stderr and "run f
        and "configuration" not in r.stdout, "bench checks every configuration first", r)
 r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), "--steps", "1000000000000", check=False)
 expect(r.returncode == 1 and "--steps must be in 2..100000" in r.stderr, "bench refuses a trillion steps", r)
+# What a bench replaces of the user's settings is said (trainer.max_steps=abc was accepted in
+# silence), and its steps run without callbacks (listed, their hooks never ran).
+r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), "--steps", "2", "--set", "trainer.max_steps=abc")
+expect("loom bench sets trainer.max_steps from --steps: the value given, 'abc' (--set), is not used" in r.stderr
+       and "callbacks none;" in r.stderr, "bench says the values it replaces and runs no callbacks", r)
 # A configuration that fails in its set-up is named (the error read as the first one's).
 big = os.path.join(workdir(), "big.ini")
 with open(big, "w") as f:
