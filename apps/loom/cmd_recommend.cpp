@@ -16,6 +16,7 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/topk.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -49,6 +50,14 @@ int cmd_recommend(const Invocation& invocation) {
   user_id.erase(0, user_id.find_first_not_of(" \t"));
   user_id.erase(user_id.find_last_not_of(" \t") + 1);
   if (user_id.empty()) throw Error("--user is empty; give the data's own user id, e.g. --user 42");
+  // (a 100 KB id was echoed whole in its error, and control characters reach the terminal)
+  const auto control = [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; };
+  if (user_id.size() > 256 || std::any_of(user_id.begin(), user_id.end(), control)) {
+    std::string shown = user_id.substr(0, 40);
+    std::replace_if(shown.begin(), shown.end(), control, '?');
+    throw Error("--user '" + shown + (user_id.size() > 40 ? "...' (" + std::to_string(user_id.size()) + " bytes)" : "'") +
+                " is no user id: ids are at most 256 characters of text; give the data's own user id, e.g. --user 42");
+  }
   const int64_t top = invocation.options["top"].as<int64_t>();
   if (top < 1) throw Error("--top must be at least 1");
   const fs::path checkpoint = checkpoint_path(invocation);

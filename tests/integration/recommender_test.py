@@ -70,4 +70,9 @@ assert [line.split()[1] for line in r7.stdout.splitlines() if re.match(r"\s+\d+\
 
 r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "9999", check=False)
 assert r.returncode != 0 and "user 9999 is not in the data" in r.stderr + r.stdout, r.stderr
+# A 100 KB id was echoed whole in its error; an escape in one reached the terminal.
+r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "7" * 100000, check=False)
+assert r.returncode == 1 and "...' (100000 bytes) is no user id: ids are at most 256 characters" in r.stderr and len(r.stderr) < 2000, r.stderr
+r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "7\x1b]0;x\x07", check=False)
+assert r.returncode == 1 and "--user '7?]0;x?' is no user id" in r.stderr and "\x1b" not in r.stderr, r.stderr
 print("ok")
