@@ -36,7 +36,8 @@ std::string read_file(const fs::path& path) {
   if (out.rfind("\xEF\xBB\xBF", 0) == 0) out.erase(0, 3);
   // MovieLens's files end with a line ending: a last line without one may be a row cut short (a
   // copy or a download interrupted), read as it stands; said, since it may not be.
-  if (!out.empty() && out.back() != '\n')
+  // (a file of carriage returns alone is named as such where its header is read, without this)
+  if (!out.empty() && out.back() != '\n' && !(out.back() == '\r' && out.find('\n') == std::string::npos))
     sdk::log::warn("interactions: ", path.string(), " does not end with a line ending: its last line may be cut short ",
                    "(an interrupted copy or download); it is read as it stands");
   return out;

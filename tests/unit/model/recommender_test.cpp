@@ -159,7 +159,12 @@ TEST_F(RecommenderData, AnMlLatestFileInAnotherEncodingOrWithMacLineEndingsIsNam
   // ratings"); UTF-16 showed its raw bytes as "the header". Each is named, with the fix.
   write(dir_ / "movies.csv", "movieId,title,genres\n1,Heat (1995),Action\n2,Babe (1995),Comedy\n");
   write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\r1,1,4.0,100\r1,2,3.5,101\r");
-  std::string message = error_of([&] { open(); });
+  std::string message;
+  {
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    message = error_of([&] { open(); });
+    EXPECT_FALSE(capture.contains("does not end with a line ending")) << "a misleading warning before the error";
+  }
   EXPECT_NE(message.find("ratings.csv:1: the file's lines end in a carriage return alone (old Mac line endings); convert "
                          "them to newlines, e.g. tr '\\r' '\\n'"),
             std::string::npos)
