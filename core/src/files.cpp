@@ -150,6 +150,10 @@ const char* file_type_name(unsigned mode) {
 
 FileLock::FileLock(const fs::path& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // (a run folder copied with links, cp -rs: said as "Too many levels of symbolic links")
+  if (fd_ < 0 && errno == ELOOP)
+    throw Error(path.string() + " is a link (a run folder copied with links, cp -rs?): a run's lock file is its own; "
+                "remove the link, and Loom makes the file");
   if (fd_ < 0) fail("cannot open the lock file", path);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;

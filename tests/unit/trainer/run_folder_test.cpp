@@ -416,6 +416,18 @@ TEST_F(RunFolderTest, ResumeAutoOfANameNoRunHasSaysItStartsAndNamesACloseOne) {
       << join(capture.lines(), "\n");
 }
 
+TEST_F(RunFolderTest, ALockFileThatIsALinkIsNamedAsOne) {
+  // A run folder copied with links (cp -rs): "Too many levels of symbolic links".
+  loom::testing::make_trainer(base("original"))->train();
+  fs::create_directory(dir_ / "copy");
+  for (const auto& entry : fs::directory_iterator(dir_ / "original"))
+    fs::create_symlink(entry.path(), dir_ / "copy" / entry.path().filename());
+  Config c = base("copy", 8);
+  c.set_assignment("trainer.resume=auto");
+  EXPECT_CONTAINS(error_of(c), (dir_ / "copy" / ".lock").string() + " is a link (a run folder copied with links, cp -rs?): "
+                               "a run's lock file is its own; remove the link, and Loom makes the file");
+}
+
 TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAFolderIsSaidOnce) {
   // metrics.jsonl as a link to another run's file (a copy of a run made with links): the resume
   // writes a copy of its own, said, and leaves that file whole (cutting its rows after the
