@@ -4,6 +4,7 @@
 #include <loom/core/error.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <initializer_list>
 #include <optional>
 
@@ -133,6 +134,15 @@ SavedState parse_state_json(const std::string& text, const fs::path& file, int64
   out.plan = sdk::BatchPlan{f.integer({"plan", "micro_batch"}, 1, int64_t{1} << 40),
                             f.integer({"plan", "accumulation"}, 1, int64_t{1} << 40),
                             f.integer({"plan", "world_size"}, 1, int64_t{1} << 20)};
+  // (an accumulation of 1e9 read as a global batch of 32000000000, past what a run may have)
+  const double global = static_cast<double>(out.plan.micro_batch) * static_cast<double>(out.plan.accumulation) *
+                        static_cast<double>(out.plan.world_size);  // (as doubles: 2^40 x 2^40 overflows)
+  if (constexpr int64_t kMaxGlobal = int64_t{1} << 24; global > static_cast<double>(kMaxGlobal)) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.0f", global);
+    throw Error(file.string() + ": plan gives a global batch of " + text + ", more than " +
+                std::to_string(kMaxGlobal) + " (trainer.batch_size's largest); the checkpoint is damaged");
+  }
   out.epoch = f.integer({"loader", "epoch"}, 0, int64_t{1} << 40);
   out.offset = f.integer({"loader", "offset"}, 0, samples_per_epoch);
   // Older files have no "ranks": their plan's world_size was the number of ranks.

@@ -153,6 +153,9 @@ TEST_F(CheckpointIntegrityTest, ImpossibleValuesInStateJsonAreDamageNamedByField
       {R"re("micro_batch": 32)re", R"("micro_batch": 0)", "field 'plan.micro_batch' = 0 is outside"},
       {R"re("format": 1)re", R"("format": 7)", "field 'format' = 7 is outside [1, 1]"},
       {R"re("ranks": 1)re", R"("ranks": 0)", "field 'loader.ranks' = 0 is outside"},
+      // a global batch past trainer.batch_size's bound
+      {R"re("accumulation": 1)re", R"("accumulation": 1000000000)",
+       "plan gives a global batch of 32000000000, more than 16777216 (trainer.batch_size's largest)"},
       // a callback's state: a step of 1e300 would be cast to an integer, a best of NaN never beaten
       {R"re("best_step": "\d+")re", R"("best_step": "1e300")", "callback state 'best_step' = '1e300' is not a count"},
       {R"re("best": "[^"]+")re", R"("best": "nan")", "callback state 'best' = 'nan' is not a finite number"},
