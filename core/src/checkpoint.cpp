@@ -5,6 +5,7 @@
 #include <loom/core/log.hpp>
 #include <loom/core/safetensors.hpp>
 #include <loom/core/text.hpp>
+#include <loom/sdk/options.hpp>
 
 #include <c10/util/Exception.h>
 
@@ -40,6 +41,33 @@ std::string save_refused_in(const std::string& hook) {
 CheckpointStore::CheckpointStore(fs::path run_dir) : dir_(std::move(run_dir) / "checkpoints") {
   fs::create_directories(dir_);
   recover(dir_.parent_path());
+}
+
+void CheckpointStore::claim_link(const fs::path& run_dir) {
+  const fs::path link = run_dir / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_symlink(link, ec)) return;
+  const fs::path target = fs::canonical(link, ec), run = fs::canonical(run_dir, ec);
+  if (target.empty() || run.empty()) return;  // (a link to nothing: the store makes it, or names why not)
+  const auto refuse = [&](const std::string& whose) {
+    throw Error(link.string() + " is a link to " + target.string() + ", " + whose + ", which this run would prune and " +
+                "write over; copy them (cp -r) into a checkpoints folder of its own, or link one of its own");
+  };
+  if (target == run / "checkpoints") return;  // (a link to itself is no link: the store names a loop)
+  if (fs::exists(target / ".lock", ec)) refuse("another run's folder");
+  if (target.filename() == "checkpoints" && fs::exists(target.parent_path() / ".lock", ec) && target.parent_path() != run)
+    refuse("another run's checkpoints");
+  const fs::path owner_file = target / ".loom-run";
+  if (fs::exists(owner_file, ec)) {
+    const std::string owner = std::string(sdk::trim(read_file(owner_file, 4096)));
+    if (owner != run.string())  // (a run folder moved: its new path goes in the file)
+      refuse("the checkpoints of the run " + owner + " (its .loom-run says so; if that run is this one moved here, "
+             "write " + run.string() + " in that file)");
+    return;
+  }
+  if (!CheckpointStore::list_run(run_dir).empty() && !fs::exists(run_dir / "config.json", ec))
+    refuse("checkpoints this run did not write (it has no config.json)");
+  write_file_atomic(owner_file, run.string() + "\n");
 }
 
 void CheckpointStore::recover(const fs::path& run_dir) {

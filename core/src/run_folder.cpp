@@ -190,15 +190,11 @@ void Trainer::lock_run(const fs::path& dir) {
   // A checkpoints folder this process cannot write in (a read-only mount, its permissions): said
   // now, not at the first save, once the steps before it were trained for nothing.
   const fs::path checkpoints = dir / "checkpoints";
-  // A link to another run's checkpoints (a copy made with links): the resume pruned and wrote
-  // over that run's steps and best weights. (A link to a folder on a larger disk is the run's own.)
-  if (std::error_code ec; fs::is_symlink(checkpoints, ec)) {
-    const fs::path target = fs::canonical(checkpoints, ec), owner = target.parent_path();
-    if (!ec && fs::exists(owner / ".lock", ec) && fs::canonical(dir, ec) != owner) {
-      run_lock_.reset();
-      throw Error(checkpoints.string() + " is a link to " + target.string() + ", another run's checkpoints, which this " +
-                  "run would prune and write over; copy them (cp -r) into a checkpoints folder of its own, or remove the link");
-    }
+  try {  // a link to another run's checkpoints: the resume pruned and wrote over them
+    CheckpointStore::claim_link(dir);
+  } catch (const Error&) {
+    run_lock_.reset();
+    throw;
   }
   if (std::error_code ec; fs::is_directory(checkpoints, ec) && ::access(checkpoints.c_str(), W_OK | X_OK) != 0) {
     const int code = errno;

@@ -395,6 +395,17 @@ TEST_F(RunFolderTest, ACheckpointsFolderThatLinksToAnotherRunsIsRefusedAndOneOnA
   loom::testing::make_trainer(fresh)->train();
   EXPECT_FALSE(steps(dir_ / "b").empty());
   EXPECT_TRUE(fs::exists(dir_ / "disk" / "b_checkpoints" / "step_00000004"));
+  // Another run linked to that same folder is refused (it resumed b's steps and wrote over b's
+  // best weights), and so is a link to another run's folder itself.
+  fs::create_directories(dir_ / "c");
+  fs::create_directory_symlink(dir_ / "disk" / "b_checkpoints", dir_ / "c" / "checkpoints");
+  Config shared = base("c", 8);
+  shared.set_assignment("trainer.resume=auto");
+  EXPECT_CONTAINS(error_of(shared), "the checkpoints of the run " + fs::canonical(dir_ / "b").string() + " (its .loom-run says so");
+  fs::create_directories(dir_ / "d");
+  fs::create_directory_symlink(dir_ / "a", dir_ / "d" / "checkpoints");
+  EXPECT_CONTAINS(error_of(base("d")), "another run's folder, which this run would prune and write over");
+  EXPECT_EQ(steps(dir_ / "a"), a_steps);
 }
 
 TEST_F(RunFolderTest, ResumeAutoOfANameNoRunHasSaysItStartsAndNamesACloseOne) {

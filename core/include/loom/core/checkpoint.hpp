@@ -34,6 +34,12 @@ class CheckpointStore {
   /// the new one never arrived. Before a resume lists the steps (the run's lock held).
   static void recover(const std::filesystem::path& run_dir);
 
+  /// Where <run_dir>/checkpoints is a link (to a larger disk): that folder is this run's alone.
+  /// Throws Error where it is another run's (its checkpoints folder, its run folder, or a folder
+  /// a run of another folder claimed: its file .loom-run names the run); else claims it. Two runs
+  /// linked to one folder resumed each other's steps and wrote over each other's best weights.
+  static void claim_link(const std::filesystem::path& run_dir);
+
   const std::filesystem::path& dir() const { return dir_; }
 
   /// Writes step `step` atomically; then keeps only the newest `keep_last` step folders.
