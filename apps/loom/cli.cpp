@@ -268,8 +268,9 @@ void set_scratch_run(core::Config& config, const std::string& command, const std
                                                           {"trainer.callbacks", ""}};
   for (const auto& [key, value] : settings) {
     // (from the command line: a configuration file's max_steps or callbacks are its own run's)
-    if (const core::ConfigValue* given = config.find(key);
-        given != nullptr && given->value != value && given->origin.source != "file" && given->origin.source != "default")
+    static std::set<std::string> said;  // (once, not for each configuration of a bench)
+    if (const core::ConfigValue* given = config.find(key); given != nullptr && given->value != value &&
+        given->origin.source != "file" && given->origin.source != "default" && said.insert(key).second)
       core::log::warn(command, " sets ", key, (std::string(key) == "trainer.max_steps" ? " from --steps" : ""),
                       ": the value given, '", given->value, "' (", given->origin.describe(), "), is not used",
                       std::string(key) == "trainer.callbacks" ? " (a scratch run's steps run without callbacks)" : "");
@@ -287,9 +288,9 @@ ScratchFolder::ScratchFolder(const std::string& prefix) {
 }
 
 ScratchFolder::~ScratchFolder() {
-  core::note_scratch_folder("");
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+  core::note_scratch_folder("");  // (after: a stop at once during the removal still removes the rest)
 }
 
 }  // namespace loom::cli

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <ctime>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace loom::core {
@@ -33,14 +34,17 @@ std::atomic<int> promise{0};  // install_stop_signals' argument (an OnStop): wha
 std::atomic<const char*> at_once{nullptr};  // a StopAtOnce's message while one lives
 std::atomic<int64_t> first_at{0};           // when the first stop signal came (CLOCK_MONOTONIC, ns)
 char scratch_folder[4096] = "";             // a command's scratch folder, removed on a stop at once too
+char* rm_argv[] = {const_cast<char*>("rm"), const_cast<char*>("-rf"), const_cast<char*>("--"), scratch_folder, nullptr};
 std::atomic<bool> has_scratch{false};
 
 // A stop at once removes the scratch folder the message promised to (it was left in /tmp): by a
-// child `rm -rf`, fork and exec being what a signal handler may call.
+// child `rm -rf`. Not fork(): glibc's takes the allocator's locks, which the thread the signal
+// interrupted may hold (a deadlock only SIGKILL ends); a raw clone runs no atfork handler, and the
+// child only calls execve, with arguments made before any signal.
 void remove_scratch_folder() {
   if (!has_scratch.load()) return;
-  if (const pid_t pid = ::fork(); pid == 0) {
-    ::execl("/bin/rm", "rm", "-rf", "--", scratch_folder, static_cast<char*>(nullptr));
+  if (::syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0) == 0) {
+    ::execve("/bin/rm", rm_argv, environ);
     ::_exit(127);
   }
 }

@@ -56,7 +56,7 @@ m = re.search(r"per device: (\d+)", r.stdout)
 expect(m and 32 <= int(m.group(1)) < 64, f"suggest for {budget} bytes lies between 32 and 64", r)
 # The answer keeps 2.5 % below the batch where the estimate meets the target (that exact fit ran
 # out of memory by 512 bytes under a 2 MiB cap).
-h = re.search(r"\((\d+) is 2\.5 % below (\d+), where the estimate meets the target exactly", r.stdout)
+h = re.search(r"\((\d+) is [0-9.]+ % below (\d+), where the estimate meets the target exactly", r.stdout)
 expect(m and h and int(h.group(1)) == int(m.group(1)) and -1e-6 <= int(h.group(2)) * 0.975 - int(h.group(1)) < 1 + 1e-6,
        "suggest answers 2.5 % below the exact fit, and says so", r)
 
@@ -161,21 +161,26 @@ try:
         expect(p.returncode == 143 and "stopped by SIGTERM" in err, f"{name} stops on SIGTERM", result)
         expect(os.listdir(tmp) == [], f"{name} leaves no scratch folder (found {os.listdir(tmp)})", result)
     # Stopped at once (a second SIGINT), bench removes its scratch runs too, as its first message
-    # promised (they were left in the temporary folder).
-    p = subprocess.Popen([exe, "bench", "configs", a, "--steps", "100000", *RUN, "--set", "trainer.batch_size=512",
-                          "--set", "model.d_model=128", "--set", "model.num_layers=4"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=tmp))
-    deadline = time.time() + 120
-    while time.time() < deadline and not os.listdir(tmp):
+    # promised (they were left in the temporary folder). Steps of a larger model, about a second
+    # each, so that the second signal comes within the step; tried again where the first signal's
+    # graceful stop won the race all the same.
+    for attempt in range(3):
+        p = subprocess.Popen([exe, "bench", "configs", a, "--steps", "100000", *RUN, "--set", "trainer.batch_size=900",
+                              "--set", "model.d_model=256", "--set", "model.num_layers=6", "--set", "model.num_heads=4"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=tmp))
+        deadline = time.time() + 120
+        while time.time() < deadline and not os.listdir(tmp):
+            time.sleep(0.05)
+        time.sleep(2)
+        p.send_signal(signal.SIGINT)
         time.sleep(0.05)
-    time.sleep(2)
-    p.send_signal(signal.SIGINT)
-    time.sleep(0.05)  # (within the step: 512 samples of a larger model, some tenths of a second)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=120)
-    deadline = time.time() + 20  # (removed by a child rm that outlives the process)
-    while time.time() < deadline and os.listdir(tmp):
-        time.sleep(0.1)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+        deadline = time.time() + 20  # (removed by a child rm that outlives the process)
+        while time.time() < deadline and os.listdir(tmp):
+            time.sleep(0.1)
+        if p.returncode == -signal.SIGINT:
+            break
     result = subprocess.CompletedProcess(["bench"], p.returncode, out, err)
     expect(p.returncode == -signal.SIGINT and os.listdir(tmp) == [],
            f"bench stopped at once leaves no scratch folder (found {os.listdir(tmp)})", result)
