@@ -55,12 +55,16 @@ constexpr const char* kNativeElf = "x86-64, 64-bit";
 #elif defined(__aarch64__)
 constexpr uint16_t kNativeMachine = EM_AARCH64;
 constexpr const char* kNativeElf = "aarch64, 64-bit";
+#else
+constexpr uint16_t kNativeMachine = 0;  // (unchecked here: the loader's own refusal stands)
+constexpr const char* kNativeElf = "this machine";
 #endif
 
 /// How an ELF file's header says it was built, where not for this machine ("for aarch64"); ""
 /// for a native one or a file that is no ELF (the library reader names that). Boost's reader took
 /// an aarch64 plugin for a native one, and the loader then said "No such file or directory".
 std::string foreign_elf(const fs::path& file) {
+  if (kNativeMachine == 0) return {};
   unsigned char header[20] = {};
   std::ifstream in(file, std::ios::binary);
   if (!in.read(reinterpret_cast<char*>(header), sizeof header) || std::memcmp(header, ELFMAG, SELFMAG) != 0) return {};
@@ -334,8 +338,11 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
       if (!scanned_.count(file)) prescan({file}, /*even_seen=*/true);  // load() of one file (inspect, check)
       if (const std::string& reason = scanned_[file]; !reason.empty())
         refuse_now("scan", reason,
-                   "the plugin's static initializers or init must return; fix or remove the file (the verdict is "
-                   "cached until the file changes)");
+                   reason.rfind("did not finish loading", 0) == 0
+                       ? "the plugin's static initializers or init must return; on a busy machine a larger "
+                         "LOOM_PLUGIN_SCAN_TIMEOUT tries it again (the verdict is cached for this limit)"
+                       : "the plugin's static initializers or init must return; fix or remove the file (the verdict "
+                         "is cached until the file changes)");
     }
 
     // Stages 3 to 5: unless the scanner already said what the file holds, load it here.

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -94,6 +95,8 @@ std::map<std::string, std::string> read_cache(const fs::path& path) {
   return out;
 }
 
+double timeout_seconds();
+
 void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::path, ScanVerdict>& verdicts) {
   const fs::path path = cache_file();
   if (path.empty() || verdicts.empty()) return;
@@ -103,7 +106,9 @@ void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::pa
     auto entries = read_cache(path);  // merge: other processes may have added theirs
     for (const auto& [file, v] : verdicts)
       if (const auto& key = keys.at(file); !key.empty())
-        entries[key] = v.ok ? (v.report.empty() ? std::string("ok") : "ok\t" + v.report) : "refused\t" + v.reason;
+        entries[key] = v.ok          ? (v.report.empty() ? std::string("ok") : "ok\t" + v.report)
+                       : v.timed_out ? "timeout\t" + std::to_string(timeout_seconds()) + "\t" + v.reason
+                                     : "refused\t" + v.reason;
     std::string text;
     for (const auto& [k, value] : entries) text += k + "\t" + value + "\n";
     write_file_atomic(path, text);
@@ -114,6 +119,12 @@ void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::pa
                          "make it a writable file, or point LOOM_CACHE at a writable folder");
     said = true;
   }
+}
+
+/// The limit a cached timeout was measured under ("timeout\t20\t<reason>"), or nullopt.
+std::optional<double> cached_timeout(const std::string& entry) {
+  if (entry.rfind("timeout\t", 0) != 0 || entry.find('\t', 8) == std::string::npos) return std::nullopt;
+  return sdk::parse_float(entry.substr(8, entry.find('\t', 8) - 8));
 }
 
 double timeout_seconds() {
@@ -157,8 +168,16 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The scanner ends itself once this process is gone (its parent's pid: a parent of pid 1, a
+  // container's loom, is no sign of an orphan).
+  std::vector<std::string> environment{"LOOM_SCANNER_PARENT=" + std::to_string(::getpid())};
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::string_view(*e).rfind("LOOM_SCANNER_PARENT=", 0) != 0) environment.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : environment) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
+  const int spawned = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   ::close(pipe_fds[1]);
   if (spawned != 0) {
@@ -224,8 +243,8 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
     ScanVerdict v{false, {}, {}};
     if (timed_out) {
       v.reason = "did not finish loading within " + std::to_string(static_cast<int>(limit)) +
-                 " s in the scanner (does its initialization hang? On a busy machine, raise LOOM_PLUGIN_SCAN_TIMEOUT; "
-                 "the next command tries it again)";
+                 " s in the scanner (does its initialization hang? on a busy machine, a larger "
+                 "LOOM_PLUGIN_SCAN_TIMEOUT tries it again)";
       v.timed_out = true;
     } else if (WIFSIGNALED(status)) {
       const char* name = signal_text(WTERMSIG(status));
@@ -263,7 +282,9 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
       if (it != entries.end() && it->second == "ok") out[f] = {};
       else if (it != entries.end() && it->second.rfind("ok\t", 0) == 0) out[f] = {true, {}, it->second.substr(3)};
       else if (it != entries.end() && it->second.rfind("refused\t", 0) == 0) out[f] = {false, it->second.substr(8) + " (cached verdict)", {}};
-      else pending.push_back(f);
+      else if (const auto limit = cached_timeout(it == entries.end() ? std::string() : it->second); limit && *limit >= timeout_seconds())
+        out[f] = {false, it->second.substr(it->second.find('\t', 8) + 1) + " (cached verdict)", {}, true};
+      else pending.push_back(f);  // (a timeout under a smaller limit than now: tried again)
     }
   }
   std::map<fs::path, ScanVerdict> fresh;
@@ -280,8 +301,7 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
     std::vector<fs::path> rest;
     for (const auto& f : pending) {
       if (auto it = verdicts.find(f); it == verdicts.end()) rest.push_back(f);
-      else if (it->second.timed_out) out[f] = it->second;  // not remembered: a busy machine's verdict, not the file's
-      else fresh[f] = out[f] = it->second;
+      else fresh[f] = out[f] = it->second;  // (a timeout with its limit: a larger one tries again)
     }
     pending = std::move(rest);
   }

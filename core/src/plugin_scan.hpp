@@ -21,7 +21,7 @@ struct ScanVerdict {
   /// When ok: what the scanner found in the file, as to_json(LoadReport) wrote it (empty when it
   /// said nothing; the host then loads the file to find out).
   std::string report;
-  bool timed_out = false;  ///< refused for its time: not remembered, the next command scans it again
+  bool timed_out = false;  ///< refused for its time: cached with the limit, a larger one scans it again
 };
 
 /// The verdict for each of `files`, from the cache or from scanner processes: one process loads

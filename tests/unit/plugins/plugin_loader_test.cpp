@@ -141,7 +141,11 @@ TEST(PluginLoader, APluginBuiltForAnotherMachineIsNamedAsSuch) {
   loom::core::PluginRegistry registry;
   registry.set_log_refusals(false);
   for (const auto& [file, says] : std::vector<std::pair<fs::path, std::string>>{
-           {patched("libloom_dataset_arm.so", 18, {183, 0}), "an ELF file built for aarch64, not for this machine ("},
+#if defined(__aarch64__)
+           {patched("libloom_dataset_other.so", 18, {62, 0}), "an ELF file built for x86-64, not for this machine ("},
+#else
+           {patched("libloom_dataset_other.so", 18, {183, 0}), "an ELF file built for aarch64, not for this machine ("},
+#endif
            {patched("libloom_dataset_i386.so", 4, {1}), "an ELF file built for 32 bits, not for this machine ("}}) {
     const auto report = registry.load(file);
     ASSERT_TRUE(report.refusal.has_value()) << file;
