@@ -16,7 +16,9 @@
 #include <cstdio>
 #include <cerrno>
 #include <cstdlib>
+#include <fcntl.h>
 #include <iostream>
+#include <unistd.h>
 
 namespace po = boost::program_options;
 
@@ -134,6 +136,23 @@ int run_loom(int argc, char** argv) {
 
 namespace {
 
+bool stdout_was_closed = false;
+
+/// Standard streams the shell closed (`loom doctor >&-`) get a stand-in before anything opens a
+/// file: the next file opened took descriptor 1, and the report went into it (a scan cache, a
+/// pipe). A closed stdout gets /dev/full, so that what is printed there fails, and is said.
+void stand_in_for_closed_streams() {
+  for (const int fd : {STDIN_FILENO, STDOUT_FILENO, STDERR_FILENO}) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int opened = ::open(fd == STDOUT_FILENO ? "/dev/full" : "/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY);
+    if (opened >= 0 && opened != fd) {  // (the lowest free descriptor is the closed one; else placed there)
+      ::dup2(opened, fd);
+      ::close(opened);
+    }
+    if (fd == STDOUT_FILENO) stdout_was_closed = true;
+  }
+}
+
 /// A report that could not be written (a full disk, a closed stdout) ended with status 0 and no
 /// word: the status says so now, and stderr why.
 int check_output(int status) {
@@ -142,7 +161,10 @@ int check_output(int status) {
   const bool failed = std::cout.fail() || std::fflush(stdout) != 0 || std::ferror(stdout);
   if (!failed) return status;
   const int error = errno;
-  std::cerr << "loom: could not write to the standard output" << (error != 0 ? std::string(" (") + std::strerror(error) + ")" : "")
+  std::cerr << "loom: could not write to the standard output"
+            << (stdout_was_closed ? std::string(" (it was closed)")
+                : error != 0      ? std::string(" (") + std::strerror(error) + ")"
+                                  : std::string())
             << ": what the command printed there is incomplete\n";
   return status == 0 ? 1 : status;
 }
@@ -150,6 +172,7 @@ int check_output(int status) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  stand_in_for_closed_streams();
   const int status = check_output(run_loom(argc, argv));
 #if LOOM_SANITIZED
   loom::core::command_returning();

@@ -71,6 +71,7 @@ const char* name_of(int sig) {
 const char* program_name = "loom";
 char context[256] = "";  // CrashContext's text: read by the handlers, written only outside them
 std::atomic<bool> returning{false};
+pid_t guarded = 0;  // the process report_exit_calls guards (a plugin's forked child is not it)
 
 void put_context() {
   if (context[0] == '\0') return;
@@ -81,10 +82,10 @@ void put_context() {
 
 // exit() before the command returned: a plugin's (Loom calls none; main ends with _Exit).
 void on_exit_call() {
-  if (returning.load()) return;
+  if (returning.load() || ::getpid() != guarded) return;
   put("\n");
   put(program_name);
-  put(": a plugin ended the process with exit() before the command finished");
+  put(": a plugin (or a library) ended the process with exit() before the command finished");
   if (context[0] != '\0') {
     put(", while ");
     put(context);
@@ -152,6 +153,7 @@ void install_crash_report(const char* program) {
 
 void report_exit_calls() {
   static bool registered = false;
+  guarded = ::getpid();
   if (!registered) registered = std::atexit(&on_exit_call) == 0;
 }
 

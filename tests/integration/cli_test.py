@@ -530,20 +530,20 @@ try:
     # `loom plugins check` lost the report of every component, without a word.
     ending = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(exe))), "tests", "ending",
                           "libloom_callback_ending.so")
-    if os.path.exists(ending):
-        env = dict(os.environ, LOOM_CACHE=os.path.join(work, "cache"))
-        r = loom(exe, "train", "-c", os.path.join(configs, "debug.ini"), "--plugin-dir", ending,
-                 "--set", "trainer.callbacks=progress,exits_on_create", "--set", "trainer.max_steps=2",
-                 "--set", f"trainer.work_dir={work}", "--set", "trainer.name=exits", env=env, check=False)
-        expect(r.returncode == 1 and "loom: a plugin ended the process with exit() before the command finished, while "
-               f"creating callback 'exits_on_create' of {ending}" in r.stderr
-               and "the exit status is 1, whatever the plugin gave" in r.stderr,
-               "a plugin's exit(0) fails the command, naming the component", r)
-        r = loom(exe, "plugins", "check", ending, env=env, check=False)
-        expect(r.returncode == -signal.SIGABRT and "callback 'fine'" in r.stdout and "pass  create" in r.stdout
-               and "loom: crashed with SIGABRT (abort()" in r.stderr
-               and "while running the conformance check '" in r.stderr and "of callback 'aborts_at_run_begin'" in r.stderr,
-               "plugins check keeps the reports before a component that aborts, and names it", r)
+    expect(os.path.exists(ending), f"the test plugin {ending} is built")
+    env = dict(os.environ, LOOM_CACHE=os.path.join(work, "cache"))
+    r = loom(exe, "train", "-c", os.path.join(configs, "debug.ini"), "--plugin-dir", ending,
+             "--set", "trainer.callbacks=progress,exits_on_create", "--set", "trainer.max_steps=2",
+             "--set", f"trainer.work_dir={work}", "--set", "trainer.name=exits", env=env, check=False)
+    expect(r.returncode == 1 and "loom: a plugin (or a library) ended the process with exit() before the command finished, while "
+           f"creating callback 'exits_on_create' of {ending}" in r.stderr
+           and "the exit status is 1, whatever the plugin gave" in r.stderr,
+           "a plugin's exit(0) fails the command, naming the component", r)
+    r = loom(exe, "plugins", "check", ending, env=env, check=False)
+    expect(r.returncode == -signal.SIGABRT and "callback 'fine'" in r.stdout and "pass  create" in r.stdout
+           and "loom: crashed with SIGABRT (abort()" in r.stderr
+           and "while running the conformance check '" in r.stderr and "of callback 'aborts_at_run_begin'" in r.stderr,
+           "plugins check keeps the reports before a component that aborts, and names it", r)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("cli test passed")

@@ -19,7 +19,8 @@ void report_exit_calls();
 void command_returning();
 
 /// What the process is doing in a plugin, for the reports above ("creating callback 'x' of
-/// FILE"), while alive; the one before it again after. Cheap: a copy into a fixed buffer.
+/// FILE"), while alive; the one before it again after. Cheap: a copy into a fixed buffer. One
+/// buffer for the process: for the main thread's calls (creation, checks), not a pool's.
 class CrashContext {
  public:
   explicit CrashContext(const char* what);
