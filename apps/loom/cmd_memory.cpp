@@ -57,7 +57,7 @@ int cmd_memory(const Invocation& invocation) {
   if (invocation.args.size() > 1)
     throw Error("loom memory " + what + ": unexpected argument '" + invocation.args[1] + "'; " + usage + switch_value_hint(invocation, invocation.args[1]));
   if (what == "estimate" && invocation.options.count("target"))
-    throw Error("--target is for loom memory suggest (the largest micro-batch under a size); estimate takes --batch");
+    throw Error("--target is for loom memory suggest (a micro-batch that fits a size); estimate takes --batch");
   const int64_t devices = devices_of(invocation);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
@@ -166,7 +166,9 @@ int cmd_memory(const Invocation& invocation) {
   std::string headroom;
   if (const int64_t kept = static_cast<int64_t>(std::floor(static_cast<double>(micro) * (1.0 - kSuggestHeadroom)));
       kept < micro && kept >= 1) {
-    headroom.append("(").append(std::to_string(kept)).append(" is 2.5 % below ").append(std::to_string(micro))
+    char percent[16];  // (at small batches the floor takes more than 2.5 %)
+    std::snprintf(percent, sizeof percent, "%.1f", 100.0 * static_cast<double>(micro - kept) / static_cast<double>(micro));
+    headroom.append("(").append(std::to_string(kept)).append(" is ").append(percent).append(" % below ").append(std::to_string(micro))
         .append(", where the estimate meets the target exactly: headroom for its error and the allocator's rounding)\n");
     micro = kept;
   }

@@ -248,9 +248,13 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     const auto hash = line.find('#'), eq = line.find('=');
     if (hash != std::string::npos && eq != std::string::npos && eq < hash && hash > 0 &&
         !std::isspace(static_cast<unsigned char>(line[hash - 1])) && line[hash - 1] != '=')
-      throw Error(display(path) + ":" + std::to_string(number) + ": '#' starts a comment, even inside a value, so `" +
-                  std::string(sdk::trim(line.substr(0, hash))) + "` would be all of it. Put a space before a comment's '#'; a "
-                  "value with '#' in it goes on the command line (--set KEY=VALUE)");
+    {
+      std::string kept(sdk::trim(line.substr(0, std::min<size_t>(hash, 80))));  // (shown short, no escapes)
+      std::replace_if(kept.begin(), kept.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }, '?');
+      throw Error(display(path) + ":" + std::to_string(number) + ": '#' starts a comment, even inside a value, so `" + kept +
+                  (hash > 80 ? "...` " : "` ") + "would be all of it. Put a space before a comment's '#'; a value with '#' "
+                  "in it goes on the command line (--set KEY=VALUE)");
+    }
   }
   const auto lines = entry_lines(text);
   for (const auto& [key, line] : lines) {

@@ -39,8 +39,8 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
   size_ = options_.subset.empty() ? dataset_->size(split_) : static_cast<int64_t>(options_.subset.size());
   // (2^62 from a dataset's size() ended the first step with "cannot create std::vector larger than max_size()")
   if (constexpr int64_t kMaxSamples = int64_t{1} << 40; size_ < 0 || size_ > kMaxSamples)
-    throw Error(std::string("the dataset says its ") + sdk::split_name(split_) + " split has " + std::to_string(size_) +
-                " samples, outside [0, 2^40]: its size() is wrong");
+    throw Error((options_.name.empty() ? std::string("the dataset") : "dataset '" + options_.name + "'") + " says its " + sdk::split_name(split_) + " split has " + std::to_string(size_) +
+                " samples, outside [0, 2^40]: its size() is wrong (a bug of the plugin's: report it to its author)");
   // (Evaluation: a rank past a split smaller than the world has no sample and adds zeros to the sums.)
   if (options_.drop_last ? samples_per_epoch() < options_.micro_batch : size_ < 1)
     throw Error(std::string("the ") + sdk::split_name(split_) + " split has " + std::to_string(size_) +

@@ -167,6 +167,8 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
         refuse_now("descriptor", owhere + " '" + *key + "': its default is longer than " + std::to_string(LOOM_MAX_TEXT) +
                                      " bytes (LOOM_MAX_TEXT)", kOptionsHint);
       spec.default_value = default_value.value_or("");
+      if (!is_printable(spec.default_value) || (o.choices != nullptr && !is_printable(bounded(o.choices, LOOM_MAX_TEXT).value_or(""))))
+        refuse_now("descriptor", owhere + " '" + *key + "': its default or choices hold control characters", kOptionsHint);
       spec.help = printable(o.help, LOOM_MAX_TEXT);
       if (o.type == LOOM_OPTION_ENUM) {
         const auto choices = bounded(o.choices, LOOM_MAX_TEXT);

@@ -126,7 +126,7 @@ std::vector<std::string> runs_newest_first(const fs::path& work_dir) {
 void say_named_run_starts(const fs::path& work_dir, const std::string& name) {
   auto others = runs_newest_first(work_dir);
   std::erase(others, name);
-  if (const auto close = closest(name, others))
+  if (const auto close = closest(name, others); close && close->size() == name.size())  // (exp10 beside exp1: no typo)
     log::warn("resume = auto: no run named '", name, "' in ", work_dir.string(), ", so it starts; did you mean '", *close, "'?");
   else
     log::info("resume = auto: no run named '", name, "' in ", work_dir.string(), " yet; starting it");

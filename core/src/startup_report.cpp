@@ -127,11 +127,13 @@ void Trainer::report_startup() const {
               "memory.policies = auto_batch, which measures what fits)");
   // On the CPU without a cap, past what the machine has free the kernel's OOM killer ends the
   // process with no word from it (exit 137), minutes in; said now, with what would help.
-  else if (device_.is_cpu() && predicted_peak_ > 0 && mem.limit <= 0 && mem.free > 0 && predicted_peak_ > mem.free)
-    log::warn("the estimated peak, ", format_bytes(predicted_peak_), ", is above the ", format_bytes(mem.free),
-              " of memory this machine has free: the system may end the process without a word (killed, exit 137). A "
-              "smaller --batch-size or model, or --device-memory-limit ", format_bytes(mem.free),
-              " with memory.policies = auto_batch to find what fits");
+  // (what is allocated already, the model and its optimizer, is in the peak and no longer free)
+  else if (const int64_t more = predicted_peak_ - std::max<int64_t>(0, mem.allocated);
+           device_.is_cpu() && predicted_peak_ > 0 && mem.limit <= 0 && mem.free > 0 && more > mem.free)
+    log::warn("the estimated peak, ", format_bytes(predicted_peak_), ", needs ", format_bytes(more), " more than is "
+              "allocated now, above the ", format_bytes(mem.free), " of memory this machine has free: the system may end "
+              "the process without a word (killed, exit 137). A smaller --batch-size or model, or --device-memory-limit "
+              "with memory.policies = auto_batch to find what fits");
   std::vector<std::string> names;
   for (const auto& [name, callback] : callbacks_) {
     names.push_back(name);

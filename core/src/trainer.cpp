@@ -563,7 +563,8 @@ void Trainer::build_loaders(bool training) {
   if (per_epoch < 1)
     throw Error("the global batch, " + std::to_string(plan_.global()) + ", is more than the " +
                 std::to_string(train_loader_->samples_per_epoch() * train.world_size) + " samples an epoch of the training " +
-                "split has: one step would see some of them twice; lower trainer.batch_size");
+                "split has: one step would see some of them twice; lower trainer.batch_size (or "
+                "gradient_accumulation_steps), or hold out less for validation (data.validation_fraction)");
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
   eval_every_ = options_.eval_every > 0 ? options_.eval_every : std::max<int64_t>(1, per_epoch);
 }

@@ -282,8 +282,9 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     if (data_changes.empty())
       throw ResumeRefused("refusing to resume from " + dir.string() + ": its weights do not fit this run (" + e.detail +
                           ") though the model's and the data's settings are the checkpoint's: the data the model is "
-                          "sized by changed in its files (more users or items, another vocabulary). Resume with the "
-                          "data it was trained on, or train on this data as a new run (another trainer.name)");
+                          "sized by changed in its files (more users or items, another vocabulary), or the model's plugin "
+                          "shapes its weights otherwise since (another version). Resume with the data and plugin it was "
+                          "trained with, or train as a new run (another trainer.name)");
     throw ResumeRefused("refusing to resume from " + dir.string() + ": its weights do not fit this run's data (" +
                         e.detail + "), and the data differs from the checkpoint's: " + join(data_changes, "; ") +
                         ". Resume with the checkpoint's data, or train on this data as a new run (another trainer.name)");

@@ -165,25 +165,26 @@ void Progress::finish() {
 
 namespace {
 
-/// The step of a metrics row, {"step": N, ...} however it is spaced; nullopt for any other line.
+/// The step of a metrics row, {"step": N, ...} however it is spaced and wherever the key is (a
+/// file rewritten with sorted keys has it after "eval/..."); nullopt for any other line.
 std::optional<int64_t> row_step(const std::string& line) {
-  size_t i = 0;
-  const auto blanks = [&] {
-    while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r')) ++i;
-  };
-  const auto literal = [&](const char* text) {
-    blanks();
-    const size_t n = std::strlen(text);
-    if (line.compare(i, n, text) != 0) return false;
-    i += n;
-    return true;
-  };
-  if (!literal("{") || !literal("\"step\"") || !literal(":")) return std::nullopt;
-  blanks();
-  int64_t step = 0;
-  const auto [end, ec] = std::from_chars(line.data() + i, line.data() + line.size(), step);
-  if (ec != std::errc()) return std::nullopt;
-  return step;
+  const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+  size_t first = 0;
+  while (first < line.size() && blank(line[first])) ++first;
+  if (first == line.size() || line[first] != '{') return std::nullopt;
+  for (size_t at = line.find("\"step\"", first); at != std::string::npos; at = line.find("\"step\"", at + 1)) {
+    size_t before = at;  // a key: after the '{' or a ','
+    while (before > first && blank(line[before - 1])) --before;
+    if (before == 0 || (line[before - 1] != '{' && line[before - 1] != ',')) continue;
+    size_t i = at + 6;
+    while (i < line.size() && blank(line[i])) ++i;
+    if (i == line.size() || line[i] != ':') continue;
+    ++i;
+    while (i < line.size() && blank(line[i])) ++i;
+    int64_t step = 0;
+    if (std::from_chars(line.data() + i, line.data() + line.size(), step).ec == std::errc()) return step;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -255,9 +256,12 @@ void TensorBoard::on_run_begin(RunContext& run) {
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw sdk::Error(dir.string() + " is not a directory; move it out of the run folder, and Loom writes TensorBoard's "
                      "event files in a folder of that name");
-  // A link to a folder elsewhere (another run's, in a copy made with links): a resume cuts the
-  // events after its checkpoint, which must not happen there. The run writes its own folder, said.
-  if (fs::is_symlink(dir, ec)) {
+  // A link into another run's folder (a copy made with links): a resume cuts the events after its
+  // checkpoint, which must not happen there. The run writes its own folder, said. (A link to a
+  // folder of its own elsewhere, a shared log folder or a larger disk, is the run's.)
+  if (const fs::path target = fs::canonical(dir, ec);
+      fs::is_symlink(dir, ec) && !target.empty() && fs::exists(target.parent_path() / ".lock", ec) &&
+      target.parent_path() != fs::canonical(run.run_dir(), ec)) {
     sdk::log::warn("tensorboard of ", run.run_dir().string(), " is a link to ", fs::read_symlink(dir, ec).string(),
                    ": this run writes its own event files in a folder in its place, and leaves that folder as it is");
     fs::remove(dir);

@@ -218,7 +218,7 @@ class Gpt2Recommender final : public sdk::Model {
       c.vocab_size = vocab_size_ > 0 ? vocab_size_ : tokens_.vocab_size;
       // A trimmed vocab.json that kept its ids sizes the embedding by its largest id: one token
       // at id 16 000 000 makes a 49 GB table of rows no token uses. Said, with the size.
-      if (tokenizer && tokens_.vocab_size - tokenizer->token_count() > std::max<int64_t>(int64_t{1} << 16, tokenizer->token_count()))
+      if (tokenizer && vocab_size_ == 0 && tokens_.vocab_size - tokenizer->token_count() > std::max<int64_t>(int64_t{1} << 16, tokenizer->token_count()))
         sdk::log::warn("gpt2_recommender: ", vocab_dir.string(), "/vocab.json has ", tokenizer->token_count(),
                        " tokens but ids up to ", tokens_.vocab_size - 1, ": the embedding has a row per id, ",
                        tokens_.vocab_size - tokenizer->token_count(), " of them no token's (",

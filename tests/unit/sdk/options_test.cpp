@@ -20,6 +20,7 @@ TEST(Options, Bytes) {
   EXPECT_EQ(parse_bytes("2 EiB"), 2LL << 60);
   EXPECT_EQ(parse_bytes("1000PB"), 1000000000000000000LL);
   EXPECT_FALSE(parse_bytes("8EiB"));
+  EXPECT_TRUE(parse_bytes("7.9EiB"));
 }
 
 TEST(Options, ScalarsAndLists) {

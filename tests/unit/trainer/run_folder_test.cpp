@@ -357,7 +357,8 @@ TEST_F(RunFolderTest, AResumeKeepsTheMetricsRowsUpToItsCheckpointHoweverTheyAreS
       rewritten += line.substr(0, colon) + "\"step\": " + line.substr(colon + 7) + "\n";
     }
   }
-  rewritten += "# the learning rate was too high here\n{\"step\": 9, \"train/loss\": 1}\n{\"step\": 10, \"train/lo";
+  rewritten += "# the learning rate was too high here\n{\"step\": 9, \"train/loss\": 1}\n{\"a/b\": 2, \"step\": 11}\n"
+               "{\"step\": 10, \"train/lo";
   std::ofstream(metrics, std::ios::trunc) << rewritten;
   Config resume = base("spaced", 6);
   resume.set_assignment("trainer.log_every=1");
@@ -368,6 +369,7 @@ TEST_F(RunFolderTest, AResumeKeepsTheMetricsRowsUpToItsCheckpointHoweverTheyAreS
   EXPECT_CONTAINS(after, "# the learning rate was too high here\n");
   EXPECT_EQ(after.find("{\"step\": 9"), std::string::npos) << "a row after the checkpoint stays: " << after;
   EXPECT_EQ(after.find("{\"step\": 10"), std::string::npos) << "a torn row stays: " << after;
+  EXPECT_EQ(after.find("\"step\": 11"), std::string::npos) << "a row with its keys sorted, after the checkpoint, stays: " << after;
   EXPECT_CONTAINS(after, "{\"step\":5,");
   EXPECT_CONTAINS(after, "{\"step\":6,");
 }
@@ -455,9 +457,11 @@ TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAF
   fs::create_symlink(store, run / "metrics.jsonl");
   fs::remove(run / "summary.json");
   fs::create_directory(run / "summary.json");
-  // The TensorBoard folder likewise: the resume cut the events after the checkpoint in the
-  // folder the link named.
-  const fs::path events = dir_ / "store_tensorboard";
+  // The TensorBoard folder likewise, linked into another run's folder: the resume cut the events
+  // after the checkpoint in the folder the link named.
+  fs::create_directories(dir_ / "other");
+  std::ofstream(dir_ / "other" / ".lock") << "";
+  const fs::path events = dir_ / "other" / "tensorboard";
   fs::rename(run / "tensorboard", events);
   fs::create_directory_symlink(events, run / "tensorboard");
   std::map<std::string, std::string> events_before;

@@ -265,7 +265,8 @@ TEST_F(TrainerTest, AGlobalBatchLargerThanTheTrainingSplitIsRefusedWithAccumulat
     FAIL() << "a global batch above the split was accepted";
   } catch (const loom::Error& e) {
     EXPECT_CONTAINS(e.what(), "the global batch, 512, is more than the 461 samples an epoch of the training split has: "
-                              "one step would see some of them twice; lower trainer.batch_size");
+                              "one step would see some of them twice; lower trainer.batch_size (or "
+                              "gradient_accumulation_steps), or hold out less for validation (data.validation_fraction)");
   }
 }
 

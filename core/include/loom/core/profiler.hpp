@@ -51,8 +51,8 @@ struct ProfileReport {
   std::vector<ProfileRow> allocators;
   int64_t allocated_bytes = 0;
   bool memory = false;
-  /// Why the trace could not be written, where it could not: the tables above stand (they were
-  /// lost with it).
+  /// Why the trace could not be written, where it could not (Profiler::stop does not throw for
+  /// it): the tables above stand (they were lost with it).
   std::string trace_error;
 };
 

@@ -148,7 +148,7 @@ inline std::optional<int64_t> parse_bytes(std::string_view text) {
   else if (unit == "eb") scale = 1e18;
   else return std::nullopt;
   const double bytes = number * scale;
-  if (bytes > 9.0e18) return std::nullopt;
+  if (bytes >= 9223372036854775808.0) return std::nullopt;  // below 2^63 = 8 EiB (7.9EiB was refused at 9e18)
   return static_cast<int64_t>(std::llround(bytes));
 }
 
