@@ -119,7 +119,9 @@ int cmd_bench(const Invocation& invocation) {
         throw;
       } catch (const std::exception& e) {
         rows[index].failed = message_of(e);
+        const std::string first_line = rows[index].failed.substr(0, rows[index].failed.find('\n'));
         core::log::error("configuration ", file, ": ", rows[index].failed, " (its row says FAILED; the others run on)");
+        rows[index].failed = first_line;  // (the table's row: the advice that follows was said above)
       }
     }
   }

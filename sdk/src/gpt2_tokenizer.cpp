@@ -154,6 +154,7 @@ class TokenizerImpl {
       };
       const nlohmann::json j = nlohmann::json::parse(text, once);
       if (!j.is_object()) throw sdk::Error(path.string() + " is not a JSON object of token: id");
+      if (j.empty()) throw sdk::Error(path.string() + " has no tokens; vocab.json maps each token to its id");
       // Ids index the model's embedding: each a whole number in [0, 2^24), no two tokens on one
       // id; the vocabulary's size is the largest id + 1 (a trimmed vocabulary may leave gaps).
       for (auto it = j.begin(); it != j.end(); ++it) {
@@ -169,7 +170,9 @@ class TokenizerImpl {
         size_ = std::max(size_, id + 1);
       }
     } catch (const nlohmann::json::exception& e) {
-      throw sdk::Error(path.string() + ": " + e.what() + " (vocab.json maps each token to its id)");
+      std::string what = e.what();  // (nlohmann's "[json.exception.parse_error.101] " is no one's business)
+      if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos) what.erase(0, what.find("] ") + 2);
+      throw sdk::Error(path.string() + ": " + what + " (vocab.json maps each token to its id)");
     }
   }
 

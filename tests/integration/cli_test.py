@@ -125,7 +125,9 @@ r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), big, "--st
 expect(r.returncode == 1 and f"configuration {big}: set-up: the train split has" in r.stderr, "bench names the failing configuration", r)
 # ... and the figures of the others stand: the table has their rows, and the failed one's (they
 # were lost with it).
-expect(re.search(r"^debug\.ini\s+\d+\s+\d+\s+\d+", r.stdout, re.M) and re.search(r"^big\.ini\s+FAILED: set-up: ", r.stdout, re.M),
+expect(re.search(r"^debug\.ini\s+\d+\s+\d+\s+\d+", r.stdout, re.M) and re.search(r"^big\.ini\s+FAILED: set-up: ", r.stdout, re.M)
+       and all(not line.strip() or line.startswith(("(", "configuration")) or line.split()[0].endswith(".ini")
+               for line in r.stdout.splitlines()),
        "bench prints the table with the configurations that ran and the one that failed", r)
 
 # configs/fashion_mnist.ini is the default job spelled out: `loom train` without -c runs exactly it.

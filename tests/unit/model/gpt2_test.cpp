@@ -384,6 +384,12 @@ TEST(Gpt2Tokenizer, VocabularySizeIsTheLargestIdPlusOneAndBadIdsAreRefused) {
   EXPECT_CONTAINS(error_of(), "vocab.json: the token 'a' is given twice; each token has one id");
   std::ofstream(dir / "vocab.json", std::ios::trunc) << "\n";
   EXPECT_CONTAINS(error_of(), "vocab.json is empty");
+  std::ofstream(dir / "vocab.json", std::ios::trunc) << "{}";
+  EXPECT_CONTAINS(error_of(), "vocab.json has no tokens");
+  std::ofstream(dir / "vocab.json", std::ios::trunc) << "{\"a\": 1,";
+  const std::string cut = error_of();
+  EXPECT_CONTAINS(cut, "vocab.json: parse error at line 1, column 9");
+  EXPECT_EQ(cut.find("json.exception"), std::string::npos) << cut;
   write_vocab(vocab);
   std::ofstream(dir / "merges.txt", std::ios::trunc) << "#version: 0.2\nT h\n";
   EXPECT_CONTAINS(error_of(), "merges.txt:2: the merge 'T h' makes 'Th', which vocab.json does not have");
