@@ -20,6 +20,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Generator.h>
+#include <ATen/ops/masked_select.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/min.h>
+#include <ATen/ops/ne.h>
 #include <ATen/ops/randperm.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -30,6 +34,25 @@
 #include <numeric>
 
 namespace loom::core {
+
+std::string targets_outside_classes(const sdk::DataSpec& spec, const sdk::Batch& batch) {
+  const auto field = spec.fields.find(spec.target_key);
+  const auto target = batch.find(spec.target_key);
+  if (spec.num_classes <= 0 || field == spec.fields.end() || !at::isIntegralType(field->second.dtype, false) ||
+      target == batch.end() || !target->second.defined())
+    return {};
+  try {
+    const at::Tensor all = target->second.to(at::kCPU);
+    const at::Tensor t = all.masked_select(all.ne(-100));  // (-100: a target the loss ignores, as padding)
+    if (t.numel() == 0) return {};
+    const int64_t low = t.min().item<int64_t>(), high = t.max().item<int64_t>();
+    if (low >= 0 && high < spec.num_classes) return {};
+    return "targets run from " + std::to_string(low) + " to " + std::to_string(high) + ", outside the classes 0.." +
+           std::to_string(spec.num_classes - 1) + " that spec().num_classes = " + std::to_string(spec.num_classes) + " gives";
+  } catch (const std::exception&) {
+    return {};  // (the device is unusable after a device-side assert: nothing more to say)
+  }
+}
 
 DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options options)
     : dataset_(std::move(dataset)), split_(split), options_(options) {

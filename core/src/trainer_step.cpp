@@ -144,7 +144,12 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
   {
     LOOM_PHASE("forward");
     const auto autocast = precision_->forward_guard();
-    out = as_component([&] { return model_who(); }, model_name_,
+    // (a label the dataset should not have given fails in the model's loss: the dataset is named)
+    const auto who = [&] {
+      const std::string outside = targets_outside_classes(data_spec_, batch);
+      return outside.empty() ? model_who() : "dataset '" + value_of(config_, "data.name") + "' (" + outside + "), in model '" + model_name_ + "'";
+    };
+    out = as_component(who, model_name_,
                        [&] { return train ? checked_for_backward(model_->forward(batch, train)) : model_->forward(batch, train); });
   }
   if (train) {

@@ -396,6 +396,19 @@ try:
     expect(r.returncode == 1 and "the run diverged" in r.stderr
            and "Its parameter 'linear.weight' holds NaN or infinite values, written by an update" in r.stderr,
            "a run whose weights became NaN", r)
+    # Labels outside the classes the dataset declares fail in the model's loss: the dataset is named.
+    labels = os.path.join(os.path.dirname(exe), "..", "tests", "nonconforming", "libloom_dataset_one_based_labels.so")
+    r = loom(exe, "train", "--plugin-dir", models, "--plugin-dir", labels, "--set", f"trainer.work_dir={work}",
+             "--set", "trainer.name=labels", "--set", "model.name=metric_model", "--set", "data.name=one_based_labels",
+             "--set", "trainer.max_steps=2", "--set", "trainer.batch_size=4", "--set", "trainer.device=cpu",
+             "--set", "precision.name=fp32", "--set", "memory.estimate=false", check=False)
+    expect(r.returncode == 1 and "dataset 'one_based_labels' (targets run from 1 to 3, outside the classes 0..2 that "
+           "spec().num_classes = 3 gives), in model 'metric_model'" in r.stderr, "labels outside the dataset's classes", r)
+    # A model built for fewer classes than the data has is refused as it is built, by its option.
+    r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=fewer_classes",
+             "--set", "data.classes=4", "--set", "model.num_classes=3", check=False)
+    expect(r.returncode == 1 and "model.num_classes 3 is fewer than the 4 classes of the data" in r.stderr
+           and "set it to 0 (the data's) or at least 4" in r.stderr, "a model of fewer classes than the data", r)
     # One training sample: none is held out (holding it out left nothing to train on, and the
     # loader trained on the validation sample).
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=one_sample",

@@ -367,6 +367,11 @@ class LightweightTransformer final : public loom::sdk::Model {
                   "' must be an image (C x H x W) or a sequence (T x F), got " + std::to_string(s.size()) +
                   " dimensions");
     }
+    if (classes_ > 0 && classes_ < data.num_classes)
+      throw Error("lightweight_transformer: model.num_classes " + std::to_string(classes_) + " is fewer than the " +
+                  std::to_string(data.num_classes) + " classes of the data (its labels up to " +
+                  std::to_string(data.num_classes - 1) + " would have no output): set it to 0 (the data's) or at least " +
+                  std::to_string(data.num_classes));
     if (classes_ == 0) classes_ = data.num_classes;
     if (classes_ < 2) throw Error("lightweight_transformer: needs at least 2 classes (set model.num_classes)");
     net_ = Vit(shape, classes_, layers_, d_model_, heads_, mlp_ratio_, dropout_, patch_, cls_token_, stem_channels_,

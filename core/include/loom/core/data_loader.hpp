@@ -34,10 +34,19 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace loom::core {
+
+/// "" where every target of `spec`'s target field in `batch` is a class of `spec` (or -100, the
+/// index a loss ignores, or the data is no classification with integer targets); otherwise
+/// "targets run from L to H, outside the classes 0..N-1 that spec().num_classes = N gives". A
+/// classifier's loss indexes its logits by the target: one outside fails in the model, far from
+/// the dataset that gave it. Reads the targets on the host (a failure to, as after a device-side
+/// assert, gives "").
+std::string targets_outside_classes(const sdk::DataSpec& spec, const sdk::Batch& batch);
 
 class DataLoader {
  public:
