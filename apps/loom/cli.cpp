@@ -157,6 +157,14 @@ po::variables_map parse_command_line(const Command& command, const std::vector<s
   positional.add("args", -1);
   po::variables_map options;
   po::store(po::command_line_parser(args).options(all).positional(positional).run(), options);
+  // A path's leading ~ after '=' (--checkpoint=~/x) is not the shell's to expand: it is the home folder here too.
+  for (const char* path : {"checkpoint", "trace", "resume"})
+    if (options.count(path)) options.at(path).value() = core::home_expanded(options[path].as<std::string>());
+  for (const char* paths : {"config", "plugin-dir"})
+    if (options.count(paths)) {
+      auto& all = boost::any_cast<std::vector<std::string>&>(options.at(paths).value());
+      for (auto& p : all) p = core::home_expanded(p);
+    }
   if (!options.count("help")) po::notify(options);  // (`launch --help` needs no --nproc-per-node)
   return options;
 }

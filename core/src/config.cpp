@@ -27,7 +27,6 @@ namespace po = boost::program_options;
 namespace loom::core {
 
 namespace {
-
 /// The section of "trainer.lr" is "trainer"; of "memory.auto_batch.cache", "memory.auto_batch".
 std::string section_of(const std::string& key) {
   const auto dot = key.rfind('.');
@@ -539,7 +538,8 @@ Resolved validate(const Config& config, const Schema& schema) {
   Resolved resolved;
   for (const auto& [key, spec] : schema.keys()) {
     if (const ConfigValue* v = canonical.find(key)) {
-      resolved[key] = *v;
+      resolved[key] = *v;  // (a path's leading ~ is the home folder, as the shell would have made it: no folder "~")
+      if (spec.option.type == LOOM_OPTION_STRING) resolved[key].value = home_expanded(v->value);
     } else {
       if (spec.option.default_value.empty() && spec.option.type != LOOM_OPTION_STRING &&
           spec.option.type != LOOM_OPTION_LIST)

@@ -189,4 +189,10 @@ fs::path temp_folder() {
   return root;
 }
 
+std::string home_expanded(const std::string& path) {
+  const char* home = std::getenv("HOME");
+  if (home == nullptr || *home == '\0' || path.empty() || path[0] != '~' || (path.size() > 1 && path[1] != '/')) return path;
+  return home + path.substr(1);
+}
+
 }  // namespace loom::core

@@ -211,6 +211,13 @@ try:
            "eval of a run folder passes over step folders that are not whole or damaged", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "data.test_size=256")
     expect("accuracy" in r.stderr and "on 256 test samples" in r.stderr, "eval of the best checkpoint", r)
+    # A path's ~ after '=' is not the shell's to expand: it is the home folder to Loom too.
+    home = os.path.join(work, "home")
+    os.makedirs(home)
+    shutil.copy(best, os.path.join(home, "best.safetensors"))
+    r = loom(exe, "eval", "--checkpoint=~/best.safetensors", "--set", "data.test_size=256",
+             env={**os.environ, "HOME": home})
+    expect("accuracy" in r.stderr and not os.path.exists("~"), "eval of a checkpoint given as --checkpoint=~/...", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=128")
     expect("this command's model and data differ from the checkpoint's: data.test_size = 128 (--set; the "
            "checkpoint's: 256)" in r.stderr, "eval says where its data differs from the checkpoint's", r)

@@ -1,5 +1,6 @@
 // Configuration: INI inheritance, precedence, cycles, unknown-key suggestions, type errors.
 #include <loom/core/config.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/core/text.hpp>
@@ -8,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -572,6 +574,30 @@ TEST_F(ConfigTest, KeysOfComponentsTheRunDoesNotSelectAreIgnoredWithAWarningThat
   EXPECT_CONTAINS(lines, "many.ini:3: memory.tiers is an option of memory policy 'vram_tiers'");
   EXPECT_CONTAINS(lines, "many.ini:7: model.num_heads is an option of model 'lightweight_transformer', which this run "
                          "does not select (model.name = mlp_classifier); ignored");
+}
+
+TEST_F(ConfigTest, APathsLeadingTildeIsTheHomeFolderAsTheShellWouldHaveIt) {
+  // `--set trainer.work_dir=~/runs` reaches Loom with its ~ (the shell expands none after "key="),
+  // and the run went to a folder named "~" in the current one.
+  const char* home = std::getenv("HOME");
+  ASSERT_NE(home, nullptr);
+  const auto file = write("home.ini", "[trainer]\nwork_dir = ~/runs\n");
+  Config config;
+  config.load_file(file);
+  config.set_assignment("precision.name=fp32");
+  config.set_assignment("trainer.schedule=constant");
+  config.set_assignment("trainer.name=~");
+  Resolved r = validate(config, run_schema(config, loom::testing::registry()));
+  EXPECT_EQ(r.at("trainer.work_dir").value, std::string(home) + "/runs");
+  EXPECT_EQ(r.at("trainer.name").value, std::string(home));
+  // Only a leading ~ alone or before '/': another user's ~name, and a ~ further on, are left as they are.
+  config.set_assignment("trainer.work_dir=~other/runs");
+  config.set_assignment("trainer.name=a~/b");
+  r = validate(config, run_schema(config, loom::testing::registry()));
+  EXPECT_EQ(r.at("trainer.work_dir").value, "~other/runs");
+  EXPECT_EQ(r.at("trainer.name").value, "a~/b");
+  EXPECT_EQ(loom::core::home_expanded("~"), std::string(home));
+  EXPECT_EQ(loom::core::home_expanded(""), "");
 }
 
 }  // namespace
