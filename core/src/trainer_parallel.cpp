@@ -162,26 +162,45 @@ void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& con
     pos = value_end + 1;
   }
   std::vector<std::string> differ;
+  const std::string rank = std::to_string(parallel.rank());
   for (const auto& [key, v] : config) {
     if (local(key)) continue;
     const auto it = theirs.find(key);
     if (it == theirs.end())
-      differ.push_back(key + " = " + v.value + " (" + v.origin.describe() + ") here, which rank 0 does not have");
+      differ.push_back(key + " = " + v.value + " (" + v.origin.describe() + ") on rank " + rank + ", which rank 0 does not have");
     else if (it->second != v.value)
-      differ.push_back(key + " = " + v.value + " (" + v.origin.describe() + ") here, " + it->second + " on rank 0");
+      differ.push_back(key + " = " + v.value + " (" + v.origin.describe() + ") on rank " + rank + ", " + it->second + " on rank 0");
   }
   for (const auto& [key, value] : theirs)
     if (!config.count(key)) differ.push_back(key + " = " + value + " on rank 0, which this rank does not have");
-  at::Tensor flag = at::full({1}, differ.empty() ? 0.0f : 1.0f, at::kFloat);
-  parallel.all_reduce_sum({flag});
+  // Which ranks differ, then the first difference of the lowest of them, so that every rank's error
+  // names a key (rank 0's log, on another node, would have said only that some rank differs).
+  const int64_t world = parallel.world_size();
+  at::Tensor differs = at::zeros({world}, at::kLong);
+  if (!differ.empty()) differs.data_ptr<int64_t>()[parallel.rank()] = 1;
+  parallel.all_reduce_sum({differs});
+  const auto* flags = differs.data_ptr<int64_t>();
+  const int64_t first = std::find(flags, flags + world, int64_t{1}) - flags;
+  if (first == world) return;
+  constexpr int64_t kShown = 512;
+  at::Tensor shown = at::zeros({kShown}, at::kLong);  // (a byte per element: summed, the other ranks' are zeros)
+  auto* chars = shown.data_ptr<int64_t>();
+  if (parallel.rank() == first)
+    for (size_t i = 0; i < differ.front().size() && i < static_cast<size_t>(kShown); ++i)
+      chars[i] = static_cast<unsigned char>(differ.front()[i]);
+  parallel.all_reduce_sum({shown});
+  chars = shown.data_ptr<int64_t>();
+  std::string first_shown;
+  for (int64_t i = 0; i < kShown && chars[i] > 0 && chars[i] < 256; ++i) first_shown += static_cast<char>(chars[i]);
   const std::string fix = ". Every rank must train one configuration: start all with the same command and configuration "
                           "files (only threads, the data loader's workers, the device, memory.device_memory_limit and paths "
                           "may differ per node)";
   if (!differ.empty())
-    throw Error("rank " + std::to_string(parallel.rank()) + "'s configuration differs from rank 0's: " +
+    throw Error("rank " + rank + "'s configuration differs from rank 0's: " +
                 join(differ, "; ") + fix);
-  if (flag.item<float>() > 0)
-    throw Error("another rank's configuration differs from rank 0's (its error names the keys)" + fix);
+  const int64_t count = std::count(flags, flags + world, int64_t{1});
+  throw Error(std::to_string(count) + (count == 1 ? " rank's" : " ranks'") + " configuration differs from rank 0's; rank " +
+              std::to_string(first) + "'s first difference: " + first_shown + " (its own error names every key)" + fix);
 }
 
 }  // namespace detail
