@@ -197,6 +197,8 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   std::map<int, std::string> reports;  // index -> the report line's JSON
   int current = -1;  // the file the scanner is loading
   bool timed_out = false;
+  int status = 0;
+  bool reaped = false;  // (the scanner ended: what is left in the pipe is read, then no more)
   while (true) {
     pollfd p{pipe_fds[0], POLLIN, 0};
     const int ready = ::poll(&p, 1, 50);
@@ -227,17 +229,23 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
       }
     } else if (ready < 0 && errno != EINTR) {
       break;
+    } else if (ready == 0 && reaped) {
+      break;
+    } else if (ready == 0 && ::waitpid(pid, &status, WNOHANG) == pid) {
+      // Ended, and no end of its output: a process a plugin's initializer started (a daemon)
+      // holds the pipe open, and would keep the scan waiting until the limit.
+      reaped = true;
     }
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() >
         (started ? limit : std::max(limit, 120.0))) {
+      if (reaped) break;  // (still written to by that process: the scanner's own lines are read)
       timed_out = true;
       ::kill(pid, SIGKILL);
       break;
     }
   }
   ::close(pipe_fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (!reaped && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (current >= 0) {  // it did not come back from this file
     ScanVerdict v{false, {}, {}};

@@ -40,6 +40,28 @@ const int kInitializerRan = [] {
 }  // namespace
 #endif
 
+#if defined(BROKEN_INIT_DAEMON)
+// A static initializer that starts a process that lives on (a daemon, a server a library starts),
+// in the scanner only: the process keeps the scanner's output open after the scanner ended. Its
+// pid goes to the file LOOM_TEST_DAEMON_PID names, for the test to end it.
+namespace {
+const int kDaemonStarted = [] {
+  if (std::getenv("LOOM_SCANNER_PARENT") == nullptr) return 0;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::sleep(120);
+    ::_exit(0);
+  }
+  if (const char* path = std::getenv("LOOM_TEST_DAEMON_PID"))
+    if (std::FILE* f = std::fopen(path, "w")) {
+      std::fprintf(f, "%d\n", static_cast<int>(pid));
+      std::fclose(f);
+    }
+  return 1;
+}();
+}  // namespace
+#endif
+
 namespace {
 
 class Dummy final : public loom::sdk::Dataset {

@@ -112,6 +112,31 @@ TEST_F(PluginScan, CrashingExitingAndHangingPluginsAreRefusedByNameAndTheOthersL
   EXPECT_EQ(retried.at("libloom_dataset_crashing_init_hang.so").reason.find("(cached verdict)"), std::string::npos);
 }
 
+TEST_F(PluginScan, APluginWhoseInitializerStartsAProcessThatLivesOnIsScannedWithoutWaitingForIt) {
+  // That process holds the scanner's output open after the scanner ended: the scan read on until
+  // its time limit (every command waited 20 s). Here the limit is 120 s, as is the process's life.
+  ::setenv("LOOM_PLUGIN_SCAN_TIMEOUT", "120", 1);
+  fs::create_directories(cache_);
+  const fs::path pid_file = cache_ / "daemon.pid";
+  ::setenv("LOOM_TEST_DAEMON_PID", pid_file.c_str(), 1);
+  loom::core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  const auto start = std::chrono::steady_clock::now();
+  registry.scan({fs::path(LOOM_BINARY_DIR) / "tests" / "forking"});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ::unsetenv("LOOM_TEST_DAEMON_PID");
+  int daemon = 0;
+  if (std::FILE* f = std::fopen(pid_file.c_str(), "r")) {
+    if (std::fscanf(f, "%d", &daemon) != 1) daemon = 0;
+    std::fclose(f);
+  }
+  if (daemon > 0) ::kill(daemon, SIGKILL);
+  EXPECT_GT(daemon, 0) << "the plugin's initializer did not run in the scanner";
+  EXPECT_TRUE(registry.refusals().empty());
+  EXPECT_NE(registry.find(LOOM_KIND_DATASET, "forking_init_daemon"), nullptr);
+  EXPECT_LT(took, 60.0) << "the scan waited for the process the plugin started";
+}
+
 TEST_F(PluginScan, TheScannerEndsWithTheCommandThatStartedIt) {
   // A command interrupted while a plugin's initializer spun left the scanner at full CPU for
   // good (its time limit is the command's to enforce). Here the command is a child process that
