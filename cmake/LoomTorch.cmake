@@ -4,8 +4,11 @@
 # Where LibTorch comes from, in order:
 #   1. Torch_DIR, or a LibTorch on CMAKE_PREFIX_PATH (a CUDA or CPU LibTorch, a torch wheel's
 #      share/cmake folder, ...);
-#   2. the Python interpreter LOOM_PYTHON (cache variable or environment; default: the venv that
-#      scripts/setup.sh made, LOOM_VENV/bin/python, else python3): torch.utils.cmake_prefix_path.
+#   2. the Python interpreter LOOM_PYTHON (cache variable or environment) or the venv LOOM_VENV:
+#      torch.utils.cmake_prefix_path;
+#   3. installed, for a plugin built out of tree: the LibTorch the SDK was built with, where it
+#      still is (LOOM_SDK_TORCH_DIR, set by LoomSDKConfig.cmake);
+#   4. python3's torch.
 #
 # A CUDA build of LibTorch needs the CUDA toolkit at configure time even on a machine without a
 # GPU; see Note [CUDA LibTorch without a GPU] below.
@@ -79,23 +82,29 @@ macro(_loom_locate_torch)
           set(LOOM_PYTHON "$ENV{LOOM_PYTHON}")
         elseif(DEFINED ENV{LOOM_VENV} AND EXISTS "$ENV{LOOM_VENV}/bin/python")
           set(LOOM_PYTHON "$ENV{LOOM_VENV}/bin/python")
+        elseif(LOOM_SDK_TORCH_DIR AND EXISTS "${LOOM_SDK_TORCH_DIR}/TorchConfig.cmake")
+          set(Torch_DIR "${LOOM_SDK_TORCH_DIR}")
+          message(STATUS "Loom: the LibTorch this SDK was built with (${LOOM_SDK_TORCH_DIR}); "
+                         "CMAKE_PREFIX_PATH, Torch_DIR or LOOM_PYTHON choose another")
         else()
           set(LOOM_PYTHON python3)
         endif()
       endif()
-      execute_process(
-        COMMAND "${LOOM_PYTHON}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
-        OUTPUT_VARIABLE _loom_torch_prefix
-        OUTPUT_STRIP_TRAILING_WHITESPACE
-        RESULT_VARIABLE _loom_python_result
-        ERROR_QUIET)
-      if(NOT _loom_python_result EQUAL 0 OR NOT _loom_torch_prefix)
-        message(FATAL_ERROR
-          "Loom: no LibTorch found. Either put one on CMAKE_PREFIX_PATH (or set Torch_DIR), "
-          "or set LOOM_PYTHON to a Python that has torch installed "
-          "(tried '${LOOM_PYTHON}'). scripts/setup.sh makes such a venv.")
+      if(NOT Torch_DIR)  # (else the SDK's own, above)
+        execute_process(
+          COMMAND "${LOOM_PYTHON}" -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+          OUTPUT_VARIABLE _loom_torch_prefix
+          OUTPUT_STRIP_TRAILING_WHITESPACE
+          RESULT_VARIABLE _loom_python_result
+          ERROR_QUIET)
+        if(NOT _loom_python_result EQUAL 0 OR NOT _loom_torch_prefix)
+          message(FATAL_ERROR
+            "Loom: no LibTorch found. Either put one on CMAKE_PREFIX_PATH (or set Torch_DIR), "
+            "or set LOOM_PYTHON to a Python that has torch installed "
+            "(tried '${LOOM_PYTHON}'). scripts/setup.sh makes such a venv.")
+        endif()
+        list(APPEND CMAKE_PREFIX_PATH "${_loom_torch_prefix}")
       endif()
-      list(APPEND CMAKE_PREFIX_PATH "${_loom_torch_prefix}")
     endif()
   endif()
 endmacro()

@@ -192,7 +192,12 @@ bool is_error_line(const std::string& line) {
 
 /// A rank's error that only reports another rank's failure (the ddp strategy's collective that
 /// found a peer gone): the launcher names the rank that failed of itself, where one did.
-bool reports_a_peer(const Child& c) { return c.error.find(" stopped or did not answer within ") != std::string::npos; }
+bool reports_a_peer(const Child& c) {
+  for (const char* echo : {" stopped or did not answer within ", " (its log says why)", " (its own error names every key)",
+                           "another rank ran out of memory in this step"})
+    if (c.error.find(echo) != std::string::npos) return true;
+  return false;
+}
 
 void drain(Child& c, bool all) {
   char buffer[65536];
@@ -337,6 +342,14 @@ int cmd_launch(const Invocation& invocation) {
     const core::Resolved resolved = core::resolve_run(config_from(options), registry);
     // A global batch the ranks cannot split is each rank's error too: said once, here (the check
     // the trainer makes, for the world this command starts; a batch chosen by memory policies is theirs).
+    // Loom's strategies of one process, said once, here (each rank refused itself, every one the same).
+    if (const core::ConfigValue& parallel = resolved.at("parallel.name");
+        nproc * nnodes > 1 && (parallel.value == "single" || parallel.value == "data_parallel"))
+      throw Error("loom launch: parallel.name = " + parallel.value + " (" + parallel.origin.describe() + ") trains in one "
+                  "process: each of the " + std::to_string(nproc * nnodes) + " would train the whole model by itself. "
+                  "Set parallel.name=ddp to train together" +
+                  (parallel.value == "data_parallel" ? " (or run data_parallel without loom launch, one process over "
+                                                       "several devices)" : ""));
     const core::ConfigValue& batch = resolved.at("trainer.batch_size");
     const int64_t accumulation = std::stoll(resolved.at("trainer.gradient_accumulation_steps").value);
     const int64_t per_step = accumulation * nproc * nnodes;
@@ -369,10 +382,17 @@ int cmd_launch(const Invocation& invocation) {
   // launcher passes it on, as Ctrl-C. Ignored on entry (nohup), it stays ignored.
   if (struct sigaction inherited {}; ::sigaction(SIGHUP, nullptr, &inherited) == 0 && inherited.sa_handler != SIG_IGN)
     ::sigaction(SIGHUP, &action, nullptr);
+  // `loom --log-level warn launch ... -- train ...`: the ranks log at that level too, unless their
+  // own command line says another (it quieted the launcher alone).
+  std::vector<std::string> rank_args = invocation.args;
+  if (!o["log-level"].defaulted() &&
+      std::none_of(rank_args.begin(), rank_args.end(), [](const std::string& a) { return a.rfind("--log-level", 0) == 0; }))
+    rank_args.insert(rank_args.begin() + static_cast<std::ptrdiff_t>(command_at) + 1,
+                     {"--log-level", o["log-level"].as<std::string>()});
   std::vector<Child> children;
   // A Ctrl-C while the ranks start stops the starting: the loop below passes it to those started.
   try {
-    for (int64_t i = 0; i < nproc && !interrupted; ++i) children.push_back(start(node_rank * nproc + i, i, env, invocation.args));
+    for (int64_t i = 0; i < nproc && !interrupted; ++i) children.push_back(start(node_rank * nproc + i, i, env, rank_args));
   } catch (const std::exception&) {
     // (a fork or a pipe that failed: the ranks started wait to join the others; they stop at once)
     signal_all(children, SIGTERM);
@@ -413,10 +433,14 @@ int cmd_launch(const Invocation& invocation) {
             signalled_rank = &c;
             signal_all(children, WEXITSTATUS(status) - 128);
           }
-          if (failed(status) && !stopped_by_signal(status) && first_failure == nullptr && !interrupted) {
+          if (failed(status) && !stopped_by_signal(status) && first_failure == nullptr) {
+            // (during a stop the user asked for too: a rank killed or failing then left no stop
+            // checkpoint, and the exit status of a clean stop would say there is one)
             first_failure = &c;
-            signal_all(children, SIGTERM);
-            stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
+            if (!interrupted) {
+              signal_all(children, SIGTERM);
+              stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
+            }
           }
         }
     // Each SIGINT or SIGTERM goes on to every rank, and none is killed for it: the first stops them
@@ -446,8 +470,10 @@ int cmd_launch(const Invocation& invocation) {
         }
     const std::string& line = !blamed->error.empty() ? blamed->error : blamed->last;
     core::log::error("launch: rank ", blamed->rank, " ", ended(blamed->status), blamed == first_failure ? "" : " (it failed of itself)",
-                     "; the other ranks were stopped. Its ", !blamed->error.empty() ? "error: " : "last line: ",
-                     line.empty() ? "(none)" : line);
+                     interrupted ? " while the ranks stopped on " + std::string(::strsignal(interrupted)) +
+                                       ", so the stop may have written no checkpoint"
+                                 : std::string("; the other ranks were stopped"),
+                     ". Its ", !blamed->error.empty() ? "error: " : "last line: ", line.empty() ? "(none)" : line);
     return 1;
   }
   if (interrupted) {
@@ -455,8 +481,10 @@ int cmd_launch(const Invocation& invocation) {
     return 128 + interrupted;
   }
   if (signalled_rank != nullptr) {  // (every rank stopped after the same step; rank 0 wrote the checkpoint)
-    core::log::warn("launch: rank ", signalled_rank->rank, " ", ended(signalled_rank->status),
-                    ": a stop signal sent to it, which every rank agreed on");
+    // (which rank the signal was sent to, the launcher cannot tell: every rank exits with its code,
+    // the one reaped first is no more likely the one)
+    core::log::warn("launch: the ranks stopped on ", ::strsignal(WEXITSTATUS(signalled_rank->status) - 128),
+                    ", sent to a rank, not through the launcher; every rank agreed on the stop");
     return WEXITSTATUS(signalled_rank->status);
   }
   return 0;

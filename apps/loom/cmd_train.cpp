@@ -439,8 +439,25 @@ void load_weights(core::Trainer& trainer, const fs::path& checkpoint, const std:
   }
 }
 
+int evaluate(const Invocation& invocation, const fs::path& checkpoint);
+
 int cmd_eval(const Invocation& invocation) {
-  const fs::path checkpoint = checkpoint_path(invocation);
+  for (int chosen = 1;; ++chosen) {
+    const fs::path checkpoint = checkpoint_path(invocation);
+    try {
+      return evaluate(invocation, checkpoint);
+    } catch (const std::exception&) {
+      // The newest step of a run folder, pruned by the run in progress (trainer.keep_last) while
+      // this command set up: the newest one again, not "cannot read ...: No such file".
+      std::error_code ec;
+      if (chosen == 3 || fs::exists(checkpoint, ec) || !fs::exists(checkpoint.parent_path(), ec)) throw;
+      core::log::info(checkpoint.string(), " was pruned by its run (in progress) while this command read it: taking the "
+                      "run's newest step again");
+    }
+  }
+}
+
+int evaluate(const Invocation& invocation, const fs::path& checkpoint) {
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   std::vector<std::string> changed;

@@ -98,61 +98,6 @@ const std::vector<Alias>& aliases() {
 
 // ---- Config ----------------------------------------------------------------------------------
 
-std::vector<fs::path> config_search_path() {
-  std::vector<fs::path> dirs;
-  if (const char* env = std::getenv("LOOM_CONFIG_PATH")) {
-    std::stringstream in(env);
-    for (std::string item; std::getline(in, item, ':');)
-      if (!item.empty()) dirs.emplace_back(item);
-  }
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) dirs.push_back((exe.parent_path() / ".." / "share" / "loom" / "configs").lexically_normal());
-  return dirs;
-}
-
-namespace {
-
-/// `name` or `name`.ini in the first folder of config_search_path() that has it.
-std::optional<fs::path> shipped_config(const std::string& name) {
-  std::error_code ec;
-  for (const fs::path& dir : config_search_path())
-    for (const fs::path& candidate : {dir / name, dir / (name + ".ini")})
-      if (fs::is_regular_file(candidate, ec)) return candidate;
-  return std::nullopt;
-}
-
-}  // namespace
-
-fs::path find_config(const std::string& name) {
-  if (name.empty()) throw Error("a configuration's name is empty: name a file, or one of Loom's configurations (debug, fashion_mnist, ...)");
-  std::error_code ec;
-  // A file here, or a path (load_file reports what is wrong with it).
-  if (fs::is_regular_file(name, ec) || name.find('/') != std::string::npos) return name;
-  if (auto shipped = shipped_config(name)) {
-    // (a `base = debug` beside a debug.ini takes that file: here the name is Loom's, so say which)
-    if (const fs::path here = name + ".ini"; fs::is_regular_file(here, ec) && !fs::equivalent(here, *shipped, ec))
-      log::warn("config '", name, "' is Loom's ", shipped->string(), ", not ", here.string(), " here; give -c ./", here.string(),
-                " for that one");
-    return *shipped;
-  }
-  std::vector<std::string> available, searched;
-  for (const fs::path& dir : config_search_path()) {
-    searched.push_back(dir.string());
-    for (const auto& entry : fs::directory_iterator(dir, ec))
-      if (entry.path().extension() == ".ini") available.push_back(entry.path().stem().string());
-  }
-  // Something here that is not a regular file (a FIFO, a folder): load_file says what it is.
-  if (fs::exists(fs::symlink_status(name, ec))) return name;
-  std::sort(available.begin(), available.end());
-  std::string message = "config file '" + name + "' not found: not a file here, and not one of Loom's configurations";
-  if (!available.empty()) message += " (" + join(available, ", ") + ")";
-  if (!searched.empty()) message += " in " + join(searched, ", ");
-  message += "; give a path, or add a folder to LOOM_CONFIG_PATH";
-  if (auto close = closest(name, available)) message += ". Did you mean '" + *close + "'?";
-  throw Error(message);
-}
-
 namespace {
 
 // Files are read each after its bases, so a base read for a later file overrides what a file read
@@ -226,7 +171,8 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
                 "; a configuration builds on a few files, not on this many");
   if (!fs::exists(path, ec)) {  // (a link to nothing, or a loop of links, is said as such)
     const std::string what = sdk::what_is_at(file);
-    throw Error("config file " + display(file) + (what == "no such file" ? " not found" : ": " + what) + named_by);
+    throw Error("config file " + display(file) + (what == "no such file" ? " not found" + shipped_hint(file) : ": " + what) +
+                named_by);
   }
   std::string text;
   try {
@@ -504,8 +450,9 @@ Resolved validate(const Config& config, const Schema& schema) {
         continue;
       }
       std::vector<std::string> in_section;
-      for (const auto& k : all_keys)
-        if (section_of(k) == section) in_section.push_back(k);
+      for (const auto& k : all_keys)  // (an alias's key is a key's: listed once)
+        if (section_of(k) == section && std::find(in_section.begin(), in_section.end(), k) == in_section.end())
+          in_section.push_back(k);
       for (const auto& k : shorthand_keys)
         if (section_of(k) == section && std::find(in_section.begin(), in_section.end(), k) == in_section.end())
           in_section.push_back(k);

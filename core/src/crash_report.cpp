@@ -14,6 +14,7 @@
 #include <cstring>
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <initializer_list>
 #include <ucontext.h>
 #include <unistd.h>
@@ -96,6 +97,42 @@ void on_exit_call() {
   std::_Exit(1);
 }
 
+/// The file mapped at `address` (from /proc/self/maps, read with read(2) into a fixed buffer), into
+/// `path`; false where none is.
+bool mapped_file_at(uintptr_t address, char* path, size_t size) {
+  const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  static char buffer[16384];
+  size_t have = 0;
+  bool found = false;
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer + have, sizeof buffer - 1 - have);
+    if (n <= 0) break;
+    have += static_cast<size_t>(n);
+    buffer[have] = '\0';
+    char* line = buffer;
+    for (char* end; !found && (end = std::strchr(line, '\n')) != nullptr; line = end + 1) {
+      *end = '\0';
+      // "start-end perms offset dev inode   path"
+      char* dash = nullptr;
+      const uintptr_t start = std::strtoull(line, &dash, 16);
+      const uintptr_t stop = *dash == '-' ? std::strtoull(dash + 1, nullptr, 16) : 0;
+      const char* file = std::strchr(line, '/');
+      if (address >= start && address < stop && file != nullptr) {
+        std::strncpy(path, file, size - 1);
+        path[size - 1] = '\0';
+        found = true;
+      }
+    }
+    if (found) break;
+    have = static_cast<size_t>(buffer + have - line);  // (a line cut by the read: kept for the next)
+    std::memmove(buffer, line, have);
+    if (have == sizeof buffer - 1) have = 0;  // (no line this long: dropped)
+  }
+  ::close(fd);
+  return found;
+}
+
 void on_crash(int sig, siginfo_t* info, void* raw_context) {
   put("\n");
   put(program_name);
@@ -105,7 +142,16 @@ void on_crash(int sig, siginfo_t* info, void* raw_context) {
     put(" at address ");
     put_hex(reinterpret_cast<uintptr_t>(info->si_addr));
   }
-  put(". This is a bug in Loom or in a plugin; please report it with the lines below.\n");
+  static char file[512];
+  if (sig == SIGBUS && info->si_code == BUS_ADRERR && mapped_file_at(reinterpret_cast<uintptr_t>(info->si_addr), file, sizeof file)) {
+    // (a file cut short while mapped: another process wrote over it in place, cp or rsync --inplace)
+    put(", in ");
+    put(file);
+    put(", which became shorter while it was read: another process wrote it in place (cp over it, rsync "
+        "--inplace, a sync tool). Read a copy that nothing writes to; Loom writes its own files whole, by renaming.\n");
+  } else {
+    put(". This is a bug in Loom or in a plugin; please report it with the lines below.\n");
+  }
   put_context();
 #if defined(__x86_64__)
   const auto* context = static_cast<const ucontext_t*>(raw_context);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <set>
 #include <cctype>
 
 namespace fs = std::filesystem;
@@ -109,10 +110,14 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   // An epochs given on the command line that max_steps overrides would be ignored in silence.
   if (const auto epochs = c.find("trainer.epochs"), steps = c.find("trainer.max_steps");
       o.max_steps > 0 && epochs != c.end() && steps != c.end() && epochs->second.origin.source != "file" &&
-      epochs->second.origin.source != "default" && epochs->second.origin.source != "checkpoint")
-    log::warn("trainer.epochs = ", epochs->second.value, " (", epochs->second.origin.describe(), ") is not used: trainer.max_steps = ",
-              o.max_steps, " (", steps->second.origin.describe(), ") sets the run's length; set trainer.max_steps = 0 to "
-              "train by epochs");
+      epochs->second.origin.source != "default" && epochs->second.origin.source != "checkpoint") {
+    static std::set<std::string> said;  // (once per process: a command reads its options more than once)
+    const std::string warning = "trainer.epochs = " + epochs->second.value + " (" + epochs->second.origin.describe() +
+                                ") is not used: trainer.max_steps = " + std::to_string(o.max_steps) + " (" +
+                                steps->second.origin.describe() + ") sets the run's length; set trainer.max_steps = 0 to "
+                                "train by epochs";
+    if (said.insert(warning).second) log::warn(warning);
+  }
   if (o.work_dir.empty())
     throw Error("trainer.work_dir is empty; name the folder the run folders go in (default: runs)");
   if (!o.resume_from.empty() && o.resume == "auto")

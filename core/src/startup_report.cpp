@@ -138,7 +138,12 @@ void Trainer::report_startup() const {
   for (const auto& [name, callback] : callbacks_) {
     names.push_back(name);
     const std::string text = callback->describe();
-    if (log::enabled(LOOM_LOG_DEBUG) && !text.empty()) log::debug("callback  ", text);
+    // A third-party callback's line is said (what it will do: "early stop after 3 evaluations"); Loom's
+    // own are README's, said where they act, and their lines are for --log-level debug.
+    const auto& info = registry_.require(LOOM_KIND_CALLBACK, name);
+    const bool own = info.plugin && info.plugin->file.filename() == "libloom_callback_standard.so";
+    if (!text.empty() && !own) log::info("callback ", name, ": ", text);
+    else if (log::enabled(LOOM_LOG_DEBUG) && !text.empty()) log::debug("callback  ", text);
   }
   log::info("callbacks ", names.empty() ? std::string("none") : join(names, ", "), "; evaluation every ", eval_every_,
             " steps on the ", sdk::split_name(selection_split()), " split, best by ", options_.best_metric,

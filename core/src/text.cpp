@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <string_view>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
@@ -61,6 +62,19 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
     }
   }
   if (!best) return std::nullopt;
+  // What Python scripts, PyTorch Lightning and Hugging Face call an option: no typo of its name here.
+  static const std::pair<std::string_view, std::string_view> kOtherNames[] = {
+      {"learning_rate", "lr"}, {"num_epochs", "epochs"}, {"num_train_epochs", "epochs"}, {"max_epochs", "epochs"},
+      {"max_grad_norm", "clip_grad_norm"}, {"gradient_clip_val", "clip_grad_norm"}, {"grad_clip", "clip_grad_norm"},
+      {"accumulate_grad_batches", "gradient_accumulation_steps"}, {"output_dir", "work_dir"},
+      {"per_device_train_batch_size", "batch_size"}, {"save_total_limit", "keep_last"}, {"logging_steps", "log_every"}};
+  const auto last = [](const std::string& key) { return std::string_view(key).substr(key.rfind('.') + 1); };
+  for (const auto& [theirs, ours] : kOtherNames)
+    if (last(word) == theirs)
+      for (const auto& c : candidates)
+        if (last(c) == ours && std::string_view(c).substr(0, c.size() - ours.size()) ==
+                                   std::string_view(word).substr(0, word.size() - theirs.size()))
+          return c;
   const bool prefix = !word.empty() && (best->rfind(word, 0) == 0 || word.rfind(*best, 0) == 0);
   const size_t allowed = std::max<size_t>(1, word.size() / 3);
   if (best_distance <= allowed || prefix) return best;

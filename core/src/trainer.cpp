@@ -64,7 +64,13 @@ int64_t local_processes() {
 /// binding: OpenMP's default follows the binding), nor where OMP_NUM_THREADS says.
 void share_cores(int default_threads) {
   const int64_t local = local_processes();
-  if (local <= 1 || std::getenv("OMP_NUM_THREADS") != nullptr) return;
+  if (local <= 1) return;
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {  // (OpenMP's form: "4", or "4,2" for nested levels)
+    const std::string text(omp);
+    if (const auto n = sdk::parse_int(text.substr(0, text.find(','))); n && *n > 0) return;  // the user's choice
+    log::warn("OMP_NUM_THREADS = '", text, "' is no number of threads (OpenMP ignores it): the ", local,
+              " processes of this job share the cores as without it");
+  }
   cpu_set_t set;
   CPU_ZERO(&set);
   const unsigned all = std::thread::hardware_concurrency();

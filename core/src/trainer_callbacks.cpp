@@ -45,6 +45,8 @@ void Trainer::notify(const char* hook, const std::function<void(sdk::Callback&, 
   hook_ = hook;
   try {
     for (auto& [name, callback] : callbacks_) {
+      // (the progress line is what the log says at info: --log-level warn, error or off quiet it too)
+      if (name == "progress" && !log::enabled(LOOM_LOG_INFO)) continue;
       sdk::Callback& target = *callback;  // clang 14 cannot capture a structured binding
       in_phase("callback '" + name + "' (" + hook + ")", [&] { call(target, *context_); });
     }
@@ -195,6 +197,10 @@ void Trainer::write_run_summary() {
   json summary{{"step", step_}, {"total_steps", total_steps_}, {"skipped_steps", skipped_steps_}};
   if (step_ < total_steps_) summary["stopped_early"] = stop_reason_;
   summary["final_evaluation"] = evaluation;
+  // (the validation's verdict, before the test's: a stop or a failure during the test leaves this one,
+  // and a script that reads final_evaluation must see that the test's figures never came)
+  if (last_eval_->split == sdk::Split::kValidation && selection_split() == sdk::Split::kValidation && test_loader_)
+    summary["test_evaluation"] = "not run: the run ended before it finished (loom eval " + run_dir_.string() + " runs it)";
   summary["diverged"] = !std::isfinite(last_eval_->loss);
   try {
     write_file_atomic(run_dir_ / "summary.json", summary.dump(2) + "\n");

@@ -106,6 +106,11 @@ r = loom(exe, "memory", "estimate", "-c", os.path.join(configs, "debug.ini"), "-
 expect(r.returncode == 1 and "--devices 2147483648 is outside [1, 16777216]" in r.stderr, "absurd --devices", r)
 r = loom(exe, "plugins", "check", "lightweight_transformer", "--dataset", "nope", check=False)
 expect(r.returncode == 1 and "'nope'" in r.stderr and "conforms" not in r.stdout, "plugins check --dataset of no plugin", r)
+# README's `-c configs/debug.ini` run outside Loom's checkout: Loom's own is named, by its name.
+r = loom(exe, "config", "show", "-c", "configs/debug.ini", check=False, cwd=workdir())
+expect(r.returncode == 1 and "config file configs/debug.ini not found (from " in r.stderr
+       and "; Loom's own debug.ini is " in r.stderr and "given by its name: -c debug" in r.stderr,
+       "a relative path to a missing configuration of Loom's name", r)
 # Every configuration of a bench is read before the first one runs.
 r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), "/nonexistent.ini", "--steps", "2", check=False)
 expect(r.returncode == 1 and "/nonexistent.ini not found" in r.stderr and "run folder" not in r.stderr
@@ -345,8 +350,17 @@ try:
            "a resume on other data says so", r)
     expect("trainer.seed = 12 (the checkpoint's: 11; it orders the samples and picks those held out for validation" in r.stderr,
            "a resume with another seed says it changes the validation samples", r)
-    expect("trainer.epochs = 1 (--set) is not used: trainer.max_steps = 4 (--set) sets the run's length" in r.stderr,
-           "an epochs that max_steps overrides is named", r)
+    expect(r.stderr.count("trainer.epochs = 1 (--set) is not used: trainer.max_steps = 4 (--set) sets the run's length") == 1,
+           "an epochs that max_steps overrides is named, once", r)
+    # --log-level warn, error or off quiet the progress line too; a third-party callback's line is said.
+    record = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_callback_record_callback.so")
+    r = loom(exe, "train", *SMALL, "--plugin-dir", record, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=quiet",
+             "--set", "trainer.max_steps=3", "--set", "trainer.callbacks=progress, record", "--log-level", "off")
+    expect(r.stderr == "" and r.stdout == "", "--log-level off says nothing", r)
+    r = loom(exe, "train", *SMALL, "--plugin-dir", record, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=said",
+             "--set", "trainer.max_steps=3", "--set", "trainer.callbacks=progress, record")
+    expect(re.search(r"step 3/3 \| loss", r.stderr) and "callback record: " in r.stderr and "callback progress:" not in r.stderr,
+           "the progress line at info, and a third-party callback's description", r)
     # A callback that refuses the run before its first step: one error, and no folder that blocks the name.
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=es",
              "--set", "trainer.callbacks=progress, jsonl, checkpoint, early_stopping",
@@ -470,7 +484,8 @@ try:
     summary_file = os.path.join(work, "ev", "summary.json")
     summary = json.load(open(summary_file))
     expect(summary["step"] == 10 and summary["diverged"] is False and summary["final_evaluation"]["test/loss"] > 0
-           and "test/accuracy" in summary["final_evaluation"], f"a run's summary.json: {summary}", r)
+           and "test/accuracy" in summary["final_evaluation"] and "test_evaluation" not in summary,
+           f"a run's summary.json: {summary}", r)
     kept = open(summary_file).read()
     with open(summary_file, "w") as f:
         f.write("{\"step\": 10, \"final_evaluation\": ")  # (cut short)

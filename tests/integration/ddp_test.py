@@ -49,8 +49,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(*args, timeout=600, check=True):
-    r = subprocess.run([exe, "launch", *args], capture_output=True, text=True, timeout=timeout)
+def launch(*args, timeout=600, check=True, env=None):
+    r = subprocess.run([exe, "launch", *args], capture_output=True, text=True, timeout=timeout, env=env)
     if check and r.returncode != 0:
         print(r.stdout, r.stderr, sep="\n")
         raise SystemExit(f"loom launch {' '.join(args)} failed with {r.returncode}")
@@ -181,13 +181,36 @@ try:
     assert "Aborted" not in outs[0][1] + outs[1][1]
     assert "threads" not in said.split("differs from rank 0's: ")[1].split(". Every rank")[0], said[-2000:]
     print("nodes started with different configurations: refused at the start, the keys named")
+    # Nodes started for different worlds (--nnodes 2 and 3 by mistake): rank 0 waited in Gloo's
+    # connection of every pair, with no deadline; each now says at once how its world differs.
+    port = str(free_port())
+    nodes = [subprocess.Popen([exe, "launch", "--nnodes", str(n + 2), "--node-rank", str(n), "--nproc-per-node", "1",
+                               "--master-port", port, "--", "train", *args, *DDP, "--set", "trainer.name=worlds_differ",
+                               "--set", "trainer.batch_size=12"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    started = time.monotonic()
+    outs = [p.communicate(timeout=300) for p in nodes]
+    assert [p.returncode for p in nodes] == [1, 1], [o[1][-2000:] for o in outs]
+    assert time.monotonic() - started < 50, "the ranks waited for parallel.timeout (60 s)"
+    for out in outs:
+        assert "rank 1 was started as one of 3 ranks, rank 0 as one of 2: start every node with the same --nnodes and " \
+            "--nproc-per-node" in out[1], out[1][-2000:]
+    print("nodes started for different worlds: refused at once, on both")
     r = launch("--nproc-per-node", "3", "--", "train", *args, *DDP, "--set", "trainer.name=uneven", check=False)
     assert r.returncode == 1 and r.stderr.count("is not divisible by gradient_accumulation_steps 1 x world size 3") == 1 \
         and " rank 0]" not in r.stderr, r.stderr[-2000:]  # (said once, by the launcher, before any rank starts)
+    # A strategy of one process under loom launch: refused once, by the launcher, before any rank starts.
     r = launch("--nproc-per-node", "2", "--", "train", *args, "--set", "trainer.name=alone", check=False)
-    # (the rank that says it first is either: the launcher stops the other)
-    assert r.returncode == 1 and re.search(r"this process is rank [01] of 2 \(started by loom launch\), but parallel "
-                                           r"strategy 'single' trains alone", r.stderr), r.stderr[-2000:]
+    assert r.returncode == 1 and r.stderr.count("loom launch: parallel.name = single (default) trains in one process: "
+                                                "each of the 2 would train the whole model by itself") == 1 \
+        and " rank 0]" not in r.stderr and " rank 1]" not in r.stderr, r.stderr[-2000:]
+    # Started by hand as ranks of a job (torchrun's variables), each rank refuses itself.
+    port = str(free_port())
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    r = subprocess.run([exe, "train", *args, "--set", "trainer.name=alone_by_hand"], env=dict(env, RANK="1", LOCAL_RANK="1"),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and re.search(r"this process is rank 1 of 2 \(.*\), but parallel strategy 'single' trains "
+                                           r"alone", r.stderr), r.stderr[-2000:]
 
     # 5. A rank killed: the other stops with an error naming it, well within a minute.
     long = [*BASE, "--set", f"trainer.work_dir={work}", "--set", "trainer.max_steps=100000", "--set",
@@ -278,6 +301,17 @@ try:
                "--set", "trainer.max_steps=2", "--set", "trainer.name=shared_cores")
     if "OMP_NUM_THREADS" not in os.environ:
         assert "per process: 2 processes of this job share this machine's" in r.stderr, r.stderr[-2500:]
+    # The launcher's --log-level is the ranks' too (it quieted the launcher alone).
+    r = launch("--log-level", "warn", "--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "trainer.max_steps=2",
+               "--set", "trainer.name=quiet_ranks")
+    assert " I rank " not in r.stderr and "step 2/2" not in r.stderr, r.stderr[-2500:]
+    # An OMP_NUM_THREADS that is no number (empty, 0, a word) is no choice of threads: OpenMP
+    # ignores it, and it made the ranks oversubscribe the cores (40 to 180 times slower), unsaid.
+    r = launch("--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "trainer.threads=0",
+               "--set", "trainer.max_steps=2", "--set", "trainer.name=shared_cores_omp",
+               env={**os.environ, "OMP_NUM_THREADS": "abc"})
+    assert "OMP_NUM_THREADS = 'abc' is no number of threads (OpenMP ignores it)" in r.stderr \
+        and "per process: 2 processes of this job share this machine's" in r.stderr, r.stderr[-2500:]
     # A master address that does not resolve: refused before any rank starts (they would wait
     # parallel.timeout for it).
     started = time.monotonic()

@@ -4,6 +4,7 @@ checkpoint of that step, says how to continue and exits with 128 + the signal (1
 (SIGPIPE: `loom train | head`) stops it the same way, with its checkpoint, though nothing it
 prints is read any more. A second signal ends the process at once. A crash signal gets a
 report on stderr before the process dies of it."""
+import json
 import os
 import shlex
 import shutil
@@ -212,6 +213,22 @@ try:
     assert "is complete" in r.stderr and "cut short runs first" not in r.stderr, r.stderr
     assert len(metrics(run)) == 5, metrics(run)
     print("SIGINT in the last step's validation: the resume runs it, then the test split; the next is complete")
+
+    # A stop during the test evaluation, after the validation's: summary.json holds the validation's
+    # figures and says that the test's never came (they read as the run's final evaluation).
+    name = "cut_test_eval"
+    proc = subprocess.Popen([exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
+                             "--set", "trainer.max_steps=3", "--set", "trainer.eval_every=3", "--set", "data.test_size=300000",
+                             "--set", "model.flavour=standard"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = os.path.join(work, name)
+    wait_for_row(proc, run, 3, "val/loss", "its validation at step 3")
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    assert proc.returncode == 130 and "val/loss" in summary["final_evaluation"] \
+        and summary.get("test_evaluation", "").startswith("not run: the run ended before it finished"), (summary, err[-2000:])
+    print("SIGINT in the test evaluation: summary.json says the test's figures never came")
 
     # A signal during set-up (the memory probes before the first step, a second or more on a large
     # micro-batch; an automatic batch search longer): set-up ends at its next probe, not after

@@ -24,11 +24,16 @@ echo '#include <loom/sdk/abi.h>
 int main(void) { loom_plugin_descriptor d; (void)d; return 0; }' > "$work/c_check.c"
 cc -std=c11 -Wall -Werror -pedantic -fsyntax-only -I"$work/prefix/include" "$work/c_check.c" || fail "abi.h does not compile as C11"
 
-step "configure and build the example against the installed SDK"
-cmake -S "$source/examples/third_party_plugin" -B "$work/example" -G Ninja \
-  -DCMAKE_PREFIX_PATH="$work/prefix" -DTorch_DIR="$torch_dir" \
+step "configure and build the installed example against the installed SDK, as docs/writing-a-plugin.md says"
+# (only the prefix: the SDK takes the LibTorch it was built with, $torch_dir, with no LOOM_PYTHON or venv said)
+example="$work/prefix/share/loom/examples/third_party_plugin"
+test -f "$example/CMakeLists.txt" || fail "the example is not installed"
+env -u LOOM_PYTHON -u LOOM_VENV -u Torch_DIR cmake -S "$example" -B "$work/example" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$work/prefix" \
   -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >"$work/configure.log" 2>&1 \
   || { cat "$work/configure.log"; fail "configure failed"; }
+grep -qF "the LibTorch this SDK was built with ($torch_dir)" "$work/configure.log" \
+  || { cat "$work/configure.log"; fail "the SDK did not take the LibTorch it was built with"; }
 cmake --build "$work/example" >"$work/build.log" 2>&1 || { cat "$work/build.log"; fail "build failed"; }
 for plugin in libloom_model_mlp_classifier.so libloom_regression.so libloom_memory_micro_batch_cap.so \
               libloom_callback_divergence_guard.so; do

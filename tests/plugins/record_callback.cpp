@@ -23,6 +23,9 @@ class RecordCallback final : public loom::sdk::Callback {
         stop_main_in_(o.get_string("stop_main_in")), fail_other_at_(o.get_int("fail_other_at")),
         save_in_(o.get_string("save_in")) {}
 
+  std::string describe() const override {
+    return "every hook it sees" + (stop_at_ > 0 ? ", a stop at step " + std::to_string(stop_at_) : std::string());
+  }
   void on_run_begin(loom::sdk::RunContext& run) override { hook("on_run_begin", run.step()); }
   void on_step_begin(loom::sdk::RunContext& run, int64_t step) override {
     hook("on_step_begin", step);

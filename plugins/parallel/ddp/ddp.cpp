@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <netdb.h>
@@ -202,6 +203,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     if (env_.agent_store)
       store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env_.restart), store);
     store_ = store;
+    agree_on_world();
     agree_on_backend();
     if (nccl_) {
       claim_gpu();
@@ -221,6 +223,48 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     } catch (const std::exception& e) {
       throw Error("ddp: rank " + std::to_string(env_.rank) + " could not join the Gloo process group: " +
                   first_line(e.what()) + " (GLOO_SOCKET_IFNAME names the network interface to use)");
+    }
+  }
+
+  /// Every rank was started for rank 0's world, or each says how it differs, at once: nodes started
+  /// with other --nnodes or --nproc-per-node met at the store and then waited in Gloo's connection
+  /// of every pair, which has no deadline (rank 0 hung for good), or until parallel.timeout with an
+  /// error about the network interface. Rank 0 goes on once the others agreed, or says who did not.
+  void agree_on_world() {
+    const std::string world_key = "loom/ddp/world", refused_key = "loom/ddp/world_refused", agreed_key = "loom/ddp/world_agreed";
+    const std::string fix = ": start every node with the same --nnodes and --nproc-per-node (the same WORLD_SIZE)";
+    const auto bytes = [](const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); };
+    if (env_.rank != 0) {
+      std::vector<uint8_t> got;
+      try {
+        got = store_->get(world_key);
+      } catch (const std::exception& e) {
+        throw failed("reading rank 0's world size", e);
+      }
+      const std::string theirs(got.begin(), got.end());
+      if (theirs != std::to_string(env_.world_size)) {
+        const std::string why = "rank " + std::to_string(env_.rank) + " was started as one of " +
+                                std::to_string(env_.world_size) + " ranks, rank 0 as one of " + theirs;
+        store_->set(refused_key, bytes(why));
+        throw Error("ddp: " + why + fix);
+      }
+      store_->add(agreed_key, 1);
+      return;
+    }
+    store_->set(world_key, bytes(std::to_string(env_.world_size)));
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (int64_t agreed = 0;;) {
+      if (store_->check({refused_key})) {
+        const std::vector<uint8_t> why = store_->get(refused_key);
+        throw Error("ddp: " + std::string(why.begin(), why.end()) + fix);
+      }
+      agreed = store_->add(agreed_key, 0);
+      if (agreed >= env_.world_size - 1) return;
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error("ddp: rank 0 of " + std::to_string(env_.world_size) + ": " + std::to_string(agreed) + " of the " +
+                    std::to_string(env_.world_size - 1) + " other ranks arrived within " + seconds() +
+                    " (were all started, with the same --nnodes and --nproc-per-node?)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
 

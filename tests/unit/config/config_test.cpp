@@ -392,6 +392,23 @@ TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
   const std::string said = error_of([&] { validate(typos, core_schema()); });
   EXPECT_CONTAINS(said, "unknown key 'trainer.MAX_STEPS'; did you mean 'trainer.max_steps'?");
   EXPECT_CONTAINS(said, "unknown key 'memory.fractoin'; did you mean 'memory.fraction'?");
+  // Another framework's name for an option is no typo of Loom's, but it is that option.
+  Config theirs;
+  theirs.set_assignment("trainer.learning_rate=3e-4");
+  theirs.set_assignment("trainer.max_epochs=3");
+  const std::string named = error_of([&] { validate(theirs, core_schema()); });
+  EXPECT_CONTAINS(named, "unknown key 'trainer.learning_rate'; did you mean 'trainer.lr'?");
+  EXPECT_CONTAINS(named, "unknown key 'trainer.max_epochs'; did you mean 'trainer.epochs'?");
+  // Nothing close: the section's keys, each once (those a flag sets were listed twice).
+  Config far;
+  far.set_assignment("trainer.zzzzzzzzzzzz=1");
+  const std::string listed = error_of([&] { validate(far, core_schema()); });
+  EXPECT_CONTAINS(listed, "unknown key 'trainer.zzzzzzzzzzzz'; [trainer] has ");
+  for (const char* key : {"trainer.batch_size", "trainer.work_dir", "trainer.gradient_accumulation_steps"}) {
+    const auto first = listed.find(key);
+    EXPECT_NE(first, std::string::npos) << key << " in " << listed;
+    EXPECT_EQ(listed.find(key, first + 1), std::string::npos) << key << " listed twice: " << listed;
+  }
 }
 
 TEST_F(ConfigTest, UnknownSectionSuggestsTheClosestSection) {

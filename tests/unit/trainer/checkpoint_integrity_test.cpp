@@ -3,6 +3,7 @@
 // --resume auto falls back to the checkpoint before it; a resumed run whose steps are all
 // non-finite stops with an error and writes no checkpoint over the good ones.
 #include <loom/core/checkpoint.hpp>
+#include <loom/core/crash_report.hpp>
 #include <loom/core/config.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
@@ -12,9 +13,12 @@
 #include "trainer_testing.hpp"
 
 #include <ATen/ops/full_like.h>
+#include <ATen/ops/ones.h>
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -230,6 +234,40 @@ TEST_F(CheckpointIntegrityTest, ACheckpointThatCannotBeWrittenIsOneErrorAndLeave
   const auto [step, warnings] = resume();
   EXPECT_EQ(step, 4);
   EXPECT_EQ(warnings.find("cannot resume"), std::string::npos) << warnings;
+}
+
+TEST(CrashReport, AFileCutShortWhileItIsMappedIsNamedNotCalledABug) {
+  // `loom eval` of a best file another process rewrote in place (cp over it) died of SIGBUS with
+  // "a bug in Loom or in a plugin". Here a child maps a checkpoint, the file is cut short, and the
+  // child reads it: the report names the file and the cause, and the child still dies of SIGBUS.
+  const fs::path file = fs::temp_directory_path() / ("loom_sigbus_" + std::to_string(::getpid()) + ".safetensors");
+  loom::sdk::TensorMap tensors{{"w", at::ones({4096})}};
+  save_safetensors(file, tensors, {});
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::dup2(out[1], STDERR_FILENO);
+    install_crash_report("loom");
+    const loom::sdk::TensorMap mapped = load_safetensors(file);
+    if (::truncate(file.c_str(), 64) != 0) ::_exit(3);
+    const float sum = mapped.at("w").sum().item<float>();  // (reads the pages past the end: SIGBUS)
+    ::_exit(sum > 0 ? 4 : 5);
+  }
+  ::close(out[1]);
+  std::string said;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) said.append(buffer, static_cast<size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  fs::remove(file);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS) << "status " << status << ": " << said;
+  EXPECT_NE(said.find("loom: crashed with SIGBUS"), std::string::npos) << said;
+  EXPECT_NE(said.find(", in " + file.string() + ", which became shorter while it was read: another process wrote it in place"),
+            std::string::npos) << said;
+  EXPECT_EQ(said.find("This is a bug"), std::string::npos) << said;
 }
 
 }  // namespace

@@ -51,6 +51,14 @@ std::filesystem::path find_config(const std::string& name);
 /// Where find_config looks for a plain name, in order.
 std::vector<std::filesystem::path> config_search_path();
 
+/// `name` or `name`.ini in the first folder of config_search_path() that has it.
+std::optional<std::filesystem::path> shipped_config(const std::string& name);
+
+/// For a relative path to a missing file that one of Loom's configurations bears the name of
+/// (`configs/debug.ini` outside Loom's checkout): " (from <cwd>); Loom's own debug.ini is ..., given
+/// by its name: -c debug". Else "".
+std::string shipped_hint(const std::filesystem::path& file);
+
 /// The merged, not yet validated configuration: "section.key" -> value and origin.
 class Config {
  public:

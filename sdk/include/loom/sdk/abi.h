@@ -122,7 +122,7 @@ typedef struct loom_option_spec {
   uint32_t type;             /* loom_option_type */
   const char* key;           /* lower_snake_case, unique within the component */
   const char* default_value; /* text valid for `type`; "" means no default (required) */
-  const char* help;          /* one line, shown by `loom plugins inspect` and `--help` */
+  const char* help;          /* one line, shown by `loom plugins inspect` and in errors about the option */
   const char* choices;       /* LOOM_OPTION_ENUM: "a|b|c". Since ABI 1.3, LOOM_OPTION_INT and
                                 LOOM_OPTION_FLOAT: NULL, or the valid range "lo..hi", inclusive
                                 (either side may be empty: "1..", "..0.5"). Otherwise NULL. */
