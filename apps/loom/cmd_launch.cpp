@@ -57,6 +57,7 @@ struct Child {
   std::string error;     // its last error line ("[hh:mm:ss E rank R] ...")
   bool running = true;
   int status = 0;
+  bool killed_by_launcher = false;  // ended after the launcher's SIGKILL (past --grace)
 };
 
 /// Whether `port` on the loopback can be bound now (0: the kernel's choice, written back).
@@ -433,7 +434,9 @@ int cmd_launch(const Invocation& invocation) {
             signalled_rank = &c;
             signal_all(children, WEXITSTATUS(status) - 128);
           }
-          if (failed(status) && !stopped_by_signal(status) && first_failure == nullptr) {
+          // (a rank ended by the signal the launcher passed on, a second Ctrl-C's, is the stop asked for)
+          const bool ended_as_asked = interrupted && WIFSIGNALED(status) && WTERMSIG(status) == interrupted;
+          if (failed(status) && !stopped_by_signal(status) && !ended_as_asked && first_failure == nullptr) {
             // (during a stop the user asked for too: a rank killed or failing then left no stop
             // checkpoint, and the exit status of a clean stop would say there is one)
             first_failure = &c;
@@ -452,22 +455,31 @@ int cmd_launch(const Invocation& invocation) {
     for (const auto& c : children) any = any || c.running;
     if (!any) break;
     if (stop_by != std::chrono::steady_clock::time_point{} && std::chrono::steady_clock::now() > stop_by) {
+      for (auto& c : children) c.killed_by_launcher = c.running;
       signal_all(children, SIGKILL);
       stop_by = {};
     }
   }
   for (auto& c : children)
     if (c.out >= 0) drain(c, true);
+  // The first to exit is often a rank whose collective found the failed one gone (it exits the
+  // moment the connection closes); the rank that failed of itself is the one to name.
+  // (one that exited with its own error, or that a signal not from the launcher ended: kill -9)
+  const auto of_itself = [&](const Child& c) {
+    if (!failed(c.status) || stopped_by_signal(c.status) || c.killed_by_launcher) return false;
+    if (WIFSIGNALED(c.status)) return !(interrupted && WTERMSIG(c.status) == interrupted);
+    return !c.error.empty() && !reports_a_peer(c);
+  };
+  const Child* blamed = first_failure;
+  if (blamed != nullptr && reports_a_peer(*blamed))
+    for (const auto& c : children)
+      if (of_itself(c)) {
+        blamed = &c;
+        break;
+      }
+  // (during a stop the user asked for, a rank that only lost another that stopped first is the stop)
+  if (blamed != nullptr && interrupted && reports_a_peer(*blamed)) first_failure = blamed = nullptr;
   if (first_failure != nullptr) {
-    // The first to exit is often a rank whose collective found the failed one gone (it exits the
-    // moment the connection closes); the rank that failed of itself is the one to name.
-    const Child* blamed = first_failure;
-    if (reports_a_peer(*blamed))
-      for (const auto& c : children)
-        if (failed(c.status) && !stopped_by_signal(c.status) && WIFEXITED(c.status) && !c.error.empty() && !reports_a_peer(c)) {
-          blamed = &c;
-          break;
-        }
     const std::string& line = !blamed->error.empty() ? blamed->error : blamed->last;
     core::log::error("launch: rank ", blamed->rank, " ", ended(blamed->status), blamed == first_failure ? "" : " (it failed of itself)",
                      interrupted ? " while the ranks stopped on " + std::string(::strsignal(interrupted)) +

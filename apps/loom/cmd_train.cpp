@@ -442,15 +442,21 @@ void load_weights(core::Trainer& trainer, const fs::path& checkpoint, const std:
 int evaluate(const Invocation& invocation, const fs::path& checkpoint);
 
 int cmd_eval(const Invocation& invocation) {
+  const std::string given = invocation.options.count("checkpoint") ? invocation.options["checkpoint"].as<std::string>()
+                            : invocation.args.empty()               ? std::string()
+                                                                    : invocation.args[0];
   for (int chosen = 1;; ++chosen) {
     const fs::path checkpoint = checkpoint_path(invocation);
     try {
       return evaluate(invocation, checkpoint);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
       // The newest step of a run folder, pruned by the run in progress (trainer.keep_last) while
-      // this command set up: the newest one again, not "cannot read ...: No such file".
+      // this command set up: the newest one again, not "cannot read ...: No such file". (Only an
+      // error about that step, where a run folder was given: not an OOM, not a step folder named.)
       std::error_code ec;
-      if (chosen == 3 || fs::exists(checkpoint, ec) || !fs::exists(checkpoint.parent_path(), ec)) throw;
+      if (chosen == 3 || fs::path(given).lexically_normal() == checkpoint || fs::exists(checkpoint, ec) ||
+          std::string(e.what()).find(checkpoint.string()) == std::string::npos)
+        throw;
       core::log::info(checkpoint.string(), " was pruned by its run (in progress) while this command read it: taking the "
                       "run's newest step again");
     }

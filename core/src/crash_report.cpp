@@ -15,6 +15,7 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <initializer_list>
 #include <ucontext.h>
 #include <unistd.h>
@@ -97,9 +98,21 @@ void on_exit_call() {
   std::_Exit(1);
 }
 
-/// The file mapped at `address` (from /proc/self/maps, read with read(2) into a fixed buffer), into
-/// `path`; false where none is.
-bool mapped_file_at(uintptr_t address, char* path, size_t size) {
+/// A hexadecimal number at `text` (as /proc/self/maps writes them), and where it ends. (strtoull
+/// is not on POSIX's list of async-signal-safe functions.)
+uintptr_t hex_at(const char*& text) {
+  uintptr_t value = 0;
+  for (;; ++text) {
+    const char c = *text;
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (digit < 0) return value;
+    value = value * 16 + static_cast<uintptr_t>(digit);
+  }
+}
+
+/// The file mapped at `address` (from /proc/self/maps, read with read(2) into a fixed buffer) into
+/// `path`, and the offset in it that `address` maps; false where no file is mapped there.
+bool mapped_file_at(uintptr_t address, char* path, size_t size, uintptr_t& offset) {
   const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   static char buffer[16384];
@@ -114,11 +127,15 @@ bool mapped_file_at(uintptr_t address, char* path, size_t size) {
     for (char* end; !found && (end = std::strchr(line, '\n')) != nullptr; line = end + 1) {
       *end = '\0';
       // "start-end perms offset dev inode   path"
-      char* dash = nullptr;
-      const uintptr_t start = std::strtoull(line, &dash, 16);
-      const uintptr_t stop = *dash == '-' ? std::strtoull(dash + 1, nullptr, 16) : 0;
+      const char* p = line;
+      const uintptr_t start = hex_at(p);
+      const uintptr_t stop = *p == '-' ? hex_at(++p) : 0;
+      const char* fields = std::strchr(p, ' ');                                  // " perms offset ..."
+      const char* at_offset = fields ? std::strchr(fields + 1, ' ') : nullptr;  // " offset ..."
       const char* file = std::strchr(line, '/');
-      if (address >= start && address < stop && file != nullptr) {
+      if (address >= start && address < stop && file != nullptr && at_offset != nullptr) {
+        const char* q = at_offset + 1;
+        offset = hex_at(q) + (address - start);
         std::strncpy(path, file, size - 1);
         path[size - 1] = '\0';
         found = true;
@@ -143,12 +160,19 @@ void on_crash(int sig, siginfo_t* info, void* raw_context) {
     put_hex(reinterpret_cast<uintptr_t>(info->si_addr));
   }
   static char file[512];
-  if (sig == SIGBUS && info->si_code == BUS_ADRERR && mapped_file_at(reinterpret_cast<uintptr_t>(info->si_addr), file, sizeof file)) {
-    // (a file cut short while mapped: another process wrote over it in place, cp or rsync --inplace)
+  uintptr_t offset = 0;
+  struct stat now {};
+  if (sig == SIGBUS && info->si_code == BUS_ADRERR &&
+      mapped_file_at(reinterpret_cast<uintptr_t>(info->si_addr), file, sizeof file, offset)) {
     put(", in ");
     put(file);
-    put(", which became shorter while it was read: another process wrote it in place (cp over it, rsync "
-        "--inplace, a sync tool). Read a copy that nothing writes to; Loom writes its own files whole, by renaming.\n");
+    // (past its end now: cut short while mapped, by another process writing over it in place;
+    // else the file's pages could not be read, an I/O error)
+    if (::stat(file, &now) == 0 && static_cast<uintptr_t>(now.st_size) <= offset)
+      put(", which became shorter while it was read: another process wrote it in place (cp over it, rsync "
+          "--inplace, a sync tool). Read a copy that nothing writes to; Loom writes its own files whole, by renaming.\n");
+    else
+      put(", whose data could not be read (an I/O error: a disk, or a network file system that went away).\n");
   } else {
     put(". This is a bug in Loom or in a plugin; please report it with the lines below.\n");
   }

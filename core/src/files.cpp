@@ -191,7 +191,7 @@ fs::path temp_folder() {
 
 std::string home_expanded(const std::string& path) {
   const char* home = std::getenv("HOME");
-  if (home == nullptr || *home == '\0' || path.empty() || path[0] != '~' || (path.size() > 1 && path[1] != '/')) return path;
+  if (home == nullptr || *home == '\0' || path.rfind("~/", 0) != 0) return path;
   return home + path.substr(1);
 }
 

@@ -199,6 +199,7 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   bool timed_out = false;
   int status = 0;
   bool reaped = false;  // (the scanner ended: what is left in the pipe is read, then no more)
+  size_t read_after = 0;  // bytes read since (about: chunks of at most 512)
   while (true) {
     pollfd p{pipe_fds[0], POLLIN, 0};
     const int ready = ::poll(&p, 1, 50);
@@ -231,11 +232,16 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
       break;
     } else if (ready == 0 && reaped) {
       break;
-    } else if (ready == 0 && ::waitpid(pid, &status, WNOHANG) == pid) {
-      // Ended, and no end of its output: a process a plugin's initializer started (a daemon)
-      // holds the pipe open, and would keep the scan waiting until the limit.
-      reaped = true;
     }
+    // Ended, and no end of its output: a process a plugin's initializer started (a daemon) holds
+    // the pipe open, and would keep the scan waiting until the limit. What the scanner wrote
+    // before it ended is in the pipe: read, up to what a pipe holds and a little more (a daemon
+    // that writes on would keep it going), then no more.
+    if (!reaped && ::waitpid(pid, &status, WNOHANG) == pid) {
+      reaped = true;
+      read_after = 0;
+    }
+    if (reaped && ready > 0 && (read_after += 512) > (1u << 20)) break;
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() >
         (started ? limit : std::max(limit, 120.0))) {
       if (reaped) break;  // (still written to by that process: the scanner's own lines are read)

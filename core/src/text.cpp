@@ -67,7 +67,7 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
       {"learning_rate", "lr"}, {"num_epochs", "epochs"}, {"num_train_epochs", "epochs"}, {"max_epochs", "epochs"},
       {"max_grad_norm", "clip_grad_norm"}, {"gradient_clip_val", "clip_grad_norm"}, {"grad_clip", "clip_grad_norm"},
       {"accumulate_grad_batches", "gradient_accumulation_steps"}, {"output_dir", "work_dir"},
-      {"per_device_train_batch_size", "batch_size"}, {"save_total_limit", "keep_last"}, {"logging_steps", "log_every"}};
+      {"save_total_limit", "keep_last"}, {"logging_steps", "log_every"}};
   const auto last = [](const std::string& key) { return std::string_view(key).substr(key.rfind('.') + 1); };
   for (const auto& [theirs, ours] : kOtherNames)
     if (last(word) == theirs)

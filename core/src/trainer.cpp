@@ -68,8 +68,9 @@ void share_cores(int default_threads) {
   if (const char* omp = std::getenv("OMP_NUM_THREADS")) {  // (OpenMP's form: "4", or "4,2" for nested levels)
     const std::string text(omp);
     if (const auto n = sdk::parse_int(text.substr(0, text.find(','))); n && *n > 0) return;  // the user's choice
-    log::warn("OMP_NUM_THREADS = '", text, "' is no number of threads (OpenMP ignores it): the ", local,
-              " processes of this job share the cores as without it");
+    if (const char* local_rank = std::getenv("LOCAL_RANK"); local_rank == nullptr || std::string(local_rank) == "0")
+      log::warn("OMP_NUM_THREADS = '", text, "' is no number of threads (OpenMP ignores it): the ", local,
+                " processes of this job share the cores as without it");
   }
   cpu_set_t set;
   CPU_ZERO(&set);

@@ -172,7 +172,7 @@ void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& con
       differ.push_back(key + " = " + v.value + " (" + v.origin.describe() + ") on rank " + rank + ", " + it->second + " on rank 0");
   }
   for (const auto& [key, value] : theirs)
-    if (!config.count(key)) differ.push_back(key + " = " + value + " on rank 0, which this rank does not have");
+    if (!config.count(key)) differ.push_back(key + " = " + value + " on rank 0, which rank " + rank + " does not have");
   // Which ranks differ, then the first difference of the lowest of them, so that every rank's error
   // names a key (rank 0's log, on another node, would have said only that some rank differs).
   const int64_t world = parallel.world_size();

@@ -183,19 +183,21 @@ try:
     print("nodes started with different configurations: refused at the start, the keys named")
     # Nodes started for different worlds (--nnodes 2 and 3 by mistake): rank 0 waited in Gloo's
     # connection of every pair, with no deadline; each now says at once how its world differs.
-    port = str(free_port())
-    nodes = [subprocess.Popen([exe, "launch", "--nnodes", str(n + 2), "--node-rank", str(n), "--nproc-per-node", "1",
-                               "--master-port", port, "--", "train", *args, *DDP, "--set", "trainer.name=worlds_differ",
-                               "--set", "trainer.batch_size=12"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
-    started = time.monotonic()
-    outs = [p.communicate(timeout=300) for p in nodes]
-    assert [p.returncode for p in nodes] == [1, 1], [o[1][-2000:] for o in outs]
-    assert time.monotonic() - started < 50, "the ranks waited for parallel.timeout (60 s)"
-    for out in outs:
-        assert "rank 1 was started as one of 3 ranks, rank 0 as one of 2: start every node with the same --nnodes and " \
-            "--nproc-per-node" in out[1], out[1][-2000:]
-    print("nodes started for different worlds: refused at once, on both")
+    # Either way round: node 0 counting more ranks than come waited for them in the store.
+    for worlds in ((2, 3), (3, 2)):
+        port = str(free_port())
+        nodes = [subprocess.Popen([exe, "launch", "--nnodes", str(worlds[n]), "--node-rank", str(n), "--nproc-per-node",
+                                   "1", "--master-port", port, "--", "train", *args, *DDP, "--set",
+                                   f"trainer.name=worlds_differ{worlds[0]}", "--set", "trainer.batch_size=12"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+        started = time.monotonic()
+        outs = [p.communicate(timeout=300) for p in nodes]
+        assert [p.returncode for p in nodes] == [1, 1], [o[1][-2000:] for o in outs]
+        assert time.monotonic() - started < 50, "the ranks waited for parallel.timeout (60 s)"
+        for out in outs:
+            assert f"rank 1 was started as one of {worlds[1]} ranks, rank 0 as one of {worlds[0]}: start every node with " \
+                "the same --nnodes and --nproc-per-node" in out[1], out[1][-2000:]
+    print("nodes started for different worlds: refused at once, on both, either way round")
     r = launch("--nproc-per-node", "3", "--", "train", *args, *DDP, "--set", "trainer.name=uneven", check=False)
     assert r.returncode == 1 and r.stderr.count("is not divisible by gradient_accumulation_steps 1 x world size 3") == 1 \
         and " rank 0]" not in r.stderr, r.stderr[-2000:]  # (said once, by the launcher, before any rank starts)

@@ -183,7 +183,9 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     options.port = static_cast<uint16_t>(env_.port);
     options.isServer = env_.rank == 0 && !env_.agent_store;
     options.numWorkers = static_cast<size_t>(env_.world_size);
-    options.waitWorkers = !env_.agent_store;
+    // (rank 0 does not wait here for its world's count of ranks to connect: agree_on_world waits,
+    // with a deadline, and hears a rank started for another world, which would never come or be counted)
+    options.waitWorkers = false;
     options.timeout = timeout_;
     c10::intrusive_ptr<c10d::Store> store;
     try {
@@ -203,7 +205,9 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     if (env_.agent_store)
       store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env_.restart), store);
     store_ = store;
-    agree_on_world();
+    // (torchrun's agent gave every rank of this rendezvous one world, and its store outlives a
+    // re-rendezvous that does not count as a restart: keys of the round before would be read)
+    if (!env_.agent_store) agree_on_world();
     agree_on_backend();
     if (nccl_) {
       claim_gpu();

@@ -606,14 +606,15 @@ TEST_F(ConfigTest, APathsLeadingTildeIsTheHomeFolderAsTheShellWouldHaveIt) {
   config.set_assignment("trainer.name=~");
   Resolved r = validate(config, run_schema(config, loom::testing::registry()));
   EXPECT_EQ(r.at("trainer.work_dir").value, std::string(home) + "/runs");
-  EXPECT_EQ(r.at("trainer.name").value, std::string(home));
-  // Only a leading ~ alone or before '/': another user's ~name, and a ~ further on, are left as they are.
+  EXPECT_EQ(r.at("trainer.name").value, "~") << "a ~ alone may be a text option's value";
+  // Only a leading "~/": another user's ~name, and a ~ further on, are left as they are.
   config.set_assignment("trainer.work_dir=~other/runs");
   config.set_assignment("trainer.name=a~/b");
   r = validate(config, run_schema(config, loom::testing::registry()));
   EXPECT_EQ(r.at("trainer.work_dir").value, "~other/runs");
   EXPECT_EQ(r.at("trainer.name").value, "a~/b");
-  EXPECT_EQ(loom::core::home_expanded("~"), std::string(home));
+  EXPECT_EQ(loom::core::home_expanded("~"), "~");
+  EXPECT_EQ(loom::core::home_expanded("~/"), std::string(home) + "/");
   EXPECT_EQ(loom::core::home_expanded(""), "");
 }
 

@@ -73,9 +73,10 @@ void fsync_dir(const std::filesystem::path& dir);
 /// loom::Error naming TMPDIR where it is no folder (std::filesystem's said neither).
 std::filesystem::path temp_folder();
 
-/// `path` with a leading "~" or "~/" taken as $HOME (where HOME is set), as the shell does with a
-/// word's own: `--set trainer.work_dir=~/runs` and `--checkpoint=~/x.safetensors` reach Loom with
-/// the ~, which made a folder named "~" in the current one. Anything else is returned as it is.
+/// `path` with a leading "~/" taken as $HOME/ (where HOME is set), as the shell does with a word's
+/// own: `--set trainer.work_dir=~/runs` and `--checkpoint=~/x.safetensors` reach Loom with the ~,
+/// which made a folder named "~" in the current one. Anything else, "~" alone too (a text option's
+/// value may be one), is returned as it is.
 std::string home_expanded(const std::string& path);
 
 /// Atomically renames `from` to `to` (both in one folder) and fsyncs the folder.
