@@ -258,6 +258,19 @@ try:
     assert err.count("stopped by SIGINT") == 2, err[-2000:]
     assert os.path.isdir(os.path.join(work, "interrupted", "checkpoints", f"step_{int(stops[0]):08d}")), err[-2000:]
     print(f"Ctrl-C of a launched job: both ranks stopped after step {stops[0]}, its checkpoint written")
+    # A rank killed from outside as the ranks stop on a Ctrl-C: no clean stop (rank 0's stop may
+    # have written no checkpoint), so exit 1 naming the killed rank, not 130.
+    p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=interrupted_kill"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_training("interrupted_kill", p, "the launched job")
+    children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    rank1 = [c for c in children if "RANK=1" in open(f"/proc/{c}/environ", "rb").read().decode(errors="replace").split("\0")]
+    assert rank1, f"no rank 1 among {children}"
+    os.kill(int(rank1[0]), signal.SIGKILL)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and "launch: rank 1 was killed by signal 9" in err, (p.returncode, err[-2000:])
+    print("a rank killed as a Ctrl-C stops the job: exit 1, the launcher named it")
 
     # 5c. A signal that reaches one rank only (a scheduler signalling one process): every rank stops
     # after the same step and names that signal, not a guessed one.
