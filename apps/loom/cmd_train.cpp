@@ -295,26 +295,35 @@ fs::path checkpoint_path(const Invocation& invocation) {
       !fs::is_directory(checkpoint / "checkpoints"))  // (a run that is itself named "checkpoints")
     checkpoint = checkpoint.has_parent_path() ? checkpoint.parent_path() : fs::path(".");
   if (fs::is_directory(checkpoint / "checkpoints")) {
-    const auto all = core::CheckpointStore::list_run(checkpoint);
-    if (all.empty())
-      throw Error(checkpoint.string() + " is a run folder without step checkpoints; pass one of its best_*.safetensors "
-                  "files, or a run that wrote a checkpoint");
     // The newest whole one, as --resume auto takes: a step folder a kill or a hand left without
-    // its state.json (not listed), without a file, or damaged is passed over, said.
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(checkpoint / "checkpoints", ec))
-      if (entry.is_directory(ec) && core::step_of(entry.path()) > core::step_of(all.back()))
-        core::log::warn(entry.path().string(), " is no whole checkpoint (its state.json is missing or damaged): passed over");
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      try {
-        (void)core::CheckpointStore::load(*it);  // (every file there, its checksums: what a resume checks)
-        return *it;
-      } catch (const std::exception& e) {
-        core::log::warn(it->string(), " cannot be evaluated (", e.what(), "): ",
-                        std::next(it) != all.rend() ? "taking the step before it" : "no step of the run is whole");
+    // its state.json (not listed), without a file, or damaged is passed over, said. One that the
+    // run in progress pruned as it was read (trainer.keep_last) is none of these: the steps are
+    // listed again.
+    for (int listed = 1;; ++listed) {
+      const auto all = core::CheckpointStore::list_run(checkpoint);
+      if (all.empty())
+        throw Error(checkpoint.string() + " is a run folder without step checkpoints; pass one of its best_*.safetensors "
+                    "files, or a run that wrote a checkpoint");
+      std::error_code ec;
+      if (listed == 1)
+        for (const auto& entry : fs::directory_iterator(checkpoint / "checkpoints", ec))
+          if (entry.is_directory(ec) && core::step_of(entry.path()) > core::step_of(all.back()))
+            core::log::warn(entry.path().string(), " is no whole checkpoint (its state.json is missing or damaged): passed over");
+      bool pruned = false;
+      for (auto it = all.rbegin(); it != all.rend() && !pruned; ++it) {
+        try {
+          (void)core::CheckpointStore::load(*it);  // (every file there, its checksums: what a resume checks)
+          return *it;
+        } catch (const std::exception& e) {
+          pruned = listed < 20 && !fs::exists(*it, ec);
+          if (!pruned)
+            core::log::warn(it->string(), " cannot be evaluated (", e.what(), "): ",
+                            std::next(it) != all.rend() ? "taking the step before it" : "no step of the run is whole");
+        }
       }
+      if (!pruned)
+        throw Error(checkpoint.string() + ": none of its step checkpoints is whole; pass one of its best_*.safetensors files");
     }
-    throw Error(checkpoint.string() + ": none of its step checkpoints is whole; pass one of its best_*.safetensors files");
   }
   const std::string name = checkpoint.filename().string();
   if (!fs::is_directory(checkpoint) && (name == "state.json" || name == "model.safetensors" || name == "optimizer.safetensors") &&
@@ -454,7 +463,7 @@ int cmd_eval(const Invocation& invocation) {
       // this command set up: the newest one again, not "cannot read ...: No such file". (Only an
       // error about that step, where a run folder was given: not an OOM, not a step folder named.)
       std::error_code ec;
-      if (chosen == 3 || fs::path(given).lexically_normal() == checkpoint || fs::exists(checkpoint, ec) ||
+      if (chosen == 20 || fs::path(given).lexically_normal() == checkpoint || fs::exists(checkpoint, ec) ||
           std::string(e.what()).find(checkpoint.string()) == std::string::npos)
         throw;
       core::log::info(checkpoint.string(), " was pruned by its run (in progress) while this command read it: taking the "

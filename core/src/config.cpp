@@ -254,7 +254,8 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       if (base.find("://") != std::string::npos)
         throw Error(display(path) + ":" + std::to_string(e.line) + ": base = " + base + " is a URL; a base is a file " +
                     "(a path relative to this file, or one of Loom's configurations by name): download it first");
-      fs::path base_path = fs::path(base).is_absolute() ? fs::path(base) : path.parent_path() / base;
+      const fs::path named = home_expanded(base);  // (base = ~/common.ini)
+      fs::path base_path = named.is_absolute() ? named : path.parent_path() / named;
       // A bare name that is not beside this file is one of Loom's configurations, as for -c
       // (`base = debug`, or a copy of debug.ini whose `base = fashion_mnist.ini` stayed behind).
       std::error_code ec;

@@ -16,6 +16,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <pwd.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -190,8 +191,15 @@ fs::path temp_folder() {
 }
 
 std::string home_expanded(const std::string& path) {
+  if (path.rfind("~/", 0) != 0) return path;
   const char* home = std::getenv("HOME");
-  if (home == nullptr || *home == '\0' || path.rfind("~/", 0) != 0) return path;
+  if (home == nullptr || *home == '\0') {  // (as the shell then: the user's entry in the password database)
+    const passwd* user = ::getpwuid(::getuid());
+    home = user != nullptr ? user->pw_dir : nullptr;
+  }
+  if (home == nullptr || *home == '\0')
+    throw Error(path + ": a path from the home folder, but this process has none (HOME is unset, and user " +
+                std::to_string(::getuid()) + " has no entry with one); write the folder out");
   return home + path.substr(1);
 }
 

@@ -5,6 +5,7 @@
 #include "plugin_fingerprint.hpp"
 
 #include <loom/core/kinds.hpp>
+#include <loom/core/text.hpp>
 #include <loom/sdk/options.hpp>
 
 #include <algorithm>
@@ -44,21 +45,7 @@ bool is_printable(const std::string& s) {
   return true;
 }
 
-/// A plugin's text for people (a summary, an option's help): at most `max` bytes, each control
-/// character a space. `loom plugins` prints it, and a line break or an escape in it printed
-/// lines that looked like Loom's own.
-std::string printable(const char* s, size_t max) {
-  if (s == nullptr) return {};
-  std::string text(s, ::strnlen(s, max));
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f) text[i] = ' ';
-    else if (c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-             static_cast<unsigned char>(text[i + 1]) <= 0x9f)
-      text.replace(i, 2, " ");
-  }
-  return text;
-}
+std::string printable(const char* s, size_t max) { return s == nullptr ? std::string() : core::printable(std::string_view(s, ::strnlen(s, max)), max); }
 
 [[noreturn]] void refuse_now(std::string stage, std::string reason, std::string hint = {}) {
   throw PluginRefused{std::move(stage), std::move(reason), std::move(hint)};

@@ -142,7 +142,7 @@ void Trainer::report_startup() const {
     // own are README's, said where they act, and their lines are for --log-level debug.
     const auto& info = registry_.require(LOOM_KIND_CALLBACK, name);
     const bool own = info.plugin && info.plugin->file.filename() == "libloom_callback_standard.so";
-    if (!text.empty() && !own) log::info("callback ", name, ": ", text);
+    if (!text.empty() && !own) log::info("callback ", name, ": ", printable(text, 300));  // (a plugin's text: one line)
     else if (log::enabled(LOOM_LOG_DEBUG) && !text.empty()) log::debug("callback  ", text);
   }
   log::info("callbacks ", names.empty() ? std::string("none") : join(names, ", "), "; evaluation every ", eval_every_,

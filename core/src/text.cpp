@@ -46,6 +46,18 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+std::string printable(std::string_view text, size_t max) {
+  std::string out(text.substr(0, max));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto c = static_cast<unsigned char>(out[i]);
+    if (c < 0x20 || c == 0x7f) out[i] = ' ';
+    else if (c == 0xc2 && i + 1 < out.size() && static_cast<unsigned char>(out[i + 1]) >= 0x80 &&
+             static_cast<unsigned char>(out[i + 1]) <= 0x9f)
+      out.replace(i, 2, " ");
+  }
+  return out;
+}
+
 std::optional<std::string> closest(const std::string& word, const std::vector<std::string>& candidates) {
   std::optional<std::string> best;
   size_t best_distance = 0;
@@ -67,7 +79,8 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
       {"learning_rate", "lr"}, {"num_epochs", "epochs"}, {"num_train_epochs", "epochs"}, {"max_epochs", "epochs"},
       {"max_grad_norm", "clip_grad_norm"}, {"gradient_clip_val", "clip_grad_norm"}, {"grad_clip", "clip_grad_norm"},
       {"accumulate_grad_batches", "gradient_accumulation_steps"}, {"output_dir", "work_dir"},
-      {"save_total_limit", "keep_last"}, {"logging_steps", "log_every"}};
+      {"save_total_limit", "keep_last"}, {"logging_steps", "log_every"}, {"save_steps", "checkpoint_every"},
+      {"eval_steps", "eval_every"}};
   const auto last = [](const std::string& key) { return std::string_view(key).substr(key.rfind('.') + 1); };
   for (const auto& [theirs, ours] : kOtherNames)
     if (last(word) == theirs)
@@ -76,7 +89,8 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
                                    std::string_view(word).substr(0, word.size() - theirs.size()))
           return c;
   const bool prefix = !word.empty() && (best->rfind(word, 0) == 0 || word.rfind(*best, 0) == 0);
-  const size_t allowed = std::max<size_t>(1, word.size() / 3);
+  // (of the key's own name: a long section's name, model.lightweight_transformer., made any key close)
+  const size_t allowed = std::max<size_t>(1, (word.size() - word.rfind('.') - 1) / 3);
   if (best_distance <= allowed || prefix) return best;
   return std::nullopt;
 }

@@ -198,6 +198,20 @@ try:
             assert f"rank 1 was started as one of {worlds[1]} ranks, rank 0 as one of {worlds[0]}: start every node with " \
                 "the same --nnodes and --nproc-per-node" in out[1], out[1][-2000:]
     print("nodes started for different worlds: refused at once, on both, either way round")
+    # One world split two ways (2 x 2 on node 0, 4 x 1 on node 1 as its rank 1): two processes of
+    # rank 1, and no rank 2 or 3; both waited for parallel.timeout, then blamed a rank that never failed.
+    port = str(free_port())
+    nodes = [subprocess.Popen([exe, "launch", "--nnodes", str(nnodes), "--node-rank", str(n), "--nproc-per-node",
+                               str(nproc), "--master-port", port, "--", "train", *args, *DDP, "--set",
+                               "trainer.name=split_differ", "--set", "trainer.batch_size=12"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n, nnodes, nproc in ((0, 2, 2), (1, 4, 1))]
+    started = time.monotonic()
+    outs = [p.communicate(timeout=300) for p in nodes]
+    assert [p.returncode for p in nodes] == [1, 1], [o[1][-2000:] for o in outs]
+    assert time.monotonic() - started < 50, "the ranks waited for parallel.timeout (60 s)"
+    assert "rank 1 of 4 was started twice" in outs[0][1], outs[0][1][-2000:]  # (said by rank 0, whichever rank 1 was refused)
+    print("one world split two ways: refused at once, the duplicate rank named")
     r = launch("--nproc-per-node", "3", "--", "train", *args, *DDP, "--set", "trainer.name=uneven", check=False)
     assert r.returncode == 1 and r.stderr.count("is not divisible by gradient_accumulation_steps 1 x world size 3") == 1 \
         and " rank 0]" not in r.stderr, r.stderr[-2000:]  # (said once, by the launcher, before any rank starts)

@@ -236,7 +236,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
   /// error about the network interface. Rank 0 goes on once the others agreed, or says who did not.
   void agree_on_world() {
     const std::string world_key = "loom/ddp/world", refused_key = "loom/ddp/world_refused", agreed_key = "loom/ddp/world_agreed";
-    const std::string fix = ": start every node with the same --nnodes and --nproc-per-node (the same WORLD_SIZE)";
+    const std::string fix = ": start every node with the same --nnodes and --nproc-per-node and a --node-rank of its own";
     const auto bytes = [](const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); };
     if (env_.rank != 0) {
       std::vector<uint8_t> got;
@@ -246,9 +246,15 @@ class Ddp final : public loom::sdk::ParallelStrategy {
         throw failed("reading rank 0's world size", e);
       }
       const std::string theirs(got.begin(), got.end());
-      if (theirs != std::to_string(env_.world_size)) {
-        const std::string why = "rank " + std::to_string(env_.rank) + " was started as one of " +
-                                std::to_string(env_.world_size) + " ranks, rank 0 as one of " + theirs;
+      std::string why;
+      if (theirs != std::to_string(env_.world_size))
+        why = "rank " + std::to_string(env_.rank) + " was started as one of " + std::to_string(env_.world_size) +
+              " ranks, rank 0 as one of " + theirs;
+      // (one world, two processes of one rank: nodes that split it another way, 2 x 2 and 4 x 1)
+      else if (store_->add("loom/ddp/rank/" + std::to_string(env_.rank), 1) > 1)
+        why = "rank " + std::to_string(env_.rank) + " of " + theirs + " was started twice (by two nodes that split the "
+              "world differently, or with the same --node-rank)";
+      if (!why.empty()) {
         store_->set(refused_key, bytes(why));
         throw Error("ddp: " + why + fix);
       }

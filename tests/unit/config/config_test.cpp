@@ -399,6 +399,20 @@ TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
   const std::string named = error_of([&] { validate(theirs, core_schema()); });
   EXPECT_CONTAINS(named, "unknown key 'trainer.learning_rate'; did you mean 'trainer.lr'?");
   EXPECT_CONTAINS(named, "unknown key 'trainer.max_epochs'; did you mean 'trainer.epochs'?");
+  Config hf;
+  hf.set_assignment("precision.name=fp32");
+  hf.set_assignment("trainer.schedule=constant");
+  hf.set_assignment("trainer.save_steps=10");
+  hf.set_assignment("trainer.warmup_steps=10");
+  hf.set_assignment("model.lightweight_transformer.zzzzqqqq=1");
+  const std::string hf_said = error_of([&] { validate(hf, run_schema(hf, loom::testing::registry())); });
+  EXPECT_CONTAINS(hf_said, "unknown key 'trainer.save_steps'; did you mean 'trainer.checkpoint_every'?");
+  // (warmup_steps is no typo of max_steps; a long section's name made any key of it "close")
+  EXPECT_EQ(hf_said.find("'trainer.warmup_steps'; did you mean"), std::string::npos) << hf_said;
+  EXPECT_EQ(hf_said.find("'model.lightweight_transformer.zzzzqqqq'; did you mean"), std::string::npos) << hf_said;
+  // A plugin's text printed as one line: no line break, no terminal escape, bounded.
+  EXPECT_EQ(loom::core::printable("a\nb\x1b[31mc", 300), "a b [31mc");
+  EXPECT_EQ(loom::core::printable(std::string(5000, 'x'), 300).size(), 300u);
   // Nothing close: the section's keys, each once (those a flag sets were listed twice).
   Config far;
   far.set_assignment("trainer.zzzzzzzzzzzz=1");

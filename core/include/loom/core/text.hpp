@@ -13,6 +13,11 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
 /// Levenshtein distance (insertions, deletions, substitutions, and swaps of neighbours).
 size_t edit_distance(std::string_view a, std::string_view b);
 
+/// A plugin's text for people (a summary, an option's help, a callback's describe()): at most
+/// `max` bytes, each control character (C0, DEL, C1 in UTF-8) a space. A line break or an escape in
+/// it printed lines that looked like Loom's own, or set the terminal's colours.
+std::string printable(std::string_view text, size_t max);
+
 /// The candidate closest to `word`, if it is close enough to be what the user meant (at most a
 /// third of the word's letters differ, or one is a prefix of the other).
 std::optional<std::string> closest(const std::string& word, const std::vector<std::string>& candidates);
