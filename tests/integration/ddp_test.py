@@ -63,6 +63,15 @@ def weights(run):
     return load_file(os.path.join(run, "checkpoints", step, "model.safetensors"))
 
 
+def launched_rank(launcher, rank):
+    """The pid of rank `rank` among the processes `loom launch` (the Popen `launcher`) started."""
+    children = subprocess.run(["pgrep", "-P", str(launcher.pid)], capture_output=True, text=True).stdout.split()
+    found = [c for c in children
+             if f"RANK={rank}" in open(f"/proc/{c}/environ", "rb").read().decode(errors="replace").split("\0")]
+    assert found, f"no rank {rank} among {children}"
+    return int(found[0])
+
+
 def wait_for_training(run, proc, what):
     """Until `run` has logged a step (its metrics.jsonl is not empty), while `proc` runs."""
     jsonl = os.path.join(work, run, "metrics.jsonl")
@@ -250,10 +259,7 @@ try:
     p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=killed_launch"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_training("killed_launch", p, "the launched job")
-    children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
-    rank1 = [c for c in children if "RANK=1" in open(f"/proc/{c}/environ", "rb").read().decode(errors="replace").split("\0")]
-    assert rank1, f"no rank 1 among {children}"
-    os.kill(int(rank1[0]), signal.SIGKILL)
+    os.kill(launched_rank(p, 1), signal.SIGKILL)
     _, err = p.communicate(timeout=120)
     assert p.returncode != 0 and "launch: rank 1 was killed by signal 9" in err, err[-2000:]
     print("loom launch: rank 1 killed -> the job stopped, the launcher named rank 1")
@@ -277,10 +283,7 @@ try:
     p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=interrupted_kill"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_training("interrupted_kill", p, "the launched job")
-    children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
-    rank1 = [c for c in children if "RANK=1" in open(f"/proc/{c}/environ", "rb").read().decode(errors="replace").split("\0")]
-    assert rank1, f"no rank 1 among {children}"
-    os.kill(int(rank1[0]), signal.SIGKILL)
+    os.kill(launched_rank(p, 1), signal.SIGKILL)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 1 and "launch: rank 1 was killed by signal 9" in err, (p.returncode, err[-2000:])
