@@ -230,6 +230,16 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     }
   }
 
+  /// The text rank 0 set under `key`, waited for (parallel.timeout); a failure says `what` failed.
+  std::string text_of_rank_0(const std::string& key, const char* what) const {
+    try {
+      const std::vector<uint8_t> got = store_->get(key);
+      return std::string(got.begin(), got.end());
+    } catch (const std::exception& e) {
+      throw failed(what, e);
+    }
+  }
+
   /// Every rank was started for rank 0's world, or each says how it differs, at once: nodes started
   /// with other --nnodes or --nproc-per-node met at the store and then waited in Gloo's connection
   /// of every pair, which has no deadline (rank 0 hung for good), or until parallel.timeout with an
@@ -239,13 +249,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     const std::string fix = ": start every node with the same --nnodes and --nproc-per-node and a --node-rank of its own";
     const auto bytes = [](const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); };
     if (env_.rank != 0) {
-      std::vector<uint8_t> got;
-      try {
-        got = store_->get(world_key);
-      } catch (const std::exception& e) {
-        throw failed("reading rank 0's world size", e);
-      }
-      const std::string theirs(got.begin(), got.end());
+      const std::string theirs = text_of_rank_0(world_key, "reading rank 0's world size");
       std::string why;
       if (theirs != std::to_string(env_.world_size))
         why = "rank " + std::to_string(env_.rank) + " was started as one of " + std::to_string(env_.world_size) +
@@ -287,13 +291,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
       store_->set(key, std::vector<uint8_t>(mine.begin(), mine.end()));
       return;
     }
-    std::vector<uint8_t> got;
-    try {
-      got = store_->get(key);
-    } catch (const std::exception& e) {
-      throw failed("reading rank 0's backend", e);
-    }
-    const std::string theirs(got.begin(), got.end());
+    const std::string theirs = text_of_rank_0(key, "reading rank 0's backend");
     if (theirs != mine)
       throw Error("ddp: rank " + std::to_string(env_.rank) + " would reduce with " + mine + ", rank 0 with " + theirs +
                   ": every rank needs the same backend and kind of device. Set trainer.device and parallel.backend for "
