@@ -18,7 +18,6 @@
 #include <ATen/ops/relu.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/tensor.h>
-#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/upsample_bilinear2d.h>
 #include <torch/nn/init.h>
@@ -57,6 +56,9 @@ at::Tensor activate(const at::Tensor& x, Activation activation) {
 // form's N x N scores grow. `auto` takes the math form on CPU up to kMathMaxTokens tokens and
 // SDPA everywhere else (on CUDA its fused kernels win).
 constexpr int64_t kMathMaxTokens = 100;
+
+/// The label a row without one carries (cross-entropy's default ignore_index).
+constexpr int64_t kIgnoredLabel = -100;
 
 class AttentionImpl : public torch::nn::Module {
  public:
@@ -396,8 +398,10 @@ class LightweightTransformer final : public loom::sdk::Model {
     const at::Tensor loss_sum =
         at::cross_entropy_loss(logits.to(at::kFloat), target, /*weight=*/{}, at::Reduction::Sum);
     const at::Tensor correct = at::argmax(logits, 1).eq(target).sum();
-    return {loss_sum, at::scalar_tensor(static_cast<double>(target.size(0)), logits.options().dtype(at::kFloat)),
-            {{"accuracy", {correct, {}}}}};
+    // A row labelled -100 (the index the loss ignores, as in PyTorch) adds nothing to the loss
+    // or to the correct count, so it is not counted in either's denominator either.
+    const at::Tensor labelled = target.ne(kIgnoredLabel).sum().to(at::kFloat);
+    return {loss_sum, labelled, {{"accuracy", {correct, {}}}}};
   }
 
   std::vector<loom::sdk::MetricSpec> metrics() const override {

@@ -772,3 +772,23 @@ TEST(ModelFlops, TheLogWindowGetsTflopsPerDeviceAndMfu) {
                           [](const std::string& l) { return l.find("an MFU above 100 % means that peak is too low") != std::string::npos; }),
             1);
 }
+
+TEST_F(TrainerTest, RowsLabelledMinus100CountInNeitherTheLossNorTheAccuracy) {
+  // -100 is the label a loss ignores (PyTorch's ignore_index): a batch of 6 rows, 2 of them
+  // unlabelled, reports the loss and accuracy of its 4 labelled rows, as those 4 rows alone do.
+  Config c = base("ignored_labels");
+  c.set_assignment("model.dropout=0.0");
+  auto t = make(c);
+  const std::vector<int64_t> rows{0, 1, 2, 3, 4, 5};
+  loom::sdk::Batch all = t->dataset().get_batch(loom::sdk::Split::kTest, rows);
+  loom::sdk::Batch labelled = t->dataset().get_batch(loom::sdk::Split::kTest, {0, 2, 3, 5});
+  const std::string& target = t->data_spec().target_key;
+  all.at(target).index_put_({1}, -100);
+  all.at(target).index_put_({4}, -100);
+  at::NoGradGuard no_grad;
+  const loom::sdk::ModelOutput mixed = t->model().forward(all, /*train=*/false);
+  const loom::sdk::ModelOutput alone = t->model().forward(labelled, /*train=*/false);
+  EXPECT_EQ(mixed.count.item<double>(), 4.0);
+  EXPECT_NEAR(mixed.loss_sum.item<double>(), alone.loss_sum.item<double>(), 1e-5);
+  EXPECT_EQ(mixed.metrics.at("accuracy").sum.item<double>(), alone.metrics.at("accuracy").sum.item<double>());
+}
