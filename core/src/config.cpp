@@ -33,6 +33,33 @@ std::string section_of(const std::string& key) {
   return dot == std::string::npos ? std::string() : key.substr(0, dot);
 }
 
+/// A key of another section with `key`'s own name or one close to it (trainer.weight_decay:
+/// optimizer.weight_decay; model.lr: trainer.lr), the shorthand where there is one; none where
+/// the name is in no section.
+std::optional<std::string> same_name_elsewhere(const std::string& key, const std::vector<std::string>& keys,
+                                               const std::vector<std::string>& shorthands) {
+  const auto lower = [](std::string_view v) {
+    std::string out(v);
+    for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return out;
+  };
+  const std::string name = lower(std::string_view(key).substr(key.rfind('.') + 1));
+  std::optional<std::string> best;
+  int best_rank = 0;
+  for (const auto* list : {&shorthands, &keys})
+    for (const auto& candidate : *list) {
+      const std::string section = section_of(candidate);
+      if (section == section_of(key) || !closest(section + "." + name, {candidate})) continue;
+      const bool exact = lower(std::string_view(candidate).substr(candidate.rfind('.') + 1)) == name;
+      const int rank = (exact ? 0 : 100) + static_cast<int>(std::count(candidate.begin(), candidate.end(), '.'));
+      if (!best || rank < best_rank) {
+        best = candidate;
+        best_rank = rank;
+      }
+    }
+  return best;
+}
+
 std::string display(const fs::path& p) {
   std::error_code ec;
   const fs::path rel = fs::relative(p, fs::current_path(ec), ec);
@@ -443,9 +470,12 @@ Resolved validate(const Config& config, const Schema& schema) {
     const KeySpec* spec = schema.find(key);
     if (spec == nullptr) {
       const std::string section = section_of(key);
-      if (std::find(sections.begin(), sections.end(), section) == sections.end()) {
+      const auto shorthand_of_section = [&](const std::string& k) { return section_of(k) == section; };
+      if (std::find(sections.begin(), sections.end(), section) == sections.end() &&
+          std::none_of(shorthand_keys.begin(), shorthand_keys.end(), shorthand_of_section)) {  // ([optimizer]: adamw's)
         std::string message = where + ": unknown section [" + section + "] (key '" + key + "')";
         if (auto close = closest(section, sections)) message += "; did you mean [" + *close + "]?";
+        else if (auto there = same_name_elsewhere(key, all_keys, shorthand_keys)) message += "; did you mean '" + *there + "'?";
         else message += "; sections are " + join(sections, ", ");
         problems.push_back(message);
         continue;
@@ -461,6 +491,8 @@ Resolved validate(const Config& config, const Schema& schema) {
       if (key.size() > 5 && key.compare(key.size() - 5, 5, ".base") == 0 && value.origin.source == "file")
         message += "; `base = ...` names the files this one builds on, on a line before the first [section]";
       else if (auto close = closest(key, in_section)) message += "; did you mean '" + *close + "'?";
+      else if (auto there = same_name_elsewhere(key, all_keys, shorthand_keys))
+        message += "; did you mean '" + *there + "'? ([" + section + "] has no " + key.substr(key.rfind('.') + 1) + ")";
       else message += "; [" + section + "] has " + join(in_section, ", ");
       problems.push_back(message);
       continue;

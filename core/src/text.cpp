@@ -82,11 +82,12 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
       {"save_total_limit", "keep_last"}, {"logging_steps", "log_every"}, {"save_steps", "checkpoint_every"},
       {"eval_steps", "eval_every"}};
   const auto last = [](const std::string& key) { return std::string_view(key).substr(key.rfind('.') + 1); };
+  const std::string lowered = lower(word);  // (LEARNING_RATE, as an environment variable would name it)
   for (const auto& [theirs, ours] : kOtherNames)
-    if (last(word) == theirs)
+    if (last(lowered) == theirs)
       for (const auto& c : candidates)
         if (last(c) == ours && std::string_view(c).substr(0, c.size() - ours.size()) ==
-                                   std::string_view(word).substr(0, word.size() - theirs.size()))
+                                   std::string_view(lowered).substr(0, lowered.size() - theirs.size()))
           return c;
   const bool prefix = !word.empty() && (best->rfind(word, 0) == 0 || word.rfind(*best, 0) == 0);
   // (of the key's own name: a long section's name, model.lightweight_transformer., made any key close)

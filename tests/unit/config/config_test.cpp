@@ -410,6 +410,19 @@ TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
   // (warmup_steps is no typo of max_steps; a long section's name made any key of it "close")
   EXPECT_EQ(hf_said.find("'trainer.warmup_steps'; did you mean"), std::string::npos) << hf_said;
   EXPECT_EQ(hf_said.find("'model.lightweight_transformer.zzzzqqqq'; did you mean"), std::string::npos) << hf_said;
+  // A key in the wrong section: the section that has it (its shorthand), whatever its case.
+  Config misplaced;
+  misplaced.set_assignment("precision.name=fp32");
+  misplaced.set_assignment("trainer.schedule=constant");
+  misplaced.set_assignment("trainer.weight_decay=0.1");
+  misplaced.set_assignment("model.lr=0.1");
+  misplaced.set_assignment("optimizer.LEARNING_RATE=0.1");
+  misplaced.set_assignment("training.lr=0.1");
+  const std::string where = error_of([&] { validate(misplaced, run_schema(misplaced, loom::testing::registry())); });
+  EXPECT_CONTAINS(where, "unknown key 'trainer.weight_decay'; did you mean 'optimizer.weight_decay'? ([trainer] has no weight_decay)");
+  EXPECT_CONTAINS(where, "unknown key 'model.lr'; did you mean 'trainer.lr'? ([model] has no lr)");
+  EXPECT_CONTAINS(where, "unknown key 'optimizer.LEARNING_RATE'; did you mean 'trainer.lr'?");
+  EXPECT_CONTAINS(where, "unknown section [training] (key 'training.lr'); did you mean 'trainer.lr'?");
   // A plugin's text printed as one line: no line break, no terminal escape, bounded.
   EXPECT_EQ(loom::core::printable("a\nb\x1b[31mc", 300), "a b [31mc");
   EXPECT_EQ(loom::core::printable(std::string(5000, 'x'), 300).size(), 300u);
