@@ -297,6 +297,13 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
           base_path = *shipped;
         }
       }
+      // (`base = configs/debug.ini`, copied from README's command, beside no configs/ folder)
+      if (const fs::path shipped_name = fs::path(base).filename(); base.find('/') != std::string::npos &&
+          shipped_name.extension() == ".ini" && !fs::exists(fs::symlink_status(base_path, ec)))
+        if (auto shipped = shipped_config(shipped_name.stem().string()))
+          throw Error(display(path) + ":" + std::to_string(e.line) + ": base = " + base + ": " + display(base_path) +
+                      " not found; Loom's own " + shipped_name.string() + " is " + shipped->string() +
+                      ", which a bare name gives: base = " + shipped_name.stem().string());
       // The same file named twice, however it is written (bb.ini, ./bb.ini, bb, a link to it).
       fs::path same = fs::weakly_canonical(base_path, ec);
       if (ec) same = base_path;

@@ -111,6 +111,12 @@ r = loom(exe, "config", "show", "-c", "configs/debug.ini", check=False, cwd=work
 expect(r.returncode == 1 and "config file configs/debug.ini not found (from " in r.stderr
        and "; Loom's own debug.ini is " in r.stderr and "given by its name: -c debug" in r.stderr,
        "a relative path to a missing configuration of Loom's name", r)
+here = workdir()
+with open(os.path.join(here, "mine.ini"), "w") as f:
+    f.write("base = configs/debug.ini\n[trainer]\nmax_steps = 3\n")
+r = loom(exe, "config", "show", "-c", "mine.ini", check=False, cwd=here)
+expect(r.returncode == 1 and "mine.ini:1: base = configs/debug.ini: configs/debug.ini not found; Loom's own debug.ini is "
+       in r.stderr and "a bare name gives: base = debug" in r.stderr, "a base by a relative path to Loom's name", r)
 # Every configuration of a bench is read before the first one runs.
 r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), "/nonexistent.ini", "--steps", "2", check=False)
 expect(r.returncode == 1 and "/nonexistent.ini not found" in r.stderr and "run folder" not in r.stderr
