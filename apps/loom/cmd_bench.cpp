@@ -83,85 +83,104 @@ int cmd_bench(const Invocation& invocation) {
                                       [&](const std::string& f) { return fs::path(f).filename() == name; }) > 1;
     rows[index].name = shared ? files[index] : name;
   }
-  for (int64_t round = 0; round < repeats; ++round) {
-    for (size_t index = 0; index < files.size(); ++index) {
-      const std::string& file = files[index];
-      if (!rows[index].failed.empty()) continue;
-      core::log::info("bench     ", rows[index].name, repeats > 1 ? ", round " + std::to_string(round + 1) + " of " +
-                                                                        std::to_string(repeats) : std::string(),
-                      ": ", steps, " steps");
-      core::Config config = configs[index];
-      // One folder per run, even when two files share a name (a run refuses a used folder).
-      std::string stem = fs::path(file).stem().string();
-      for (char& ch : stem)
-        if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
-      config.set("trainer.name", std::to_string(round + 1) + "-" + std::to_string(index + 1) + "-" + stem,
-                 {"loom bench", {}, 0});
-      // A configuration that fails while it runs (out of memory under its cap) is a row that says
-      // so: the figures of the others, measured already, were lost with it.
-      try {
-        core::Trainer trainer(core::resolve_run(config, registry), registry);
-        trainer.setup();
-        trainer.step_with_recovery();  // warm-up, not timed
-        trainer.memory().reset_peak();
-        const auto start = std::chrono::steady_clock::now();
-        int64_t samples = 0;
-        for (int64_t i = 1; i < steps; ++i) {
-          stop_if_signalled("loom bench");
-          samples += trainer.step_with_recovery().samples;
-        }
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        Row& row = rows[index];
-        row.plan = trainer.plan();
-        row.peak = std::max(row.peak, trainer.memory().stats().peak);
-        row.rates.push_back(samples / seconds);
-      } catch (const core::StoppedBySignal&) {
-        throw;
-      } catch (const std::exception& e) {
-        rows[index].failed = message_of(e);
-        const std::string first_line = rows[index].failed.substr(0, rows[index].failed.find('\n'));
-        core::log::error("configuration ", file, ": ", rows[index].failed, " (its row says FAILED; the others run on)");
-        rows[index].failed = first_line;  // (the table's row: the advice that follows was said above)
+  // The table of `done` rounds (all asked for, or those before a stop).
+  const auto report = [&](int64_t done) -> int {
+    const auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      const size_t n = v.size();
+      return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    };
+    std::printf("\n%-28s %11s %12s %12s %12s %12s %14s %9s\n", "configuration", "micro-batch", "accumulation",
+                "global batch", "peak memory", "samples/s", "range", "vs first");
+    // Ratios to the first configuration, or to the first that ran where it failed (said below).
+    const auto base = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.failed.empty(); });
+    for (const auto& r : rows) {
+      if (!r.failed.empty()) {
+        std::printf("%-28s FAILED%s: %s\n", r.name.c_str(),
+                    r.rates.empty() ? "" : (" in round " + std::to_string(r.rates.size() + 1)).c_str(), r.failed.c_str());
+        continue;
       }
+      std::vector<double> ratios;
+      for (size_t k = 0; k < r.rates.size(); ++k) ratios.push_back(r.rates[k] / base->rates[k]);
+      const auto [lo, hi] = std::minmax_element(r.rates.begin(), r.rates.end());
+      char range[32];
+      std::snprintf(range, sizeof range, "%.0f-%.0f", *lo, *hi);
+      std::printf("%-28s %11lld %12lld %12lld %12s %12.0f %14s %8.2fx\n", r.name.c_str(),
+                  static_cast<long long>(r.plan.micro_batch), static_cast<long long>(r.plan.accumulation),
+                  static_cast<long long>(r.plan.global()), core::format_bytes(r.peak).c_str(), median(r.rates),
+                  done > 1 ? range : "-", median(ratios));
     }
-  }
-
-  stop_if_signalled("loom bench");  // (in the last step: nothing is reported, as the message said)
-
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    std::printf("(%lld steps each, the first one not timed; %s; vs first: %s; peak memory allocated on the device, on "
+                "CPU by Loom's allocator)\n",
+                static_cast<long long>(steps),
+                done > 1 ? (std::to_string(done) + " interleaved rounds, medians and their range").c_str()
+                            : "one round (--repeats N runs N interleaved rounds and gives medians)",
+                done > 1 ? "the median of each round's ratio to the first configuration" : "the ratio to the first configuration");
+    if (base == rows.end()) return 1;
+    if (base != rows.begin()) std::printf("(the first configuration failed: vs first is against %s)\n", base->name.c_str());
+    return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.failed.empty(); }) ? 1 : 0;
   };
-  std::printf("\n%-28s %11s %12s %12s %12s %12s %14s %9s\n", "configuration", "micro-batch", "accumulation",
-              "global batch", "peak memory", "samples/s", "range", "vs first");
-  // Ratios to the first configuration, or to the first that ran where it failed (said below).
-  const auto base = std::find_if(rows.begin(), rows.end(), [](const Row& r) { return r.failed.empty(); });
-  for (const auto& r : rows) {
-    if (!r.failed.empty()) {
-      std::printf("%-28s FAILED%s: %s\n", r.name.c_str(),
-                  r.rates.empty() ? "" : (" in round " + std::to_string(r.rates.size() + 1)).c_str(), r.failed.c_str());
-      continue;
+  // A stop (Ctrl-C) after a round finished reports the rounds that did: minutes of timing were
+  // thrown away, with a message about a run's set-up.
+  int64_t rounds = 0;
+  try {
+    for (int64_t round = 0; round < repeats; ++round) {
+      for (size_t index = 0; index < files.size(); ++index) {
+        const std::string& file = files[index];
+        if (!rows[index].failed.empty()) continue;
+        core::log::info("bench     ", rows[index].name, repeats > 1 ? ", round " + std::to_string(round + 1) + " of " +
+                                                                          std::to_string(repeats) : std::string(),
+                        ": ", steps, " steps");
+        core::Config config = configs[index];
+        // One folder per run, even when two files share a name (a run refuses a used folder).
+        std::string stem = fs::path(file).stem().string();
+        for (char& ch : stem)
+          if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+        config.set("trainer.name", std::to_string(round + 1) + "-" + std::to_string(index + 1) + "-" + stem,
+                   {"loom bench", {}, 0});
+        // A configuration that fails while it runs (out of memory under its cap) is a row that says
+        // so: the figures of the others, measured already, were lost with it.
+        try {
+          core::Trainer trainer(core::resolve_run(config, registry), registry);
+          trainer.setup();
+          trainer.step_with_recovery();  // warm-up, not timed
+          trainer.memory().reset_peak();
+          const auto start = std::chrono::steady_clock::now();
+          int64_t samples = 0;
+          for (int64_t i = 1; i < steps; ++i) {
+            stop_if_signalled("loom bench");
+            samples += trainer.step_with_recovery().samples;
+          }
+          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          Row& row = rows[index];
+          row.plan = trainer.plan();
+          row.peak = std::max(row.peak, trainer.memory().stats().peak);
+          row.rates.push_back(samples / seconds);
+        } catch (const core::StoppedBySignal&) {
+          throw;
+        } catch (const std::exception& e) {
+          rows[index].failed = message_of(e);
+          const std::string first_line = rows[index].failed.substr(0, rows[index].failed.find('\n'));
+          core::log::error("configuration ", file, ": ", rows[index].failed, " (its row says FAILED; the others run on)");
+          rows[index].failed = first_line;  // (the table's row: the advice that follows was said above)
+        }
+      }
+      rounds = round + 1;
     }
-    std::vector<double> ratios;
-    for (size_t k = 0; k < r.rates.size(); ++k) ratios.push_back(r.rates[k] / base->rates[k]);
-    const auto [lo, hi] = std::minmax_element(r.rates.begin(), r.rates.end());
-    char range[32];
-    std::snprintf(range, sizeof range, "%.0f-%.0f", *lo, *hi);
-    std::printf("%-28s %11lld %12lld %12lld %12s %12.0f %14s %8.2fx\n", r.name.c_str(),
-                static_cast<long long>(r.plan.micro_batch), static_cast<long long>(r.plan.accumulation),
-                static_cast<long long>(r.plan.global()), core::format_bytes(r.peak).c_str(), median(r.rates),
-                repeats > 1 ? range : "-", median(ratios));
+    stop_if_signalled("loom bench");  // (in the last step)
+  } catch (const core::StoppedBySignal& stopped) {
+    const std::string how = "loom bench: stopped by " + core::signal_name(stopped.signal);
+    if (rounds == 0)
+      throw core::StoppedBySignal(stopped.signal, how + " in its first round; nothing is reported, and its scratch runs are removed");
+    for (Row& row : rows)  // (the round stopped in is left out; a row failed earlier keeps the rounds it ran)
+      if (row.rates.size() > static_cast<size_t>(rounds)) row.rates.resize(rounds);
+    report(rounds);
+    core::log::warn(how, rounds < repeats ? " in round " + std::to_string(rounds + 1) + " of " + std::to_string(repeats)
+                                          : std::string(" after its last round"), ": the table holds the ", rounds,
+                    rounds == 1 ? " round" : " rounds", " that finished; its scratch runs are removed");
+    return 128 + stopped.signal;
   }
-  std::printf("(%lld steps each, the first one not timed; %s; vs first: %s; peak memory allocated on the device, on "
-              "CPU by Loom's allocator)\n",
-              static_cast<long long>(steps),
-              repeats > 1 ? (std::to_string(repeats) + " interleaved rounds, medians and their range").c_str()
-                          : "one round (--repeats N runs N interleaved rounds and gives medians)",
-              repeats > 1 ? "the median of each round's ratio to the first configuration" : "the ratio to the first configuration");
-  if (base == rows.end()) return 1;
-  if (base != rows.begin()) std::printf("(the first configuration failed: vs first is against %s)\n", base->name.c_str());
-  return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.failed.empty(); }) ? 1 : 0;
+  return report(repeats);
 }
 
 }  // namespace loom::cli

@@ -52,6 +52,9 @@ int cmd_profile(const Invocation& invocation) {
   if (fs::exists(fs::symlink_status(trace, ec)))
     throw Error("--trace " + trace.string() + " already exists; choose another path or remove it");
   if (trace.empty()) throw Error("--trace needs a path, e.g. --trace profile.json");
+  if (trace.extension() == ".gz")  // (Perfetto and chrome://tracing read a .gz name as gzip: plain JSON there fails)
+    throw Error("--trace " + trace.string() + ": Loom writes the trace as plain JSON; name it " +
+                trace.parent_path().append(trace.stem().string()).string() + " (gzip it afterwards if you wish)");
   if (trace.has_parent_path() && !fs::is_directory(trace.parent_path()))
   {
     // (the nearest part of the path that exists says what is wrong: a file where a folder is needed)

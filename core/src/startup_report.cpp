@@ -123,8 +123,10 @@ void Trainer::report_startup() const {
   // (said before a step runs out of memory against it: an oom_recovery policy re-plans there)
   if (const int64_t cap = memory_->stats().limit; predicted_peak_ > 0 && cap > 0 && predicted_peak_ > cap)
     log::warn("the estimated peak, ", format_bytes(predicted_peak_), ", is above the ", format_bytes(cap),
-              " this run may use: a step or an evaluation may run out of memory (a smaller --batch-size, or "
-              "memory.policies = auto_batch, which measures what fits)");
+              " this run may use: a step or an evaluation may run out of memory (a smaller --batch-size",
+              value_of(config_, "memory.policies").find("auto_batch") == std::string::npos
+                  ? ", or memory.policies = auto_batch, which measures what fits)"
+                  : "; auto_batch's answer may be stale: memory.auto_batch.cache = off searches again)");
   // On the CPU without a cap, past what the machine has free the kernel's OOM killer ends the
   // process with no word from it (exit 137), minutes in; said now, with what would help.
   // (what is allocated already, the model and its optimizer, is in the peak and no longer free)

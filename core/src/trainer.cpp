@@ -370,7 +370,8 @@ void Trainer::build_plan() {
   // Memory policies may choose or change the micro-batch; a global batch the user gave stays. One
   // not given is only where the policies start (auto_batch's micro-batch x the accumulation).
   const bool given = config_.at("trainer.batch_size").origin.source != "default";
-  const std::string uneven = "trainer.batch_size " + std::to_string(options_.batch_size) + " is not divisible by " +
+  const std::string uneven = "trainer.batch_size " + std::to_string(options_.batch_size) + (given ? "" : " (the default)") +
+                             " is not divisible by " +
                              "gradient_accumulation_steps " + std::to_string(options_.accumulation) + " x world size " +
                              std::to_string(world) + "; the global batch must split evenly into micro-batches";
   if (options_.batch_size % per_step != 0 && (given || memory_policies_.empty())) throw Error(uneven);

@@ -190,22 +190,29 @@ std::string Trainer::oom_advice(const std::string& message) const {
                      std::to_string(step_ + 1) + " of " + std::to_string(total_steps_) + " on " + device_.str() +
                      "): " + message;
   text += "\nWhat would help, in order:";
-  text += "\n  1. a smaller batch: --batch-size (now " + std::to_string(plan_.global()) + ")";
+  int item = 0;  // (what this run already does is not offered: under bf16_amp, "use bf16_amp" was)
+  const auto add = [&](const std::string& line) { text += "\n  " + std::to_string(++item) + ". " + line; };
+  add("a smaller batch: --batch-size (now " + std::to_string(plan_.global()) + ")");
   const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
   const bool recovering = std::find(policies.begin(), policies.end(), "oom_recovery") != policies.end();
-  text += recovering ? "\n  2. gradient accumulation: oom_recovery re-planned to micro-batch " +
-                           std::to_string(plan_.micro_batch) + " x accumulation " + std::to_string(plan_.accumulation) +
-                           " and stopped there (micro-batch 1, or memory.max_replans re-plans)"
-                     : std::string("\n  2. gradient accumulation: --gradient-accumulation-steps (memory.policies ="
-                                   " oom_recovery does it for you)");
-  text += "\n  3. mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)";
+  add(recovering ? "gradient accumulation: oom_recovery re-planned to micro-batch " + std::to_string(plan_.micro_batch) +
+                       " x accumulation " + std::to_string(plan_.accumulation) + " and stopped there (" +
+                       (plan_.micro_batch <= 1 ? std::string("micro-batch 1 is the smallest")
+                                               : "its memory.max_replans re-plans were spent: raise it") + ")"
+                 : std::string("gradient accumulation: --gradient-accumulation-steps (memory.policies = oom_recovery does it "
+                               "for you)"));
+  if (const std::string precision = value_of(config_, "precision.name"); precision != "bf16_amp" && precision != "fp16_amp")
+    add("mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)");
   if (stats.limit > 0)  // (the cap this run was given: by memory.fraction or memory.device_memory_limit)
-    text += "\n  4. the memory cap: this run may use " + format_bytes(stats.limit) + " (--memory-fraction or "
-            "memory.device_memory_limit); raise it where the device has room";
+    add("the memory cap: this run may use " + format_bytes(stats.limit) + " (--memory-fraction or "
+        "memory.device_memory_limit); raise it where the device has room");
   else
-    text += "\n  4. the memory the device has: no cap is set (--memory-fraction), so what other processes hold is "
-            "what this run lacks; free it, or use another device";
-  if (section("model").count("image_size")) text += "\n  5. a smaller input: --image-size";
+    add("the memory the device has: no cap is set (--memory-fraction), so what other processes hold is what this run "
+        "lacks; free it, or use another device");
+  // (only where the data are images: synthetic sequences take --image-size and ignore it)
+  if (const auto input = data_spec_.fields.find(data_spec_.input_key);
+      section("model").count("image_size") && input != data_spec_.fields.end() && input->second.shape.size() == 3)
+    add("a smaller input: --image-size");
   text += "\nThe estimator: the model states alone need " + format_bytes(states.total()) + " (parameters " +
           format_bytes(states.parameters) + ", gradients " + format_bytes(states.gradients) + ", optimizer " +
           format_bytes(states.optimizer_states) + ") of the " + format_bytes(cap) + " this run may use";

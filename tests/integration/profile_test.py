@@ -10,6 +10,7 @@ pid, tid) as chrome://tracing and Perfetto's JSON importer read it."""
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -151,6 +152,26 @@ expect(p.returncode == 1 and "a file of that name appeared while it ran; it is l
 r = loom(exe, "profile", *RUN, "--trace", "/proc/nope.json", check=False)  # a folder no file can be made in
 expect(r.returncode != 0 and "--trace /proc/nope.json cannot be written (" in r.stderr and "profiled" not in r.stderr,
        "an unwritable trace path is refused before training", r)
+r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "t.json.gz"), check=False)  # viewers read .gz as gzip
+expect(r.returncode == 1 and "Loom writes the trace as plain JSON; name it " + os.path.join(work, "t.json") in r.stderr,
+       "a .gz trace name is refused", r)
+# Ctrl-C in `loom bench` after a round: the rounds that finished are reported, not thrown away.
+benched = os.path.join(work, "benched.ini")
+with open(benched, "w") as f:
+    f.write("[data]\nname = synthetic\n")
+p = subprocess.Popen([exe, "bench", "configs", benched, "--steps", "3", "--repeats", "50", *RUN],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+said = []
+for line in p.stderr:
+    said.append(line)
+    if "round 2 of 50" in line:
+        p.send_signal(signal.SIGINT)
+        break
+out, err = p.communicate(timeout=600)
+err = "".join(said) + err
+expect(p.returncode == 130 and "loom bench: stopped by SIGINT in round 2 of 50: the table holds the 1 round that finished"
+       in err and "samples/s" in out and "one round" in out,
+       f"a stopped bench reports its finished rounds (rc {p.returncode}): {out[-400:]} {err[-600:]}")
 
 # bench/gpu_kernels.py's idle time between a CUDA trace's kernels (a CPU trace has none): on a
 # known timeline, the busiest stream's gaps by length, a kernel overlapped by a longer one adding

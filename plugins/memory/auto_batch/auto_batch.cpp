@@ -19,6 +19,8 @@
 
 #include <loom/sdk/sdk.hpp>
 
+#include "../uneven_split.hpp"
+
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -124,9 +126,13 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
       }
     }
     const int64_t world = context.plan.world_size;
-    if (context.global_batch_given)
+    if (context.global_batch_given) {
       context.plan = loom::sdk::split_global_batch(context.global_batch, world, chosen);
-    else
+      loom::memory::warn_uneven_split(context.plan, context.global_batch, chosen);
+      if (context.plan.micro_batch != chosen)  // (the summary said "micro-batch 3" of a plan of 2 x 16)
+        description_ = (description_.empty() ? "auto_batch: micro-batch " + std::to_string(chosen) : description_) +
+                       " fits; planned " + std::to_string(context.plan.micro_batch) + ", which divides the batch";
+    } else
       context.plan = loom::sdk::BatchPlan{chosen, context.plan.accumulation, world};  // (the run's accumulation stays)
     planned_micro_batch_ = context.plan.micro_batch;
     loom::sdk::log::info("plan ", loom::sdk::plan_text(context.plan));
@@ -198,8 +204,10 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     if (p1 < 0 || p1 > cap)
       throw loom::sdk::Error("auto_batch: even a micro-batch of " + std::to_string(b1) + " does not fit under the cap of " +
                              loom::sdk::format_bytes(cap) + "; lower the model size, use AMP, or raise the cap");
-    if (b2 == b1) {
+    if (b2 == b1) {  // (a limit of 1 or 2: nothing more to search)
       converged_ = true;
+      description_ = "auto_batch: micro-batch " + std::to_string(b1) + ", the largest allowed (" +
+                     std::to_string(probes_) + " probes)";
       return b1;
     }
     int64_t p2 = probe(context, b2);

@@ -5,7 +5,10 @@
 
 #include <loom/sdk/sdk.hpp>
 
+#include "../uneven_split.hpp"
+
 #include <algorithm>
+#include <cstdio>
 
 namespace {
 
@@ -13,6 +16,13 @@ struct Tier {
   int64_t min_bytes;
   int64_t micro_batch;
 };
+
+/// Memory as the tiers are written, in decimal GB ("25.3 GB", "20 GB"): one unit on every line.
+std::string gb_text(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g GB", static_cast<double>(bytes) / 1e9);
+  return text;
+}
 
 std::vector<Tier> parse_tiers(const std::string& text) {
   std::vector<Tier> tiers;
@@ -22,6 +32,9 @@ std::vector<Tier> parse_tiers(const std::string& text) {
     const auto batch = colon == std::string::npos ? std::nullopt : loom::sdk::parse_int(item.substr(colon + 1));
     if (!bytes || !batch || *batch < 1)
       throw loom::sdk::Error("memory.tiers: '" + item + "' is not MEMORY:BATCH (e.g. 20GB:128)");
+    if (constexpr int64_t kMaxBatch = int64_t{1} << 24; *batch > kMaxBatch)  // (as memory.max_batch: no batch of 10^8)
+      throw loom::sdk::Error("memory.tiers: '" + item + "' gives micro-batch " + std::to_string(*batch) +
+                             ", above 16777216; a micro-batch that large fits on no device");
     tiers.push_back({*bytes, *batch});
   }
   if (tiers.empty()) throw loom::sdk::Error("memory.tiers is empty; e.g. 20GB:128, 10GB:64, 0:32");
@@ -29,7 +42,7 @@ std::vector<Tier> parse_tiers(const std::string& text) {
   // (two batches for one size: which one a device of that size gets would depend on the order)
   for (size_t i = 1; i < tiers.size(); ++i)
     if (tiers[i].min_bytes == tiers[i - 1].min_bytes)
-      throw loom::sdk::Error("memory.tiers gives " + loom::sdk::format_bytes(tiers[i].min_bytes) + " twice (micro-batch " +
+      throw loom::sdk::Error("memory.tiers gives " + gb_text(tiers[i].min_bytes) + " twice (micro-batch " +
                              std::to_string(tiers[i - 1].micro_batch) + " and " + std::to_string(tiers[i].micro_batch) +
                              "); give each size once");
   return tiers;
@@ -47,22 +60,26 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
   void plan(loom::sdk::PlanContext& context) override {
     const auto stats = context.memory->stats();
     const int64_t memory = stats.limit > 0 ? std::min(stats.limit, stats.total) : stats.total;
-    int64_t tier_batch = tiers_.back().micro_batch;
+    int64_t tier_batch = 0;
     for (const auto& t : tiers_)
       if (memory >= t.min_bytes) {
         tier_batch = t.micro_batch;
         break;
       }
+    if (tier_batch == 0)  // (the smallest tier's batch was taken: a device below every tier is none of them)
+      throw loom::sdk::Error("vram_tiers: the device's memory, " + gb_text(memory) +
+                             ", reaches no tier of memory.tiers (the smallest needs " +
+                             gb_text(tiers_.back().min_bytes) + "); add a tier for it, e.g. 0:" +
+                             std::to_string(tiers_.back().micro_batch) + " for every smaller device");
     const int64_t world = context.plan.world_size;
     if (context.global_batch_given) {
       context.plan = loom::sdk::split_global_batch(context.global_batch, world, tier_batch);
+      loom::memory::warn_uneven_split(context.plan, context.global_batch, tier_batch);
     } else {
       // (the accumulation the run asked for stays: the global batch is tier_batch x it x world)
       context.plan = loom::sdk::BatchPlan{tier_batch, context.plan.accumulation, world};
     }
-    char memory_text[32];
-    std::snprintf(memory_text, sizeof memory_text, "%.1f GB", static_cast<double>(memory) / 1e9);
-    description_ = std::string("vram_tiers: device memory ") + memory_text + " -> " +
+    description_ = "vram_tiers: device memory " + gb_text(memory) + " -> " +
                    loom::sdk::plan_text(context.plan);  // the host logs it with the plan
   }
 
