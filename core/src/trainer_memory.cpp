@@ -7,6 +7,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include <loom/sdk/helpers.hpp>
+#include "replicas.hpp"
 #include "step_graph.hpp"
 #include "trainer_internal.hpp"
 
@@ -131,6 +132,7 @@ int64_t Trainer::probe_peak(int64_t b, bool train) {
   parameters_.zero_grad();
   memory_->empty_cache();
   memory_->reset_peak();
+  const int64_t held = memory_->stats().allocated;
   int64_t peak = 0;
   try {
     // An evaluation forward reads the test split (the samples it evaluates), without gradients.
@@ -159,6 +161,12 @@ int64_t Trainer::probe_peak(int64_t b, bool train) {
       run_micro_batch(batch, /*train=*/false);
     }
     peak = memory_->stats().peak;
+    // Replicas on this same device (data_parallel over cpu, cpu) share its budget, each holding its
+    // part's activations until the one backward: the probe ran one part (a plan that fit one
+    // replica ran out of memory at step 1).
+    if (replicas_ && std::all_of(replicas_->devices().begin(), replicas_->devices().end(),
+                                 [&](const c10::Device& d) { return d == device_; }))
+      peak += (replicas_->size() - 1) * std::max<int64_t>(0, peak - held);
   } catch (...) {
     restore_state();
     throw;
