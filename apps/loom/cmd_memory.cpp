@@ -101,6 +101,16 @@ int cmd_memory(const Invocation& invocation) {
               << "(activations from probes at micro-batch " << fit.probe_small << " and " << fit.probe_large << ": "
               << core::format_bytes(static_cast<int64_t>(fit.per_sample)) << " per sample)\n";
     cap_note(trainer, fit, micro / 2);
+    // What loom train does with this plan that the figures leave out: a cap they pass, policies
+    // that choose another micro-batch (an estimate of 2.1 MiB under a 300 KiB cap said neither).
+    if (const int64_t cap = trainer.memory().stats().limit; cap > 0 && e.peak() > cap)
+      std::cout << "note: that is above the " << core::format_bytes(cap) << " this run may use (--device-memory-limit or "
+                << "--memory-fraction): loom train would run out of memory at this micro-batch unless its memory "
+                << "policies re-plan; loom memory suggest --target " << cap << " (bytes) says which fits\n";
+    for (const std::string& policy : sdk::parse_list(resolved.at("memory.policies").value))
+      if (policy == "auto_batch" || policy == "vram_tiers")
+        std::cout << "note: memory.policies = " << policy << " chooses the micro-batch when loom train starts; these "
+                  << "figures are for the configured one, " << micro << "\n";
     if (const int64_t have = trainer.training_samples(); micro * devices > have)
       std::cout << "note: this data's training split has " << have << " samples, too few for a micro-batch of " << micro
                 << " on each of " << devices << " device(s): loom train refuses this plan with it (the figures hold "

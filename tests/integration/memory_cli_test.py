@@ -50,6 +50,12 @@ r = loom(exe, "memory", "estimate", *RUN, "--target", "8GiB", check=False)
 expect(r.returncode == 1 and "--target is for loom memory suggest" in r.stderr, "estimate refuses --target", r)
 at32 = total_bytes(loom(exe, "memory", "estimate", *RUN, "--batch", "32").stdout)
 budget = int((at64 + at32) / 2)
+# Under a cap the figures pass, and with a policy that chooses the micro-batch: both said.
+r = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--device-memory-limit", str(budget),
+         "--set", "memory.policies=auto_batch")
+expect("note: that is above the " in r.stdout and f"loom memory suggest --target {budget} (bytes) says which fits" in r.stdout
+       and "note: memory.policies = auto_batch chooses the micro-batch when loom train starts" in r.stdout,
+       "estimate over the cap, with auto_batch", r)
 
 r = loom(exe, "memory", "suggest", *RUN, "--target", str(budget))
 m = re.search(r"per device: (\d+)", r.stdout)
