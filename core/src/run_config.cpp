@@ -96,6 +96,11 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.resume_from = value_of(c, "trainer.resume_from");
   o.allow_precision_change = bool_of(c, "precision.allow_precision_change");
   o.device_memory_limit = bytes_of(c, "memory.device_memory_limit");
+  if (o.device_memory_limit > 0 && o.device_memory_limit < 4096) {  // (--device-memory-limit 0.5 was a budget of 1 B)
+    const std::string& given = value_of(c, "memory.device_memory_limit");
+    throw Error("memory.device_memory_limit = " + given + " is " + std::to_string(o.device_memory_limit) +
+                " byte(s), no device's size; a size takes its unit, e.g. " + given + "GiB (0: no cap)");
+  }
   o.memory_snapshot = value_of(c, "memory.snapshot");
   o.snapshot_on_oom = bool_of(c, "memory.snapshot_on_oom");
   o.estimate_memory = bool_of(c, "memory.estimate");

@@ -300,9 +300,16 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   // A precision changed (allowed) from one that keeps no state, fp32 or bf16, to one that does, a
   // loss scaler: the scaler starts afresh, as in a new run (its state is not the checkpoint's to
   // lack: that was taken for damage, and every checkpoint passed over).
+  // A loss scale configured otherwise (precision.init_scale, allowed) is this run's: the checkpoint's
+  // scale overrode it, and a lower start was no way out of a scale still coming down.
+  const bool rescaled = std::any_of(precision_diff.begin(), precision_diff.end(),
+                                    [](const std::string& d) { return d.rfind("loss_scale:", 0) == 0; });
   if (!precision_diff.empty() && precision.tensors.empty() && !precision_->state_dict().tensors.empty())
     log::warn("precision '", precision_name_, "' starts afresh (the checkpoint's precision kept no state of its own, "
               "such as a loss scale)");
+  else if (rescaled)
+    log::warn("precision '", precision_name_, "' starts its loss scale afresh, as this run configures it (",
+              manifest.at("loss_scale"), "), not at the checkpoint's");
   else
     precision_->load_state_dict(precision);
   schedule_->load_state_dict(schedule);

@@ -134,6 +134,17 @@ inline at::Tensor scaled_for_backward(sdk::PrecisionStrategy& precision, const s
   });
 }
 
+/// Whether the precision's loss scale is dynamic and above 1, so that steps skipped for
+/// non-finite gradients may be its descent (fp16_amp halves it from 65536 on each), not a sign of
+/// damaged weights. Reads the scale to the host: for rare checks only.
+inline bool loss_scale_coming_down(const sdk::PrecisionStrategy& precision) {
+  const sdk::State state = precision.state_dict();
+  const auto scale = state.tensors.find("scale");
+  const auto how = state.text.find("scaler");
+  return scale != state.tensors.end() && how != state.text.end() && how->second.rfind("dynamic", 0) == 0 &&
+         scale->second.defined() && scale->second.numel() == 1 && scale->second.item<double>() > 1;
+}
+
 /// A model's training output as backward needs it: a loss_sum of one element that depends on the
 /// parameters (else backward's own error says neither which model nor what to fix).
 inline sdk::ModelOutput checked_for_backward(sdk::ModelOutput out) {

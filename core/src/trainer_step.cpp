@@ -503,8 +503,10 @@ StepResult Trainer::train_step(bool read_values) {
   ++step_;
   // Every step since a resume skipped: the checkpoint's weights or optimizer state are bad. Stop
   // before a checkpoint of this state is saved and pruning deletes the good ones.
+  // (not while a dynamic loss scale still comes down: a checkpoint from fp16_amp's first steps,
+  // or one resumed into fp16_amp, overflows until it has; no checkpoint is written meanwhile)
   if (!finite && resumed_at_ >= 0 && step_ - resumed_at_ >= kSkippedAfterResume &&
-      skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_)
+      skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_ && !loss_scale_coming_down(*precision_))
     throw Error("every step since resuming from " + resumed_from_.string() + " (" + std::to_string(step_ - resumed_at_) +
                 " steps) had non-finite gradients: the checkpoint is probably damaged. Stopping before a checkpoint "
                 "of this state replaces the good ones; resume from an earlier checkpoint with --resume-from");

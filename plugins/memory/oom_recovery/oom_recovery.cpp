@@ -32,7 +32,8 @@ class OomRecovery final : public loom::sdk::MemoryPolicy {
   }
 
   std::string describe() const override {
-    return "oom_recovery: on out-of-memory, halve the micro-batch, keep the global batch, replay the step";
+    return "oom_recovery: on out-of-memory, halve the micro-batch (or less: the largest that divides the batch), keep the "
+           "global batch, replay the step";
   }
 
  private:

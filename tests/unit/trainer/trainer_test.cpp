@@ -792,3 +792,33 @@ TEST_F(TrainerTest, RowsLabelledMinus100CountInNeitherTheLossNorTheAccuracy) {
   EXPECT_NEAR(mixed.loss_sum.item<double>(), alone.loss_sum.item<double>(), 1e-5);
   EXPECT_EQ(mixed.metrics.at("accuracy").sum.item<double>(), alone.metrics.at("accuracy").sum.item<double>());
 }
+
+TEST_F(TrainerTest, AResumeFromFp16AmpsFirstStepsIsNotCalledDamagedWhileTheLossScaleComesDown) {
+  // fp16_amp's dynamic loss scale halves at each overflowing step: a checkpoint from the first
+  // steps carries a scale still too high, and the steps after resuming skip until it is down.
+  // That was taken for a damaged checkpoint after 5 of them ("probably damaged"), for good.
+  Config c = base("fp16_early");
+  c.set_assignment("precision.name=fp16_amp");
+  c.set_assignment("precision.init_scale=1e12");  // (about 24 halvings to come down: every step here skips)
+  c.set_assignment("trainer.max_steps=12");
+  {
+    auto t = make(c);
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(t->train_step().skipped) << "step " << i + 1;
+    t->save_checkpoint();
+  }
+  const fs::path checkpoint = dir_ / "fp16_early" / "checkpoints" / step_dir_name(3);
+  Config resumed = c;
+  resumed.set_assignment("trainer.name=fp16_resumed");
+  resumed.set_assignment("trainer.resume_from=" + checkpoint.string());
+  auto again = make(resumed);
+  for (int i = 0; i < 9; ++i) EXPECT_NO_THROW(again->train_step()) << "step " << 4 + i;
+  EXPECT_EQ(again->skipped_steps(), 12);
+  // A loss scale configured otherwise on resume (allowed) is the run's, not the checkpoint's.
+  Config lower = c;
+  lower.set_assignment("trainer.name=fp16_lower");
+  lower.set_assignment("trainer.resume_from=" + checkpoint.string());
+  lower.set_assignment("precision.init_scale=1");
+  lower.set_assignment("precision.allow_precision_change=true");
+  auto low = make(lower);
+  EXPECT_FALSE(low->train_step().skipped);
+}
