@@ -69,6 +69,9 @@ Schema core_schema() {
                 "better); auto: the model's first declared metric, else loss"),
             key(LOOM_OPTION_ENUM, "resume", "none", "auto: resume from the latest checkpoint in the run folder", "none|auto"),
             key(LOOM_OPTION_STRING, "resume_from", "", "a checkpoint folder to resume from"),
+            key(LOOM_OPTION_STRING, "init_from", "",
+                "a checkpoint (folder or .safetensors) whose model weights a new run starts from, with a fresh optimizer "
+                "and step 1 (fine-tuning, a second stage); the model's settings may differ where its tensors keep their shapes"),
         });
   s.add("model", "model", {key(LOOM_OPTION_STRING, "name", "lightweight_transformer", "model plugin")});
   s.add("data", "data",

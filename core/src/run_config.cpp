@@ -94,6 +94,7 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.best_metric = value_of(c, "trainer.best_metric");
   o.resume = value_of(c, "trainer.resume");
   o.resume_from = value_of(c, "trainer.resume_from");
+  o.init_from = value_of(c, "trainer.init_from");
   o.allow_precision_change = bool_of(c, "precision.allow_precision_change");
   o.device_memory_limit = bytes_of(c, "memory.device_memory_limit");
   if (o.device_memory_limit > 0 && o.device_memory_limit < 4096) {  // (--device-memory-limit 0.5 was a budget of 1 B)

@@ -497,6 +497,22 @@ TrainedIn checkpoint_trained_in(const fs::path& checkpoint) {
   return out;
 }
 
+void Trainer::init_weights(const std::string& from) {
+  std::error_code ec;
+  const fs::path path = fs::path(from).lexically_normal();
+  if (!fs::exists(path, ec))
+    throw Error("trainer.init_from = " + from + ": no such checkpoint (a step folder, or a .safetensors file such as "
+                "best_accuracy.safetensors)");
+  try {
+    load_weights(path);
+  } catch (const ShapeDiffers& e) {
+    throw Error("trainer.init_from = " + from + ": its model does not fit this one: " + e.detail +
+                "; the settings that size the model (layers, widths, vocabulary, the data's users and items) must be the "
+                "checkpoint's");
+  }
+  log::info("weights from ", path.string(), " (trainer.init_from): the optimizer, the schedule and the step start afresh");
+}
+
 void Trainer::load_weights(const fs::path& checkpoint) {
   if (fs::is_directory(checkpoint)) {
     const Checkpoint c = CheckpointStore::load_weights(checkpoint);

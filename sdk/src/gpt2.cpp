@@ -20,7 +20,9 @@ constexpr double kMostParameters = 2e10;
 Config hf_config(const std::filesystem::path& dir) {
   const auto path = dir / "config.json";
   const std::string text = sdk::read_regular_file(path, int64_t{16} << 20, "model.pretrained: ",
-                                                  "a Hugging Face model folder has config.json and model.safetensors");
+                                                  "a Hugging Face model folder has config.json and model.safetensors; a run "
+                                                  "started from one reads its sizes and tokenizer there again to evaluate or "
+                                                  "resume, the weights coming from the checkpoint");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

@@ -203,9 +203,14 @@ class Gpt2Recommender final : public sdk::Model {
     namespace fs = std::filesystem;
     const fs::path vocab_dir = !pretrained_.empty() && fs::exists(fs::path(pretrained_) / "vocab.json") ? fs::path(pretrained_)
                                                                                                         : fs::path(tokenizer_dir_);
+    // (pretrained embeddings read BPE ids: bytes fed to them gave meaningless text vectors, trained in silence)
+    if (!pretrained_.empty() && vocab_dir.empty())
+      throw Error("gpt2_recommender: model.pretrained = " + pretrained_ + " has no vocab.json: its GPT-2 reads the ids of "
+                  "its tokenizer, and text read as bytes would mean nothing to it. Put the tokenizer's vocab.json and "
+                  "merges.txt there (as Hugging Face saves them), or name their folder with model.tokenizer");
     if (!vocab_dir.empty()) tokenizer.emplace(vocab_dir);
     else
-      sdk::log::warn("gpt2_recommender: no tokenizer (model.pretrained without vocab.json, or model.tokenizer): item text ",
+      sdk::log::warn("gpt2_recommender: no tokenizer (model.tokenizer, or model.pretrained with a vocab.json): item text ",
                      "is read as UTF-8 bytes, a vocabulary of 256");
     tokens_ = gpt2::tokenize(texts, tokenizer ? &*tokenizer : nullptr, text_tokens_);
 

@@ -822,3 +822,31 @@ TEST_F(TrainerTest, AResumeFromFp16AmpsFirstStepsIsNotCalledDamagedWhileTheLossS
   auto low = make(lower);
   EXPECT_FALSE(low->train_step().skipped);
 }
+
+TEST_F(TrainerTest, ANewRunStartsFromACheckpointsWeightsWithInitFrom) {
+  // A second stage (the recommender's "tune GPT-2"): the weights of a checkpoint, settings that
+  // keep their shapes changed, the optimizer and the step new. --resume-from refuses the change.
+  auto first = make(base("stage1"));
+  for (int i = 0; i < 4; ++i) first->train_step();
+  const fs::path checkpoint = first->save_checkpoint();
+  const auto trained = parameters(*first);
+  Config second = base("stage2");
+  second.set_assignment("model.dropout=0.3");
+  second.set_assignment("trainer.init_from=" + checkpoint.string());
+  auto stage2 = make(second);
+  EXPECT_EQ(stage2->step(), 0);
+  const auto loaded = parameters(*stage2);
+  ASSERT_EQ(loaded.size(), trained.size());
+  for (size_t i = 0; i < loaded.size(); ++i) EXPECT_TRUE(at::equal(loaded[i], trained[i])) << "parameter " << i;
+  // A model of other sizes is refused, naming the key and the tensor, and leaves no run folder.
+  Config wider = base("wider");
+  wider.set_assignment("model.flavour=standard");
+  wider.set_assignment("trainer.init_from=" + checkpoint.string());
+  try {
+    make(wider);
+    ADD_FAILURE() << "a checkpoint of other sizes was taken";
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_CONTAINS(std::string(e.what()), "trainer.init_from = " + checkpoint.string() + ": its model does not fit this one: tensor '");
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "wider"));
+}

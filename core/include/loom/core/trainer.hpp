@@ -61,6 +61,7 @@ struct TrainerOptions {
   double peak_tflops = 0;  ///< trainer.peak_tflops: the device's peak for the MFU (0: from the card's name)
   std::string best_metric = "accuracy";
   std::string resume = "none", resume_from;
+  std::string init_from;  ///< a checkpoint whose model weights a new run starts from
   bool allow_precision_change = false;
   int64_t device_memory_limit = 0;  ///< bytes; 0: none
   std::string memory_snapshot;      ///< CUDA: write a snapshot here at the end (or at a fatal OOM)
@@ -402,6 +403,7 @@ class Trainer {
   /// Throws where a parameter holds NaN or an infinity: `what` (the checkpoint, best_x.safetensors) is not written.
   void check_weights_before_saving(const std::string& what) const;
   void restore_model(const sdk::TensorMap& tensors, const std::string& what);
+  void init_weights(const std::string& from);  // trainer.init_from
   void check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved_config,
                           const std::string& what) const;
   std::map<std::string, std::string> section(const std::string& name) const;
