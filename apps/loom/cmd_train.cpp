@@ -185,7 +185,11 @@ int cmd_train(const Invocation& invocation) {
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);
   core::log::info("done      ", s.steps, " steps in ", sdk::format_duration(s.seconds), " of training, ", rate,
-                  s.final_eval ? "; " + eval_line(trainer, *s.final_eval) : std::string());
+                  s.final_eval ? "; " + eval_line(trainer, *s.final_eval) +
+                                     // (an older one, where a stop cut the last short: said whose)
+                                     (s.final_eval->step < trainer.step() ? " (at step " + std::to_string(s.final_eval->step) + ")"
+                                                                          : std::string())
+                               : std::string());
   core::log::info("memory    peak ", core::format_bytes(s.peak_memory), " allocated",
                   trainer.device().is_cpu() ? " (Loom's CPU allocator), " : " on the device, ",
                   core::format_bytes(s.peak_resident), " resident",

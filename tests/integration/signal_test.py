@@ -214,6 +214,21 @@ try:
     assert len(metrics(run)) == 5, metrics(run)
     print("SIGINT in the last step's validation: the resume runs it, then the test split; the next is complete")
 
+    # A stop in the last step's validation after an earlier one: the final line's figures are the
+    # earlier evaluation's, and it says which step's (they read as the last step's).
+    name = "cut_later_eval"
+    later = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}", "--set", "trainer.max_steps=4",
+             "--set", "trainer.eval_every=2", "--set", "data.train_size=400000", "--set", "data.validation_fraction=0.5",
+             "--set", "model.flavour=standard"]
+    proc = subprocess.Popen([exe, "train", *later], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_row(proc, os.path.join(work, name), 4, "train/loss", "its evaluation at step 4")
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    done = [line for line in err.splitlines() if "done      4 steps" in line]
+    assert proc.returncode == 130 and done and done[0].endswith("validation samples (at step 2)"), err[-3000:]
+    print("SIGINT in the last step's validation: the final line names the step of the figures it shows")
+
     # A stop during the test evaluation, after the validation's: summary.json holds the validation's
     # figures and says that the test's never came (they read as the run's final evaluation).
     name = "cut_test_eval"
