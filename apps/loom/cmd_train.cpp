@@ -85,8 +85,20 @@ std::string never_updated(const core::Trainer& trainer, const core::Resolved& re
                               ? "the " + std::to_string(trainer.session_steps()) + " steps since resuming"
                               : "the run's " + std::to_string(trainer.session_steps()) + " steps";
   return "every one of " + its + " had non-finite gradients, so no step updated the weights: the loss or its gradients "
-         "were not finite from the start, which no learning rate causes. Check the data for NaN or infinite values, the model's forward (a log of 0, a division by 0) and the "
-         "precision strategy" +
+         "were not finite from the start, which no learning rate causes. Check the data for NaN or infinite values, the model's forward (a log of 0, a division by 0)" +
+         // (a weight of 1e36 in a pretrained file passes the load's NaN check and overflows every forward)
+         [&] {
+           const auto pretrained = resolved.find("model." + resolved.at("model.name").value + ".pretrained");
+           const auto init = resolved.find("trainer.init_from");
+           return (pretrained != resolved.end() && !pretrained->second.value.empty()
+                       ? ", the weights model.pretrained = " + pretrained->second.value + " loads (a value far out of range)"
+                       : std::string()) +
+                  (init != resolved.end() && !init->second.value.empty() && trainer.session_steps() == trainer.step()
+                       ? ", the weights of trainer.init_from = " + init->second.value
+                       : std::string());
+         }() +
+         (trainer.session_steps() < trainer.step() ? ", the weights of the checkpoint it resumed from" : std::string()) +
+         " and the precision strategy" +
          (resolved.at("precision.name").value == "fp16_amp" ? std::string(", or train in bf16_amp or fp32: a forward in "
                                                                           "float16 may overflow")
                                                            : std::string());
