@@ -273,7 +273,8 @@ void set_scratch_run(core::Config& config, const std::string& command, const std
                                                           {"trainer.max_steps", std::to_string(steps)},
                                                           {"trainer.resume", "none"},
                                                           {"trainer.resume_from", ""},
-                                                          {"trainer.callbacks", ""}};
+                                                          {"trainer.callbacks", ""},
+                                                          {"trainer.init_from", ""}};  // (the weights time nothing)
   for (const auto& [key, value] : settings) {
     // (from the command line: a configuration file's max_steps or callbacks are its own run's)
     static std::set<std::string> said;  // (once, not for each configuration of a bench)

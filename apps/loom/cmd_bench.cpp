@@ -113,8 +113,9 @@ int cmd_bench(const Invocation& invocation) {
     std::printf("(%lld steps each, the first one not timed; %s; vs first: %s; peak memory allocated on the device, on "
                 "CPU by Loom's allocator)\n",
                 static_cast<long long>(steps),
-                done > 1 ? (std::to_string(done) + " interleaved rounds, medians and their range").c_str()
-                            : "one round (--repeats N runs N interleaved rounds and gives medians)",
+                done > 1    ? (std::to_string(done) + " interleaved rounds, medians and their range").c_str()
+                : done < repeats ? "one round, the only one finished"
+                                 : "one round (--repeats N runs N interleaved rounds and gives medians)",
                 done > 1 ? "the median of each round's ratio to the first configuration" : "the ratio to the first configuration");
     if (base == rows.end()) return 1;
     if (base != rows.begin()) std::printf("(the first configuration failed: vs first is against %s)\n", base->name.c_str());

@@ -11,6 +11,7 @@
 #include <loom/core/profiler.hpp>
 #include <loom/core/trainer.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -52,9 +53,16 @@ int cmd_profile(const Invocation& invocation) {
   if (fs::exists(fs::symlink_status(trace, ec)))
     throw Error("--trace " + trace.string() + " already exists; choose another path or remove it");
   if (trace.empty()) throw Error("--trace needs a path, e.g. --trace profile.json");
-  if (trace.extension() == ".gz")  // (Perfetto and chrome://tracing read a .gz name as gzip: plain JSON there fails)
-    throw Error("--trace " + trace.string() + ": Loom writes the trace as plain JSON; name it " +
-                trace.parent_path().append(trace.stem().string()).string() + " (gzip it afterwards if you wish)");
+  // (Perfetto and chrome://tracing read a compressed name as compressed: plain JSON there fails)
+  if (std::string ext = trace.extension().string(); [&] {
+        for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+        return ext == ".gz" || ext == ".zst" || ext == ".bz2" || ext == ".xz" || ext == ".zip";
+      }()) {
+    fs::path plain = trace.parent_path() / trace.stem();
+    if (plain.extension() != ".json") plain += ".json";
+    throw Error("--trace " + trace.string() + ": Loom writes the trace as plain JSON; name it " + plain.string() +
+                " (compress it afterwards if you wish)");
+  }
   if (trace.has_parent_path() && !fs::is_directory(trace.parent_path()))
   {
     // (the nearest part of the path that exists says what is wrong: a file where a folder is needed)

@@ -35,9 +35,9 @@ std::string section_of(const std::string& key) {
 
 /// A key of another section with `key`'s own name or one close to it (trainer.weight_decay:
 /// optimizer.weight_decay; model.lr: trainer.lr), the shorthand where there is one; none where
-/// the name is in no section.
+/// the name is in no section. `exact_only`: the same name alone (what beats a typo in key's own section).
 std::optional<std::string> same_name_elsewhere(const std::string& key, const std::vector<std::string>& keys,
-                                               const std::vector<std::string>& shorthands) {
+                                               const std::vector<std::string>& shorthands, bool exact_only) {
   const auto lower = [](std::string_view v) {
     std::string out(v);
     for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -51,6 +51,7 @@ std::optional<std::string> same_name_elsewhere(const std::string& key, const std
       const std::string section = section_of(candidate);
       if (section == section_of(key) || !closest(section + "." + name, {candidate})) continue;
       const bool exact = lower(std::string_view(candidate).substr(candidate.rfind('.') + 1)) == name;
+      if (exact_only && !exact) continue;
       const int rank = (exact ? 0 : 100) + static_cast<int>(std::count(candidate.begin(), candidate.end(), '.'));
       if (!best || rank < best_rank) {
         best = candidate;
@@ -482,7 +483,7 @@ Resolved validate(const Config& config, const Schema& schema) {
           std::none_of(shorthand_keys.begin(), shorthand_keys.end(), shorthand_of_section)) {  // ([optimizer]: adamw's)
         std::string message = where + ": unknown section [" + section + "] (key '" + key + "')";
         if (auto close = closest(section, sections)) message += "; did you mean [" + *close + "]?";
-        else if (auto there = same_name_elsewhere(key, all_keys, shorthand_keys)) message += "; did you mean '" + *there + "'?";
+        else if (auto there = same_name_elsewhere(key, all_keys, shorthand_keys, false)) message += "; did you mean '" + *there + "'?";
         else message += "; sections are " + join(sections, ", ");
         problems.push_back(message);
         continue;
@@ -497,9 +498,11 @@ Resolved validate(const Config& config, const Schema& schema) {
       std::string message = where + ": unknown key '" + key + "'";
       if (key.size() > 5 && key.compare(key.size() - 5, 5, ".base") == 0 && value.origin.source == "file")
         message += "; `base = ...` names the files this one builds on, on a line before the first [section]";
-      else if (auto close = closest(key, in_section)) message += "; did you mean '" + *close + "'?";
-      else if (auto there = same_name_elsewhere(key, all_keys, shorthand_keys))
+      else if (auto there = same_name_elsewhere(key, all_keys, shorthand_keys, /*exact=*/true))  // (model.batch_size: not patch_size)
         message += "; did you mean '" + *there + "'? ([" + section + "] has no " + key.substr(key.rfind('.') + 1) + ")";
+      else if (auto close = closest(key, in_section)) message += "; did you mean '" + *close + "'?";
+      else if (auto near = same_name_elsewhere(key, all_keys, shorthand_keys, /*exact=*/false))
+        message += "; did you mean '" + *near + "'? ([" + section + "] has no " + key.substr(key.rfind('.') + 1) + ")";
       else message += "; [" + section + "] has " + join(in_section, ", ");
       problems.push_back(message);
       continue;

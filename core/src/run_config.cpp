@@ -97,10 +97,13 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.init_from = value_of(c, "trainer.init_from");
   o.allow_precision_change = bool_of(c, "precision.allow_precision_change");
   o.device_memory_limit = bytes_of(c, "memory.device_memory_limit");
-  if (o.device_memory_limit > 0 && o.device_memory_limit < 4096) {  // (--device-memory-limit 0.5 was a budget of 1 B)
-    const std::string& given = value_of(c, "memory.device_memory_limit");
+  // (--device-memory-limit 0.5 was a budget of 1 B, and 0.3 none at all: 0 is "no cap")
+  if (const std::string& given = value_of(c, "memory.device_memory_limit");
+      o.device_memory_limit < 4096 && (o.device_memory_limit > 0 || given.find_first_of("123456789") != std::string::npos)) {
+    const bool unit = given.find_first_not_of("0123456789. ") != std::string::npos;
     throw Error("memory.device_memory_limit = " + given + " is " + std::to_string(o.device_memory_limit) +
-                " byte(s), no device's size; a size takes its unit, e.g. " + given + "GiB (0: no cap)");
+                " byte(s), no device's size (0 alone means no cap)" +
+                (unit ? std::string("; give at least 4KiB") : "; a size takes its unit, e.g. " + given + "GiB"));
   }
   o.memory_snapshot = value_of(c, "memory.snapshot");
   o.snapshot_on_oom = bool_of(c, "memory.snapshot_on_oom");
@@ -128,6 +131,15 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
     throw Error("trainer.work_dir is empty; name the folder the run folders go in (default: runs)");
   if (!o.resume_from.empty() && o.resume == "auto")
     throw Error("trainer.resume = auto and trainer.resume_from are both set; choose one");
+  // (resume_from continues a run from its own weights: init_from was ignored, and resume = auto
+  // without a name takes work_dir's newest run, the one just trained, and went on training it)
+  if (!o.init_from.empty() && !o.resume_from.empty())
+    throw Error("trainer.init_from and trainer.resume_from are both set; choose one: init_from starts a new run from a "
+                "checkpoint's weights, resume_from continues that checkpoint's run");
+  if (!o.init_from.empty() && o.resume == "auto" && o.name.empty())
+    throw Error("trainer.init_from with trainer.resume = auto needs a trainer.name: without one, resume = auto takes the "
+                "newest run in " + o.work_dir + ", which may be the run init_from comes from. Name the new run, and give "
+                "the same name to resume it");
   // A run's name is one folder in work_dir: not a path, nothing a shell or a file system trips on.
   const bool plain = o.name.size() <= 128 && (o.name.empty() || (std::isalnum(static_cast<unsigned char>(o.name[0])) &&
                      std::all_of(o.name.begin(), o.name.end(), [](char ch) {

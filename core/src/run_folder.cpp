@@ -329,7 +329,7 @@ namespace {
 enum class Change { kSaidElsewhere, kRoutine, kTraining };
 Change kind_of_change(const std::string& key) {
   static const std::set<std::string> elsewhere = {"trainer.resume", "trainer.resume_from", "trainer.name", "trainer.seed",
-                                                  "trainer.schedule",
+                                                  "trainer.schedule", "trainer.init_from",
                                                   "trainer.batch_size", "trainer.gradient_accumulation_steps",
                                                   "trainer.keep_last"};
   static const std::set<std::string> routine = {
@@ -459,6 +459,10 @@ void Trainer::join_run() {
 }
 
 void Trainer::open_run_here() {
+  if (init_first()) {  // (before the folder: a misfit leaves none behind)
+    init_weights(options_.init_from);
+    stop_if_signalled_in_setup(parallel_->world_size(), "while trainer.init_from was read");
+  }
   const fs::path work_dir = options_.work_dir;
   std::string name = options_.name;
   fs::path checkpoint;

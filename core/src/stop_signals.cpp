@@ -90,7 +90,7 @@ void on_signal(int sig) {
       "\nloom: stopping after the current step; this run writes no checkpoint (trainer.callbacks has no 'checkpoint'), "
       "so it cannot be continued; send SIGINT or SIGTERM again to stop at once\n";
   static const char scratch[] =
-      "\nloom: stopping after the current step; its scratch runs are removed, and only what finished is reported; send SIGINT or "
+      "\nloom: stopping after the current step; its scratch runs are removed (loom bench reports its finished rounds); send SIGINT or "
       "SIGTERM again to stop at once\n";
   const int on_stop = promise.load();
   const bool saves = on_stop == static_cast<int>(OnStop::kCheckpoint), unsaving = on_stop == static_cast<int>(OnStop::kNoCheckpoint);

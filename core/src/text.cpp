@@ -80,7 +80,7 @@ std::optional<std::string> closest(const std::string& word, const std::vector<st
       {"max_grad_norm", "clip_grad_norm"}, {"gradient_clip_val", "clip_grad_norm"}, {"grad_clip", "clip_grad_norm"},
       {"accumulate_grad_batches", "gradient_accumulation_steps"}, {"output_dir", "work_dir"},
       {"save_total_limit", "keep_last"}, {"logging_steps", "log_every"}, {"save_steps", "checkpoint_every"},
-      {"eval_steps", "eval_every"}};
+      {"eval_steps", "eval_every"}, {"wd", "weight_decay"}};
   const auto last = [](const std::string& key) { return std::string_view(key).substr(key.rfind('.') + 1); };
   const std::string lowered = lower(word);  // (LEARNING_RATE, as an environment variable would name it)
   for (const auto& [theirs, ours] : kOtherNames)

@@ -144,13 +144,12 @@ void Trainer::setup() {
   stop_if_signalled_in_setup(parallel_->world_size(), "before the run folder was opened");
   // Not after it: a stop from here on trains one step and writes its checkpoint, which resumes
   // as the user's command was (a folder with only config.json would be refused by that command).
-  // trainer.init_from: in a new run before its folder (a misfit leaves none behind); else only if it did not
-  // resume (a resumed run has its own weights, trained further). Ranks past 0 take rank 0's next.
-  const bool fresh = options_.resume == "none" && options_.resume_from.empty();
-  const bool init = !options_.init_from.empty() && parallel_->rank() == 0;
-  if (init && fresh) in_phase("set-up", [&] { init_weights(options_.init_from); });
-  in_phase("opening the run folder", [&] { open_run(); });
-  if (init && !fresh && resumed_at_ < 0) in_phase("opening the run folder", [&] { init_weights(options_.init_from); });
+  // trainer.init_from: in a new run by rank 0 before its folder is made (open_run_here); in a named
+  // folder that did not resume, by every rank (a resumed run has its own weights, trained further).
+  const bool init_before = init_first();
+  in_phase(init_before ? "set-up" : "opening the run folder", [&] { open_run(); });
+  if (!options_.init_from.empty() && !init_before && resumed_at_ < 0)
+    in_phase("loading trainer.init_from", [&] { init_weights(options_.init_from); });
   if (parallel_->world_size() > 1) in_phase("agreeing on the weights", [&] { broadcast_model(); });
   seed_rank();
   build_gradient_sync();

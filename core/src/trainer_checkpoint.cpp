@@ -302,16 +302,22 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   // lack: that was taken for damage, and every checkpoint passed over).
   // A loss scale configured otherwise (precision.init_scale, allowed) is this run's: the checkpoint's
   // scale overrode it, and a lower start was no way out of a scale still coming down.
-  const bool rescaled = std::any_of(precision_diff.begin(), precision_diff.end(),
-                                    [](const std::string& d) { return d.rfind("loss_scale:", 0) == 0; });
+  // (its start or its kind, not its growth: "dynamic (init 65536, x2 after 2000 ...)" against the checkpoint's)
+  const auto start_of = [](const sdk::TextMap& m) {
+    const auto it = m.find("loss_scale");
+    return it == m.end() ? std::string() : it->second.substr(0, it->second.find(','));
+  };
+  const bool rescaled = start_of(manifest) != start_of(saved_manifest) && !start_of(manifest).empty() &&
+                        !precision_->state_dict().tensors.empty();  // (fp16_amp to bf16_amp: no scale to start)
   if (!precision_diff.empty() && precision.tensors.empty() && !precision_->state_dict().tensors.empty())
     log::warn("precision '", precision_name_, "' starts afresh (the checkpoint's precision kept no state of its own, "
               "such as a loss scale)");
   else if (rescaled)
     log::warn("precision '", precision_name_, "' starts its loss scale afresh, as this run configures it (",
-              manifest.at("loss_scale"), "), not at the checkpoint's");
+              manifest.find("loss_scale")->second, "), not at the checkpoint's");
   else
     precision_->load_state_dict(precision);
+  scale_descent_ = loss_scale_descent(*precision_);
   schedule_->load_state_dict(schedule);
   load_callback_states(callbacks_, callbacks, c.extra, dir);
   if (auto it = c.extra.find("rng.cpu"); it != c.extra.end()) cpu_generator().set_state(it->second);
@@ -497,18 +503,31 @@ TrainedIn checkpoint_trained_in(const fs::path& checkpoint) {
   return out;
 }
 
+bool Trainer::init_first() const {
+  if (options_.init_from.empty()) return false;
+  std::error_code ec;
+  return (options_.resume == "none" && options_.resume_from.empty()) ||
+         (options_.resume == "auto" && !options_.name.empty() && !fs::exists(fs::path(options_.work_dir) / options_.name, ec));
+}
+
 void Trainer::init_weights(const std::string& from) {
   std::error_code ec;
   const fs::path path = fs::path(from).lexically_normal();
   if (!fs::exists(path, ec))
     throw Error("trainer.init_from = " + from + ": no such checkpoint (a step folder, or a .safetensors file such as "
                 "best_accuracy.safetensors)");
+  if (fs::is_directory(path / "checkpoints", ec))  // (a run folder: which of its weights is the user's to say)
+    throw Error("trainer.init_from = " + from + " is a run folder; name one of its checkpoints: " +
+                (path / "checkpoints" / "best_<metric>.safetensors").string() + ", or a step folder in " +
+                (path / "checkpoints").string());
   try {
     load_weights(path);
   } catch (const ShapeDiffers& e) {
     throw Error("trainer.init_from = " + from + ": its model does not fit this one: " + e.detail +
                 "; the settings that size the model (layers, widths, vocabulary, the data's users and items) must be the "
                 "checkpoint's");
+  } catch (const std::exception& e) {  // (a damaged file: its own words, said as this key's)
+    throw Error("trainer.init_from = " + from + ": " + e.what());
   }
   log::info("weights from ", path.string(), " (trainer.init_from): the optimizer, the schedule and the step start afresh");
 }

@@ -15,7 +15,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
@@ -134,15 +137,23 @@ inline at::Tensor scaled_for_backward(sdk::PrecisionStrategy& precision, const s
   });
 }
 
-/// Whether the precision's loss scale is dynamic and above 1, so that steps skipped for
-/// non-finite gradients may be its descent (fp16_amp halves it from 65536 on each), not a sign of
-/// damaged weights. Reads the scale to the host: for rare checks only.
-inline bool loss_scale_coming_down(const sdk::PrecisionStrategy& precision) {
+/// How many steps in a row the precision's dynamic loss scale may overflow while it comes down to
+/// 1 (fp16_amp halves it from 65536 on each): steps skipped then are its descent, not a sign of
+/// damaged weights. 0 for a static scale, none, or one that is not finite (damage itself). Reads
+/// the scale to the host: once, at a resume.
+inline int64_t loss_scale_descent(const sdk::PrecisionStrategy& precision) {
   const sdk::State state = precision.state_dict();
   const auto scale = state.tensors.find("scale");
   const auto how = state.text.find("scaler");
-  return scale != state.tensors.end() && how != state.text.end() && how->second.rfind("dynamic", 0) == 0 &&
-         scale->second.defined() && scale->second.numel() == 1 && scale->second.item<double>() > 1;
+  if (scale == state.tensors.end() || how == state.text.end() || how->second.rfind("dynamic", 0) != 0 ||
+      !scale->second.defined() || scale->second.numel() != 1)
+    return 0;
+  const double value = scale->second.item<double>();
+  double backoff = 0.5;  // ("dynamic (init 65536, x2 after 2000 finite steps, x0.5 on overflow)")
+  if (const auto at_end = how->second.find(" on overflow"); at_end != std::string::npos)
+    if (const auto x = how->second.rfind('x', at_end); x != std::string::npos) backoff = std::atof(how->second.c_str() + x + 1);
+  if (!std::isfinite(value) || value <= 1 || !(backoff > 0 && backoff < 1)) return 0;
+  return std::min<int64_t>(100000, static_cast<int64_t>(std::ceil(std::log(value) / -std::log(backoff))));
 }
 
 /// A model's training output as backward needs it: a loss_sum of one element that depends on the

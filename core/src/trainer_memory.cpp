@@ -164,9 +164,10 @@ int64_t Trainer::probe_peak(int64_t b, bool train) {
     // Replicas on this same device (data_parallel over cpu, cpu) share its budget, each holding its
     // part's activations until the one backward: the probe ran one part (a plan that fit one
     // replica ran out of memory at step 1).
-    if (replicas_ && std::all_of(replicas_->devices().begin(), replicas_->devices().end(),
-                                 [&](const c10::Device& d) { return d == device_; }))
-      peak += (replicas_->size() - 1) * std::max<int64_t>(0, peak - held);
+    // (an evaluation frees each part's activations as it goes: no backward holds them)
+    if (replicas_ && train)
+      peak += (std::count(replicas_->devices().begin(), replicas_->devices().end(), device_) - 1) *
+              std::max<int64_t>(0, peak - held);
   } catch (...) {
     restore_state();
     throw;
@@ -206,7 +207,7 @@ std::string Trainer::oom_advice(const std::string& message) const {
   add(recovering ? "gradient accumulation: oom_recovery re-planned to micro-batch " + std::to_string(plan_.micro_batch) +
                        " x accumulation " + std::to_string(plan_.accumulation) + " and stopped there (" +
                        (plan_.micro_batch <= 1 ? std::string("micro-batch 1 is the smallest")
-                                               : "its memory.max_replans re-plans were spent: raise it") + ")"
+                                               : "memory.max_replans re-plans, or no re-plan was possible here") + ")"
                  : std::string("gradient accumulation: --gradient-accumulation-steps (memory.policies = oom_recovery does it "
                                "for you)"));
   if (const std::string precision = value_of(config_, "precision.name"); precision != "bf16_amp" && precision != "fp16_amp")

@@ -474,7 +474,7 @@ StepResult Trainer::train_step(bool read_values) {
   if (step_on_device_) ensure_rate_table();
   // The first steps after a resume are read: the check below needs each one's skip.
   constexpr int64_t kSkippedAfterResume = 5;
-  const bool read = read_values || (resumed_at_ >= 0 && step_ - resumed_at_ < kSkippedAfterResume);
+  const bool read = read_values || (resumed_at_ >= 0 && step_ - resumed_at_ < kSkippedAfterResume + scale_descent_);
   StepResult result;
   bool finite = true;
   if (graphs_) {
@@ -505,8 +505,8 @@ StepResult Trainer::train_step(bool read_values) {
   // before a checkpoint of this state is saved and pruning deletes the good ones.
   // (not while a dynamic loss scale still comes down: a checkpoint from fp16_amp's first steps,
   // or one resumed into fp16_amp, overflows until it has; no checkpoint is written meanwhile)
-  if (!finite && resumed_at_ >= 0 && step_ - resumed_at_ >= kSkippedAfterResume &&
-      skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_ && !loss_scale_coming_down(*precision_))
+  if (!finite && resumed_at_ >= 0 && step_ - resumed_at_ >= kSkippedAfterResume + scale_descent_ &&
+      skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_)
     throw Error("every step since resuming from " + resumed_from_.string() + " (" + std::to_string(step_ - resumed_at_) +
                 " steps) had non-finite gradients: the checkpoint is probably damaged. Stopping before a checkpoint "
                 "of this state replaces the good ones; resume from an earlier checkpoint with --resume-from");

@@ -111,6 +111,19 @@ r = loom(exe, "config", "show", "-c", "configs/debug.ini", check=False, cwd=work
 expect(r.returncode == 1 and "config file configs/debug.ini not found (from " in r.stderr
        and "; Loom's own debug.ini is " in r.stderr and "given by its name: -c debug" in r.stderr,
        "a relative path to a missing configuration of Loom's name", r)
+# A size that rounds to no budget, or to a few bytes, is refused (0.3 meant no cap at all).
+for limit in ("0.3", "0.5", "2KiB"):
+    r = loom(exe, "train", "-c", os.path.join(configs, "debug.ini"), "--device-memory-limit", limit, check=False)
+    expect(r.returncode == 1 and f"memory.device_memory_limit = {limit} is " in r.stderr and "no device's size" in r.stderr,
+           f"--device-memory-limit {limit}", r)
+# trainer.init_from with a resume that would ignore it, or continue another run, is refused.
+r = loom(exe, "train", "-c", os.path.join(configs, "debug.ini"), "--set", "trainer.init_from=/x",
+         "--set", "trainer.resume_from=/y", check=False)
+expect(r.returncode == 1 and "trainer.init_from and trainer.resume_from are both set; choose one" in r.stderr,
+       "init_from with resume_from", r)
+r = loom(exe, "train", "-c", os.path.join(configs, "debug.ini"), "--set", "trainer.init_from=/x", "--resume", "auto", check=False)
+expect(r.returncode == 1 and "trainer.init_from with trainer.resume = auto needs a trainer.name" in r.stderr,
+       "init_from with an unnamed resume = auto", r)
 here = workdir()
 with open(os.path.join(here, "mine.ini"), "w") as f:
     f.write("base = configs/debug.ini\n[trainer]\nmax_steps = 3\n")

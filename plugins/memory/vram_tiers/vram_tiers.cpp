@@ -20,7 +20,8 @@ struct Tier {
 /// Memory as the tiers are written, in decimal GB ("25.3 GB", "20 GB"): one unit on every line.
 std::string gb_text(int64_t bytes) {
   char text[32];
-  std::snprintf(text, sizeof text, "%.3g GB", static_cast<double>(bytes) / 1e9);
+  const double gb = static_cast<double>(bytes) / 1e9;  // ("24.0 GB", "1500.0 GB"; "0.000524 GB" under a tiny cap)
+  std::snprintf(text, sizeof text, gb >= 1 ? "%.1f GB" : "%.3g GB", gb);
   return text;
 }
 
@@ -67,14 +68,14 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
         break;
       }
     if (tier_batch == 0)  // (the smallest tier's batch was taken: a device below every tier is none of them)
-      throw loom::sdk::Error("vram_tiers: the device's memory, " + gb_text(memory) +
+      throw loom::sdk::Error(std::string("vram_tiers: ") + (memory < stats.total ? "the memory this run may use (its cap), " : "the device's memory, ") + gb_text(memory) +
                              ", reaches no tier of memory.tiers (the smallest needs " +
                              gb_text(tiers_.back().min_bytes) + "); add a tier for it, e.g. 0:" +
                              std::to_string(tiers_.back().micro_batch) + " for every smaller device");
     const int64_t world = context.plan.world_size;
     if (context.global_batch_given) {
       context.plan = loom::sdk::split_global_batch(context.global_batch, world, tier_batch);
-      loom::memory::warn_uneven_split(context.plan, context.global_batch, tier_batch);
+      loom::memory::warn_uneven_split(context.plan, context.global_batch, tier_batch, "its tier allows");
     } else {
       // (the accumulation the run asked for stays: the global batch is tier_batch x it x world)
       context.plan = loom::sdk::BatchPlan{tier_batch, context.plan.accumulation, world};

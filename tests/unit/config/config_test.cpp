@@ -418,11 +418,16 @@ TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
   misplaced.set_assignment("model.lr=0.1");
   misplaced.set_assignment("optimizer.LEARNING_RATE=0.1");
   misplaced.set_assignment("training.lr=0.1");
+  misplaced.set_assignment("model.batch_size=4");
+  misplaced.set_assignment("trainer.wd=0.1");
   const std::string where = error_of([&] { validate(misplaced, run_schema(misplaced, loom::testing::registry())); });
   EXPECT_CONTAINS(where, "unknown key 'trainer.weight_decay'; did you mean 'optimizer.weight_decay'? ([trainer] has no weight_decay)");
   EXPECT_CONTAINS(where, "unknown key 'model.lr'; did you mean 'trainer.lr'? ([model] has no lr)");
   EXPECT_CONTAINS(where, "unknown key 'optimizer.LEARNING_RATE'; did you mean 'trainer.lr'?");
   EXPECT_CONTAINS(where, "unknown section [training] (key 'training.lr'); did you mean 'trainer.lr'?");
+  // (the same name in another section beats a typo in this one: model.batch_size is not patch_size)
+  EXPECT_CONTAINS(where, "unknown key 'model.batch_size'; did you mean 'trainer.batch_size'?");
+  EXPECT_CONTAINS(where, "unknown key 'trainer.wd'; did you mean 'optimizer.weight_decay'?");
   // A plugin's text printed as one line: no line break, no terminal escape, bounded.
   EXPECT_EQ(loom::core::printable("a\nb\x1b[31mc", 300), "a b [31mc");
   EXPECT_EQ(loom::core::printable(std::string(5000, 'x'), 300).size(), 300u);

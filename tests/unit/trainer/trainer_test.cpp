@@ -22,6 +22,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <regex>
 #include <sys/resource.h>
@@ -821,6 +822,28 @@ TEST_F(TrainerTest, AResumeFromFp16AmpsFirstStepsIsNotCalledDamagedWhileTheLossS
   lower.set_assignment("precision.allow_precision_change=true");
   auto low = make(lower);
   EXPECT_FALSE(low->train_step().skipped);
+  // A scale that is not finite is damage, whatever its size: caught after the usual 5 steps.
+  Config broken = c;
+  broken.set_assignment("trainer.name=fp16_broken");
+  {
+    auto t = make(broken);
+    loom::sdk::State state = t->precision().state_dict();
+    state.tensors["scale"] = at::full_like(state.tensors.at("scale"), std::numeric_limits<float>::infinity());
+    t->precision().load_state_dict(state);
+    for (int i = 0; i < 3; ++i) t->train_step();
+    t->save_checkpoint();
+  }
+  Config from_broken = c;
+  from_broken.set_assignment("trainer.name=fp16_from_broken");
+  from_broken.set_assignment("trainer.resume_from=" + (dir_ / "fp16_broken" / "checkpoints" / step_dir_name(3)).string());
+  auto damaged = make(from_broken);
+  int steps = 0;
+  try {
+    for (; steps < 9; ++steps) damaged->train_step();
+  } catch (const loom::sdk::Error& e) {
+    EXPECT_CONTAINS(std::string(e.what()), "had non-finite gradients: the checkpoint is probably damaged");
+  }
+  EXPECT_EQ(steps, 4) << "the fifth step after resuming stops the run";
 }
 
 TEST_F(TrainerTest, ANewRunStartsFromACheckpointsWeightsWithInitFrom) {

@@ -404,6 +404,7 @@ class Trainer {
   void check_weights_before_saving(const std::string& what) const;
   void restore_model(const sdk::TensorMap& tensors, const std::string& what);
   void init_weights(const std::string& from);  // trainer.init_from
+  bool init_first() const;  ///< init_from loads before the run folder is made: the run is surely new
   void check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved_config,
                           const std::string& what) const;
   std::map<std::string, std::string> section(const std::string& name) const;
@@ -439,6 +440,7 @@ class Trainer {
   std::unique_ptr<StepGraphs> graphs_;  ///< step.cuda_graph
   sdk::BatchPlan graph_plan_;           ///< the plan the graphs were captured at
   int64_t skipped_at_resume_ = 0;  ///< skipped_steps_ when the run resumed
+  int64_t scale_descent_ = 0;      ///< steps the resumed loss scale may overflow coming down (loss_scale_descent)
   bool said_zero_gradients_ = false;  ///< a logged step's gradients were all zero: said once
   Parameters parameters_;
   std::shared_ptr<sdk::Optimizer> optimizer_;
