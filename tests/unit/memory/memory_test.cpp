@@ -209,7 +209,22 @@ TEST_F(MemoryTest, VramTiersPicksTheSeedsBatchForEachTier) {
     registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "20GB:128, 20GB:64, 0:16"}});
     ADD_FAILURE() << "a size given twice was taken";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("memory.tiers gives 18.6 GiB twice (micro-batch "), std::string::npos) << e.what();
+    // (in the decimal GB the tiers are written in: it said "18.6 GiB" of a tier written 20GB)
+    EXPECT_NE(std::string(e.what()).find("memory.tiers gives 20.0 GB twice (micro-batch "), std::string::npos) << e.what();
+  }
+  // A device below every tier is none of them (the smallest tier's batch was taken in silence).
+  auto only_large = registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "100GB:7"}});
+  loom::sdk::PlanContext small;
+  small.memory = &gpu;
+  small.plan = {128, 1, 1};
+  try {
+    only_large->plan(small);
+    ADD_FAILURE() << "a device below every tier got micro-batch " << small.plan.micro_batch;
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the device's memory, 8.0 GB, reaches no tier of memory.tiers (the smallest needs "
+                                         "100.0 GB); add a tier for it, e.g. 0:7"),
+              std::string::npos)
+        << e.what();
   }
 }
 
