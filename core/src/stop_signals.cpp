@@ -16,6 +16,7 @@
 //     terminal closes, and a service whose manager ignores SIGPIPE (systemd) keeps running when
 //     its log's reader restarts.
 #include <loom/core/stop_signals.hpp>
+#include <loom/sdk/stop.hpp>
 
 #include <atomic>
 #include <csignal>
@@ -118,6 +119,9 @@ void install_stop_signals(OnStop on_stop) {
 }
 
 int stop_signal_received() { return received.load(); }
+
+PluginsSeeStops::PluginsSeeStops() { sdk::detail::set_stop_flag(&received); }
+PluginsSeeStops::~PluginsSeeStops() { sdk::detail::set_stop_flag(nullptr); }
 
 void note_scratch_folder(const std::string& path) {
   has_scratch.store(false);

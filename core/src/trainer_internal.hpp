@@ -80,6 +80,9 @@ auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
   } catch (const std::filesystem::filesystem_error& e) {
     throw Error(phase + ": " + loom::explained(e));
   } catch (const std::exception& e) {
+    // (a plugin's long set-up work ended because a stop was asked, loom::sdk::stop_requested: the stop)
+    if (const int sig = stop_signal_received(); sig != 0 && phase == "set-up")
+      throw StoppedBySignal(sig, "stopped by " + signal_name(sig) + " during set-up (" + e.what() + "): no step was trained");
     throw Error(phase + ": " + e.what());
   } catch (...) {  // (`throw 42;` in a plugin)
     throw Error(phase + ": a plugin threw a value that is not an exception (not derived from std::exception); a plugin "

@@ -11,6 +11,7 @@
 #include <loom/sdk/optimizer.hpp>
 #include <loom/sdk/parallel.hpp>
 #include <loom/sdk/precision.hpp>
+#include <loom/sdk/stop.hpp>
 
 #include <ATen/ops/_foreach_div.h>
 
@@ -49,5 +50,16 @@ void Optimizer::step_on_device_dividing(const at::Tensor& lr, const at::Tensor& 
 Schedule::~Schedule() = default;
 RunContext::~RunContext() = default;
 Callback::~Callback() = default;
+
+namespace {
+std::atomic<const std::atomic<int>*> g_stop_flag{nullptr};
+}  // namespace
+
+bool stop_requested() noexcept {
+  const std::atomic<int>* flag = g_stop_flag.load();
+  return flag != nullptr && flag->load() != 0;
+}
+
+void detail::set_stop_flag(const std::atomic<int>* flag) noexcept { g_stop_flag.store(flag); }
 
 }  // namespace loom::sdk

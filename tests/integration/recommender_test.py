@@ -9,7 +9,10 @@
 """
 import os
 import re
+import signal
+import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import loom, workdir  # noqa: E402
@@ -75,4 +78,22 @@ r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "7" * 100000, c
 assert r.returncode == 1 and "...' (100000 bytes) is no user id: ids are at most 256 characters" in r.stderr and len(r.stderr) < 2000, r.stderr
 r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "7\x1b]0;x\x07", check=False)
 assert r.returncode == 1 and "--user '7?]0;x?' is no user id" in r.stderr and "\x1b" not in r.stderr, r.stderr
+
+# Ctrl-C while set-up encodes the catalogue's text through GPT-2 (minutes on a CPU for MovieLens
+# 1M): the stop is acted on within a chunk of items, not when the whole catalogue is done.
+p = subprocess.Popen([exe, "train", "-c", config, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=encoding",
+                      "--set", "trainer.device=cpu", "--set", "model.size=gpt2", "--set", "data.items=20000",
+                      "--set", "trainer.max_steps=2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+said = []
+for line in p.stderr:
+    said.append(line)
+    if "encoding the items' text through GPT-2:" in line:  # (said after 15 s of it)
+        p.send_signal(signal.SIGINT)
+        sent = time.time()
+        break
+_, err = p.communicate(timeout=600)
+err = "".join(said) + err
+assert p.returncode == 130 and "stopped by SIGINT during set-up (gpt2_recommender: stopped while encoding the items' text" in err \
+    and time.time() - sent < 60 and not os.path.exists(os.path.join(work, "encoding")), (p.returncode, err[-2000:])
+print(f"SIGINT while encoding: stopped {time.time() - sent:.1f} s after it")
 print("ok")

@@ -14,6 +14,7 @@
 #include <loom/sdk/gpt2_text.hpp>
 
 #include <loom/sdk/sdk.hpp>
+#include <loom/sdk/stop.hpp>
 
 #include <ATen/ops/_unique2.h>
 #include <ATen/ops/cat.h>
@@ -497,6 +498,9 @@ class Gpt2Recommender final : public sdk::Model {
     auto said = began;
     const auto seconds = [](auto from) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - from).count(); };
     for (int64_t start = 0; start < ids.size(0); start += chunk) {
+      if (sdk::stop_requested())  // (a run's set-up: a Ctrl-C waited minutes for the rest of the catalogue)
+        throw Error("gpt2_recommender: stopped while encoding the items' text, " + std::to_string(start) + " of " +
+                    std::to_string(ids.size(0)) + " items done");
       const int64_t n = std::min<int64_t>(chunk, ids.size(0) - start);
       parts.push_back(gpt2::encode_texts(*net_->gpt2, ids.narrow(0, start, n), lengths.narrow(0, start, n), pooling_));
       if (seconds(said) > 15 && start + n < ids.size(0)) {

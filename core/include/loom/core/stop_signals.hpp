@@ -36,6 +36,16 @@ class StopAtOnce {
   StopAtOnce& operator=(const StopAtOnce&) = delete;
 };
 
+/// While one lives (a run's set-up), loom::sdk::stop_requested() tells plugins of a stop signal,
+/// so long work of theirs (a catalogue's text encoded through GPT-2) ends when it is asked to.
+class PluginsSeeStops {
+ public:
+  PluginsSeeStops();
+  ~PluginsSeeStops();
+  PluginsSeeStops(const PluginsSeeStops&) = delete;
+  PluginsSeeStops& operator=(const PluginsSeeStops&) = delete;
+};
+
 /// A stop signal ended what was running before it finished: set-up (Trainer::setup, before the
 /// first step: nothing trained, nothing to checkpoint) or an evaluation. `signal` is the signal.
 class StoppedBySignal : public Error {
