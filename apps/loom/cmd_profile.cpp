@@ -108,6 +108,7 @@ int cmd_profile(const Invocation& invocation) {
   options.memory = invocation.options["memory"].as<bool>();
   core::Profiler profiler(trainer.device(), options);
   const auto start = std::chrono::steady_clock::now();
+  const int64_t recoveries_before = trainer.oom_recoveries();
   int64_t samples = 0;
   for (int64_t i = 0; i < steps; ++i) {
     stop_if_signalled("loom profile");
@@ -120,6 +121,13 @@ int cmd_profile(const Invocation& invocation) {
   std::printf("\n%lld steps, %.0f samples/s under the profiler (it slows operators down: time a run with `loom train` "
               "or `loom bench`)\n",
               static_cast<long long>(steps), samples / seconds);
+  // (a step replayed after an out-of-memory counts its attempt's calls too: loom::step 5 of 3 steps)
+  if (const int64_t replayed = trainer.oom_recoveries() - recoveries_before; replayed > 0)
+    std::printf("the profiled steps ran out of memory %lld time(s) and were replayed with a smaller micro-batch: the calls "
+                "and times above hold the failed attempts too; profile again with the plan they ended with (micro-batch "
+                "%lld x accumulation %lld)\n",
+                static_cast<long long>(replayed), static_cast<long long>(trainer.plan().micro_batch),
+                static_cast<long long>(trainer.plan().accumulation));
   if (!report.trace_error.empty()) {  // (the tables above were lost with it)
     core::log::error(report.trace_error);
     return 1;

@@ -156,6 +156,11 @@ expect(r.returncode != 0 and "--trace /proc/nope.json cannot be written (" in r.
 r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "t.json.gz"), check=False)  # viewers read .gz as gzip
 expect(r.returncode == 1 and "Loom writes the trace as plain JSON; name it " + os.path.join(work, "t.json") in r.stderr,
        "a .gz trace name is refused", r)
+# Steps replayed after an out-of-memory are in the tables with their failed attempts: said.
+r = loom(exe, "profile", "-c", os.path.join(source, "configs", "debug.ini"), "--steps", "3", "--warmup", "0",
+         "--device-memory-limit", "400KiB", "--set", "memory.policies=oom_recovery", "--trace", os.path.join(work, "oom.json"))
+expect("ran out of memory" in r.stdout and "were replayed with a smaller micro-batch: the calls and times above hold the "
+       "failed attempts too" in r.stdout, "a profile with replayed steps says so", r)
 # Ctrl-C in `loom bench` after a round: the rounds that finished are reported, not thrown away.
 benched = os.path.join(work, "benched.ini")
 with open(benched, "w") as f:
