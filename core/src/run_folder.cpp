@@ -356,9 +356,10 @@ void Trainer::read_the_runs_config() {
   const bool here = fs::weakly_canonical(folder) == fs::weakly_canonical(run_dir_);
   const fs::path record = record_until(folder, step_);
   std::error_code ec;
-  // The record of the steps up to this one stays beside the new config.json (the first, if this
-  // step is resumed again): a copy of the record compared with, never a move (config.json is never missing).
+  // The record of the steps up to this one stays beside the new config.json (the first, if this step is
+  // resumed again): a copy of the record compared with, never a move; both put back if no step trains.
   const fs::path until = run_dir_ / ("config.until_step_" + std::to_string(step_) + ".json");
+  if (here) kept_record_.keep(run_dir_, until);
   const auto keep_record = [&] {
     if (here && record != until && fs::is_regular_file(record, ec) && !fs::exists(until, ec))
       write_file_atomic(until, read_file(record));
@@ -585,15 +586,7 @@ void Trainer::open_run_here() {
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
   if (trains) write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
   take_away.armed = false;
-  made_run_dir_ = made_here && resumed_at_ < 0;
-}
-
-bool Trainer::discard_if_nothing_trained() {
-  if (!made_run_dir_ || step_ > 0 || parallel_->rank() != 0 || !CheckpointStore::list_run(run_dir_).empty()) return false;
-  run_lock_.reset();
-  std::error_code ec;
-  fs::remove_all(run_dir_, ec);
-  return !ec;
+  made_run_dir_ = made_here;  // (a new run, or one --resume-from starts from another run's checkpoint)
 }
 
 }  // namespace loom::core

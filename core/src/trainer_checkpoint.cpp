@@ -533,11 +533,20 @@ void Trainer::init_weights(const std::string& from) {
 }
 
 void Trainer::load_weights(const fs::path& checkpoint) {
-  if (fs::is_directory(checkpoint)) {
-    const Checkpoint c = CheckpointStore::load_weights(checkpoint);
-    restore_model(c.model, checkpoint.string());
-  } else {
-    restore_model(load_safetensors(checkpoint), checkpoint.string());
+  try {
+    if (fs::is_directory(checkpoint)) {
+      const Checkpoint c = CheckpointStore::load_weights(checkpoint);
+      restore_model(c.model, checkpoint.string());
+    } else {
+      restore_model(load_safetensors(checkpoint), checkpoint.string());
+    }
+  } catch (const ShapeDiffers& e) {
+    // (loom eval, loom recommend: with the checkpoint's settings, a shape follows the data's files
+    // that changed since, a recommender's users and items; it was called damage alone)
+    throw ShapeDiffers(checkpoint.string() + ": its weights do not fit this model (" + e.detail + "): the data the model "
+                       "is sized by changed in its files since it trained (more users or items, another vocabulary), the "
+                       "settings that size the model differ from the checkpoint's, or it is of another model or damaged",
+                       e.detail);
   }
 }
 

@@ -3,7 +3,9 @@
 // so a resumed run logs the same means), evaluation every trainer.eval_every steps, the final test
 // evaluation. What is written and saved, and when, is the callbacks' business
 // (trainer_callbacks.cpp, sdk/callback.hpp); the loop names none of them.
+#include <loom/core/checkpoint.hpp>
 #include <loom/core/device_memory.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/trainer.hpp>
 #include "trainer_internal.hpp"
@@ -11,6 +13,40 @@
 namespace loom::core {
 
 using namespace detail;
+namespace fs = std::filesystem;
+
+bool Trainer::discard_if_nothing_trained() {
+  if (!made_run_dir_ || session_steps() > 0 || parallel_->rank() != 0 || !CheckpointStore::list_run(run_dir_).empty())
+    return false;
+  run_lock_.reset();
+  std::error_code ec;
+  fs::remove_all(run_dir_, ec);
+  return !ec;
+}
+
+void Trainer::KeptRecord::keep(const fs::path& run_dir, const fs::path& until_record) {
+  std::error_code ec;
+  if (!fs::is_regular_file(run_dir / "config.json", ec)) return;  // (nothing to put back: it is written anew)
+  try {
+    config = read_file(run_dir / "config.json");
+  } catch (const std::exception&) {
+    return;
+  }
+  dir = run_dir;
+  until = fs::exists(until_record, ec) ? fs::path() : until_record;
+}
+
+Trainer::KeptRecord::~KeptRecord() {
+  if (dir.empty()) return;
+  try {
+    write_file_atomic(dir / "config.json", config);
+    std::error_code ec;
+    if (!until.empty()) fs::remove(until, ec);
+    log::info("no step trained since resuming: ", (dir / "config.json").string(), " is as it was before this command");
+  } catch (const std::exception& e) {
+    log::warn("cannot put back ", (dir / "config.json").string(), " as it was before this resume: ", e.what());
+  }
+}
 
 void Trainer::LogWindow::add(const StepResult& r, double dt) {
   seconds += dt;
@@ -56,6 +92,7 @@ TrainSummary Trainer::train() {
     StepResult r = in_phase("training step " + std::to_string(step_ + 1),
                             [&] { return step_with_recovery(read_every_step_ || log_step); });
     const double dt = seconds_since(start);
+    kept_record_.dir.clear();  // (a step trained with this configuration: config.json records it)
     train_seconds += dt;
     window_.add(r, dt);
     const int sig = stop_signal();  // stop now: a checkpoint, no evaluation (agreed by every rank)
@@ -104,6 +141,7 @@ TrainSummary Trainer::train() {
   // written again without its mark, or every later resume would run it again.
   if (ran_pending && step_ == first_step && evaluation_cut_at_ != step_ && stop_signal() == 0) save_checkpoint();
   check_replicas();
+  kept_record_.dir.clear();
   return finish_run(first_step, train_seconds);
 }
 

@@ -7,6 +7,7 @@
 #include "trainer_testing.hpp"
 
 #include <loom/core/checkpoint.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/sdk/attributes.hpp>
 #include <loom/sdk/dataset.hpp>
@@ -283,6 +284,36 @@ class Gpt2RecommenderTest : public ::testing::Test {
     return c;
   }
 
+  /// A MovieLens 1M folder of 12 films and users with these ids, 4 ratings each.
+  fs::path write_movielens(std::initializer_list<int> users) {
+    const fs::path ml = dir_ / "ml";
+    fs::create_directories(ml);
+    std::string movies, ratings;
+    for (int item = 1; item <= 12; ++item) movies += std::to_string(item) + "::Film " + std::to_string(item) + " (1995)::Drama\n";
+    write(ml / "movies.dat", movies);
+    int row = 0;
+    for (int user : users)
+      for (int k = 0; k < 4; ++k, ++row) {
+        const int item = (row / 4 * 2 + 2 + k) % 12 + 1;
+        ratings += std::to_string(user) + "::" + std::to_string(item) + "::" + std::to_string(1 + (row / 4 + 1 + k) % 5) +
+                   "::" + std::to_string(978300000 + row) + "\n";
+      }
+    write(ml / "ratings.dat", ratings);
+    return ml;
+  }
+
+  loom::core::Config movielens_config(const fs::path& ml, const std::string& name, const char* steps) {
+    loom::core::Config c = loom::testing::config_of(
+        {"model.name=gpt2_recommender", "model.size=debug", "model.text_tokens=8", "model.embedding_dim=8",
+         "model.hidden=16", "model.top_k=2", "model.negatives=2", "data.name=interactions", "data.min_interactions=3",
+         "data.num_workers=0", "trainer.batch_size=4", "trainer.eval_every=2", "trainer.checkpoint_every=2",
+         "trainer.seed=3"},
+        dir_, name);
+    c.set_assignment("data.root=" + ml.string());
+    c.set_assignment(std::string("trainer.max_steps=") + steps);
+    return c;
+  }
+
   static std::map<std::string, at::Tensor> gpt2_parameters(loom::core::Trainer& t) {
     std::map<std::string, at::Tensor> out;
     for (const auto& item : t.model().module().named_parameters())
@@ -317,28 +348,8 @@ TEST_F(Gpt2RecommenderTest, AResumeOnDataWithOtherUsersIsRefusedNamingTheDataNot
 TEST_F(Gpt2RecommenderTest, AResumeOnRatingsThatGainedAUserIsRefusedNamingTheDataNotDamage) {
   // The same data.root with a user added to its ratings: every checkpoint was called "damaged or
   // of another model" and the run unloadable ("move the folder away").
-  const fs::path ml = dir_ / "ml";
-  fs::create_directories(ml);
-  std::string movies, ratings;
-  for (int item = 1; item <= 12; ++item) movies += std::to_string(item) + "::Film " + std::to_string(item) + " (1995)::Drama\n";
-  write(ml / "movies.dat", movies);
-  for (int user = 1; user <= 6; ++user)
-    for (int k = 0; k < 4; ++k) {
-      const int item = (user * 2 + k) % 12 + 1;
-      ratings += std::to_string(user) + "::" + std::to_string(item) + "::" + std::to_string(1 + (user + k) % 5) +
-                 "::" + std::to_string(978300000 + user * 10 + k) + "\n";
-    }
-  write(ml / "ratings.dat", ratings);
-  const auto config = [&](const char* steps) {
-    loom::core::Config c = loom::testing::config_of(
-        {"model.name=gpt2_recommender", "model.size=debug", "model.text_tokens=8", "model.embedding_dim=8",
-         "model.hidden=16", "model.top_k=2", "model.negatives=2", "data.name=interactions", "data.min_interactions=3", "data.num_workers=0",
-         "trainer.batch_size=4", "trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.seed=3"},
-        dir_, "grown");
-    c.set_assignment("data.root=" + ml.string());
-    c.set_assignment(std::string("trainer.max_steps=") + steps);
-    return c;
-  };
+  const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
+  const auto config = [&](const char* steps) { return movielens_config(ml, "grown", steps); };
   make_trainer(config("2"))->train();
   std::ofstream(ml / "ratings.dat", std::ios::app) << "7::1::4::978300900\n7::2::3::978300901\n7::3::5::978300902\n";
   auto resume = config("4");
@@ -348,6 +359,42 @@ TEST_F(Gpt2RecommenderTest, AResumeOnRatingsThatGainedAUserIsRefusedNamingTheDat
   EXPECT_CONTAINS(message, "though the model's and the data's settings are the checkpoint's: the data the model is sized by "
                            "changed in its files");
   EXPECT_EQ(message.find("move the folder away"), std::string::npos) << message;
+  // loom eval and loom recommend (the checkpoint's settings, these files) name the data's change too.
+  auto eval = config("2");
+  eval.set_assignment("trainer.name=");
+  loom::core::Trainer evaluator(loom::core::resolve_run(eval, registry()), registry());
+  evaluator.setup_for_evaluation();
+  const std::string eval_message = error_of([&] { evaluator.load_weights(dir_ / "grown" / "checkpoints" / "step_00000002"); });
+  EXPECT_CONTAINS(eval_message, "step_00000002: its weights do not fit this model (tensor '");
+  EXPECT_CONTAINS(eval_message, "the data the model is sized by changed in its files since it trained");
+}
+
+TEST_F(Gpt2RecommenderTest, AResumeRefusedAtItsFirstStepLeavesTheRunsRecordAsItWas) {
+  // A user's id renamed in the ratings (as many users as before): the weights load, and the first
+  // step refuses them. The resume had rewritten config.json with its own settings (and written a
+  // config.until_step_2.json), so the record said the run trained with a rate it never used; and
+  // --resume-from into a new run left a folder holding config.json alone, which the same command
+  // then refused ("already holds a run"). Both are as they were before the command now.
+  const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
+  make_trainer(movielens_config(ml, "renamed", "2"))->train();
+  const fs::path run = dir_ / "renamed";
+  const std::string record = loom::core::read_file(run / "config.json");
+  write_movielens({2, 3, 4, 5, 6, 60});
+  auto resume = movielens_config(ml, "renamed", "4");
+  resume.set_assignment("trainer.resume=auto");
+  resume.set_assignment("trainer.lr=0.02");
+  EXPECT_CONTAINS(error_of([&] { make_trainer(resume)->train(); }), "the weights were trained on other data: user ");
+  EXPECT_EQ(loom::core::read_file(run / "config.json"), record);
+  EXPECT_FALSE(fs::exists(run / "config.until_step_2.json"));
+  EXPECT_EQ(loom::core::CheckpointStore::list_run(run).size(), 1u);
+
+  auto elsewhere = movielens_config(ml, "from_renamed", "4");
+  elsewhere.set_assignment("trainer.resume_from=" + (run / "checkpoints" / "step_00000002").string());
+  auto trainer = make_trainer(elsewhere);
+  EXPECT_CONTAINS(error_of([&] { trainer->train(); }), "the weights were trained on other data: user ");
+  EXPECT_TRUE(trainer->discard_if_nothing_trained());
+  trainer.reset();
+  EXPECT_FALSE(fs::exists(dir_ / "from_renamed"));
 }
 
 TEST_F(Gpt2RecommenderTest, SavingACheckpointAddsLittleToThePeakOfALargeEmbedding) {

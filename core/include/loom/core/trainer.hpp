@@ -474,6 +474,16 @@ class Trainer {
   std::filesystem::path resumed_from_;
   std::unique_ptr<FileLock> run_lock_;  ///< held while the trainer lives
   bool made_run_dir_ = false;           ///< this command made run_dir_ (discard_if_nothing_trained)
+  /// The run's config.json as it was before this resume rewrote it, put back (with the
+  /// config.until_step_N.json the resume wrote taken away) if the trainer ends before a step
+  /// trained: a resume refused at its first step (the data changed) leaves the record as it was.
+  struct KeptRecord {
+    std::filesystem::path dir;  ///< the run folder; empty: nothing to put back
+    std::filesystem::path until;  ///< the config.until_step_N.json this resume wrote, if it did
+    std::string config;
+    void keep(const std::filesystem::path& run_dir, const std::filesystem::path& until_record);
+    ~KeptRecord();
+  } kept_record_;
   std::function<void(const std::vector<at::Tensor>&)> gradient_hook_;
   std::unique_ptr<sdk::DeviceMemory> memory_;
   int64_t probes_run_ = 0;
