@@ -64,11 +64,11 @@ const std::vector<Command>& commands() {
        },
        cmd_launch},
       {"memory", "estimate a run's memory per device, or suggest the batch that fits a target",
-       "loom memory estimate [-c FILE] [--devices N] [--batch B] | loom memory suggest --target 8GiB [--devices N]",
+       "loom memory estimate [-c FILE] [--devices N] [--batch B] | loom memory suggest --target 8GiB [--devices N] [--batch B]",
        true,
        [](po::options_description& d) {
          d.add_options()("devices", po::value<int64_t>()->default_value(1), "devices the batch is spread over")(
-             "batch", po::value<int64_t>(), "global batch (default: trainer.batch_size)")(
+             "batch", po::value<int64_t>(), "global batch (default: trainer.batch_size); suggest: the plan of it that fits")(
              "target", po::value<std::string>()->value_name("SIZE"), "suggest: memory per device, e.g. 8GiB");
        },
        cmd_memory},

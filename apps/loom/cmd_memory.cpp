@@ -9,6 +9,7 @@
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
+#include <loom/sdk/helpers.hpp>
 #include <loom/sdk/options.hpp>
 
 #include <iostream>
@@ -52,7 +53,7 @@ void cap_note(core::Trainer& trainer, const core::ActivationFit& fit, int64_t wa
 int cmd_memory(const Invocation& invocation) {
   const std::string what = invocation.args.empty() ? "" : invocation.args[0];
   const std::string usage =
-      "usage: loom memory estimate [-c FILE] [--devices N] [--batch B]  |  loom memory suggest --target 8GiB [--devices N]";
+      "usage: loom memory estimate [-c FILE] [--devices N] [--batch B]  |  loom memory suggest --target 8GiB [--devices N] [--batch B]";
   if (what != "estimate" && what != "suggest") throw Error(usage);
   if (invocation.args.size() > 1)
     throw Error("loom memory " + what + ": unexpected argument '" + invocation.args[1] + "'; " + usage + switch_value_hint(invocation, invocation.args[1]));
@@ -212,6 +213,20 @@ int cmd_memory(const Invocation& invocation) {
             << core::format_bytes(static_cast<int64_t>(fit.per_sample))
             << " per sample; memory.policies = auto_batch finds the batch by measurement on the device itself)\n"
             << headroom;
+  // A global batch the user keeps (--batch): the plan loom train makes of it within that micro-batch.
+  // (It was ignored in silence: the answer's global batch was the micro-batch times the config's accumulation.)
+  if (invocation.options.count("batch")) {
+    if (samples % devices != 0 || samples < devices)
+      throw Error("--batch " + std::to_string(samples) + " does not split evenly over --devices " + std::to_string(devices) +
+                  "; give a multiple of " + std::to_string(devices));
+    const sdk::BatchPlan plan = sdk::split_global_batch(samples, devices, micro);
+    std::cout << "--batch " << samples << ": " << sdk::plan_text(plan)
+              << (plan.micro_batch == samples / devices ? " (the whole batch fits: no accumulation needed)"
+                  : plan.micro_batch < micro ? " (the largest micro-batch up to " + std::to_string(micro) + " that divides " +
+                                                   std::to_string(samples / devices) + ")"
+                                             : std::string())
+              << "; train with --batch-size " << samples << " --gradient-accumulation-steps " << plan.accumulation << "\n";
+  }
   return 0;
 }
 

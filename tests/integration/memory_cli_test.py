@@ -66,6 +66,16 @@ h = re.search(r"\((\d+) is [0-9.]+ % below (\d+), where the estimate meets the t
 expect(m and h and int(h.group(1)) == int(m.group(1)) and -1e-6 <= int(h.group(2)) * 0.975 - int(h.group(1)) < 1 + 1e-6,
        "suggest answers 2.5 % below the exact fit, and says so", r)
 
+# A global batch kept (--batch): the plan of it within the micro-batch that fits (it was ignored).
+r = loom(exe, "memory", "suggest", *RUN, "--target", str(budget), "--batch", "256")
+p = re.search(r"--batch 256: micro-batch (\d+) x accumulation (\d+) = 256 \(the largest micro-batch up to (\d+) that "
+              r"divides 256\); train with --batch-size 256 --gradient-accumulation-steps (\d+)", r.stdout)
+expect(m and p and int(p.group(1)) == 32 and int(p.group(2)) == 8 == int(p.group(4)) and int(p.group(3)) == int(m.group(1)),
+       "suggest --batch 256 plans micro-batch 32 x accumulation 8 within the micro-batch that fits", r)
+r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB", "--batch", "64")
+expect("--batch 64: micro-batch 64 x accumulation 1 = 64 (the whole batch fits: no accumulation needed)" in r.stdout,
+       "suggest --batch 64 with room to spare", r)
+
 # Capped by what the run trains on: the split less what data.validation_fraction (0.1) holds out.
 r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB")
 expect("per device: 922 " in r.stdout and "the run trains on 922 samples" in r.stdout,
