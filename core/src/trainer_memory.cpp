@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <sys/resource.h>
 
 namespace fs = std::filesystem;
@@ -92,8 +93,14 @@ void Trainer::restore_buffers(const std::vector<at::Tensor>& saved) {
 
 std::string Trainer::config_key() const {
   std::string key;
+  // (the loader's own settings move samples to the device, not more of them: a run with more
+  // workers reuses the answer. data.seed and sizes stay: a seed can change what the data holds,
+  // the users a recommender's embedding is sized by.)
+  static const std::set<std::string> loader = {"data.num_workers", "data.prefetch", "data.pin_memory", "data.shuffle",
+                                               "data.validation_fraction"};
   for (const auto& section : {"model", "data", "precision"})
-    for (const auto& [k, v] : this->section(section)) key += std::string(section) + "." + k + "=" + v + ";";
+    for (const auto& [k, v] : this->section(section))
+      if (!loader.count(std::string(section) + "." + k)) key += std::string(section) + "." + k + "=" + v + ";";
   // The optimizer's options too: SGD's momentum holds a buffer per parameter that plain SGD does not.
   key += "optimizer=" + options_.optimizer + ";";
   const std::string optimizer = "optimizer." + options_.optimizer + ".";

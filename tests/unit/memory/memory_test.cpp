@@ -289,6 +289,14 @@ TEST_F(MemoryTest, AutoBatchCachesItsAnswer) {
   auto second = make(c);
   EXPECT_EQ(second->probes_run(), 0);
   EXPECT_EQ(second->plan(), first->plan());
+  // The loader's settings move samples, not more of them: the answer stands (it searched again).
+  c.set_assignment("trainer.name=more_workers");
+  c.set_assignment("data.num_workers=1");
+  c.set_assignment("data.pin_memory=false");
+  EXPECT_EQ(make(c)->probes_run(), 0);
+  c.set_assignment("trainer.name=other_model");  // (what sizes the model: searched again)
+  c.set_assignment("model.d_model=48");
+  EXPECT_GT(make(c)->probes_run(), 0);
 }
 
 // The search's edge cases, on peaks given as functions of the batch (the probes a device would
