@@ -9,6 +9,7 @@
 #include <loom/core/stop_signals.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
+#include <loom/sdk/helpers.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -125,6 +126,7 @@ int cmd_bench(const Invocation& invocation) {
   // thrown away, with a message about a run's set-up.
   int64_t rounds = 0;
   try {
+    const auto bench_start = std::chrono::steady_clock::now();
     for (int64_t round = 0; round < repeats; ++round) {
       for (size_t index = 0; index < files.size(); ++index) {
         const std::string& file = files[index];
@@ -167,6 +169,13 @@ int cmd_bench(const Invocation& invocation) {
         }
       }
       rounds = round + 1;
+      if (rounds < repeats) {  // (how long the rest takes: rounds of minutes ran on without a word)
+        const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
+        core::log::info("bench     ", rounds, rounds == 1 ? " round" : " rounds", " of ", repeats, " in ",
+                        sdk::format_duration(spent), "; about ",
+                        sdk::format_duration(spent / static_cast<double>(rounds) * static_cast<double>(repeats - rounds)),
+                        " more for the rest");
+      }
     }
     stop_if_signalled("loom bench");  // (in the last step)
   } catch (const core::StoppedBySignal& stopped) {

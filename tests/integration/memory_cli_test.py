@@ -156,6 +156,8 @@ try:
            and all(int(row[-2].split("-")[0]) <= float(row[-3]) <= int(row[-2].split("-")[1]) for row in rows),
            "bench --repeats 2: a median inside its range per configuration", r)
     expect("2 interleaved rounds" in r.stdout, "bench --repeats says how it measured", r)
+    expect(re.search(r"bench     1 round of 2 in \d+s; about \d+s more for the rest", r.stderr),
+           "bench --repeats says how long the rounds left take", r)
     r = loom(exe, "bench", "configs", a, "--repeats", "0", *RUN, check=False)
     expect(r.returncode != 0 and "--repeats must be between 1 and 100" in r.stderr, "bench refuses --repeats 0", r)
 
