@@ -147,8 +147,13 @@ void Trainer::report_startup() const {
     if (!text.empty() && !own) log::info("callback ", name, ": ", printable(text, 300));  // (a plugin's text: one line)
     else if (log::enabled(LOOM_LOG_DEBUG) && !text.empty()) log::debug("callback  ", text);
   }
-  log::info("callbacks ", names.empty() ? std::string("none") : join(names, ", "), "; evaluation every ", eval_every_,
-            " steps on the ", sdk::split_name(selection_split()), " split, best by ", options_.best_metric,
+  // loom bench and loom profile take steps alone (cli's set_scratch_run): no evaluation to announce.
+  const std::string& by = config_.at("trainer.callbacks").origin.source;
+  const bool scratch = by == "loom bench" || by == "loom profile";
+  log::info("callbacks ", names.empty() ? std::string("none") : join(names, ", "),
+            scratch ? "; " + by + " times steps alone, without evaluation"
+                    : "; evaluation every " + std::to_string(eval_every_) + " steps on the " +
+                          sdk::split_name(selection_split()) + " split, best by " + options_.best_metric,
             step_on_device_ && read_every_step_
                 ? "; " + step_readers_ + " read every step's values (the host waits for the device each step)"
                 : std::string());

@@ -97,6 +97,8 @@ r = loom(exe, "profile", *RUN, "--steps", str(STEPS), "--warmup", "2", "--trace"
          "--shapes", "--memory")
 expect(any(line.startswith("aten::mm [") for line in r.stdout.splitlines()), "--shapes: operator rows with shapes", r)
 expect("by memory it allocated itself" in r.stdout, "--memory: the allocating operators' table", r)
+expect("loom profile times steps alone, without evaluation" in r.stderr and "evaluation every" not in r.stderr,
+       "profile's start-up report announces no evaluation it never runs", r)
 gelu = [line.split() for line in r.stdout.splitlines() if line.startswith("aten::gelu [32, 784, 4], []")]
 expect(len(gelu) == 2, f"the stem's GELU in both tables ({gelu})", r)
 allocs, mib = int(gelu[1][5]), float(gelu[1][6])
