@@ -1,6 +1,7 @@
 // A LoadReport as one line of JSON: how loom-plugin-scanner tells the host what a plugin file
 // holds, so that the host registers its components without loading it (plugin_scan.hpp).
 #include <loom/core/plugin_registry.hpp>
+#include "json_limits.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -39,7 +40,7 @@ std::optional<LoadReport> load_report_from_json(const std::string& text) {
   // Everything is checked: the line comes from another process, and a cache file on disk. Any
   // surprise means "no report", and the host then loads the file itself.
   try {
-    const json j = json::parse(text);
+    const json j = detail::parse_json<json>(text);
     LoadReport r;
     r.file = j.at("file").get<std::string>();
     r.accepted = j.at("accepted").get<bool>();

@@ -2,6 +2,7 @@
 #include "saved_state.hpp"
 
 #include <loom/core/error.hpp>
+#include "json_limits.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -114,7 +115,7 @@ class StateFields {
 SavedState parse_state_json(const std::string& text, const fs::path& file, int64_t samples_per_epoch) {
   json s;
   try {
-    s = json::parse(text);
+    s = detail::parse_json<json>(text);
   } catch (const std::exception& e) {
     throw Error(file.string() + " is not valid JSON (" + e.what() + "); the checkpoint is damaged");
   }

@@ -7,6 +7,7 @@
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
+#include "json_limits.hpp"
 #include "run_context.hpp"
 #include "trainer_internal.hpp"
 
@@ -68,7 +69,7 @@ sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::k
 fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap& metadata) {
   check_weights_before_saving(file_name);  // (on every rank: they stop together)
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / file_name;  // rank 0 writes (save_checkpoint)
-  const json state = json::parse(state_json());
+  const json state = detail::parse_json<json>(state_json());
   sdk::TextMap all = metadata;
   all.emplace("step", std::to_string(step_));  // (a resume from an earlier step sets a later one's file aside)
   all["model"] = state["model"].dump();
@@ -219,7 +220,7 @@ std::optional<double> Trainer::recorded_final_loss() const {
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(file, ec))) return std::nullopt;
   try {
-    const json summary = json::parse(read_file(file, int64_t{1} << 20));
+    const json summary = detail::parse_json<json>(read_file(file, int64_t{1} << 20));
     if (summary.at("step").get<int64_t>() != step_) return std::nullopt;  // (another length's, or an older step's)
     const json& evaluation = summary.at("final_evaluation");  // (one evaluation: test/*, or val/* where the test's did not run)
     const json& loss = evaluation.contains("test/loss") ? evaluation.at("test/loss") : evaluation.at("val/loss");

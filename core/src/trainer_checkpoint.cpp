@@ -7,6 +7,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/trainer.hpp>
+#include "json_limits.hpp"
 #include "saved_state.hpp"
 #include "step_graph.hpp"
 #include "trainer_internal.hpp"
@@ -211,7 +212,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   // Another model's checkpoint is named as such before its fields are checked against this run's
   // data (a recommender's loader offset is no damage of a transformer's checkpoint).
   try {
-    const json j = json::parse(c.state_json);
+    const json j = detail::parse_json<json>(c.state_json);
     if (j.contains("model") && j["model"].is_object() && j["model"].contains("name") && j["model"]["name"].is_string() &&
         j["model"]["name"].get<std::string>() != value_of(config_, "model.name"))
       check_model_config(j["model"]["name"].get<std::string>(), {}, dir.string());
@@ -356,7 +357,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
 std::vector<std::string> Trainer::changed_data(const std::string& state_json) const {
   std::vector<std::string> out;
   try {
-    const json j = json::parse(state_json);
+    const json j = detail::parse_json<json>(state_json);
     const json& saved = j.at("data");
     const auto mine = section("data");
     if (saved.at("name").get<std::string>() != value_of(config_, "data.name"))
@@ -461,7 +462,7 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
   const fs::path file = fs::is_directory(checkpoint) ? checkpoint / "state.json" : checkpoint;
   try {
     if (fs::is_directory(checkpoint)) {
-      const json s = json::parse(read_file(file));
+      const json s = detail::parse_json<json>(read_file(file));
       if (!s.is_object() || !s.contains("format") || s.at("format") != 1)  // as a resume checks it (saved_state.cpp)
         throw Error(file.string() + " has state format " +
                     (s.is_object() && s.contains("format") ? s.at("format").dump() : std::string("(none)")) +
@@ -473,8 +474,8 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
       const sdk::TextMap metadata = load_safetensors_metadata(checkpoint);  // (the header: not the weights)
       if (!metadata.count("model") || !metadata.count("data"))
         throw Error(checkpoint.string() + " carries no model configuration; pass a checkpoint folder or a best_*.safetensors Loom wrote");
-      model = json::parse(metadata.at("model"));
-      data = json::parse(metadata.at("data"));
+      model = detail::parse_json<json>(metadata.at("model"));
+      data = detail::parse_json<json>(metadata.at("data"));
     }
     for (const auto& [key, value] : model.at("config").items()) out["model." + key] = value.get<std::string>();
     for (const auto& [key, value] : data.at("config").items()) out["data." + key] = value.get<std::string>();
@@ -488,7 +489,7 @@ TrainedIn checkpoint_trained_in(const fs::path& checkpoint) {
   TrainedIn out;
   try {
     if (fs::is_directory(checkpoint)) {
-      const json s = json::parse(read_file(checkpoint / "state.json"));
+      const json s = detail::parse_json<json>(read_file(checkpoint / "state.json"));
       if (s.contains("precision") && s.at("precision").is_object() && s.at("precision").contains("name") &&
           s.at("precision").at("name").is_string())
         out.precision = s.at("precision").at("name").get<std::string>();

@@ -25,7 +25,13 @@ Config hf_config(const std::filesystem::path& dir) {
                                                   "resume, the weights coming from the checkpoint");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    // (nested deep, a value printed in a message below crashed the process: printing recurses)
+    j = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > 64) throw sdk::Error(path.string() + " nests values more than 64 levels deep; it is no GPT-2 config");
+      return true;
+    });
+  } catch (const sdk::Error&) {
+    throw;
   } catch (const std::exception& e) {
     throw sdk::Error(path.string() + " is not JSON: " + e.what());
   }

@@ -148,6 +148,8 @@ class TokenizerImpl {
       // A token given twice kept its last id in silence, its first lost (nlohmann keeps the last).
       std::set<std::string> keys;
       const auto once = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        // (a value nested deep, printed in the message below, crashed the process: printing recurses)
+        if (depth > 2) throw sdk::Error(path.string() + " nests values in values; vocab.json maps each token to a whole number");
         if (event == nlohmann::json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second)
           throw sdk::Error(path.string() + ": the token '" + parsed.get<std::string>() + "' is given twice; each token has one id");
         return true;

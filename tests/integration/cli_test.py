@@ -265,6 +265,15 @@ try:
            "LOOM_PLUGIN_PATH's entries are checked as --plugin-dir is", r)
     r = loom(exe, "eval", "--checkpoint", os.path.join(work, "ev", "checkpoints", "step_00000010"))
     expect("accuracy" in r.stderr, "eval of a step folder", r)
+    # A state.json of 200,000 nested brackets (400 KB): copying its value crashed eval with SIGSEGV.
+    deep = os.path.join(work, "deep_step")
+    shutil.copytree(os.path.join(work, "ev", "checkpoints", "step_00000010"), deep)
+    with open(os.path.join(deep, "state.json"), "w") as f:
+        f.write('{"format": 1, "model": ' + "[" * 200000 + "]" * 200000 + "}")
+    for command in ("eval", "recommend"):
+        r = loom(exe, command, deep, *(["--user", "1"] if command == "recommend" else []), check=False)
+        expect(r.returncode == 1 and "nested more than 64 levels deep" in r.stderr,
+               f"{command} of a step folder whose state.json nests 200,000 levels: named, no crash", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=256")
     expect("on 256 test samples" in r.stderr, "eval of a checkpoint named as the only argument", r)
     # Evaluation builds no training loader: a batch larger than the training split (a checkpoint of a

@@ -250,6 +250,16 @@ TEST(Gpt2, AConfigWithAFractionalOrMissingSizeIsOneErrorNamingTheKey) {
       loom::sdk::Error);
   std::ofstream(dir / "config.json") << "[]";
   EXPECT_THROW(gpt2::hf_config(dir), loom::sdk::Error);
+  // A value nested 200,000 deep (400 KB) crashed the process printing it in the message (SIGSEGV).
+  std::ofstream(dir / "config.json", std::ios::trunc) << "{\"vocab_size\": " << std::string(200000, '[')
+                                                      << std::string(200000, ']') << "}";
+  std::string deep = "(no error)";
+  try {
+    gpt2::hf_config(dir);
+  } catch (const loom::sdk::Error& e) {
+    deep = e.what();
+  }
+  EXPECT_CONTAINS(deep, "config.json nests values more than 64 levels deep; it is no GPT-2 config");
   std::filesystem::remove_all(dir);
 }
 
@@ -386,6 +396,8 @@ TEST(Gpt2Tokenizer, VocabularySizeIsTheLargestIdPlusOneAndBadIdsAreRefused) {
   EXPECT_CONTAINS(error_of(), "vocab.json is empty");
   std::ofstream(dir / "vocab.json", std::ios::trunc) << "{}";
   EXPECT_CONTAINS(error_of(), "vocab.json has no tokens");
+  std::ofstream(dir / "vocab.json", std::ios::trunc) << "{\"a\": " << std::string(200000, '[') << std::string(200000, ']') << "}";
+  EXPECT_CONTAINS(error_of(), "vocab.json nests values in values");  // (printing the value crashed the process)
   std::ofstream(dir / "vocab.json", std::ios::trunc) << "{\"a\": 1,";
   const std::string cut = error_of();
   EXPECT_CONTAINS(cut, "vocab.json: parse error at line 1, column 9");
