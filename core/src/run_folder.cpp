@@ -18,6 +18,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include <loom/sdk/files.hpp>
+#include "json_limits.hpp"
 #include "trainer_internal.hpp"
 
 #include <nlohmann/json.hpp>
@@ -155,7 +156,7 @@ int64_t summary_step(const fs::path& file) {
   std::error_code ec;
   if (!fs::is_regular_file(file, ec)) return -1;
   try {
-    return json::parse(read_file(file, int64_t{1} << 20)).at("step").get<int64_t>();
+    return detail::parse_json<json>(read_file(file, int64_t{1} << 20)).at("step").get<int64_t>();
   } catch (const std::exception&) {
     return std::numeric_limits<int64_t>::max();
   }
@@ -290,7 +291,7 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
   const std::string best_said =
       best_moved.empty() ? std::string()
                          : join(best_moved, ", ") + " held weights of steps after " + checkpoint.filename().string() +
-                               ": moved there, and written again when this run beats the checkpoint's best";
+                               ": moved there, and this timeline's best is written again (by the best callback)";
   if (newer.empty())
     log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ": ",
               best_said.empty() ? "the steps after it that saved no checkpoint (their summary, metrics and config.json)"
@@ -366,7 +367,7 @@ void Trainer::read_the_runs_config() {
   };
   json manifest;
   try {
-    manifest = json::parse(read_file(record));
+    manifest = detail::parse_json<json>(read_file(record));
     if (!manifest.is_object()) throw Error("not Loom's record");
   } catch (const std::exception& e) {
     if (fs::exists(record, ec) || here)

@@ -98,15 +98,34 @@ void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
 void Best::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& dir) {
   // A checkpoint of another run (--resume-from into a new name) brings its best value, not its
   // weights: beating it would be the only way to a best file, and the run could end without one.
-  // (A best file of this run that is gone, moved away or set aside with a newer timeline, is
-  // written again when this run beats the value.)
   if (!best_ || metric_.empty()) return;
   std::error_code ec;
   const auto run_dir = std::filesystem::weakly_canonical(run.run_dir(), ec);
   const auto from = std::filesystem::weakly_canonical(dir, ec).parent_path().parent_path();  // <run>/checkpoints/step_*
-  if (ec || from == run_dir) return;
-  sdk::log::info("best: ", dir.string(), " is another run's checkpoint, whose best ", metric_, " (",
-                 run.format_metric(metric_, *best_), " at step ", step_, ") is not this run's: its best starts afresh");
+  if (ec) return;
+  if (from != run_dir) {
+    sdk::log::info("best: ", dir.string(), " is another run's checkpoint, whose best ", metric_, " (",
+                   run.format_metric(metric_, *best_), " at step ", step_, ") is not this run's: its best starts afresh");
+    best_.reset();
+    return;
+  }
+  // This run, resumed at an older step: a best file of a later step went aside with that timeline,
+  // and a run that never beat the checkpoint's best ended with none (its step folder pruned, the
+  // best weights were nowhere). The best of the checkpoint's own step is the weights just loaded:
+  // written again now. One of an earlier step went with the later best: the best starts afresh.
+  const std::string file = "best_" + metric_ + ".safetensors";
+  if (std::filesystem::exists(run.run_dir() / "checkpoints" / file, ec)) return;
+  if (step_ == run.step()) {
+    const sdk::MetricSpec& spec = spec_of(run, metric_, "best");
+    run.save_weights(file, {{"metric", metric_}, {"value", exact(*best_)}, {"step", std::to_string(step_)},
+                            {"direction", sdk::direction_name(spec.direction)}});
+    sdk::log::info("best: ", file, " written again from the weights of step ", step_, ", the resumed timeline's best (",
+                   run.format_metric(metric_, *best_), ")");
+    return;
+  }
+  sdk::log::warn("best: the resumed timeline's best ", metric_, " (", run.format_metric(metric_, *best_), " at step ", step_,
+                 ") has no weights left (no ", file, " in checkpoints/: a later step's went aside with its timeline, or it was "
+                 "removed): the best starts afresh with the next evaluation");
   best_.reset();
 }
 
