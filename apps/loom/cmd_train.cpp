@@ -16,8 +16,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <optional>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -502,7 +504,11 @@ int evaluate(const Invocation& invocation, const fs::path& checkpoint) {
     core::log::info("evaluating in precision ", precision, " (", resolved.at("precision.name").origin.describe(),
                     "); the checkpoint was trained in ", trained.precision);
   const core::EvalResult e = trainer.evaluate();
-  core::log::info(checkpoint.string(), ": ", eval_line(trainer, e), " (", sdk::format_duration(e.seconds), ")");
+  // The result is the command's output, on stdout (a script's `loom eval X > result` got nothing,
+  // and --log-level warn showed nothing at all); said in the log too where stdout goes elsewhere.
+  const std::string result = checkpoint.string() + ": " + eval_line(trainer, e) + " (" + sdk::format_duration(e.seconds) + ")";
+  std::cout << result << std::endl;
+  if (::isatty(STDOUT_FILENO) == 0) core::log::info(result);
   if (!std::isfinite(e.loss)) {  // (as a run whose final evaluation is so fails: a script deploys on exit 0)
     core::log::error("the evaluation's loss is ", std::isnan(e.loss) ? "nan" : e.loss > 0 ? "inf" : "-inf", ": the model of ", checkpoint.string(), " gives non-finite outputs ",
                      "on the test split (a run that diverged, or a precision it overflows in: it was evaluated in ",

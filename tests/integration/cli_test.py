@@ -276,6 +276,10 @@ try:
                f"{command} of a step folder whose state.json nests 200,000 levels: named, no crash", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=256")
     expect("on 256 test samples" in r.stderr, "eval of a checkpoint named as the only argument", r)
+    # The result is the command's output: on stdout, at every log level (a script got nothing).
+    r = loom(exe, "eval", best, "--set", "data.test_size=256", "--log-level", "off")
+    expect(re.fullmatch(re.escape(best) + r": accuracy [0-9.]+ %, loss [0-9.]+ on 256 test samples \(\d+s\)\n", r.stdout)
+           and r.stderr == "", "eval's result on stdout alone, with --log-level off", r)
     # Evaluation builds no training loader: a batch larger than the training split (a checkpoint of a
     # small dataset, evaluated at the default batch) is no reason to refuse.
     r = loom(exe, "eval", best, "--batch-size", "4096")
