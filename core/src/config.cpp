@@ -481,6 +481,10 @@ Resolved validate(const Config& config, const Schema& schema) {
       const auto shorthand_of_section = [&](const std::string& k) { return section_of(k) == section; };
       if (std::find(sections.begin(), sections.end(), section) == sections.end() &&
           std::none_of(shorthand_keys.begin(), shorthand_keys.end(), shorthand_of_section)) {  // ([optimizer]: adamw's)
+        if (std::string problem = schema.foreign_section_problem(key); !problem.empty()) {
+          problems.push_back(where + ": " + problem);  // (it said "unknown section [model.gpt2_lm]; did you mean [model]?")
+          continue;
+        }
         std::string message = where + ": unknown section [" + section + "] (key '" + key + "')";
         if (auto close = closest(section, sections)) message += "; did you mean [" + *close + "]?";
         else if (auto there = same_name_elsewhere(key, all_keys, shorthand_keys, false)) message += "; did you mean '" + *there + "'?";

@@ -157,6 +157,33 @@ const std::string* Schema::foreign(const std::string& key) const {
   return it == foreign_.end() ? nullptr : &it->second;
 }
 
+std::string Schema::foreign_section_problem(const std::string& key) const {
+  const std::string section = key.substr(0, key.rfind('.'));
+  std::vector<std::string> here, components;  // (the keys of that section; every component's section)
+  for (const auto& [k, why] : foreign_) {
+    const std::string s = k.substr(0, k.rfind('.'));
+    if (s == section) here.push_back(k);
+    if (s.find('.') != std::string::npos && std::find(components.begin(), components.end(), s) == components.end())
+      components.push_back(s);
+  }
+  if (!here.empty()) {
+    const auto close = closest(key, here);
+    return "unknown key '" + key + "' of " + *foreign(here.front()) +
+           (close ? "; did you mean '" + *close + "'?" : "; its keys are " + join(here, ", "));
+  }
+  const size_t dot = section.find('.');
+  const KindInfo* kind = nullptr;
+  for (const auto& k : kinds())
+    if (dot != std::string::npos && k.section == std::string_view(section).substr(0, dot)) kind = &k;
+  if (kind == nullptr) return "";
+  for (const auto& s : sections())
+    if (s.find('.') != std::string::npos) components.push_back(s);
+  const auto close = closest(section, components);
+  return "[" + section + "] (key '" + key + "') is the section of " + std::string(kind->noun) + " '" + section.substr(dot + 1) +
+         "', which no loaded plugin gives" + (close ? "; did you mean [" + *close + "]?" : "") +
+         " (`loom plugins` lists the loaded components, and the files it refused with why)";
+}
+
 std::vector<std::string> Schema::sections() const {
   std::vector<std::string> out;
   for (const auto& [key, spec] : keys_) {

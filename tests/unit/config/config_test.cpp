@@ -623,6 +623,16 @@ TEST_F(ConfigTest, KeysOfComponentsTheRunDoesNotSelectAreIgnoredWithAWarningThat
   EXPECT_CONTAINS(lines, "many.ini:3: memory.tiers is an option of memory policy 'vram_tiers'");
   EXPECT_CONTAINS(lines, "many.ini:7: model.num_heads is an option of model 'lightweight_transformer', which this run "
                          "does not select (model.name = mlp_classifier); ignored");
+  // A typo there is that component's, with its closest key (it was "unknown section
+  // [memory.auto_batch]; did you mean [memory]?"); a component no plugin gives is said so.
+  config.set_assignment("memory.auto_batch.max_batchx=3");
+  config.set_assignment("model.lightweight_transformr.num_heads=4");
+  const std::string typo = error_of([&] { validate(config, run_schema(config, loom::testing::registry())); });
+  EXPECT_CONTAINS(typo, "unknown key 'memory.auto_batch.max_batchx' of memory policy 'auto_batch', which this run does "
+                        "not select (memory.policies = oom_recovery); did you mean 'memory.auto_batch.max_batch'?");
+  EXPECT_CONTAINS(typo, "[model.lightweight_transformr] (key 'model.lightweight_transformr.num_heads') is the section of "
+                        "model 'lightweight_transformr', which no loaded plugin gives; did you mean "
+                        "[model.lightweight_transformer]?");
 }
 
 TEST_F(ConfigTest, APathsLeadingTildeIsTheHomeFolderAsTheShellWouldHaveIt) {

@@ -148,6 +148,10 @@ class Schema {
   std::vector<std::string> shorthand(const std::string& key) const;
   /// Why `key` is ignored, if it is a foreign key.
   const std::string* foreign(const std::string& key) const;
+  /// Where `key` (no key of this schema) is in the section of a component the run does not select
+  /// ([model.gpt2_lm] sizex), or of one no loaded plugin gives: what is wrong, said as that
+  /// component's, with the closest of its keys; empty where its section is no component's.
+  std::string foreign_section_problem(const std::string& key) const;
   const std::map<std::string, KeySpec>& keys() const { return keys_; }
   std::vector<std::string> sections() const;
 
