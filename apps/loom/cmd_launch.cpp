@@ -312,12 +312,18 @@ int cmd_launch(const Invocation& invocation) {
     throw Error("loom launch -- " + command + ": only train is a job of several processes (each of the " +
                 std::to_string(nproc) + " would run `loom " + command + "` by itself); run it without launch: loom " +
                 command + " ...");
+  // `loom launch --plugin-dir D -- train ...`: the ranks' command takes D too (it was ignored, and
+  // the error that followed advised the very flag given).
+  std::vector<std::string> args = invocation.args;
+  if (o.count("plugin-dir"))
+    for (const auto& dir : o["plugin-dir"].as<std::vector<std::string>>())
+      args.insert(args.begin() + static_cast<std::ptrdiff_t>(command_at) + 1, {"--plugin-dir", dir});
   // `-- train --help`: the command's help, once, not once per rank.
-  if (std::any_of(invocation.args.begin(), invocation.args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; })) {
+  if (std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; })) {
     std::error_code ec;
     std::string self = fs::read_symlink("/proc/self/exe", ec).string();
     if (ec) self = "loom";
-    std::vector<std::string> strings = invocation.args;
+    std::vector<std::string> strings = args;
     strings.insert(strings.begin(), self);
     std::vector<char*> argv;
     for (auto& a : strings) argv.push_back(a.data());
@@ -329,7 +335,7 @@ int cmd_launch(const Invocation& invocation) {
   // The run's configuration is checked once, here: a wrong key or a missing file would be said by
   // every rank, and once more in the launcher's summary.
   {
-    std::vector<std::string> child = invocation.args;
+    std::vector<std::string> child = args;
     child.erase(child.begin() + static_cast<std::ptrdiff_t>(command_at));
     const Command& train = *std::find_if(commands().begin(), commands().end(), [](const Command& c) { return c.name == std::string("train"); });
     po::variables_map options;
@@ -385,7 +391,7 @@ int cmd_launch(const Invocation& invocation) {
     ::sigaction(SIGHUP, &action, nullptr);
   // `loom --log-level warn launch ... -- train ...`: the ranks log at that level too, unless their
   // own command line says another (it quieted the launcher alone).
-  std::vector<std::string> rank_args = invocation.args;
+  std::vector<std::string> rank_args = args;
   if (!o["log-level"].defaulted() &&
       std::none_of(rank_args.begin(), rank_args.end(), [](const std::string& a) { return a.rfind("--log-level", 0) == 0; }))
     rank_args.insert(rank_args.begin() + static_cast<std::ptrdiff_t>(command_at) + 1,

@@ -481,9 +481,10 @@ try:
     # 8. A model with BatchNorm (a user's CNN): each rank's running statistics come from its own
     # shard; after each step they are rank 0's on every rank, as PyTorch's DDP makes them, so the
     # end-of-run check of the replicas passes (it stopped such a run, after all its training).
+    # The plugin is given to the launcher (before --): its ranks take it too (it was ignored).
     bn = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_model_batchnorm_model.so")
     assert os.path.exists(bn), f"{bn} is built with the tests (tests/plugins)"
-    out = launch("--nproc-per-node", "2", "--", "train", *BASE, *DDP, "--plugin-dir", bn, "--set", "model.name=batchnorm_model",
+    out = launch("--plugin-dir", bn, "--nproc-per-node", "2", "--", "train", *BASE, *DDP, "--set", "model.name=batchnorm_model",
                  "--set", f"trainer.work_dir={work}", "--set", "trainer.name=batchnorm", "--set", "trainer.max_steps=30",
                  "--set", "trainer.eval_every=10")
     assert "3 buffers change in training (norm.num_batches_tracked, norm.running_mean, norm.running_var)" in out.stderr, \
