@@ -224,7 +224,9 @@ void drain(Child& c, bool all) {
       const size_t cr = line.rfind('\r');  // a progress line redrawn in place: its last state
       if (cr != std::string::npos) line = line.substr(cr + 1);
       if (!line.empty()) c.last = line;
-      if (is_error_line(line)) c.error = line;
+      // (and a crash's own line, which names the signal and the library: the stack's lines after it said nothing)
+      if (is_error_line(line) || (c.error.find(": crashed with ") == std::string::npos && line.find(": crashed with ") < 200))
+        c.error = line;
       start = end + 1;
     }
     c.partial.erase(0, start);

@@ -259,10 +259,12 @@ try:
     p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=killed_launch"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_training("killed_launch", p, "the launched job")
-    os.kill(launched_rank(p, 1), signal.SIGKILL)
+    os.kill(launched_rank(p, 1), signal.SIGSEGV)  # (a crash: a real one takes the same handler)
     _, err = p.communicate(timeout=120)
-    assert p.returncode != 0 and "launch: rank 1 was killed by signal 9" in err, err[-2000:]
-    print("loom launch: rank 1 killed -> the job stopped, the launcher named rank 1")
+    assert p.returncode != 0 and "launch: rank 1 was killed by signal 11" in err, err[-2000:]
+    # the rank's crash line, not the last of the stack after it ("loom(+0x87f71)[0x5556...]")
+    assert re.search(r"Its error: \S*loom: crashed with SIGSEGV", err), err[-2000:]
+    print("loom launch: rank 1 crashed -> the job stopped, the launcher named rank 1 and quoted its crash")
 
     # 5b. Ctrl-C of a launched job: passed on to every rank, which stop after the same step,
     # rank 0 writing its checkpoint, however long that takes (--grace, the deadline after a rank
