@@ -148,12 +148,19 @@ int cmd_train(const Invocation& invocation) {
   for (const char* key : {"trainer.checkpoint_every", "trainer.keep_last"})
     if (!checkpoints && resolved.at(key).origin.source != "default")
       core::log::warn(key, " = ", resolved.at(key).value, " is set, but ", unsaved, ": it has no effect");
+  if (!checkpoints && std::find(callbacks.begin(), callbacks.end(), "best") == callbacks.end())
+    core::log::warn("trainer.callbacks = '", resolved.at("trainer.callbacks").value, "' (",
+                    resolved.at("trainer.callbacks").origin.describe(), ") has neither checkpoint nor best: the run saves "
+                    "no weights, and its model is gone when it ends; add them to keep it");
   try {
     trainer.setup();
   } catch (const core::StoppedBySignal& stopped) {  // before the run folder was opened
     core::log::warn(stopped.what(), "; nothing was written");
     core::log::flush();
     return 128 + stopped.signal;
+  } catch (const std::exception&) {  // (after the folder was made: a misfit trainer.init_from, say) it goes again
+    trainer.discard_if_nothing_trained();
+    throw;
   }
   if (trainer.step() >= trainer.total_steps() && !trainer.evaluation_pending()) {  // resumed at its end: a requeued job that finished
     // A run that diverged fails each time it is asked, or a requeued job would report it done.

@@ -130,7 +130,6 @@ std::map<std::string, std::string> Trainer::section(const std::string& name) con
   return out;
 }
 
-
 void Trainer::setup() {
   in_phase("set-up", [&] {
     const PluginsSeeStops plugins_see_stops;  // (their long work, a catalogue's encoding, ends on a stop)
@@ -141,6 +140,7 @@ void Trainer::setup() {
     build_step_graphs();
     build_loaders();
     build_callbacks();
+    detail::agree_on_model_and_data(*parallel_, model_tensors(), registry_, config_, *dataset_);  // (before the folder)
   });
   stop_if_signalled_in_setup(parallel_->world_size(), "before the run folder was opened");
   // Not after it: a stop from here on trains one step and writes its checkpoint, which resumes

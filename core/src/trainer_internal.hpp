@@ -19,10 +19,19 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
+
+namespace loom::sdk {
+class Dataset;
+}
+namespace loom::core {
+class PluginRegistry;
+}
 
 namespace loom::core::detail {
 
@@ -184,5 +193,17 @@ inline std::map<std::string, std::string> component_values(const Resolved& confi
 /// Every rank runs the configuration rank 0 runs (trainer_parallel.cpp); throws on every rank
 /// where one differs, the rank that differs naming its keys.
 void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& config);
+/// Rank 0's `mine` (a fact per key) sent to every rank: a line per fact in which this rank's
+/// differs, `said(key)` saying this rank's.
+std::vector<std::string> differences_from_rank0(sdk::ParallelStrategy& parallel, const std::map<std::string, std::string>& mine,
+                                                const std::function<std::string(const std::string&)>& said);
+/// Every rank stops where any rank has a difference (`differ`, its own): each names the first of
+/// the lowest rank that has one; `what` is what differs ("configuration"), `fix` how to fix it.
+void stop_where_ranks_differ(sdk::ParallelStrategy& parallel, const std::vector<std::string>& differ, const std::string& what,
+                             const std::string& fix);
+/// Every rank stops, naming what differs, where the ranks' models (their tensors' names, shapes and
+/// dtypes; the model's and dataset's plugin versions) or data (each split's size) are not rank 0's.
+void agree_on_model_and_data(sdk::ParallelStrategy& parallel, const sdk::TensorMap& tensors, const PluginRegistry& registry,
+                             const Resolved& config, sdk::Dataset& dataset);
 
 }  // namespace loom::core::detail

@@ -2,6 +2,7 @@
 // the reports the step sums (trainer_step.cpp): the weights at the start, when to stop, where in
 // the data a resumed run with another world size goes on, and, at the end, that every rank still
 // holds the same weights. Rank 0's run folder and checkpoint: run_folder.cpp.
+#include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/profiler.hpp>
 #include <loom/core/text.hpp>
@@ -18,6 +19,7 @@
 
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <map>
 
 namespace loom::core {
@@ -144,37 +146,54 @@ void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& con
       if (last == k) return true;
     return false;
   };
-  std::string mine;
+  std::map<std::string, std::string> mine;
   for (const auto& [key, v] : config)
-    if (!local(key)) mine.append(key).append(1, '\0').append(v.value).append(1, '\0');
+    if (!local(key)) mine[key] = v.value;
+  const auto differ = differences_from_rank0(parallel, mine, [&](const std::string& key) {
+    const ConfigValue& v = config.at(key);
+    return key + " = " + v.value + " (" + v.origin.describe() + ")";
+  });
+  stop_where_ranks_differ(parallel, differ, "configuration",
+                          ". Every rank must train one configuration: start all with the same command and configuration "
+                          "files (only threads, the data loader's workers, the device, memory.device_memory_limit and paths "
+                          "may differ per node)");
+}
+
+std::vector<std::string> differences_from_rank0(sdk::ParallelStrategy& parallel, const std::map<std::string, std::string>& mine,
+                                                const std::function<std::string(const std::string&)>& said) {
+  std::string text;
+  for (const auto& [key, value] : mine) text.append(key).append(1, '\0').append(value).append(1, '\0');
   HostMemoryScope host;
-  at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  at::Tensor length = at::full({1}, static_cast<int64_t>(text.size()), at::kLong);
   parallel.broadcast({length});
   at::Tensor bytes = at::zeros({length.item<int64_t>()}, at::kByte);
-  if (parallel.rank() == 0) std::memcpy(bytes.data_ptr(), mine.data(), mine.size());
+  if (parallel.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
   parallel.broadcast({bytes});
   std::map<std::string, std::string> theirs;
-  const std::string text(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
-  for (size_t pos = 0; pos < text.size();) {
-    const size_t key_end = text.find('\0', pos), value_end = text.find('\0', key_end + 1);
+  const std::string sent(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+  for (size_t pos = 0; pos < sent.size();) {
+    const size_t key_end = sent.find('\0', pos), value_end = sent.find('\0', key_end + 1);
     if (key_end == std::string::npos || value_end == std::string::npos) break;
-    theirs[text.substr(pos, key_end - pos)] = text.substr(key_end + 1, value_end - key_end - 1);
+    theirs[sent.substr(pos, key_end - pos)] = sent.substr(key_end + 1, value_end - key_end - 1);
     pos = value_end + 1;
   }
   std::vector<std::string> differ;
   const std::string rank = std::to_string(parallel.rank());
-  for (const auto& [key, v] : config) {
-    if (local(key)) continue;
+  for (const auto& [key, value] : mine) {
     const auto it = theirs.find(key);
-    if (it == theirs.end())
-      differ.push_back(key + " = " + v.value + " (" + v.origin.describe() + ") on rank " + rank + ", which rank 0 does not have");
-    else if (it->second != v.value)
-      differ.push_back(key + " = " + v.value + " (" + v.origin.describe() + ") on rank " + rank + ", " + it->second + " on rank 0");
+    if (it == theirs.end()) differ.push_back(said(key) + " on rank " + rank + ", which rank 0 does not have");
+    else if (it->second != value) differ.push_back(said(key) + " on rank " + rank + ", " + it->second + " on rank 0");
   }
   for (const auto& [key, value] : theirs)
-    if (!config.count(key)) differ.push_back(key + " = " + value + " on rank 0, which rank " + rank + " does not have");
+    if (!mine.count(key)) differ.push_back(key + " = " + value + " on rank 0, which rank " + rank + " does not have");
+  return differ;
+}
+
+void stop_where_ranks_differ(sdk::ParallelStrategy& parallel, const std::vector<std::string>& differ, const std::string& what,
+                             const std::string& fix) {
   // Which ranks differ, then the first difference of the lowest of them, so that every rank's error
-  // names a key (rank 0's log, on another node, would have said only that some rank differs).
+  // names one (rank 0's log, on another node, would have said only that some rank differs).
+  HostMemoryScope host;
   const int64_t world = parallel.world_size();
   at::Tensor differs = at::zeros({world}, at::kLong);
   if (!differ.empty()) differs.data_ptr<int64_t>()[parallel.rank()] = 1;
@@ -192,15 +211,31 @@ void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& con
   chars = shown.data_ptr<int64_t>();
   std::string first_shown;
   for (int64_t i = 0; i < kShown && chars[i] > 0 && chars[i] < 256; ++i) first_shown += static_cast<char>(chars[i]);
-  const std::string fix = ". Every rank must train one configuration: start all with the same command and configuration "
-                          "files (only threads, the data loader's workers, the device, memory.device_memory_limit and paths "
-                          "may differ per node)";
-  if (!differ.empty())
-    throw Error("rank " + rank + "'s configuration differs from rank 0's: " +
-                join(differ, "; ") + fix);
+  const std::string rank = std::to_string(parallel.rank());
+  if (!differ.empty()) throw Error("rank " + rank + "'s " + what + " differs from rank 0's: " + join(differ, "; ") + fix);
   const int64_t count = std::count(flags, flags + world, int64_t{1});
-  throw Error(std::to_string(count) + (count == 1 ? " rank's" : " ranks'") + " configuration differs from rank 0's; rank " +
+  throw Error(std::to_string(count) + (count == 1 ? " rank's " : " ranks' ") + what + " differs from rank 0's; rank " +
               std::to_string(first) + "'s first difference: " + first_shown + " (its own error names every key)" + fix);
+}
+
+// The ranks' models and data, compared before the run folder is opened: a plugin of another
+// version on one node (a layer more) met rank 0's in the weights' broadcast, and both ranks waited
+// parallel.timeout (30 minutes), each blaming the other as gone; data of another size at a path
+// that may differ per node sharded with overlaps, unsaid.
+void agree_on_model_and_data(sdk::ParallelStrategy& parallel, const sdk::TensorMap& tensors, const PluginRegistry& registry,
+                             const Resolved& config, sdk::Dataset& dataset) {
+  if (parallel.world_size() <= 1) return;
+  std::map<std::string, std::string> mine;
+  for (const auto& [name, t] : tensors) mine["model tensor '" + name + "'"] = c10::str(t.sizes(), " ", t.scalar_type());
+  for (const auto& [kind, key] : {std::pair{LOOM_KIND_MODEL, "model.name"}, std::pair{LOOM_KIND_DATASET, "data.name"}})
+    if (const auto& plugin = registry.require(kind, value_of(config, key)).plugin)
+      mine[kind_name(kind) + " '" + value_of(config, key) + "''s plugin version"] = plugin->version;
+  for (const sdk::Split split : {sdk::Split::kTrain, sdk::Split::kValidation, sdk::Split::kTest})
+    mine[std::string("samples in the dataset's ") + sdk::split_name(split) + " split"] = std::to_string(dataset.size(split));
+  stop_where_ranks_differ(
+      parallel, differences_from_rank0(parallel, mine, [&](const std::string& key) { return key + " " + mine.at(key); }),
+      "model or data", ". Every rank needs the same plugins (the same version of each, built alike) and the same data: "
+      "a node with another copy of either trains another model, or other samples");
 }
 
 }  // namespace detail
