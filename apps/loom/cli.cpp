@@ -36,14 +36,16 @@ const std::vector<Command>& commands() {
       {"eval", "evaluate a checkpoint on the test split", "loom eval [--checkpoint] PATH [-c FILE] [--set ...]", true,
        [](po::options_description& d) {
          d.add_options()("checkpoint", po::value<std::string>()->value_name("PATH"),
-                         "a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
+                         "a step folder (runs/<name>/checkpoints/step_...), a run folder (its newest step) or a "
+                         "best_*.safetensors file; the result is printed on stdout");
        },
        cmd_eval},
       {"recommend", "a recommender checkpoint's top items for a user (their known items left out)",
        "loom recommend [--checkpoint] PATH --user ID [--top 10] [-c FILE] [--set ...]", true,
        [](po::options_description& d) {
          d.add_options()("checkpoint", po::value<std::string>()->value_name("PATH"),
-                         "a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file")(
+                         "a step folder (runs/<name>/checkpoints/step_...), a run folder (its newest step) or a "
+                         "best_*.safetensors file")(
              "user", po::value<std::string>()->value_name("ID"), "the user, by the data's own id")(
              "top", po::value<int64_t>()->default_value(10), "items listed");
        },

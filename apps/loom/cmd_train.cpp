@@ -4,6 +4,7 @@
 
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
@@ -310,9 +311,13 @@ fs::path checkpoint_path(const Invocation& invocation) {
                 "' is one argument too many (the checkpoint goes as --checkpoint PATH or as the only argument)" + hint);
   }
   if (!named && invocation.args.empty())
-    throw Error("--checkpoint PATH is needed: a step folder (runs/<name>/checkpoints/step_...) or a best_*.safetensors file");
-  fs::path checkpoint = fs::path(named ? invocation.options["checkpoint"].as<std::string>() : invocation.args[0]).lexically_normal();
+    throw Error("--checkpoint PATH is needed: a step folder (runs/<name>/checkpoints/step_...), a run folder (its newest "
+                "step) or a best_*.safetensors file");
+  // (a quoted '~/x' as the only argument is the home folder, as --checkpoint=~/x is)
+  fs::path checkpoint =
+      fs::path(named ? invocation.options["checkpoint"].as<std::string>() : core::home_expanded(invocation.args[0])).lexically_normal();
   if (!checkpoint.has_filename() && checkpoint.has_parent_path()) checkpoint = checkpoint.parent_path();  // "step_.../"
+  if (checkpoint.empty()) throw Error("--checkpoint is empty; give a step folder, a run folder or a best_*.safetensors file");
   if (!fs::exists(checkpoint)) throw Error("checkpoint " + checkpoint.string() + ": no such file or folder");
   // A run folder, or its checkpoints folder: the newest checkpoint. A file inside a step folder:
   // that step folder.

@@ -7,6 +7,7 @@
 #include <loom/core/text.hpp>
 
 #include <loom/sdk/files.hpp>
+#include "config_text.hpp"
 #include <loom/sdk/options.hpp>
 
 #include <boost/program_options/options_description.hpp>
@@ -209,26 +210,7 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     throw Error("config file " + display(file) + named_by + ": " + e.what());
   }
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte order mark, as some editors write
-  if (text.find('\r') != std::string::npos && text.find('\n') == std::string::npos)
-    throw Error("config file " + display(path) + " ends its lines with a carriage return alone (classic Mac OS), which "
-                "reads as one line; convert it: tr '\\r' '\\n' < FILE > FILE.new");
-  // '#' starts a comment anywhere on a line (Program_options): `work_dir = exp#2` wrote to exp and
-  // `root = set#2` read another folder, in silence. A '#' right after a value's text is refused.
-  std::istringstream scan(text);
-  int number = 0;
-  for (std::string line; std::getline(scan, line);) {
-    ++number;
-    const auto hash = line.find('#'), eq = line.find('=');
-    if (hash != std::string::npos && eq != std::string::npos && eq < hash && hash > 0 &&
-        !std::isspace(static_cast<unsigned char>(line[hash - 1])) && line[hash - 1] != '=')
-    {
-      std::string kept(sdk::trim(line.substr(0, std::min<size_t>(hash, 80))));  // (shown short, no escapes)
-      std::replace_if(kept.begin(), kept.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }, '?');
-      throw Error(display(path) + ":" + std::to_string(number) + ": '#' starts a comment, even inside a value, so `" + kept +
-                  (hash > 80 ? "...` " : "` ") + "would be all of it. Put a space before a comment's '#'; a value with '#' "
-                  "in it goes on the command line (--set KEY=VALUE)");
-    }
-  }
+  check_config_text(text, display(path));
   const auto lines = entry_lines(text);
   for (const auto& [key, line] : lines) {
     if (line < 0)

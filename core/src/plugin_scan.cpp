@@ -57,7 +57,8 @@ fs::path scanner() {
 }
 
 fs::path cache_file() {
-  if (const char* c = std::getenv("LOOM_CACHE")) return fs::path(c) / "plugin-scan.tsv";
+  if (const char* c = std::getenv("LOOM_CACHE"); c != nullptr && *c != '\0')  // (empty: as unset)
+    return fs::path(c) / "plugin-scan.tsv";
   if (const char* h = std::getenv("HOME")) return fs::path(h) / ".cache" / "loom" / "plugin-scan.tsv";
   return {};
 }

@@ -38,7 +38,8 @@ namespace {
 constexpr int kMaxProbes = 6;
 
 fs::path default_cache() {
-  if (const char* c = std::getenv("LOOM_CACHE")) return fs::path(c) / "auto_batch.tsv";
+  if (const char* c = std::getenv("LOOM_CACHE"); c != nullptr && *c != '\0')  // (empty: as unset)
+    return fs::path(c) / "auto_batch.tsv";
   if (const char* h = std::getenv("HOME")) return fs::path(h) / ".cache" / "loom" / "auto_batch.tsv";
   return {};
 }

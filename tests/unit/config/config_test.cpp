@@ -329,6 +329,14 @@ TEST_F(ConfigTest, AHashRightAfterAValueAndCarriageReturnOnlyLinesAreRefusedNotR
   const auto mac = write("mac.ini", "base = debug\r[trainer]\rmax_steps = 3\r");
   EXPECT_CONTAINS(error_of([&] { Config m; m.load_file(mac); }),
                   "mac.ini ends its lines with a carriage return alone (classic Mac OS), which reads as one line");
+  // A value in quotes kept them: a folder named "my runs" with its quotes, in silence.
+  const auto quoted = write("quoted.ini", "[trainer]\n# a \"note\" = x\nwork_dir = \"my runs\"\n");
+  EXPECT_CONTAINS(error_of([&] { Config q; q.load_file(quoted); }),
+                  "quoted.ini:3: `work_dir = \"my runs\"`: a value is read as written, quotes and all (INI takes none); "
+                  "write it without them: work_dir = my runs");
+  // Windows' "Unicode" (UTF-16) was "line 2: not a `key = value` line".
+  const auto utf16 = write("utf16.ini", std::string("\xFF\xFE[\0t\0]\0\n\0", 10));
+  EXPECT_CONTAINS(error_of([&] { Config u; u.load_file(utf16); }), "utf16.ini is UTF-16 text (Windows' \"Unicode\"); save it as UTF-8");
 }
 
 TEST_F(ConfigTest, AValueIsOneLineOfTextOfSensibleLength) {

@@ -1,0 +1,58 @@
+// The text of a configuration file, checked before Boost.Program_options reads it as INI: what
+// that reader takes another way than its writer meant is refused here, with the fix.
+#include "config_text.hpp"
+
+#include <loom/core/error.hpp>
+#include <loom/sdk/options.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+
+namespace loom::core {
+
+namespace {
+
+/// The start of `line`, at most 80 bytes, control characters shown as '?'.
+std::string shown_start(const std::string& line, size_t end) {
+  std::string kept(sdk::trim(line.substr(0, std::min<size_t>(end, 80))));
+  std::replace_if(kept.begin(), kept.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }, '?');
+  return kept + (end > 80 ? "..." : "");
+}
+
+}  // namespace
+
+void check_config_text(const std::string& text, const std::string& shown) {
+  // (Windows' "Unicode" text: every other byte NUL, read as "line 2: not a key = value line")
+  if (text.rfind("\xFF\xFE", 0) == 0 || text.rfind("\xFE\xFF", 0) == 0 ||
+      (text.size() >= 2 && (text[0] == '\0' || text[1] == '\0')))
+    throw Error("config file " + shown + " is UTF-16 text (Windows' \"Unicode\"); save it as UTF-8");
+  if (text.find('\r') != std::string::npos && text.find('\n') == std::string::npos)
+    throw Error("config file " + shown + " ends its lines with a carriage return alone (classic Mac OS), which "
+                "reads as one line; convert it: tr '\\r' '\\n' < FILE > FILE.new");
+  std::istringstream scan(text);
+  int number = 0;
+  for (std::string line; std::getline(scan, line);) {
+    ++number;
+    const auto hash = line.find('#'), eq = line.find('=');
+    if (eq == std::string::npos || line.find_first_not_of(" \t") == hash) continue;  // (no value; a comment line)
+    // '#' starts a comment anywhere on a line (Program_options): `work_dir = exp#2` wrote to exp and
+    // `root = set#2` read another folder, in silence. A '#' right after a value's text is refused.
+    if (hash != std::string::npos && eq < hash && !std::isspace(static_cast<unsigned char>(line[hash - 1])) &&
+        line[hash - 1] != '=')
+      throw Error(shown + ":" + std::to_string(number) + ": '#' starts a comment, even inside a value, so `" +
+                  shown_start(line, hash) + "` would be all of it. Put a space before a comment's '#'; a value with '#' "
+                  "in it goes on the command line (--set KEY=VALUE)");
+    // A value in quotes keeps them (`work_dir = "my runs"` made a folder named "my runs" with its
+    // quotes; with a '#' inside, the quote opened a folder named `"runs`).
+    const size_t value_end = hash == std::string::npos || hash < eq ? std::string::npos : hash - eq - 1;
+    const std::string value(sdk::trim(line.substr(eq + 1, value_end)));
+    if (value.empty() || (value.front() != '"' && value.front() != '\'')) continue;
+    const bool closed = value.size() > 1 && value.back() == value.front();
+    throw Error(shown + ":" + std::to_string(number) + ": `" + shown_start(line, line.size()) + "`: a value is read as "
+                "written, quotes and all (INI takes none); write it without them: " +
+                std::string(sdk::trim(line.substr(0, eq))) + " = " + value.substr(1, value.size() - (closed ? 2 : 1)));
+  }
+}
+
+}  // namespace loom::core
