@@ -80,6 +80,7 @@ std::string format_estimate(const MemoryEstimate& e, const std::string& device) 
   row("activations", e.activations, "measured per sample, times the micro-batch");
   row("gradients", e.states.gradients, "trainable parameters only");
   row("optimizer states", e.states.optimizer_states, "from the optimizer and the parameters' dtypes");
+  if (e.states.rate_table > 0) row("learning rates", e.states.rate_table, "the schedule's rate per step, on the device");
   row("workspace", e.workspace, "what the probes held beyond model states and activations");
   out << "  " << std::string(60, '-') << "\n";
   row("total", e.total(), "the training step's peak");

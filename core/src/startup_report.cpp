@@ -119,10 +119,12 @@ void Trainer::report_startup() const {
                   ? " of " + format_bytes(options_.device_memory_limit) + " (--device-memory-limit: the CPU acts as a device of that size)"
                   : std::string());
   for (const auto& policy : memory_policies_) log::info("memory    ", policy->describe());
-  if (predicted_peak_ > 0) log::info("memory    estimated peak ", format_bytes(predicted_peak_), " at micro-batch ", plan_.micro_batch);
+  // (with the run's length known now: the step on the device's table of learning rates)
+  const int64_t predicted = fit_ ? estimate(model_states(), *fit_, plan_.micro_batch).peak() : predicted_peak_;
+  if (predicted > 0) log::info("memory    estimated peak ", format_bytes(predicted), " at micro-batch ", plan_.micro_batch);
   // (said before a step runs out of memory against it: an oom_recovery policy re-plans there)
-  if (const int64_t cap = memory_->stats().limit; predicted_peak_ > 0 && cap > 0 && predicted_peak_ > cap)
-    log::warn("the estimated peak, ", format_bytes(predicted_peak_), ", is above the ", format_bytes(cap),
+  if (const int64_t cap = memory_->stats().limit; predicted > 0 && cap > 0 && predicted > cap)
+    log::warn("the estimated peak, ", format_bytes(predicted), ", is above the ", format_bytes(cap),
               " this run may use: a step or an evaluation may run out of memory (a smaller --batch-size",
               value_of(config_, "memory.policies").find("auto_batch") == std::string::npos
                   ? ", or memory.policies = auto_batch, which measures what fits)"
@@ -130,9 +132,9 @@ void Trainer::report_startup() const {
   // On the CPU without a cap, past what the machine has free the kernel's OOM killer ends the
   // process with no word from it (exit 137), minutes in; said now, with what would help.
   // (what is allocated already, the model and its optimizer, is in the peak and no longer free)
-  else if (const int64_t more = predicted_peak_ - std::max<int64_t>(0, mem.allocated);
-           device_.is_cpu() && predicted_peak_ > 0 && mem.limit <= 0 && mem.free > 0 && more > mem.free)
-    log::warn("the estimated peak, ", format_bytes(predicted_peak_), ", needs ", format_bytes(more), " more than is "
+  else if (const int64_t more = predicted - std::max<int64_t>(0, mem.allocated);
+           device_.is_cpu() && predicted > 0 && mem.limit <= 0 && mem.free > 0 && more > mem.free)
+    log::warn("the estimated peak, ", format_bytes(predicted), ", needs ", format_bytes(more), " more than is "
               "allocated now, above the ", format_bytes(mem.free), " of memory this machine has free: the system may end "
               "the process without a word (killed, exit 137). A smaller --batch-size or model, or --device-memory-limit "
               "with memory.policies = auto_batch to find what fits");

@@ -37,6 +37,10 @@ namespace loom::core::detail {
 
 using Clock = std::chrono::steady_clock;
 
+/// The most steps the step on the device keeps its table of learning rates for (8 bytes a step on
+/// CPU, 4 on CUDA): a run of more checks non-finite steps on the host.
+inline constexpr int64_t kLargestRateTable = int64_t{1} << 22;
+
 inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 inline const std::string& value_of(const Resolved& config, const std::string& key) {

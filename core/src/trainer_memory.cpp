@@ -39,6 +39,10 @@ ModelStates Trainer::model_states() const {
     m.optimizer_states += optimizer_->state_bytes(p);
   }
   if (model_.implements(1)) m.held = model_->held_memory();  // Model 2.1
+  // (the step on the device's table, made at the first step: a run of a million steps held 8 MB
+  // more than its estimate)
+  if (step_on_device_ && total_steps_ > 0 && total_steps_ < kLargestRateTable)
+    m.rate_table = (total_steps_ + 1) * (device_.is_cpu() ? 8 : 4);
   return m;
 }
 

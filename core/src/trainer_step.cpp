@@ -461,7 +461,6 @@ StepResult Trainer::train_step(bool read_values) {
   if (parallel_->world_size() > 1) seed_rank();  // (ranks > 0: this step's own draws)
   // The device path keeps a table of the schedule's rate per taken update (Note [The step on the
   // device]); past a few million steps that table would be large: such runs check on the host.
-  constexpr int64_t kLargestRateTable = int64_t{1} << 22;
   if (step_on_device_ && total_steps_ >= kLargestRateTable && !lr_table_.defined()) {
     if (graphs_)
       throw Error("step.cuda_graph: " + std::to_string(total_steps_) + " steps are more than the step on the device's " +
