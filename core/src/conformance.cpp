@@ -102,7 +102,7 @@ void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo
       // has no options cannot be made at all.
       if (!o.options.count(c.name) && !c.options.empty())
         throw conformance::Skip(std::string("cannot be created with its default options (") + e.what() +
-                                "); check it with its options");
+                                "); check it with its options (loom plugins check FILE --set data." + c.name + ".<option>=VALUE)");
       throw;
     }
     return std::string();
