@@ -2,6 +2,7 @@
 #include "saved_state.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/core/text.hpp>
 #include "json_limits.hpp"
 
 #include <cmath>
@@ -117,7 +118,7 @@ SavedState parse_state_json(const std::string& text, const fs::path& file, int64
   try {
     s = detail::parse_json<json>(text);
   } catch (const std::exception& e) {
-    throw Error(file.string() + " is not valid JSON (" + e.what() + "); the checkpoint is damaged");
+    throw Error(file.string() + " is not valid JSON (" + printable(e.what(), 300) + "); the checkpoint is damaged");
   }
   const StateFields f(s, file);
   SavedState out;

@@ -480,7 +480,8 @@ std::map<std::string, std::string> checkpoint_run_config(const fs::path& checkpo
     for (const auto& [key, value] : model.at("config").items()) out["model." + key] = value.get<std::string>();
     for (const auto& [key, value] : data.at("config").items()) out["data." + key] = value.get<std::string>();
   } catch (const nlohmann::json::exception& e) {
-    throw Error(file.string() + ": the model and data configuration it records is damaged (" + e.what() + ")");
+    throw Error(file.string() + ": the model and data configuration it records is damaged (" + printable(e.what(), 300) +
+                ")");
   }
   return out;
 }
@@ -492,12 +493,13 @@ TrainedIn checkpoint_trained_in(const fs::path& checkpoint) {
       const json s = detail::parse_json<json>(read_file(checkpoint / "state.json"));
       if (s.contains("precision") && s.at("precision").is_object() && s.at("precision").contains("name") &&
           s.at("precision").at("name").is_string())
-        out.precision = s.at("precision").at("name").get<std::string>();
-      if (s.contains("device") && s.at("device").is_string()) out.device = s.at("device").get<std::string>();
+        out.precision = printable(s.at("precision").at("name").get<std::string>(), 64);
+      if (s.contains("device") && s.at("device").is_string()) out.device = printable(s.at("device").get<std::string>(), 64);
     } else {
       const sdk::TextMap metadata = load_safetensors_metadata(checkpoint);
-      if (const auto it = metadata.find("precision"); it != metadata.end()) out.precision = it->second;
-      if (const auto it = metadata.find("device"); it != metadata.end()) out.device = it->second;
+      // (the file's text, said in messages: shown short, without a terminal's escape sequences)
+      if (const auto it = metadata.find("precision"); it != metadata.end()) out.precision = printable(it->second, 64);
+      if (const auto it = metadata.find("device"); it != metadata.end()) out.device = printable(it->second, 64);
     }
   } catch (const std::exception&) {
   }  // (damage is checkpoint_run_config's and the load's to name: here it only says nothing)

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -36,7 +38,17 @@ std::optional<c10::ScalarType> dtype_of(const std::string& name) {
 
 SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size, const std::string& what,
                                            const std::string& advice) {
-  auto bad = [&](const std::string& why) { return Error(what + " is not a valid safetensors file: " + why + advice); };
+  auto bad = [&](const std::string& why) {
+    // (the file's own text in it, a tensor's name or dtype, is shown escaped and short: a name's
+    // escape sequences reached the terminal, and a name of megabytes was printed whole)
+    std::string shown;
+    for (const unsigned char c : std::string_view(why).substr(0, 400)) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      shown += c < 0x20 || c == 0x7f ? std::string(hex) : std::string(1, static_cast<char>(c));
+    }
+    return Error(what + " is not a valid safetensors file: " + shown + (why.size() > 400 ? "..." : "") + advice);
+  };
   if (size < 8) throw bad("shorter than its 8-byte header length");
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);

@@ -106,6 +106,27 @@ r = loom(exe, "memory", "estimate", "-c", os.path.join(configs, "debug.ini"), "-
 expect(r.returncode == 1 and "--devices 2147483648 is outside [1, 16777216]" in r.stderr, "absurd --devices", r)
 r = loom(exe, "plugins", "check", "lightweight_transformer", "--dataset", "nope", check=False)
 expect(r.returncode == 1 and "'nope'" in r.stderr and "conforms" not in r.stdout, "plugins check --dataset of no plugin", r)
+# A dataset of the user's files is checked with its options (the skip said "check it with its
+# options", and nothing took them); a --set not of a component's option is refused.
+ml = os.path.join(workdir(), "ml")
+os.makedirs(ml)
+with open(os.path.join(ml, "movies.dat"), "w") as f:
+    f.write("".join(f"{i}::Film {i} (1995)::Drama\n" for i in range(1, 13)))
+with open(os.path.join(ml, "ratings.dat"), "w") as f:
+    f.write("".join(f"{u}::{(u * 2 + k) % 12 + 1}::{1 + (u + k) % 5}::{978300000 + u * 10 + k}\n"
+                    for u in range(1, 7) for k in range(4)))
+r = loom(exe, "plugins", "check", "interactions", check=False)
+expect("skip  create: cannot be created with its default options" in r.stdout
+       and "check it with its options (loom plugins check FILE --set data.interactions.<option>=VALUE)" in r.stdout,
+       "plugins check: a dataset of the user's files, without them, is skipped with how to give them", r)
+r = loom(exe, "plugins", "check", "interactions", "--set", f"data.interactions.root={ml}", "--set",
+         "data.interactions.min_interactions=3")
+section = r.stdout.split("dataset 'interactions'")[1].split("\n\n")[0]
+expect("skip" not in section and "FAIL" not in section and "pass  thread_safe" in section and "the plugin conforms" in r.stdout,
+       "plugins check --set data.interactions.root=...: the dataset checked with its files", r)
+r = loom(exe, "plugins", "check", "interactions", "--set", f"interactions.root={ml}", check=False)
+expect(r.returncode == 1 and "takes a component's option as SECTION.COMPONENT.OPTION=VALUE" in r.stderr,
+       "plugins check --set without a component", r)
 # README's `-c configs/debug.ini` run outside Loom's checkout: Loom's own is named, by its name.
 r = loom(exe, "config", "show", "-c", "configs/debug.ini", check=False, cwd=workdir())
 expect(r.returncode == 1 and "config file configs/debug.ini not found (from " in r.stderr
@@ -274,6 +295,14 @@ try:
         r = loom(exe, command, deep, *(["--user", "1"] if command == "recommend" else []), check=False)
         expect(r.returncode == 1 and "nested more than 64 levels deep" in r.stderr,
                f"{command} of a step folder whose state.json nests 200,000 levels: named, no crash", r)
+    # A tensor's name from the file reaches the terminal escaped (its escape sequences were printed).
+    import struct
+    header = json.dumps({"\x1b[31mRED\x07": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}).encode()
+    with open(os.path.join(work, "esc.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    r = loom(exe, "eval", os.path.join(work, "esc.safetensors"), check=False)
+    expect(r.returncode == 1 and "tensor '\\x1b[31mRED\\x07' has a negative dimension" in r.stderr and "\x1b" not in r.stderr,
+           "a safetensors file's tensor name is shown escaped", r)
     r = loom(exe, "eval", best, "--set", "data.test_size=256")
     expect("on 256 test samples" in r.stderr, "eval of a checkpoint named as the only argument", r)
     # The result is the command's output: on stdout, at every log level (a script got nothing).

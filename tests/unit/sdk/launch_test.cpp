@@ -83,7 +83,7 @@ TEST(LaunchEnvironment, OpenMpiOnOneNodeUsesLoopback) {
 TEST(LaunchEnvironment, APartialOrAbsurdSetIsOneErrorNamingTheVariable) {
   EXPECT_NE(error_of({{"RANK", "0"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}).find("not WORLD_SIZE"), std::string::npos);
   EXPECT_NE(error_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}})
-                .find("RANK = '2' is not a whole number in 0 ... 1"),
+                .find("RANK = '2' is outside 0 ... 1"),
             std::string::npos);
   EXPECT_NE(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "1"}}).find("MASTER_ADDR is not"),
             std::string::npos);

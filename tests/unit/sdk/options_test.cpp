@@ -1,4 +1,5 @@
 // The SDK's option parsing, shared by the host's validation and the plugins' factories.
+#include <loom/sdk/helpers.hpp>
 #include <loom/sdk/options.hpp>
 
 #include <gtest/gtest.h>
@@ -21,6 +22,10 @@ TEST(Options, Bytes) {
   EXPECT_EQ(parse_bytes("1000PB"), 1000000000000000000LL);
   EXPECT_FALSE(parse_bytes("8EiB"));
   EXPECT_TRUE(parse_bytes("7.9EiB"));
+  // ... and said in them (1 EiB was "1048576.0 TiB")
+  EXPECT_EQ(format_bytes(1LL << 50), "1.0 PiB");
+  EXPECT_EQ(format_bytes(3LL << 60), "3.0 EiB");
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
 }
 
 TEST(Options, ScalarsAndLists) {

@@ -21,10 +21,10 @@ namespace loom::sdk {
 /// "512 B", "37.5 KiB", "47.6 MiB", "2.0 GiB": a size for messages (binary units); "n/a" below 0.
 inline std::string format_bytes(int64_t bytes) {
   if (bytes < 0) return "n/a";
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};  // (1 EiB was "1048576.0 TiB")
   double value = static_cast<double>(bytes);
   int unit = 0;
-  while (value >= 1024.0 && unit < 4) {
+  while (value >= 1024.0 && unit < 6) {
     value /= 1024.0;
     ++unit;
   }

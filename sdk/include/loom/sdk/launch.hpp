@@ -47,9 +47,10 @@ inline int64_t integer(const GetEnv& env, const char* name, const std::string& l
   char* end = nullptr;
   errno = 0;
   const long long value = std::strtoll(text, &end, 10);
-  if (errno != 0 || end == text || *end != '\0' || value < low || value > high)
-    throw Error(std::string(name) + " = '" + text + "' is not a whole number in " + std::to_string(low) + " ... " +
-                std::to_string(high));
+  if (errno != 0 || end == text || *end != '\0' || value < low || value > high)  // (RANK=5 of 2 was "not a whole number")
+    throw Error(std::string(name) + " = '" + text + "' is " +
+                (errno != 0 || end == text || *end != '\0' ? "not a whole number in " : "outside ") + std::to_string(low) +
+                " ... " + std::to_string(high));
   return value;
 }
 
