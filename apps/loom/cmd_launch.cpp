@@ -225,7 +225,8 @@ void drain(Child& c, bool all) {
       if (cr != std::string::npos) line = line.substr(cr + 1);
       if (!line.empty()) c.last = line;
       // (and a crash's own line, which names the signal and the library: the stack's lines after it said nothing)
-      if (is_error_line(line) || (c.error.find(": crashed with ") == std::string::npos && line.find(": crashed with ") < 200))
+      // (not over the error it logged before: a crash in its exit after that error is not the cause)
+      if (is_error_line(line) || ((c.error.empty() || !is_error_line(c.error)) && line.find(": crashed with ") < 200))
         c.error = line;
       start = end + 1;
     }
@@ -316,10 +317,10 @@ int cmd_launch(const Invocation& invocation) {
                 command + " ...");
   // `loom launch --plugin-dir D -- train ...`: the ranks' command takes D too (it was ignored, and
   // the error that followed advised the very flag given).
-  std::vector<std::string> args = invocation.args;
+  std::vector<std::string> args = invocation.args, dirs;
   if (o.count("plugin-dir"))
-    for (const auto& dir : o["plugin-dir"].as<std::vector<std::string>>())
-      args.insert(args.begin() + static_cast<std::ptrdiff_t>(command_at) + 1, {"--plugin-dir", dir});
+    for (const auto& dir : o["plugin-dir"].as<std::vector<std::string>>()) dirs.insert(dirs.end(), {"--plugin-dir", dir});
+  args.insert(args.begin() + static_cast<std::ptrdiff_t>(command_at) + 1, dirs.begin(), dirs.end());  // (in their order)
   // `-- train --help`: the command's help, once, not once per rank.
   if (std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; })) {
     std::error_code ec;

@@ -10,6 +10,7 @@
 #include <loom/core/trainer.hpp>
 
 #include <loom/sdk/helpers.hpp>
+#include <loom/sdk/launch.hpp>
 #include <loom/sdk/options.hpp>
 #include <torch/cuda.h>
 
@@ -76,7 +77,15 @@ std::string continue_command(const Invocation& invocation, const core::Trainer& 
 
 /// How to continue run `name`: the command, or under a launcher the launch to repeat.
 std::string continue_hint(const Invocation& invocation, const core::Trainer& trainer, const std::string& name) {
-  if (trainer.plan().world_size > 1)
+  // (processes, not devices: data_parallel's devices in one process continue with the command)
+  const auto environment = [] {
+    try {
+      return sdk::launch_environment();
+    } catch (const std::exception&) {
+      return std::optional<sdk::LaunchEnvironment>();
+    }
+  }();
+  if (environment && environment->world_size > 1)
     return "the same launch (any number of ranks that divides the global batch) with --resume auto --set trainer.name=" +
            shell_word(name);
   return continue_command(invocation, trainer, name);
@@ -149,7 +158,12 @@ int cmd_train(const Invocation& invocation) {
   for (const char* key : {"trainer.checkpoint_every", "trainer.keep_last"})
     if (!checkpoints && resolved.at(key).origin.source != "default")
       core::log::warn(key, " = ", resolved.at(key).value, " is set, but ", unsaved, ": it has no effect");
-  if (!checkpoints && std::find(callbacks.begin(), callbacks.end(), "best") == callbacks.end())
+  // (a callback of the user's may save weights its own way; under a launcher, said by rank 0 alone)
+  const bool own_only = std::all_of(callbacks.begin(), callbacks.end(), [](const std::string& c) {
+    return c == "progress" || c == "jsonl" || c == "tensorboard" || c == "memory_summary" || c == "early_stopping";
+  });
+  const char* rank = std::getenv("RANK");
+  if (own_only && (rank == nullptr || std::string(rank) == "0"))
     core::log::warn("trainer.callbacks = '", resolved.at("trainer.callbacks").value, "' (",
                     resolved.at("trainer.callbacks").origin.describe(), ") has neither checkpoint nor best: the run saves "
                     "no weights, and its model is gone when it ends; add them to keep it");
@@ -203,6 +217,12 @@ int cmd_train(const Invocation& invocation) {
                     continue_hint(invocation, trainer, trainer.run_dir().filename().string()));
     core::log::flush();
     return 1;
+  }
+  // A folder this command made for a run that a callback stopped before its first step (a run
+  // --resume-from started, whose early stop the checkpoint held): the same command found "a run" there.
+  if (trainer.discard_if_nothing_trained()) {
+    core::log::info("no step was trained: the run folder ", trainer.run_dir().string(), " this command made is removed");
+    return 0;
   }
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);
@@ -401,7 +421,7 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
   const auto recorded = core::checkpoint_run_config(checkpoint);
   const core::Config user = config_from(invocation.options);
   // (keys of where a training run goes: this command reads a checkpoint and writes no run)
-  for (const char* key : {"trainer.resume", "trainer.resume_from", "trainer.work_dir", "trainer.name"})
+  for (const char* key : {"trainer.resume", "trainer.resume_from", "trainer.work_dir", "trainer.name", "trainer.init_from"})
     if (const core::ConfigValue* v = user.find(key))
       core::log::warn(key, " = ", v->value, " (", v->origin.describe(), ") has no effect here: this command reads the "
                       "checkpoint it is given and writes no run");

@@ -4,9 +4,11 @@
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
+#include <loom/sdk/files.hpp>
 
 #include <algorithm>
 #include <cstdlib>
+#include <set>
 #include <sstream>
 
 namespace fs = std::filesystem;
@@ -17,8 +19,17 @@ std::vector<fs::path> config_search_path() {
   std::vector<fs::path> dirs;
   if (const char* env = std::getenv("LOOM_CONFIG_PATH")) {
     std::stringstream in(env);
-    for (std::string item; std::getline(in, item, ':');)
-      if (!item.empty()) dirs.emplace_back(item);
+    static std::set<std::string> said;  // (once per entry: the path is searched for each base = NAME)
+    for (std::string item; std::getline(in, item, ':');) {
+      if (item.empty()) continue;
+      // (a file or a missing folder was listed among those "searched", in silence, as LOOM_PLUGIN_PATH's are not)
+      if (const std::string what = sdk::what_is_at(item); what == "a folder") dirs.emplace_back(item);
+      else if (!said.insert(item).second) continue;
+      else if (what == "no such file") log::warn("LOOM_CONFIG_PATH's ", item, ": no such folder; it is passed over");
+      else
+        log::warn("LOOM_CONFIG_PATH's ", item, what.rfind("cannot", 0) == 0 ? " " : " is ", what.empty() ? "a file" : what,
+                  ", not a folder of configurations; it is passed over");
+    }
   }
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);

@@ -24,8 +24,11 @@ std::string shown_start(const std::string& line, size_t end) {
 
 void check_config_text(const std::string& text, const std::string& shown) {
   // (Windows' "Unicode" text: every other byte NUL, read as "line 2: not a key = value line")
-  if (text.rfind("\xFF\xFE", 0) == 0 || text.rfind("\xFE\xFF", 0) == 0 ||
-      (text.size() >= 2 && (text[0] == '\0' || text[1] == '\0')))
+  // (its mark, or ASCII with a NUL byte before or after each character; other binary is refused later)
+  const auto ascii16 = [&](size_t zero) {
+    return text.size() >= 4 && text[zero] == '\0' && text[zero + 2] == '\0' && text[1 - zero] != '\0' && text[3 - zero] != '\0';
+  };
+  if (text.rfind("\xFF\xFE", 0) == 0 || text.rfind("\xFE\xFF", 0) == 0 || ascii16(0) || ascii16(1))
     throw Error("config file " + shown + " is UTF-16 text (Windows' \"Unicode\"); save it as UTF-8");
   if (text.find('\r') != std::string::npos && text.find('\n') == std::string::npos)
     throw Error("config file " + shown + " ends its lines with a carriage return alone (classic Mac OS), which "
@@ -50,8 +53,10 @@ void check_config_text(const std::string& text, const std::string& shown) {
     if (value.empty() || (value.front() != '"' && value.front() != '\'')) continue;
     const bool closed = value.size() > 1 && value.back() == value.front();
     throw Error(shown + ":" + std::to_string(number) + ": `" + shown_start(line, line.size()) + "`: a value is read as "
-                "written, quotes and all (INI takes none); write it without them: " +
-                std::string(sdk::trim(line.substr(0, eq))) + " = " + value.substr(1, value.size() - (closed ? 2 : 1)));
+                "written, quotes and all (INI takes none); " +
+                (closed ? "write it without them: " + std::string(sdk::trim(line.substr(0, eq))) + " = " +
+                              value.substr(1, value.size() - 2)
+                        : std::string("a value that starts with a quote goes on the command line (--set KEY=VALUE)")));
   }
 }
 

@@ -44,7 +44,10 @@ Trainer::KeptRecord::~KeptRecord() {
     if (!until.empty()) fs::remove(until, ec);
     log::info("no step trained since resuming: ", (dir / "config.json").string(), " is as it was before this command");
   } catch (const std::exception& e) {
-    log::warn("cannot put back ", (dir / "config.json").string(), " as it was before this resume: ", e.what());
+    try {
+      log::warn("cannot put back ", (dir / "config.json").string(), " as it was before this resume: ", e.what());
+    } catch (...) {  // (a destructor: nothing escapes)
+    }
   }
 }
 
@@ -141,7 +144,8 @@ TrainSummary Trainer::train() {
   // written again without its mark, or every later resume would run it again.
   if (ran_pending && step_ == first_step && evaluation_cut_at_ != step_ && stop_signal() == 0) save_checkpoint();
   check_replicas();
-  kept_record_.dir.clear();
+  // (a stop a callback asked for before the first step trains nothing: the record goes back too)
+  if (step_ > first_step || ran_pending) kept_record_.dir.clear();
   return finish_run(first_step, train_seconds);
 }
 

@@ -114,7 +114,8 @@ void Best::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& di
   // best weights were nowhere). The best of the checkpoint's own step is the weights just loaded:
   // written again now. One of an earlier step went with the later best: the best starts afresh.
   const std::string file = "best_" + metric_ + ".safetensors";
-  if (std::filesystem::exists(run.run_dir() / "checkpoints" / file, ec)) return;
+  // (another trainer.best_metric now: its best starts with the first evaluation, in on_evaluation_end)
+  if (metric_ != run.best_metric() || std::filesystem::exists(run.run_dir() / "checkpoints" / file, ec)) return;
   if (step_ == run.step()) {
     const sdk::MetricSpec& spec = spec_of(run, metric_, "best");
     run.save_weights(file, {{"metric", metric_}, {"value", exact(*best_)}, {"step", std::to_string(step_)},
@@ -123,9 +124,14 @@ void Best::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& di
                    run.format_metric(metric_, *best_), ")");
     return;
   }
+  char step_dir[32];
+  std::snprintf(step_dir, sizeof step_dir, "step_%08lld", static_cast<long long>(step_));
+  const auto kept = run.run_dir() / "checkpoints" / step_dir;
   sdk::log::warn("best: the resumed timeline's best ", metric_, " (", run.format_metric(metric_, *best_), " at step ", step_,
-                 ") has no weights left (no ", file, " in checkpoints/: a later step's went aside with its timeline, or it was "
-                 "removed): the best starts afresh with the next evaluation");
+                 ") has no ", file, " in checkpoints/ (a later step's went aside with its timeline, or it was removed)",
+                 std::filesystem::is_directory(kept, ec) ? "; its weights are in " + kept.string() + " (loom eval it)"
+                                                          : std::string("; its weights are gone (pruned)"),
+                 ": the best file starts afresh with the next evaluation");
   best_.reset();
 }
 

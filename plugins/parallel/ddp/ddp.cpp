@@ -257,7 +257,9 @@ class Ddp final : public loom::sdk::ParallelStrategy {
       // (one world, two processes of one rank: nodes that split it another way, 2 x 2 and 4 x 1)
       else if (store_->add("loom/ddp/rank/" + std::to_string(env_.rank), 1) > 1)
         why = "rank " + std::to_string(env_.rank) + " of " + theirs + " was started twice (by two nodes that split the "
-              "world differently, or with the same --node-rank)";
+              "world differently, or with the same --node-rank; or the rank 0 at " + env_.master_addr + ":" +
+              std::to_string(env_.port) + " is another job's, still running there: give each job a --master-port of "
+              "its own)";
       if (!why.empty()) {
         store_->set(refused_key, bytes(why));
         throw Error("ddp: " + why + fix);

@@ -695,6 +695,16 @@ TEST_F(ConfigTest, AConfigurationIsFoundByNameFromAnyFolder) {
   write("mine.ini", "[trainer]\nmax_steps = 3\n");
   ::setenv("LOOM_CONFIG_PATH", dir_.c_str(), 1);
   EXPECT_EQ(find_config("mine"), dir_ / "mine.ini");
+  // An entry that is no folder is said, and passed over (it was listed among those "searched").
+  ::setenv("LOOM_CONFIG_PATH", ("/dev/zero:" + (dir_ / "no_such").string() + ":" + dir_.string()).c_str(), 1);
+  {
+    const log::Capture capture(LOOM_LOG_WARN);
+    EXPECT_EQ(find_config("mine"), dir_ / "mine.ini");
+    EXPECT_TRUE(capture.contains("LOOM_CONFIG_PATH's /dev/zero is a character device, not a folder of configurations; it "
+                                 "is passed over"));
+    EXPECT_TRUE(capture.contains("LOOM_CONFIG_PATH's " + (dir_ / "no_such").string() + ": no such folder; it is passed over"))
+        << ::testing::PrintToString(capture.lines());
+  }
   ::unsetenv("LOOM_CONFIG_PATH");
   // A name that is nowhere: what was searched, what there is, and the closest.
   const std::string m = error_of([] { find_config("debg"); });

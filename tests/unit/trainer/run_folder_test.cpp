@@ -210,13 +210,13 @@ TEST_F(RunFolderTest, ABestFileWrittenAfterTheNewestCheckpointGoesAsideOnResumeA
     EXPECT_EQ(loom::testing::make_trainer(again)->step(), 4);
     for (const auto& line : capture.lines()) warnings += line + "\n";
   }
-  if (fs::exists(best)) {  // (written again only from the checkpoint's own weights, where its best is step 4's)
-    loom::sdk::TextMap written;
-    load_safetensors(best, &written);
-    EXPECT_EQ(written.at("step"), "4");
-  } else {
-    EXPECT_NE(warnings.find("has no weights left"), std::string::npos) << warnings;
-  }
+  // The resumed timeline's best is step 2's (seeded), whose weights are in its step folder, not
+  // the checkpoint's just loaded: no best file is written from them, and where they are is said.
+  EXPECT_FALSE(fs::exists(best));
+  EXPECT_NE(warnings.find("at step 2) has no best_accuracy.safetensors in checkpoints/"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("its weights are in " + (dir_ / "died" / "checkpoints" / step_dir_name(2)).string()),
+            std::string::npos)
+      << warnings;
   EXPECT_NE(warnings.find("best_accuracy.safetensors held weights of steps after " + step_dir_name(4)), std::string::npos)
       << warnings;
   // Written at the checkpoint's own step: the resumed timeline's best, left in place.
@@ -885,6 +885,27 @@ TEST_F(RunFolderTest, AResumeThatTrainsNothingChangesNoRecordAndAnUnreadableOneI
                                " is unreadable"))
       << join(capture.lines(), "\n");
   EXPECT_EQ(read_file(dir_ / "done" / "config.until_step_4.json"), "{\"trainer.lr\": {\"value\": \"0.0");
+}
+
+TEST_F(RunFolderTest, AResumeThatAnEarlyStopEndsBeforeItsFirstStepLeavesTheRecordAsItWas) {
+  // A run early_stopping stopped, resumed with another rate (the patience as it was): the stop
+  // holds at once and no step trains, but config.json had recorded the rate as the run's.
+  Config c = base("stopped", 8);
+  c.set_assignment("trainer.callbacks=jsonl, checkpoint, early_stopping");
+  c.set_assignment("trainer.eval_every=2");
+  c.set_assignment("callback.early_stopping.patience=1");
+  c.set_assignment("callback.early_stopping.min_delta=1000");  // (nothing improves by that much)
+  c.set_assignment("callback.early_stopping.metric=loss");
+  const auto first = loom::testing::make_trainer(c)->train();
+  ASSERT_LT(first.steps, 8);
+  const std::string before = read_file(dir_ / "stopped" / "config.json");
+  Config again = c;
+  again.set_assignment("trainer.resume=auto");
+  again.set_assignment("trainer.lr=0.5");
+  const auto second = loom::testing::make_trainer(again)->train();
+  EXPECT_EQ(second.steps, first.steps);
+  EXPECT_EQ(read_file(dir_ / "stopped" / "config.json"), before);
+  EXPECT_FALSE(fs::exists(dir_ / "stopped" / ("config.until_step_" + std::to_string(first.steps) + ".json")));
 }
 
 TEST_F(RunFolderTest, TheUsersOwnCopiesBesideTheStepsAreNeitherResumedNorPruned) {
