@@ -226,6 +226,11 @@ int cmd_memory(const Invocation& invocation) {
                                                    std::to_string(samples / devices) + ")"
                                              : std::string())
               << "; train with --batch-size " << samples << " --gradient-accumulation-steps " << plan.accumulation << "\n";
+    // (101, a prime: 101 steps of 1 where 53 fit, unsaid)
+    if (plan.micro_batch * 2 <= micro && plan.micro_batch < samples / devices)
+      std::cout << "note: within micro-batch " << micro << ", " << samples << " splits evenly only into micro-batches of "
+                << plan.micro_batch << "; a batch that is a multiple of " << micro * devices << " ("
+                << micro * devices << " or " << 2 * micro * devices << ") keeps micro-batch " << micro << "\n";
   }
   return 0;
 }

@@ -178,8 +178,26 @@ int check(const Invocation& invocation) {
       if (eq == std::string::npos || first == std::string::npos || first == last || last > eq)
         throw Error("--set '" + assignment + "': loom plugins check takes a component's option as "
                     "SECTION.COMPONENT.OPTION=VALUE, e.g. data.my_dataset.root=/data");
-      options.options[assignment.substr(first + 1, last - first - 1)][assignment.substr(last + 1, eq - last - 1)] =
-          assignment.substr(eq + 1);
+      const std::string component = assignment.substr(first + 1, last - first - 1);
+      const std::string option = assignment.substr(last + 1, eq - last - 1);
+      // (a component or an option the file does not have was never applied, and the check passed)
+      const auto it = std::find_if(loaded.components.begin(), loaded.components.end(),
+                                   [&](const core::ComponentInfo& c) { return c.name == component; });
+      std::vector<std::string> names;
+      if (it == loaded.components.end()) {
+        for (const auto& c : loaded.components) names.push_back(c.name);
+        throw Error("--set " + assignment + ": " + file.string() + " has no component '" + component + "' (it has " +
+                    core::join(names, ", ") + ")");
+      }
+      for (const auto& o : it->options) names.push_back(o.key);
+      if (std::find(names.begin(), names.end(), option) == names.end()) {
+        const auto close = core::closest(option, names);
+        throw Error("--set " + assignment + ": '" + component + "' has no option '" + option + "'" +
+                    (close           ? "; did you mean '" + *close + "'?"
+                     : names.empty() ? std::string(" (it has none)")
+                                     : " (it has " + core::join(names, ", ") + ")"));
+      }
+      options.options[component][option] = assignment.substr(eq + 1);
     }
   // (with the user's scan cache: before LOOM_CACHE points at the scratch folder below)
   const Clashes clashing = clashes(invocation, file, loaded.components);

@@ -202,7 +202,6 @@ int cmd_train(const Invocation& invocation) {
     if (saved.empty()) {
       if (!trainer.discard_if_nothing_trained()) throw;
       core::log::error(message_of(e));
-      core::log::info("no step was trained: the run folder ", trainer.run_dir().string(), " this command made is removed");
       core::log::flush();
       return 1;
     }
@@ -220,13 +219,14 @@ int cmd_train(const Invocation& invocation) {
   }
   // A folder this command made for a run that a callback stopped before its first step (a run
   // --resume-from started, whose early stop the checkpoint held): the same command found "a run" there.
-  if (trainer.discard_if_nothing_trained()) {
-    core::log::info("no step was trained: the run folder ", trainer.run_dir().string(), " this command made is removed");
-    return 0;
-  }
+  if (trainer.discard_if_nothing_trained()) return 0;
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.0f samples/s", s.samples_per_second);
-  core::log::info("done      ", s.steps, " steps in ", sdk::format_duration(s.seconds), " of training, ", rate,
+  // (a resume a callback stopped before its first step: "done 10 steps in 0s of training, 0 samples/s")
+  core::log::info("done      ", trainer.session_steps() == 0 ? "no step trained by this command; the run is at step " +
+                                                                     std::to_string(s.steps)
+                                                               : std::to_string(s.steps) + " steps in " +
+                                                                     sdk::format_duration(s.seconds) + " of training, " + rate,
                   s.final_eval ? "; " + eval_line(trainer, *s.final_eval) +
                                      // (an older one, where a stop cut the last short: said whose)
                                      (s.final_eval->step < trainer.step() ? " (at step " + std::to_string(s.final_eval->step) + ")"

@@ -553,11 +553,18 @@ void Trainer::open_run_here() {
       throw Error("trainer.resume_from starts run '" + name + "' from " + checkpoint.string() + ", but " + run_dir_.string() +
                   " already holds a run; choose another trainer.name (nothing was written)");
     load_checkpoint(checkpoint);
-    if (!same_run && step_ >= total_steps_)  // a new run that would train nothing (made, then left empty)
+    // (a new run left empty; an older step of this run had its newer steps set aside, then "nothing to train")
+    const auto saved = CheckpointStore::list_run(run_dir_);
+    const bool newer = std::any_of(saved.begin(), saved.end(), [&](const fs::path& p) { return step_of(p) > step_; });
+    if (step_ >= total_steps_ && (!same_run || newer))
       throw Error("trainer.resume_from " + checkpoint.string() + " is at step " + std::to_string(step_) +
                   ", and this run ends at step " + std::to_string(total_steps_) + " (trainer.max_steps or " +
                   "trainer.epochs): nothing to train. Raise trainer.max_steps to train further from it, or evaluate " +
-                  "it: loom eval " + checkpoint.string());
+                  "it: loom eval " + checkpoint.string() + " (nothing was moved or written)");
+    if (!same_run && !made_here) {  // (the user's own folder: what this command adds goes again if nothing trains)
+      entries_before_.emplace();
+      for (const auto& entry : fs::directory_iterator(run_dir_)) entries_before_->insert(entry.path().filename().string());
+    }
     if (same_run) set_aside_newer_steps(checkpoint);
   } else if (options_.resume == "auto" && !resumed) {
     if (!CheckpointStore::list_run(run_dir_).empty() && !resume_newest(run_dir_, problems))

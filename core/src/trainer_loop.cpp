@@ -16,11 +16,19 @@ using namespace detail;
 namespace fs = std::filesystem;
 
 bool Trainer::discard_if_nothing_trained() {
-  if (!made_run_dir_ || session_steps() > 0 || parallel_->rank() != 0 || !CheckpointStore::list_run(run_dir_).empty())
+  if ((!made_run_dir_ && !entries_before_) || session_steps() > 0 || parallel_->rank() != 0 ||
+      !CheckpointStore::list_run(run_dir_).empty())
     return false;
-  run_lock_.reset();
   std::error_code ec;
+  if (entries_before_) {  // (a folder of the user's: what this command wrote in it goes, the rest stays)
+    for (const auto& entry : fs::directory_iterator(run_dir_, ec))
+      if (!entries_before_->count(entry.path().filename().string())) fs::remove_all(entry.path(), ec);
+    log::info("no step was trained: what this command wrote in ", run_dir_.string(), " is removed");
+    return true;
+  }
+  run_lock_.reset();
   fs::remove_all(run_dir_, ec);
+  if (!ec) log::info("no step was trained: the run folder ", run_dir_.string(), " this command made is removed");
   return !ec;
 }
 
@@ -107,6 +115,14 @@ TrainSummary Trainer::train() {
       flush_window();
       // A stop logs a step that was not a log step: its rate is still on the device (one read).
       if (!r.read && lr_on_device_.defined()) r.lr = lr_on_device_.item<double>();
+      // A model whose forward counts nothing (its count 0 for a whole batch): the loss, a sum, is
+      // divided by nothing, and the run went on to exit 0 with "accuracy nan %" at 237 samples/s.
+      if (r.read && r.terms == 0 && r.samples > 0 && !said_no_terms_) {
+        said_no_terms_ = true;
+        log::warn("step ", step_, ": model '", model_name_, "' counted no loss terms in a batch of ", r.samples,
+                  " samples (its forward's count is 0): the logged loss and metrics are no means. Expected only where "
+                  "every label of the batch is ignored (-100); else its forward must count what its loss sums over");
+      }
       if (r.grad_norm == 0 && r.terms > 0 && !said_zero_gradients_) {  // (exactly 0: not small, nothing at all)
         said_zero_gradients_ = true;
         log::warn("step ", step_, "'s gradients are all zero: no parameter learned from it (every trainable parameter "

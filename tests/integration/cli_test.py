@@ -124,6 +124,11 @@ r = loom(exe, "plugins", "check", "interactions", "--set", f"data.interactions.r
 section = r.stdout.split("dataset 'interactions'")[1].split("\n\n")[0]
 expect("skip" not in section and "FAIL" not in section and "pass  thread_safe" in section and "the plugin conforms" in r.stdout,
        "plugins check --set data.interactions.root=...: the dataset checked with its files", r)
+r = loom(exe, "plugins", "check", "interactions", "--set", f"data.fashion_mnist.root={ml}", check=False)
+expect(r.returncode == 1 and "has no component 'fashion_mnist' (it has " in r.stderr, "plugins check --set of another file's", r)
+r = loom(exe, "plugins", "check", "interactions", "--set", f"data.interactions.rot={ml}", check=False)
+expect(r.returncode == 1 and "'interactions' has no option 'rot'; did you mean 'root'?" in r.stderr,
+       "plugins check --set of no option", r)
 r = loom(exe, "plugins", "check", "interactions", "--set", f"interactions.root={ml}", check=False)
 expect(r.returncode == 1 and "takes a component's option as SECTION.COMPONENT.OPTION=VALUE" in r.stderr,
        "plugins check --set without a component", r)

@@ -75,6 +75,9 @@ expect(m and p and int(p.group(1)) == 32 and int(p.group(2)) == 8 == int(p.group
 r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB", "--batch", "64")
 expect("--batch 64: micro-batch 64 x accumulation 1 = 64 (the whole batch fits: no accumulation needed)" in r.stdout,
        "suggest --batch 64 with room to spare", r)
+r = loom(exe, "memory", "suggest", *RUN, "--target", str(budget), "--batch", "101")  # (a prime: micro-batch 1, said)
+expect(m and f"note: within micro-batch {m.group(1)}, 101 splits evenly only into micro-batches of 1; a batch that is a "
+       f"multiple of {m.group(1)}" in r.stdout, "suggest --batch 101 says the split into ones", r)
 
 # Capped by what the run trains on: the split less what data.validation_fraction (0.1) holds out.
 r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB")

@@ -906,6 +906,32 @@ TEST_F(RunFolderTest, AResumeThatAnEarlyStopEndsBeforeItsFirstStepLeavesTheRecor
   EXPECT_EQ(second.steps, first.steps);
   EXPECT_EQ(read_file(dir_ / "stopped" / "config.json"), before);
   EXPECT_FALSE(fs::exists(dir_ / "stopped" / ("config.until_step_" + std::to_string(first.steps) + ".json")));
+  // --resume-from into a folder of the user's, which the stop leaves untrained: what the command
+  // wrote there goes, the user's file stays (its config.json made the same command "a run" there).
+  fs::create_directories(dir_ / "mine");
+  std::ofstream(dir_ / "mine" / "notes.txt") << "precious";
+  Config into = c;
+  into.set_assignment("trainer.name=mine");
+  into.set_assignment("trainer.resume_from=" + (dir_ / "stopped" / "checkpoints" / step_dir_name(first.steps)).string());
+  auto trainer = loom::testing::make_trainer(into);
+  trainer->train();
+  EXPECT_TRUE(trainer->discard_if_nothing_trained());
+  trainer.reset();
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir_ / "mine")) left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{".lock", "notes.txt"}));  // (the lock file, as every run folder keeps)
+}
+
+TEST_F(RunFolderTest, AResumeFromAnOlderStepThatWouldTrainNothingMovesNothing) {
+  // max_steps at the older step: its newer steps went aside (and the best file, and summary.json),
+  // then the command said "nothing to train".
+  loom::testing::make_trainer(base("older", 6))->train();
+  Config again = base("older", 4);
+  again.set_assignment("trainer.resume_from=" + (dir_ / "older" / "checkpoints" / step_dir_name(4)).string());
+  EXPECT_CONTAINS(error_of(again),
+                  "is at step 4, and this run ends at step 4 (trainer.max_steps or trainer.epochs): nothing to train");
+  EXPECT_EQ(steps(dir_ / "older"), (std::vector<std::string>{step_dir_name(2), step_dir_name(4), step_dir_name(6)}));
 }
 
 TEST_F(RunFolderTest, TheUsersOwnCopiesBesideTheStepsAreNeitherResumedNorPruned) {

@@ -482,6 +482,19 @@ TEST_F(TrainerTest, GradientsThatAreAllZeroAreSaidOnce) {
   EXPECT_FALSE(learning.contains("gradients are all zero")) << ::testing::PrintToString(learning.lines());
 }
 
+TEST_F(TrainerTest, AModelThatCountsNoLossTermsIsSaidOnce) {
+  // A forward whose count is 0 trained to exit 0 with "accuracy nan %", in silence.
+  Config c = metric_run(dir_, "uncounted");
+  c.set_assignment("model.zero_count=true");
+  const loom::core::log::Capture capture(LOOM_LOG_WARN);
+  make(c)->train();
+  const auto lines = capture.lines();
+  EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                          [](const std::string& l) { return l.find("counted no loss terms in a batch of") != std::string::npos; }),
+            1) << ::testing::PrintToString(lines);
+  EXPECT_TRUE(capture.contains("step 1: model 'metric_model' counted no loss terms in a batch of "));
+}
+
 /// The error that training the run `c` ends with ("" and a test failure where it trains to its end).
 std::string training_error(const Config& c) {
   try {

@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -442,6 +443,7 @@ class Trainer {
   int64_t skipped_at_resume_ = 0;  ///< skipped_steps_ when the run resumed
   int64_t scale_descent_ = 0;      ///< steps the resumed loss scale may overflow coming down (loss_scale_descent)
   bool said_zero_gradients_ = false;  ///< a logged step's gradients were all zero: said once
+  bool said_no_terms_ = false;        ///< a logged step's loss counted no terms: said once
   Parameters parameters_;
   std::shared_ptr<sdk::Optimizer> optimizer_;
   std::shared_ptr<sdk::Schedule> schedule_;
@@ -474,6 +476,9 @@ class Trainer {
   std::filesystem::path resumed_from_;
   std::unique_ptr<FileLock> run_lock_;  ///< held while the trainer lives
   bool made_run_dir_ = false;           ///< this command made run_dir_ (discard_if_nothing_trained)
+  /// A run folder that was there, holding no run, that --resume-from starts one in: its entries
+  /// before this command (discard_if_nothing_trained removes the others, the user's own stay).
+  std::optional<std::set<std::string>> entries_before_;
   /// The run's config.json as it was before this resume rewrote it, put back (with the
   /// config.until_step_N.json the resume wrote taken away) if the trainer ends before a step
   /// trained: a resume refused at its first step (the data changed) leaves the record as it was.
