@@ -56,6 +56,23 @@ for plugin in libloom_model_mlp_classifier.so libloom_regression.so libloom_memo
   echo "$check" | tail -1
 done
 
+step "the model docs/writing-a-plugin.md gives whole builds from the page, as written, and conforms"
+doc="$source/docs/writing-a-plugin.md"
+mkdir -p "$work/doc_model"
+awk '/^```cpp$/ { getline l; if (l ~ /^\/\/ my_model\.cpp/) { f = 1; print l; next } } f && /^```$/ { f = 0 } f' "$doc" \
+  > "$work/doc_model/my_model.cpp"
+awk '/^```cmake$/ { getline l; if (l ~ /^cmake_minimum_required/) { f = 1; print l; next } } f && /^```$/ { f = 0 } f' "$doc" \
+  > "$work/doc_model/CMakeLists.txt"
+grep -q 'LOOM_PLUGIN("my_model"' "$work/doc_model/my_model.cpp" || fail "no whole model found in $doc"
+env -u LOOM_PYTHON -u LOOM_VENV -u Torch_DIR cmake -S "$work/doc_model" -B "$work/doc_model/build" -G Ninja \
+  -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >"$work/doc_configure.log" 2>&1 \
+  || { cat "$work/doc_configure.log"; fail "the page's CMakeLists.txt does not configure"; }
+cmake --build "$work/doc_model/build" >"$work/doc_build.log" 2>&1 || { cat "$work/doc_build.log"; fail "the page's model does not build"; }
+check="$("$loom" plugins check "$work/doc_model/build/libloom_model_my_model.so" 2>&1)" \
+  || { echo "$check"; fail "the page's model does not pass loom plugins check"; }
+echo "$check" | tail -1
+
 step "the CLI loads and lists them"
 out="$("$loom" plugins --plugin-dir "$work/example")"
 echo "$out"
