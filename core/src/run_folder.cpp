@@ -358,12 +358,12 @@ void Trainer::read_the_runs_config() {
   const fs::path record = record_until(folder, step_);
   std::error_code ec;
   // The record of the steps up to this one stays beside the new config.json (the first, if this step is
-  // resumed again): a copy of the record compared with, never a move; both put back if no step trains.
+  // resumed again): a copy of the record compared with, never a move; both written once a step trains.
   const fs::path until = run_dir_ / ("config.until_step_" + std::to_string(step_) + ".json");
-  if (here) kept_record_.keep(run_dir_, until);
+  if (here) pending_record_.dir = run_dir_;
   const auto keep_record = [&] {
     if (here && record != until && fs::is_regular_file(record, ec) && !fs::exists(until, ec))
-      write_file_atomic(until, read_file(record));
+      pending_record_.until = until, pending_record_.until_text = read_file(record);
   };
   json manifest;
   try {
@@ -592,7 +592,8 @@ void Trainer::open_run_here() {
     notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
-  if (trains) write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
+  if (trains && !pending_record_.dir.empty()) pending_record_.config = manifest.dump(2) + "\n";  // (at the first step)
+  else if (trains) write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
   take_away.armed = false;
   made_run_dir_ = made_here;  // (a new run, or one --resume-from starts from another run's checkpoint)
 }

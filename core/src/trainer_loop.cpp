@@ -32,31 +32,11 @@ bool Trainer::discard_if_nothing_trained() {
   return !ec;
 }
 
-void Trainer::KeptRecord::keep(const fs::path& run_dir, const fs::path& until_record) {
-  std::error_code ec;
-  if (!fs::is_regular_file(run_dir / "config.json", ec)) return;  // (nothing to put back: it is written anew)
-  try {
-    config = read_file(run_dir / "config.json");
-  } catch (const std::exception&) {
-    return;
-  }
-  dir = run_dir;
-  until = fs::exists(until_record, ec) ? fs::path() : until_record;
-}
-
-Trainer::KeptRecord::~KeptRecord() {
+void Trainer::PendingRecord::commit() {
   if (dir.empty()) return;
-  try {
-    write_file_atomic(dir / "config.json", config);
-    std::error_code ec;
-    if (!until.empty()) fs::remove(until, ec);
-    log::info("no step trained since resuming: ", (dir / "config.json").string(), " is as it was before this command");
-  } catch (const std::exception& e) {
-    try {
-      log::warn("cannot put back ", (dir / "config.json").string(), " as it was before this resume: ", e.what());
-    } catch (...) {  // (a destructor: nothing escapes)
-    }
-  }
+  if (!until.empty()) write_file_atomic(until, until_text);  // (first: config.json is never the only record)
+  write_file_atomic(dir / "config.json", config);
+  dir.clear();
 }
 
 void Trainer::LogWindow::add(const StepResult& r, double dt) {
@@ -103,7 +83,7 @@ TrainSummary Trainer::train() {
     StepResult r = in_phase("training step " + std::to_string(step_ + 1),
                             [&] { return step_with_recovery(read_every_step_ || log_step); });
     const double dt = seconds_since(start);
-    kept_record_.dir.clear();  // (a step trained with this configuration: config.json records it)
+    pending_record_.commit();  // (a step trained with this configuration: config.json records it now)
     train_seconds += dt;
     window_.add(r, dt);
     const int sig = stop_signal();  // stop now: a checkpoint, no evaluation (agreed by every rank)
@@ -161,7 +141,7 @@ TrainSummary Trainer::train() {
   if (ran_pending && step_ == first_step && evaluation_cut_at_ != step_ && stop_signal() == 0) save_checkpoint();
   check_replicas();
   // (a stop a callback asked for before the first step trains nothing: the record goes back too)
-  if (step_ > first_step || ran_pending) kept_record_.dir.clear();
+  if (step_ > first_step || ran_pending) pending_record_.commit();
   return finish_run(first_step, train_seconds);
 }
 

@@ -479,16 +479,16 @@ class Trainer {
   /// A run folder that was there, holding no run, that --resume-from starts one in: its entries
   /// before this command (discard_if_nothing_trained removes the others, the user's own stay).
   std::optional<std::set<std::string>> entries_before_;
-  /// The run's config.json as it was before this resume rewrote it, put back (with the
-  /// config.until_step_N.json the resume wrote taken away) if the trainer ends before a step
-  /// trained: a resume refused at its first step (the data changed) leaves the record as it was.
-  struct KeptRecord {
-    std::filesystem::path dir;  ///< the run folder; empty: nothing to put back
-    std::filesystem::path until;  ///< the config.until_step_N.json this resume wrote, if it did
-    std::string config;
-    void keep(const std::filesystem::path& run_dir, const std::filesystem::path& until_record);
-    ~KeptRecord();
-  } kept_record_;
+  /// What a resume in place writes of the run's record, written once a step trained (or its
+  /// pending evaluation ran): config.json with this command's settings and the
+  /// config.until_step_N.json of the steps before. A resume refused at its first step (the data
+  /// changed), stopped before it, or killed in it leaves the record as it was.
+  struct PendingRecord {
+    std::filesystem::path dir;    ///< the run folder; empty: nothing pending
+    std::filesystem::path until;  ///< the config.until_step_N.json to write, if any
+    std::string until_text, config;
+    void commit();  ///< writes what is pending, once
+  } pending_record_;
   std::function<void(const std::vector<at::Tensor>&)> gradient_hook_;
   std::unique_ptr<sdk::DeviceMemory> memory_;
   int64_t probes_run_ = 0;
