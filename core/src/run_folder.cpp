@@ -357,8 +357,7 @@ void Trainer::read_the_runs_config() {
   const bool here = fs::weakly_canonical(folder) == fs::weakly_canonical(run_dir_);
   const fs::path record = record_until(folder, step_);
   std::error_code ec;
-  // The record of the steps up to this one stays beside the new config.json (the first, if this step is
-  // resumed again): a copy of the record compared with, never a move; both written once a step trains.
+  // The record of the steps up to this one stays beside the new config.json (a copy; both written once a step trains).
   const fs::path until = run_dir_ / ("config.until_step_" + std::to_string(step_) + ".json");
   if (here) pending_record_.dir = run_dir_;
   const auto keep_record = [&] {
