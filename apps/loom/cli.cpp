@@ -100,12 +100,15 @@ const std::vector<Command>& commands() {
       {"doctor", "what this machine offers: devices, memory, versions, TF32/bf16 support", "loom doctor", false,
        nullptr, cmd_doctor},
       {"plugins", "list the loaded components and the refused plugin files; inspect or check one plugin",
-       "loom plugins [inspect FILE | check FILE [--dataset NAME] [--set SECTION.COMPONENT.OPTION=VALUE]...]", false,
+       "loom plugins [inspect FILE | check FILE [--dataset NAME] [--set SECTION.COMPONENT.OPTION=VALUE]... [--check-timeout SECONDS]]", false,
        [](po::options_description& d) {
          d.add_options()("dataset", po::value<std::string>(),
                          "check: the dataset a model is checked with (default: its plugin's own, else synthetic)")(
              "set", po::value<std::vector<std::string>>()->composing(),
-             "check: an option a component is built with, e.g. data.my_dataset.root=/data (repeatable)");
+             "check: an option a component is built with, e.g. data.my_dataset.root=/data (repeatable)")(
+             "check-timeout", po::value<std::string>(),
+             "check: the seconds one check may take before it is stopped and failed (default 300); the checks run in a "
+             "child process, and one that hangs or crashes fails alone");
        },
        cmd_plugins},
       {"config", "show the merged run configuration and where each value comes from",

@@ -2,6 +2,7 @@
 // descriptor and options, as far as the loader could read it; `loom plugins check FILE`: the
 // conformance suite of each of its components (core/conformance.hpp), pass or fail per check.
 #include "cli.hpp"
+#include "plugins_check_child.hpp"
 
 #include <loom/core/conformance.hpp>
 #include <loom/core/error.hpp>
@@ -199,7 +200,31 @@ int check(const Invocation& invocation) {
       }
       options.options[component][option] = assignment.substr(eq + 1);
     }
-  // (with the user's scan cache: before LOOM_CACHE points at the scratch folder below)
+  double seconds = 300;  // a check: the longest in-tree one takes seconds on a loaded CPU
+  if (invocation.options.count("check-timeout")) {
+    const std::string given = invocation.options["check-timeout"].as<std::string>();
+    const auto parsed = sdk::parse_float(given);
+    if (!parsed || !(*parsed >= 1 && *parsed <= 86400))
+      throw Error("--check-timeout " + given + ": give the seconds one check may take, from 1 to 86400 (default 300)");
+    seconds = *parsed;
+  }
+  const char* child = std::getenv(kCheckChildVariable);
+  // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache.
+  const auto in_scratch_cache = [](const std::function<void()>& run) {
+    const ScratchFolder scratch("loom-check");
+    const char* user_cache = std::getenv("LOOM_CACHE");
+    const std::string saved = user_cache != nullptr ? user_cache : "";
+    ::setenv("LOOM_CACHE", scratch.path().c_str(), 1);
+    run();
+    if (user_cache != nullptr) ::setenv("LOOM_CACHE", saved.c_str(), 1);
+    else ::unsetenv("LOOM_CACHE");
+  };
+  if (child != nullptr) {
+    int status = 0;
+    in_scratch_cache([&] { status = run_check_child(registry, file, options, child); });
+    return status;
+  }
+  // (with the user's scan cache)
   const Clashes clashing = clashes(invocation, file, loaded.components);
   std::cout << "plugin " << loaded.plugin_name << " " << loaded.plugin_version << " (" << file.string() << ")\n" << std::flush;
   int passed = 0, failed = 0, skipped = 0;
@@ -209,8 +234,7 @@ int check(const Invocation& invocation) {
     for (const auto& line : clashing.copies) std::cout << "  note  " << line << "\n";
     failed += static_cast<int>(clashing.clashes.size());
   }
-  // Each component's checks as its suite ends: one whose code crashes the process (abort() in a
-  // hook) took every report with it.
+  // Each component's checks as its suite ends (a later one that hangs or crashes loses none).
   options.on_report = [&](const core::ConformanceReport& r) {
     std::cout << "\n" << r.kind << " '" << r.component << "'" << (r.context.empty() ? "" : " (" + r.context + ")") << "\n";
     for (const auto& c : r.checks) {
@@ -219,16 +243,10 @@ int check(const Invocation& invocation) {
     }
     std::cout << std::flush;
   };
-  {
-    // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache.
-    const ScratchFolder scratch("loom-check");
-    const char* user_cache = std::getenv("LOOM_CACHE");
-    const std::string saved = user_cache != nullptr ? user_cache : "";
-    ::setenv("LOOM_CACHE", scratch.path().c_str(), 1);
-    core::check_plugin(registry, file, options);
-    if (user_cache != nullptr) ::setenv("LOOM_CACHE", saved.c_str(), 1);
-    else ::unsetenv("LOOM_CACHE");
-  }
+  // In a child process, so that a check which hangs is stopped and one which crashes fails alone;
+  // where none can start, here.
+  if (!check_in_children(loaded.plugin_name, seconds, options.on_report))
+    in_scratch_cache([&] { core::check_plugin(registry, file, options); });
   // (every check skipped, none passed: nothing is known, and a CI gate took it for "conforms")
   const bool unchecked = failed == 0 && passed == 0;
   std::cout << "\n" << passed + failed + skipped << " checks: " << passed << " passed, " << failed << " failed, " << skipped

@@ -32,6 +32,7 @@ namespace conformance {
 
 void Suite::run(const std::string& name, const std::function<std::string()>& check) {
   ConformanceCheck c{name, ConformanceCheck::Outcome::kPass, {}};
+  if (hooks_ != nullptr && hooks_->on_check_begin) hooks_->on_check_begin(report_, name);
   if (!blocked_.empty()) {
     c.outcome = ConformanceCheck::Outcome::kSkip;
     c.reason = blocked_;
@@ -53,6 +54,7 @@ void Suite::run(const std::string& name, const std::function<std::string()>& che
     }
   }
   report_.checks.push_back(c);
+  if (hooks_ != nullptr && hooks_->on_check_end) hooks_->on_check_end(report_);
 }
 
 void Suite::require(const std::string& name, const std::function<std::string()>& check) {
@@ -347,7 +349,7 @@ void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& 
 
 ConformanceReport check_component(const PluginRegistry& registry, const ComponentInfo& component,
                                   const ConformanceOptions& options) {
-  Suite s(kind_name(component.kind), component.name);
+  Suite s(kind_name(component.kind), component.name, &options);
   switch (component.kind) {
     case LOOM_KIND_MODEL: check_model(s, registry, component, options); break;
     case LOOM_KIND_DATASET: check_dataset(s, registry, component, options); break;

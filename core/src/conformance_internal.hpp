@@ -18,7 +18,7 @@ struct Skip : std::runtime_error {
 
 class Suite {
  public:
-  Suite(std::string kind, std::string component) {
+  Suite(std::string kind, std::string component, const ConformanceOptions* hooks = nullptr) : hooks_(hooks) {
     report_.kind = std::move(kind);
     report_.component = std::move(component);
   }
@@ -29,6 +29,7 @@ class Suite {
  private:
   ConformanceReport report_;
   std::string blocked_;
+  const ConformanceOptions* hooks_;  ///< its on_check_begin/on_check_end, if any
 };
 
 /// The suites of the kinds besides model and dataset (conformance_kinds.cpp).

@@ -642,11 +642,23 @@ try:
            f"creating callback 'exits_on_create' of {ending}" in r.stderr
            and "the exit status is 1, whatever the plugin gave" in r.stderr,
            "a plugin's exit(0) fails the command, naming the component", r)
-    r = loom(exe, "plugins", "check", ending, env=env, check=False)
-    expect(r.returncode == -signal.SIGABRT and "callback 'fine'" in r.stdout and "pass  create" in r.stdout
-           and "loom: crashed with SIGABRT (abort()" in r.stderr
-           and "while running the conformance check '" in r.stderr and "of callback 'aborts_at_run_begin'" in r.stderr,
-           "plugins check keeps the reports before a component that aborts, and names it", r)
+    # Each check in a child process: the abort(), the exit(0) and the hang each fail their check,
+    # named, and the components after them are still checked.
+    r = loom(exe, "plugins", "check", ending, "--check-timeout", "5", env=env, check=False)
+    expect(r.returncode == 1 and "callback 'fine'\n  pass  create" in r.stdout
+           and "callback 'aborts_at_run_begin'\n  pass  create\n" in r.stdout
+           and "crashed the process running it with SIGABRT (Aborted; what it printed is above, on stderr); its other "
+               "checks did not run" in r.stdout
+           and "loom: crashed with SIGABRT (abort()" in r.stderr and "of callback 'aborts_at_run_begin'" in r.stderr
+           and "callback 'exits_on_create'\n  FAIL  create: ended the process running it with exit status 1 (exit() in "
+               "the plugin's code?)" in r.stdout
+           and "callback 'hangs_on_create'\n  FAIL  create: did not finish within 5 s (does it hang? --check-timeout "
+               "SECONDS gives each check longer)" in r.stdout
+           and re.search(r"\n\d+ checks: \d+ passed, 3 failed, \d+ skipped\n$", r.stdout),
+           "plugins check fails a check that aborts, exits or hangs, names it, and checks the components after it", r)
+    r = loom(exe, "plugins", "check", ending, "--check-timeout", "0.5", env=env, check=False)
+    expect(r.returncode == 1 and "--check-timeout 0.5: give the seconds one check may take, from 1 to 86400" in r.stderr,
+           "a check timeout under a second is refused", r)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("cli test passed")

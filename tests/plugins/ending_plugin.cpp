@@ -1,10 +1,13 @@
 // Callbacks that end the process from a plugin's code, past the scanner (which loads a plugin but
 // creates nothing): one is fine, one calls abort() in on_run_begin, one calls exit(0) in its
-// factory. `loom plugins check` must keep the fine one's report and say what crashed, and a
-// command must not succeed because a plugin said exit(0) (integration.cli).
+// factory, one never returns from its constructor. `loom plugins check` must report each, name
+// the check that crashed or hung, and go on to the next; a command must not succeed because a
+// plugin said exit(0) (integration.cli).
 #include <loom/sdk/sdk.hpp>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 namespace {
 
@@ -24,8 +27,16 @@ class ExitsOnCreate final : public loom::sdk::Callback {
   explicit ExitsOnCreate(const loom::sdk::Options&) { std::exit(0); }
 };
 
+class HangsOnCreate final : public loom::sdk::Callback {
+ public:
+  explicit HangsOnCreate(const loom::sdk::Options&) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+};
+
 }  // namespace
 
 LOOM_PLUGIN("ending", "1.0.0", loom::sdk::component<Fine>("fine", "test: does nothing"),
             loom::sdk::component<AbortsAtRunBegin>("aborts_at_run_begin", "test: abort() in on_run_begin"),
-            loom::sdk::component<ExitsOnCreate>("exits_on_create", "test: exit(0) in its factory"))
+            loom::sdk::component<ExitsOnCreate>("exits_on_create", "test: exit(0) in its factory"),
+            loom::sdk::component<HangsOnCreate>("hangs_on_create", "test: its constructor never returns"))

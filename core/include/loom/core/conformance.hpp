@@ -41,6 +41,11 @@ struct ConformanceOptions {
   /// Called with each component's report as soon as its suite ends (a later component that
   /// crashes the process loses no earlier report).
   std::function<void(const ConformanceReport&)> on_report;
+  /// Called as each check begins (the component's report so far, the check's name) and as it
+  /// ends (the report, the check that ended last in it): `loom plugins check` runs the suites in a
+  /// child process and names the check a hang or a crash ended it in.
+  std::function<void(const ConformanceReport&, const std::string& check)> on_check_begin;
+  std::function<void(const ConformanceReport&)> on_check_end;
 };
 
 /// Runs the suite of `component`'s kind on a fresh instance built with its default options.

@@ -1,0 +1,274 @@
+// `loom plugins check` in a child process (plugins_check_child.hpp). The child writes one line
+// per event to file descriptor 3, its fields separated by tabs, tabs, newlines and backslashes in
+// them escaped:
+//   component INDEX KIND NAME   the suite of the file's INDEX-th component begins
+//   begin NAME CONTEXT          a check begins (CONTEXT: "with dataset synthetic", or empty)
+//   end OUTCOME NAME REASON     it ended: pass, fail or skip
+//   report                      the component's suite ended
+//   done                        every component from the first asked was checked
+#include "plugins_check_child.hpp"
+
+#include <loom/core/error.hpp>
+#include <loom/core/kinds.hpp>
+#include <loom/core/log.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <optional>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <string>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+extern char** environ;
+
+namespace loom::cli {
+
+namespace {
+
+constexpr int kChildFd = 3;
+
+std::string escaped(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+std::string unescaped(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\' || i + 1 == s.size()) { out += s[i]; continue; }
+    const char c = s[++i];
+    out += c == 't' ? '\t' : c == 'n' ? '\n' : c;
+  }
+  return out;
+}
+
+std::vector<std::string> fields(const std::string& line) {
+  std::vector<std::string> out;
+  for (size_t start = 0;;) {
+    const size_t tab = line.find('\t', start);
+    out.push_back(unescaped(line.substr(start, tab == std::string::npos ? std::string::npos : tab - start)));
+    if (tab == std::string::npos) return out;
+    start = tab + 1;
+  }
+}
+
+void tell_parent(std::string line) {
+  line += '\n';
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(kChildFd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) std::_Exit(1);  // the parent is gone: nobody reads the checks
+    done += static_cast<size_t>(n);
+  }
+}
+
+const char* outcome_word(core::ConformanceCheck::Outcome o) {
+  return o == core::ConformanceCheck::Outcome::kPass ? "pass" : o == core::ConformanceCheck::Outcome::kFail ? "fail" : "skip";
+}
+
+core::ConformanceCheck::Outcome outcome_of(const std::string& word) {
+  return word == "pass" ? core::ConformanceCheck::Outcome::kPass
+         : word == "fail" ? core::ConformanceCheck::Outcome::kFail
+                          : core::ConformanceCheck::Outcome::kSkip;
+}
+
+/// This process's arguments as it was started (/proc/self/cmdline).
+std::vector<std::string> own_arguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> out;
+  for (std::string arg; std::getline(in, arg, '\0');) out.push_back(arg);
+  return out;
+}
+
+/// Why the child ended before it said "done".
+std::string why_it_ended(bool timed_out, double seconds, int status) {
+  if (timed_out)
+    return "did not finish within " + std::to_string(static_cast<long>(seconds)) +
+           " s (does it hang? --check-timeout SECONDS gives each check longer); the process running it was stopped";
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = ::sigabbrev_np(sig);
+    return std::string("crashed the process running it with ") +
+           (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig)) + " (" +
+           ::strsignal(sig) + "; what it printed is above, on stderr)";
+  }
+  if (WIFEXITED(status))
+    return "ended the process running it with exit status " + std::to_string(WEXITSTATUS(status)) +
+           " (exit() in the plugin's code?)";
+  return "ended the process running it";
+}
+
+/// What one child reached: the component it was in, and whether it finished.
+struct ChildOutcome {
+  bool started = false;  ///< it was spawned
+  bool done = false;     ///< it said "done"
+  std::optional<core::ConformanceReport> open;  ///< the component a hang or a crash ended
+  std::optional<std::string> check;             ///< the check running then, if one was
+  size_t index = 0;                             ///< that component's index
+  std::string why;                              ///< why it ended (not done)
+};
+
+ChildOutcome run_child(size_t first, double seconds,
+                       const std::function<void(const core::ConformanceReport&)>& on_report) {
+  ChildOutcome out;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return out;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], kChildFd);  // (dup2 clears close-on-exec)
+  std::vector<std::string> args = own_arguments();
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> environment{std::string(kCheckChildVariable) + "=" + std::to_string(first)};
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::string_view(*e).rfind(std::string(kCheckChildVariable) + "=", 0) != 0) environment.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& e : environment) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  pid_t pid = 0;
+  const int spawned =
+      args.empty() ? ENOENT : posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  if (spawned != 0) {
+    ::close(fds[0]);
+    core::log::warn("cannot start a process for the checks (", std::strerror(spawned), "): they run in this one, and ",
+                    "one that hangs or crashes ends the command");
+    return out;
+  }
+  out.started = true;
+  // A check gets `seconds` from the last word of the child; its start (LibTorch, the plugins'
+  // scan) gets two minutes or more.
+  bool heard = false, timed_out = false, reaped = false;
+  int status = 0;
+  auto since = std::chrono::steady_clock::now();
+  std::string buffer;
+  size_t read_after = 0;
+  while (true) {
+    pollfd p{fds[0], POLLIN, 0};
+    const int ready = ::poll(&p, 1, 50);
+    if (ready > 0) {
+      char chunk[4096];
+      const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+      if (n <= 0) break;
+      buffer.append(chunk, static_cast<size_t>(n));
+      for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
+        const auto f = fields(buffer.substr(0, nl));
+        heard = true;
+        since = std::chrono::steady_clock::now();
+        if (f[0] == "component" && f.size() == 4) {
+          out.open = core::ConformanceReport{f[2], f[3], {}, {}};
+          out.index = std::strtoul(f[1].c_str(), nullptr, 10);
+          out.check.reset();
+        } else if (f[0] == "begin" && f.size() == 3 && out.open) {
+          out.check = f[1];
+          out.open->context = f[2];
+        } else if (f[0] == "end" && f.size() == 4 && out.open) {
+          out.open->checks.push_back({f[2], outcome_of(f[1]), f[3]});
+          out.check.reset();
+        } else if (f[0] == "report" && out.open) {
+          on_report(*out.open);
+          out.open.reset();
+        } else if (f[0] == "done") {
+          out.done = true;
+        }
+      }
+    } else if (ready < 0 && errno != EINTR) {
+      break;
+    } else if (ready == 0 && reaped) {
+      break;
+    }
+    // Ended, with its pipe held open by a process the plugin started: read what is there, then stop.
+    if (!reaped && ::waitpid(pid, &status, WNOHANG) == pid) {
+      reaped = true;
+      read_after = 0;
+    }
+    if (reaped && ready > 0 && (read_after += 4096) > (1u << 20)) break;
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    if (!reaped && waited > (heard ? seconds : std::max(seconds, 120.0))) {
+      timed_out = true;
+      ::kill(pid, SIGKILL);
+      break;
+    }
+  }
+  ::close(fds[0]);
+  while (!reaped && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!out.done) out.why = why_it_ended(timed_out, seconds, status);
+  return out;
+}
+
+}  // namespace
+
+int run_check_child(const core::PluginRegistry& registry, const std::filesystem::path& file,
+                    core::ConformanceOptions options, const char* first_component) {
+  struct stat st {};
+  if (::fstat(kChildFd, &st) != 0 || !S_ISFIFO(st.st_mode))
+    throw Error(std::string(kCheckChildVariable) + " is set: it is internal to loom plugins check; unset it");
+  ::fcntl(kChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
+  char* end = nullptr;
+  const unsigned long first = std::strtoul(first_component, &end, 10);
+  if (end == first_component || *end != '\0')
+    throw Error(std::string(kCheckChildVariable) + "=" + first_component + " is not a component's index");
+  options.on_report = nullptr;
+  options.on_check_begin = [](const core::ConformanceReport& r, const std::string& check) {
+    tell_parent("begin\t" + escaped(check) + "\t" + escaped(r.context));
+  };
+  options.on_check_end = [](const core::ConformanceReport& r) {
+    const auto& c = r.checks.back();
+    tell_parent(std::string("end\t") + outcome_word(c.outcome) + "\t" + escaped(c.name) + "\t" + escaped(c.reason));
+  };
+  std::error_code ec;
+  const auto canonical = std::filesystem::weakly_canonical(file, ec);
+  size_t index = 0;
+  for (const auto& c : registry.components()) {
+    if (!c.plugin || std::filesystem::weakly_canonical(c.plugin->file, ec) != canonical) continue;
+    if (index++ < first) continue;
+    tell_parent("component\t" + std::to_string(index - 1) + "\t" + core::kind_name(c.kind) + "\t" + escaped(c.name));
+    core::check_component(registry, c, options);
+    tell_parent("report");
+  }
+  tell_parent("done");
+  return 0;
+}
+
+bool check_in_children(const std::string& plugin, double seconds,
+                       const std::function<void(const core::ConformanceReport&)>& on_report) {
+  for (size_t first = 0;;) {
+    ChildOutcome child = run_child(first, seconds, on_report);
+    if (child.done) return true;
+    if (!child.started && first == 0) return false;
+    if (!child.open) {  // it ended before its first component began, or between two; or none started
+      const std::string context = first == 0 ? "" : "from its component " + std::to_string(first + 1) + " on";
+      core::ConformanceReport r{"plugin", plugin, context, {}};
+      r.checks.push_back({"start", core::ConformanceCheck::Outcome::kFail,
+                          child.started ? "the process running the checks " + child.why
+                                        : std::string("no process could be started for the checks")});
+      on_report(r);
+      return true;
+    }
+    child.open->checks.push_back({child.check.value_or("(between its checks)"), core::ConformanceCheck::Outcome::kFail,
+                                  child.why + "; its other checks did not run"});
+    on_report(*child.open);
+    first = child.index + 1;
+  }
+}
+
+}  // namespace loom::cli
