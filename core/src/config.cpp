@@ -210,25 +210,30 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     throw Error("config file " + display(file) + named_by + ": " + e.what());
   }
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte order mark, as some editors write
-  check_config_text(text, display(path));
-  const auto lines = entry_lines(text);
-  for (const auto& [key, line] : lines) {
-    if (line < 0)
-      throw Error(display(path) + ":" + std::to_string(-line) +
-                  ": not a `key = value`, `[section]` or `# comment` line");
-    // (a 10 MB key was echoed whole in its "unknown key" error, after seconds of matching)
-    if (constexpr size_t kMaxKey = 256; key.size() > kMaxKey)
-      throw Error(display(path) + ":" + std::to_string(line) + ": a key of " + std::to_string(key.size()) +
-                  " characters (" + key.substr(0, 40) + "...); keys are at most " + std::to_string(kMaxKey));
-  }
-
-  std::istringstream stream(text);
+  // (a base's error names the file whose `base =` named it: the user may not know it is read)
   po::options_description nothing_registered;
   po::parsed_options parsed(&nothing_registered);
+  std::vector<std::pair<std::string, int>> lines;
   try {
-    parsed = po::parse_config_file(stream, nothing_registered, /*allow_unregistered=*/true);
-  } catch (const po::error& e) {
-    throw Error(display(path) + ": " + e.what());
+    check_config_text(text, display(path));
+    lines = entry_lines(text);
+    for (const auto& [key, line] : lines) {
+      if (line < 0)
+        throw Error(display(path) + ":" + std::to_string(-line) +
+                    ": not a `key = value`, `[section]` or `# comment` line");
+      // (a 10 MB key was echoed whole in its "unknown key" error, after seconds of matching)
+      if (constexpr size_t kMaxKey = 256; key.size() > kMaxKey)
+        throw Error(display(path) + ":" + std::to_string(line) + ": a key of " + std::to_string(key.size()) +
+                    " characters (" + key.substr(0, 40) + "...); keys are at most " + std::to_string(kMaxKey));
+    }
+    std::istringstream stream(text);
+    try {
+      parsed = po::parse_config_file(stream, nothing_registered, /*allow_unregistered=*/true);
+    } catch (const po::error& e) {
+      throw Error(display(path) + ": " + e.what());
+    }
+  } catch (const Error& e) {
+    throw Error(e.what() + named_by);
   }
 
   chain.push_back(path);

@@ -337,6 +337,11 @@ TEST_F(ConfigTest, AHashRightAfterAValueAndCarriageReturnOnlyLinesAreRefusedNotR
   // Windows' "Unicode" (UTF-16) was "line 2: not a `key = value` line".
   const auto utf16 = write("utf16.ini", std::string("\xFF\xFE[\0t\0]\0\n\0", 10));
   EXPECT_CONTAINS(error_of([&] { Config u; u.load_file(utf16); }), "utf16.ini is UTF-16 text (Windows' \"Unicode\"); save it as UTF-8");
+  // In a base, the error names the file whose `base =` read it (the user ran -c run.ini).
+  const auto run = write("run.ini", "# mine\nbase = quoted.ini\n");
+  EXPECT_CONTAINS(error_of([&] { Config r; r.load_file(run); }),
+                  "write it without them: work_dir = my runs (named by `base` at ");
+  EXPECT_CONTAINS(error_of([&] { Config r; r.load_file(run); }), "run.ini:2)");
 }
 
 TEST_F(ConfigTest, AValueIsOneLineOfTextOfSensibleLength) {
