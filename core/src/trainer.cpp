@@ -595,6 +595,4 @@ void Trainer::setup_for_evaluation() {
   build_loaders(/*training=*/false);
 }
 
-void Trainer::setup_for_estimate() { build_components(/*with_optimizer=*/true); }
-
 }  // namespace loom::core

@@ -46,6 +46,14 @@ ModelStates Trainer::model_states() const {
   return m;
 }
 
+void Trainer::setup_for_estimate() {
+  build_components(/*with_optimizer=*/true);
+  // The run's length as build_loaders counts it (no loader is made here): the step on the
+  // device's table of learning rates, one rate a step, is part of the estimate.
+  const int64_t per_epoch = training_samples() / std::max<int64_t>(1, options_.batch_size);
+  total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
+}
+
 std::optional<ActivationFit> Trainer::activation_fit(int64_t micro) {
   // Two probes, a quarter and half of the micro-batch, extrapolated. Not smaller: a backward's
   // peak is the larger of two lines in the batch (the activations early in the backward, or the
