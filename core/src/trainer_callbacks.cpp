@@ -90,6 +90,8 @@ bool Trainer::evaluate_and_report(sdk::Split split) {
               split == selection_split() ? " (a resume runs it first)" : "");
     if (split == selection_split()) evaluation_cut_at_ = step_;
     if (stop_reason_.empty()) stop_reason_ = signal_name(stopped.signal) + " received";
+    // (the run's end reached, its verdict cut: summary.json says so, or a script saw no summary at all)
+    if (split == selection_split() && step_ >= total_steps_ && parallel_->rank() == 0) write_run_summary();
     return false;
   }
   e.step = step_;
@@ -191,18 +193,25 @@ void Trainer::write_run_summary() {
   // job) reads it, so that a diverged run fails each time it is asked, not only once. JSON has no
   // NaN: a figure that is not finite is written "nan", "inf" or "-inf".
   const auto number = [](double v) { return std::isfinite(v) ? json(v) : json(std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"); };
-  json evaluation = json::object();
-  const std::string prefix = last_eval_->split == sdk::Split::kValidation ? "val/" : "test/";
-  evaluation[prefix + "loss"] = number(last_eval_->loss);
-  for (const auto& [k, v] : last_eval_->metrics) evaluation[prefix + k] = number(v);
   json summary{{"step", step_}, {"total_steps", total_steps_}, {"skipped_steps", skipped_steps_}};
   if (step_ < total_steps_) summary["stopped_early"] = stop_reason_;
-  summary["final_evaluation"] = evaluation;
-  // (the validation's verdict, before the test's: a stop or a failure during the test leaves this one,
-  // and a script that reads final_evaluation must see that the test's figures never came)
-  if (last_eval_->split == sdk::Split::kValidation && selection_split() == sdk::Split::kValidation && test_loader_)
-    summary["test_evaluation"] = "not run: the run ended before it finished (loom eval " + run_dir_.string() + " runs it)";
-  summary["diverged"] = !std::isfinite(last_eval_->loss);
+  if (!last_eval_ || last_eval_->step != step_) {  // a stop in the final evaluation: no verdict yet
+    const std::string why = stop_reason_.empty() ? signal_name(stop_signal()) + " received" : stop_reason_;
+    summary["final_evaluation"] = "not run: the run was stopped (" + why + ") before it finished; the checkpoint of step " +
+                                  std::to_string(step_) + " holds it pending, and a resume of the run runs it first";
+    summary["diverged"] = nullptr;  // (not known)
+  } else {
+    json evaluation = json::object();
+    const std::string prefix = last_eval_->split == sdk::Split::kValidation ? "val/" : "test/";
+    evaluation[prefix + "loss"] = number(last_eval_->loss);
+    for (const auto& [k, v] : last_eval_->metrics) evaluation[prefix + k] = number(v);
+    summary["final_evaluation"] = evaluation;
+    // (the validation's verdict, before the test's: a stop or a failure during the test leaves this one,
+    // and a script that reads final_evaluation must see that the test's figures never came)
+    if (last_eval_->split == sdk::Split::kValidation && selection_split() == sdk::Split::kValidation && test_loader_)
+      summary["test_evaluation"] = "not run: the run ended before it finished (loom eval " + run_dir_.string() + " runs it)";
+    summary["diverged"] = !std::isfinite(last_eval_->loss);
+  }
   try {
     write_file_atomic(run_dir_ / "summary.json", summary.dump(2) + "\n");
     wrote_summary_ = true;
@@ -223,6 +232,7 @@ std::optional<double> Trainer::recorded_final_loss() const {
     const json summary = detail::parse_json<json>(read_file(file, int64_t{1} << 20));
     if (summary.at("step").get<int64_t>() != step_) return std::nullopt;  // (another length's, or an older step's)
     const json& evaluation = summary.at("final_evaluation");  // (one evaluation: test/*, or val/* where the test's did not run)
+    if (evaluation.is_string()) return std::nullopt;  // ("not run: ...": stopped during it)
     const json& loss = evaluation.contains("test/loss") ? evaluation.at("test/loss") : evaluation.at("val/loss");
     if (loss.is_string()) {
       const std::string text = loss.get<std::string>();

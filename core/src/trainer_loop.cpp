@@ -120,8 +120,10 @@ TrainSummary Trainer::train() {
     const bool due = step_ % eval_every_ == 0 || step_ == total_steps_;
     if (sig == 0 && (due || !stop_reason_.empty()))
       report.evaluated = evaluate_and_report(selection_split());
-    else if (sig != 0 && due && eval_loader(selection_split()) != nullptr)
+    else if (sig != 0 && due && eval_loader(selection_split()) != nullptr) {
       evaluation_cut_at_ = step_;  // a signal in the step skips its evaluation: pending in the checkpoint, as a cut one
+      if (step_ >= total_steps_ && parallel_->rank() == 0) write_run_summary();  // (the end reached, its verdict not)
+    }
     report.last = step_ == total_steps_ || !stop_reason_.empty();
     notify("on_step_end", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_end(run, report); });
     // A callback that stops one rank's run stops every rank's (their next step would wait for it),

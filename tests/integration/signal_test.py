@@ -205,8 +205,14 @@ try:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "its final evaluation was cut short, and a resume runs it: " in err, err
+    # (the run's end reached, its verdict not: summary.json says so; a script saw no summary at all)
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    assert summary["step"] == 3 and summary["diverged"] is None and summary["final_evaluation"].startswith(
+        "not run: the run was stopped (SIGINT received) before it finished; the checkpoint of step 3 holds it pending"), summary
     r = loom(exe, "train", *last, "--resume", "auto")
     assert "is complete" not in r.stderr and "the evaluation of step 3 that a stop cut short runs first" in r.stderr, r.stderr
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    assert summary["diverged"] is False and "test/loss" in summary["final_evaluation"], summary
     rows = [(m["step"], "val" if "val/loss" in m else "train" if "train/loss" in m else "test") for m in metrics(run)]
     assert rows == [(1, "train"), (2, "train"), (3, "train"), (3, "val"), (3, "test")], rows
     r = loom(exe, "train", *last, "--resume", "auto")  # (its checkpoint was written again without the mark)
