@@ -240,9 +240,11 @@ class Trainer {
   sdk::TensorMap dataset_tables() const;
   const sdk::DataSpec& data_spec() const { return data_spec_; }
   const std::filesystem::path& run_dir() const { return run_dir_; }
-  /// After train() failed before its first step (a callback that refused the run in
-  /// on_run_begin, say): a run folder this command made, with no step trained and no checkpoint,
-  /// is removed, so that the name is free for the corrected command. Returns whether it was.
+  /// When no step trained: setup() failed after the folder opened, train() failed before its first
+  /// step (a callback that refused the run in on_run_begin, say), or a stop came before it. A run
+  /// folder this command made, with no step trained and no checkpoint, is removed, so that the name
+  /// is free for the corrected command; in a folder of the user's that --resume-from started a run
+  /// in, only what this command wrote goes. Says so in the log; returns whether anything went.
   bool discard_if_nothing_trained();
   const TrainerOptions& options() const { return options_; }
   /// The run's callbacks by name, in trainer.callbacks order (after setup).
