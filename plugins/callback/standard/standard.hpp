@@ -66,7 +66,11 @@ class TensorBoard final : public sdk::Callback {
   std::string describe() const override { return "tensorboard: event files in tensorboard/"; }
 
  private:
+  // The file is made at the first value logged: a resume refused at its first step, or stopped
+  // before it, left an event file of no values in the run's folder.
   std::unique_ptr<EventFileWriter> writer_;
+  std::filesystem::path dir_;    ///< where the file goes (empty: not the main rank)
+  int64_t purge_from_ = -1;      ///< the resumed timeline's first step: events from it on are cut
 };
 
 /// Saves a checkpoint every trainer.checkpoint_every steps (0: after each evaluation), at the last

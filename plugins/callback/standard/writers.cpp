@@ -266,12 +266,22 @@ void TensorBoard::on_run_begin(RunContext& run) {
                    ": this run writes its own event files in a folder in its place, and leaves that folder as it is");
     fs::remove(dir);
   }
-  writer_ = std::make_unique<EventFileWriter>(dir);
-  if (run.resumed_at() >= 0) writer_->purge_from(run.resumed_at() + 1);
+  // (the folder now, and whether it takes files: a run that cannot write them fails before its
+  // first step, not at its first log step)
+  fs::create_directories(dir);
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw sdk::Error("cannot write TensorBoard's event files in " + dir.string() + " (" + std::strerror(errno) +
+                     "); make it writable, or leave tensorboard out of trainer.callbacks");
+  dir_ = dir;
+  purge_from_ = run.resumed_at() >= 0 ? run.resumed_at() + 1 : -1;
 }
 
 void TensorBoard::on_log(RunContext&, int64_t step, const std::map<std::string, double>& values) {
-  if (!writer_) return;
+  if (dir_.empty()) return;
+  if (!writer_) {
+    writer_ = std::make_unique<EventFileWriter>(dir_);
+    if (purge_from_ >= 0) writer_->purge_from(purge_from_);
+  }
   for (const auto& [key, value] : values) writer_->scalar(key, step, value);
 }
 

@@ -379,6 +379,10 @@ TEST_F(Gpt2RecommenderTest, AResumeRefusedAtItsFirstStepLeavesTheRunsRecordAsItW
   make_trainer(movielens_config(ml, "renamed", "2"))->train();
   const fs::path run = dir_ / "renamed";
   const std::string record = loom::core::read_file(run / "config.json");
+  const auto event_files = [&] {
+    return std::distance(fs::directory_iterator(run / "tensorboard"), fs::directory_iterator());
+  };
+  ASSERT_EQ(event_files(), 1);
   write_movielens({2, 3, 4, 5, 6, 60});
   auto resume = movielens_config(ml, "renamed", "4");
   resume.set_assignment("trainer.resume=auto");
@@ -387,6 +391,7 @@ TEST_F(Gpt2RecommenderTest, AResumeRefusedAtItsFirstStepLeavesTheRunsRecordAsItW
   EXPECT_EQ(loom::core::read_file(run / "config.json"), record);
   EXPECT_FALSE(fs::exists(run / "config.until_step_2.json"));
   EXPECT_EQ(loom::core::CheckpointStore::list_run(run).size(), 1u);
+  EXPECT_EQ(event_files(), 1);  // (it wrote a TensorBoard file of no values)
 
   auto elsewhere = movielens_config(ml, "from_renamed", "4");
   elsewhere.set_assignment("trainer.resume_from=" + (run / "checkpoints" / "step_00000002").string());
