@@ -219,11 +219,7 @@ int check(const Invocation& invocation) {
     if (user_cache != nullptr) ::setenv("LOOM_CACHE", saved.c_str(), 1);
     else ::unsetenv("LOOM_CACHE");
   };
-  if (child != nullptr) {
-    int status = 0;
-    in_scratch_cache([&] { status = run_check_child(registry, file, options, child); });
-    return status;
-  }
+  if (child != nullptr) return run_check_child(registry, file, options, child);
   // (with the user's scan cache)
   const Clashes clashing = clashes(invocation, file, loaded.components);
   std::cout << "plugin " << loaded.plugin_name << " " << loaded.plugin_version << " (" << file.string() << ")\n" << std::flush;
@@ -261,6 +257,12 @@ int check(const Invocation& invocation) {
 }  // namespace
 
 int cmd_plugins(const Invocation& invocation) {
+  // (`loom plugins --check-timeout 0` was taken, and did nothing)
+  if (invocation.args.empty() || invocation.args[0] != "check")
+    for (const char* option : {"dataset", "set", "check-timeout"})
+      if (invocation.options.count(option))
+        throw Error(std::string("--") + option + " is an option of loom plugins check FILE; `loom plugins" +
+                    (invocation.args.empty() ? "" : " " + invocation.args[0]) + "` takes none");
   if (!invocation.args.empty()) {
     if (invocation.args[0] == "inspect") return inspect(invocation);
     if (invocation.args[0] == "check") return check(invocation);

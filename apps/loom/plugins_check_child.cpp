@@ -1,18 +1,24 @@
-// `loom plugins check` in a child process (plugins_check_child.hpp). The child writes one line
-// per event to file descriptor 3, its fields separated by tabs, tabs, newlines and backslashes in
-// them escaped:
+// `loom plugins check` in a child process (plugins_check_child.hpp), in a process group of its
+// own (a plugin's kill(0, SIGTERM) is its own group's; the group goes when the child ends, with
+// what a plugin started in it), killed with its parent (PR_SET_PDEATHSIG). The child writes one
+// line per event to file descriptor 100 (a plugin's own files take the low numbers), its fields
+// separated by tabs, tabs, newlines and backslashes in them escaped:
 //   component INDEX KIND NAME   the suite of the file's INDEX-th component begins
 //   begin NAME CONTEXT          a check begins (CONTEXT: "with dataset synthetic", or empty)
 //   end OUTCOME NAME REASON     it ended: pass, fail or skip
 //   report                      the component's suite ended
 //   done                        every component from the first asked was checked
 #include "plugins_check_child.hpp"
+#include "cli.hpp"
 
 #include <loom/core/error.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/stop_signals.hpp>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +28,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <string>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -34,7 +41,7 @@ namespace loom::cli {
 
 namespace {
 
-constexpr int kChildFd = 3;
+constexpr int kChildFd = 100;
 
 std::string escaped(const std::string& s) {
   std::string out;
@@ -97,15 +104,19 @@ std::vector<std::string> own_arguments() {
 
 /// Why the child ended before it said "done".
 std::string why_it_ended(bool timed_out, double seconds, int status) {
-  if (timed_out)
-    return "did not finish within " + std::to_string(static_cast<long>(seconds)) +
+  if (timed_out) {
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", seconds);
+    return std::string("did not finish within ") + limit +
            " s (does it hang? --check-timeout SECONDS gives each check longer); the process running it was stopped";
+  }
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     const char* abbrev = ::sigabbrev_np(sig);
-    return std::string("crashed the process running it with ") +
-           (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig)) + " (" +
-           ::strsignal(sig) + "; what it printed is above, on stderr)";
+    const bool reported = sig == SIGSEGV || sig == SIGABRT || sig == SIGBUS || sig == SIGFPE || sig == SIGILL;
+    return std::string(reported ? "crashed the process running it with " : "ended the process running it by ") +
+           (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig)) + " (" + ::strsignal(sig) +
+           (reported ? "; its crash report is above, on stderr)" : ")");
   }
   if (WIFEXITED(status))
     return "ended the process running it with exit status " + std::to_string(WEXITSTATUS(status)) +
@@ -116,14 +127,43 @@ std::string why_it_ended(bool timed_out, double seconds, int status) {
 /// What one child reached: the component it was in, and whether it finished.
 struct ChildOutcome {
   bool started = false;  ///< it was spawned
-  bool done = false;     ///< it said "done"
+  bool done = false;     ///< it said "done" and exited with status 0
+  bool said_done = false, any_component = false;  ///< what it said, whatever its end
   std::optional<core::ConformanceReport> open;  ///< the component a hang or a crash ended
   std::optional<std::string> check;             ///< the check running then, if one was
   size_t index = 0;                             ///< that component's index
   std::string why;                              ///< why it ended (not done)
 };
 
-ChildOutcome run_child(size_t first, double seconds,
+// The signal that stopped the parent while a child ran (SIGINT, SIGTERM, SIGHUP), or 0: the child
+// is in a group of its own, which the terminal's Ctrl-C no longer reaches.
+std::atomic<int> stopped_by{0};
+void on_stop(int sig) { stopped_by.store(sig); }
+
+/// While it lives, SIGINT, SIGTERM and SIGHUP are noted (the loop below ends the child and says so).
+class StopsNoted {
+ public:
+  StopsNoted() {
+    struct sigaction action {};
+    action.sa_handler = &on_stop;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < 3; ++i) {
+      ::sigaction(kSignals[i], nullptr, &before_[i]);
+      if (before_[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &action, nullptr);  // (nohup: stays ignored)
+    }
+  }
+  ~StopsNoted() {
+    for (size_t i = 0; i < 3; ++i) ::sigaction(kSignals[i], &before_[i], nullptr);
+  }
+  StopsNoted(const StopsNoted&) = delete;
+  StopsNoted& operator=(const StopsNoted&) = delete;
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction before_[3] {};
+};
+
+ChildOutcome run_child(size_t first, double seconds, const std::string& scratch,
                        const std::function<void(const core::ConformanceReport&)>& on_report) {
   ChildOutcome out;
   int fds[2];
@@ -132,20 +172,26 @@ ChildOutcome run_child(size_t first, double seconds,
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, fds[1], kChildFd);  // (dup2 clears close-on-exec)
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
   std::vector<std::string> args = own_arguments();
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  std::vector<std::string> environment{std::string(kCheckChildVariable) + "=" + std::to_string(first)};
+  const std::string prefix = std::string(kCheckChildVariable) + "=";
+  std::vector<std::string> environment{prefix + std::to_string(first) + ":" + std::to_string(::getpid()) + ":" + scratch};
   for (char** e = environ; *e != nullptr; ++e)
-    if (std::string_view(*e).rfind(std::string(kCheckChildVariable) + "=", 0) != 0) environment.emplace_back(*e);
+    if (std::string_view(*e).rfind(prefix, 0) != 0) environment.emplace_back(*e);
   std::vector<char*> envp;
   for (auto& e : environment) envp.push_back(e.data());
   envp.push_back(nullptr);
   pid_t pid = 0;
   const int spawned =
-      args.empty() ? ENOENT : posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), envp.data());
+      args.empty() ? ENOENT : posix_spawn(&pid, "/proc/self/exe", &actions, &attributes, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
   ::close(fds[1]);
   if (spawned != 0) {
     ::close(fds[0]);
@@ -154,63 +200,84 @@ ChildOutcome run_child(size_t first, double seconds,
     return out;
   }
   out.started = true;
-  // A check gets `seconds` from the last word of the child; its start (LibTorch, the plugins'
-  // scan) gets two minutes or more.
-  bool heard = false, timed_out = false, reaped = false;
+  // A check gets `seconds` from the child's last word; its start (LibTorch, the plugins' scan)
+  // two minutes or more. The deadline holds after the pipe closed too (a plugin may close it).
+  bool heard = false, timed_out = false, ended = false, pipe_open = true;
   int status = 0;
   auto since = std::chrono::steady_clock::now();
   std::string buffer;
+  size_t last_index = first;  // (components come in order, from `first`: anything else is not the child's)
+  bool& any_component = out.any_component;
   size_t read_after = 0;
   while (true) {
-    pollfd p{fds[0], POLLIN, 0};
-    const int ready = ::poll(&p, 1, 50);
+    int ready = 0;
+    if (pipe_open) {
+      pollfd p{fds[0], POLLIN, 0};
+      ready = ::poll(&p, 1, 50);
+    } else {
+      ::usleep(50000);
+    }
     if (ready > 0) {
       char chunk[4096];
       const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-      if (n <= 0) break;
-      buffer.append(chunk, static_cast<size_t>(n));
+      if (n <= 0) {
+        pipe_open = false;
+      } else {
+        buffer.append(chunk, static_cast<size_t>(n));
+        if (buffer.size() > (16u << 20) && buffer.find('\n') == std::string::npos) buffer.clear();  // not the child's
+      }
       for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
         const auto f = fields(buffer.substr(0, nl));
         heard = true;
         since = std::chrono::steady_clock::now();
-        if (f[0] == "component" && f.size() == 4) {
+        if (f[0] == "component" && f.size() == 4 && !out.check) {
+          char* end = nullptr;
+          const unsigned long index = std::strtoul(f[1].c_str(), &end, 10);
+          if (end == f[1].c_str() || *end != '\0' || index < last_index || (any_component && index == last_index)) continue;
+          last_index = index;
+          any_component = true;
           out.open = core::ConformanceReport{f[2], f[3], {}, {}};
-          out.index = std::strtoul(f[1].c_str(), nullptr, 10);
-          out.check.reset();
-        } else if (f[0] == "begin" && f.size() == 3 && out.open) {
+          out.index = index;
+        } else if (f[0] == "begin" && f.size() == 3 && out.open && !out.check) {
           out.check = f[1];
           out.open->context = f[2];
-        } else if (f[0] == "end" && f.size() == 4 && out.open) {
+        } else if (f[0] == "end" && f.size() == 4 && out.open && out.check == f[2]) {
           out.open->checks.push_back({f[2], outcome_of(f[1]), f[3]});
           out.check.reset();
-        } else if (f[0] == "report" && out.open) {
+        } else if (f[0] == "report" && f.size() == 1 && out.open && !out.check) {
           on_report(*out.open);
           out.open.reset();
-        } else if (f[0] == "done") {
-          out.done = true;
+        } else if (f[0] == "done" && f.size() == 1 && !out.open) {
+          out.done = out.said_done = true;
         }
       }
     } else if (ready < 0 && errno != EINTR) {
-      break;
-    } else if (ready == 0 && reaped) {
-      break;
+      pipe_open = false;
     }
-    // Ended, with its pipe held open by a process the plugin started: read what is there, then stop.
-    if (!reaped && ::waitpid(pid, &status, WNOHANG) == pid) {
-      reaped = true;
+    // Ended (not reaped: its group cannot be another's while it is a zombie), its pipe read to its
+    // end or held open by a process a plugin started (read on a little, then no more).
+    siginfo_t info{};
+    if (!ended && ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) {
+      ended = true;
       read_after = 0;
     }
-    if (reaped && ready > 0 && (read_after += 4096) > (1u << 20)) break;
+    if (ended && (!pipe_open || ready == 0 || (ready > 0 && (read_after += 4096) > (1u << 20)))) break;
+    if (const int sig = stopped_by.load(); sig != 0) break;
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-    if (!reaped && waited > (heard ? seconds : std::max(seconds, 120.0))) {
+    if (!ended && waited > (heard ? seconds : std::max(seconds, 120.0))) {
       timed_out = true;
-      ::kill(pid, SIGKILL);
       break;
     }
   }
   ::close(fds[0]);
-  while (!reaped && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  ::kill(-pid, SIGKILL);  // the child if it still runs, and whatever a plugin left in its group
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
+  if (const int sig = stopped_by.load(); sig != 0)
+    throw core::StoppedBySignal(sig, "loom plugins check: stopped by " + core::signal_name(sig) +
+                                         (out.open ? " during the checks of " + out.open->kind + " '" + out.open->component + "'"
+                                                   : std::string()) + "; the process running them was stopped");
+  if (out.done && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) out.done = false;  // (it crashed in its exit)
   if (!out.done) out.why = why_it_ended(timed_out, seconds, status);
   return out;
 }
@@ -218,15 +285,21 @@ ChildOutcome run_child(size_t first, double seconds,
 }  // namespace
 
 int run_check_child(const core::PluginRegistry& registry, const std::filesystem::path& file,
-                    core::ConformanceOptions options, const char* first_component) {
+                    core::ConformanceOptions options, const char* variable) {
+  // "FIRST:PARENT:SCRATCH": the first component's index, the parent's pid, the cache folder.
+  const std::string value = variable;
+  const size_t colon = value.find(':'), second = colon == std::string::npos ? colon : value.find(':', colon + 1);
   struct stat st {};
-  if (::fstat(kChildFd, &st) != 0 || !S_ISFIFO(st.st_mode))
-    throw Error(std::string(kCheckChildVariable) + " is set: it is internal to loom plugins check; unset it");
-  ::fcntl(kChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
   char* end = nullptr;
-  const unsigned long first = std::strtoul(first_component, &end, 10);
-  if (end == first_component || *end != '\0')
-    throw Error(std::string(kCheckChildVariable) + "=" + first_component + " is not a component's index");
+  const unsigned long first = std::strtoul(value.c_str(), &end, 10);
+  const long parent = second == std::string::npos ? 0 : std::strtol(value.c_str() + colon + 1, nullptr, 10);
+  if (second == std::string::npos || end != value.c_str() + colon || ::fstat(kChildFd, &st) != 0 || !S_ISFIFO(st.st_mode))
+    throw Error(std::string(kCheckChildVariable) + " is set: it is internal to loom plugins check; unset it");
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // (a parent killed on its own: this one goes too, not on for ever)
+  if (::getppid() != parent) std::_Exit(1);  // (it went before that)
+  ::fcntl(kChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
+  // Components that cache answers (auto_batch) write to the parent's scratch folder, not the user's cache.
+  ::setenv("LOOM_CACHE", value.c_str() + second + 1, 1);
   options.on_report = nullptr;
   options.on_check_begin = [](const core::ConformanceReport& r, const std::string& check) {
     tell_parent("begin\t" + escaped(check) + "\t" + escaped(r.context));
@@ -251,14 +324,18 @@ int run_check_child(const core::PluginRegistry& registry, const std::filesystem:
 
 bool check_in_children(const std::string& plugin, double seconds,
                        const std::function<void(const core::ConformanceReport&)>& on_report) {
+  const ScratchFolder scratch("loom-check");  // (the children's; removed here, however they end)
+  stopped_by.store(0);
+  const StopsNoted noted;
   for (size_t first = 0;;) {
-    ChildOutcome child = run_child(first, seconds, on_report);
+    ChildOutcome child = run_child(first, seconds, scratch.path().string(), on_report);
     if (child.done) return true;
     if (!child.started && first == 0) return false;
-    if (!child.open) {  // it ended before its first component began, or between two; or none started
+    if (!child.open) {  // it ended before its first component began, or between two, or after its last; or none started
       const std::string context = first == 0 ? "" : "from its component " + std::to_string(first + 1) + " on";
       core::ConformanceReport r{"plugin", plugin, context, {}};
-      r.checks.push_back({"start", core::ConformanceCheck::Outcome::kFail,
+      r.checks.push_back({child.said_done ? "exit" : child.any_component ? "(between its components)" : "start",
+                          core::ConformanceCheck::Outcome::kFail,
                           child.started ? "the process running the checks " + child.why
                                         : std::string("no process could be started for the checks")});
       on_report(r);

@@ -13,19 +13,22 @@
 
 namespace loom::cli {
 
-/// Set in the child's environment: the index (among the file's components) of the first
-/// component it checks. Internal to `loom plugins check`.
+/// Set in the child's environment, "FIRST:PARENT:SCRATCH": the index (among the file's
+/// components) of the first component it checks, the parent's pid, and the folder it uses as
+/// LOOM_CACHE. Internal to `loom plugins check`.
 inline constexpr const char* kCheckChildVariable = "LOOM_INTERNAL_CHECK_CHILD";
 
-/// In the child: runs the suites of `file`'s components from the one the variable names, telling
-/// the parent (on file descriptor 3) as each check begins and ends. Returns the exit status.
+/// In the child: runs the suites of `file`'s components from the one `variable` (the value of
+/// kCheckChildVariable) names, telling the parent on a pipe as each check begins and ends.
+/// Returns the exit status.
 int run_check_child(const core::PluginRegistry& registry, const std::filesystem::path& file,
-                    core::ConformanceOptions options, const char* first_component);
+                    core::ConformanceOptions options, const char* variable);
 
 /// In the parent: runs the suites in children, each check given `seconds` at most, and hands each
 /// component's report to `on_report` (one a hang or a crash ended has that check failed, with
 /// why, last). Returns false when no child could be started (nothing was checked: the caller
-/// checks in this process).
+/// checks in this process). A SIGINT, SIGTERM or SIGHUP meanwhile ends the child (and what it
+/// started) and throws core::StoppedBySignal.
 bool check_in_children(const std::string& plugin, double seconds,
                        const std::function<void(const core::ConformanceReport&)>& on_report);
 

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from common import SMALL, loom, workdir
 
@@ -647,15 +648,43 @@ try:
     r = loom(exe, "plugins", "check", ending, "--check-timeout", "5", env=env, check=False)
     expect(r.returncode == 1 and "callback 'fine'\n  pass  create" in r.stdout
            and "callback 'aborts_at_run_begin'\n  pass  create\n" in r.stdout
-           and "crashed the process running it with SIGABRT (Aborted; what it printed is above, on stderr); its other "
+           and "crashed the process running it with SIGABRT (Aborted; its crash report is above, on stderr); its other "
                "checks did not run" in r.stdout
            and "loom: crashed with SIGABRT (abort()" in r.stderr and "of callback 'aborts_at_run_begin'" in r.stderr
            and "callback 'exits_on_create'\n  FAIL  create: ended the process running it with exit status 1 (exit() in "
                "the plugin's code?)" in r.stdout
            and "callback 'hangs_on_create'\n  FAIL  create: did not finish within 5 s (does it hang? --check-timeout "
                "SECONDS gives each check longer)" in r.stdout
-           and re.search(r"\n\d+ checks: \d+ passed, 3 failed, \d+ skipped\n$", r.stdout),
-           "plugins check fails a check that aborts, exits or hangs, names it, and checks the components after it", r)
+           and "callback 'kills_its_group'\n  FAIL  create: ended the process running it by SIGTERM (Terminated)" in r.stdout
+           and re.search(r"\n\d+ checks: \d+ passed, 4 failed, \d+ skipped\n$", r.stdout),
+           "plugins check fails a check that aborts, exits, hangs or signals its group, names it, and checks the "
+           "components after it", r)
+    # The parent stopped alone (a CI job's cancel, Python's timeout: a signal to the one pid, or
+    # SIGKILL): the process running the hanging check went on for ever, spinning or waiting.
+    def check_children(parent):
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if re.search(rb"LOOM_INTERNAL_CHECK_CHILD=\d+:%d:" % parent, f.read()):
+                        found.append(pid)
+            except OSError:
+                pass
+        return found
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        p = subprocess.Popen([exe, "plugins", "check", ending, "--check-timeout", "600"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(check_children(p.pid)):
+            time.sleep(0.2)
+        time.sleep(8)  # (into the hanging constructor: the components before it take a few seconds)
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=60)
+        time.sleep(1)
+        expect(not check_children(p.pid) and p.returncode == (130 if sig == signal.SIGINT else -signal.SIGKILL)
+               and (sig == signal.SIGKILL or "loom plugins check: stopped by SIGINT during the checks of callback" in err),
+               f"plugins check stopped by {signal.Signals(sig).name} leaves no process running its checks",
+               subprocess.CompletedProcess(p.args, p.returncode, out, err))
     r = loom(exe, "plugins", "check", ending, "--check-timeout", "0.5", env=env, check=False)
     expect(r.returncode == 1 and "--check-timeout 0.5: give the seconds one check may take, from 1 to 86400" in r.stderr,
            "a check timeout under a second is refused", r)

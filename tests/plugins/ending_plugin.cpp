@@ -1,11 +1,12 @@
 // Callbacks that end the process from a plugin's code, past the scanner (which loads a plugin but
 // creates nothing): one is fine, one calls abort() in on_run_begin, one calls exit(0) in its
-// factory, one never returns from its constructor. `loom plugins check` must report each, name
+// factory, one never returns from its constructor, one sends SIGTERM to its process group. `loom plugins check` must report each, name
 // the check that crashed or hung, and go on to the next; a command must not succeed because a
 // plugin said exit(0) (integration.cli).
 #include <loom/sdk/sdk.hpp>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <thread>
 
@@ -34,9 +35,18 @@ class HangsOnCreate final : public loom::sdk::Callback {
   }
 };
 
+class KillsItsGroup final : public loom::sdk::Callback {  // (a plugin's clean-up of its workers, gone wrong)
+ public:
+  explicit KillsItsGroup(const loom::sdk::Options&) {
+    ::kill(0, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::seconds(5));
+  }
+};
+
 }  // namespace
 
 LOOM_PLUGIN("ending", "1.0.0", loom::sdk::component<Fine>("fine", "test: does nothing"),
             loom::sdk::component<AbortsAtRunBegin>("aborts_at_run_begin", "test: abort() in on_run_begin"),
             loom::sdk::component<ExitsOnCreate>("exits_on_create", "test: exit(0) in its factory"),
-            loom::sdk::component<HangsOnCreate>("hangs_on_create", "test: its constructor never returns"))
+            loom::sdk::component<HangsOnCreate>("hangs_on_create", "test: its constructor never returns"),
+            loom::sdk::component<KillsItsGroup>("kills_its_group", "test: kill(0, SIGTERM) in its constructor"))
