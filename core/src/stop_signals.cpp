@@ -18,11 +18,14 @@
 #include <loom/core/stop_signals.hpp>
 #include <loom/sdk/stop.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <string_view>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -37,6 +40,15 @@ std::atomic<int64_t> first_at{0};           // when the first stop signal came (
 char scratch_folder[4096] = "";             // a command's scratch folder, removed on a stop at once too
 char* rm_argv[] = {const_cast<char*>("rm"), const_cast<char*>("-rf"), const_cast<char*>("--"), scratch_folder, nullptr};
 std::atomic<bool> has_scratch{false};
+char at_once_note[8192] = "";            // note_stop_at_once's text
+std::atomic<bool> has_note{false};
+std::atomic<bool> quiet{false};          // a rank but rank 0 under a launcher: no messages
+
+void say(const char* text, size_t size) {
+  if (quiet.load()) return;
+  const ssize_t written = ::write(STDERR_FILENO, text, size);
+  (void)written;
+}
 
 // A stop at once removes the scratch folder the message promised to (it was left in /tmp): by a
 // child `rm -rf`. Not fork(): glibc's takes the allocator's locks, which the thread the signal
@@ -63,10 +75,7 @@ void on_signal(int sig) {
     return;
   }
   if (const char* message = at_once.load(); message != nullptr) {  // (SIGPIPE: above, as ever)
-    size_t n = 0;
-    while (message[n] != '\0') ++n;
-    const ssize_t written = ::write(STDERR_FILENO, message, n);
-    (void)written;
+    say(message, ::strlen(message));
     remove_scratch_folder();
     std::signal(sig, SIG_DFL);
     std::raise(sig);
@@ -77,6 +86,7 @@ void on_signal(int sig) {
     // A scheduler's SIGTERM to every process of a job reaches a rank twice, directly and passed on
     // by `loom launch`, a moment apart: the same stop, not the second that would lose the checkpoint.
     if (sig == SIGTERM && before == SIGTERM && now_ns() - first_at.load() < 2000000000) return;
+    if (has_note.load()) say(at_once_note, ::strlen(at_once_note));
     remove_scratch_folder();
     std::signal(sig, SIG_DFL);  // a second SIGINT or SIGTERM: the default action, now
     std::raise(sig);
@@ -97,14 +107,15 @@ void on_signal(int sig) {
   const bool saves = on_stop == static_cast<int>(OnStop::kCheckpoint), unsaving = on_stop == static_cast<int>(OnStop::kNoCheckpoint);
   const char* text = saves ? message : unsaving ? unsaved : scratch;
   const size_t size = saves ? sizeof message : unsaving ? sizeof unsaved : sizeof scratch;
-  const ssize_t written = ::write(STDERR_FILENO, text, size - 1);
-  (void)written;
+  say(text, size - 1);
 }
 
 }  // namespace
 
 void install_stop_signals(OnStop on_stop) {
   promise.store(static_cast<int>(on_stop));
+  const char* rank = std::getenv("RANK");  // (a launcher's rank; its world's agreement comes later)
+  quiet.store(rank != nullptr && *rank != '\0' && std::string_view(rank) != "0" && std::getenv("WORLD_SIZE") != nullptr);
   struct sigaction action {};
   action.sa_handler = &on_signal;
   sigemptyset(&action.sa_mask);
@@ -119,6 +130,14 @@ void install_stop_signals(OnStop on_stop) {
 }
 
 int stop_signal_received() { return received.load(); }
+
+void note_stop_at_once(const std::string& text) {
+  has_note.store(false);  // (not printed half-copied by a signal now)
+  const size_t n = std::min(text.size(), sizeof at_once_note - 1);
+  std::memcpy(at_once_note, text.data(), n);
+  at_once_note[n] = '\0';
+  has_note.store(n > 0);
+}
 
 PluginsSeeStops::PluginsSeeStops() { sdk::detail::set_stop_flag(&received); }
 PluginsSeeStops::~PluginsSeeStops() { sdk::detail::set_stop_flag(nullptr); }

@@ -197,8 +197,11 @@ void Trainer::write_run_summary() {
   if (step_ < total_steps_) summary["stopped_early"] = stop_reason_;
   if (!last_eval_ || last_eval_->step != step_) {  // a stop in the final evaluation: no verdict yet
     const std::string why = stop_reason_.empty() ? signal_name(stop_signal()) + " received" : stop_reason_;
-    summary["final_evaluation"] = "not run: the run was stopped (" + why + ") before it finished; the checkpoint of step " +
-                                  std::to_string(step_) + " holds it pending, and a resume of the run runs it first";
+    const bool saves = std::any_of(callbacks_.begin(), callbacks_.end(), [](const auto& c) { return c.first == "checkpoint"; });
+    summary["final_evaluation"] =
+        "not run: the run was stopped (" + why + ") before it finished; " +
+        (saves ? "the checkpoint of step " + std::to_string(step_) + " holds it pending, and a resume of the run runs it first"
+               : std::string("the run writes no checkpoint (trainer.callbacks has no 'checkpoint'), so no resume can run it"));
     summary["diverged"] = nullptr;  // (not known)
   } else {
     json evaluation = json::object();
