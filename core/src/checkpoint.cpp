@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <cstdio>
 
 namespace fs = std::filesystem;
@@ -185,7 +186,16 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
       std::error_code ec;
       const fs::path doomed = dir_ / (std::string(".").append(all[i].filename().string()).append(".deleting"));
       fs::rename(all[i], doomed, ec);
-      fs::remove_all(ec ? all[i] : doomed, ec);
+      const fs::path going = ec ? all[i] : doomed;
+      fs::remove_all(going, ec);
+      // (a folder that cannot go, made immutable or not the run's user's: they piled up, unsaid, until the disk was full)
+      if (std::error_code exists; ec || fs::exists(going, exists)) {
+        static std::set<std::string> said;  // (once per folder: each later save tries again)
+        if (said.insert(going.string()).second)
+          log::warn("keep_last: cannot remove the older checkpoint ", going.string(), " (",
+                    ec ? ec.message() : std::string("still there"), "): it stays and keeps its space; remove it by hand ",
+                    "(its permissions, or chattr -i, allow that)");
+      }
     }
   return final_dir;
 }

@@ -292,11 +292,9 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
       best_moved.empty() ? std::string()
                          : join(best_moved, ", ") + " held weights of steps after " + checkpoint.filename().string() +
                                ": moved there, and this timeline's best is written again (by the best callback)";
-  if (newer.empty())
-    log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ": ",
-              best_said.empty() ? "the steps after it that saved no checkpoint (their summary, metrics and config.json)"
-                                : best_said,
-              " are moved to ", aside.string());
+  if (newer.empty())  // (the aside folder named before what went there: one sentence each)
+    log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ": moved to ", aside.string(),
+              ": ", best_said.empty() ? "the steps after it that saved no checkpoint (their summary, metrics and config.json)" : best_said);
   else
     log::warn("resuming from ", checkpoint.filename().string(), " of ", run_dir_.string(), ", which has newer checkpoints (",
               join(moved, ", "), "): they are moved to ", aside.string(),
