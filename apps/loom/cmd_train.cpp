@@ -497,6 +497,9 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
 void load_weights(core::Trainer& trainer, const fs::path& checkpoint, const std::vector<std::string>& changed) {
   try {
     trainer.load_weights(checkpoint);
+    // (the data's files changed in place; where its settings changed, said above, the sizes follow them)
+    if (std::none_of(changed.begin(), changed.end(), [](const std::string& c) { return c.rfind("data.", 0) == 0; }))
+      trainer.warn_if_data_sizes_differ(checkpoint);
   } catch (const Error& e) {
     if (changed.empty()) throw;
     throw Error(std::string(e.what()) + ". This command changes the configuration the checkpoint was trained with: " +

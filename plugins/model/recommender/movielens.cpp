@@ -33,21 +33,21 @@ constexpr int64_t kMostBytes = int64_t{8} << 30;
 /// A whole regular file; a FIFO, a device or a folder is an error, never a blocking read, and a
 /// file larger than any MovieLens (a sparse file, a disk image) is refused before it is read.
 std::string read_file(const fs::path& path) {
-  // Its first block first: a file of NUL bytes (a sparse or damaged file, a disk image) or UTF-16
+  // Its first line first: one of NUL bytes (a sparse or damaged file, a disk image) or UTF-16
   // text is refused without reading the rest (a 1 GiB one took 1.4 GB of memory and 8 s before
-  // its first line was found wrong). (A FIFO or a device: read_regular_file refuses it below.)
+  // its first line was found wrong). (A FIFO, a device or a file over the limit: read_regular_file
+  // refuses it below, unread; a NUL further on is its row's error.)
   if (const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC); fd >= 0) {
     struct stat st {};
     char head[4096];
-    const ssize_t n = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? ::read(fd, head, sizeof head) : -1;
+    const ssize_t n =
+        ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= kMostBytes ? ::read(fd, head, sizeof head) : -1;
     ::close(fd);
     const std::string_view first(head, n > 0 ? static_cast<size_t>(n) : 0);
-    if (const size_t nul = first.find('\0'); nul != std::string_view::npos || first.starts_with("\xFF\xFE") ||
-                                              first.starts_with("\xFE\xFF"))
-      throw sdk::Error("interactions: " + path.string() + ":" +
-                       std::to_string(1 + std::count(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(
-                                                                        nul == std::string_view::npos ? 0 : nul), '\n')) +
-                       ": the file is UTF-16 (or holds NUL bytes); save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8");
+    if (first.substr(0, first.find('\n')).find('\0') != std::string_view::npos || first.starts_with("\xFF\xFE") ||
+        first.starts_with("\xFE\xFF"))
+      throw sdk::Error("interactions: " + path.string() +
+                       ":1: the file is UTF-16 (or holds NUL bytes); save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8");
   }
   std::string out = sdk::read_regular_file(path, kMostBytes, "interactions: ", "a MovieLens folder as unpacked has it",
                                            "point data.root at a MovieLens folder as unpacked (the largest MovieLens "

@@ -133,6 +133,10 @@ class Trainer {
 
   /// Loads only the model's weights from a checkpoint folder or a best_<metric>.safetensors file.
   void load_weights(const std::filesystem::path& checkpoint);
+  /// loom eval, loom recommend: warns where a split of this run's data holds another number of
+  /// samples than the checkpoint's run recorded (ratings changed in place, the ids the same): its
+  /// figures would be of other data, in silence. Nothing for a checkpoint older than the record.
+  void warn_if_data_sizes_differ(const std::filesystem::path& checkpoint) const;
 
   /// Trains to the end (max_steps or epochs, or until a callback asks to stop), evaluating every
   /// trainer.eval_every steps; the callbacks write, checkpoint and report (sdk/callback.hpp).
