@@ -42,6 +42,7 @@ char* rm_argv[] = {const_cast<char*>("rm"), const_cast<char*>("-rf"), const_cast
 std::atomic<bool> has_scratch{false};
 char at_once_note[8192] = "";            // note_stop_at_once's text
 std::atomic<bool> has_note{false};
+std::atomic<bool> setting_up_now{false};  // a run's set-up (a PluginsSeeStops lives)
 std::atomic<bool> quiet{false};          // a rank but rank 0 under a launcher: no messages
 
 void say(const char* text, size_t size) {
@@ -95,18 +96,21 @@ void on_signal(int sig) {
   first_at.store(now_ns());  // (before `received`: a second SIGTERM seeing the first sees its time)
   received.store(sig);
   static const char message[] =
-      "\nloom: stopping after the current step, with a checkpoint (during set-up: at its next check, nothing to "
-      "save); send SIGINT or SIGTERM again to stop at once\n";
+      "\nloom: stopping after the current step, with a checkpoint; send SIGINT or SIGTERM again to stop at once\n";
+  static const char setting_up[] =  // (said at step 10 too, where it spoke of set-up)
+      "\nloom: stopping the set-up at its next check (no step trained yet: nothing to save); send SIGINT or SIGTERM "
+      "again to stop at once\n";
   static const char unsaved[] =
       "\nloom: stopping after the current step; this run writes no checkpoint (trainer.callbacks has no 'checkpoint'), "
       "so it cannot be continued; send SIGINT or SIGTERM again to stop at once\n";
   static const char scratch[] =
-      "\nloom: stopping after the current step; its scratch runs are removed (loom bench reports its finished rounds); send SIGINT or "
-      "SIGTERM again to stop at once\n";
+      "\nloom: stopping after the current step; the scratch runs are removed (what finished is reported); send SIGINT "
+      "or SIGTERM again to stop at once\n";
   const int on_stop = promise.load();
   const bool saves = on_stop == static_cast<int>(OnStop::kCheckpoint), unsaving = on_stop == static_cast<int>(OnStop::kNoCheckpoint);
-  const char* text = saves ? message : unsaving ? unsaved : scratch;
-  const size_t size = saves ? sizeof message : unsaving ? sizeof unsaved : sizeof scratch;
+  const bool in_setup = setting_up_now.load() && on_stop != static_cast<int>(OnStop::kScratch);
+  const char* text = in_setup ? setting_up : saves ? message : unsaving ? unsaved : scratch;
+  const size_t size = in_setup ? sizeof setting_up : saves ? sizeof message : unsaving ? sizeof unsaved : sizeof scratch;
   say(text, size - 1);
 }
 
@@ -139,8 +143,14 @@ void note_stop_at_once(const std::string& text) {
   has_note.store(n > 0);
 }
 
-PluginsSeeStops::PluginsSeeStops() { sdk::detail::set_stop_flag(&received); }
-PluginsSeeStops::~PluginsSeeStops() { sdk::detail::set_stop_flag(nullptr); }
+PluginsSeeStops::PluginsSeeStops() {
+  setting_up_now.store(true);
+  sdk::detail::set_stop_flag(&received);
+}
+PluginsSeeStops::~PluginsSeeStops() {
+  sdk::detail::set_stop_flag(nullptr);
+  setting_up_now.store(false);
+}
 
 void note_scratch_folder(const std::string& path) {
   has_scratch.store(false);
