@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <iomanip>
+#include <fcntl.h>
 #include <iostream>
 #include <stdlib.h>
 #include <unistd.h>
@@ -153,6 +154,8 @@ const char* outcome_word(core::ConformanceCheck::Outcome o) {
 }
 
 int check(const Invocation& invocation) {
+  // (in the child: its pipe to the parent is not for the scanner, nor a process a plugin starts)
+  if (std::getenv(kCheckChildVariable) != nullptr) ::fcntl(kCheckChildFd, F_SETFD, FD_CLOEXEC);
   if (invocation.args.size() != 2)
     throw Error("usage: loom plugins check FILE|COMPONENT [--dataset NAME] [--set SECTION.COMPONENT.OPTION=VALUE]... (a "
                 "plugin's .so file, or a component's name)");

@@ -177,12 +177,14 @@ int cmd_train(const Invocation& invocation) {
     trainer.discard_if_nothing_trained();
     throw;
   }
-  // A second Ctrl-C ends the process within its step: where the run stands, and how to go on.
-  if (checkpoints)
-    core::note_stop_at_once("\nloom: stopped at once, within the step (nothing of it is saved); the checkpoints written "
-                            "before stand in " + (trainer.run_dir() / "checkpoints").string() +
-                            "; continue from the newest with: " +
-                            continue_hint(invocation, trainer, trainer.run_dir().filename().string()) + "\n");
+  // A second Ctrl-C ends the process at once: where the run stands, and how to go on.
+  if (checkpoints) {
+    core::note_stop_at_once("\nloom: stopped at once (what was in progress is not saved); the checkpoints written before "
+                            "stand in " + (trainer.run_dir() / "checkpoints").string() + "; continue from the newest with: " +
+                                continue_hint(invocation, trainer, trainer.run_dir().filename().string()) + "\n",
+                            "\nloom: stopped at once, before the run's first checkpoint: nothing of it can be continued\n");
+    if (!core::CheckpointStore::list_run(trainer.run_dir()).empty()) core::note_checkpoint_written();
+  }
   if (trainer.step() >= trainer.total_steps() && !trainer.evaluation_pending()) {  // resumed at its end: a requeued job that finished
     // A run that diverged fails each time it is asked, or a requeued job would report it done.
     if (const auto loss = trainer.recorded_final_loss(); loss && !std::isfinite(*loss)) {

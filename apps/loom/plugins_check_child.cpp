@@ -1,6 +1,7 @@
 // `loom plugins check` in a child process (plugins_check_child.hpp), in a process group of its
-// own (a plugin's kill(0, SIGTERM) is its own group's; the group goes when the child ends, with
-// what a plugin started in it), killed with its parent (PR_SET_PDEATHSIG). The child writes one
+// own (a plugin's kill(0, SIGTERM) is its own group's; the parent kills the group when the child
+// ends, with what a plugin started in it that stayed in it), killed with its parent
+// (PR_SET_PDEATHSIG: the child alone, where the parent is killed). The child writes one
 // line per event to file descriptor 100 (a plugin's own files take the low numbers), its fields
 // separated by tabs, tabs, newlines and backslashes in them escaped:
 //   component INDEX KIND NAME   the suite of the file's INDEX-th component begins
@@ -41,7 +42,7 @@ namespace loom::cli {
 
 namespace {
 
-constexpr int kChildFd = 100;
+constexpr int kChildFd = kCheckChildFd;
 
 std::string escaped(const std::string& s) {
   std::string out;
@@ -210,6 +211,7 @@ ChildOutcome run_child(size_t first, double seconds, const std::string& scratch,
   bool& any_component = out.any_component;
   size_t read_after = 0;
   while (true) {
+    const bool ended_before = ended;  // (seen ended before this poll: a quiet pipe now is all it wrote)
     int ready = 0;
     if (pipe_open) {
       pollfd p{fds[0], POLLIN, 0};
@@ -261,11 +263,13 @@ ChildOutcome run_child(size_t first, double seconds, const std::string& scratch,
       ended = true;
       read_after = 0;
     }
-    if (ended && (!pipe_open || ready == 0 || (ready > 0 && (read_after += 4096) > (1u << 20)))) break;
+    if (ended && !pipe_open) break;  // (its end of the pipe closed: everything it wrote is read)
+    if (ended_before && (ready == 0 || (ready > 0 && (read_after += 4096) > (1u << 20)))) break;
     if (const int sig = stopped_by.load(); sig != 0) break;
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
     if (!ended && waited > (heard ? seconds : std::max(seconds, 120.0))) {
       timed_out = true;
+      if (!heard) seconds = std::max(seconds, 120.0);  // (the limit its start had, as the message says)
       break;
     }
   }
@@ -329,6 +333,8 @@ bool check_in_children(const std::string& plugin, double seconds,
   const StopsNoted noted;
   for (size_t first = 0;;) {
     ChildOutcome child = run_child(first, seconds, scratch.path().string(), on_report);
+    if (const int sig = stopped_by.load(); sig != 0)  // (between the child's end and this)
+      throw core::StoppedBySignal(sig, "loom plugins check: stopped by " + core::signal_name(sig));
     if (child.done) return true;
     if (!child.started && first == 0) return false;
     if (!child.open) {  // it ended before its first component began, or between two, or after its last; or none started

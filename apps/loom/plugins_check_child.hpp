@@ -17,6 +17,8 @@ namespace loom::cli {
 /// components) of the first component it checks, the parent's pid, and the folder it uses as
 /// LOOM_CACHE. Internal to `loom plugins check`.
 inline constexpr const char* kCheckChildVariable = "LOOM_INTERNAL_CHECK_CHILD";
+/// The child's end of its pipe to the parent (a plugin's own files take the low numbers).
+inline constexpr int kCheckChildFd = 100;
 
 /// In the child: runs the suites of `file`'s components from the one `variable` (the value of
 /// kCheckChildVariable) names, telling the parent on a pipe as each check begins and ends.

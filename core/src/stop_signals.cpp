@@ -40,8 +40,9 @@ std::atomic<int64_t> first_at{0};           // when the first stop signal came (
 char scratch_folder[4096] = "";             // a command's scratch folder, removed on a stop at once too
 char* rm_argv[] = {const_cast<char*>("rm"), const_cast<char*>("-rf"), const_cast<char*>("--"), scratch_folder, nullptr};
 std::atomic<bool> has_scratch{false};
-char at_once_note[8192] = "";            // note_stop_at_once's text
+char at_once_saved[8192] = "", at_once_unsaved[8192] = "";  // note_stop_at_once's texts
 std::atomic<bool> has_note{false};
+std::atomic<bool> checkpoint_written{false};
 std::atomic<bool> setting_up_now{false};  // a run's set-up (a PluginsSeeStops lives)
 std::atomic<bool> quiet{false};          // a rank but rank 0 under a launcher: no messages
 
@@ -87,7 +88,10 @@ void on_signal(int sig) {
     // A scheduler's SIGTERM to every process of a job reaches a rank twice, directly and passed on
     // by `loom launch`, a moment apart: the same stop, not the second that would lose the checkpoint.
     if (sig == SIGTERM && before == SIGTERM && now_ns() - first_at.load() < 2000000000) return;
-    if (has_note.load()) say(at_once_note, ::strlen(at_once_note));
+    if (has_note.load()) {
+      const char* note = checkpoint_written.load() ? at_once_saved : at_once_unsaved;
+      say(note, ::strlen(note));
+    }
     remove_scratch_folder();
     std::signal(sig, SIG_DFL);  // a second SIGINT or SIGTERM: the default action, now
     std::raise(sig);
@@ -118,8 +122,10 @@ void on_signal(int sig) {
 
 void install_stop_signals(OnStop on_stop) {
   promise.store(static_cast<int>(on_stop));
-  const char* rank = std::getenv("RANK");  // (a launcher's rank; its world's agreement comes later)
-  quiet.store(rank != nullptr && *rank != '\0' && std::string_view(rank) != "0" && std::getenv("WORLD_SIZE") != nullptr);
+  // A rank but rank 0 that loom launch started (which shows every rank's output); a rank started
+  // by hand or by another launcher (a node of its own) is the only one its user sees.
+  const char* rank = std::getenv("RANK");
+  quiet.store(rank != nullptr && *rank != '\0' && std::string_view(rank) != "0" && std::getenv("LOOM_LAUNCH_CHECKED") != nullptr);
   struct sigaction action {};
   action.sa_handler = &on_signal;
   sigemptyset(&action.sa_mask);
@@ -135,13 +141,17 @@ void install_stop_signals(OnStop on_stop) {
 
 int stop_signal_received() { return received.load(); }
 
-void note_stop_at_once(const std::string& text) {
+void note_stop_at_once(const std::string& saved, const std::string& unsaved) {
   has_note.store(false);  // (not printed half-copied by a signal now)
-  const size_t n = std::min(text.size(), sizeof at_once_note - 1);
-  std::memcpy(at_once_note, text.data(), n);
-  at_once_note[n] = '\0';
-  has_note.store(n > 0);
+  for (auto [text, buffer] : {std::pair{&saved, at_once_saved}, std::pair{&unsaved, at_once_unsaved}}) {
+    const size_t n = std::min(text->size(), sizeof at_once_saved - 1);
+    std::memcpy(buffer, text->data(), n);
+    buffer[n] = '\0';
+  }
+  has_note.store(!saved.empty() || !unsaved.empty());
 }
+
+void note_checkpoint_written() { checkpoint_written.store(true); }
 
 PluginsSeeStops::PluginsSeeStops() {
   setting_up_now.store(true);

@@ -4,6 +4,7 @@
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/safetensors.hpp>
+#include <loom/core/stop_signals.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/trainer.hpp>
@@ -33,14 +34,21 @@ using namespace detail;
 
 namespace {
 
-/// A dataset's samples per split, as a checkpoint records them (Note [The data's sizes]).
-json data_sizes(sdk::Dataset& dataset) {
-  return {{"train", dataset.size(sdk::Split::kTrain)}, {"validation", dataset.size(sdk::Split::kValidation)},
-          {"test", dataset.size(sdk::Split::kTest)}};
+/// A dataset's samples per split, as a checkpoint records them (Note [The data's sizes]); null
+/// where a size cannot be read (a dataset that throws for it: the checkpoint is written without).
+json data_sizes(const Created<sdk::Dataset>& dataset) {
+  try {
+    // (the validation split only of a Dataset 1.1: a 1.0 one, a C tier's, refuses the split it does not know)
+    return {{"train", dataset->size(sdk::Split::kTrain)},
+            {"validation", dataset.implements(1) ? dataset->size(sdk::Split::kValidation) : 0},
+            {"test", dataset->size(sdk::Split::kTest)}};
+  } catch (const std::exception&) {
+    return json();
+  }
 }
 
 /// Each split whose size differs from `recorded`'s (a checkpoint's data.sizes); none where it has none.
-std::vector<std::string> sizes_differ(const json& recorded, sdk::Dataset& dataset) {
+std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::Dataset>& dataset) {
   std::vector<std::string> out;
   if (!recorded.is_object()) return out;
   const json sizes = data_sizes(dataset);  // (not in the loop's head: items() of a temporary outlives it)
@@ -178,7 +186,7 @@ std::string Trainer::state_json() const {
   s["precision"] = {{"name", value_of(config_, "precision.name")}, {"manifest", precision_->manifest()},
                     {"state", precision.text}};
   s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
-  s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}, {"sizes", data_sizes(*dataset_)}};
+  s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}, {"sizes", data_sizes(dataset_)}};
   s["log_window"] = {{"steps", window_.steps}, {"loss", window_.loss}, {"samples", window_.samples},
                      {"terms", window_.terms},
                      {"seconds", window_.seconds}, {"metrics", window_.metrics}};
@@ -220,6 +228,7 @@ fs::path Trainer::save_checkpoint() {
   extra["rng.cpu"] = cpu_generator().get_state();
   if (device_.is_cuda()) extra["rng.device"] = device_generator(device_).get_state();
   const fs::path dir = checkpoints_->save(step_, model_tensors(), extra, state_json(), options_.keep_last);
+  note_checkpoint_written();  // (a second Ctrl-C from here on says that this one stands)
   notify("on_checkpoint_saved", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_saved(run, dir); });
   return dir;
 }
@@ -395,7 +404,7 @@ std::vector<std::string> Trainer::changed_data(const std::string& state_json) co
                                          "samples the model trained on)"
                                    : std::string(")")));
     if (out.empty())  // (the data's files changed, its settings not; where those changed, the sizes follow them)
-      out = sizes_differ(saved.value("sizes", json()), *dataset_);
+      out = sizes_differ(saved.value("sizes", json()), dataset_);
   } catch (const json::exception&) {
   }  // an older or damaged state.json: parse_state_json judges it
   return out;
@@ -410,7 +419,7 @@ void Trainer::warn_if_data_sizes_differ(const fs::path& checkpoint) const {
     const json data = fs::is_directory(checkpoint)
                           ? detail::parse_json<json>(read_file(checkpoint / "state.json", int64_t{64} << 20)).at("data")
                           : detail::parse_json<json>(load_safetensors_metadata(checkpoint).at("data"));
-    if (const auto differ = sizes_differ(data.value("sizes", json()), *dataset_); !differ.empty())
+    if (const auto differ = sizes_differ(data.value("sizes", json()), dataset_); !differ.empty())
       log::warn("this data is not the data ", checkpoint.string(), " was trained on: ", join(differ, "; "),
                 "; its figures are of this data (point data.root, and the data's settings, at what it trained on for the run's)");
   } catch (const std::exception&) {

@@ -126,19 +126,6 @@ try:
     assert os.path.isdir(os.path.join(run, "checkpoints", f"step_{step:08d}")), "two SIGHUPs: a checkpoint"
     print(f"two SIGHUPs: exit 129, checkpoint of step {step}")
 
-    # Two SIGINTs (Ctrl-C twice): the second ends the process within its step, and says where the
-    # run stands and the command that continues it (it ended without a word).
-    proc, run = start("int_twice")
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.3)  # (two at once may be delivered as one)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGINT, f"two SIGINTs: exit {proc.returncode}\n{err}"
-    assert f"loom: stopped at once, within the step (nothing of it is saved); the checkpoints written before stand in " \
-           f"{os.path.join(run, 'checkpoints')}; continue from the newest with: loom train " in err \
-           and err.rstrip().endswith("--resume auto --set trainer.name=int_twice"), err[-2000:]
-    print("two SIGINTs: ended at once, the command that continues the run said")
-
     # Under nohup (SIGHUP ignored on entry) a hang-up changes nothing: the run goes on.
     proc = subprocess.Popen([exe, "train", *args, "--set", "trainer.name=nohup"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,

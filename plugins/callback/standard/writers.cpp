@@ -268,10 +268,13 @@ void TensorBoard::on_run_begin(RunContext& run) {
   }
   // (the folder now, and whether it takes files: a run that cannot write them fails before its
   // first step, not at its first log step)
-  fs::create_directories(dir);
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    throw sdk::Error("cannot write TensorBoard's event files in " + dir.string() + " (" + std::strerror(errno) +
+  std::error_code made;
+  fs::create_directories(dir, made);
+  if (made || ::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw sdk::Error("cannot write TensorBoard's event files in " + dir.string() + " (" +
+                     (made ? made.message() : std::string(std::strerror(errno))) +
                      "); make it writable, or leave tensorboard out of trainer.callbacks");
+  writer_.reset();
   dir_ = dir;
   purge_from_ = run.resumed_at() >= 0 ? run.resumed_at() + 1 : -1;
 }

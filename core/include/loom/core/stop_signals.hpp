@@ -20,10 +20,12 @@ void install_stop_signals(OnStop on_stop = OnStop::kCheckpoint);
 /// signal's message promised of a scratch run; "" for none.
 void note_scratch_folder(const std::string& path);
 /// What a stop at once (the second SIGINT or SIGTERM) prints as it ends the process: where the run
-/// stands and how to continue it; "" for nothing. (Under `loom launch` the ranks but rank 0 print
-/// neither this nor the first signal's message: the launcher shows every rank's output, and the
-/// same lines came once per rank.)
-void note_stop_at_once(const std::string& text);
+/// stands and how to continue it, `saved` once a checkpoint of the run was written (this command's,
+/// or one it resumed from: note_checkpoint_written), `unsaved` before; "" for nothing. (Under
+/// `loom launch` the ranks but rank 0 print neither this nor the signals' other messages: the
+/// launcher shows every rank's output, and the same lines came once per rank.)
+void note_stop_at_once(const std::string& saved, const std::string& unsaved);
+void note_checkpoint_written();
 /// The first stop signal received, or 0.
 int stop_signal_received();
 /// "SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE".
