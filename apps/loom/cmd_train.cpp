@@ -185,7 +185,7 @@ int cmd_train(const Invocation& invocation) {
                             "\nloom: stopped at once, before the run's first checkpoint: nothing of it can be continued\n");
     if (!core::CheckpointStore::list_run(trainer.run_dir()).empty()) core::note_checkpoint_written();
   }
-  if (trainer.step() >= trainer.total_steps() && !trainer.evaluation_pending()) {  // resumed at its end: a requeued job that finished
+  if (trainer.step() >= trainer.total_steps() && !trainer.evaluation_pending() && !trainer.test_evaluation_pending()) {  // resumed at its end: a requeued job that finished
     // A run that diverged fails each time it is asked, or a requeued job would report it done.
     if (const auto loss = trainer.recorded_final_loss(); loss && !std::isfinite(*loss)) {
       core::log::error("run ", trainer.run_dir().filename().string(), " is trained to its step ", trainer.step(),
@@ -215,8 +215,11 @@ int cmd_train(const Invocation& invocation) {
     }
     core::log::error(message_of(e));
     if (core::step_of(saved.back()) >= trainer.total_steps()) {  // (in the final evaluation, say)
-      core::log::warn("the training is complete: its last checkpoint ", saved.back().string(),
-                      " is written; evaluate it with: loom eval ", trainer.run_dir().string());
+      core::log::warn("the training is complete: its last checkpoint ", saved.back().string(), " is written; ",
+                      trainer.test_evaluation_pending()
+                          ? "once the cause is fixed, a resume runs its test evaluation alone: " +
+                                continue_hint(invocation, trainer, trainer.run_dir().filename().string())
+                          : "evaluate it with: loom eval " + trainer.run_dir().string());
       core::log::flush();
       return 1;
     }
@@ -312,10 +315,12 @@ int cmd_train(const Invocation& invocation) {
     core::log::flush();
     return 128 + s.signal;
   }
-  if (s.signal != 0 && s.steps >= trainer.total_steps()) {  // during the last evaluation: nothing to continue
+  if (s.signal != 0 && s.steps >= trainer.total_steps()) {  // before or during the test evaluation, or after it
     core::log::warn("stopped by ", core::signal_name(s.signal), " after the last step (", s.steps, " of ", trainer.total_steps(),
-                    "): the training is complete and its checkpoint written; only its final evaluation was cut "
-                    "short: loom eval ", run.string());
+                    "): the training is complete and its checkpoint written",
+                    trainer.test_evaluation_pending() ? "; its test evaluation did not run, and a resume runs it alone: " +
+                                                            continue_hint(invocation, trainer, run.filename().string())
+                                                      : std::string());
     core::log::flush();
     return 128 + s.signal;
   }

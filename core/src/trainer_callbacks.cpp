@@ -87,12 +87,16 @@ bool Trainer::evaluate_and_report(sdk::Split split) {
     e = in_phase(what + " evaluation at step " + std::to_string(step_), [&] { return evaluate(split); });
   } catch (const EvaluationStopped& stopped) {
     log::warn(what, " ", stopped.what(), " at step ", step_, ": no figures from it",
-              split == selection_split() ? " (a resume runs it first)" : "");
+              split == selection_split() ? " (a resume runs it first)" : " (a resume runs it)");
     if (split == selection_split()) evaluation_cut_at_ = step_;
+    else if (step_ >= total_steps_) test_pending_ = true;  // (summary.json says "not run": the resume's cue)
     if (stop_reason_.empty()) stop_reason_ = signal_name(stopped.signal) + " received";
     // (the run's end reached, its verdict cut: summary.json says so, or a script saw no summary at all)
     if (split == selection_split() && step_ >= total_steps_ && parallel_->rank() == 0) write_run_summary();
     return false;
+  } catch (const std::exception&) {  // (out of memory, a data file gone): a resume runs the test's, as after a stop
+    if (split != selection_split() && step_ >= total_steps_) test_pending_ = true;
+    throw;
   }
   e.step = step_;
   last_eval_ = e;
@@ -212,7 +216,8 @@ void Trainer::write_run_summary() {
     // (the validation's verdict, before the test's: a stop or a failure during the test leaves this one,
     // and a script that reads final_evaluation must see that the test's figures never came)
     if (last_eval_->split == sdk::Split::kValidation && selection_split() == sdk::Split::kValidation && test_loader_)
-      summary["test_evaluation"] = "not run: the run ended before it finished (loom eval " + run_dir_.string() + " runs it)";
+      summary["test_evaluation"] = "not run: the run ended before it finished; a resume of the run (--resume auto) runs it and "
+                                   "records its figures here (loom eval " + run_dir_.string() + " shows them only)";
     summary["diverged"] = !std::isfinite(last_eval_->loss);
   }
   try {
@@ -227,14 +232,26 @@ void Trainer::write_run_summary() {
   }
 }
 
-std::optional<double> Trainer::recorded_final_loss() const {
-  const fs::path file = run_dir_ / "summary.json";
+namespace {
+
+// The summary.json a run wrote at `step`, or nothing where there is none or it is another step's
+// (another length's run, an older step). Throws where the file is not one Loom can read.
+std::optional<json> summary_at(const fs::path& run_dir, int64_t step) {
+  const fs::path file = run_dir / "summary.json";
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(file, ec))) return std::nullopt;
+  json summary = detail::parse_json<json>(read_file(file, int64_t{1} << 20));
+  if (summary.at("step").get<int64_t>() != step) return std::nullopt;
+  return summary;
+}
+
+}  // namespace
+
+std::optional<double> Trainer::recorded_final_loss() const {
   try {
-    const json summary = detail::parse_json<json>(read_file(file, int64_t{1} << 20));
-    if (summary.at("step").get<int64_t>() != step_) return std::nullopt;  // (another length's, or an older step's)
-    const json& evaluation = summary.at("final_evaluation");  // (one evaluation: test/*, or val/* where the test's did not run)
+    const std::optional<json> summary = summary_at(run_dir_, step_);
+    if (!summary) return std::nullopt;
+    const json& evaluation = summary->at("final_evaluation");  // (one evaluation: test/*, or val/* where the test's did not run)
     if (evaluation.is_string()) return std::nullopt;  // ("not run: ...": stopped during it)
     const json& loss = evaluation.contains("test/loss") ? evaluation.at("test/loss") : evaluation.at("val/loss");
     if (loss.is_string()) {
@@ -244,10 +261,26 @@ std::optional<double> Trainer::recorded_final_loss() const {
     }
     return loss.get<double>();
   } catch (const std::exception& e) {  // (written by Loom: damaged, or edited by hand)
-    log::warn(file.string(), " is not a run summary Loom can read (", e.what(), "), so whether the run diverged is not "
-              "checked; `loom eval ", run_dir_.string(), "` shows its figures, and removing the file drops this warning");
+    log::warn((run_dir_ / "summary.json").string(), " is not a run summary Loom can read (", e.what(), "), so whether the run ",
+              "diverged is not checked; `loom eval ", run_dir_.string(), "` shows its figures, and removing the file drops this warning");
     return std::nullopt;
   }
+}
+
+void Trainer::note_pending_test() {
+  test_pending_ = false;
+  if (resumed_at_ < 0 || step_ < total_steps_ || evaluation_pending_) return;  // (a pending validation runs the test after it)
+  bool pending = false;
+  if (parallel_->rank() == 0 && test_loader_ && selection_split() == sdk::Split::kValidation) {
+    try {  // ("not run": the validation's verdict was written, then the test's evaluation was cut short)
+      const std::optional<json> summary = summary_at(run_dir_, step_);
+      pending = summary && summary->contains("test_evaluation") && summary->at("test_evaluation").is_string() &&
+                summary->at("final_evaluation").contains("val/loss");
+    } catch (const std::exception&) {  // (recorded_final_loss says what is wrong with it)
+    }
+  }
+  // (rank 0's summary decides: it alone writes one, and every rank evaluates)
+  test_pending_ = any_rank(pending);
 }
 
 }  // namespace loom::core

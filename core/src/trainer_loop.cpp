@@ -70,6 +70,9 @@ TrainSummary Trainer::train() {
     log::info("the evaluation of step ", step_, " that a stop cut short runs first");
     evaluate_and_report(selection_split());
   }
+  const bool test_only = test_pending_;  // (a run at its end whose test evaluation a stop cut short)
+  test_pending_ = false;
+  if (test_only) log::info("the test evaluation of step ", step_, " that a stop cut short runs now");
   // A stop a callback asked for on one rank alone before the first step (on_run_begin, the pending
   // evaluation's hooks): every rank's, or that one would skip the loop the others enter.
   if (parallel_->world_size() > 1 && stop_signal() == 0 && another_rank_stopped_ && stop_reason_.empty())
@@ -136,8 +139,11 @@ TrainSummary Trainer::train() {
   }
   // The test split, once, at the end (when validation chose the best checkpoint); also after a
   // resume at the last step whose cut validation just ran (the stop had skipped both).
-  if (selection_split() == sdk::Split::kValidation && (step_ > first_step || ran_pending) && stop_signal() == 0)
-    evaluate_and_report(sdk::Split::kTest);
+  if (selection_split() == sdk::Split::kValidation && (step_ > first_step || ran_pending || test_only)) {
+    if (stop_signal() == 0) evaluate_and_report(sdk::Split::kTest);
+    else if (step_ >= total_steps_ && last_eval_ && last_eval_->step == step_ && test_loader_)
+      test_pending_ = true;  // (validated, and the stop came before the test: summary.json says "not run")
+  }
   // The pending evaluation ran at the checkpoint's step and no step followed: the checkpoint is
   // written again without its mark, or every later resume would run it again.
   if (ran_pending && step_ == first_step && evaluation_cut_at_ != step_ && stop_signal() == 0) save_checkpoint();

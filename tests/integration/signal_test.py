@@ -144,7 +144,7 @@ try:
 
     # A signal during the final evaluation of the test split, after the last step: the evaluation
     # stops at its next batch (it ran to its end, 24 s on a large split), and the run says it is
-    # complete, not "continue with --resume auto".
+    # complete, and that a resume runs the test evaluation alone (below: train no step again).
     name = "final_eval"
     # (the standard model, not the debug one: some 20 s for the split, not 2, so the signal lands in it)
     proc = subprocess.Popen([exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
@@ -166,7 +166,7 @@ try:
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, f"SIGINT in the final evaluation: exit {proc.returncode}\n{err}"
     assert "test evaluation stopped by SIGINT after" in err, err
-    assert "after the last step (3 of 3): the training is complete" in err and "--resume auto" not in err, err
+    assert "after the last step (3 of 3): the training is complete" in err and "a resume runs it alone" in err, err
     assert not any("test/loss" in m for m in metrics(run)), "no figures from a cut evaluation"
     print(f"SIGINT in the final test evaluation: exit 130 after {time.time() - t0:.1f} s, the run complete")
 
@@ -238,9 +238,9 @@ try:
     # A stop during the test evaluation, after the validation's: summary.json holds the validation's
     # figures and says that the test's never came (they read as the run's final evaluation).
     name = "cut_test_eval"
-    proc = subprocess.Popen([exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
-                             "--set", "trainer.max_steps=3", "--set", "trainer.eval_every=3", "--set", "data.test_size=300000",
-                             "--set", "model.flavour=standard"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cut_test = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}", "--set", "trainer.max_steps=3",
+                "--set", "trainer.eval_every=3", "--set", "data.test_size=300000", "--set", "model.flavour=standard"]
+    proc = subprocess.Popen([exe, "train", *cut_test], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = os.path.join(work, name)
     wait_for_row(proc, run, 3, "val/loss", "its validation at step 3")
     time.sleep(0.3)
@@ -249,7 +249,19 @@ try:
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert proc.returncode == 130 and "val/loss" in summary["final_evaluation"] \
         and summary.get("test_evaluation", "").startswith("not run: the run ended before it finished"), (summary, err[-2000:])
+    assert "its test evaluation did not run, and a resume runs it alone: " in err and "--resume auto" in err, err[-2000:]
     print("SIGINT in the test evaluation: summary.json says the test's figures never came")
+    # The resume runs the test evaluation alone (no step) and records it; the next resume finds the run complete.
+    rows = len(metrics(run))
+    r = loom(exe, "train", *cut_test, "--resume", "auto")
+    summary = json.load(open(os.path.join(run, "summary.json")))
+    assert r.returncode == 0 and "the test evaluation of step 3 that a stop cut short runs now" in r.stderr, r.stderr[-3000:]
+    assert "test/loss" in summary["final_evaluation"] and "test_evaluation" not in summary \
+        and summary["diverged"] is False, summary
+    assert [(m["step"], "test/loss" in m) for m in metrics(run)[rows:]] == [(3, True)], metrics(run)[rows:]
+    r = loom(exe, "train", *cut_test, "--resume", "auto")
+    assert r.returncode == 0 and "is complete" in r.stderr and len(metrics(run)) == rows + 1, r.stderr[-2000:]
+    print("the resume runs the cut test evaluation alone and records it in summary.json; the next is complete")
 
     # A signal during set-up (the memory probes before the first step, a second or more on a large
     # micro-batch; an automatic batch search longer): set-up ends at its next probe, not after

@@ -232,6 +232,10 @@ class Trainer {
   bool evaluation_pending() const {
     return evaluation_pending_ || (evaluation_cut_at_ >= 0 && evaluation_cut_at_ == step_);
   }
+  /// The run is trained to its end and validated, but its test evaluation did not run (a stop or a
+  /// failure cut it short; summary.json says "not run"): train() runs it alone and records it there.
+  /// After train(): the test evaluation it ran was cut short again.
+  bool test_evaluation_pending() const { return test_pending_; }
   const sdk::BatchPlan& plan() const { return plan_; }
   c10::Device device() const { return device_; }
   sdk::Model& model() { return *model_; }
@@ -416,6 +420,7 @@ class Trainer {
                           const std::string& what) const;
   std::map<std::string, std::string> section(const std::string& name) const;
   void report_startup() const;
+  void note_pending_test();  // test_pending_ from summary.json (rank 0's), after a resume at the run's end
 
   Resolved config_;
   const PluginRegistry& registry_;
@@ -468,6 +473,7 @@ class Trainer {
   /// so), and whether the checkpoint this run resumed from had one: it runs first on resume.
   int64_t evaluation_cut_at_ = -1;
   bool evaluation_pending_ = false;
+  bool test_pending_ = false;
   double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
   int64_t bucket_bytes_ = 0;  // the gradient buckets' mean size
   std::vector<at::Tensor> buffers_at_setup_;           // copies of the model's buffers, until the first step
