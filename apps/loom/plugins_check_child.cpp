@@ -12,31 +12,28 @@
 #include "plugins_check_child.hpp"
 #include "cli.hpp"
 
+#include <loom/core/child_process.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/stop_signals.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
 #include <optional>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <string>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
-
-extern char** environ;
 
 namespace loom::cli {
 
@@ -167,77 +164,29 @@ class StopsNoted {
 ChildOutcome run_child(size_t first, double seconds, const std::string& scratch,
                        const std::function<void(const core::ConformanceReport&)>& on_report) {
   ChildOutcome out;
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return out;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], kChildFd);  // (dup2 clears close-on-exec)
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attributes, 0);
-  std::vector<std::string> args = own_arguments();
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string prefix = std::string(kCheckChildVariable) + "=";
-  std::vector<std::string> environment{prefix + std::to_string(first) + ":" + std::to_string(::getpid()) + ":" + scratch};
-  for (char** e = environ; *e != nullptr; ++e)
-    if (std::string_view(*e).rfind(prefix, 0) != 0) environment.emplace_back(*e);
-  std::vector<char*> envp;
-  for (auto& e : environment) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  pid_t pid = 0;
-  const int spawned =
-      args.empty() ? ENOENT : posix_spawn(&pid, "/proc/self/exe", &actions, &attributes, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-  ::close(fds[1]);
-  if (spawned != 0) {
-    ::close(fds[0]);
-    core::log::warn("cannot start a process for the checks (", std::strerror(spawned), "): they run in this one, and ",
-                    "one that hangs or crashes ends the command");
-    return out;
-  }
-  out.started = true;
+  core::ChildProcess child;
+  child.exe = "/proc/self/exe";
+  child.args = own_arguments();
+  child.environment = std::string(kCheckChildVariable) + "=" + std::to_string(first) + ":" + std::to_string(::getpid()) +
+                      ":" + scratch;
+  child.report_fd = kChildFd;
+  child.own_group = true;
   // A check gets `seconds` from the child's last word; its start (LibTorch, the plugins' scan)
-  // two minutes or more. The deadline holds after the pipe closed too (a plugin may close it).
-  bool heard = false, timed_out = false, ended = false, pipe_open = true;
-  int status = 0;
-  auto since = std::chrono::steady_clock::now();
-  std::string buffer;
+  // two minutes or more.
+  child.limit = seconds;
+  child.first_limit = std::max(seconds, 120.0);
   size_t last_index = first;  // (components come in order, from `first`: anything else is not the child's)
-  bool& any_component = out.any_component;
-  size_t read_after = 0;
-  while (true) {
-    const bool ended_before = ended;  // (seen ended before this poll: a quiet pipe now is all it wrote)
-    int ready = 0;
-    if (pipe_open) {
-      pollfd p{fds[0], POLLIN, 0};
-      ready = ::poll(&p, 1, 50);
-    } else {
-      ::usleep(50000);
-    }
-    if (ready > 0) {
-      char chunk[4096];
-      const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-      if (n <= 0) {
-        pipe_open = false;
-      } else {
-        buffer.append(chunk, static_cast<size_t>(n));
-        if (buffer.size() > (16u << 20) && buffer.find('\n') == std::string::npos) buffer.clear();  // not the child's
-      }
-      for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
-        const auto f = fields(buffer.substr(0, nl));
-        heard = true;
-        since = std::chrono::steady_clock::now();
+  const core::ChildEnd end = core::run_child_process(
+      child,
+      [&](const std::string& line) {
+        const auto f = fields(line);
         if (f[0] == "component" && f.size() == 4 && !out.check) {
-          char* end = nullptr;
-          const unsigned long index = std::strtoul(f[1].c_str(), &end, 10);
-          if (end == f[1].c_str() || *end != '\0' || index < last_index || (any_component && index == last_index)) continue;
+          char* tail = nullptr;
+          const unsigned long index = std::strtoul(f[1].c_str(), &tail, 10);
+          if (tail == f[1].c_str() || *tail != '\0' || index < last_index || (out.any_component && index == last_index))
+            return true;
           last_index = index;
-          any_component = true;
+          out.any_component = true;
           out.open = core::ConformanceReport{f[2], f[3], {}, {}};
           out.index = index;
         } else if (f[0] == "begin" && f.size() == 3 && out.open && !out.check) {
@@ -252,37 +201,22 @@ ChildOutcome run_child(size_t first, double seconds, const std::string& scratch,
         } else if (f[0] == "done" && f.size() == 1 && !out.open) {
           out.done = out.said_done = true;
         }
-      }
-    } else if (ready < 0 && errno != EINTR) {
-      pipe_open = false;
-    }
-    // Ended (not reaped: its group cannot be another's while it is a zombie), its pipe read to its
-    // end or held open by a process a plugin started (read on a little, then no more).
-    siginfo_t info{};
-    if (!ended && ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) {
-      ended = true;
-      read_after = 0;
-    }
-    if (ended && !pipe_open) break;  // (its end of the pipe closed: everything it wrote is read)
-    if (ended_before && (ready == 0 || (ready > 0 && (read_after += 4096) > (1u << 20)))) break;
-    if (const int sig = stopped_by.load(); sig != 0) break;
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-    if (!ended && waited > (heard ? seconds : std::max(seconds, 120.0))) {
-      timed_out = true;
-      if (!heard) seconds = std::max(seconds, 120.0);  // (the limit its start had, as the message says)
-      break;
-    }
+        return true;  // (any line: the child is alive and writing)
+      },
+      [] { return stopped_by.load() != 0; });
+  if (end.spawn_error != 0) {
+    core::log::warn("cannot start a process for the checks (", std::strerror(end.spawn_error), "): they run in this one, ",
+                    "and one that hangs or crashes ends the command");
+    return out;
   }
-  ::close(fds[0]);
-  ::kill(-pid, SIGKILL);  // the child if it still runs, and whatever a plugin left in its group
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  out.started = true;
   if (const int sig = stopped_by.load(); sig != 0)
     throw core::StoppedBySignal(sig, "loom plugins check: stopped by " + core::signal_name(sig) +
                                          (out.open ? " during the checks of " + out.open->kind + " '" + out.open->component + "'"
                                                    : std::string()) + "; the process running them was stopped");
-  if (out.done && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) out.done = false;  // (it crashed in its exit)
-  if (!out.done) out.why = why_it_ended(timed_out, seconds, status);
+  if (out.done && !(WIFEXITED(end.status) && WEXITSTATUS(end.status) == 0)) out.done = false;  // (it crashed in its exit)
+  // (the limit its start had, where it said nothing: as the message says)
+  if (!out.done) out.why = why_it_ended(end.timed_out, end.heard ? seconds : child.first_limit, end.status);
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Loading a plugin file first in a child process (plugin_scan.hpp).
 #include "plugin_scan.hpp"
 
+#include <loom/core/child_process.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
@@ -11,23 +12,16 @@
 
 #include <cerrno>
 #include <algorithm>
-#include <chrono>
 #include <optional>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <fcntl.h>
-#include <poll.h>
 #include <map>
 #include <mutex>
 #include <sstream>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <thread>
 #include <unistd.h>
-
-extern char** environ;
 
 namespace fs = std::filesystem;
 
@@ -157,103 +151,51 @@ const char* signal_text(int sig) {
 /// after. Returns the verdicts it reached; files it did not reach are left out.
 std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vector<fs::path>& files) {
   std::map<fs::path, ScanVerdict> out;
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return out;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  std::vector<std::string> args{exe.string()};
-  for (const auto& f : files) args.push_back(f.string());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
+  ChildProcess child;
+  child.exe = exe;
+  child.args.push_back(exe.string());
+  for (const auto& f : files) child.args.push_back(f.string());
   // The scanner ends itself once this process is gone (its parent's pid: a parent of pid 1, a
   // container's loom, is no sign of an orphan).
-  std::vector<std::string> environment{"LOOM_SCANNER_PARENT=" + std::to_string(::getpid())};
-  for (char** e = environ; *e != nullptr; ++e)
-    if (std::string_view(*e).rfind("LOOM_SCANNER_PARENT=", 0) != 0) environment.emplace_back(*e);
-  std::vector<char*> envp;
-  for (auto& e : environment) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(pipe_fds[1]);
-  if (spawned != 0) {
-    ::close(pipe_fds[0]);
-    log::warn("cannot start the plugin scanner ", exe.string(), " (", std::strerror(spawned), "): plugins are loaded ",
-              "in this process, unchecked");
-    for (const auto& f : files) out[f] = {};
-    return out;
-  }
-  const double limit = timeout_seconds();
+  child.environment = "LOOM_SCANNER_PARENT=" + std::to_string(::getpid());
+  child.quiet = true;
   // The limit is per file, from its "begin": the scanner's own start (it maps LibTorch, seconds
   // on a loaded machine) gets a minute or more, or a short LOOM_PLUGIN_SCAN_TIMEOUT would time
   // out before the first file and leave every plugin to load in this process, unchecked.
-  bool started = false;
-  auto since = std::chrono::steady_clock::now();
-  std::string buffer;
+  const double limit = timeout_seconds();
+  child.limit = limit;
+  child.first_limit = std::max(limit, 120.0);
   std::map<int, std::string> reports;  // index -> the report line's JSON
   int current = -1;  // the file the scanner is loading
-  bool timed_out = false;
-  int status = 0;
-  bool reaped = false;  // (the scanner ended: what is left in the pipe is read, then no more)
-  size_t read_after = 0;  // bytes read since (about: chunks of at most 512)
-  while (true) {
-    pollfd p{pipe_fds[0], POLLIN, 0};
-    const int ready = ::poll(&p, 1, 50);
-    if (ready > 0) {
-      char chunk[512];
-      const ssize_t n = ::read(pipe_fds[0], chunk, sizeof chunk);
-      if (n <= 0) break;  // the scanner ended
-      buffer.append(chunk, static_cast<size_t>(n));
-      if (buffer.size() > (16u << 20) && buffer.find('\n') == std::string::npos) buffer.clear();  // not the scanner's
-      for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
-        const std::string line = buffer.substr(0, nl);
-        const auto space = line.find(' ');
-        if (space == std::string::npos) continue;
-        const int index = std::atoi(line.c_str() + space + 1);
-        if (index < 0 || index >= static_cast<int>(files.size())) continue;
-        if (line.rfind("report ", 0) == 0) {
-          if (const auto json = line.find(' ', space + 1); json != std::string::npos && index == current)
-            reports[index] = line.substr(json + 1);
-        } else if (line.rfind("begin", 0) == 0) {
-          current = index;
-          started = true;
-          since = std::chrono::steady_clock::now();
-        } else if (line.rfind("ok", 0) == 0) {
-          out[files[static_cast<size_t>(index)]] = {true, {}, reports[index]};
-          current = -1;
-          since = std::chrono::steady_clock::now();
-        }
-      }
-    } else if (ready < 0 && errno != EINTR) {
-      break;
-    } else if (ready == 0 && reaped) {
-      break;
+  const ChildEnd end = run_child_process(child, [&](const std::string& line) {
+    const auto space = line.find(' ');
+    if (space == std::string::npos) return false;
+    const int index = std::atoi(line.c_str() + space + 1);
+    if (index < 0 || index >= static_cast<int>(files.size())) return false;
+    if (line.rfind("report ", 0) == 0) {
+      if (const auto json = line.find(' ', space + 1); json != std::string::npos && index == current)
+        reports[index] = line.substr(json + 1);
+      return false;
     }
-    // Ended, and no end of its output: a process a plugin's initializer started (a daemon) holds
-    // the pipe open, and would keep the scan waiting until the limit. What the scanner wrote
-    // before it ended is in the pipe: read, up to what a pipe holds and a little more (a daemon
-    // that writes on would keep it going), then no more.
-    if (!reaped && ::waitpid(pid, &status, WNOHANG) == pid) {
-      reaped = true;
-      read_after = 0;
+    if (line.rfind("begin", 0) == 0) {
+      current = index;
+      return true;
     }
-    if (reaped && ready > 0 && (read_after += 512) > (1u << 20)) break;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() >
-        (started ? limit : std::max(limit, 120.0))) {
-      if (reaped) break;  // (still written to by that process: the scanner's own lines are read)
-      timed_out = true;
-      ::kill(pid, SIGKILL);
-      break;
+    if (line.rfind("ok", 0) == 0) {
+      out[files[static_cast<size_t>(index)]] = {true, {}, reports[index]};
+      current = -1;
+      return true;
     }
+    return false;
+  });
+  if (end.spawn_error != 0) {
+    log::warn("cannot start the plugin scanner ", exe.string(), " (", std::strerror(end.spawn_error), "): plugins are ",
+              "loaded in this process, unchecked");
+    for (const auto& f : files) out[f] = {};
+    return out;
   }
-  ::close(pipe_fds[0]);
-  while (!reaped && ::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  const bool timed_out = end.timed_out;
+  const int status = end.status;
   if (current >= 0) {  // it did not come back from this file
     ScanVerdict v{false, {}, {}};
     if (timed_out) {

@@ -133,6 +133,11 @@ int32_t init_exit(const loom_host_api*, loom_error*) { std::exit(3); }
 int32_t init_hang(const loom_host_api*, loom_error*) {
   while (true) ::pause();
 }
+// Closes the scanner's report pipe (its stdout), then hangs: the scan still times out on it.
+int32_t init_close_hang(const loom_host_api*, loom_error*) {
+  ::close(STDOUT_FILENO);
+  while (true) ::pause();
+}
 
 // Not noexcept on purpose: an init that lets an exception out.
 int32_t init_throws(const loom_host_api*, loom_error*) { throw std::runtime_error("boom from init"); }
@@ -162,6 +167,8 @@ loom_plugin_descriptor make_descriptor() {
   d.init = &init_exit;
 #elif defined(BROKEN_INIT_HANG)
   d.init = &init_hang;
+#elif defined(BROKEN_INIT_CLOSE_HANG)
+  d.init = &init_close_hang;
 #elif defined(BROKEN_CONTROL_VERSION)
   d.version = "1.0\r\x1b[2Kfake";
 #endif
