@@ -9,6 +9,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
 #include <loom/sdk/launch.hpp>
 #include <loom/sdk/options.hpp>
@@ -208,8 +209,17 @@ int cmd_train(const Invocation& invocation) {
     // the user is told which one a resume takes up and the command that does it.
     const auto saved = core::CheckpointStore::list_run(trainer.run_dir());
     if (saved.empty()) {
-      if (!trainer.discard_if_nothing_trained()) throw;
       core::log::error(message_of(e));
+      if (!trainer.discard_if_nothing_trained()) {  // (steps trained, none saved: nothing to continue from)
+        const fs::path folder = trainer.run_dir() / "checkpoints";
+        const std::string is = sdk::what_is_at(folder);
+        core::log::warn(!checkpoints ? "the run writes no checkpoint (trainer.callbacks has no 'checkpoint'), so it cannot be "
+                                       "continued; its figures so far are in its log"
+                                     : "no checkpoint of the run is in " + folder.string() +
+                                           (is == "a folder" ? std::string() : " (it is " + is + " now)") +
+                                           ", so it cannot be continued from where it stopped" +
+                                           (is == "a folder" ? std::string() : "; where its checkpoints were moved away, put them back"));
+      }
       core::log::flush();
       return 1;
     }

@@ -131,9 +131,11 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
                                const std::string& state_json, int64_t keep_last) {
   const fs::path final_dir = dir_ / step_dir_name(step);
   const fs::path tmp = dir_ / (std::string(".").append(step_dir_name(step)).append(".tmp"));
+  bool made = false;  // (the folder it is in replaced by a FIFO or a loop of links: no partial folder was made)
   try {
     fs::remove_all(tmp);
     fs::create_directories(tmp);
+    made = true;
     // The safetensors files carry their own checksums (Note [Checkpoint checksums]); state.json's
     // is kept in both, so a flipped byte in any of the three is found at load, and so is a file
     // of another save (another step's weights copied in).
@@ -145,7 +147,7 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
     // A full disk (or a quota): the half-written folder goes, so it holds no space the user must
     // find; the step folders written before are untouched.
     std::error_code removed, ec;
-    fs::remove_all(tmp, removed);
+    if (made) fs::remove_all(tmp, removed);
     std::string why = e.what();
     if (const auto* file = dynamic_cast<const fs::filesystem_error*>(&e)) why = explained(*file);
     if (const auto* torch = dynamic_cast<const c10::Error*>(&e)) why = explained(*torch);  // (no backtrace)
@@ -158,7 +160,7 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
                        : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there)") +
                 (removed ? "; its partial folder " + tmp.string() + " could not be removed (" + removed.message() +
                                "): delete it by hand"
-                         : std::string("; its partial folder is removed")));
+                         : std::string(made ? "; its partial folder is removed" : "")));
   }
   // The same step saved again (a replayed run): the older folder is renamed out of the step_*
   // names first, so a process killed here leaves one of the two whole, never neither (the older

@@ -204,7 +204,10 @@ void Trainer::write_run_summary() {
     const bool saves = std::any_of(callbacks_.begin(), callbacks_.end(), [](const auto& c) { return c.first == "checkpoint"; });
     summary["final_evaluation"] =
         "not run: the run was stopped (" + why + ") before it finished; " +
-        (saves ? "the checkpoint of step " + std::to_string(step_) + " holds it pending, and a resume of the run runs it first"
+        // (written before that checkpoint: a save that fails is said on stderr, and the resume trains to the step again)
+        (saves ? "the checkpoint of step " + std::to_string(step_) + " holds it pending, and a resume of the run runs it first " +
+                     "(where that checkpoint could not be written, as the run's last lines then say, the resume takes the " +
+                     "one before it and trains to step " + std::to_string(step_) + " again)"
                : std::string("the run writes no checkpoint (trainer.callbacks has no 'checkpoint'), so no resume can run it"));
     summary["diverged"] = nullptr;  // (not known)
   } else {

@@ -73,8 +73,10 @@ std::string to_utf8_line(const std::string& text) {
       }
     }
   }
+  // (a NUL, in a damaged file, cut the title short where the text was read as a C string; the
+  // other control characters garble a terminal that shows it)
   for (char& ch : out)
-    if (ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == '\x7f') ch = ' ';
   return out;
 }
 

@@ -75,7 +75,8 @@ class InteractionDataset : public sdk::TensorDataset {
 };
 
 /// `text` as UTF-8: unchanged when it is valid UTF-8, else read as Latin-1 (MovieLens 100k and 1M
-/// are Latin-1). Newlines and tabs become spaces (one item is one line of the attributes).
+/// are Latin-1). Newlines, tabs and the other control characters (a NUL) become spaces: one item
+/// is one line of the attributes.
 std::string to_utf8_line(const std::string& text);
 
 }  // namespace loom::plugins::recommender
