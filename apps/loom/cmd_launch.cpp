@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <iostream>
 #include <random>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -200,6 +201,21 @@ bool reports_a_peer(const Child& c) {
   return false;
 }
 
+/// The text of a warning line ("[hh:mm:ss W] ..." or "[hh:mm:ss W rank R] ..."), or empty.
+std::string warning_text(const std::string& line) {
+  const size_t close = line.find(']');
+  if (line.empty() || line[0] != '[' || close == std::string::npos || close > 40) return {};
+  const std::string head = line.substr(0, close);
+  const bool warning = head.find(" W rank ") != std::string::npos || (head.size() >= 2 && head.compare(head.size() - 2, 2, " W") == 0);
+  return warning ? line.substr(close + 1) : std::string();
+}
+
+// Every rank gives the same warnings about what they share (the configuration, the data, the
+// machine): each is shown once, from the first rank that gave it; the count of the others is said
+// at the end. A warning of one rank's own (its device, its memory) differs, and is shown.
+std::map<std::string, int64_t> warnings_shown;  // text -> the rank that showed it (its own repeats are shown)
+size_t warnings_repeated = 0;
+
 void drain(Child& c, bool all) {
   char buffer[65536];
   for (;;) {
@@ -220,7 +236,9 @@ void drain(Child& c, bool all) {
     size_t start = 0, end;
     while ((end = c.partial.find('\n', start)) != std::string::npos) {
       std::string line = c.partial.substr(start, end - start);
-      std::cerr << line << "\n";
+      const std::string warning = warning_text(line);
+      if (warning.empty() || warnings_shown.emplace(warning, c.rank).first->second == c.rank) std::cerr << line << "\n";
+      else ++warnings_repeated;
       const size_t cr = line.rfind('\r');  // a progress line redrawn in place: its last state
       if (cr != std::string::npos) line = line.substr(cr + 1);
       if (!line.empty()) c.last = line;
@@ -471,6 +489,9 @@ int cmd_launch(const Invocation& invocation) {
   }
   for (auto& c : children)
     if (c.out >= 0) drain(c, true);
+  if (warnings_repeated > 0)
+    core::log::info("launch: ", warnings_repeated, warnings_repeated == 1 ? " warning" : " warnings",
+                    " that another rank gave first, word for word, shown once");
   // The first to exit is often a rank whose collective found the failed one gone (it exits the
   // moment the connection closes); the rank that failed of itself is the one to name.
   // (one that exited with its own error, or that a signal not from the launcher ended: kill -9)

@@ -212,16 +212,6 @@ int check(const Invocation& invocation) {
     seconds = *parsed;
   }
   const char* child = std::getenv(kCheckChildVariable);
-  // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache.
-  const auto in_scratch_cache = [](const std::function<void()>& run) {
-    const ScratchFolder scratch("loom-check");
-    const char* user_cache = std::getenv("LOOM_CACHE");
-    const std::string saved = user_cache != nullptr ? user_cache : "";
-    ::setenv("LOOM_CACHE", scratch.path().c_str(), 1);
-    run();
-    if (user_cache != nullptr) ::setenv("LOOM_CACHE", saved.c_str(), 1);
-    else ::unsetenv("LOOM_CACHE");
-  };
   if (child != nullptr) return run_check_child(registry, file, options, child);
   // (with the user's scan cache)
   const Clashes clashing = clashes(invocation, file, loaded.components);
@@ -244,8 +234,13 @@ int check(const Invocation& invocation) {
   };
   // In a child process, so that a check which hangs is stopped and one which crashes fails alone;
   // where none can start, here.
-  if (!check_in_children(loaded.plugin_name, seconds, options.on_report))
-    in_scratch_cache([&] { core::check_plugin(registry, file, options); });
+  if (!check_in_children(loaded.plugin_name, seconds, options.on_report)) {
+    // Components that cache answers (auto_batch) write to a scratch folder, not the user's cache
+    // (nothing reads that cache after the checks: it is not set back).
+    const ScratchFolder scratch("loom-check");
+    ::setenv("LOOM_CACHE", scratch.path().c_str(), 1);
+    core::check_plugin(registry, file, options);
+  }
   // (every check skipped, none passed: nothing is known, and a CI gate took it for "conforms")
   const bool unchecked = failed == 0 && passed == 0;
   std::cout << "\n" << passed + failed + skipped << " checks: " << passed << " passed, " << failed << " failed, " << skipped
