@@ -1,7 +1,8 @@
 // `loom plugins check` in a child process (plugins_check_child.hpp), in a process group of its
 // own (a plugin's kill(0, SIGTERM) is its own group's; the parent kills the group when the child
 // ends, with what a plugin started in it that stayed in it), killed with its parent
-// (PR_SET_PDEATHSIG: the child alone, where the parent is killed). The child writes one
+// (PR_SET_PDEATHSIG: a parent killed on its own cannot kill the group, so the child does, itself
+// with it). The child writes one
 // line per event to file descriptor 100 (a plugin's own files take the low numbers), its fields
 // separated by tabs, tabs, newlines and backslashes in them escaped:
 //   component INDEX KIND NAME   the suite of the file's INDEX-th component begins
@@ -233,7 +234,14 @@ int run_check_child(const core::PluginRegistry& registry, const std::filesystem:
   const long parent = second == std::string::npos ? 0 : std::strtol(value.c_str() + colon + 1, nullptr, 10);
   if (second == std::string::npos || end != value.c_str() + colon || ::fstat(kChildFd, &st) != 0 || !S_ISFIFO(st.st_mode))
     throw Error(std::string(kCheckChildVariable) + " is set: it is internal to loom plugins check; unset it");
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // (a parent killed on its own: this one goes too, not on for ever)
+  // A parent killed on its own (SIGKILL): this process goes too, not on for ever, and so do the
+  // processes a plugin started in its group (they lived on, a plugin's workers or servers).
+  struct sigaction parent_gone {};
+  parent_gone.sa_handler = [](int) { ::kill(0, SIGKILL); };  // (async-signal-safe)
+  sigemptyset(&parent_gone.sa_mask);
+  const int parent_gone_signal = SIGRTMIN + 4;  // (one no plugin is likely to use)
+  ::sigaction(parent_gone_signal, &parent_gone, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, parent_gone_signal);
   if (::getppid() != parent) std::_Exit(1);  // (it went before that)
   ::fcntl(kChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
   // Components that cache answers (auto_batch) write to the parent's scratch folder, not the user's cache.

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <thread>
+#include <unistd.h>
 
 namespace {
 
@@ -31,6 +32,10 @@ class ExitsOnCreate final : public loom::sdk::Callback {
 class HangsOnCreate final : public loom::sdk::Callback {
  public:
   explicit HangsOnCreate(const loom::sdk::Options&) {
+    if (::fork() == 0) {  // a process it starts first (a worker, a server): it goes when its check is stopped
+      ::sleep(300);
+      ::_exit(0);
+    }
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 };
