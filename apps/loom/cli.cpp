@@ -17,10 +17,14 @@
 #include <cstring>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
 #include <utility>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace loom::cli {
 
@@ -294,13 +298,60 @@ void set_scratch_run(core::Config& config, const std::string& command, const std
   }
 }
 
+namespace {
+
+constexpr const char* kScratchOwner = ".loom-scratch-owner";
+
+/// "PIDNS PID START" of process `pid` (its pid namespace, as /proc/self/ns/pid names it; its start
+/// in clock ticks since boot, which tells a pid reused by another process apart), or empty.
+std::string process_identity(const std::string& pid) {
+  std::ifstream in("/proc/" + pid + "/stat");
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');  // (after the command's name, which may hold spaces)
+  if (close == std::string::npos) return {};
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && (fields >> field); ++i) {  // the 22nd field: starttime
+  }
+  char ns[128] = {};
+  if (::readlink("/proc/self/ns/pid", ns, sizeof ns - 1) < 0) return {};
+  return std::string(ns) + " " + pid + " " + field;
+}
+
+/// Scratch folders of this user that a loom killed at once (SIGKILL: no clean-up of its) left in
+/// `folder`: each holds an owner file naming a process of this pid namespace that has ended.
+void remove_scratch_of_ended_processes(const std::filesystem::path& folder) {
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::filesystem::path dir = it->path();
+    struct stat st {};
+    if (dir.filename().string().rfind("loom-", 0) != 0 || ::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        st.st_uid != ::geteuid())
+      continue;
+    std::ifstream owner(dir / kScratchOwner);
+    std::string ns, pid, start;
+    if (!(owner >> ns >> pid >> start) || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string mine = process_identity(std::to_string(::getpid()));
+    if (mine.empty() || mine.substr(0, mine.find(' ')) != ns) continue;  // (another namespace's: not known here)
+    if (process_identity(pid) == ns + " " + pid + " " + start) continue;  // (it runs)
+    std::error_code removed;
+    std::filesystem::remove_all(dir, removed);
+    if (!removed) core::log::debug("removed ", dir.string(), ", a scratch folder its loom (pid ", pid, ") left when it was killed");
+  }
+}
+
+}  // namespace
+
 ScratchFolder::ScratchFolder(const std::string& prefix) {
+  remove_scratch_of_ended_processes(core::temp_folder());
   std::string pattern = (core::temp_folder() / (prefix + "-XXXXXX")).string();
   if (::mkdtemp(pattern.data()) == nullptr)
     throw Error("cannot make a scratch folder " + pattern + ": " + std::strerror(errno) +
                 " (TMPDIR chooses where; point it at a writable folder)");
   path_ = pattern;
   core::note_scratch_folder(path_.string());
+  // (for a later loom to remove it, where this one is killed at once)
+  if (std::ofstream owner(path_ / kScratchOwner); owner) owner << process_identity(std::to_string(::getpid())) << "\n";
 }
 
 ScratchFolder::~ScratchFolder() {

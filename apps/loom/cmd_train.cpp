@@ -210,9 +210,11 @@ int cmd_train(const Invocation& invocation) {
     const auto saved = core::CheckpointStore::list_run(trainer.run_dir());
     if (saved.empty()) {
       core::log::error(message_of(e));
-      if (!trainer.discard_if_nothing_trained()) {  // (steps trained, none saved: nothing to continue from)
+      // (steps trained, none saved: nothing to continue from; a rank but the first of a run that
+      // trained nothing discards nothing, and says nothing)
+      if (!trainer.discard_if_nothing_trained() && trainer.step() > 0) {
         const fs::path folder = trainer.run_dir() / "checkpoints";
-        const std::string is = sdk::what_is_at(folder);
+        const std::string what = sdk::what_is_at(folder), is = what.empty() ? "a file" : what;
         core::log::warn(!checkpoints ? "the run writes no checkpoint (trainer.callbacks has no 'checkpoint'), so it cannot be "
                                        "continued; its figures so far are in its log"
                                      : "no checkpoint of the run is in " + folder.string() +
@@ -226,7 +228,7 @@ int cmd_train(const Invocation& invocation) {
     core::log::error(message_of(e));
     if (core::step_of(saved.back()) >= trainer.total_steps()) {  // (in the final evaluation, say)
       core::log::warn("the training is complete: its last checkpoint ", saved.back().string(), " is written; ",
-                      trainer.test_evaluation_pending()
+                      trainer.test_evaluation_left_pending()
                           ? "once the cause is fixed, a resume runs its test evaluation alone: " +
                                 continue_hint(invocation, trainer, trainer.run_dir().filename().string())
                           : "evaluate it with: loom eval " + trainer.run_dir().string());
@@ -328,7 +330,7 @@ int cmd_train(const Invocation& invocation) {
   if (s.signal != 0 && s.steps >= trainer.total_steps()) {  // before or during the test evaluation, or after it
     core::log::warn("stopped by ", core::signal_name(s.signal), " after the last step (", s.steps, " of ", trainer.total_steps(),
                     "): the training is complete and its checkpoint written",
-                    trainer.test_evaluation_pending() ? "; its test evaluation did not run, and a resume runs it alone: " +
+                    trainer.test_evaluation_left_pending() ? "; its test evaluation did not run, and a resume runs it alone: " +
                                                             continue_hint(invocation, trainer, run.filename().string())
                                                       : std::string());
     core::log::flush();

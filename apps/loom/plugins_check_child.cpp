@@ -206,8 +206,10 @@ ChildOutcome run_child(size_t first, double seconds, const std::string& scratch,
       },
       [] { return stopped_by.load() != 0; });
   if (end.spawn_error != 0) {
-    core::log::warn("cannot start a process for the checks (", std::strerror(end.spawn_error), "): they run in this one, ",
-                    "and one that hangs or crashes ends the command");
+    out.why = std::strerror(end.spawn_error);
+    if (first == 0)  // (later, the components left are reported unchecked: no process could run them)
+      core::log::warn("cannot start a process for the checks (", out.why, "): they run in this one, and one that hangs ",
+                      "or crashes ends the command");
     return out;
   }
   out.started = true;
@@ -285,7 +287,7 @@ bool check_in_children(const std::string& plugin, double seconds,
       r.checks.push_back({child.said_done ? "exit" : child.any_component ? "(between its components)" : "start",
                           core::ConformanceCheck::Outcome::kFail,
                           child.started ? "the process running the checks " + child.why
-                                        : std::string("no process could be started for the checks")});
+                                        : "no process could be started for the checks (" + child.why + ")"});
       on_report(r);
       return true;
     }

@@ -131,7 +131,10 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
                                const std::string& state_json, int64_t keep_last) {
   const fs::path final_dir = dir_ / step_dir_name(step);
   const fs::path tmp = dir_ / (std::string(".").append(step_dir_name(step)).append(".tmp"));
-  bool made = false;  // (the folder it is in replaced by a FIFO or a loop of links: no partial folder was made)
+  // (the folder it is in replaced by a FIFO or a loop of links: no partial folder was made; one left
+  // by a process killed in its save is one)
+  std::error_code probe;
+  bool made = fs::exists(fs::symlink_status(tmp, probe));
   try {
     fs::remove_all(tmp);
     fs::create_directories(tmp);

@@ -149,7 +149,7 @@ const char* signal_text(int sig) {
 
 /// One scanner process over `files`: its stdout says "begin N" before loading file N and "ok N"
 /// after. Returns the verdicts it reached; files it did not reach are left out.
-std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vector<fs::path>& files) {
+std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vector<fs::path>& files, std::string& why_none) {
   std::map<fs::path, ScanVerdict> out;
   ChildProcess child;
   child.exe = exe;
@@ -188,11 +188,9 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
     }
     return false;
   });
-  if (end.spawn_error != 0) {
-    log::warn("cannot start the plugin scanner ", exe.string(), " (", std::strerror(end.spawn_error), "): plugins are ",
-              "loaded in this process, unchecked");
-    for (const auto& f : files) out[f] = {};
-    return out;
+  if (end.spawn_error != 0) {  // (no verdict: none is cached, and the next command tries again)
+    why_none = std::string("it could not be started: ") + std::strerror(end.spawn_error);
+    return {};
   }
   const bool timed_out = end.timed_out;
   const int status = end.status;
@@ -247,11 +245,11 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
   std::map<fs::path, ScanVerdict> fresh;
   while (!pending.empty()) {
     log::trace("scanning ", pending.size(), " plugin file(s) in ", exe.string(), ", from ", pending.front().string());
-    auto verdicts = run_scanner(exe, pending);
+    std::string why_none = "it failed to start or to report";
+    auto verdicts = run_scanner(exe, pending, why_none);
     if (verdicts.empty()) {  // it reached no file: give up isolation rather than loop
       log::warn("the plugin scanner ", exe.string(), " checked none of ", pending.size(), " plugin file(s) (from ",
-                pending.front().string(), "): it failed to start or to report; they are loaded in this process, ",
-                "unchecked");
+                pending.front().string(), "): ", why_none, "; they are loaded in this process, unchecked");
       for (const auto& f : pending) out[f] = {};
       break;
     }

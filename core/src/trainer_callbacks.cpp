@@ -87,16 +87,14 @@ bool Trainer::evaluate_and_report(sdk::Split split) {
     e = in_phase(what + " evaluation at step " + std::to_string(step_), [&] { return evaluate(split); });
   } catch (const EvaluationStopped& stopped) {
     log::warn(what, " ", stopped.what(), " at step ", step_, ": no figures from it",
-              split == selection_split() ? " (a resume runs it first)" : " (a resume runs it)");
+              split == selection_split()                      ? " (a resume runs it first)"
+              : step_ >= total_steps_ && writes_checkpoints() ? " (a resume runs it)"
+                                                              : "");
     if (split == selection_split()) evaluation_cut_at_ = step_;
-    else if (step_ >= total_steps_) test_pending_ = true;  // (summary.json says "not run": the resume's cue)
     if (stop_reason_.empty()) stop_reason_ = signal_name(stopped.signal) + " received";
     // (the run's end reached, its verdict cut: summary.json says so, or a script saw no summary at all)
     if (split == selection_split() && step_ >= total_steps_ && parallel_->rank() == 0) write_run_summary();
     return false;
-  } catch (const std::exception&) {  // (out of memory, a data file gone): a resume runs the test's, as after a stop
-    if (split != selection_split() && step_ >= total_steps_) test_pending_ = true;
-    throw;
   }
   e.step = step_;
   last_eval_ = e;
@@ -201,7 +199,7 @@ void Trainer::write_run_summary() {
   if (step_ < total_steps_) summary["stopped_early"] = stop_reason_;
   if (!last_eval_ || last_eval_->step != step_) {  // a stop in the final evaluation: no verdict yet
     const std::string why = stop_reason_.empty() ? signal_name(stop_signal()) + " received" : stop_reason_;
-    const bool saves = std::any_of(callbacks_.begin(), callbacks_.end(), [](const auto& c) { return c.first == "checkpoint"; });
+    const bool saves = writes_checkpoints();
     summary["final_evaluation"] =
         "not run: the run was stopped (" + why + ") before it finished; " +
         // (written before that checkpoint: a save that fails is said on stderr, and the resume trains to the step again)
@@ -218,9 +216,13 @@ void Trainer::write_run_summary() {
     summary["final_evaluation"] = evaluation;
     // (the validation's verdict, before the test's: a stop or a failure during the test leaves this one,
     // and a script that reads final_evaluation must see that the test's figures never came)
+    // (at the run's end a resume runs it; after an early stop, which a resume repeats, only loom eval)
     if (last_eval_->split == sdk::Split::kValidation && selection_split() == sdk::Split::kValidation && test_loader_)
-      summary["test_evaluation"] = "not run: the run ended before it finished; a resume of the run (--resume auto) runs it and "
-                                   "records its figures here (loom eval " + run_dir_.string() + " shows them only)";
+      summary["test_evaluation"] =
+          step_ >= total_steps_ && writes_checkpoints()
+              ? "not run: the run ended before it finished; a resume of the run (--resume auto) runs it and records its "
+                "figures here (loom eval " + run_dir_.string() + " shows them only)"
+              : "not run: the run ended before it finished (loom eval " + run_dir_.string() + " runs it)";
     summary["diverged"] = !std::isfinite(last_eval_->loss);
   }
   try {
@@ -270,20 +272,27 @@ std::optional<double> Trainer::recorded_final_loss() const {
   }
 }
 
+bool Trainer::writes_checkpoints() const {
+  return std::any_of(callbacks_.begin(), callbacks_.end(), [](const auto& c) { return c.first == "checkpoint"; });
+}
+
+bool Trainer::test_evaluation_left_pending() const {
+  if (step_ < total_steps_ || !test_loader_ || selection_split() != sdk::Split::kValidation || !writes_checkpoints())
+    return false;
+  try {  // ("not run": the validation's verdict was written, then the test's evaluation was cut short)
+    const std::optional<json> summary = summary_at(run_dir_, step_);
+    return summary && summary->contains("test_evaluation") && summary->at("test_evaluation").is_string() &&
+           summary->at("final_evaluation").contains("val/loss");
+  } catch (const std::exception&) {  // (recorded_final_loss says what is wrong with it)
+    return false;
+  }
+}
+
 void Trainer::note_pending_test() {
   test_pending_ = false;
   if (resumed_at_ < 0 || step_ < total_steps_ || evaluation_pending_) return;  // (a pending validation runs the test after it)
-  bool pending = false;
-  if (parallel_->rank() == 0 && test_loader_ && selection_split() == sdk::Split::kValidation) {
-    try {  // ("not run": the validation's verdict was written, then the test's evaluation was cut short)
-      const std::optional<json> summary = summary_at(run_dir_, step_);
-      pending = summary && summary->contains("test_evaluation") && summary->at("test_evaluation").is_string() &&
-                summary->at("final_evaluation").contains("val/loss");
-    } catch (const std::exception&) {  // (recorded_final_loss says what is wrong with it)
-    }
-  }
   // (rank 0's summary decides: it alone writes one, and every rank evaluates)
-  test_pending_ = any_rank(pending);
+  test_pending_ = any_rank(parallel_->rank() == 0 && test_evaluation_left_pending());
 }
 
 }  // namespace loom::core

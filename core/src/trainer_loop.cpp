@@ -139,14 +139,12 @@ TrainSummary Trainer::train() {
   }
   // The test split, once, at the end (when validation chose the best checkpoint); also after a
   // resume at the last step whose cut validation just ran (the stop had skipped both).
-  if (selection_split() == sdk::Split::kValidation && (step_ > first_step || ran_pending || test_only)) {
-    if (stop_signal() == 0) evaluate_and_report(sdk::Split::kTest);
-    else if (step_ >= total_steps_ && last_eval_ && last_eval_->step == step_ && test_loader_)
-      test_pending_ = true;  // (validated, and the stop came before the test: summary.json says "not run")
-  }
+  if (selection_split() == sdk::Split::kValidation && (step_ > first_step || ran_pending || test_only) && stop_signal() == 0)
+    evaluate_and_report(sdk::Split::kTest);
   // The pending evaluation ran at the checkpoint's step and no step followed: the checkpoint is
   // written again without its mark, or every later resume would run it again.
-  if (ran_pending && step_ == first_step && evaluation_cut_at_ != step_ && stop_signal() == 0) save_checkpoint();
+  // (a stop in the test's evaluation after it too: that resume would repeat the validation)
+  if (ran_pending && step_ == first_step && evaluation_cut_at_ != step_) save_checkpoint();
   check_replicas();
   // (a stop a callback asked for before the first step trains nothing: the record goes back too)
   if (step_ > first_step || ran_pending) pending_record_.commit();

@@ -197,7 +197,7 @@ try:
     name = "cut_last_eval"
     last = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}", "--set", "trainer.max_steps=3",
             "--set", "trainer.eval_every=3", "--set", "data.train_size=400000", "--set", "data.validation_fraction=0.5",
-            "--set", "model.flavour=standard"]
+            "--set", "data.test_size=300000", "--set", "model.flavour=standard"]
     proc = subprocess.Popen([exe, "train", *last], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run = os.path.join(work, name)
     wait_for_row(proc, run, 3, "train/loss", "its evaluation at step 3")
@@ -209,8 +209,24 @@ try:
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert summary["step"] == 3 and summary["diverged"] is None and summary["final_evaluation"].startswith(
         "not run: the run was stopped (SIGINT received) before it finished; the checkpoint of step 3 holds it pending"), summary
+    # The resume runs the validation first; a stop in the test's evaluation after it: the next
+    # resume runs the test's alone (it ran the validation again, a second row of it).
+    proc = subprocess.Popen([exe, "train", *last, "--resume", "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if "validation step 3:" in line:
+            break
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    err = "".join(said) + err
+    assert proc.returncode == 130 and "the evaluation of step 3 that a stop cut short runs first" in err \
+        and "its test evaluation did not run, and a resume runs it alone" in err, err[-3000:]
     r = loom(exe, "train", *last, "--resume", "auto")
-    assert "is complete" not in r.stderr and "the evaluation of step 3 that a stop cut short runs first" in r.stderr, r.stderr
+    assert "is complete" not in r.stderr and "cut short runs first" not in r.stderr \
+        and "the test evaluation of step 3 that a stop cut short runs now" in r.stderr, r.stderr[-3000:]
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert summary["diverged"] is False and "test/loss" in summary["final_evaluation"], summary
     rows = [(m["step"], "val" if "val/loss" in m else "train" if "train/loss" in m else "test") for m in metrics(run)]
@@ -218,7 +234,8 @@ try:
     r = loom(exe, "train", *last, "--resume", "auto")  # (its checkpoint was written again without the mark)
     assert "is complete" in r.stderr and "cut short runs first" not in r.stderr, r.stderr
     assert len(metrics(run)) == 5, metrics(run)
-    print("SIGINT in the last step's validation: the resume runs it, then the test split; the next is complete")
+    print("SIGINT in the last step's validation: the resume runs it, then the test split (cut: the next runs it alone); "
+          "the next is complete")
 
     # A stop in the last step's validation after an earlier one: the final line's figures are the
     # earlier evaluation's, and it says which step's (they read as the last step's).
@@ -253,6 +270,20 @@ try:
     print("SIGINT in the test evaluation: summary.json says the test's figures never came")
     # The resume runs the test evaluation alone (no step) and records it; the next resume finds the run complete.
     rows = len(metrics(run))
+    # (a stop in that resume's test evaluation: the same again)
+    proc = subprocess.Popen([exe, "train", *cut_test, "--resume", "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if "that a stop cut short runs now" in line:
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    err = "".join(said) + err
+    assert proc.returncode == 130 and "its test evaluation did not run, and a resume runs it alone" in err \
+        and len(metrics(run)) == rows, err[-3000:]
     r = loom(exe, "train", *cut_test, "--resume", "auto")
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert r.returncode == 0 and "the test evaluation of step 3 that a stop cut short runs now" in r.stderr, r.stderr[-3000:]

@@ -77,6 +77,10 @@ std::string to_utf8_line(const std::string& text) {
   // other control characters garble a terminal that shows it)
   for (char& ch : out)
     if (static_cast<unsigned char>(ch) < 0x20 || ch == '\x7f') ch = ' ';
+  // (and U+0080 to U+009F, C1 controls: Latin-1's 0x9B is a terminal's CSI)
+  for (size_t i = 0; i + 1 < out.size(); ++i)
+    if (out[i] == '\xC2' && static_cast<unsigned char>(out[i + 1]) >= 0x80 && static_cast<unsigned char>(out[i + 1]) <= 0x9F)
+      out.replace(i, 2, " ");
   return out;
 }
 

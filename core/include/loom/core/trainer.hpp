@@ -232,10 +232,12 @@ class Trainer {
   bool evaluation_pending() const {
     return evaluation_pending_ || (evaluation_cut_at_ >= 0 && evaluation_cut_at_ == step_);
   }
-  /// The run is trained to its end and validated, but its test evaluation did not run (a stop or a
-  /// failure cut it short; summary.json says "not run"): train() runs it alone and records it there.
-  /// After train(): the test evaluation it ran was cut short again.
+  /// Resumed at the run's end, validated, but its test evaluation did not run (a stop or a failure
+  /// cut it short; rank 0's summary.json says "not run"): train() runs it alone and records it there.
   bool test_evaluation_pending() const { return test_pending_; }
+  /// After train(): summary.json (rank 0's) says the run's test evaluation did not run, and a resume
+  /// of the run runs it (trained to its end, validated, its checkpoints written).
+  bool test_evaluation_left_pending() const;
   const sdk::BatchPlan& plan() const { return plan_; }
   c10::Device device() const { return device_; }
   sdk::Model& model() { return *model_; }
@@ -421,6 +423,7 @@ class Trainer {
   std::map<std::string, std::string> section(const std::string& name) const;
   void report_startup() const;
   void note_pending_test();  // test_pending_ from summary.json (rank 0's), after a resume at the run's end
+  bool writes_checkpoints() const;  // trainer.callbacks has 'checkpoint'
 
   Resolved config_;
   const PluginRegistry& registry_;
