@@ -185,7 +185,7 @@ ChildOutcome run_child(size_t first, double seconds, const std::string& scratch,
           char* tail = nullptr;
           const unsigned long index = std::strtoul(f[1].c_str(), &tail, 10);
           if (tail == f[1].c_str() || *tail != '\0' || index < last_index || (out.any_component && index == last_index))
-            return true;
+            return false;
           last_index = index;
           out.any_component = true;
           out.open = core::ConformanceReport{f[2], f[3], {}, {}};
@@ -201,8 +201,10 @@ ChildOutcome run_child(size_t first, double seconds, const std::string& scratch,
           out.open.reset();
         } else if (f[0] == "done" && f.size() == 1 && !out.open) {
           out.done = out.said_done = true;
+        } else {
+          return false;  // (not the child's, or out of order: no progress, or writing would hold off the limit)
         }
-        return true;  // (any line: the child is alive and writing)
+        return true;
       },
       [] { return stopped_by.load() != 0; });
   if (end.spawn_error != 0) {
@@ -238,11 +240,12 @@ int run_check_child(const core::PluginRegistry& registry, const std::filesystem:
     throw Error(std::string(kCheckChildVariable) + " is set: it is internal to loom plugins check; unset it");
   // A parent killed on its own (SIGKILL): this process goes too, not on for ever, and so do the
   // processes a plugin started in its group (they lived on, a plugin's workers or servers).
+  // (its own group, as the parent starts it: never a shell's)
+  const int parent_gone_signal = ::getpgrp() == ::getpid() ? SIGRTMIN + 4 : SIGKILL;  // (one no plugin is likely to use)
   struct sigaction parent_gone {};
   parent_gone.sa_handler = [](int) { ::kill(0, SIGKILL); };  // (async-signal-safe)
   sigemptyset(&parent_gone.sa_mask);
-  const int parent_gone_signal = SIGRTMIN + 4;  // (one no plugin is likely to use)
-  ::sigaction(parent_gone_signal, &parent_gone, nullptr);
+  if (parent_gone_signal != SIGKILL) ::sigaction(parent_gone_signal, &parent_gone, nullptr);
   ::prctl(PR_SET_PDEATHSIG, parent_gone_signal);
   if (::getppid() != parent) std::_Exit(1);  // (it went before that)
   ::fcntl(kChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)

@@ -5,6 +5,7 @@
 // with the file's next component in a new child.
 #pragma once
 
+#include <loom/core/child_process.hpp>
 #include <loom/core/conformance.hpp>
 
 #include <filesystem>
@@ -18,7 +19,7 @@ namespace loom::cli {
 /// LOOM_CACHE. Internal to `loom plugins check`.
 inline constexpr const char* kCheckChildVariable = "LOOM_INTERNAL_CHECK_CHILD";
 /// The child's end of its pipe to the parent (a plugin's own files take the low numbers).
-inline constexpr int kCheckChildFd = 100;
+inline constexpr int kCheckChildFd = core::kReportFd;
 
 /// In the child: runs the suites of `file`'s components from the one `variable` (the value of
 /// kCheckChildVariable) names, telling the parent on a pipe as each check begins and ends.

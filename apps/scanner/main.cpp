@@ -1,17 +1,40 @@
 // loom-plugin-scanner FILE...: loads plugin files the way the host does, one after another, in a
 // process of its own, so that a plugin which crashes, exits or hangs while loading takes only
-// this process down. For file N it prints "begin N" before loading it, then "report N JSON" (what
+// this process down. For file N it writes "begin N" before loading it, then "report N JSON" (what
 // the file holds, or why it was refused: the host registers its components from that without
-// loading the file, and loads it only when a run creates one of them), then "ok N". The host
-// (core/src/plugin_scan.cpp) reads those lines and how the process ended, nothing else.
+// loading the file, and loads it only when a run creates one of them), then "ok N", on file
+// descriptor 100 (core::kReportFd; the standard output where that is not open: run by hand),
+// never on the standard output a plugin writes to. The host (core/src/plugin_scan.cpp) reads
+// those lines, in that order only, and how the process ended, nothing else.
+#include <loom/core/child_process.hpp>
 #include <loom/core/plugin_registry.hpp>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fcntl.h>
+#include <string>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+namespace {
+
+int report_fd = STDOUT_FILENO;
+
+void report(const std::string& line) {
+  const std::string text = line + "\n";
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(report_fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) std::_Exit(4);  // the host is gone
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -20,26 +43,38 @@ int main(int argc, char** argv) {
   }
   // Dies with the command that started it: a plugin whose initializer spins or hangs kept a
   // scanner at full CPU for good after the command was interrupted (the time limit is the
-  // command's to enforce, and it was gone).
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // command's to enforce, and it was gone). Started by the host, in a process group of its own,
+  // it takes the processes a plugin's initializer started in that group with it (a host killed
+  // at once cannot end them).
+  const char* parent = std::getenv("LOOM_SCANNER_PARENT");
+  if (parent != nullptr && ::getpgrp() == ::getpid()) {
+    struct sigaction parent_gone {};
+    parent_gone.sa_handler = [](int) { ::kill(0, SIGKILL); };  // (async-signal-safe)
+    sigemptyset(&parent_gone.sa_mask);
+    ::sigaction(SIGRTMIN + 4, &parent_gone, nullptr);
+    ::prctl(PR_SET_PDEATHSIG, SIGRTMIN + 4);
+  } else {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  }
   // (the host names itself: a parent of pid 1 may be a container's loom, not an orphan's reaper)
-  if (const char* parent = std::getenv("LOOM_SCANNER_PARENT"); parent != nullptr && ::getppid() != std::atoi(parent))
-    return 3;  // it was gone before prctl
+  if (parent != nullptr && ::getppid() != std::atoi(parent)) return 3;  // it was gone before prctl
+  if (struct stat st {}; ::fstat(loom::core::kReportFd, &st) == 0 && S_ISFIFO(st.st_mode)) {
+    report_fd = loom::core::kReportFd;
+    ::fcntl(report_fd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
+  }
   for (int i = 1; i < argc; ++i) {
-    std::printf("begin %d\n", i - 1);
-    std::fflush(stdout);
+    report("begin " + std::to_string(i - 1));
     try {
       // A registry per file: whether two files provide one component is the host's question.
       loom::core::PluginRegistry registry;
       registry.set_isolation(false);  // this is the isolated process
       registry.set_log_refusals(false);
-      const loom::core::LoadReport report = registry.load(argv[i]);
-      std::printf("report %d %s\n", i - 1, loom::core::to_json(report).c_str());
+      const loom::core::LoadReport loaded = registry.load(argv[i]);
+      report("report " + std::to_string(i - 1) + " " + loom::core::to_json(loaded));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());  // the loader refuses by report, not by exception
     }
-    std::printf("ok %d\n", i - 1);
-    std::fflush(stdout);
+    report("ok " + std::to_string(i - 1));
   }
   return 0;
 }

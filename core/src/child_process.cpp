@@ -51,7 +51,10 @@ ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(c
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   if (fds[1] != child.report_fd) posix_spawn_file_actions_adddup2(&actions, fds[1], child.report_fd);  // (clears close-on-exec)
-  if (child.quiet) posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  if (child.quiet) {
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  }
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
   if (child.own_group) {

@@ -158,7 +158,11 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   // The scanner ends itself once this process is gone (its parent's pid: a parent of pid 1, a
   // container's loom, is no sign of an orphan).
   child.environment = "LOOM_SCANNER_PARENT=" + std::to_string(::getpid());
+  // Its report on a descriptor of its own (a plugin that printed "ok 0" on stdout, then crashed,
+  // was passed and crashed the command), in a process group of its own (a plugin's kill(0,
+  // SIGTERM) ended the command; what a plugin started goes with the scanner).
   child.quiet = true;
+  child.own_group = true;
   // The limit is per file, from its "begin": the scanner's own start (it maps LibTorch, seconds
   // on a loaded machine) gets a minute or more, or a short LOOM_PLUGIN_SCAN_TIMEOUT would time
   // out before the first file and leave every plugin to load in this process, unchecked.
@@ -167,23 +171,29 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   child.first_limit = std::max(limit, 120.0);
   std::map<int, std::string> reports;  // index -> the report line's JSON
   int current = -1;  // the file the scanner is loading
+  // The lines in their order only ("begin N" for the next file, then "report N ..." and "ok N"
+  // for it): anything else is not the scanner's, and is no progress either.
+  int next = 0;
   const ChildEnd end = run_child_process(child, [&](const std::string& line) {
-    const auto space = line.find(' ');
-    if (space == std::string::npos) return false;
-    const int index = std::atoi(line.c_str() + space + 1);
-    if (index < 0 || index >= static_cast<int>(files.size())) return false;
-    if (line.rfind("report ", 0) == 0) {
-      if (const auto json = line.find(' ', space + 1); json != std::string::npos && index == current)
-        reports[index] = line.substr(json + 1);
-      return false;
-    }
-    if (line.rfind("begin", 0) == 0) {
+    const size_t space = line.find(' ');
+    const std::string word = line.substr(0, space);
+    const size_t digits = space == std::string::npos ? 0 : line.find_first_not_of("0123456789", space + 1);
+    const std::string number = space == std::string::npos ? "" : line.substr(space + 1, digits == std::string::npos ? digits : digits - space - 1);
+    if (number.empty() || number.size() > 9) return false;
+    const int index = std::stoi(number);
+    const bool ends = digits == std::string::npos;
+    if (word == "begin" && ends && index == next && current < 0 && index < static_cast<int>(files.size())) {
       current = index;
       return true;
     }
-    if (line.rfind("ok", 0) == 0) {
+    if (word == "report" && !ends && line[digits] == ' ' && index == current) {
+      reports[index] = line.substr(digits + 1);
+      return false;
+    }
+    if (word == "ok" && ends && index == current) {
       out[files[static_cast<size_t>(index)]] = {true, {}, reports[index]};
       current = -1;
+      next = index + 1;
       return true;
     }
     return false;
@@ -201,10 +211,13 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
                  " s in the scanner (does its initialization hang? on a busy machine, a larger "
                  "LOOM_PLUGIN_SCAN_TIMEOUT tries it again)";
       v.timed_out = true;
-    } else if (WIFSIGNALED(status)) {
-      const char* name = signal_text(WTERMSIG(status));
-      v.reason = "crashed with " + (name ? std::string(name) : "signal " + std::to_string(WTERMSIG(status))) +
+    } else if (WIFSIGNALED(status) && signal_text(WTERMSIG(status)) != nullptr) {
+      v.reason = std::string("crashed with ") + signal_text(WTERMSIG(status)) +
                  " while loading in the scanner (in its static initializers or its init)";
+    } else if (WIFSIGNALED(status)) {  // (SIGTERM: a plugin that signals its process group, the scanner's own)
+      const char* abbrev = ::sigabbrev_np(WTERMSIG(status));
+      v.reason = "ended the scanner by " + (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(WTERMSIG(status))) +
+                 " while loading (does its initialization signal its process group, or its parent?)";
     } else if (WIFEXITED(status)) {
       v.reason = "ended the scanner with exit status " + std::to_string(WEXITSTATUS(status)) +
                  " while loading (does its initialization call exit()?)";

@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 from common import loom, workdir
 
@@ -181,6 +182,24 @@ stopped = re.search(r"loom bench: stopped by SIGINT in round (\d+) of 50: the ta
 expect(p.returncode == 130 and stopped and int(stopped.group(2)) == int(stopped.group(1)) - 1 >= 1 and "samples/s" in out
        and ("one round, the only one finished" in out) == (stopped.group(2) == "1"),
        f"a stopped bench reports its finished rounds (rc {p.returncode}): {out[-400:]} {err[-600:]}")
+
+# A bench killed at once (SIGKILL: no clean-up) left its scratch folder in TMPDIR for good; the
+# next bench or profile removes it (its owner file names a process that has ended), and no other.
+scratch_tmp = os.path.join(work, "tmp")
+os.makedirs(os.path.join(scratch_tmp, "loom-bench-mine"))  # (not Loom's: no owner file)
+env = dict(os.environ, TMPDIR=scratch_tmp)
+p = subprocess.Popen([exe, "bench", "configs", benched, "--steps", "500", "--repeats", "50", *RUN], env=env,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+deadline = time.time() + 120
+while time.time() < deadline and len(os.listdir(scratch_tmp)) < 2:
+    time.sleep(0.1)
+left = sorted(set(os.listdir(scratch_tmp)) - {"loom-bench-mine"})
+time.sleep(0.5)  # (its owner file written)
+p.kill()
+p.wait()
+r = loom(exe, "bench", "configs", benched, "--steps", "2", *RUN, env=env)
+expect(len(left) == 1 and sorted(os.listdir(scratch_tmp)) == ["loom-bench-mine"],
+       f"a killed bench's scratch folder is removed by the next ({left} -> {os.listdir(scratch_tmp)})", r)
 
 # bench/gpu_kernels.py's idle time between a CUDA trace's kernels (a CPU trace has none): on a
 # known timeline, the busiest stream's gaps by length, a kernel overlapped by a longer one adding

@@ -139,6 +139,26 @@ int32_t init_close_hang(const loom_host_api*, loom_error*) {
   while (true) ::pause();
 }
 
+// Inits that print what the scanner's report lines look like on the standard output (a library
+// that logs to it), then crash or hang; and one that signals its process group (a plugin's
+// clean-up of its workers gone wrong): each is refused by name, and the command goes on.
+int32_t init_chatty_abort(const loom_host_api*, loom_error*) {
+  std::printf("ok 0\nok, starting up\nreport 0 {}\n");
+  std::fflush(stdout);
+  std::abort();
+}
+int32_t init_chatty_hang(const loom_host_api*, loom_error*) {
+  for (;;) {
+    std::printf("begin 0\nbeginning work\n");
+    std::fflush(stdout);
+    ::usleep(200000);
+  }
+}
+int32_t init_kills_group(const loom_host_api*, loom_error*) {
+  ::kill(0, SIGTERM);
+  while (true) ::pause();
+}
+
 // Not noexcept on purpose: an init that lets an exception out.
 int32_t init_throws(const loom_host_api*, loom_error*) { throw std::runtime_error("boom from init"); }
 
@@ -169,6 +189,12 @@ loom_plugin_descriptor make_descriptor() {
   d.init = &init_hang;
 #elif defined(BROKEN_INIT_CLOSE_HANG)
   d.init = &init_close_hang;
+#elif defined(BROKEN_INIT_CHATTY_ABORT)
+  d.init = &init_chatty_abort;
+#elif defined(BROKEN_INIT_CHATTY_HANG)
+  d.init = &init_chatty_hang;
+#elif defined(BROKEN_INIT_KILLS_GROUP)
+  d.init = &init_kills_group;
 #elif defined(BROKEN_CONTROL_VERSION)
   d.version = "1.0\r\x1b[2Kfake";
 #endif

@@ -78,6 +78,12 @@ TEST_F(PluginScan, CrashingExitingAndHangingPluginsAreRefusedByNameAndTheOthersL
       {"libloom_dataset_crashing_init_hang.so", "did not finish loading within 3 s in the scanner"},
       // (its stdout, the scanner's report pipe, closed before it hangs: the scan waited for ever)
       {"libloom_dataset_crashing_init_close_hang.so", "did not finish loading within 3 s in the scanner"},
+      // (after printing "ok 0" on stdout: it was passed, and crashed the command; "begin 0", again
+      // and again: every line of it held the limit off)
+      {"libloom_dataset_crashing_init_chatty_abort.so", "crashed with SIGABRT while loading in the scanner"},
+      {"libloom_dataset_crashing_init_chatty_hang.so", "did not finish loading within 3 s in the scanner"},
+      // (kill(0, SIGTERM): the scanner was in this process's group, which it ended)
+      {"libloom_dataset_crashing_init_kills_group.so", "ended the scanner by SIGTERM while loading"},
   };
   for (const auto& [file, reason] : expected) {
     auto it = refused.find(file);

@@ -11,12 +11,16 @@
 
 namespace loom::core {
 
+/// The report pipe's descriptor in a child that runs plugin code: not its stdout, which a plugin
+/// (a library that logs) writes to, and high enough that a plugin's own files do not take it.
+constexpr int kReportFd = 100;
+
 struct ChildProcess {
   std::filesystem::path exe;      ///< the program
   std::vector<std::string> args;  ///< its argv, the first its name
   std::string environment;        ///< "NAME=VALUE": set in the child, over an inherited NAME
-  int report_fd = 1;              ///< the child's end of the report pipe (stdout, or a number of its own)
-  bool quiet = false;             ///< its stderr to /dev/null
+  int report_fd = kReportFd;      ///< the child's end of the report pipe
+  bool quiet = false;             ///< its stdout and stderr to /dev/null
   bool own_group = false;         ///< in a process group of its own, killed whole when it ends
   double first_limit = 120;       ///< seconds it may take to its first line of progress (its start)
   double limit = 120;             ///< seconds it may take from one line of progress to the next
