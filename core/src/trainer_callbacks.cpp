@@ -222,7 +222,8 @@ void Trainer::write_run_summary() {
           step_ >= total_steps_ && writes_checkpoints()
               ? "not run: the run ended before it finished; a resume of the run (--resume auto) runs it and records its "
                 "figures here (loom eval " + run_dir_.string() + " shows them only)"
-              : "not run: the run ended before it finished (loom eval " + run_dir_.string() + " runs it)";
+              : "not run: the run ended before it finished; loom eval runs it on weights the run saved (" +
+                    run_dir_.string() + ", its step folders or its best file, where it has either)";
     summary["diverged"] = !std::isfinite(last_eval_->loss);
   }
   try {

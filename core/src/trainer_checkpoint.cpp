@@ -353,8 +353,8 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   step_ = step;
   skipped_steps_ = skipped_at_resume_ = saved.skipped;
   if (!data_changes.empty())  // (a choice, as fine-tuning on other data is: said, not refused)
-    log::warn("this run's data differs from the checkpoint's: ", join(data_changes, "; "),
-              "; the resumed run trains on these");
+    log::warn("this run's data differs from the checkpoint's: ", join(data_changes, "; "), "; the resumed run ",
+              step < total_steps_ ? "trains on these" : "is trained: what evaluations it runs are of these");
   const bool chosen_here = config_.at("trainer.batch_size").origin.source == "default" && !memory_policies_.empty();
   if (saved_plan.global() != plan_.global() && chosen_here && saved_plan.global() % plan_.world_size == 0)
     adopt_global_batch(saved_plan.global());
