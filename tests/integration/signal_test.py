@@ -27,6 +27,22 @@ def wait_for_row(proc, run, step, key, before):
                                               (metrics(run, partial=True) if os.path.exists(os.path.join(run, "metrics.jsonl")) else [])):
         assert proc.poll() is None, f"the run ended before {before}: " + proc.stderr.read()
         time.sleep(0.01)
+
+
+def interrupt_after_line(args, marker, delay):
+    """`loom ARGS`, sent SIGINT `delay` s after it logs a line holding `marker`: (its exit status, its stderr)."""
+    proc = subprocess.Popen([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if marker in line:
+            break
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, "".join(said) + err
+
+
 args = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.max_steps={STEPS}",
         "--set", "trainer.checkpoint_every=100000", "--set", "trainer.eval_every=100000"]
 
@@ -211,18 +227,8 @@ try:
         "not run: the run was stopped (SIGINT received) before it finished; the checkpoint of step 3 holds it pending"), summary
     # The resume runs the validation first; a stop in the test's evaluation after it: the next
     # resume runs the test's alone (it ran the validation again, a second row of it).
-    proc = subprocess.Popen([exe, "train", *last, "--resume", "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    said = []
-    for line in proc.stderr:
-        said.append(line)
-        if "validation step 3:" in line:
-            break
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    err = "".join(said) + err
-    assert proc.returncode == 130 and "the evaluation of step 3 that a stop cut short runs first" in err \
+    code, err = interrupt_after_line(["train", *last, "--resume", "auto"], "validation step 3:", 0.3)
+    assert code == 130 and "the evaluation of step 3 that a stop cut short runs first" in err \
         and "its test evaluation did not run, and a resume runs it alone" in err, err[-3000:]
     r = loom(exe, "train", *last, "--resume", "auto")
     assert "is complete" not in r.stderr and "cut short runs first" not in r.stderr \
@@ -271,18 +277,8 @@ try:
     # The resume runs the test evaluation alone (no step) and records it; the next resume finds the run complete.
     rows = len(metrics(run))
     # (a stop in that resume's test evaluation: the same again)
-    proc = subprocess.Popen([exe, "train", *cut_test, "--resume", "auto"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    said = []
-    for line in proc.stderr:
-        said.append(line)
-        if "that a stop cut short runs now" in line:
-            break
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    err = "".join(said) + err
-    assert proc.returncode == 130 and "its test evaluation did not run, and a resume runs it alone" in err \
+    code, err = interrupt_after_line(["train", *cut_test, "--resume", "auto"], "that a stop cut short runs now", 0.5)
+    assert code == 130 and "its test evaluation did not run, and a resume runs it alone" in err \
         and len(metrics(run)) == rows, err[-3000:]
     r = loom(exe, "train", *cut_test, "--resume", "auto")
     summary = json.load(open(os.path.join(run, "summary.json")))
