@@ -1,8 +1,8 @@
 // `loom plugins check` in a child process (plugins_check_child.hpp), in a process group of its
 // own (a plugin's kill(0, SIGTERM) is its own group's; the parent kills the group when the child
-// ends, with what a plugin started in it that stayed in it), killed with its parent
-// (PR_SET_PDEATHSIG: a parent killed on its own cannot kill the group, so the child does, itself
-// with it). The child writes one
+// ends, with what a plugin started in it that stayed in it), killed with its parent (a parent
+// killed on its own cannot kill the group: a thread of the child does, core::end_with_parent).
+// The child writes one
 // line per event to file descriptor 100 (a plugin's own files take the low numbers), its fields
 // separated by tabs, tabs, newlines and backslashes in them escaped:
 //   component INDEX KIND NAME   the suite of the file's INDEX-th component begins
@@ -29,7 +29,6 @@
 #include <fstream>
 #include <optional>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <string>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -240,14 +239,8 @@ int run_check_child(const core::PluginRegistry& registry, const std::filesystem:
     throw Error(std::string(kCheckChildVariable) + " is set: it is internal to loom plugins check; unset it");
   // A parent killed on its own (SIGKILL): this process goes too, not on for ever, and so do the
   // processes a plugin started in its group (they lived on, a plugin's workers or servers).
-  // (its own group, as the parent starts it: never a shell's)
-  const int parent_gone_signal = ::getpgrp() == ::getpid() ? SIGRTMIN + 4 : SIGKILL;  // (one no plugin is likely to use)
-  struct sigaction parent_gone {};
-  parent_gone.sa_handler = [](int) { ::kill(0, SIGKILL); };  // (async-signal-safe)
-  sigemptyset(&parent_gone.sa_mask);
-  if (parent_gone_signal != SIGKILL) ::sigaction(parent_gone_signal, &parent_gone, nullptr);
-  ::prctl(PR_SET_PDEATHSIG, parent_gone_signal);
-  if (::getppid() != parent) std::_Exit(1);  // (it went before that)
+  if (::getppid() != parent) std::_Exit(1);  // (it went already)
+  core::end_with_parent(static_cast<int>(parent));
   ::fcntl(kChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
   // Components that cache answers (auto_batch) write to the parent's scratch folder, not the user's cache.
   ::setenv("LOOM_CACHE", value.c_str() + second + 1, 1);

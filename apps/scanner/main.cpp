@@ -29,7 +29,7 @@ void report(const std::string& line) {
   for (size_t done = 0; done < text.size();) {
     const ssize_t n = ::write(report_fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) std::_Exit(4);  // the host is gone
+    if (n <= 0) std::_Exit(loom::core::kReportLost);  // plugin code closed or replaced it, or the host is gone
     done += static_cast<size_t>(n);
   }
 }
@@ -47,17 +47,10 @@ int main(int argc, char** argv) {
   // it takes the processes a plugin's initializer started in that group with it (a host killed
   // at once cannot end them).
   const char* parent = std::getenv("LOOM_SCANNER_PARENT");
-  if (parent != nullptr && ::getpgrp() == ::getpid()) {
-    struct sigaction parent_gone {};
-    parent_gone.sa_handler = [](int) { ::kill(0, SIGKILL); };  // (async-signal-safe)
-    sigemptyset(&parent_gone.sa_mask);
-    ::sigaction(SIGRTMIN + 4, &parent_gone, nullptr);
-    ::prctl(PR_SET_PDEATHSIG, SIGRTMIN + 4);
-  } else {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  }
   // (the host names itself: a parent of pid 1 may be a container's loom, not an orphan's reaper)
-  if (parent != nullptr && ::getppid() != std::atoi(parent)) return 3;  // it was gone before prctl
+  if (parent != nullptr && ::getppid() != std::atoi(parent)) return 3;  // it was gone already
+  if (parent != nullptr) loom::core::end_with_parent(std::atoi(parent));
+  else ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // (run by hand)
   if (struct stat st {}; ::fstat(loom::core::kReportFd, &st) == 0 && S_ISFIFO(st.st_mode)) {
     report_fd = loom::core::kReportFd;
     ::fcntl(report_fd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)

@@ -9,6 +9,7 @@
 #include <spawn.h>
 #include <string_view>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 
 extern char** environ;
@@ -128,10 +129,21 @@ ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(c
     }
   }
   ::close(fds[0]);
-  ::kill(child.own_group ? -pid : pid, SIGKILL);  // the child if it still runs (and what is left in its group)
+  if (child.own_group) ::kill(-pid, SIGKILL);  // what is left in its group (never another: a group's id is its first pid)
+  ::kill(pid, SIGKILL);  // the child if it still runs, wherever plugin code moved it
   while (::waitpid(pid, &out.status, 0) < 0 && errno == EINTR) {
   }
   return out;
+}
+
+void end_with_parent(int parent) {
+  const pid_t self = ::getpid();
+  const bool leads = ::getpgrp() == self;  // (as run_child_process starts it: never a shell's group)
+  std::thread([parent, self, leads] {
+    while (::getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (leads) ::kill(-self, SIGKILL);
+    ::kill(self, SIGKILL);
+  }).detach();
 }
 
 }  // namespace loom::core

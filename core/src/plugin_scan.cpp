@@ -101,11 +101,18 @@ void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::pa
   try {
     fs::create_directories(path.parent_path());
     auto entries = read_cache(path);  // merge: other processes may have added theirs
-    for (const auto& [file, v] : verdicts)
-      if (const auto& key = keys.at(file); !key.empty())
-        entries[key] = v.ok          ? (v.report.empty() ? std::string("ok") : "ok\t" + v.report)
+    for (const auto& [file, v] : verdicts) {
+      const auto& key = keys.at(file);
+      if (key.empty()) continue;
+      // The file's entries of before (written again, replaced, of another Loom): one each time it
+      // changed, and the cache grew without end.
+      const std::string prefix = file.string() + "|";
+      for (auto it = entries.lower_bound(prefix); it != entries.end() && it->first.rfind(prefix, 0) == 0;)
+        it = it->first == key ? std::next(it) : entries.erase(it);
+      entries[key] = v.ok          ? (v.report.empty() ? std::string("ok") : "ok\t" + v.report)
                        : v.timed_out ? "timeout\t" + std::to_string(timeout_seconds()) + "\t" + v.reason
                                      : "refused\t" + v.reason;
+    }
     std::string text;
     for (const auto& [k, value] : entries) text += k + "\t" + value + "\n";
     write_file_atomic(path, text);
@@ -220,6 +227,12 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
       const char* abbrev = ::sigabbrev_np(WTERMSIG(status));
       v.reason = "ended the scanner by " + (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(WTERMSIG(status))) +
                  " while loading (does its initialization signal its process group, or its parent?)";
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == kReportLost) {
+      v.reason = "closed or replaced the scanner's report descriptor (100) while loading, so the scanner could not say "
+                 "how its loading ended";
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {  // (it wrote its lines, and they did not come)
+      v.reason = "ended the scanner before it reported on the file (does its initialization redirect descriptor 100, "
+                 "or call exit(0)?)";
     } else if (WIFEXITED(status)) {
       v.reason = "ended the scanner with exit status " + std::to_string(WEXITSTATUS(status)) +
                  " while loading (does its initialization call exit()?)";

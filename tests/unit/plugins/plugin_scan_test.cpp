@@ -300,6 +300,11 @@ TEST_F(PluginScan, AFileWrittenAgainWithTheSameSizeAndTimeIsScannedAgain) {
   ASSERT_EQ(registry.refusals().size(), 1u) << "the new content is scanned, not taken from the cache";
   EXPECT_EQ(registry.refusals().front().stage, "scan");
   EXPECT_EQ(registry.find(LOOM_KIND_PRECISION, "fp32"), nullptr);
+  // The cache holds the file's new verdict alone: one entry more each time a file changed, for good.
+  std::ifstream cache(cache_ / "plugin-scan.tsv");
+  int lines = 0;
+  for (std::string line; std::getline(cache, line);) lines += line.rfind(file.string() + "|", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(lines, 1);
 }
 
 }  // namespace

@@ -42,4 +42,14 @@ struct ChildEnd {
 ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(const std::string&)>& on_line,
                            const std::function<bool()>& stop = {});
 
+/// In a child run_child_process started: a thread that kills this process, and the process group
+/// it was started in where it led one (own_group; what plugin code started there goes too), once
+/// `parent` is gone. Plugin code cannot block it, as it could a PR_SET_PDEATHSIG signal's handler,
+/// and it never signals a group a plugin moved this process to (the command's own, say).
+void end_with_parent(int parent);
+
+/// A scanner's exit status where its report descriptor could not be written (closed or replaced
+/// by plugin code, or the host gone).
+constexpr int kReportLost = 4;
+
 }  // namespace loom::core
