@@ -181,8 +181,10 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   std::map<int, std::string> reports;  // index -> the report line's JSON
   int current = -1;  // the file the scanner is loading
   // The lines in their order only ("begin N" for the next file, then "report N ..." and "ok N"
-  // for it): anything else is not the scanner's, and is no progress either.
-  int next = 0;
+  // for it): anything else is not the scanner's, and is no progress either. A file's "ok" holds
+  // once the scanner has gone on to the next file, or ended well after it: plugin code in the
+  // scanner that wrote one on the report descriptor, then crashed or hung, is that file's failure.
+  int next = 0, unconfirmed = -1;
   const ChildEnd end = run_child_process(child, [&](const std::string& line) {
     const size_t space = line.find(' ');
     const std::string word = line.substr(0, space);
@@ -192,6 +194,8 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
     const int index = std::stoi(number);
     const bool ends = digits == std::string::npos;
     if (word == "begin" && ends && index == next && current < 0 && index < static_cast<int>(files.size())) {
+      if (unconfirmed >= 0) out[files[static_cast<size_t>(unconfirmed)]] = {true, {}, reports[unconfirmed]};
+      unconfirmed = -1;
       current = index;
       return true;
     }
@@ -200,7 +204,7 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
       return false;
     }
     if (word == "ok" && ends && index == current) {
-      out[files[static_cast<size_t>(index)]] = {true, {}, reports[index]};
+      unconfirmed = index;
       current = -1;
       next = index + 1;
       return true;
@@ -213,6 +217,10 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   }
   const bool timed_out = end.timed_out;
   const int status = end.status;
+  if (unconfirmed >= 0 && !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+    out[files[static_cast<size_t>(unconfirmed)]] = {true, {}, reports[unconfirmed]};
+  else if (unconfirmed >= 0)
+    current = unconfirmed;  // (its "ok", then the scanner's failure: the file's)
   if (current >= 0) {  // it did not come back from this file
     ScanVerdict v{false, {}, {}};
     if (timed_out) {

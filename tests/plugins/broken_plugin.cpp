@@ -154,6 +154,13 @@ int32_t init_chatty_hang(const loom_host_api*, loom_error*) {
     ::usleep(200000);
   }
 }
+// Writes the scanner's own "ok" for itself on the scanner's report descriptor (100), then aborts:
+// the scanner's failure after that "ok" is still the file's.
+int32_t init_forges_ok(const loom_host_api*, loom_error*) {
+  const char line[] = "ok 0\n";
+  if (::write(100, line, sizeof line - 1) < 0) std::abort();
+  std::abort();
+}
 int32_t init_kills_group(const loom_host_api*, loom_error*) {
   ::kill(0, SIGTERM);
   while (true) ::pause();
@@ -195,6 +202,8 @@ loom_plugin_descriptor make_descriptor() {
   d.init = &init_chatty_hang;
 #elif defined(BROKEN_INIT_KILLS_GROUP)
   d.init = &init_kills_group;
+#elif defined(BROKEN_INIT_FORGES_OK)
+  d.init = &init_forges_ok;
 #elif defined(BROKEN_CONTROL_VERSION)
   d.version = "1.0\r\x1b[2Kfake";
 #endif

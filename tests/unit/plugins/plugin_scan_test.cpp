@@ -120,6 +120,17 @@ TEST_F(PluginScan, CrashingExitingAndHangingPluginsAreRefusedByNameAndTheOthersL
   EXPECT_EQ(retried.at("libloom_dataset_crashing_init_hang.so").reason.find("(cached verdict)"), std::string::npos);
 }
 
+TEST_F(PluginScan, AnOkThatPluginCodeWritesForItselfBeforeCrashingIsNotTheVerdict) {
+  // Its init writes "ok 0" on the scanner's report descriptor, then aborts: the scan took the
+  // "ok", cached it, and every command crashed loading the plugin in its own process.
+  loom::core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  registry.scan({fs::path(LOOM_BINARY_DIR) / "tests" / "forging"});
+  ASSERT_EQ(registry.refusals().size(), 1u);
+  EXPECT_NE(registry.refusals().front().reason.find("crashed with SIGABRT while loading in the scanner"), std::string::npos)
+      << registry.refusals().front().reason;
+}
+
 TEST_F(PluginScan, APluginWhoseInitializerStartsAProcessThatLivesOnIsScannedWithoutWaitingForIt) {
   // That process holds the scanner's output open after the scanner ended: the scan read on until
   // its time limit (every command waited 20 s). Here the limit is 120 s, as is the process's life.
