@@ -156,8 +156,9 @@ const char* signal_text(int sig) {
   }
 }
 
-/// One scanner process over `files`: its stdout says "begin N" before loading file N and "ok N"
-/// after. Returns the verdicts it reached; files it did not reach are left out.
+/// One scanner process over `files`: on its report descriptor it says "begin N" before loading
+/// file N and "ok N" after. Returns the verdicts it reached; files it did not reach are left out;
+/// none where it could not start (`why_none` then says why).
 std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vector<fs::path>& files, std::string& why_none) {
   std::map<fs::path, ScanVerdict> out;
   ChildProcess child;
