@@ -302,8 +302,11 @@ namespace {
 
 constexpr const char* kScratchOwner = ".loom-scratch-owner";
 
-/// "PIDNS PID START" of process `pid` (its pid namespace, as /proc/self/ns/pid names it; its start
-/// in clock ticks since boot, which tells a pid reused by another process apart), or empty.
+/// "BOOT PIDNS PID START" of process `pid`: the machine's boot (/proc/sys/kernel/random/boot_id: a
+/// TMPDIR other machines share, on NFS, holds their folders too; another boot's processes are
+/// gone, but a TMPDIR kept across boots is not this Loom's to clear), its pid namespace (as
+/// /proc/self/ns/pid names it), and its start in clock ticks since boot (which tells a pid reused
+/// by another process apart); or empty.
 std::string process_identity(const std::string& pid) {
   std::ifstream in("/proc/" + pid + "/stat");
   const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -315,7 +318,10 @@ std::string process_identity(const std::string& pid) {
   }
   char ns[128] = {};
   if (::readlink("/proc/self/ns/pid", ns, sizeof ns - 1) < 0) return {};
-  return std::string(ns) + " " + pid + " " + field;
+  std::ifstream boot_file("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  if (!(boot_file >> boot)) return {};
+  return boot + " " + std::string(ns) + " " + pid + " " + field;
 }
 
 /// Scratch folders of this user that a loom killed at once (SIGKILL: no clean-up of its) left in
@@ -329,11 +335,12 @@ void remove_scratch_of_ended_processes(const std::filesystem::path& folder) {
         st.st_uid != ::geteuid())
       continue;
     std::ifstream owner(dir / kScratchOwner);
-    std::string ns, pid, start;
-    if (!(owner >> ns >> pid >> start) || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string boot, ns, pid, start;
+    if (!(owner >> boot >> ns >> pid >> start) || pid.find_first_not_of("0123456789") != std::string::npos) continue;
     const std::string mine = process_identity(std::to_string(::getpid()));
-    if (mine.empty() || mine.substr(0, mine.find(' ')) != ns) continue;  // (another namespace's: not known here)
-    if (process_identity(pid) == ns + " " + pid + " " + start) continue;  // (it runs)
+    // (another machine's, another boot's, another pid namespace's: whether its process runs is not known here)
+    if (mine.empty() || mine.rfind(boot + " " + ns + " ", 0) != 0) continue;
+    if (process_identity(pid) == boot + " " + ns + " " + pid + " " + start) continue;  // (it runs)
     std::error_code removed;
     std::filesystem::remove_all(dir, removed);
     if (!removed) core::log::debug("removed ", dir.string(), ", a scratch folder its loom (pid ", pid, ") left when it was killed");

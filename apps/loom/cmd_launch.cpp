@@ -237,7 +237,10 @@ void drain(Child& c, bool all) {
     while ((end = c.partial.find('\n', start)) != std::string::npos) {
       std::string line = c.partial.substr(start, end - start);
       const std::string warning = warning_text(line);
-      if (warning.empty() || warnings_shown.emplace(warning, c.rank).first->second == c.rank) std::cerr << line << "\n";
+      // (a long run's warnings name their steps, each one of its own: past 10000 texts, every one is shown)
+      const auto shown = warning.empty() || warnings_shown.size() >= 10000 ? warnings_shown.end()
+                                                                          : warnings_shown.emplace(warning, c.rank).first;
+      if (shown == warnings_shown.end() || shown->second == c.rank) std::cerr << line << "\n";
       else ++warnings_repeated;
       const size_t cr = line.rfind('\r');  // a progress line redrawn in place: its last state
       if (cr != std::string::npos) line = line.substr(cr + 1);

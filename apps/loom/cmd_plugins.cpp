@@ -4,12 +4,15 @@
 #include "cli.hpp"
 #include "plugins_check_child.hpp"
 
+#include <loom/core/child_process.hpp>
 #include <loom/core/conformance.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/text.hpp>
 #include <loom/sdk/options.hpp>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <fcntl.h>
@@ -154,8 +157,14 @@ const char* outcome_word(core::ConformanceCheck::Outcome o) {
 }
 
 int check(const Invocation& invocation) {
-  // (in the child: its pipe to the parent is not for the scanner, nor a process a plugin starts)
-  if (std::getenv(kCheckChildVariable) != nullptr) ::fcntl(kCheckChildFd, F_SETFD, FD_CLOEXEC);
+  // (in the child: its pipe to the parent is not for the scanner, nor a process a plugin starts;
+  // and it goes with its parent from before it loads plugin code: "FIRST:PARENT:SCRATCH")
+  if (const char* child = std::getenv(kCheckChildVariable); child != nullptr) {
+    ::fcntl(kCheckChildFd, F_SETFD, FD_CLOEXEC);
+    const char* parent = std::strchr(child, ':');
+    if (parent != nullptr && std::atoi(parent + 1) > 0 && ::getppid() == std::atoi(parent + 1))
+      core::end_with_parent(std::atoi(parent + 1));
+  }
   if (invocation.args.size() != 2)
     throw Error("usage: loom plugins check FILE|COMPONENT [--dataset NAME] [--set SECTION.COMPONENT.OPTION=VALUE]... (a "
                 "plugin's .so file, or a component's name)");

@@ -239,8 +239,7 @@ int run_check_child(const core::PluginRegistry& registry, const std::filesystem:
     throw Error(std::string(kCheckChildVariable) + " is set: it is internal to loom plugins check; unset it");
   // A parent killed on its own (SIGKILL): this process goes too, not on for ever, and so do the
   // processes a plugin started in its group (they lived on, a plugin's workers or servers).
-  if (::getppid() != parent) std::_Exit(1);  // (it went already)
-  core::end_with_parent(static_cast<int>(parent));
+  if (::getppid() != parent) std::_Exit(1);  // (it went already; cmd_plugins.cpp's check() started core::end_with_parent)
   ::fcntl(kChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
   // Components that cache answers (auto_batch) write to the parent's scratch folder, not the user's cache.
   ::setenv("LOOM_CACHE", value.c_str() + second + 1, 1);

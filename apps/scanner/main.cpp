@@ -69,5 +69,7 @@ int main(int argc, char** argv) {
     }
     report("ok " + std::to_string(i - 1));
   }
-  return 0;
+  // Without the static destructors and atexit handlers of what it loaded (plugins are never
+  // unloaded): one that crashes or hangs at exit would read as the last file's failure.
+  std::_Exit(0);
 }

@@ -8,7 +8,9 @@
 #include <poll.h>
 #include <spawn.h>
 #include <string_view>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <system_error>
 #include <thread>
 #include <unistd.h>
 
@@ -42,6 +44,12 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(const std::string&)>& on_line,
                            const std::function<bool()>& stop) {
   ChildEnd out;
+  // A command started with SIGCHLD ignored (by a daemon, a job runner) has its children reaped by
+  // the kernel: their end would never be seen, and their exit status is lost.
+  if (struct sigaction chld {}; ::sigaction(SIGCHLD, nullptr, &chld) == 0 && chld.sa_handler == SIG_IGN) {
+    chld.sa_handler = SIG_DFL;
+    ::sigaction(SIGCHLD, &chld, nullptr);
+  }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     out.spawn_error = errno;
@@ -79,71 +87,87 @@ ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(c
   // The limit holds after the pipe closed (a plugin may close it, then hang); once the child has
   // ended, the pipe is read to its end, or a little past what a pipe holds where a process it
   // started keeps it open (a daemon that writes on), then no more.
-  bool ended = false, pipe_open = true;
-  auto since = std::chrono::steady_clock::now();
-  std::string buffer;
-  size_t read_after = 0;
-  while (true) {
-    const bool ended_before = ended;  // (seen ended before this poll: a quiet pipe now is all it wrote)
-    int ready = 0;
-    if (pipe_open) {
-      pollfd p{fds[0], POLLIN, 0};
-      ready = ::poll(&p, 1, 50);
-    } else {
-      ::usleep(50000);
+  // At the end, or on an exception from on_line or stop: the pipe closed, the child ended and reaped.
+  const auto finish = [&] {
+    ::close(fds[0]);
+    if (child.own_group) ::kill(-pid, SIGKILL);  // what is left in its group (never another: a group's id is its first pid)
+    ::kill(pid, SIGKILL);  // the child if it still runs, wherever plugin code moved it
+    while (::waitpid(pid, &out.status, 0) < 0 && errno == EINTR) {
     }
-    if (ready > 0) {
-      char chunk[kChunk];
-      const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
-      if (n <= 0) {
-        pipe_open = false;
+  };
+  try {
+    bool ended = false, pipe_open = true;
+    auto since = std::chrono::steady_clock::now();
+    std::string buffer;
+    size_t read_after = 0;
+    while (true) {
+      const bool ended_before = ended;  // (seen ended before this poll: a quiet pipe now is all it wrote)
+      int ready = 0;
+      if (pipe_open) {
+        pollfd p{fds[0], POLLIN, 0};
+        ready = ::poll(&p, 1, 50);
       } else {
-        buffer.append(chunk, static_cast<size_t>(n));
-        if (buffer.size() > (16u << 20) && buffer.find('\n') == std::string::npos) buffer.clear();  // not the child's
+        ::usleep(50000);
       }
-      for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
-        if (on_line(buffer.substr(0, nl))) {
-          out.heard = true;
-          since = std::chrono::steady_clock::now();
+      if (ready > 0) {
+        char chunk[kChunk];
+        const ssize_t n = ::read(fds[0], chunk, sizeof chunk);
+        if (n <= 0) {
+          pipe_open = false;
+        } else {
+          buffer.append(chunk, static_cast<size_t>(n));
+          if (buffer.size() > (16u << 20) && buffer.find('\n') == std::string::npos) buffer.clear();  // not the child's
         }
+        for (size_t nl; (nl = buffer.find('\n')) != std::string::npos; buffer.erase(0, nl + 1)) {
+          if (on_line(buffer.substr(0, nl))) {
+            out.heard = true;
+            since = std::chrono::steady_clock::now();
+          }
+        }
+      } else if (ready < 0 && errno != EINTR) {
+        pipe_open = false;
       }
-    } else if (ready < 0 && errno != EINTR) {
-      pipe_open = false;
+      // Ended, not reaped: a group of its own cannot be another's while it is a zombie.
+      siginfo_t info{};
+      // (ECHILD: reaped by the kernel, where SIGCHLD was ignored after all)
+      const int waited_for = ended ? 0 : ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
+      if (!ended && ((waited_for == 0 && info.si_pid == pid) || (waited_for < 0 && errno == ECHILD))) {
+        ended = true;
+        read_after = 0;
+      }
+      if (ended && !pipe_open) break;  // (its end of the pipe closed: everything it wrote is read)
+      if (ended_before && (ready == 0 || (ready > 0 && (read_after += kChunk) > (1u << 20)))) break;
+      if (stop && stop()) {
+        out.stopped = true;
+        break;
+      }
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+      if (!ended && waited > (out.heard ? child.limit : child.first_limit)) {
+        out.timed_out = true;
+        break;
+      }
     }
-    // Ended, not reaped: a group of its own cannot be another's while it is a zombie.
-    siginfo_t info{};
-    if (!ended && ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid) {
-      ended = true;
-      read_after = 0;
-    }
-    if (ended && !pipe_open) break;  // (its end of the pipe closed: everything it wrote is read)
-    if (ended_before && (ready == 0 || (ready > 0 && (read_after += kChunk) > (1u << 20)))) break;
-    if (stop && stop()) {
-      out.stopped = true;
-      break;
-    }
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-    if (!ended && waited > (out.heard ? child.limit : child.first_limit)) {
-      out.timed_out = true;
-      break;
-    }
+  } catch (...) {
+    finish();
+    throw;
   }
-  ::close(fds[0]);
-  if (child.own_group) ::kill(-pid, SIGKILL);  // what is left in its group (never another: a group's id is its first pid)
-  ::kill(pid, SIGKILL);  // the child if it still runs, wherever plugin code moved it
-  while (::waitpid(pid, &out.status, 0) < 0 && errno == EINTR) {
-  }
+  finish();
   return out;
 }
 
 void end_with_parent(int parent) {
   const pid_t self = ::getpid();
   const bool leads = ::getpgrp() == self;  // (as run_child_process starts it: never a shell's group)
-  std::thread([parent, self, leads] {
-    while (::getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (leads) ::kill(-self, SIGKILL);
-    ::kill(self, SIGKILL);
-  }).detach();
+  try {
+    std::thread([parent, self, leads] {
+      while (::getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (leads) ::kill(-self, SIGKILL);
+      ::kill(self, SIGKILL);
+    }).detach();
+  } catch (const std::system_error&) {  // (at the limit of threads: this process at least goes with its parent)
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::kill(self, SIGKILL);
+  }
 }
 
 }  // namespace loom::core

@@ -230,9 +230,11 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
                  "LOOM_PLUGIN_SCAN_TIMEOUT tries it again)";
       v.timed_out = true;
     } else if (WIFSIGNALED(status) && signal_text(WTERMSIG(status)) != nullptr) {
+      v.cached = WTERMSIG(status) != SIGKILL;  // (SIGKILL not from this process: the OOM killer's, say)
       v.reason = std::string("crashed with ") + signal_text(WTERMSIG(status)) +
                  " while loading in the scanner (in its static initializers or its init)";
     } else if (WIFSIGNALED(status)) {  // (SIGTERM: a plugin that signals its process group, the scanner's own)
+      v.cached = false;  // (or a signal from outside, a user's or the OOM killer's: the next command scans it again)
       const char* abbrev = ::sigabbrev_np(WTERMSIG(status));
       v.reason = "ended the scanner by " + (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(WTERMSIG(status))) +
                  " while loading (does its initialization signal its process group, or its parent?)";
@@ -293,7 +295,7 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
     std::vector<fs::path> rest;
     for (const auto& f : pending) {
       if (auto it = verdicts.find(f); it == verdicts.end()) rest.push_back(f);
-      else fresh[f] = out[f] = it->second;  // (a timeout with its limit: a larger one tries again)
+      else if (out[f] = it->second; it->second.cached) fresh[f] = it->second;  // (a timeout with its limit: a larger one tries again)
     }
     pending = std::move(rest);
   }

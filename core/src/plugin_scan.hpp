@@ -22,6 +22,7 @@ struct ScanVerdict {
   /// said nothing; the host then loads the file to find out).
   std::string report;
   bool timed_out = false;  ///< refused for its time: cached with the limit, a larger one scans it again
+  bool cached = true;      ///< false: not the file's own doing for sure (a signal from outside: the OOM killer, a user)
 };
 
 /// The verdict for each of `files`, from the cache or from scanner processes: one process loads

@@ -105,7 +105,9 @@ TEST_F(PluginScan, CrashingExitingAndHangingPluginsAreRefusedByNameAndTheOthersL
   const double second = std::chrono::duration<double>(std::chrono::steady_clock::now() - start2).count();
   ASSERT_EQ(cached.size(), expected.size());
   for (const auto& [file, reason] : expected) {
-    EXPECT_NE(cached.at(file).reason.find("(cached verdict)"), std::string::npos) << file << ": " << cached.at(file).reason;
+    // (a SIGTERM may be a user's or a scheduler's, not the plugin's: scanned again, never cached)
+    const bool again = file == "libloom_dataset_crashing_init_kills_group.so";
+    EXPECT_EQ(cached.at(file).reason.find("(cached verdict)") == std::string::npos, again) << file << ": " << cached.at(file).reason;
     EXPECT_NE(cached.at(file).reason.find(reason), std::string::npos) << file << ": " << cached.at(file).reason;
   }
   EXPECT_NE(cached.at("libloom_dataset_crashing_init_hang.so").hint.find("a larger LOOM_PLUGIN_SCAN_TIMEOUT tries it again"),

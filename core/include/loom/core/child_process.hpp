@@ -44,8 +44,9 @@ ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(c
 
 /// In a child run_child_process started: a thread that kills this process, and the process group
 /// it was started in where it led one (own_group; what plugin code started there goes too), once
-/// `parent` is gone. Plugin code cannot block it, as it could a PR_SET_PDEATHSIG signal's handler,
-/// and it never signals a group a plugin moved this process to (the command's own, say).
+/// `parent` is gone (PR_SET_PDEATHSIG kills the process alone, and a handler of a signal of its
+/// could be blocked by plugin code); it never signals a group a plugin moved this process to (the
+/// command's own, say).
 void end_with_parent(int parent);
 
 /// A scanner's exit status where its report descriptor could not be written (closed or replaced
