@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -70,9 +71,13 @@ inline std::string read_regular_file(const std::filesystem::path& path, int64_t 
     throw Error(prefix + path.string() + " is " + std::to_string(st.st_size) + " bytes, more than such a file has (at most " +
                 std::to_string(most) + "): it is damaged or another file" + then);
   }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
+  // Read to the end, not to st_size: a file whose size the kernel does not know (a /proc or sysfs
+  // file says 0) or one that grows while read is read whole, and still held to `most`.
+  std::string out;
   size_t done = 0;
-  while (done < out.size()) {
+  const size_t limit = static_cast<size_t>(most);
+  for (;;) {
+    if (out.size() - done < 4096) out.resize(std::max<size_t>(done + 65536, static_cast<size_t>(st.st_size) + 1));
     const ssize_t got = ::read(fd, out.data() + done, out.size() - done);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
@@ -80,8 +85,13 @@ inline std::string read_regular_file(const std::filesystem::path& path, int64_t 
       ::close(fd);
       throw Error(prefix + "reading " + path.string() + " failed: " + std::strerror(error) + then);
     }
-    if (got == 0) break;  // shorter than fstat said (cut while read): what was read is parsed and checked
+    if (got == 0) break;  // the end (a file cut while read is shorter: what was read is parsed and checked)
     done += static_cast<size_t>(got);
+    if (done > limit) {
+      ::close(fd);
+      throw Error(prefix + path.string() + " holds more than " + std::to_string(most) +
+                  " bytes, more than such a file has: it is damaged or another file" + then);
+    }
   }
   ::close(fd);
   out.resize(done);
