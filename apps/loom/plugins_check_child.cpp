@@ -110,10 +110,9 @@ std::string why_it_ended(bool timed_out, double seconds, int status) {
   }
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
-    const char* abbrev = ::sigabbrev_np(sig);
-    const bool reported = sig == SIGSEGV || sig == SIGABRT || sig == SIGBUS || sig == SIGFPE || sig == SIGILL;
+    const bool reported = core::is_crash_signal(sig);
     return std::string(reported ? "crashed the process running it with " : "ended the process running it by ") +
-           (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig)) + " (" + ::strsignal(sig) +
+           core::signal_name(sig) + " (" + ::strsignal(sig) +
            (reported ? "; its crash report is above, on stderr)" : ")");
   }
   if (WIFEXITED(status))

@@ -158,6 +158,10 @@ ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(c
 void end_with_parent(int parent) {
   const pid_t self = ::getpid();
   const bool leads = ::getpgrp() == self;  // (as run_child_process starts it: never a shell's group)
+  // Its own group is a background one at the terminal: under `stty tostop` its first line on the
+  // terminal (a warning, a plugin's print) would stop it with SIGTTOU, a hang its parent ends at
+  // the limit. Ignored, the write goes through.
+  if (leads) ::signal(SIGTTOU, SIG_IGN);
   try {
     std::thread([parent, self, leads] {
       while (::getppid() == parent) std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -5,6 +5,7 @@
 #include <loom/core/files.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/stop_signals.hpp>
 
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/options.hpp>
@@ -144,18 +145,6 @@ double timeout_seconds() {
   return kDefault;
 }
 
-const char* signal_text(int sig) {
-  switch (sig) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGKILL: return "SIGKILL";
-    default: return nullptr;
-  }
-}
-
 /// One scanner process over `files`: on its report descriptor it says "begin N" before loading
 /// file N and "ok N" after. Returns the verdicts it reached; files it did not reach are left out;
 /// none where it could not start (`why_none` then says why).
@@ -229,14 +218,13 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
                  " s in the scanner (does its initialization hang? on a busy machine, a larger "
                  "LOOM_PLUGIN_SCAN_TIMEOUT tries it again)";
       v.timed_out = true;
-    } else if (WIFSIGNALED(status) && signal_text(WTERMSIG(status)) != nullptr) {
+    } else if (WIFSIGNALED(status) && (is_crash_signal(WTERMSIG(status)) || WTERMSIG(status) == SIGKILL)) {
       v.cached = WTERMSIG(status) != SIGKILL;  // (SIGKILL not from this process: the OOM killer's, say)
-      v.reason = std::string("crashed with ") + signal_text(WTERMSIG(status)) +
+      v.reason = "crashed with " + signal_name(WTERMSIG(status)) +
                  " while loading in the scanner (in its static initializers or its init)";
     } else if (WIFSIGNALED(status)) {  // (SIGTERM: a plugin that signals its process group, the scanner's own)
       v.cached = false;  // (or a signal from outside, a user's or the OOM killer's: the next command scans it again)
-      const char* abbrev = ::sigabbrev_np(WTERMSIG(status));
-      v.reason = "ended the scanner by " + (abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(WTERMSIG(status))) +
+      v.reason = "ended the scanner by " + signal_name(WTERMSIG(status)) +
                  " while loading (does its initialization signal its process group, or its parent?)";
     } else if (WIFEXITED(status) && WEXITSTATUS(status) == kReportLost) {
       v.reason = "closed or replaced the scanner's report descriptor (100) while loading, so the scanner could not say "

@@ -180,11 +180,12 @@ StopAtOnce::StopAtOnce(const char* message, const std::string& during) {
 StopAtOnce::~StopAtOnce() { at_once.store(nullptr); }
 
 std::string signal_name(int sig) {
-  if (sig == SIGINT) return "SIGINT";
-  if (sig == SIGTERM) return "SIGTERM";
-  if (sig == SIGHUP) return "SIGHUP";
-  if (sig == SIGPIPE) return "SIGPIPE";
-  return "signal " + std::to_string(sig);
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev != nullptr ? "SIG" + std::string(abbrev) : "signal " + std::to_string(sig);
+}
+
+bool is_crash_signal(int sig) {
+  return sig == SIGSEGV || sig == SIGABRT || sig == SIGBUS || sig == SIGFPE || sig == SIGILL;
 }
 
 }  // namespace loom::core

@@ -46,7 +46,8 @@ ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(c
 /// it was started in where it led one (own_group; what plugin code started there goes too), once
 /// `parent` is gone (PR_SET_PDEATHSIG kills the process alone, and a handler of a signal of its
 /// could be blocked by plugin code); it never signals a group a plugin moved this process to (the
-/// command's own, say).
+/// command's own, say). Where it leads its group, SIGTTOU is ignored: a background group's write to
+/// a terminal set to `stty tostop` would stop it.
 void end_with_parent(int parent);
 
 /// A scanner's exit status where its report descriptor could not be written (closed or replaced

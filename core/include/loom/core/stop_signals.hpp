@@ -28,8 +28,11 @@ void note_stop_at_once(const std::string& saved, const std::string& unsaved);
 void note_checkpoint_written();
 /// The first stop signal received, or 0.
 int stop_signal_received();
-/// "SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE".
+/// A signal's name: "SIGTERM", "SIGSEGV", ...; "signal 40" for one without a name.
 std::string signal_name(int sig);
+/// Whether `sig` is one a crashing process gets (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL): its
+/// crash report went to stderr, where other endings (SIGTERM, SIGKILL) came from outside.
+bool is_crash_signal(int sig);
 
 /// While it lives, a SIGINT, SIGTERM or SIGHUP ends the process at once, by that signal, after
 /// printing `message` (a string literal: the handler prints it): for a wait that checks no flag and
