@@ -45,6 +45,8 @@ void Suite::run(const std::string& name, const std::function<std::string()>& che
     } catch (const Skip& s) {
       c.outcome = ConformanceCheck::Outcome::kSkip;
       c.reason = s.what();
+    } catch (const PassWithNote& note) {
+      c.reason = note.what();  // (its outcome stays kPass)
     } catch (const c10::Error& e) {
       c.outcome = ConformanceCheck::Outcome::kFail;
       c.reason = std::string("threw: ") + e.what_without_backtrace();
@@ -62,6 +64,12 @@ void Suite::require(const std::string& name, const std::function<std::string()>&
   const ConformanceCheck& c = report_.checks.back();
   if (blocked_.empty() && c.outcome != ConformanceCheck::Outcome::kPass)
     blocked_ = (c.outcome == ConformanceCheck::Outcome::kSkip ? "" : "needs check '" + name + "'; ") + c.reason;
+}
+
+std::map<std::string, std::string> Suite::options_of(const std::string& component) const {
+  if (hooks_ == nullptr) return {};
+  const auto it = hooks_->options.find(component);
+  return it == hooks_->options.end() ? std::map<std::string, std::string>() : it->second;
 }
 
 }  // namespace conformance
@@ -87,18 +95,12 @@ std::vector<int64_t> indices(int64_t size, int64_t n) {
   return out;
 }
 
-/// The options `name` is checked with: ConformanceOptions::options, else its defaults.
-std::map<std::string, std::string> options_of(const ConformanceOptions& o, const std::string& name) {
-  auto it = o.options.find(name);
-  return it == o.options.end() ? std::map<std::string, std::string>() : it->second;
-}
-
 void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo& c, const ConformanceOptions& o) {
   Created<sdk::Dataset> d;
   sdk::DataSpec spec;
   s.require("create", [&] {
     try {
-      d = registry.create<sdk::Dataset>(c.name, options_of(o, c.name));
+      d = registry.create<sdk::Dataset>(c.name, s.options_of(c.name));
     } catch (const std::exception& e) {
       // A dataset of the user's files (a folder to read) cannot be made without them; one that
       // has no options cannot be made at all.
@@ -227,25 +229,30 @@ void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& 
   Created<sdk::Dataset> d;
   sdk::Batch four;
   s.require("create", [&] {
-    m = registry.create<sdk::Model>(c.name);
+    m = registry.create<sdk::Model>(c.name, s.options_of(c.name));
     return std::string();
   });
   s.require("setup", [&]() -> std::string {
     if (datasets.empty()) throw conformance::Skip("no dataset to shape the model to: pass --dataset NAME");
+    std::string passed_over;  // (said: the model is checked with another dataset than the one named first)
     for (size_t i = 0;; ++i) {
       try {
-        d = registry.create<sdk::Dataset>(datasets[i], options_of(o, datasets[i]));
+        d = registry.create<sdk::Dataset>(datasets[i], s.options_of(datasets[i]));
         d->setup();
         m->setup(d->spec());
         if (d.implements(2) && m.implements(1)) {  // the shared tables, as the trainer hands them over
           const sdk::TensorMap tables = d->tables();
           if (!tables.empty()) m->use_tables(tables);
         }
-        s.report().context = "with dataset " + datasets[i];
+        s.report().context = "with dataset " + datasets[i] + passed_over;
         break;
-      } catch (const std::exception&) {
+      } catch (const std::exception& e) {
         if (i + 1 == datasets.size()) throw;  // the last one's refusal is the report's
-        m = registry.create<sdk::Model>(c.name);  // a fresh instance for the next data
+        std::string why = e.what();
+        why = why.substr(0, why.find('\n'));
+        if (why.size() > 160) why = why.substr(0, 157) + "...";
+        passed_over += "; not " + datasets[i] + ": " + why;
+        m = registry.create<sdk::Model>(c.name, s.options_of(c.name));  // a fresh instance for the next data
       }
     }
     if (m->module().parameters().empty()) return "module() has no parameters after setup()";
@@ -271,6 +278,8 @@ void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& 
     if (!std::isfinite(f) || f < 0)
       return "flops_per_loss_term() is " + num(f) + ": return 0 (not declared) or the forward and backward's FLOPs "
              "per loss term";
+    if (f == 0)  // (allowed, so no failure; but "pass" read as "declared")
+      throw conformance::PassWithNote("not declared (flops_per_loss_term() is 0): the log shows no TFLOP/s or MFU for it");
     return {};
   });
   auto forward = [&](const sdk::Batch& b, bool train) { return m->forward(b, train); };

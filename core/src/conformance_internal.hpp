@@ -6,6 +6,7 @@
 #include <loom/core/conformance.hpp>
 
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +14,12 @@ namespace loom::core::conformance {
 
 /// Thrown by a check that cannot run here (a GPU-only strategy on CPU): the check is skipped.
 struct Skip : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Thrown by a check that passes with something the author should know (a model that declares no
+/// FLOPs): the check passes, with this as its note.
+struct PassWithNote : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -25,6 +32,8 @@ class Suite {
   void run(const std::string& name, const std::function<std::string()>& check);
   void require(const std::string& name, const std::function<std::string()>& check);
   ConformanceReport& report() { return report_; }
+  /// The options `component` is built with in the checks: those `--set` gave it, else its defaults.
+  std::map<std::string, std::string> options_of(const std::string& component) const;
 
  private:
   ConformanceReport report_;

@@ -70,7 +70,7 @@ void check_memory_policy(Suite& s, const PluginRegistry& r, const ComponentInfo&
   std::shared_ptr<sdk::MemoryPolicy> p;
   CheckMemory memory;
   s.require("create", [&] {
-    p = r.create<sdk::MemoryPolicy>(c.name);
+    p = r.create<sdk::MemoryPolicy>(c.name, s.options_of(c.name));
     return std::string();
   });
   s.require("setup", [&] {
@@ -138,12 +138,12 @@ void step(sdk::Optimizer& o, const std::vector<at::Tensor>& params) {
 
 void check_optimizer(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
   s.require("create", [&] {
-    r.create<sdk::Optimizer>(c.name);
+    r.create<sdk::Optimizer>(c.name, s.options_of(c.name));
     return std::string();
   });
   s.run("updates_only_parameters_with_gradients", [&]() -> std::string {
     at::Tensor a = parameter(0), b = parameter(1);
-    auto o = r.create<sdk::Optimizer>(c.name);
+    auto o = r.create<sdk::Optimizer>(c.name, s.options_of(c.name));
     o->setup({group("w", {a, b})});
     const at::Tensor a0 = a.detach().clone(), b0 = b.detach().clone();
     a.mutable_grad() = a.detach().sin();
@@ -154,7 +154,7 @@ void check_optimizer(Suite& s, const PluginRegistry& r, const ComponentInfo& c) 
   });
   s.run("state_round_trip", [&]() -> std::string {
     at::Tensor p1 = parameter(0), p2 = parameter(0);
-    auto a = r.create<sdk::Optimizer>(c.name), b = r.create<sdk::Optimizer>(c.name);
+    auto a = r.create<sdk::Optimizer>(c.name, s.options_of(c.name)), b = r.create<sdk::Optimizer>(c.name, s.options_of(c.name));
     a->setup({group("w", {p1})});
     b->setup({group("w", {p2})});
     step(*a, {p1});
@@ -173,7 +173,7 @@ void check_optimizer(Suite& s, const PluginRegistry& r, const ComponentInfo& c) 
   // found_inf is 0, and changes nothing, step count included, when it is 1.
   s.run("step_on_device_matches_step", [&]() -> std::string {
     at::Tensor p1 = parameter(0), p2 = parameter(0);
-    auto a = r.create<sdk::Optimizer>(c.name), b = r.create<sdk::Optimizer>(c.name);
+    auto a = r.create<sdk::Optimizer>(c.name, s.options_of(c.name)), b = r.create<sdk::Optimizer>(c.name, s.options_of(c.name));
     if (!b.implements(1)) return {};
     a->setup({group("w", {p1})});
     b->setup({group("w", {p2})});
@@ -201,7 +201,7 @@ void check_optimizer(Suite& s, const PluginRegistry& r, const ComponentInfo& c) 
   // divisor) on gradients g is step_on_device(lr, found_inf) on g / divisor.
   s.run("step_on_device_dividing_matches_dividing_first", [&]() -> std::string {
     at::Tensor p1 = parameter(0), p2 = parameter(0);
-    auto a = r.create<sdk::Optimizer>(c.name), b = r.create<sdk::Optimizer>(c.name);
+    auto a = r.create<sdk::Optimizer>(c.name, s.options_of(c.name)), b = r.create<sdk::Optimizer>(c.name, s.options_of(c.name));
     if (!b.implements(2)) return {};
     a->setup({group("w", {p1})});
     b->setup({group("w", {p2})});
@@ -219,7 +219,7 @@ void check_optimizer(Suite& s, const PluginRegistry& r, const ComponentInfo& c) 
   });
   s.run("state_bytes", [&]() -> std::string {
     at::Tensor p = parameter(0);
-    auto o = r.create<sdk::Optimizer>(c.name);
+    auto o = r.create<sdk::Optimizer>(c.name, s.options_of(c.name));
     o->setup({group("w", {p})});
     o->materialize();
     o->materialize();  // idempotent
@@ -234,7 +234,7 @@ void check_optimizer(Suite& s, const PluginRegistry& r, const ComponentInfo& c) 
 void check_schedule(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
   std::shared_ptr<sdk::Schedule> sched;
   s.require("create", [&] {
-    sched = r.create<sdk::Schedule>(c.name);
+    sched = r.create<sdk::Schedule>(c.name, s.options_of(c.name));
     return std::string();
   });
   s.run("factor_finite_and_non_negative", [&]() -> std::string {
@@ -247,7 +247,7 @@ void check_schedule(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
     return {};
   });
   s.run("state_round_trip", [&]() -> std::string {
-    auto again = r.create<sdk::Schedule>(c.name);
+    auto again = r.create<sdk::Schedule>(c.name, s.options_of(c.name));
     again->load_state_dict(sched->state_dict());
     for (int64_t step = 0; step <= 100; ++step)
       if (again->factor(step, 100) != sched->factor(step, 100))
@@ -259,7 +259,7 @@ void check_schedule(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
 void check_precision(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
   std::shared_ptr<sdk::PrecisionStrategy> p;
   s.require("create", [&] {
-    p = r.create<sdk::PrecisionStrategy>(c.name);
+    p = r.create<sdk::PrecisionStrategy>(c.name, s.options_of(c.name));
     return std::string();
   });
   s.require("setup_on_cpu", [&]() -> std::string {
@@ -289,7 +289,7 @@ void check_precision(Suite& s, const PluginRegistry& r, const ComponentInfo& c) 
     return {};
   });
   s.run("state_round_trip", [&]() -> std::string {
-    auto again = r.create<sdk::PrecisionStrategy>(c.name);
+    auto again = r.create<sdk::PrecisionStrategy>(c.name, s.options_of(c.name));
     again->setup(c10::Device(c10::kCPU));
     again->load_state_dict(p->state_dict());
     return state_difference(p->state_dict(), again->state_dict());
@@ -299,7 +299,7 @@ void check_precision(Suite& s, const PluginRegistry& r, const ComponentInfo& c) 
 void check_parallel(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
   std::shared_ptr<sdk::ParallelStrategy> p;
   s.require("create", [&] {
-    p = r.create<sdk::ParallelStrategy>(c.name);
+    p = r.create<sdk::ParallelStrategy>(c.name, s.options_of(c.name));
     return std::string();
   });
   s.require("setup_on_cpu", [&]() -> std::string {
@@ -368,7 +368,7 @@ void check_callback(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
   std::shared_ptr<sdk::Callback> cb;
   const fs::path dir = temp_folder() / ("loom_check_" + c.name + "_" + std::to_string(::getpid()));
   s.require("create", [&] {
-    cb = r.create<sdk::Callback>(c.name);
+    cb = r.create<sdk::Callback>(c.name, s.options_of(c.name));
     return std::string();
   });
   s.run("hooks_of_a_short_run", [&]() -> std::string {
@@ -418,7 +418,7 @@ void check_callback(Suite& s, const PluginRegistry& r, const ComponentInfo& c) {
     return std::string();
   });
   s.run("state_round_trip", [&]() -> std::string {
-    auto again = r.create<sdk::Callback>(c.name);
+    auto again = r.create<sdk::Callback>(c.name, s.options_of(c.name));
     again->load_state_dict(cb->state_dict());
     return state_difference(cb->state_dict(), again->state_dict());
   });

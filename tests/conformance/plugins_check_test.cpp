@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -112,6 +114,27 @@ TEST_F(PluginsCheck, TheModelIsCheckedWithItsOwnPluginsDataset) {
   EXPECT_TRUE(r.passed()) << failures(r);
 }
 
+// `loom plugins check FILE --set SECTION.COMPONENT.OPTION=VALUE` builds every kind with the value
+// (a dataset alone took it: a model or a policy passed with a value its factory refuses).
+TEST_F(PluginsCheck, EveryKindIsBuiltWithTheOptionsGivenIt) {
+  const auto& registry = loom::testing::registry();
+  loom::core::ConformanceOptions options;
+  options.options["vram_tiers"] = {{"tiers", "foo"}};
+  options.options["lightweight_transformer"] = {{"num_layers", "0"}};
+  options.options["sgd"] = {{"momentum", "0.5"}};
+  for (const auto& [kind, name, says] :
+       {std::tuple<uint32_t, const char*, const char*>{LOOM_KIND_MEMORY, "vram_tiers", "'foo'"},
+        {LOOM_KIND_MODEL, "lightweight_transformer", "num_layers"}}) {
+    const ConformanceReport r = loom::core::check_component(registry, registry.require(kind, name), options);
+    const ConformanceCheck* create = find(r, "create");
+    ASSERT_NE(create, nullptr) << name;
+    EXPECT_EQ(create->outcome, ConformanceCheck::Outcome::kFail) << name;
+    EXPECT_NE(create->reason.find(says), std::string::npos) << name << ": " << create->reason;
+  }
+  const ConformanceReport sgd = loom::core::check_component(registry, registry.require(LOOM_KIND_OPTIMIZER, "sgd"), options);
+  EXPECT_TRUE(sgd.passed()) << failures(sgd);  // (a value in range: built, and checked)
+}
+
 TEST_F(PluginsCheck, ANonConformingPluginFailsTheChecksItBreaksAndOnlyThose) {
   loom::core::PluginRegistry registry;
   registry.set_log_refusals(false);
@@ -125,6 +148,10 @@ TEST_F(PluginsCheck, ANonConformingPluginFailsTheChecksItBreaksAndOnlyThose) {
   EXPECT_EQ(model.component, "mean_loss_model");
   EXPECT_EQ(model.context, "with dataset synthetic");
   expect_fails_only(model, "loss_is_a_sum", "return the loss summed over samples with its count, not a mean");
+  // (a model that declares no FLOPs passes, with a note that says so: "pass" alone read as "declared")
+  const ConformanceCheck* flops = find(model, "flops_declared");
+  ASSERT_NE(flops, nullptr);
+  EXPECT_EQ(flops->reason, "not declared (flops_per_loss_term() is 0): the log shows no TFLOP/s or MFU for it");
 
   const ConformanceReport& callback = reports[1];
   EXPECT_EQ(callback.component, "forgetful");

@@ -18,7 +18,7 @@ struct ConformanceCheck {
   enum class Outcome { kPass, kFail, kSkip };
   std::string name;    ///< "loss_is_a_sum"
   Outcome outcome = Outcome::kPass;
-  std::string reason;  ///< why it failed or was skipped; empty for a pass
+  std::string reason;  ///< why it failed or was skipped; for a pass, empty or a note (a model that declares no FLOPs)
 };
 
 struct ConformanceReport {
