@@ -203,10 +203,16 @@ int cmd_memory(const Invocation& invocation) {
                             : std::string());
   }
   const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
+  // (With --batch, the global batch is the user's, split within this micro-batch below: a global
+  // batch of this micro-batch alone read as a second, contradicting answer.)
+  const bool kept_batch = invocation.options.count("batch") != 0;
   std::cout << "micro-batch for " << core::format_bytes(*target) << " per device: " << micro
-            << " (global batch " << micro * devices * accumulation << " on " << devices << " device(s) "
-            << (accumulation > 1 ? "x accumulation " + std::to_string(accumulation) : std::string("without accumulation"))
-            << capped
+            << (kept_batch ? " (the largest that fits" + capped + "; --batch " + std::to_string(samples) + " is split within it below"
+                           : " (global batch " + std::to_string(micro * devices * accumulation) + " on " + std::to_string(devices) +
+                                 " device(s) " +
+                                 (accumulation > 1 ? "x accumulation " + std::to_string(accumulation)
+                                                   : std::string("without accumulation")) +
+                                 capped)
             << ")\n"
             << core::format_estimate(e, trainer.device().str())
             << "(activations from probes at micro-batch " << fit.probe_small << " and " << fit.probe_large << ": "

@@ -220,7 +220,8 @@ std::string Trainer::oom_advice(const std::string& message) const {
   text += "\nWhat would help, in order:";
   int item = 0;  // (what this run already does is not offered: under bf16_amp, "use bf16_amp" was)
   const auto add = [&](const std::string& line) { text += "\n  " + std::to_string(++item) + ". " + line; };
-  add("a smaller batch: --batch-size (now " + std::to_string(plan_.global()) + ")");
+  if (plan_.micro_batch > 1)  // (at micro-batch 1 a smaller global batch only means fewer micro-batches of 1)
+    add("a smaller batch: --batch-size (now " + std::to_string(plan_.global()) + ")");
   const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
   const bool recovering = std::find(policies.begin(), policies.end(), "oom_recovery") != policies.end();
   add(recovering ? "gradient accumulation: oom_recovery re-planned to micro-batch " + std::to_string(plan_.micro_batch) +
@@ -230,7 +231,8 @@ std::string Trainer::oom_advice(const std::string& message) const {
                  : std::string("gradient accumulation: --gradient-accumulation-steps (memory.policies = oom_recovery does it "
                                "for you)"));
   if (const std::string precision = value_of(config_, "precision.name"); precision != "bf16_amp" && precision != "fp16_amp")
-    add("mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)");
+    add(device_.is_cpu() ? "mixed precision: precision.name = bf16_amp (not --no-amp; fp16_amp has no fast path on most CPUs)"
+                         : "mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)");
   if (stats.limit > 0)  // (the cap this run was given: by memory.fraction or memory.device_memory_limit)
     add("the memory cap: this run may use " + format_bytes(stats.limit) + " (--memory-fraction or "
         "memory.device_memory_limit); raise it where the device has room");

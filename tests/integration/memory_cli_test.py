@@ -72,6 +72,9 @@ p = re.search(r"--batch 256: micro-batch (\d+) x accumulation (\d+) = 256 \(the 
               r"divides 256\); train with --batch-size 256 --gradient-accumulation-steps (\d+)", r.stdout)
 expect(m and p and int(p.group(1)) == 32 and int(p.group(2)) == 8 == int(p.group(4)) and int(p.group(3)) == int(m.group(1)),
        "suggest --batch 256 plans micro-batch 32 x accumulation 8 within the micro-batch that fits", r)
+# Its first line named a global batch of that micro-batch alone, as if a second answer.
+expect(re.search(r"per device: \d+ \(the largest that fits; --batch 256 is split within it below\)\n", r.stdout)
+       and "global batch" not in r.stdout, "suggest --batch 256 names one global batch, the one given", r)
 r = loom(exe, "memory", "suggest", *RUN, "--target", "64GiB", "--batch", "64")
 expect("--batch 64: micro-batch 64 x accumulation 1 = 64 (the whole batch fits: no accumulation needed)" in r.stdout,
        "suggest --batch 64 with room to spare", r)
@@ -120,6 +123,13 @@ try:
     r = loom(exe, "train", *RUN, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=fails",
              "--batch-size", "64", "--set", "trainer.max_steps=4", "--device-memory-limit", str(budget), check=False)
     expect(r.returncode == 1 and "What would help, in order:" in r.stderr, "without oom_recovery: one clear error", r)
+    # A global batch of few divisors (97, a prime) under a tier: the warning names what the tier allows.
+    r = loom(exe, "train", *RUN, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=tier97",
+             "--batch-size", "97", "--set", "trainer.max_steps=1", "--device-memory-limit", "12GiB",
+             "--set", "memory.policies=vram_tiers")
+    expect("trainer.batch_size 97 splits evenly only into micro-batches of 1 (1 x 97 per step) where its memory tier "
+           "allows 64: each step runs as 97 small ones. A batch that is a multiple of 64 (64 or 128) keeps micro-batch 64"
+           in r.stderr, "vram_tiers says an uneven split in words", r)
 
     r = loom(exe, "doctor")
     expect("CPU" in r.stdout and "Plugins" in r.stdout and "LibTorch" in r.stdout, "doctor reports", r)

@@ -129,7 +129,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     const int64_t world = context.plan.world_size;
     if (context.global_batch_given) {
       context.plan = loom::sdk::split_global_batch(context.global_batch, world, chosen);
-      loom::memory::warn_uneven_split(context.plan, context.global_batch, chosen, "fit");
+      loom::memory::warn_uneven_split(context.plan, context.global_batch, chosen, "{} fit");
       if (context.plan.micro_batch != chosen)  // (the summary said "micro-batch 3" of a plan of 2 x 16)
         description_ = (description_.empty() ? "auto_batch: micro-batch " + std::to_string(chosen) : description_) +
                        " fits; planned " + std::to_string(context.plan.micro_batch) + ", which divides the batch";

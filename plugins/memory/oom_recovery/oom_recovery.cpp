@@ -23,7 +23,7 @@ class OomRecovery final : public loom::sdk::MemoryPolicy {
     const auto old = context.plan;
     if (old.micro_batch <= 1 || replans_ >= max_replans_) return false;
     context.plan = loom::sdk::split_global_batch(old.global(), old.world_size, old.micro_batch / 2);
-    loom::memory::warn_uneven_split(context.plan, old.global(), old.micro_batch / 2, "would be half the one that ran out");
+    loom::memory::warn_uneven_split(context.plan, old.global(), old.micro_batch / 2, "{} would be half the one that ran out");
     ++replans_;
     if (context.evaluation)
       loom::sdk::log::warn("out of memory in the evaluation after step ", context.step, ": micro-batch ", old.micro_batch,

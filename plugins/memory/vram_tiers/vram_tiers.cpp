@@ -75,7 +75,7 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
     const int64_t world = context.plan.world_size;
     if (context.global_batch_given) {
       context.plan = loom::sdk::split_global_batch(context.global_batch, world, tier_batch);
-      loom::memory::warn_uneven_split(context.plan, context.global_batch, tier_batch, "its tier allows");
+      loom::memory::warn_uneven_split(context.plan, context.global_batch, tier_batch, "its memory tier allows {}");
     } else {
       // (the accumulation the run asked for stays: the global batch is tier_batch x it x world)
       context.plan = loom::sdk::BatchPlan{tier_batch, context.plan.accumulation, world};
