@@ -107,7 +107,8 @@ const std::vector<Command>& commands() {
        "loom plugins [inspect FILE | check FILE [--dataset NAME] [--set SECTION.COMPONENT.OPTION=VALUE]... [--check-timeout SECONDS]]", false,
        [](po::options_description& d) {
          d.add_options()("dataset", po::value<std::string>(),
-                         "check: the dataset a model is checked with (default: its plugin's own, else synthetic)")(
+                         "check: the dataset a model is checked with (default: its plugin's own, else the first of synthetic, "
+                         "synthetic_tokens, fashion_mnist it accepts)")(
              "set", po::value<std::vector<std::string>>()->composing(),
              "check: an option a component is built with, e.g. data.my_dataset.root=/data (repeatable)")(
              "check-timeout", po::value<std::string>(),
@@ -116,7 +117,13 @@ const std::vector<Command>& commands() {
        },
        cmd_plugins},
       {"config", "show the merged run configuration and where each value comes from",
-       "loom config show [-c FILE] [--set section.key=value] ...", true, nullptr, cmd_config},
+       "loom config [show] [-c FILE] [--set section.key=value] ... [--resume auto]", true,
+       [](po::options_description& d) {
+         d.add_options()("resume", po::value<std::string>()->value_name("auto"),
+                         "auto: what `loom train --resume auto` would train with (the run's own settings where this "
+                         "command leaves them out)");
+       },
+       cmd_config},
   };
   return table;
 }

@@ -370,7 +370,7 @@ int cmd_launch(const Invocation& invocation) {
     }
     core::PluginRegistry registry;
     scan_plugins(registry, options, /*log_refusals=*/false);  // (each rank says its refusals)
-    const core::Resolved resolved = core::resolve_run(config_from(options), registry);
+    const core::Resolved resolved = core::resolve_run(core::with_run_settings(config_from(options), registry), registry);
     // A global batch the ranks cannot split is each rank's error too: said once, here (the check
     // the trainer makes, for the world this command starts; a batch chosen by memory policies is theirs).
     // Loom's strategies of one process, said once, here (each rank refused itself, every one the same).

@@ -22,6 +22,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -148,7 +149,8 @@ int cmd_train(const Invocation& invocation) {
   // (each rank would repeat them, before its lines carry its rank).
   std::optional<core::log::Quiet> said_by_launcher;
   said_by_launcher.emplace(std::getenv("LOOM_LAUNCH_CHECKED") != nullptr);
-  const core::Config config = config_from(invocation.options);  // --resume too
+  // --resume too; a resume continues the run with the settings it was given, where this command leaves them out
+  const core::Config config = core::with_run_settings(config_from(invocation.options), registry);
   const core::Resolved resolved = core::resolve_run(config, registry);
   said_by_launcher.reset();
   core::Trainer trainer(resolved, registry);
@@ -568,7 +570,11 @@ int evaluate(const Invocation& invocation, const fs::path& checkpoint) {
   // and --log-level warn showed nothing at all); said in the log too where stdout goes elsewhere.
   const std::string result = checkpoint.string() + ": " + eval_line(trainer, e) + " (" + sdk::format_duration(e.seconds) + ")";
   std::cout << result << std::endl;
-  if (::isatty(STDOUT_FILENO) == 0) core::log::info(result);
+  // (not where stderr is that same file or pipe: `loom eval X 2>&1 | tee log` showed it twice)
+  struct stat out {}, err {};
+  const bool same = ::fstat(STDOUT_FILENO, &out) == 0 && ::fstat(STDERR_FILENO, &err) == 0 && out.st_dev == err.st_dev &&
+                    out.st_ino == err.st_ino;
+  if (::isatty(STDOUT_FILENO) == 0 && !same) core::log::info(result);
   if (!std::isfinite(e.loss)) {  // (as a run whose final evaluation is so fails: a script deploys on exit 0)
     core::log::error("the evaluation's loss is ", std::isnan(e.loss) ? "nan" : e.loss > 0 ? "inf" : "-inf", ": the model of ", checkpoint.string(), " gives non-finite outputs ",
                      "on the test split (a run that diverged, or a precision it overflows in: it was evaluated in ",

@@ -1,13 +1,17 @@
 // What a run's configuration resolves to: the trainer's own options (TrainerOptions::from,
 // range-checked) and the automatic choices (precision.name = auto, trainer.schedule = auto,
 // --memory-fraction adding fraction_cap) made before the whole configuration is validated.
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
+#include "json_limits.hpp"
 #include "trainer_internal.hpp"
 
 #include <loom/sdk/helpers.hpp>
+#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -179,6 +183,8 @@ Config automatic_choices(Config config, const PluginRegistry& registry) {
     } else if (tf32) {
       choice = "tf32";
       why += ", --allow-tf32";
+    } else if (!amp) {  // (named, as the choice's origin: "auto (CPU)" after --no-amp hid it)
+      why += ", precision.amp = false (--no-amp)";
     }
     if (!registry.find(LOOM_KIND_PRECISION, choice)) {
       log::warn("precision '", choice, "' is not loaded; using fp32");
@@ -250,6 +256,65 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
     registry.check_options(info, detail::component_values(resolved, info));  // its errors name it
   }
   return resolved;
+}
+
+Config with_run_settings(Config config, const PluginRegistry& registry) {
+  const Schema core = core_schema();
+  const auto get = [&](const std::string& key) {
+    if (auto v = config.get(key)) return *v;
+    return core.find(key)->option.default_value;
+  };
+  if (get("trainer.resume") != "auto" || !get("trainer.resume_from").empty()) return config;
+  const fs::path work_dir = get("trainer.work_dir");
+  std::string name = get("trainer.name");
+  if (name.empty()) {
+    const std::vector<std::string> runs = detail::runs_newest_first(work_dir);
+    if (runs.empty()) return config;
+    name = runs.front();
+  }
+  // (a name that is no plain folder name, or a run without a checkpoint: the trainer says what happens)
+  if (name.find('/') != std::string::npos || name == "." || name == ".." || CheckpointStore::list_run(work_dir / name).empty())
+    return config;
+  const fs::path record = work_dir / name / "config.json";
+  nlohmann::json manifest;
+  try {  // (unreadable or damaged: the trainer says so when it compares the resume with it)
+    manifest = detail::parse_json(read_file(record, int64_t{64} << 20));
+  } catch (const std::exception&) {
+    return config;
+  }
+  if (!manifest.is_object()) return config;
+  static const std::set<std::string> placing = {"trainer.name", "trainer.work_dir", "trainer.resume", "trainer.resume_from",
+                                                "trainer.init_from"};
+  Config candidate = config;
+  std::vector<std::pair<std::string, std::string>> taken;
+  for (const auto& [key, entry] : manifest.items()) {
+    if (!entry.is_object() || !entry.contains("value") || !entry["value"].is_string() || !entry.contains("origin") ||
+        !entry["origin"].is_string() || placing.count(key))
+      continue;
+    const std::string origin = entry["origin"].get<std::string>();
+    if (origin == "default" || origin.rfind("auto (", 0) == 0) continue;  // (chosen here again, as the run chose it)
+    if (const ConfigValue* mine = config.find(key); mine && mine->origin.source != "default") continue;  // this command's
+    candidate.set(key, entry["value"].get<std::string>(), Origin{"the run's config.json", record, 0});
+    taken.emplace_back(key, entry["value"].get<std::string>());
+  }
+  if (taken.empty()) return config;
+  // A key the chosen components do not have is left out (a model chosen anew; an option an older
+  // Loom had): the selection itself comes from the run where this command leaves it, so its
+  // components are the run's. (A component of the run not loaded now: its name is refused below, naming this origin.)
+  const Schema schema = [&] {
+    const log::Quiet quiet(true);  // (resolve_run says the automatic choices' warnings, once)
+    return run_schema(automatic_choices(candidate, registry), registry);
+  }();
+  std::vector<std::string> said;
+  for (const auto& [key, value] : taken) {
+    if (schema.find(key) == nullptr) continue;
+    config.set(key, value, Origin{"the run's config.json", record, 0});
+    said.push_back(key + " = " + printable(value, 80));
+  }
+  if (!said.empty())
+    log::info("resume = auto: as ", (work_dir / name).string(), " was given (its config.json), where this command leaves them out: ",
+              join(said, ", "));
+  return config;
 }
 
 }  // namespace loom::core

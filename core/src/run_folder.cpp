@@ -100,29 +100,6 @@ class RunInUse : public Error {
   using Error::Error;
 };
 
-/// Runs in `work_dir`, the one last active first: by the later of its newest checkpoint and its
-/// config.json (written when it starts, and again when it resumes). A run stopped before its first
-/// checkpoint counts too: --resume auto must not pass over it to an older run and change that.
-std::vector<std::string> runs_newest_first(const fs::path& work_dir) {
-  std::vector<std::pair<fs::file_time_type, std::string>> runs;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(work_dir, ec)) {
-    if (!entry.is_directory(ec) || !holds_a_run(entry.path())) continue;
-    const auto all = CheckpointStore::list_run(entry.path());
-    // (without a checkpoint, only a folder a Loom run opened, its lock file there: an exported
-    // folder with a config.json of its own is no run to start again in)
-    if (all.empty() && !fs::exists(fs::symlink_status(entry.path() / ".lock", ec))) continue;
-    auto last = fs::file_time_type::min();
-    if (!all.empty()) last = std::max(last, fs::last_write_time(all.back(), ec));
-    if (const auto config = fs::last_write_time(entry.path() / "config.json", ec); !ec) last = std::max(last, config);
-    runs.emplace_back(last, entry.path().filename().string());
-  }
-  std::sort(runs.rbegin(), runs.rend());
-  std::vector<std::string> out;
-  for (const auto& [time, name] : runs) out.push_back(name);
-  return out;
-}
-
 /// `--resume auto` of a name no run has starts it: said, with a close run's name (a typo trained afresh unsaid).
 void say_named_run_starts(const fs::path& work_dir, const std::string& name) {
   auto others = runs_newest_first(work_dir);
@@ -169,6 +146,29 @@ fs::path record_until(const fs::path& folder, int64_t step) {
 }
 
 }  // namespace
+
+/// Runs in `work_dir`, the one last active first: by the later of its newest checkpoint and its
+/// config.json (written when it starts, and again when it resumes). A run stopped before its first
+/// checkpoint counts too: --resume auto must not pass over it to an older run and change that.
+std::vector<std::string> detail::runs_newest_first(const fs::path& work_dir) {
+  std::vector<std::pair<fs::file_time_type, std::string>> runs;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(work_dir, ec)) {
+    if (!entry.is_directory(ec) || !holds_a_run(entry.path())) continue;
+    const auto all = CheckpointStore::list_run(entry.path());
+    // (without a checkpoint, only a folder a Loom run opened, its lock file there: an exported
+    // folder with a config.json of its own is no run to start again in)
+    if (all.empty() && !fs::exists(fs::symlink_status(entry.path() / ".lock", ec))) continue;
+    auto last = fs::file_time_type::min();
+    if (!all.empty()) last = std::max(last, fs::last_write_time(all.back(), ec));
+    if (const auto config = fs::last_write_time(entry.path() / "config.json", ec); !ec) last = std::max(last, config);
+    runs.emplace_back(last, entry.path().filename().string());
+  }
+  std::sort(runs.rbegin(), runs.rend());
+  std::vector<std::string> out;
+  for (const auto& [time, name] : runs) out.push_back(name);
+  return out;
+}
 
 void Trainer::lock_run(const fs::path& dir) {
   fs::create_directories(dir);
@@ -407,24 +407,6 @@ void Trainer::read_the_runs_config() {
               join(training, "; "), ". To go on as it was, give the -c files and --set of the run's first command");
   if (!routine.empty() || !training.empty()) keep_record();
 }
-
-namespace {
-
-// Rank 0's text on every rank, through the strategy's broadcast: its size (-1: rank 0 failed,
-// so that no rank waits for it until the timeout), then its bytes. `text` is read on rank 0.
-std::optional<std::string> from_rank0(sdk::ParallelStrategy& parallel, const std::optional<std::string>& text) {
-  HostMemoryScope host;
-  at::Tensor size = at::full({1}, text ? static_cast<int64_t>(text->size()) : int64_t{-1}, at::kLong);
-  parallel.broadcast({size});
-  const int64_t n = size.item<int64_t>();
-  if (n < 0) return std::nullopt;
-  at::Tensor bytes = at::zeros({std::max<int64_t>(n, 1)}, at::kByte);
-  if (parallel.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr(), text->data(), static_cast<size_t>(n));
-  if (n > 0) parallel.broadcast({bytes});
-  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
-}
-
-}  // namespace
 
 // With several ranks, rank 0 alone chooses, locks and writes the run folder; it hands the folder
 // and the checkpoint it resumed from to the others, which load that checkpoint and write nothing.

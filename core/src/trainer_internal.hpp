@@ -210,4 +210,10 @@ void stop_where_ranks_differ(sdk::ParallelStrategy& parallel, const std::vector<
 void agree_on_model_and_data(sdk::ParallelStrategy& parallel, const sdk::TensorMap& tensors, const PluginRegistry& registry,
                              const Resolved& config, sdk::Dataset& dataset);
 
+/// Rank 0's `text` on every rank (read on rank 0), through the strategy's broadcast; none where rank 0 had none to give.
+std::optional<std::string> from_rank0(sdk::ParallelStrategy& parallel, const std::optional<std::string>& text);
+
+/// The runs in `work_dir`, the one last active first (run_folder.cpp).
+std::vector<std::string> runs_newest_first(const std::filesystem::path& work_dir);
+
 }  // namespace loom::core::detail

@@ -242,6 +242,20 @@ void agree_on_model_and_data(sdk::ParallelStrategy& parallel, const sdk::TensorM
       "a node with another copy of either trains another model, or other samples");
 }
 
+// Rank 0's text on every rank, through the strategy's broadcast: its size (-1: rank 0 failed,
+// so that no rank waits for it until the timeout), then its bytes. `text` is read on rank 0.
+std::optional<std::string> from_rank0(sdk::ParallelStrategy& parallel, const std::optional<std::string>& text) {
+  HostMemoryScope host;
+  at::Tensor size = at::full({1}, text ? static_cast<int64_t>(text->size()) : int64_t{-1}, at::kLong);
+  parallel.broadcast({size});
+  const int64_t n = size.item<int64_t>();
+  if (n < 0) return std::nullopt;
+  at::Tensor bytes = at::zeros({std::max<int64_t>(n, 1)}, at::kByte);
+  if (parallel.rank() == 0 && n > 0) std::memcpy(bytes.data_ptr(), text->data(), static_cast<size_t>(n));
+  if (n > 0) parallel.broadcast({bytes});
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
+}
+
 }  // namespace detail
 
 bool Trainer::any_rank(bool local) {

@@ -63,6 +63,13 @@ expect("batch_size = 16" in r.stdout and "# --batch-size" in r.stdout, "config s
 expect("lr = 0.01" in r.stdout and "# --set" in r.stdout, "config show: --set origin", r)
 expect("debug.ini:" in r.stdout and "fashion_mnist.ini:" in r.stdout, "config show: file:line origins", r)
 expect("flavour = debug" in r.stdout and "(model 'lightweight_transformer')" in r.stdout, "plugin keys", r)
+# `loom config` alone shows (it printed a bare usage line); a stray word is named.
+r = loom(exe, "config", "--batch-size", "16")
+expect("batch_size = 16" in r.stdout and "# --batch-size" in r.stdout, "loom config alone shows", r)
+r = loom(exe, "config", "shw", check=False)
+expect(r.returncode == 1 and "loom config: 'shw' is no subcommand (show is the one there is)" in r.stderr, "config shw", r)
+r = loom(exe, "config", "show", "extra", check=False)
+expect(r.returncode == 1 and "loom config show takes no argument, and 'extra' is one" in r.stderr, "config show extra", r)
 
 # A key given twice on the command line: the value not used is never checked, so it is named.
 r = loom(exe, "config", "show", "--batch-size", "abc", "--set", "trainer.batch_size=64")
@@ -107,6 +114,15 @@ r = loom(exe, "memory", "estimate", "-c", os.path.join(configs, "debug.ini"), "-
 expect(r.returncode == 1 and "--devices 2147483648 is outside [1, 16777216]" in r.stderr, "absurd --devices", r)
 r = loom(exe, "plugins", "check", "lightweight_transformer", "--dataset", "nope", check=False)
 expect(r.returncode == 1 and "'nope'" in r.stderr and "conforms" not in r.stdout, "plugins check --dataset of no plugin", r)
+# At a terminal set to `stty tostop`, the check's child (a background process group) stopped at
+# its first line on the terminal (SIGTTOU), and the check hung to its limit.
+if shutil.which("script"):
+    command = (f"stty tostop; {shlex.quote(exe)} plugins check fraction_cap --log-level debug --check-timeout 30; "
+               "echo rc=$?")
+    r = subprocess.run(["script", "-qec", command, "/dev/null"], capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    expect("the plugin conforms" in r.stdout and "rc=0" in r.stdout and "did not finish" not in r.stdout,
+           "plugins check at a terminal with stty tostop", r)
 # A dataset of the user's files is checked with its options (the skip said "check it with its
 # options", and nothing took them); a --set not of a component's option is refused.
 ml = os.path.join(workdir(), "ml")
@@ -315,6 +331,10 @@ try:
     r = loom(exe, "eval", best, "--set", "data.test_size=256", "--log-level", "off")
     expect(re.fullmatch(re.escape(best) + r": accuracy [0-9.]+ %, loss [0-9.]+ on 256 test samples \(\d+s\)\n", r.stdout)
            and r.stderr == "", "eval's result on stdout alone, with --log-level off", r)
+    # Once where stdout and stderr are one pipe (`2>&1 | tee`): it was printed and logged there.
+    r = subprocess.run([exe, "eval", best, "--set", "data.test_size=256"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    expect(r.returncode == 0 and r.stdout.count("on 256 test samples") == 1, "eval 2>&1: its result once", r)
     # Evaluation builds no training loader: a batch larger than the training split (a checkpoint of a
     # small dataset, evaluated at the default batch) is no reason to refuse.
     r = loom(exe, "eval", best, "--batch-size", "4096")
@@ -329,7 +349,8 @@ try:
     expect(f"accuracy {final.group(2)} %, loss {final.group(1)} on 256 test samples" in r.stderr,
            "eval gives the run's own final figures, in its precision", r)
     r = loom(exe, "eval", os.path.join(work, "evp"), "--no-amp")
-    expect("evaluating in precision fp32 (auto" in r.stderr and "the checkpoint was trained in bf16_amp" in r.stderr,
+    expect("evaluating in precision fp32 (auto (CPU, precision.amp = false (--no-amp)))" in r.stderr
+           and "the checkpoint was trained in bf16_amp" in r.stderr,
            "eval in another precision says so", r)
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=evnan", "--set", "trainer.max_steps=40",
              "--set", "trainer.lr=10", "--set", "trainer.clip_grad_norm=0", "--set", "trainer.use_scheduler=false",
@@ -548,6 +569,17 @@ try:
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev",
              "--set", "trainer.max_steps=10", "--resume", "auto")
     expect("run ev is complete: its checkpoint is at step 10 of 10; nothing to train" in r.stderr, "a complete run", r)
+    # `--resume auto` alone continues the run as it was given (it took this command's defaults: the
+    # default model, refused, or a 30-step run resumed as 2947 steps of other data).
+    r = loom(exe, "train", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev", "--resume", "auto")
+    expect(f"resume = auto: as {os.path.join(work, 'ev')} was given (its config.json), where this command leaves them out: "
+           in r.stderr and "trainer.max_steps = 10" in r.stderr and "data.synthetic.train_size = 2048" in r.stderr
+           and "run ev is complete: its checkpoint is at step 10 of 10; nothing to train" in r.stderr,
+           "--resume auto with the run's own settings", r)
+    r = loom(exe, "config", "show", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev", "--resume", "auto",
+             "--set", "trainer.max_steps=12")
+    expect(re.search(r"max_steps = 12 +# --set\n", r.stdout) and re.search(r"flavour = debug +# the run's config.json \(model 'lightweight_transformer'\)\n", r.stdout)
+           and re.search(r"name = ev +# --set\n", r.stdout), "config show --resume auto: the run's settings, and the command's", r)
     summary_file = os.path.join(work, "ev", "summary.json")
     summary = json.load(open(summary_file))
     expect(summary["step"] == 10 and summary["diverged"] is False and summary["final_evaluation"]["test/loss"] > 0

@@ -527,6 +527,15 @@ class Trainer {
 /// policy) and validates every key against the core's and the chosen components' schemas.
 Resolved resolve_run(Config config, const PluginRegistry& registry);
 
+/// `--resume auto` continues a run as it was given: each setting the run was given (in its
+/// config.json, from a file, a flag or --set; not a default or an automatic choice) that this
+/// command leaves at its default is the run's, with the origin "the run's config.json". The run is
+/// trainer.name's folder in trainer.work_dir, else the newest run there, where it has a checkpoint
+/// (as the trainer picks it). A key the run's components no longer have (another model chosen
+/// now, an older Loom's) is left out; the keys that place the run (name, work_dir, resume,
+/// resume_from, init_from) are this command's. Otherwise `config` as it is.
+Config with_run_settings(Config config, const PluginRegistry& registry);
+
 /// The model's and data's configuration a checkpoint was trained with (from a step folder's
 /// state.json or a best_<metric>.safetensors file's metadata), as config keys ("model.d_model").
 std::map<std::string, std::string> checkpoint_run_config(const std::filesystem::path& checkpoint);
