@@ -206,6 +206,9 @@ int cmd_memory(const Invocation& invocation) {
   // (With --batch, the global batch is the user's, split within this micro-batch below: a global
   // batch of this micro-batch alone read as a second, contradicting answer.)
   const bool kept_batch = invocation.options.count("batch") != 0;
+  if (kept_batch && (samples % devices != 0 || samples < devices))  // (before any answer is printed)
+    throw Error("--batch " + std::to_string(samples) + " does not split evenly over --devices " + std::to_string(devices) +
+                "; give a multiple of " + std::to_string(devices));
   std::cout << "micro-batch for " << core::format_bytes(*target) << " per device: " << micro
             << (kept_batch ? " (the largest that fits" + capped + "; --batch " + std::to_string(samples) + " is split within it below"
                            : " (global batch " + std::to_string(micro * devices * accumulation) + " on " + std::to_string(devices) +
@@ -222,9 +225,6 @@ int cmd_memory(const Invocation& invocation) {
   // A global batch the user keeps (--batch): the plan loom train makes of it within that micro-batch.
   // (It was ignored in silence: the answer's global batch was the micro-batch times the config's accumulation.)
   if (invocation.options.count("batch")) {
-    if (samples % devices != 0 || samples < devices)
-      throw Error("--batch " + std::to_string(samples) + " does not split evenly over --devices " + std::to_string(devices) +
-                  "; give a multiple of " + std::to_string(devices));
     const sdk::BatchPlan plan = sdk::split_global_batch(samples, devices, micro);
     std::cout << "--batch " << samples << ": " << sdk::plan_text(plan)
               << (plan.micro_batch == samples / devices ? " (the whole batch fits: no accumulation needed)"

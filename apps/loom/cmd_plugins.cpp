@@ -7,6 +7,7 @@
 #include <loom/core/child_process.hpp>
 #include <loom/core/conformance.hpp>
 #include <loom/core/error.hpp>
+#include <loom/core/kinds.hpp>
 #include <loom/core/text.hpp>
 #include <loom/sdk/options.hpp>
 
@@ -191,11 +192,22 @@ int check(const Invocation& invocation) {
       if (eq == std::string::npos || first == std::string::npos || first == last || last > eq)
         throw Error("--set '" + assignment + "': loom plugins check takes a component's option as "
                     "SECTION.COMPONENT.OPTION=VALUE, e.g. data.my_dataset.root=/data");
+      const std::string section = assignment.substr(0, first);
       const std::string component = assignment.substr(first + 1, last - first - 1);
       const std::string option = assignment.substr(last + 1, eq - last - 1);
       // (a component or an option the file does not have was never applied, and the check passed)
-      const auto it = std::find_if(loaded.components.begin(), loaded.components.end(),
-                                   [&](const core::ComponentInfo& c) { return c.name == component; });
+      const auto section_of = [](const core::ComponentInfo& c) {
+        const core::KindInfo* kind = core::find_kind(c.kind);
+        return kind != nullptr ? std::string(kind->section) : std::string();
+      };
+      auto it = std::find_if(loaded.components.begin(), loaded.components.end(), [&](const core::ComponentInfo& c) {
+        return c.name == component && section_of(c) == section;
+      });
+      if (const auto other = std::find_if(loaded.components.begin(), loaded.components.end(),
+                                          [&](const core::ComponentInfo& c) { return c.name == component; });
+          it == loaded.components.end() && other != loaded.components.end())
+        throw Error("--set " + assignment + ": '" + component + "' is a " + core::kind_name(other->kind) +
+                    ", whose options are " + section_of(*other) + "." + component + ".OPTION");
       std::vector<std::string> names;
       if (it == loaded.components.end()) {
         for (const auto& c : loaded.components) names.push_back(c.name);

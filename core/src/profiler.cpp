@@ -96,9 +96,9 @@ Profiler::Profiler(const c10::Device& device, ProfileOptions options) : device_(
   const auto activities = activities_for(device);
   // Off a GPU, Kineto's first use asks the CUDA runtime how many GPUs there are and prints
   // "ERROR: ... gpuGetDeviceCount failed with code 35" when there is no driver: a CPU profile
-  // needs no GPU, so its logging is off there (KINETO_LOG_LEVEL=5, as torchtitan sets it), unless
-  // the user set a level.
-  if (!device.is_cuda()) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
+  // needs no GPU, so its logging is off there, unless the user set a level. (6, not torchtitan's 5:
+  // the Kineto of torch 2.15 prints "USDT:... profiler_start" and "profiler_stop" at level 5.)
+  if (!device.is_cuda()) ::setenv("KINETO_LOG_LEVEL", "6", /*overwrite=*/0);
   kineto::prepareProfiler(config(options_), activities);
   kineto::enableProfiler(config(options_), activities);
   running_ = true;

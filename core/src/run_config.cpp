@@ -123,7 +123,8 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   // An epochs given on the command line that max_steps overrides would be ignored in silence.
   if (const auto epochs = c.find("trainer.epochs"), steps = c.find("trainer.max_steps");
       o.max_steps > 0 && epochs != c.end() && steps != c.end() && epochs->second.origin.source != "file" &&
-      epochs->second.origin.source != "default" && epochs->second.origin.source != "checkpoint") {
+      epochs->second.origin.source != "default" && epochs->second.origin.source != "checkpoint" &&
+      epochs->second.origin.source != detail::kRunRecordOrigin) {  // (the run had it so: said when it started)
     static std::set<std::string> said;  // (once per process: a command reads its options more than once)
     const std::string warning = "trainer.epochs = " + epochs->second.value + " (" + epochs->second.origin.describe() +
                                 ") is not used: trainer.max_steps = " + std::to_string(o.max_steps) + " (" +
@@ -220,12 +221,19 @@ Config automatic_choices(Config config, const PluginRegistry& registry) {
                Origin{std::string("auto (trainer.use_scheduler = ") + (cosine ? "true" : "false") + ")", {}, 0});
   }
 
-  // --memory-fraction / memory.fraction asks for the fraction_cap policy.
-  if (config.find("memory.fraction")) {
+  // --memory-fraction / memory.fraction asks for the fraction_cap policy (in either spelling: a
+  // run's config.json records the option's full key).
+  if (config.find("memory.fraction") || config.find("memory.fraction_cap.fraction")) {
     auto policies = sdk::parse_list(get("memory.policies"));
     if (std::find(policies.begin(), policies.end(), "fraction_cap") == policies.end()) {
       policies.insert(policies.begin(), "fraction_cap");
-      config.set("memory.policies", join(policies, ", "), Origin{"auto (memory.fraction is set)", {}, 0});
+      // (a list the user gave keeps naming them: the run's record then holds it as theirs)
+      const ConfigValue* given = config.find("memory.policies");
+      config.set("memory.policies", join(policies, ", "),
+                 Origin{given != nullptr && given->origin.source != "default"
+                            ? given->origin.describe() + ", with fraction_cap (memory.fraction is set)"
+                            : std::string("auto (memory.fraction is set)"),
+                        {}, 0});
     }
   }
 
@@ -283,32 +291,66 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
     return config;
   }
   if (!manifest.is_object()) return config;
-  static const std::set<std::string> placing = {"trainer.name", "trainer.work_dir", "trainer.resume", "trainer.resume_from",
-                                                "trainer.init_from"};
+  // The keys that place the run are this command's; so are those of this machine (its device and
+  // threads, the loader's workers, a memory cap of one device, the parallel strategy and the step's
+  // CUDA graphs: a run may resume elsewhere, and with another strategy). A dataset's folder is the run's.
+  const auto this_machines = [](const std::string& key) {
+    static const std::set<std::string> keys = {"trainer.name", "trainer.work_dir", "trainer.resume", "trainer.resume_from",
+                                               "trainer.init_from", "trainer.device", "trainer.threads",
+                                               "trainer.peak_tflops", "memory.device_memory_limit", "memory.snapshot",
+                                               "memory.snapshot_on_oom", "data.num_workers", "data.prefetch",
+                                               "data.pin_memory"};
+    return keys.count(key) > 0 || key.rfind("parallel.", 0) == 0 || key.rfind("step.", 0) == 0;
+  };
+  // (a component's option given short, data.limit_train for data.fashion_mnist.limit_train, is given too)
+  const auto given = [&](const std::string& key) {
+    const auto set = [&](const std::string& k) {
+      const ConfigValue* v = config.find(k);
+      return v != nullptr && v->origin.source != "default";
+    };
+    const size_t first = key.find('.'), last = key.rfind('.');
+    return set(key) || (first != last && set(key.substr(0, first) + key.substr(last)));
+  };
+  // Keys that together set one thing are the command's where it gives one of them: its epochs with
+  // the run's max_steps would be overridden (the run's epochs beside its max_steps only count at
+  // max_steps = 0, as the command then asks); its --no-amp with the run's bf16_amp refused.
+  std::set<std::string> its_own;
+  if (given("trainer.epochs")) its_own.insert("trainer.max_steps");
+  const std::vector<std::string> precision = {"precision.name", "precision.amp", "precision.allow_tf32"};
+  if (std::any_of(precision.begin(), precision.end(), given)) its_own.insert(precision.begin(), precision.end());
   Config candidate = config;
   std::vector<std::pair<std::string, std::string>> taken;
   for (const auto& [key, entry] : manifest.items()) {
     if (!entry.is_object() || !entry.contains("value") || !entry["value"].is_string() || !entry.contains("origin") ||
-        !entry["origin"].is_string() || placing.count(key))
+        !entry["origin"].is_string() || this_machines(key) || its_own.count(key) || given(key))
       continue;
     const std::string origin = entry["origin"].get<std::string>();
     if (origin == "default" || origin.rfind("auto (", 0) == 0) continue;  // (chosen here again, as the run chose it)
-    if (const ConfigValue* mine = config.find(key); mine && mine->origin.source != "default") continue;  // this command's
-    candidate.set(key, entry["value"].get<std::string>(), Origin{"the run's config.json", record, 0});
+    candidate.set(key, entry["value"].get<std::string>(), Origin{detail::kRunRecordOrigin, record, 0});
     taken.emplace_back(key, entry["value"].get<std::string>());
   }
   if (taken.empty()) return config;
+  const auto listed = [&] {
+    std::vector<std::string> out;
+    for (const auto& [key, value] : taken) out.push_back(key + " = " + printable(value, 80));
+    return join(out, ", ");
+  };
   // A key the chosen components do not have is left out (a model chosen anew; an option an older
   // Loom had): the selection itself comes from the run where this command leaves it, so its
-  // components are the run's. (A component of the run not loaded now: its name is refused below, naming this origin.)
-  const Schema schema = [&] {
+  // components are the run's.
+  Schema schema;
+  try {
     const log::Quiet quiet(true);  // (resolve_run says the automatic choices' warnings, once)
-    return run_schema(automatic_choices(candidate, registry), registry);
-  }();
+    schema = run_schema(automatic_choices(candidate, registry), registry);
+  } catch (const std::exception& e) {  // (a component of the run not loaded now: one a --plugin-dir gave)
+    throw Error("resume = auto takes the settings " + (work_dir / name).string() + " was given (its config.json) where " +
+                "this command leaves them out (" + listed() + "), and with them: " + e.what() +
+                ". Give what differs here on the command line (--set KEY=VALUE, --plugin-dir FOLDER)");
+  }
   std::vector<std::string> said;
   for (const auto& [key, value] : taken) {
     if (schema.find(key) == nullptr) continue;
-    config.set(key, value, Origin{"the run's config.json", record, 0});
+    config.set(key, value, Origin{detail::kRunRecordOrigin, record, 0});
     said.push_back(key + " = " + printable(value, 80));
   }
   if (!said.empty())

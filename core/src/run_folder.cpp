@@ -389,7 +389,7 @@ void Trainer::read_the_runs_config() {
       log::info("trainer.keep_last = ", value, ", as the run recorded it in config.json (this resume does not set it; ",
                 "the default, ", options_.keep_last, ", would prune what the run kept)");
       options_.keep_last = value;
-      mine = ConfigValue{*kept, Origin{"the run's config.json", {}, 0}};
+      mine = ConfigValue{*kept, Origin{detail::kRunRecordOrigin, {}, 0}};
     }
   }
   std::vector<std::string> routine, training;
@@ -503,6 +503,14 @@ void Trainer::open_run_here() {
       log::warn("resume = auto: no checkpoint of ", run_dir_.string(), " can be loaded; looking at older runs");
       run_lock_.reset();
     }
+    // The settings with_run_settings took are the newest run's: not those of an older run resumed past it.
+    for (const auto& [key, v] : config_)
+      if (std::error_code ec; resumed && v.origin.source == detail::kRunRecordOrigin &&
+                              !fs::equivalent(v.origin.file.parent_path(), run_dir_, ec))
+        throw Error("resume = auto: no checkpoint of " + v.origin.file.parent_path().string() + " can be loaded (" +
+                    join(problems, "; ") + "), and this resume took its settings; the older run " + run_dir_.string() +
+                    " is next. To continue it with its own settings, name it: --set trainer.name=" + name +
+                    "; to start the newest again, move its folder away (nothing was written)");
     if (!passed.empty())
       log::info("resume = auto: starting a new run: the newest, ", passed);
     else if (!resumed && name.empty())

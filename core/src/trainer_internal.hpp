@@ -210,6 +210,10 @@ void stop_where_ranks_differ(sdk::ParallelStrategy& parallel, const std::vector<
 void agree_on_model_and_data(sdk::ParallelStrategy& parallel, const sdk::TensorMap& tensors, const PluginRegistry& registry,
                              const Resolved& config, sdk::Dataset& dataset);
 
+/// The origin of a setting `--resume auto` took from the run's record (with_run_settings); its
+/// Origin::file is that config.json.
+inline constexpr const char* kRunRecordOrigin = "the run's config.json";
+
 /// Rank 0's `text` on every rank (read on rank 0), through the strategy's broadcast; none where rank 0 had none to give.
 std::optional<std::string> from_rank0(sdk::ParallelStrategy& parallel, const std::optional<std::string>& text);
 

@@ -224,12 +224,13 @@ std::string Trainer::oom_advice(const std::string& message) const {
     add("a smaller batch: --batch-size (now " + std::to_string(plan_.global()) + ")");
   const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
   const bool recovering = std::find(policies.begin(), policies.end(), "oom_recovery") != policies.end();
-  add(recovering ? "gradient accumulation: oom_recovery re-planned to micro-batch " + std::to_string(plan_.micro_batch) +
-                       " x accumulation " + std::to_string(plan_.accumulation) + " and stopped there (" +
-                       (plan_.micro_batch <= 1 ? std::string("micro-batch 1 is the smallest")
-                                               : "memory.max_replans re-plans, or no re-plan was possible here") + ")"
-                 : std::string("gradient accumulation: --gradient-accumulation-steps (memory.policies = oom_recovery does it "
-                               "for you)"));
+  if (recovering)
+    add("gradient accumulation: oom_recovery re-planned to micro-batch " + std::to_string(plan_.micro_batch) +
+        " x accumulation " + std::to_string(plan_.accumulation) + " and stopped there (" +
+        (plan_.micro_batch <= 1 ? std::string("micro-batch 1 is the smallest")
+                                : "memory.max_replans re-plans, or no re-plan was possible here") + ")");
+  else if (plan_.micro_batch > 1)  // (accumulation makes micro-batches smaller: none is smaller than 1)
+    add("gradient accumulation: --gradient-accumulation-steps (memory.policies = oom_recovery does it for you)");
   if (const std::string precision = value_of(config_, "precision.name"); precision != "bf16_amp" && precision != "fp16_amp")
     add(device_.is_cpu() ? "mixed precision: precision.name = bf16_amp (not --no-amp; fp16_amp has no fast path on most CPUs)"
                          : "mixed precision: precision.name = bf16_amp or fp16_amp (not --no-amp)");

@@ -1,6 +1,7 @@
 """The loom command line as a user meets it: help, suggestions for typos, `config show` with
 origins, one clear error for a bad configuration (and the exit status), `eval` of a checkpoint,
 plugins that crash while loading refused by name."""
+import glob
 import json
 import os
 import re
@@ -143,6 +144,9 @@ expect("skip" not in section and "FAIL" not in section and "pass  thread_safe" i
        "plugins check --set data.interactions.root=...: the dataset checked with its files", r)
 r = loom(exe, "plugins", "check", "interactions", "--set", f"data.fashion_mnist.root={ml}", check=False)
 expect(r.returncode == 1 and "has no component 'fashion_mnist' (it has " in r.stderr, "plugins check --set of another file's", r)
+r = loom(exe, "plugins", "check", "interactions", "--set", f"model.interactions.root={ml}", check=False)
+expect(r.returncode == 1 and "'interactions' is a dataset, whose options are data.interactions.OPTION" in r.stderr,
+       "plugins check --set in another kind's section", r)
 r = loom(exe, "plugins", "check", "interactions", "--set", f"data.interactions.rot={ml}", check=False)
 expect(r.returncode == 1 and "'interactions' has no option 'rot'; did you mean 'root'?" in r.stderr,
        "plugins check --set of no option", r)
@@ -580,6 +584,35 @@ try:
              "--set", "trainer.max_steps=12")
     expect(re.search(r"max_steps = 12 +# --set\n", r.stdout) and re.search(r"flavour = debug +# the run's config.json \(model 'lightweight_transformer'\)\n", r.stdout)
            and re.search(r"name = ev +# --set\n", r.stdout), "config show --resume auto: the run's settings, and the command's", r)
+    # Settings taken from the newest run whose checkpoints cannot be loaded are not an older run's:
+    # refused, before anything is written (the older run trained with the newer one's rate and data).
+    two = os.path.join(work, "two")
+    for run, more in (("older", ["--memory-fraction", "0.9", "--set", "memory.policies=vram_tiers"]),
+                      ("newer", ["--set", "trainer.lr=0.01"])):
+        loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={two}", "--set", f"trainer.name={run}",
+             "--set", "trainer.max_steps=2", *more)
+        time.sleep(1.1)  # (the newest by its files' times)
+    # A memory fraction and the policies given with it are the run's (the record's full key did not
+    # add fraction_cap, and the list, recorded as automatic, was left out: the cap was lost).
+    r = loom(exe, "config", "show", "--set", f"trainer.work_dir={two}", "--set", "trainer.name=older", "--resume", "auto")
+    expect(re.search(r"policies = fraction_cap, vram_tiers +# the run's config.json\n", r.stdout)
+           and re.search(r"fraction = 0.9 +# the run's config.json", r.stdout)
+           and re.search(r"\ndevice = auto +# default\n", r.stdout), "config show --resume auto: the memory fraction kept, the device this machine's", r)
+    for f in glob.glob(os.path.join(two, "newer", "checkpoints", "step_*", "model.safetensors")):
+        with open(f, "r+b") as damaged:
+            damaged.truncate(100)
+    before = sorted(os.listdir(os.path.join(two, "older")))
+    r = loom(exe, "train", "--set", f"trainer.work_dir={two}", "--resume", "auto", "--set", "trainer.max_steps=3", check=False)
+    expect(r.returncode == 1 and f"no checkpoint of {os.path.join(two, 'newer')} can be loaded" in r.stderr
+           and "To continue it with its own settings, name it: --set trainer.name=older" in r.stderr
+           and sorted(os.listdir(os.path.join(two, "older"))) == before, "resume = auto past a damaged newest run", r)
+    # An option given short is the command's (the run's full key won over it); the command's epochs
+    # sets the length alone (the run's max_steps would override it).
+    r = loom(exe, "config", "show", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev", "--resume", "auto",
+             "--set", "data.train_size=1024", "--set", "trainer.epochs=2")
+    expect(re.search(r"train_size = 1024 +# --set", r.stdout) and "written two ways" not in r.stderr
+           and re.search(r"max_steps = 0 +# default\n", r.stdout) and re.search(r"epochs = 2 +# --set\n", r.stdout),
+           "config show --resume auto: a short key and the length are the command's", r)
     summary_file = os.path.join(work, "ev", "summary.json")
     summary = json.load(open(summary_file))
     expect(summary["step"] == 10 and summary["diverged"] is False and summary["final_evaluation"]["test/loss"] > 0

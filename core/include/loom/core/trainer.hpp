@@ -531,9 +531,12 @@ Resolved resolve_run(Config config, const PluginRegistry& registry);
 /// config.json, from a file, a flag or --set; not a default or an automatic choice) that this
 /// command leaves at its default is the run's, with the origin "the run's config.json". The run is
 /// trainer.name's folder in trainer.work_dir, else the newest run there, where it has a checkpoint
-/// (as the trainer picks it). A key the run's components no longer have (another model chosen
-/// now, an older Loom's) is left out; the keys that place the run (name, work_dir, resume,
-/// resume_from, init_from) are this command's. Otherwise `config` as it is.
+/// (the trainer refuses to resume another with these settings). A key the run's components no
+/// longer have (another model chosen now, an older Loom's) is left out; the keys that place the run
+/// (name, work_dir, resume, resume_from, init_from) and this machine's (device, threads, the
+/// loader's workers, a device's memory cap, parallel.*, step.*) are this command's; so are
+/// max_steps where it gives epochs, and the precision keys where it gives one. A setting the
+/// components refuse is one error naming the run's config.json. Otherwise `config` as it is.
 Config with_run_settings(Config config, const PluginRegistry& registry);
 
 /// The model's and data's configuration a checkpoint was trained with (from a step folder's

@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -73,11 +72,12 @@ inline std::string read_regular_file(const std::filesystem::path& path, int64_t 
   }
   // Read to the end, not to st_size: a file whose size the kernel does not know (a /proc or sysfs
   // file says 0) or one that grows while read is read whole, and still held to `most`.
-  std::string out;
+  // (room past st_size from the start: the read that finds the end needs no larger copy of the file)
+  std::string out(static_cast<size_t>(st.st_size) + 65536, '\0');
   size_t done = 0;
   const size_t limit = static_cast<size_t>(most);
   for (;;) {
-    if (out.size() - done < 4096) out.resize(std::max<size_t>(done + 65536, static_cast<size_t>(st.st_size) + 1));
+    if (out.size() - done < 4096) out.resize(2 * out.size());
     const ssize_t got = ::read(fd, out.data() + done, out.size() - done);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
