@@ -228,12 +228,14 @@ Config automatic_choices(Config config, const PluginRegistry& registry) {
     if (std::find(policies.begin(), policies.end(), "fraction_cap") == policies.end()) {
       policies.insert(policies.begin(), "fraction_cap");
       // (a list the user gave keeps naming them: the run's record then holds it as theirs)
+      // (one the run's record gave stays the run's record's: the trainer checks which run that was)
       const ConfigValue* given = config.find("memory.policies");
-      config.set("memory.policies", join(policies, ", "),
-                 Origin{given != nullptr && given->origin.source != "default"
-                            ? given->origin.describe() + ", with fraction_cap (memory.fraction is set)"
-                            : std::string("auto (memory.fraction is set)"),
-                        {}, 0});
+      const Origin origin =
+          given == nullptr || given->origin.source == "default" ? Origin{"auto (memory.fraction is set)", {}, 0}
+          : given->origin.source == detail::kRunRecordOrigin
+              ? given->origin
+              : Origin{given->origin.describe() + ", with fraction_cap (memory.fraction is set)", {}, 0};
+      config.set("memory.policies", join(policies, ", "), origin);
     }
   }
 
@@ -273,7 +275,7 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
     return core.find(key)->option.default_value;
   };
   if (get("trainer.resume") != "auto" || !get("trainer.resume_from").empty()) return config;
-  const fs::path work_dir = get("trainer.work_dir");
+  const fs::path work_dir = home_expanded(get("trainer.work_dir"));  // (as validate() expands it for the trainer)
   std::string name = get("trainer.name");
   if (name.empty()) {
     const std::vector<std::string> runs = detail::runs_newest_first(work_dir);
@@ -311,13 +313,26 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
     const size_t first = key.find('.'), last = key.rfind('.');
     return set(key) || (first != last && set(key.substr(0, first) + key.substr(last)));
   };
-  // Keys that together set one thing are the command's where it gives one of them: its epochs with
-  // the run's max_steps would be overridden (the run's epochs beside its max_steps only count at
-  // max_steps = 0, as the command then asks); its --no-amp with the run's bf16_amp refused.
+  // Keys that together set one thing are the command's where it gives one of them otherwise than
+  // the run had it: its epochs with the run's max_steps would be overridden (the run's epochs beside
+  // its max_steps only count at max_steps = 0, as the command then asks); its --no-amp with the
+  // run's bf16_amp refused; its policies with the run's memory fraction kept fraction_cap for good.
+  // (The same value, from the same -c file, is the run's own: it blocks nothing.)
+  const auto changed = [&](const std::string& key) {
+    if (!given(key)) return false;
+    const size_t first = key.find('.'), last = key.rfind('.');
+    std::optional<std::string> mine = config.get(key);
+    if (!mine && first != last) mine = config.get(key.substr(0, first) + key.substr(last));
+    const auto it = manifest.find(key);
+    const bool recorded = it != manifest.end() && it->is_object() && it->contains("value") && (*it)["value"].is_string();
+    return !recorded || !mine || (*it)["value"].get<std::string>() != *mine;
+  };
   std::set<std::string> its_own;
-  if (given("trainer.epochs")) its_own.insert("trainer.max_steps");
-  const std::vector<std::string> precision = {"precision.name", "precision.amp", "precision.allow_tf32"};
-  if (std::any_of(precision.begin(), precision.end(), given)) its_own.insert(precision.begin(), precision.end());
+  if (changed("trainer.epochs")) its_own.insert("trainer.max_steps");
+  for (const std::vector<std::string>& group :
+       {std::vector<std::string>{"precision.name", "precision.amp", "precision.allow_tf32"},
+        std::vector<std::string>{"memory.policies", "memory.fraction_cap.fraction"}})
+    if (std::any_of(group.begin(), group.end(), changed)) its_own.insert(group.begin(), group.end());
   Config candidate = config;
   std::vector<std::pair<std::string, std::string>> taken;
   for (const auto& [key, entry] : manifest.items()) {
@@ -326,14 +341,19 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
       continue;
     const std::string origin = entry["origin"].get<std::string>();
     if (origin == "default" || origin.rfind("auto (", 0) == 0) continue;  // (chosen here again, as the run chose it)
-    candidate.set(key, entry["value"].get<std::string>(), Origin{detail::kRunRecordOrigin, record, 0});
+    try {  // (a value Loom never writes, a control character, is left out: the trainer's comparison says it)
+      candidate.set(key, entry["value"].get<std::string>(), Origin{detail::kRunRecordOrigin, record, 0});
+    } catch (const std::exception&) {
+      continue;
+    }
     taken.emplace_back(key, entry["value"].get<std::string>());
   }
   if (taken.empty()) return config;
   const auto listed = [&] {
     std::vector<std::string> out;
-    for (const auto& [key, value] : taken) out.push_back(key + " = " + printable(value, 80));
-    return join(out, ", ");
+    for (const auto& [key, value] : taken)
+      if (out.size() < 10) out.push_back(key + " = " + printable(value, 80));
+    return join(out, ", ") + (taken.size() > 10 ? " and " + std::to_string(taken.size() - 10) + " more" : std::string());
   };
   // A key the chosen components do not have is left out (a model chosen anew; an option an older
   // Loom had): the selection itself comes from the run where this command leaves it, so its
@@ -343,8 +363,16 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
     const log::Quiet quiet(true);  // (resolve_run says the automatic choices' warnings, once)
     schema = run_schema(automatic_choices(candidate, registry), registry);
   } catch (const std::exception& e) {  // (a component of the run not loaded now: one a --plugin-dir gave)
+    try {  // (an error of the command's own, with or without the run's settings, is its own)
+      const log::Quiet quiet(true);
+      run_schema(automatic_choices(config, registry), registry);
+    } catch (const std::exception&) {
+      throw;
+    }
+    std::string why = e.what();
+    while (!why.empty() && why.back() == '.') why.pop_back();
     throw Error("resume = auto takes the settings " + (work_dir / name).string() + " was given (its config.json) where " +
-                "this command leaves them out (" + listed() + "), and with them: " + e.what() +
+                "this command leaves them out (" + listed() + "), and with them: " + why +
                 ". Give what differs here on the command line (--set KEY=VALUE, --plugin-dir FOLDER)");
   }
   std::vector<std::string> said;

@@ -468,8 +468,23 @@ void Trainer::open_run_here() {
     // checkpoints are all damaged. A newest in progress elsewhere, or finished without checkpoints,
     // is no run to continue: a new one starts (never an older run changed in its place).
     std::string passed;
+    // The run whose settings --resume auto took (with_run_settings: the newest with a checkpoint):
+    // no other run is touched with them (an older one past it was resumed with the newer's rate).
+    std::optional<fs::path> settings_from;
+    for (const auto& [key, v] : config_)
+      if (v.origin.source == detail::kRunRecordOrigin && !v.origin.file.empty()) settings_from = v.origin.file.parent_path();
+    const auto same_folder = [](const fs::path& a, const fs::path& b) {
+      std::error_code ec;
+      const bool same = fs::equivalent(a, b, ec);
+      return ec ? a.lexically_normal() == b.lexically_normal() : same;
+    };
     for (const auto& candidate : runs) {
       run_dir_ = work_dir / candidate;
+      if (settings_from && !same_folder(run_dir_, *settings_from))
+        throw Error("resume = auto: no checkpoint of " + settings_from->string() + " can be loaded (" + join(problems, "; ") +
+                    "), and this resume took its settings (its config.json); the older run " + run_dir_.string() +
+                    " is next. To continue it with its own settings, name it: --set trainer.name=" + candidate +
+                    "; to start the newest again, move its folder away (nothing was written)");
       try {
         lock_run(run_dir_);  // (it also puts back a step folder whose save again a kill interrupted)
       } catch (const RunInUse&) {
@@ -503,14 +518,10 @@ void Trainer::open_run_here() {
       log::warn("resume = auto: no checkpoint of ", run_dir_.string(), " can be loaded; looking at older runs");
       run_lock_.reset();
     }
-    // The settings with_run_settings took are the newest run's: not those of an older run resumed past it.
-    for (const auto& [key, v] : config_)
-      if (std::error_code ec; resumed && v.origin.source == detail::kRunRecordOrigin &&
-                              !fs::equivalent(v.origin.file.parent_path(), run_dir_, ec))
-        throw Error("resume = auto: no checkpoint of " + v.origin.file.parent_path().string() + " can be loaded (" +
-                    join(problems, "; ") + "), and this resume took its settings; the older run " + run_dir_.string() +
-                    " is next. To continue it with its own settings, name it: --set trainer.name=" + name +
-                    "; to start the newest again, move its folder away (nothing was written)");
+    if (settings_from && !resumed)
+      throw Error("resume = auto: no checkpoint of " + settings_from->string() + " can be loaded (" + join(problems, "; ") +
+                  "), and this resume took its settings (its config.json), so no other run starts or goes on with "
+                  "them; move its folder away to start again (nothing was written)");
     if (!passed.empty())
       log::info("resume = auto: starting a new run: the newest, ", passed);
     else if (!resumed && name.empty())

@@ -588,7 +588,7 @@ try:
     # refused, before anything is written (the older run trained with the newer one's rate and data).
     two = os.path.join(work, "two")
     for run, more in (("older", ["--memory-fraction", "0.9", "--set", "memory.policies=vram_tiers"]),
-                      ("newer", ["--set", "trainer.lr=0.01"])):
+                      ("newer", ["--set", "trainer.lr=0.01", "--set", "model.dropout=0.2"])):
         loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={two}", "--set", f"trainer.name={run}",
              "--set", "trainer.max_steps=2", *more)
         time.sleep(1.1)  # (the newest by its files' times)
@@ -606,6 +606,20 @@ try:
     expect(r.returncode == 1 and f"no checkpoint of {os.path.join(two, 'newer')} can be loaded" in r.stderr
            and "To continue it with its own settings, name it: --set trainer.name=older" in r.stderr
            and sorted(os.listdir(os.path.join(two, "older"))) == before, "resume = auto past a damaged newest run", r)
+    # The command's own error stays its own (it was put down to the run's settings).
+    r = loom(exe, "config", "show", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev", "--resume", "auto",
+             "--set", "model.name=nope", check=False)
+    expect(r.returncode == 1 and "no model 'nope'" in r.stderr and "resume = auto takes" not in r.stderr,
+           "config show --resume auto: the command's own error", r)
+    # The same epochs from the same -c file is the run's own: the run's max_steps stays (it trained 42 steps).
+    ini = os.path.join(work, "three.ini")
+    with open(ini, "w") as f:
+        f.write("[trainer]\nepochs = 3\n")
+    loom(exe, "train", "-c", ini, *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=three",
+         "--set", "trainer.max_steps=2")
+    r = loom(exe, "config", "show", "-c", ini, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=three",
+             "--resume", "auto")
+    expect(re.search(r"max_steps = 2 +# the run's config.json\n", r.stdout), "config show -c FILE --resume auto", r)
     # An option given short is the command's (the run's full key won over it); the command's epochs
     # sets the length alone (the run's max_steps would override it).
     r = loom(exe, "config", "show", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev", "--resume", "auto",

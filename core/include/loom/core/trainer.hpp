@@ -535,8 +535,10 @@ Resolved resolve_run(Config config, const PluginRegistry& registry);
 /// longer have (another model chosen now, an older Loom's) is left out; the keys that place the run
 /// (name, work_dir, resume, resume_from, init_from) and this machine's (device, threads, the
 /// loader's workers, a device's memory cap, parallel.*, step.*) are this command's; so are
-/// max_steps where it gives epochs, and the precision keys where it gives one. A setting the
-/// components refuse is one error naming the run's config.json. Otherwise `config` as it is.
+/// max_steps where it gives epochs, the precision keys where it gives one, the memory fraction
+/// where it gives policies (each where its value differs from the run's). Where the run's settings
+/// choose a component not loaded now, the error names the run's config.json; a value the run's
+/// components refuse names its origin, the run's config.json. Otherwise `config` as it is.
 Config with_run_settings(Config config, const PluginRegistry& registry);
 
 /// The model's and data's configuration a checkpoint was trained with (from a step folder's

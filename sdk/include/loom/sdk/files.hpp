@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -77,7 +78,7 @@ inline std::string read_regular_file(const std::filesystem::path& path, int64_t 
   size_t done = 0;
   const size_t limit = static_cast<size_t>(most);
   for (;;) {
-    if (out.size() - done < 4096) out.resize(2 * out.size());
+    if (out.size() - done < 4096) out.resize(std::min(2 * out.size(), limit + 65536));  // (done <= limit here: it grows)
     const ssize_t got = ::read(fd, out.data() + done, out.size() - done);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
