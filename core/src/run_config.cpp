@@ -304,28 +304,26 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
                                                "data.pin_memory"};
     return keys.count(key) > 0 || key.rfind("parallel.", 0) == 0 || key.rfind("step.", 0) == 0;
   };
-  // (a component's option given short, data.limit_train for data.fashion_mnist.limit_train, is given too)
-  const auto given = [&](const std::string& key) {
-    const auto set = [&](const std::string& k) {
-      const ConfigValue* v = config.find(k);
-      return v != nullptr && v->origin.source != "default";
-    };
+  // The command's value of `key`, or of its short spelling (data.limit_train for
+  // data.fashion_mnist.limit_train), where the command gives one (not a default).
+  const auto mine = [&](const std::string& key) -> const ConfigValue* {
     const size_t first = key.find('.'), last = key.rfind('.');
-    return set(key) || (first != last && set(key.substr(0, first) + key.substr(last)));
+    for (const std::string& k : {key, first != last ? key.substr(0, first) + key.substr(last) : key})
+      if (const ConfigValue* v = config.find(k); v != nullptr && v->origin.source != "default") return v;
+    return nullptr;
   };
+  const auto given = [&](const std::string& key) { return mine(key) != nullptr; };
   // Keys that together set one thing are the command's where it gives one of them otherwise than
   // the run had it: its epochs with the run's max_steps would be overridden (the run's epochs beside
   // its max_steps only count at max_steps = 0, as the command then asks); its --no-amp with the
   // run's bf16_amp refused; its policies with the run's memory fraction kept fraction_cap for good.
   // (The same value, from the same -c file, is the run's own: it blocks nothing.)
   const auto changed = [&](const std::string& key) {
-    if (!given(key)) return false;
-    const size_t first = key.find('.'), last = key.rfind('.');
-    std::optional<std::string> mine = config.get(key);
-    if (!mine && first != last) mine = config.get(key.substr(0, first) + key.substr(last));
+    const ConfigValue* value = mine(key);
+    if (value == nullptr) return false;
     const auto it = manifest.find(key);
     const bool recorded = it != manifest.end() && it->is_object() && it->contains("value") && (*it)["value"].is_string();
-    return !recorded || !mine || (*it)["value"].get<std::string>() != *mine;
+    return !recorded || (*it)["value"].get<std::string>() != value->value;
   };
   std::set<std::string> its_own;
   if (changed("trainer.epochs")) its_own.insert("trainer.max_steps");
