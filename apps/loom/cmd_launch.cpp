@@ -4,7 +4,9 @@
 // MASTER_ADDR, MASTER_PORT), forwards their output, and watches them: when one fails, the others
 // are stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits non-zero naming
 // the rank, how it ended and its last line. Ctrl-C (SIGINT/SIGTERM) is passed on to every rank; a
-// launcher that is killed outright stops its ranks (SIGTERM, through PR_SET_PDEATHSIG).
+// launcher that is killed outright stops its ranks (SIGHUP, through PR_SET_PDEATHSIG: a hang-up is
+// the graceful stop, first or after a signal passed on, where a SIGTERM after a SIGINT is the
+// second that stops at once).
 #include "cli.hpp"
 
 #include <loom/core/error.hpp>
@@ -19,6 +21,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,7 +62,12 @@ struct Child {
   bool running = true;
   int status = 0;
   bool killed_by_launcher = false;  // ended after the launcher's SIGKILL (past --grace)
+  int sent = 0;                     // the last signal the launcher sent it (its own or one passed on)
 };
+
+// Set before the first rank starts: what each child resets between fork and exec.
+bool pipe_ignored_on_entry = false;  // SIGPIPE (the launcher ignores it: a closed terminal or `| tee` that died)
+int null_input = -1;                 // /dev/null, each rank's standard input
 
 /// Whether `port` on the loopback can be bound now (0: the kernel's choice, written back).
 bool bindable(int& port) {
@@ -131,7 +139,11 @@ Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& en
     const std::string name = entry.substr(0, entry.find('='));
     bool replaced = false;
     for (const auto& mine : env) replaced = replaced || mine.rfind(name + "=", 0) == 0;
-    if (!replaced && name != "RANK" && name != "LOCAL_RANK") environment.push_back(entry);
+    // (another launcher's variables, where loom launch runs under torchrun: TORCHELASTIC_USE_AGENT_STORE
+    // would make every rank, rank 0 too, a client of a store nobody serves)
+    const bool other_launchers = name.rfind("TORCHELASTIC_", 0) == 0 || name.rfind("ROLE_", 0) == 0 ||
+                                 name == "GROUP_WORLD_SIZE" || name == "TORCHELASTIC_RUN_ID";
+    if (!replaced && name != "RANK" && name != "LOCAL_RANK" && !other_launchers) environment.push_back(entry);
   }
   for (const auto& e : env) environment.push_back(e);
   environment.push_back("RANK=" + std::to_string(rank));
@@ -146,10 +158,21 @@ Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& en
   if (pid == 0) {
     ::dup2(pipe_fds[1], STDOUT_FILENO);
     ::dup2(pipe_fds[1], STDERR_FILENO);
+    // (a rank in a group of its own that read the terminal would be stopped by SIGTTIN for good)
+    if (null_input >= 0) ::dup2(null_input, STDIN_FILENO);
+#ifdef SYS_close_range
+    ::syscall(SYS_close_range, 3U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */);  // (what the launcher's libraries opened)
+#endif
     ::setpgid(0, 0);  // the terminal's Ctrl-C reaches the launcher, which passes it on
+    // The launcher's own dispositions are not the ranks': a rank stops on SIGPIPE, and on the
+    // SIGHUP below, though the launcher ignores the one and was started under nohup.
+    ::signal(SIGHUP, SIG_DFL);
+    if (!pipe_ignored_on_entry) ::signal(SIGPIPE, SIG_DFL);
     // A launcher killed outright (kill -9, an out-of-memory killer) takes its ranks with it:
-    // they stop as on Ctrl-C, after the step, rank 0 writing a checkpoint.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    // they stop as on Ctrl-C, after the step, rank 0 writing a checkpoint. SIGHUP, not SIGTERM:
+    // after a Ctrl-C the launcher passed on, a SIGTERM would be the second signal, which stops at
+    // once and loses the checkpoint the first promised; a hang-up is the graceful stop still.
+    ::prctl(PR_SET_PDEATHSIG, SIGHUP);
     if (::getppid() != launcher) ::_exit(1);  // it died before prctl
     ::execve(argv[0], argv.data(), envp.data());
     // Why, in async-signal-safe calls only: the program and the errno (the launcher names this line).
@@ -176,6 +199,7 @@ Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& en
     ::_exit(127);
   }
   ::close(pipe_fds[1]);
+  ::fcntl(pipe_fds[0], F_SETFL, ::fcntl(pipe_fds[0], F_GETFL) | O_NONBLOCK);
   Child c;
   c.rank = rank;
   c.pid = pid;
@@ -257,9 +281,33 @@ void drain(Child& c, bool all) {
   }
 }
 
-void signal_all(std::vector<Child>& children, int signal) {
+/// What is left in a child's pipe, then the pipe closed (a process the rank started may hold it
+/// open for good: the read end is non-blocking, so the launcher never waits on it).
+void drain_and_close(Child& c) {
+  if (c.out < 0) return;
+  drain(c, true);
+  if (c.out < 0) return;
+  if (!c.partial.empty()) {
+    std::cerr << c.partial << "\n";
+    c.last = c.partial;
+    c.partial.clear();
+  }
+  ::close(c.out);
+  c.out = -1;
+}
+
+/// `signal` to every rank still running; how many.
+int signal_all(std::vector<Child>& children, int signal) {
+  int sent = 0;
   for (auto& c : children)
-    if (c.running) ::kill(c.pid, signal);
+    if (c.running) {
+      // (SIGKILL to its group too: what it started, which may hold its pipe, a device or a port)
+      if (signal == SIGKILL) ::kill(-c.pid, SIGKILL);
+      ::kill(c.pid, signal);
+      c.sent = signal;
+      ++sent;
+    }
+  return sent;
 }
 
 }  // namespace
@@ -274,6 +322,9 @@ int cmd_launch(const Invocation& invocation) {
   const double grace = o["grace"].as<double>();
   if (nproc < 1 || nproc > 1024) throw Error("loom launch: --nproc-per-node " + std::to_string(nproc) + " is not in 1 ... 1024");
   if (nnodes < 1 || nnodes > 65536) throw Error("loom launch: --nnodes " + std::to_string(nnodes) + " is not in 1 ... 65536");
+  if (nproc * nnodes > (int64_t{1} << 20))  // (the SDK's bound on WORLD_SIZE: each rank would refuse it)
+    throw Error("loom launch: --nproc-per-node " + std::to_string(nproc) + " x --nnodes " + std::to_string(nnodes) + " = " +
+                std::to_string(nproc * nnodes) + " ranks; a job has at most " + std::to_string(int64_t{1} << 20));
   if (node_rank < 0 || node_rank >= nnodes)
     throw Error("loom launch: --node-rank " + std::to_string(node_rank) + " is not in 0 ... " + std::to_string(nnodes - 1));
   if (port < 0 || port > 65535) throw Error("loom launch: --master-port " + std::to_string(port) + " is not a port");
@@ -407,12 +458,22 @@ int cmd_launch(const Invocation& invocation) {
 
   struct sigaction action {};
   action.sa_handler = on_signal;
+  sigfillset(&action.sa_mask);  // (a SIGTERM inside the SIGINT's handler: both counted)
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
   // A closed terminal hangs up the launcher's process group, not the ranks' (each has its own): the
   // launcher passes it on, as Ctrl-C. Ignored on entry (nohup), it stays ignored.
   if (struct sigaction inherited {}; ::sigaction(SIGHUP, nullptr, &inherited) == 0 && inherited.sa_handler != SIG_IGN)
     ::sigaction(SIGHUP, &action, nullptr);
+  // A launcher whose standard error closed (`loom launch ... | tee log`, and tee died of the same
+  // Ctrl-C) goes on watching its ranks: died of SIGPIPE, it would take them down at once.
+  if (struct sigaction inherited {}; ::sigaction(SIGPIPE, nullptr, &inherited) == 0)
+    pipe_ignored_on_entry = inherited.sa_handler == SIG_IGN;
+  ::signal(SIGPIPE, SIG_IGN);
+  // Started with SIGCHLD ignored (a daemon, a job runner), the kernel would reap the ranks and the
+  // launcher would never see one end.
+  ::signal(SIGCHLD, SIG_DFL);
+  null_input = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   // `loom --log-level warn launch ... -- train ...`: the ranks log at that level too, unless their
   // own command line says another (it quieted the launcher alone).
   std::vector<std::string> rank_args = args;
@@ -425,15 +486,18 @@ int cmd_launch(const Invocation& invocation) {
   try {
     for (int64_t i = 0; i < nproc && !interrupted; ++i) children.push_back(start(node_rank * nproc + i, i, env, rank_args));
   } catch (const std::exception&) {
-    // (a fork or a pipe that failed: the ranks started wait to join the others; they stop at once)
-    signal_all(children, SIGTERM);
-    for (const auto& c : children) ::waitpid(c.pid, nullptr, 0);
+    // (a fork or a pipe that failed: the ranks started have done nothing yet but wait to join the others)
+    signal_all(children, SIGKILL);
+    for (const auto& c : children)
+      while (::waitpid(c.pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
     throw;
   }
 
   const Child* first_failure = nullptr;
   const Child* signalled_rank = nullptr;  // one that stopped on a signal sent to it, not through the launcher
   std::sig_atomic_t forwarded = 0;  // signals passed on so far
+  bool passed_on = false;           // one reached a rank still running
   std::chrono::steady_clock::time_point stop_by{};
   for (;;) {
     std::vector<pollfd> fds;
@@ -458,7 +522,9 @@ int cmd_launch(const Invocation& invocation) {
           c.running = false;
           c.status = status;
           if (c.out >= 0) drain(c, true);
-          if (stopped_by_signal(status) && signalled_rank == nullptr && !interrupted) {
+          // (not one the launcher sent it: after a rank failed, the others stop on its SIGTERM, exit 143)
+          if (stopped_by_signal(status) && signalled_rank == nullptr && !interrupted && c.sent == 0 &&
+              first_failure == nullptr) {
             // The others stop with it (they agreed after a step; before joining they had not: the
             // same signal, passed on, stops them there at once instead of at parallel.timeout).
             signalled_rank = &c;
@@ -480,7 +546,7 @@ int cmd_launch(const Invocation& invocation) {
     // after their step, rank 0 writing the checkpoint (as long as that takes: a scheduler's warning
     // before it kills a job is the time it gives); a second stops them at once.
     for (const std::sig_atomic_t received = signals_received; forwarded < received; ++forwarded)
-      signal_all(children, interrupted);  // (two in one pass: both go on, as the ranks would have had them)
+      passed_on = signal_all(children, interrupted) > 0 || passed_on;  // (two in one pass: both go on)
     bool any = false;
     for (const auto& c : children) any = any || c.running;
     if (!any) break;
@@ -490,8 +556,7 @@ int cmd_launch(const Invocation& invocation) {
       stop_by = {};
     }
   }
-  for (auto& c : children)
-    if (c.out >= 0) drain(c, true);
+  for (auto& c : children) drain_and_close(c);
   if (warnings_repeated > 0)
     core::log::info("launch: ", warnings_repeated, warnings_repeated == 1 ? " warning" : " warnings",
                     " that another rank gave first, word for word, shown once");
@@ -500,7 +565,7 @@ int cmd_launch(const Invocation& invocation) {
   // (one that exited with its own error, or that a signal not from the launcher ended: kill -9)
   const auto of_itself = [&](const Child& c) {
     if (!failed(c.status) || stopped_by_signal(c.status) || c.killed_by_launcher) return false;
-    if (WIFSIGNALED(c.status)) return !(interrupted && WTERMSIG(c.status) == interrupted);
+    if (WIFSIGNALED(c.status)) return WTERMSIG(c.status) != c.sent;  // (not the launcher's, nor one it passed on)
     return !c.error.empty() && !reports_a_peer(c);
   };
   const Child* blamed = first_failure;
@@ -520,6 +585,11 @@ int cmd_launch(const Invocation& invocation) {
                                  : std::string("; the other ranks were stopped"),
                      ". Its ", !blamed->error.empty() ? "error: " : "last line: ", line.empty() ? "(none)" : line);
     return 1;
+  }
+  const bool all_done = std::none_of(children.begin(), children.end(), [](const Child& c) { return failed(c.status); });
+  if (interrupted && !passed_on && all_done) {  // (a scheduler's SIGTERM at the job's end: it had finished)
+    core::log::info("launch: ", ::strsignal(interrupted), " came after every rank had finished; nothing was stopped");
+    return 0;
   }
   if (interrupted) {
     core::log::warn("launch: interrupted (", ::strsignal(interrupted), "), passed on to every rank");

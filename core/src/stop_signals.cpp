@@ -44,7 +44,7 @@ char at_once_saved[8192] = "", at_once_unsaved[8192] = "";  // note_stop_at_once
 std::atomic<bool> has_note{false};
 std::atomic<bool> checkpoint_written{false};
 std::atomic<bool> setting_up_now{false};  // a run's set-up (a PluginsSeeStops lives)
-std::atomic<bool> quiet{false};          // a rank but rank 0 under a launcher: no messages
+std::atomic<bool> quiet{false};          // a rank but its node's first under loom launch: no messages
 
 void say(const char* text, size_t size) {
   if (quiet.load()) return;
@@ -122,9 +122,9 @@ void on_signal(int sig) {
 
 void install_stop_signals(OnStop on_stop) {
   promise.store(static_cast<int>(on_stop));
-  // A rank but rank 0 that loom launch started (which shows every rank's output); a rank started
-  // by hand or by another launcher (a node of its own) is the only one its user sees.
-  const char* rank = std::getenv("RANK");
+  // A rank but the node's first that loom launch started (which shows every rank of its node); a
+  // rank started by hand or by another launcher (a node of its own) is the only one its user sees.
+  const char* rank = std::getenv("LOCAL_RANK");
   quiet.store(rank != nullptr && *rank != '\0' && std::string_view(rank) != "0" && std::getenv("LOOM_LAUNCH_CHECKED") != nullptr);
   struct sigaction action {};
   action.sa_handler = &on_signal;

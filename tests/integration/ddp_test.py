@@ -334,6 +334,53 @@ try:
     assert p.returncode == 1 and "launch: rank 1 was killed by signal 9" in err, (p.returncode, err[-2000:])
     print("a rank killed as a Ctrl-C stops the job: exit 1, the launcher named it")
 
+    def stopped_gracefully(name):
+        """The step a run stopped after, where it stopped as the first signal promises: with the
+        checkpoint of its last logged step (a stop at once leaves none: the next is steps away)."""
+        last = max(losses(os.path.join(work, name)))
+        saved = [int(d[5:]) for d in os.listdir(os.path.join(work, name, "checkpoints")) if d.startswith("step_")]
+        assert last in saved, f"{name}: stopped at once after step {last}, its checkpoints {sorted(saved)}"
+        return last
+
+    # (steps of 65536: a stop takes long enough for a second signal to land in it)
+    slow = [{"trainer.batch_size=32": "trainer.batch_size=65536", "data.train_size=2048": "data.train_size=262144"}.get(a, a)
+            for a in long[:-1]]
+    # 5b'. `loom launch ... | tee log`, and a Ctrl-C kills tee too: the launcher, its standard error
+    # closed, goes on watching its ranks (it died of SIGPIPE, and the SIGTERM its death sent the
+    # ranks after the SIGINT was a second signal: they stopped at once, no checkpoint).
+    p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *slow, "trainer.name=tee_died"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for_training("tee_died", p, "the launched job")
+    p.stderr.close()
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=120) == 130, p.returncode
+    print(f"Ctrl-C with the launcher's stderr closed: exit 130, stopped after step {stopped_gracefully('tee_died')}")
+    # ... and a launcher killed outright after it passed a Ctrl-C on: its ranks still stop as the
+    # Ctrl-C asked (its death reaches them as SIGHUP, the graceful stop, not as a second signal).
+    p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *slow, "trainer.name=launcher_killed"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_training("launcher_killed", p, "the launched job")
+    ranks = [launched_rank(p, r) for r in (0, 1)]
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.05)  # (passed on at once; the ranks are still in their step, or writing the checkpoint)
+    p.kill()
+    p.wait()
+    deadline = time.time() + 120
+    for pid in ranks:
+        while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+            assert time.time() < deadline, "a rank of the killed launcher went on"
+            time.sleep(0.05)
+    print(f"launcher killed after a Ctrl-C: its ranks stopped after step {stopped_gracefully('launcher_killed')}")
+    # A launcher started with SIGCHLD ignored (a daemon's or a job runner's setting, which survives
+    # exec: the kernel reaped the ranks and the launcher waited for them for ever) and under another
+    # launcher's variables (loom launch inside a torchrun job: each rank took TORCHELASTIC_* for its own).
+    r = subprocess.run([exe, "launch", "--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "trainer.name=foreign"],
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN),
+                       env=dict(os.environ, TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RUN_ID="job", ROLE_RANK="0"))
+    assert r.returncode == 0 and "weights identical on all 2 ranks" in r.stderr, r.stderr[-2000:]
+    print("loom launch with SIGCHLD ignored and torchrun's variables set: the job ran and ended")
+
     # 5c. A signal that reaches one rank only (a scheduler signalling one process): every rank stops
     # after the same step and names that signal, not a guessed one.
     port = str(free_port())
