@@ -34,30 +34,6 @@ using namespace detail;
 
 namespace {
 
-/// A dataset's samples per split, as a checkpoint records them (Note [The data's sizes]); null
-/// where a size cannot be read (a dataset that throws for it: the checkpoint is written without).
-json data_sizes(const Created<sdk::Dataset>& dataset) {
-  try {
-    // (the validation split only of a Dataset 1.1: a 1.0 one, a C tier's, refuses the split it does not know)
-    return {{"train", dataset->size(sdk::Split::kTrain)},
-            {"validation", dataset.implements(1) ? dataset->size(sdk::Split::kValidation) : 0},
-            {"test", dataset->size(sdk::Split::kTest)}};
-  } catch (const std::exception&) {
-    return json();
-  }
-}
-
-/// Each split whose size differs from `recorded`'s (a checkpoint's data.sizes); none where it has none.
-std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::Dataset>& dataset) {
-  std::vector<std::string> out;
-  if (!recorded.is_object()) return out;
-  const json sizes = data_sizes(dataset);  // (not in the loop's head: items() of a temporary outlives it)
-  for (const auto& [split, size] : sizes.items())
-    if (const auto it = recorded.find(split); it != recorded.end() && it->is_number_integer() && *it != size)
-      out.push_back("the " + split + " split holds " + size.dump() + " samples (the checkpoint's run: " + it->dump() + ")");
-  return out;
-}
-
 /// Gives each callback of this run its state from a checkpoint. A callback the checkpoint has no
 /// state for (added on resume) starts fresh; the state of one this run does not select stays in
 /// the checkpoint.
@@ -186,7 +162,7 @@ std::string Trainer::state_json() const {
   s["precision"] = {{"name", value_of(config_, "precision.name")}, {"manifest", precision_->manifest()},
                     {"state", precision.text}};
   s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
-  s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}, {"sizes", data_sizes(dataset_)}};
+  s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}, {"sizes", json::parse(data_sizes_json())}};
   s["log_window"] = {{"steps", window_.steps}, {"loss", window_.loss}, {"samples", window_.samples},
                      {"terms", window_.terms},
                      {"seconds", window_.seconds}, {"metrics", window_.metrics}};
@@ -378,52 +354,6 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   resumed_from_ = dir;
   evaluation_pending_ = saved.evaluation_pending;
   log::info("resumed from ", dir.string(), " at step ", step_);
-}
-
-std::vector<std::string> Trainer::changed_data(const std::string& state_json) const {
-  std::vector<std::string> out;
-  try {
-    const json j = detail::parse_json<json>(state_json);
-    const json& saved = j.at("data");
-    const auto mine = section("data");
-    if (saved.at("name").get<std::string>() != value_of(config_, "data.name"))
-      return {"data.name = " + value_of(config_, "data.name") + " (the checkpoint's: " + saved.at("name").get<std::string>() + ")"};
-    for (const auto& [key, value] : saved.at("config").items()) {
-      // (the loader's threads and buffers change neither the samples nor their order)
-      if (key == "num_workers" || key == "prefetch" || key == "pin_memory") continue;
-      const auto it = mine.find(key);
-      if (it != mine.end() && value.is_string() && it->second != value.get<std::string>())
-        out.push_back("data." + key + " = " + it->second + " (the checkpoint's: " + value.get<std::string>() + ")");
-    }
-    // The seed orders the samples and, where validation is held out of train, picks those: another
-    // one validates on samples the model trained on (its val figures rise without it learning).
-    if (j.contains("loader") && j.at("loader").contains("seed") && j.at("loader").at("seed").get<int64_t>() != options_.seed)
-      out.push_back("trainer.seed = " + std::to_string(options_.seed) + " (the checkpoint's: " +
-                    std::to_string(j.at("loader").at("seed").get<int64_t>()) + "; it orders the samples" +
-                    (held_out_ > 0 ? std::string(" and picks those held out for validation, which may now include ") +
-                                         "samples the model trained on)"
-                                   : std::string(")")));
-    if (out.empty())  // (the data's files changed, its settings not; where those changed, the sizes follow them)
-      out = sizes_differ(saved.value("sizes", json()), dataset_);
-  } catch (const json::exception&) {
-  }  // an older or damaged state.json: parse_state_json judges it
-  return out;
-}
-
-// Note [The data's sizes]: a checkpoint records how many samples each split of its run's data
-// held (state.json's and a weights file's "data"). A recommender's ratings changed in place keep
-// its ids, which its own check compares, and its evaluation then ranked items the model trained on
-// as the held-out ones, figures of other data said as the run's (probe H).
-void Trainer::warn_if_data_sizes_differ(const fs::path& checkpoint) const {
-  try {
-    const json data = fs::is_directory(checkpoint)
-                          ? detail::parse_json<json>(read_file(checkpoint / "state.json", int64_t{64} << 20)).at("data")
-                          : detail::parse_json<json>(load_safetensors_metadata(checkpoint).at("data"));
-    if (const auto differ = sizes_differ(data.value("sizes", json()), dataset_); !differ.empty())
-      log::warn("this data is not the data ", checkpoint.string(), " was trained on: ", join(differ, "; "),
-                "; its figures are of this data (point data.root, and the data's settings, at what it trained on for the run's)");
-  } catch (const std::exception&) {
-  }  // (an older checkpoint without the record, or a weights file of another tool: nothing to compare)
 }
 
 void Trainer::check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved,

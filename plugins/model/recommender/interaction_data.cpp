@@ -10,8 +10,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <numeric>
 #include <sstream>
+#include <utility>
 
 namespace loom::plugins::recommender {
 
@@ -86,6 +89,18 @@ std::string to_utf8_line(const std::string& text) {
 
 namespace {
 
+uint64_t mixed(uint64_t x) {  // (SplitMix64's finalizer: each bit of x moves half of the result's)
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t hashed(const std::string& text) {  // (FNV-1a: the same on every machine and build)
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  return mixed(h);
+}
+
 at::Tensor longs(const std::vector<int64_t>& v) {
   return at::from_blob(const_cast<int64_t*>(v.data()), {static_cast<int64_t>(v.size())}, at::kLong).clone();
 }
@@ -137,6 +152,20 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
   kept.reserve(n);
   for (size_t i = 0; i < n; ++i)
     if (new_index[data.user[i]] >= 0) kept.push_back(i);
+  // Note [A split the file's order does not choose]: which interactions are held out depends on
+  // the data, never on the order of the file's lines: a user's interactions of one second (MovieLens
+  // has many) are ordered by item, and the random split permutes them ordered by user and item (a
+  // user who sorted the ratings file got another test set, and `loom eval` of a run scored items
+  // the model had trained on; probe L). The held-out pairs' fingerprint (splits.fingerprint) goes
+  // into each checkpoint, and evaluating on other held-out interactions is said.
+  // (users by their ids: their indices follow the order in which the file names them)
+  std::vector<int64_t> by_id(static_cast<size_t>(users_before)), id_rank(static_cast<size_t>(users_before));
+  std::iota(by_id.begin(), by_id.end(), 0);
+  std::sort(by_id.begin(), by_id.end(), [&](int64_t a, int64_t b) { return data.user_ids[a] < data.user_ids[b]; });
+  for (int64_t r = 0; r < users_before; ++r) id_rank[by_id[r]] = r;
+  const auto by_user_and_item = [&](size_t a, size_t b) {
+    return std::pair(id_rank[data.user[a]], data.item[a]) < std::pair(id_rank[data.user[b]], data.item[b]);
+  };
 
   // Split: 0 train, 1 validation, 2 test.
   std::vector<int8_t> split(n, 0);
@@ -144,11 +173,15 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
     std::vector<std::vector<size_t>> by_user(users);
     for (size_t i : kept) by_user[new_index[data.user[i]]].push_back(i);
     for (auto& list : by_user) {
-      std::stable_sort(list.begin(), list.end(), [&](size_t a, size_t b) { return data.time[a] < data.time[b]; });
+      std::sort(list.begin(), list.end(), [&](size_t a, size_t b) {
+        return std::pair(data.time[a], data.item[a]) < std::pair(data.time[b], data.item[b]);
+      });
       split[list[list.size() - 1]] = 2;
       split[list[list.size() - 2]] = 1;
     }
   } else {
+    std::vector<size_t> ordered = kept;
+    std::sort(ordered.begin(), ordered.end(), by_user_and_item);
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
     const at::Tensor perm = at::randperm(static_cast<int64_t>(kept.size()), gen, at::TensorOptions().dtype(at::kLong));
     const int64_t* p = perm.data_ptr<int64_t>();
@@ -165,7 +198,7 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
                                                     "holds out each user's last two)")));
     }
     for (int64_t k = 0; k < static_cast<int64_t>(kept.size()); ++k)
-      split[kept[p[k]]] = k < held ? 2 : k < 2 * held ? 1 : 0;
+      split[ordered[p[k]]] = k < held ? 2 : k < 2 * held ? 1 : 0;
   }
 
   struct Part {
@@ -177,9 +210,12 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
   float rating_min = 0, rating_max = 0;
   int64_t rated = 0;
   std::vector<std::vector<int64_t>> seen(users);
+  uint64_t fingerprint = 0;  // (a sum: the same whatever the order of the lines)
   for (size_t i : kept) {
     Part& part = parts[split[i]];
     const int64_t u = new_index[data.user[i]];
+    if (split[i] != 0)  // (of the ids: the indices are checked by the model)
+      fingerprint += mixed(hashed(user_ids[u]) ^ mixed(hashed(data.items[data.item[i]].id) + static_cast<uint64_t>(split[i])));
     part.user.push_back(u);
     part.item.push_back(data.item[i]);
     part.rating.push_back(o.task == Task::kRanking ? 1.0f : data.rating[i]);
@@ -228,6 +264,9 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
   a["rating.min"] = std::to_string(rating_min);
   a["rating.max"] = std::to_string(rating_max);
   a["source"] = source;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fingerprint));
+  a["splits.fingerprint"] = hex;
   sdk::log::info(name_, ": ", source, ": ", users, " users (", users_before - users, " with fewer than ", o.min_interactions,
                  " interactions left out), ", items, " items; ", parts[0].user.size(), " training, ", parts[1].user.size(),
                  " validation, ", parts[2].user.size(), " test interactions (", task_name(o.task), ", ",

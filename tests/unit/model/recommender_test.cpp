@@ -23,12 +23,14 @@
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <string>
 #include <sys/stat.h>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -123,6 +125,40 @@ TEST_F(RecommenderData, MovieLens100kIsReadWithLatin1TitlesGenreFlagsAndAChronol
   const std::string other = error_of([&] { open({{"format", "ml-1m"}}); });
   EXPECT_NE(other.find("data.format = ml-1m reads " + (dir_ / "ratings.dat").string() + ", which is not there; set "
                        "data.format to the folder's format, or auto to find it"), std::string::npos) << other;
+}
+
+TEST_F(RecommenderData, WhichInteractionsAreHeldOutDoesNotDependOnTheOrderOfTheLines) {
+  // MovieLens has many ratings of one second: user 7's four are all at t=50. The held-out ones
+  // were the last in the file, so a ratings file sorted otherwise gave another test set (and loom
+  // eval scored items the model had trained on); the random split followed the lines' order too.
+  write(dir_ / "u.item", ml100k_item(1, "A (1995)", {0}) + ml100k_item(2, "B (1995)", {0}) + ml100k_item(3, "C (1995)", {0}) +
+                             ml100k_item(4, "D (1995)", {0}) + ml100k_item(5, "E (1995)", {0}));
+  const std::vector<std::string> lines{"7\t3\t5\t50\n", "7\t1\t3\t50\n", "7\t4\t4\t50\n", "7\t2\t1\t50\n",
+                                       "9\t1\t2\t5\n",  "9\t2\t4\t6\n",  "9\t5\t5\t6\n",  "9\t3\t1\t7\n"};
+  using P = std::vector<std::pair<std::string, std::string>>;
+  const auto held_out = [&](const std::vector<std::string>& order, std::map<std::string, std::string> options) {
+    std::string text;
+    for (const auto& line : order) text += line;
+    write(dir_ / "u.data", text);
+    auto d = open(std::move(options));
+    P test = pairs(*d, Split::kTest), validation = pairs(*d, Split::kValidation);
+    std::sort(test.begin(), test.end());
+    std::sort(validation.begin(), validation.end());
+    return std::tuple{test, validation, d->spec().attributes.at("splits.fingerprint")};
+  };
+  std::vector<std::string> reversed(lines.rbegin(), lines.rend());
+  // (user 9 first in the reversed file: the users' indices follow the file, their ids do not)
+  const auto [test, validation, fingerprint] = held_out(lines, {});
+  EXPECT_EQ(test, (P{{"7", "4"}, {"9", "3"}}));  // (of one second: the item last; user 9: its latest)
+  EXPECT_EQ(validation, (P{{"7", "3"}, {"9", "5"}}));  // (items 2 and 5 of user 9 at t=6: 5)
+  EXPECT_EQ(held_out(reversed, {}), std::tuple(test, validation, fingerprint));
+  std::vector<std::string> users_kept = {lines[3], lines[2], lines[0], lines[1], lines[7], lines[4], lines[6], lines[5]};
+  EXPECT_EQ(held_out(users_kept, {}), std::tuple(test, validation, fingerprint));
+  const std::map<std::string, std::string> random{{"split", "random"}, {"holdout", "0.25"}};
+  const auto shuffled = held_out(lines, random);
+  EXPECT_EQ(held_out(users_kept, random), shuffled);
+  EXPECT_EQ(held_out(reversed, random), shuffled);
+  EXPECT_NE(std::get<2>(shuffled), fingerprint);  // (other held-out pairs, another fingerprint)
 }
 
 TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
@@ -423,6 +459,37 @@ TEST_F(Gpt2RecommenderTest, EvaluatingOnRatingsChangedInPlaceIsSaid) {
   std::ofstream(ml / "ratings.dat", std::ios::app) << "1::7::4::978300900\n";  // (item 7: user 2 rated it)
   EXPECT_TRUE(evaluate(step));
   EXPECT_TRUE(evaluate(dir_ / "sized" / "checkpoints" / "best_hr_at_2.safetensors"));
+}
+
+TEST_F(Gpt2RecommenderTest, EvaluatingOnOtherHeldOutInteractionsOfTheSameCountsIsSaid) {
+  // The same users, items and counts, other times: another item is each user's last, so the test
+  // split holds items the model trained on. Its sizes and ids are the run's: only the held-out
+  // samples' fingerprint, recorded in each checkpoint, tells.
+  const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
+  make_trainer(movielens_config(ml, "held", "2"))->train();
+  const auto evaluate = [&](const fs::path& checkpoint) {
+    loom::core::Trainer t(loom::core::resolve_run(movielens_config(ml, "held_eval", "2"), loom::testing::registry()),
+                          loom::testing::registry());
+    t.setup_for_evaluation();
+    t.load_weights(checkpoint);
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    t.warn_if_data_sizes_differ(checkpoint);
+    return capture.contains("this data is not the data " + checkpoint.string() + " was trained on: its validation and test "
+                            "samples are others than the run's (the same counts; fingerprint ");
+  };
+  const fs::path step = dir_ / "held" / "checkpoints" / "step_00000002";
+  EXPECT_FALSE(evaluate(step));
+  std::ifstream in(ml / "ratings.dat");
+  std::string line, later;
+  while (std::getline(in, line)) {  // (each user's first rating becomes its last)
+    const size_t at_time = line.rfind("::") + 2;
+    const int64_t time = std::stoll(line.substr(at_time));
+    later += line.substr(0, at_time) + std::to_string((time - 978300000) % 4 == 0 ? time + 100 : time) + "\n";
+  }
+  in.close();
+  write(ml / "ratings.dat", later);
+  EXPECT_TRUE(evaluate(step));
+  EXPECT_TRUE(evaluate(dir_ / "held" / "checkpoints" / "best_hr_at_2.safetensors"));
 }
 
 TEST_F(Gpt2RecommenderTest, SavingACheckpointAddsLittleToThePeakOfALargeEmbedding) {

@@ -320,6 +320,9 @@ class Trainer {
   /// The data keys this run sets otherwise than the checkpoint's state.json records them, as
   /// "data.seed = 9 (the checkpoint's: 3)".
   std::vector<std::string> changed_data(const std::string& state_json) const;
+  /// What a checkpoint records of the data's splits (JSON: the samples per split, the held-out
+  /// samples' fingerprint where the dataset gives one; null where a size cannot be read).
+  std::string data_sizes_json() const;
   /// After resuming from an older checkpoint of this run: its newer step folders move aside.
   void set_aside_newer_steps(const std::filesystem::path& checkpoint);
   /// --resume auto in a folder whose run wrote files but no checkpoint: they move aside.

@@ -1,0 +1,107 @@
+// What a checkpoint records of its run's data, and what differs from it now: the data's settings,
+// the samples per split and the held-out samples' fingerprint (Note [The data's sizes]).
+#include <loom/core/checkpoint.hpp>
+#include <loom/core/files.hpp>
+#include <loom/core/log.hpp>
+#include <loom/core/safetensors.hpp>
+#include <loom/core/text.hpp>
+#include <loom/core/trainer.hpp>
+#include "json_limits.hpp"
+#include "trainer_internal.hpp"
+
+#include <nlohmann/json.hpp>
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace loom::core {
+
+using namespace detail;
+
+namespace {
+
+/// A dataset's samples per split, as a checkpoint records them (Note [The data's sizes]), and its
+/// held-out samples' fingerprint where its spec gives one (`splits.fingerprint`); null where a size
+/// cannot be read (a dataset that throws for it: the checkpoint is written without).
+json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec) {
+  try {
+    // (the validation split only of a Dataset 1.1: a 1.0 one, a C tier's, refuses the split it does not know)
+    json sizes = {{"train", dataset->size(sdk::Split::kTrain)},
+                  {"validation", dataset.implements(1) ? dataset->size(sdk::Split::kValidation) : 0},
+                  {"test", dataset->size(sdk::Split::kTest)}};
+    if (const auto it = spec.attributes.find("splits.fingerprint"); it != spec.attributes.end()) sizes["held_out"] = it->second;
+    return sizes;
+  } catch (const std::exception&) {
+    return json();
+  }
+}
+
+/// Each split whose size differs from `recorded`'s (a checkpoint's data.sizes); none where it has none.
+std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec) {
+  std::vector<std::string> out;
+  if (!recorded.is_object()) return out;
+  const json sizes = data_sizes(dataset, spec);  // (not in the loop's head: items() of a temporary outlives it)
+  for (const auto& [split, size] : sizes.items())
+    if (const auto it = recorded.find(split); it != recorded.end() && *it != size && split != "held_out" && it->is_number_integer())
+      out.push_back("the " + split + " split holds " + size.dump() + " samples (the checkpoint's run: " + it->dump() + ")");
+  // (the same sizes, other samples: a model scored on what it trained on)
+  if (const auto it = recorded.find("held_out"); out.empty() && it != recorded.end() && sizes.contains("held_out") &&
+                                                 *it != sizes.at("held_out"))
+    out.push_back("its validation and test samples are others than the run's (the same counts; fingerprint " +
+                  sizes.at("held_out").get<std::string>() + ", the run's " + it->dump() + "), some of them trained on");
+  return out;
+}
+
+}  // namespace
+
+std::string Trainer::data_sizes_json() const { return data_sizes(dataset_, data_spec_).dump(); }
+
+std::vector<std::string> Trainer::changed_data(const std::string& state_json) const {
+  std::vector<std::string> out;
+  try {
+    const json j = detail::parse_json<json>(state_json);
+    const json& saved = j.at("data");
+    const auto mine = section("data");
+    if (saved.at("name").get<std::string>() != value_of(config_, "data.name"))
+      return {"data.name = " + value_of(config_, "data.name") + " (the checkpoint's: " + saved.at("name").get<std::string>() + ")"};
+    for (const auto& [key, value] : saved.at("config").items()) {
+      // (the loader's threads and buffers change neither the samples nor their order)
+      if (key == "num_workers" || key == "prefetch" || key == "pin_memory") continue;
+      const auto it = mine.find(key);
+      if (it != mine.end() && value.is_string() && it->second != value.get<std::string>())
+        out.push_back("data." + key + " = " + it->second + " (the checkpoint's: " + value.get<std::string>() + ")");
+    }
+    // The seed orders the samples and, where validation is held out of train, picks those: another
+    // one validates on samples the model trained on (its val figures rise without it learning).
+    if (j.contains("loader") && j.at("loader").contains("seed") && j.at("loader").at("seed").get<int64_t>() != options_.seed)
+      out.push_back("trainer.seed = " + std::to_string(options_.seed) + " (the checkpoint's: " +
+                    std::to_string(j.at("loader").at("seed").get<int64_t>()) + "; it orders the samples" +
+                    (held_out_ > 0 ? std::string(" and picks those held out for validation, which may now include ") +
+                                         "samples the model trained on)"
+                                   : std::string(")")));
+    if (out.empty())  // (the data's files changed, its settings not; where those changed, the sizes follow them)
+      out = sizes_differ(saved.value("sizes", json()), dataset_, data_spec_);
+  } catch (const json::exception&) {
+  }  // an older or damaged state.json: parse_state_json judges it
+  return out;
+}
+
+// Note [The data's sizes]: a checkpoint records how many samples each split of its run's data
+// held (state.json's and a weights file's "data"). A recommender's ratings changed in place keep
+// its ids, which its own check compares, and its evaluation then ranked items the model trained on
+// as the held-out ones, figures of other data said as the run's (probe H). A dataset whose spec
+// gives `splits.fingerprint` (a hash of which samples it holds out; the recommender's datasets) has
+// that recorded and compared too: the same counts of other held-out samples are said as well.
+void Trainer::warn_if_data_sizes_differ(const fs::path& checkpoint) const {
+  try {
+    const json data = fs::is_directory(checkpoint)
+                          ? detail::parse_json<json>(read_file(checkpoint / "state.json", int64_t{64} << 20)).at("data")
+                          : detail::parse_json<json>(load_safetensors_metadata(checkpoint).at("data"));
+    if (const auto differ = sizes_differ(data.value("sizes", json()), dataset_, data_spec_); !differ.empty())
+      log::warn("this data is not the data ", checkpoint.string(), " was trained on: ", join(differ, "; "),
+                "; its figures are of this data (point data.root, and the data's settings, at what it trained on for the run's)");
+  } catch (const std::exception&) {
+  }  // (an older checkpoint without the record, or a weights file of another tool: nothing to compare)
+}
+
+}  // namespace loom::core
