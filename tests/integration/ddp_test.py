@@ -604,6 +604,15 @@ try:
             r.stderr[-2000:]
         assert time.time() - started < 30, "said at once, not after parallel.timeout"
         print(f"MASTER_ADDR that does not resolve: said after {time.time() - started:.1f} s")
+
+    # 10. Rank 1 of 2 whose rank 0 never comes: one error line, not c10d's C++ stack of each try
+    # (about 50 lines of "frame #N: ... libtorch_cpu.so" before Loom's own error).
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    r = subprocess.run([exe, "train", *BASE, *DDP, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=alone",
+                        "--set", "parallel.timeout=2"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 1 and "ddp: rank 1 of 2 could not meet the others at 127.0.0.1:" in r.stderr \
+        and "frame #" not in r.stderr and "[c10d]" not in r.stderr, r.stderr[-3000:]
+    print("a rank whose rank 0 never comes: one error, no C++ stack")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("ddp test passed")

@@ -11,6 +11,7 @@
 #include <loom/sdk/sdk.hpp>
 
 #include <ATen/ops/ones.h>
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -33,6 +34,22 @@
 namespace {
 
 using loom::sdk::Error;
+
+/// c10d logs each failed try to reach the store with its exception's whole C++ stack (about 50
+/// lines on stderr, probe L); the error the rank gives after it says the same in one line. Quiet
+/// while the store is made, unless c10's logging was asked for more (TORCH_CPP_LOG_LEVEL=INFO).
+class QuietC10dLog {
+ public:
+  QuietC10dLog() : before_(FLAGS_caffe2_log_level) {
+    if (before_ >= 1) FLAGS_caffe2_log_level = 3;  // (c10's FATAL: only a crash's own line)
+  }
+  ~QuietC10dLog() { FLAGS_caffe2_log_level = before_; }
+  QuietC10dLog(const QuietC10dLog&) = delete;
+  QuietC10dLog& operator=(const QuietC10dLog&) = delete;
+
+ private:
+  int before_;
+};
 
 bool is_loopback(const std::string& address) {
   return address == "localhost" || address.rfind("127.", 0) == 0 || address == "::1";
@@ -189,6 +206,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     options.timeout = timeout_;
     c10::intrusive_ptr<c10d::Store> store;
     try {
+      const QuietC10dLog quiet;
       store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, options);
     } catch (const std::exception& e) {
       const std::string why = first_line(e.what());
