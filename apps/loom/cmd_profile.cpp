@@ -27,11 +27,21 @@ namespace loom::cli {
 
 namespace {
 
+/// loom-profile-<time>.json here, or -2, -3, ... after it where a profile of the same second is
+/// there (two in a script's loop: the second was refused for a --trace it was never given).
 fs::path default_trace() {
   char stamp[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", std::localtime(&now));
-  return fs::path("loom-profile-" + std::string(stamp) + ".json");
+  std::error_code ec;
+  for (int n = 1; n < 1000; ++n) {
+    std::string name = "loom-profile-";
+    name.append(stamp);
+    if (n > 1) name.append("-").append(std::to_string(n));
+    name.append(".json");
+    if (!fs::exists(fs::symlink_status(name, ec))) return name;
+  }
+  throw Error("loom profile: 999 traces named loom-profile-" + std::string(stamp) + "*.json are here; give one with --trace");
 }
 
 }  // namespace
@@ -50,6 +60,10 @@ int cmd_profile(const Invocation& invocation) {
       invocation.options.count("trace") ? fs::path(invocation.options["trace"].as<std::string>()) : default_trace();
   // Nothing already written is replaced: a trace is a measurement someone may still need.
   std::error_code ec;
+  if (trace == "-") throw Error("--trace -: the trace is written to a file, not to standard output; give its path");
+  if (fs::is_directory(trace, ec))
+    throw Error("--trace " + trace.string() + " is a folder; give the trace's file name, e.g. --trace " +
+                (trace / "profile.json").string());
   if (fs::exists(fs::symlink_status(trace, ec)))
     throw Error("--trace " + trace.string() + " already exists; choose another path or remove it");
   if (trace.empty()) throw Error("--trace needs a path, e.g. --trace profile.json");

@@ -121,6 +121,25 @@ r = loom(exe, "profile", *RUN, "--steps", "2", "--trace", trace, check=False)
 expect(r.returncode != 0 and "already exists" in r.stderr, "an existing trace path is refused", r)
 expect(hashlib.sha256(open(trace, "rb").read()).hexdigest() == digest, "the existing trace is unchanged")
 
+# Without --trace, in a folder that holds a trace of the same second (two profiles in a script's
+# loop): the next free name, -2 (the second was refused for a --trace it was never given).
+here = os.path.join(work, "default_name")
+os.makedirs(here)
+start = time.time()
+made = {time.strftime("loom-profile-%Y%m%d-%H%M%S.json", time.localtime(start + k)) for k in range(-1, 120)}
+for name in made:
+    with open(os.path.join(here, name), "w") as f:
+        f.write("earlier")
+r = loom(exe, "profile", *RUN, "--steps", "1", "--warmup", "0", cwd=here)
+new = sorted(set(os.listdir(here)) - made)
+expect(len(new) == 1 and new[0].endswith("-2.json") and new[0][:-len("-2.json")] + ".json" in made
+       and all(open(os.path.join(here, n)).read() == "earlier" for n in made), f"the default trace name is the next free one: {new}", r)
+r = loom(exe, "profile", *RUN, "--trace", here, check=False)
+expect(r.returncode != 0 and f"--trace {here} is a folder; give the trace's file name" in r.stderr, "a folder as --trace is named so", r)
+r = loom(exe, "profile", *RUN, "--trace", "-", check=False, cwd=here)
+expect(r.returncode != 0 and "--trace -: the trace is written to a file" in r.stderr and not os.path.exists(os.path.join(here, "-")),
+       "--trace - is refused, no file named -", r)
+
 r = loom(exe, "profile", *RUN, "--steps", "0", "--trace", os.path.join(work, "zero.json"), check=False)
 expect(r.returncode != 0 and "--steps must be in 1..100000" in r.stderr, "--steps 0 is refused", r)
 r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "no", "such", "folder", "t.json"), check=False)
