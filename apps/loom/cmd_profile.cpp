@@ -132,9 +132,9 @@ int cmd_profile(const Invocation& invocation) {
   const core::ProfileReport report = profiler.stop(trace);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s", core::format_profile(report, static_cast<size_t>(top), steps).c_str());
-  std::printf("\n%lld steps, %.0f samples/s under the profiler (it slows operators down: time a run with `loom train` "
+  std::printf("\n%lld step%s, %.0f samples/s under the profiler (it slows operators down: time a run with `loom train` "
               "or `loom bench`)\n",
-              static_cast<long long>(steps), samples / seconds);
+              static_cast<long long>(steps), steps == 1 ? "" : "s", samples / seconds);
   // (a step replayed after an out-of-memory counts its attempt's calls too: loom::step 5 of 3 steps)
   if (const int64_t replayed = trainer.oom_recoveries() - recoveries_before; replayed > 0)
     std::printf("the profiled steps ran out of memory %lld time(s) and were replayed with a smaller micro-batch: the calls "

@@ -410,10 +410,12 @@ class Gpt2Recommender final : public sdk::Model {
       const at::Tensor differs = saved.cpu().ne(data).nonzero();
       if (differs.numel() > 0) {
         const int64_t i = differs[0][0].item<int64_t>();
-        throw Error(std::string("gpt2_recommender: the weights were trained on other data: ") + what + " " +
+        const int64_t count = differs.size(0);
+        throw Error(std::string("gpt2_recommender: the weights were trained on other data: the ") + what + " at index " +
                     std::to_string(i) + " is id " + std::to_string(saved.cpu()[i].item<int64_t>()) + " in the checkpoint, " +
-                    std::to_string(data[i].item<int64_t>()) + " in the data (" + std::to_string(differs.size(0)) + " " +
-                    what + "s differ). Point data.root (and data.min_interactions, data.split) at what it was trained with");
+                    std::to_string(data[i].item<int64_t>()) + " in the data (" + std::to_string(count) + " " + what +
+                    (count == 1 ? " differs" : "s differ") +
+                    "). Point data.root (and data.min_interactions, data.split) at what it was trained with");
       }
     }
     checked_ids_version_ = version;

@@ -33,6 +33,10 @@ constexpr int64_t kMostBytes = int64_t{8} << 30;
 /// A whole regular file; a FIFO, a device or a folder is an error, never a blocking read, and a
 /// file larger than any MovieLens (a sparse file, a disk image) is refused before it is read.
 std::string read_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_symlink(path, ec) && !fs::exists(path, ec))  // (else "no ratings.dat", though the link is there)
+    throw sdk::Error("interactions: " + path.string() + " is a link to " + fs::read_symlink(path, ec).string() +
+                     ", which is not there; point data.root at a MovieLens folder as unpacked");
   // Its first line first: one of NUL bytes (a sparse or damaged file, a disk image) or UTF-16
   // text is refused without reading the rest (a 1 GiB one took 1.4 GB of memory and 8 s before
   // its first line was found wrong). (A FIFO, a device or a file over the limit: read_regular_file
@@ -50,8 +54,7 @@ std::string read_file(const fs::path& path) {
                        ":1: the file is UTF-16 (or holds NUL bytes); save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8");
   }
   std::string out = sdk::read_regular_file(path, kMostBytes, "interactions: ", "a MovieLens folder as unpacked has it",
-                                           "point data.root at a MovieLens folder as unpacked (the largest MovieLens "
-                                           "file is under 1 GiB)");
+                                           "point data.root at a MovieLens folder as unpacked");
   // A UTF-8 byte-order mark (a spreadsheet's "CSV UTF-8") is no part of the first field.
   if (out.rfind("\xEF\xBB\xBF", 0) == 0) out.erase(0, 3);
   // MovieLens's files end with a line ending: a last line without one may be a row cut short (a
@@ -150,15 +153,21 @@ std::string trimmed(std::string_view s) {
   return std::string(s);
 }
 
+/// A field as an error shows it: its first 40 bytes where it is longer (a 10 MB field was the
+/// whole of its error's line; Rows::error escapes control bytes).
+std::string shown(const std::string& field) {
+  return field.size() > 40 ? field.substr(0, 40) + "... (" + std::to_string(field.size()) + " bytes)" : field;
+}
+
 int64_t integer(std::string_view text, const char* field, const Rows& rows) {
   const std::string t = trimmed(text);
   int64_t value = 0;
   const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
   if (ec == std::errc::result_out_of_range && end == t.data() + t.size())
-    throw rows.error(std::string(field) + " " + t + " is outside the 64-bit integers (-9223372036854775808 to " +
+    throw rows.error(std::string(field) + " " + shown(t) + " is outside the 64-bit integers (-9223372036854775808 to " +
                      "9223372036854775807)");
   if (t.empty() || ec != std::errc() || end != t.data() + t.size())
-    throw rows.error(std::string(field) + " '" + t + "' is not an integer");
+    throw rows.error(std::string(field) + " '" + shown(t) + "' is not an integer");
   return value;
 }
 
@@ -167,7 +176,7 @@ float number(std::string_view text, const char* field, const Rows& rows) {
   double value = 0;
   const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
   if (t.empty() || ec != std::errc() || end != t.data() + t.size() || !std::isfinite(value))
-    throw rows.error(std::string(field) + " '" + t + "' is not a number");
+    throw rows.error(std::string(field) + " '" + shown(t) + "' is not a number");
   return static_cast<float>(value);
 }
 
@@ -176,7 +185,7 @@ float number(std::string_view text, const char* field, const Rows& rows) {
 float rating(std::string_view text, const char* field, const Rows& rows) {
   const float value = number(text, field, rows);
   if (value < 0.5f || value > 5.0f)
-    throw rows.error(std::string(field) + " " + trimmed(text) + " is outside MovieLens's scale (0.5 to 5 stars); " +
+    throw rows.error(std::string(field) + " " + shown(trimmed(text)) + " is outside MovieLens's scale (0.5 to 5 stars); " +
                      "mend the row (a file of another scale is not MovieLens: a dataset plugin of its own reads it)");
   return value;
 }
@@ -187,7 +196,7 @@ class Reader {
  public:
   void add_item(Item item, const Rows& rows) {
     if (!item_index_.emplace(item.id, static_cast<int64_t>(data_.items.size())).second)
-      throw rows.error("item id " + item.id + " appears twice");
+      throw rows.error("item id " + shown(item.id) + " appears twice");
     item.title = to_utf8_line(item.title);
     item.genres = to_utf8_line(item.genres);
     data_.items.push_back(std::move(item));
@@ -204,7 +213,9 @@ class Reader {
   void add_interaction(const std::string& user_id, const std::string& item_id, float rating, int64_t time,
                        const Rows& rows, const std::string& catalogue) {
     auto item = item_index_.find(item_id);
-    if (item == item_index_.end()) throw rows.error("item id " + item_id + " is not in " + catalogue);
+    if (item == item_index_.end())
+      throw rows.error("item id " + shown(item_id) + " is not in " + catalogue +
+                       (item_index_.empty() ? ", which holds no items (an empty or cut copy: unpack the folder again)" : ""));
     auto [user, added] = user_index_.emplace(user_id, static_cast<int64_t>(data_.user_ids.size()));
     if (added) data_.user_ids.push_back(user_id);
     data_.user.push_back(user->second);
@@ -336,7 +347,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
     std::string fields;  // (an exporter that quotes every field quotes the header's too)
     for (const auto& f : csv_fields(line, rows)) fields += (fields.empty() ? "" : ",") + trimmed(f);
     if (trimmed(line) != expected && fields != expected)
-      throw rows.error("the header is '" + std::string(line) + "', expected " + expected);
+      throw rows.error("the header is '" + shown(std::string(line)) + "', expected " + expected);
   };
   {
     Rows rows(root / "movies.csv");
@@ -399,14 +410,16 @@ void Interactions::setup() {
   std::string format = format_;
   if (format == "auto") {
     std::vector<std::string> found;  // (a folder holding two formats is read as the first, and said)
+    // (a link to nothing is there too: reading it says so, not "holds no MovieLens ratings")
+    const auto there = [&](const char* file) { return fs::exists(fs::symlink_status(root / file, ec)); };
     for (const char* file : {"u.data", "ratings.dat", "ratings.csv"})
-      if (fs::exists(root / file)) found.emplace_back(file);
+      if (there(file)) found.emplace_back(file);
     if (found.size() > 1)
       sdk::log::warn("interactions: ", root.string(), " holds the ratings of several MovieLens formats (", found[0], ", ",
                      found[1], "); reading ", found[0], ". Set data.format (ml-100k, ml-1m, ml-latest) to choose");
-    if (fs::exists(root / "u.data")) format = "ml-100k";
-    else if (fs::exists(root / "ratings.dat")) format = "ml-1m";
-    else if (fs::exists(root / "ratings.csv")) format = "ml-latest";
+    if (there("u.data")) format = "ml-100k";
+    else if (there("ratings.dat")) format = "ml-1m";
+    else if (there("ratings.csv")) format = "ml-latest";
     else
       throw sdk::Error("interactions: " + root.string() + " holds no MovieLens ratings (u.data for ml-100k, ratings.dat "
                        "for ml-1m, ratings.csv for ml-latest); set data.root to the unpacked folder");

@@ -237,6 +237,12 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   write(dir_ / "ratings.dat", std::string("1::1::5::1\n1::2::4::88000000") + std::string(1, '\0') + "5\n");
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.dat:2: Timestamp '88000000\\x005' is not an integer"), std::string::npos) << message;
+  // A field of 10 MB is shown by its start and its size (the error's line was the whole field).
+  write(dir_ / "ratings.dat", "1::1::5::1\n1::2::" + std::string(10'000'000, '2') + "::2\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.dat:2: Rating '" + std::string(40, '2') + "... (10000000 bytes)' is not a number"),
+            std::string::npos) << message.substr(0, 300);
+  EXPECT_LT(message.size(), 1000u);
   write(dir_ / "ratings.dat", "1::1::5::1\n99999999999999999999::2::4::2\n");
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.dat:2: UserID 99999999999999999999 is outside the 64-bit integers"), std::string::npos)
@@ -275,6 +281,20 @@ TEST_F(RecommenderData, SpecialFilesAndMissingFoldersAreNamedNotWaitedOn) {
   EXPECT_NE(message.find("ratings.csv is 1099511627776 bytes, more than such a file has (at most 8589934592): it is damaged "
                          "or another file; point data.root at a MovieLens folder as unpacked"),
             std::string::npos) << message;
+  // (the hint of that size, "the largest MovieLens file is under 1 GiB", was said for a FIFO too)
+  EXPECT_EQ(message.find("1 GiB"), std::string::npos) << message;
+  // A link to nothing where the ratings are: named as such ("holds no MovieLens ratings" before).
+  fs::remove(dir_ / "ratings.csv");
+  fs::create_symlink(dir_ / "gone.csv", dir_ / "ratings.csv");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.csv is a link to " + (dir_ / "gone.csv").string() + ", which is not there"), std::string::npos)
+      << message;
+  // An empty catalogue: said so, beside the first rating of an item it lacks.
+  fs::remove(dir_ / "ratings.csv");
+  write(dir_ / "movies.csv", "movieId,title,genres\n");
+  write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,1\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.csv:2: item id 1 is not in movies.csv, which holds no items"), std::string::npos) << message;
   message = error_of([&] { open({{"root", (dir_ / "nowhere").string()}}); });
   EXPECT_NE(message.find("is not a folder"), std::string::npos) << message;
   message = error_of([&] { registry().create<loom::sdk::Dataset>("interactions"); });
@@ -739,7 +759,7 @@ TEST_F(Gpt2RecommenderTest, WeightsOfOtherDataAreRefusedByTheirIds) {
   EXPECT_EQ(buffers["item_ids"][0].item<int64_t>(), 1);
   buffers["user_ids"][3].fill_(999);  // as a checkpoint of other data would load it
   const std::string message = error_of([&] { t->train_step(); });
-  EXPECT_NE(message.find("trained on other data: user 3 is id 999 in the checkpoint, 4 in the data"), std::string::npos) << message;
+  EXPECT_NE(message.find("trained on other data: the user at index 3 is id 999 in the checkpoint, 4 in the data (1 user differs)"), std::string::npos) << message;
 }
 
 TEST_F(Gpt2RecommenderTest, RmseIsTheRootOfTheMeanSquaredError) {
