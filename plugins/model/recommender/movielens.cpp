@@ -9,16 +9,16 @@
 #include <loom/sdk/log.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string_view>
 #include <unordered_map>
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -27,61 +27,75 @@ namespace loom::plugins::recommender {
 
 namespace {
 
-/// The largest file read whole: MovieLens's largest, ml-32m's ratings.csv, is 0.9 GB.
+/// The largest file read: MovieLens's largest, ml-32m's ratings.csv, is 0.9 GB.
 constexpr int64_t kMostBytes = int64_t{8} << 30;
+constexpr size_t kChunk = size_t{1} << 20;         // (read a part at a time)
+constexpr size_t kLongestLine = size_t{64} << 20;  // (MovieLens's lines are under a kilobyte)
 
-/// A whole regular file; a FIFO, a device or a folder is an error, never a blocking read, and a
-/// file larger than any MovieLens (a sparse file, a disk image) is refused before it is read.
-std::string read_file(const fs::path& path) {
-  std::error_code ec;
-  if (fs::is_symlink(path, ec) && !fs::exists(path, ec))  // (else "no ratings.dat", though the link is there)
-    throw sdk::Error("interactions: " + path.string() + " is a link to " + fs::read_symlink(path, ec).string() +
-                     ", which is not there; point data.root at a MovieLens folder as unpacked");
-  // Its first line first: one of NUL bytes (a sparse or damaged file, a disk image) or UTF-16
-  // text is refused without reading the rest (a 1 GiB one took 1.4 GB of memory and 8 s before
-  // its first line was found wrong). (A FIFO, a device or a file over the limit: read_regular_file
-  // refuses it below, unread; a NUL further on is its row's error.)
-  if (const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC); fd >= 0) {
-    struct stat st {};
-    char head[4096];
-    const ssize_t n =
-        ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= kMostBytes ? ::read(fd, head, sizeof head) : -1;
-    ::close(fd);
-    const std::string_view first(head, n > 0 ? static_cast<size_t>(n) : 0);
-    if (first.substr(0, first.find('\n')).find('\0') != std::string_view::npos || first.starts_with("\xFF\xFE") ||
-        first.starts_with("\xFE\xFF"))
-      throw sdk::Error("interactions: " + path.string() +
-                       ":1: the file is UTF-16 (or holds NUL bytes); save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8");
-  }
-  std::string out = sdk::read_regular_file(path, kMostBytes, "interactions: ", "a MovieLens folder as unpacked has it",
-                                           "point data.root at a MovieLens folder as unpacked");
-  // A UTF-8 byte-order mark (a spreadsheet's "CSV UTF-8") is no part of the first field.
-  if (out.rfind("\xEF\xBB\xBF", 0) == 0) out.erase(0, 3);
-  // MovieLens's files end with a line ending: a last line without one may be a row cut short (a
-  // copy or a download interrupted), read as it stands; said, since it may not be.
-  // (a file of carriage returns alone is named as such where its header is read, without this)
-  if (!out.empty() && out.back() != '\n' && !(out.back() == '\r' && out.find('\n') == std::string::npos))
-    sdk::log::warn("interactions: ", path.string(), " does not end with a line ending: its last line may be cut short ",
-                   "(an interrupted copy or download); it is read as it stands");
-  return out;
-}
-
-/// The rows of a file with their line numbers, for messages that name file:line.
+/// The rows of a file with their line numbers, for messages that name file:line. The file is read
+/// a part at a time and parsed as it comes: a damaged one is refused at its first bad line without
+/// the rest in memory (a 3 GiB file bad at line 241 took 3.5 GB and 5 s to refuse; probe L). A
+/// FIFO, a device or a folder is an error, never a blocking read, and a file larger than any
+/// MovieLens (a sparse file, a disk image) is refused before it is read.
 class Rows {
  public:
-  explicit Rows(const fs::path& path) : path_(path), text_(read_file(path)) {}
+  explicit Rows(const fs::path& path) : path_(path) {
+    std::error_code ec;
+    if (fs::is_symlink(path, ec) && !fs::exists(path, ec))  // (else "no ratings.dat", though the link is there)
+      throw sdk::Error("interactions: " + path.string() + " is a link to " + fs::read_symlink(path, ec).string() +
+                       ", which is not there; point data.root at a MovieLens folder as unpacked");
+    fd_ = sdk::open_regular_file(path, kMostBytes, "interactions: ", "a MovieLens folder as unpacked has it",
+                                 "point data.root at a MovieLens folder as unpacked");
+    try {
+      fill();
+    } catch (...) {
+      ::close(fd_);  // (no destructor for a constructor that throws)
+      throw;
+    }
+    // A first line of NUL bytes (a sparse or damaged file, a disk image) or UTF-16 text: refused
+    // at once (a NUL further on is its row's error).
+    const std::string_view first = std::string_view(buffer_).substr(0, 4096);
+    if (first.substr(0, first.find('\n')).find('\0') != std::string_view::npos || first.starts_with("\xFF\xFE") ||
+        first.starts_with("\xFE\xFF")) {
+      if (fd_ >= 0) ::close(fd_);
+      throw sdk::Error("interactions: " + path.string() +
+                       ":1: the file is UTF-16 (or holds NUL bytes); save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8");
+    }
+    // A UTF-8 byte-order mark (a spreadsheet's "CSV UTF-8") is no part of the first field.
+    if (first.starts_with("\xEF\xBB\xBF")) pos_ = 3;
+  }
+  ~Rows() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Rows(const Rows&) = delete;
+  Rows& operator=(const Rows&) = delete;
 
-  /// The next non-empty line (without its line ending); false at the end.
+  /// The next non-empty line (without its line ending), valid until the next call; false at the end.
   bool next(std::string_view& line) {
-    while (pos_ < text_.size()) {
-      const size_t end = std::min(text_.find('\n', pos_), text_.size());
-      line = std::string_view(text_).substr(pos_, end - pos_);
+    for (;;) {
+      size_t end, from = pos_;
+      while ((end = buffer_.find('\n', from)) == std::string::npos && !ended_) {
+        const size_t searched = buffer_.size() - pos_;
+        if (searched > kLongestLine)
+          throw sdk::Error("interactions: " + path_.string() + ":" + std::to_string(number_ + 1) + ": a line of more than " +
+                           std::to_string(kLongestLine >> 20) + " MiB: the file is damaged or not MovieLens" +
+                           (buffer_.find('\r', pos_) != std::string::npos
+                                ? std::string(" (or its lines end in a carriage return alone, old Mac line endings: "
+                                              "convert them to newlines, e.g. tr '\\r' '\\n')")
+                                : std::string()));
+        fill();  // (what was parsed goes: pos_ is 0 after it)
+        from = searched;
+      }
+      if (end == std::string::npos) {
+        if (pos_ >= buffer_.size()) return false;
+        end = buffer_.size();
+      }
+      line = std::string_view(buffer_).substr(pos_, end - pos_);
       pos_ = end + 1;
       ++number_;
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
       if (!line.empty()) return true;
     }
-    return false;
   }
 
   /// "interactions: /data/ml-1m/ratings.dat:17: <what>".
@@ -105,10 +119,50 @@ class Rows {
   const fs::path& path() const { return path_; }
 
  private:
+  /// Drops what was parsed, and reads the next part of the file after what is left.
+  void fill() {
+    buffer_.erase(0, std::min(pos_, buffer_.size()));
+    pos_ = 0;
+    const size_t had = buffer_.size();
+    buffer_.resize(had + kChunk);
+    ssize_t got;
+    do {
+      got = ::read(fd_, buffer_.data() + had, kChunk);
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) {
+      const int error = errno;
+      buffer_.resize(had);
+      throw sdk::Error("interactions: reading " + path_.string() + " failed: " + std::strerror(error));
+    }
+    buffer_.resize(had + static_cast<size_t>(got));
+    read_ += got;
+    if (read_ > kMostBytes)  // (a file that grows while it is read)
+      throw sdk::Error("interactions: " + path_.string() + " holds more than " + std::to_string(kMostBytes) +
+                       " bytes, more than such a file has: it is damaged or another file");
+    if (got > 0) {
+      last_ = buffer_.back();
+      lines_ = lines_ || std::memchr(buffer_.data() + had, '\n', static_cast<size_t>(got)) != nullptr;
+      return;
+    }
+    ended_ = true;
+    ::close(fd_);
+    fd_ = -1;
+    // MovieLens's files end with a line ending: a last line without one may be a row cut short (a
+    // copy or a download interrupted), read as it stands; said, since it may not be. (A file of
+    // carriage returns alone is named as such where its header is read, without this.)
+    if (read_ > 0 && last_ != '\n' && !(last_ == '\r' && !lines_))
+      sdk::log::warn("interactions: ", path_.string(), " does not end with a line ending: its last line may be cut short ",
+                     "(an interrupted copy or download); it is read as it stands");
+  }
+
   fs::path path_;
-  std::string text_;
-  size_t pos_ = 0;
-  int64_t number_ = 0;
+  int fd_ = -1;
+  std::string buffer_;                  // (the part of the file not yet parsed, and the current line)
+  size_t pos_ = 0;                      // (where the next line starts in it)
+  bool ended_ = false, lines_ = false;  // (the end reached; a newline seen)
+  char last_ = 0;                       // (the last byte read)
+  int64_t read_ = 0;                    // (bytes read)
+  int64_t number_ = 0;                  // (the current line's number)
 };
 
 std::vector<std::string_view> split_on(std::string_view line, std::string_view sep) {
@@ -238,7 +292,7 @@ class Reader {
                          static_cast<int64_t>(std::distance(pairs.begin(), std::unique(pairs.begin(), pairs.end())));
     throw sdk::Error("interactions: " + file.string() + ": user " + data_.user_ids[*twice >> 32] + " rates item " +
                      data_.items[*twice & 0xffffffffu].id + " more than once (" + std::to_string(repeats) +
-                     " repeated ratings in all); MovieLens has one rating per user and item: the file is damaged or joined "
+                     (repeats == 1 ? " repeated rating" : " repeated ratings") + " in all); MovieLens has one rating per user and item: the file is damaged or joined "
                      "twice. Keep each user's last rating of an item");
   }
 
@@ -424,7 +478,7 @@ void Interactions::setup() {
       throw sdk::Error("interactions: " + root.string() + " holds no MovieLens ratings (u.data for ml-100k, ratings.dat "
                        "for ml-1m, ratings.csv for ml-latest); set data.root to the unpacked folder");
   } else if (const char* ratings = format == "ml-100k" ? "u.data" : format == "ml-1m" ? "ratings.dat" : "ratings.csv";
-             !fs::exists(fs::symlink_status(root / ratings, ec))) {  // (a file that is there but wrong: read_file says what)
+             !fs::exists(fs::symlink_status(root / ratings, ec))) {  // (a file that is there but wrong: Rows says what)
     throw sdk::Error("interactions: data.format = " + format + " reads " + (root / ratings).string() + ", which is not there; " +
                      "set data.format to the folder's format, or auto to find it");
   }

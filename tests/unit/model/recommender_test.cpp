@@ -161,6 +161,26 @@ TEST_F(RecommenderData, WhichInteractionsAreHeldOutDoesNotDependOnTheOrderOfTheL
   EXPECT_NE(std::get<2>(shuffled), fingerprint);  // (other held-out pairs, another fingerprint)
 }
 
+TEST_F(RecommenderData, AFileOfManyPartsIsReadWhole) {
+  // The file is read a megabyte at a time: rows across the parts' edges, each one counted once.
+  std::string movies, ratings;
+  for (int item = 1; item <= 500; ++item) movies += std::to_string(item) + "::Film " + std::to_string(item) + " (1995)::Drama\n";
+  int64_t rows = 0;
+  for (int user = 1; user <= 500; ++user)
+    for (int item = 1; item <= 500; item += 1 + user % 3, ++rows)
+      ratings += std::to_string(user) + "::" + std::to_string(item) + "::" + std::to_string(1 + (user + item) % 5) +
+                 "::" + std::to_string(978300000 + user * 1000 + item) + (item % 7 == 0 ? "\r\n" : "\n");
+  ASSERT_GT(ratings.size(), 3u << 20);
+  write(dir_ / "movies.dat", movies);
+  write(dir_ / "ratings.dat", ratings);
+  auto d = open({{"task", "rating"}});
+  EXPECT_EQ(d->size(Split::kTrain) + d->size(Split::kValidation) + d->size(Split::kTest), rows);
+  EXPECT_EQ(d->spec().attributes.at("users.count"), "500");
+  // The last row whole, without its line ending (said, and read as it stands).
+  write(dir_ / "ratings.dat", ratings + "500::500::5::979000500");
+  EXPECT_EQ(error_of([&] { open({{"task", "rating"}}); }), "(no error)");
+}
+
 TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
   // (a NUL in a title, a damaged file's, cut the title short; an escape character, or U+009B, garbled the terminal)
   write(dir_ / "movies.dat", "1::American President, The (1995)::Comedy|Drama|Romance\n2::Misérables, Les (1995)::Drama\n"
@@ -281,6 +301,14 @@ TEST_F(RecommenderData, SpecialFilesAndMissingFoldersAreNamedNotWaitedOn) {
   EXPECT_NE(message.find("ratings.csv is 1099511627776 bytes, more than such a file has (at most 8589934592): it is damaged "
                          "or another file; point data.root at a MovieLens folder as unpacked"),
             std::string::npos) << message;
+  // A file damaged past its first rows (a copy cut and filled with zeros): refused at the first
+  // bad line, read a part at a time (the whole file was read first: 3.5 GB of memory for 3 GiB).
+  fs::remove(dir_ / "ratings.csv");
+  write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,1\n");
+  fs::resize_file(dir_ / "ratings.csv", std::uintmax_t{1} << 30);
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("ratings.csv:3: a line of more than 64 MiB: the file is damaged or not MovieLens"), std::string::npos)
+      << message;
   // (the hint of that size, "the largest MovieLens file is under 1 GiB", was said for a FIFO too)
   EXPECT_EQ(message.find("1 GiB"), std::string::npos) << message;
   // A link to nothing where the ratings are: named as such ("holds no MovieLens ratings" before).
@@ -445,7 +473,7 @@ TEST_F(Gpt2RecommenderTest, AResumeRefusedAtItsFirstStepLeavesTheRunsRecordAsItW
   auto resume = movielens_config(ml, "renamed", "4");
   resume.set_assignment("trainer.resume=auto");
   resume.set_assignment("trainer.lr=0.02");
-  EXPECT_CONTAINS(error_of([&] { make_trainer(resume)->train(); }), "the weights were trained on other data: user ");
+  EXPECT_CONTAINS(error_of([&] { make_trainer(resume)->train(); }), "the weights were trained on other data: the user at index ");
   EXPECT_EQ(loom::core::read_file(run / "config.json"), record);
   EXPECT_FALSE(fs::exists(run / "config.until_step_2.json"));
   EXPECT_EQ(loom::core::CheckpointStore::list_run(run).size(), 1u);
@@ -454,7 +482,7 @@ TEST_F(Gpt2RecommenderTest, AResumeRefusedAtItsFirstStepLeavesTheRunsRecordAsItW
   auto elsewhere = movielens_config(ml, "from_renamed", "4");
   elsewhere.set_assignment("trainer.resume_from=" + (run / "checkpoints" / "step_00000002").string());
   auto trainer = make_trainer(elsewhere);
-  EXPECT_CONTAINS(error_of([&] { trainer->train(); }), "the weights were trained on other data: user ");
+  EXPECT_CONTAINS(error_of([&] { trainer->train(); }), "the weights were trained on other data: the user at index ");
   EXPECT_TRUE(trainer->discard_if_nothing_trained());
   trainer.reset();
   EXPECT_FALSE(fs::exists(dir_ / "from_renamed"));

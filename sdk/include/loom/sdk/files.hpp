@@ -45,14 +45,12 @@ inline std::string what_is_at(const std::filesystem::path& path) {
   }
 }
 
-/// The bytes of the regular file `path`, read whole, of at most `most` bytes: a data or
-/// configuration file a reader parses. Opened without blocking and checked on the open descriptor,
-/// so a FIFO or a device (even one put there after a check) is an error, never a wait; a larger
-/// file is refused unread; a failed open or read names its cause (EACCES is not "no such file").
-/// Each message starts with `prefix` ("gpt2 tokenizer: ") and ends with `fix` where one is given;
-/// `missing` says, for a file that is not there, what should be.
-inline std::string read_regular_file(const std::filesystem::path& path, int64_t most, const std::string& prefix,
-                                     const std::string& missing, const std::string& fix = "") {
+/// `path` opened as read_regular_file opens it, for a reader that reads it a part at a time (a
+/// large file parsed as it is read, whose first damaged line is found without reading the rest):
+/// the descriptor (close-on-exec; the caller closes it) of a regular file of at most `most` bytes
+/// now, or read_regular_file's error. `size`, where given, receives the size the file has now.
+inline int open_regular_file(const std::filesystem::path& path, int64_t most, const std::string& prefix,
+                             const std::string& missing, const std::string& fix = "", int64_t* size = nullptr) {
   const std::string then = fix.empty() ? std::string() : "; " + fix;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
@@ -71,10 +69,25 @@ inline std::string read_regular_file(const std::filesystem::path& path, int64_t 
     throw Error(prefix + path.string() + " is " + std::to_string(st.st_size) + " bytes, more than such a file has (at most " +
                 std::to_string(most) + "): it is damaged or another file" + then);
   }
+  if (size != nullptr) *size = static_cast<int64_t>(st.st_size);
+  return fd;
+}
+
+/// The bytes of the regular file `path`, read whole, of at most `most` bytes: a data or
+/// configuration file a reader parses. Opened without blocking and checked on the open descriptor,
+/// so a FIFO or a device (even one put there after a check) is an error, never a wait; a larger
+/// file is refused unread; a failed open or read names its cause (EACCES is not "no such file").
+/// Each message starts with `prefix` ("gpt2 tokenizer: ") and ends with `fix` where one is given;
+/// `missing` says, for a file that is not there, what should be.
+inline std::string read_regular_file(const std::filesystem::path& path, int64_t most, const std::string& prefix,
+                                     const std::string& missing, const std::string& fix = "") {
+  const std::string then = fix.empty() ? std::string() : "; " + fix;
+  int64_t size = 0;
+  const int fd = open_regular_file(path, most, prefix, missing, fix, &size);
   // Read to the end, not to st_size: a file whose size the kernel does not know (a /proc or sysfs
   // file says 0) or one that grows while read is read whole, and still held to `most`.
   // (room past st_size from the start: the read that finds the end needs no larger copy of the file)
-  std::string out(static_cast<size_t>(st.st_size) + 65536, '\0');
+  std::string out(static_cast<size_t>(size) + 65536, '\0');
   size_t done = 0;
   const size_t limit = static_cast<size_t>(most);
   for (;;) {
