@@ -539,6 +539,12 @@ int cmd_launch(const Invocation& invocation) {
             if (!interrupted) {
               signal_all(children, SIGTERM);
               stop_by = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(grace * 1000));
+            } else if (std::any_of(children.begin(), children.end(), [](const Child& o) { return o.running; })) {
+              // (no deadline here: rank 0 may be writing the stop's checkpoint, which is its alone;
+              // the others may wait for the failed one in a collective, up to parallel.timeout)
+              core::log::warn("launch: rank ", c.rank, " ", ended(status), " while the ranks stopped; the others "
+                              "finish their stop (rank 0 its checkpoint), or wait for it up to parallel.timeout: "
+                              "send the signal again to stop them at once");
             }
           }
         }

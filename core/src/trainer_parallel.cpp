@@ -314,21 +314,29 @@ void Trainer::check_replicas() {
   if (parallel_->world_size() <= 1) return;
   at::NoGradGuard no_grad;
   HostMemoryScope host;
-  std::vector<std::string> names;
-  std::vector<at::Tensor> mine, theirs;
-  for (const auto& [name, t] : model_tensors()) {
-    names.push_back(name);
-    mine.push_back(t.detach().to(at::kCPU));
-    theirs.push_back(mine.back().clone());
-  }
-  parallel_->broadcast(theirs);  // rank 0's
-  int64_t differ = 0;
+  // A group of tensors at a time, of 64 MiB or one tensor: two host copies of the whole model on
+  // each rank (eight ranks of a 1.5B model: 96 GB) could end a finished run out of host memory.
+  const sdk::TensorMap tensors = model_tensors();
+  int64_t differ = 0, groups = 0;
+  size_t compared = 0;
   std::string first;
-  for (size_t i = 0; i < mine.size(); ++i)
-    if (!at::equal(mine[i], theirs[i]) && differ++ == 0) first = names[i];
+  for (auto it = tensors.begin(); it != tensors.end(); ++groups) {
+    std::vector<std::string> names;
+    std::vector<at::Tensor> mine, theirs;
+    const auto fits = [&](int64_t bytes) { return mine.empty() || bytes + static_cast<int64_t>(it->second.nbytes()) <= (64 << 20); };
+    for (int64_t bytes = 0; it != tensors.end() && fits(bytes); ++it) {
+      bytes += static_cast<int64_t>(it->second.nbytes());
+      names.push_back(it->first);
+      mine.push_back(it->second.detach().to(at::kCPU));
+      theirs.push_back(mine.back().clone());
+    }
+    parallel_->broadcast(theirs);  // rank 0's (the same groups on every rank: the same model, agreed at the start)
+    for (size_t i = 0; i < mine.size(); ++i, ++compared)
+      if (!at::equal(mine[i], theirs[i]) && differ++ == 0) first = names[i];
+  }
   if (!any_rank(differ > 0)) {
-    log::info("parallel  weights identical on all ", parallel_->world_size(), " ranks at the end (", mine.size(),
-              " tensors compared with rank 0's)");
+    log::info("parallel  weights identical on all ", parallel_->world_size(), " ranks at the end (", compared,
+              " tensors compared with rank 0's", groups > 1 ? ", in " + std::to_string(groups) + " parts" : std::string(), ")");
     if (sync_ && sync_->steps() > 0)
       log::info("parallel  gradients in ", sync_->buckets(), " bucket", sync_->buckets() == 1 ? "" : "s", " of about ",
                 format_bytes(bucket_bytes_), "; ",

@@ -107,6 +107,18 @@ try:
         worst = max(worst, diff) if noise <= 1e-5 else worst
     print(f"ddp x 2 = single over 20 steps (weights within {worst:.1e} where single agrees with itself); ranks identical")
 
+    # 1-. A model of more than 64 MiB: the end's comparison with rank 0 takes a part of it at a
+    # time (two host copies of the whole model per rank could end a finished run out of memory),
+    # and compares every tensor.
+    r = launch("--nproc-per-node", "2", "--", "train", *BASE, "--set", f"trainer.work_dir={work}", *DDP,
+               "--set", "trainer.max_steps=1", "--set", "model.flavour=standard", "--set", "model.d_model=1024",
+               "--set", "model.num_layers=2", "--set", "trainer.callbacks=checkpoint", "--set", "trainer.name=ddp_large")
+    parts = re.search(r"weights identical on all 2 ranks at the end \((\d+) tensors compared with rank 0's, in (\d+) parts\)",
+                      r.stderr)
+    assert parts and int(parts.group(1)) == len(weights(os.path.join(work, "ddp_large"))) and int(parts.group(2)) >= 2, \
+        r.stderr[-2000:]
+    print(f"a model of more than 64 MiB: {parts.group(1)} tensors compared with rank 0's in {parts.group(2)} parts")
+
     # 1a. The gradients in many small buckets, reduced while backward runs, and in one reduction
     # after backward: the same run.
     r = launch("--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "parallel.bucket_mb=0.002",
