@@ -62,7 +62,8 @@ struct Child {
   bool running = true;
   int status = 0;
   bool killed_by_launcher = false;  // ended after the launcher's SIGKILL (past --grace)
-  int sent = 0;                     // the last signal the launcher sent it (its own or one passed on)
+  uint64_t sent = 0;                // each signal the launcher sent it (its own or one passed on), bit 1 << signal
+  bool sent_it(int signal) const { return signal > 0 && signal < 64 && (sent >> signal & 1) != 0; }
 };
 
 // Set before the first rank starts: what each child resets between fork and exec.
@@ -141,8 +142,8 @@ Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& en
     for (const auto& mine : env) replaced = replaced || mine.rfind(name + "=", 0) == 0;
     // (another launcher's variables, where loom launch runs under torchrun: TORCHELASTIC_USE_AGENT_STORE
     // would make every rank, rank 0 too, a client of a store nobody serves)
-    const bool other_launchers = name.rfind("TORCHELASTIC_", 0) == 0 || name.rfind("ROLE_", 0) == 0 ||
-                                 name == "GROUP_WORLD_SIZE" || name == "TORCHELASTIC_RUN_ID";
+    const bool other_launchers = name.rfind("TORCHELASTIC_", 0) == 0 || name == "ROLE_RANK" || name == "ROLE_NAME" ||
+                                 name == "ROLE_WORLD_SIZE" || name == "GROUP_WORLD_SIZE";
     if (!replaced && name != "RANK" && name != "LOCAL_RANK" && !other_launchers) environment.push_back(entry);
   }
   for (const auto& e : env) environment.push_back(e);
@@ -164,6 +165,9 @@ Child start(int64_t rank, int64_t local_rank, const std::vector<std::string>& en
     ::syscall(SYS_close_range, 3U, ~0U, 4U /* CLOSE_RANGE_CLOEXEC */);  // (what the launcher's libraries opened)
 #endif
     ::setpgid(0, 0);  // the terminal's Ctrl-C reaches the launcher, which passes it on
+    sigset_t none;  // (a mask the launcher was started with is not the ranks': they must hear their stops)
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     // The launcher's own dispositions are not the ranks': a rank stops on SIGPIPE, and on the
     // SIGHUP below, though the launcher ignores the one and was started under nohup.
     ::signal(SIGHUP, SIG_DFL);
@@ -219,7 +223,8 @@ bool is_error_line(const std::string& line) {
 /// A rank's error that only reports another rank's failure (the ddp strategy's collective that
 /// found a peer gone): the launcher names the rank that failed of itself, where one did.
 bool reports_a_peer(const Child& c) {
-  for (const char* echo : {" stopped or did not answer within ", " (its log says why)", " (its own error names every key)",
+  for (const char* echo : {" stopped or did not answer within ", " did not answer within ", " stopped (its connection closed)",
+                           " (its log says why)", " (its own error names every key)",
                            "another rank ran out of memory in this step"})
     if (c.error.find(echo) != std::string::npos) return true;
   return false;
@@ -242,7 +247,9 @@ size_t warnings_repeated = 0;
 
 void drain(Child& c, bool all) {
   char buffer[65536];
-  for (;;) {
+  // (all: what is there now, up to 1 MiB: a process the rank left behind that writes on for ever
+  // would keep the launcher here, away from the other ranks, signals and --grace)
+  for (size_t taken = 0;;) {
     const ssize_t n = ::read(c.out, buffer, sizeof buffer);
     if (n <= 0) {
       if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
@@ -277,7 +284,8 @@ void drain(Child& c, bool all) {
     }
     c.partial.erase(0, start);
     std::cerr.flush();
-    if (!all) return;
+    taken += static_cast<size_t>(n);
+    if (!all || taken >= (size_t{1} << 20)) return;
   }
 }
 
@@ -304,7 +312,7 @@ int signal_all(std::vector<Child>& children, int signal) {
       // (SIGKILL to its group too: what it started, which may hold its pipe, a device or a port)
       if (signal == SIGKILL) ::kill(-c.pid, SIGKILL);
       ::kill(c.pid, signal);
-      c.sent = signal;
+      c.sent |= uint64_t{1} << signal;
       ++sent;
     }
   return sent;
@@ -313,6 +321,14 @@ int signal_all(std::vector<Child>& children, int signal) {
 }  // namespace
 
 int cmd_launch(const Invocation& invocation) {
+  // (started with standard input, output or error closed: /dev/null there first, so that no pipe of
+  // the ranks' lands on 0 ... 2, and /dev/null is the ranks' input, not a descriptor of 0 left closed)
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF)
+      if (const int opened = ::open("/dev/null", O_RDWR); opened >= 0 && opened != fd) {
+        ::dup2(opened, fd);
+        ::close(opened);
+      }
   const auto& o = invocation.options;
   const int64_t nproc = o["nproc-per-node"].as<int64_t>();
   const int64_t nnodes = o["nnodes"].as<int64_t>();
@@ -459,6 +475,9 @@ int cmd_launch(const Invocation& invocation) {
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigfillset(&action.sa_mask);  // (a SIGTERM inside the SIGINT's handler: both counted)
+  // (a write to standard error that a signal interrupts is resumed: failed with EINTR, it set
+  // std::cerr's badbit and every rank's line after it was dropped; poll still returns at once)
+  action.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
   // A closed terminal hangs up the launcher's process group, not the ranks' (each has its own): the
@@ -531,7 +550,7 @@ int cmd_launch(const Invocation& invocation) {
             signal_all(children, WEXITSTATUS(status) - 128);
           }
           // (a rank ended by the signal the launcher passed on, a second Ctrl-C's, is the stop asked for)
-          const bool ended_as_asked = interrupted && WIFSIGNALED(status) && WTERMSIG(status) == interrupted;
+          const bool ended_as_asked = WIFSIGNALED(status) && c.sent_it(WTERMSIG(status));
           if (failed(status) && !stopped_by_signal(status) && !ended_as_asked && first_failure == nullptr) {
             // (during a stop the user asked for too: a rank killed or failing then left no stop
             // checkpoint, and the exit status of a clean stop would say there is one)
@@ -571,7 +590,7 @@ int cmd_launch(const Invocation& invocation) {
   // (one that exited with its own error, or that a signal not from the launcher ended: kill -9)
   const auto of_itself = [&](const Child& c) {
     if (!failed(c.status) || stopped_by_signal(c.status) || c.killed_by_launcher) return false;
-    if (WIFSIGNALED(c.status)) return WTERMSIG(c.status) != c.sent;  // (not the launcher's, nor one it passed on)
+    if (WIFSIGNALED(c.status)) return !c.sent_it(WTERMSIG(c.status));  // (not the launcher's, nor one it passed on)
     return !c.error.empty() && !reports_a_peer(c);
   };
   const Child* blamed = first_failure;
@@ -592,7 +611,8 @@ int cmd_launch(const Invocation& invocation) {
                      ". Its ", !blamed->error.empty() ? "error: " : "last line: ", line.empty() ? "(none)" : line);
     return 1;
   }
-  const bool all_done = std::none_of(children.begin(), children.end(), [](const Child& c) { return failed(c.status); });
+  const bool all_done = static_cast<int64_t>(children.size()) == nproc &&
+                        std::none_of(children.begin(), children.end(), [](const Child& c) { return failed(c.status); });
   if (interrupted && !passed_on && all_done) {  // (a scheduler's SIGTERM at the job's end: it had finished)
     core::log::info("launch: ", ::strsignal(interrupted), " came after every rank had finished; nothing was stopped");
     return 0;

@@ -45,10 +45,15 @@ std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::D
     if (const auto it = recorded.find(split); it != recorded.end() && *it != size && split != "held_out" && it->is_number_integer())
       out.push_back("the " + split + " split holds " + size.dump() + " samples (the checkpoint's run: " + it->dump() + ")");
   // (the same sizes, other samples: a model scored on what it trained on)
-  if (const auto it = recorded.find("held_out"); out.empty() && it != recorded.end() && sizes.contains("held_out") &&
-                                                 *it != sizes.at("held_out"))
+  if (!out.empty() || !sizes.contains("held_out")) return out;
+  if (const auto it = recorded.find("held_out"); it == recorded.end())
+    out.push_back("the checkpoint records no fingerprint of the samples its run held out (written before its dataset "
+                  "gave one: the interactions datasets' splits stopped following the order of the file's lines on "
+                  "2026-11-30), so its validation and test samples may be others than the run's, some of them trained on");
+  else if (!it->is_string() || *it != sizes.at("held_out"))
     out.push_back("its validation and test samples are others than the run's (the same counts; fingerprint " +
-                  sizes.at("held_out").get<std::string>() + ", the run's " + it->dump() + "), some of them trained on");
+                  sizes.at("held_out").get<std::string>() + ", the run's " + (it->is_string() ? it->get<std::string>() : it->dump()) +
+                  "), some of them trained on");
   return out;
 }
 

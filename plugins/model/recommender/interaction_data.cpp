@@ -163,9 +163,6 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
   std::iota(by_id.begin(), by_id.end(), 0);
   std::sort(by_id.begin(), by_id.end(), [&](int64_t a, int64_t b) { return data.user_ids[a] < data.user_ids[b]; });
   for (int64_t r = 0; r < users_before; ++r) id_rank[by_id[r]] = r;
-  const auto by_user_and_item = [&](size_t a, size_t b) {
-    return std::pair(id_rank[data.user[a]], data.item[a]) < std::pair(id_rank[data.user[b]], data.item[b]);
-  };
 
   // Split: 0 train, 1 validation, 2 test.
   std::vector<int8_t> split(n, 0);
@@ -180,8 +177,16 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
       split[list[list.size() - 2]] = 1;
     }
   } else {
-    std::vector<size_t> ordered = kept;
-    std::sort(ordered.begin(), ordered.end(), by_user_and_item);
+    // (by user id, then item: a bucket per user, each sorted; a sort of every interaction by the
+    // two, indirectly, took seconds on ml-32m's 32 million)
+    std::vector<size_t> ordered(kept.size()), start(static_cast<size_t>(users_before) + 1, 0);
+    for (size_t i : kept) ++start[static_cast<size_t>(id_rank[data.user[i]]) + 1];
+    std::partial_sum(start.begin(), start.end(), start.begin());
+    std::vector<size_t> next(start.begin(), start.end() - 1);
+    for (size_t i : kept) ordered[next[static_cast<size_t>(id_rank[data.user[i]])]++] = i;
+    for (size_t r = 0; r + 1 < start.size(); ++r)
+      std::sort(ordered.begin() + static_cast<std::ptrdiff_t>(start[r]), ordered.begin() + static_cast<std::ptrdiff_t>(start[r + 1]),
+                [&](size_t a, size_t b) { return data.item[a] < data.item[b]; });
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
     const at::Tensor perm = at::randperm(static_cast<int64_t>(kept.size()), gen, at::TensorOptions().dtype(at::kLong));
     const int64_t* p = perm.data_ptr<int64_t>();

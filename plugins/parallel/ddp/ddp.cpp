@@ -396,9 +396,18 @@ class Ddp final : public loom::sdk::ParallelStrategy {
   Error failed(const char* what, const std::exception& e) const {
     const std::string who = env_.world_size == 2 ? "rank " + std::to_string(1 - env_.rank)
                                                  : "another rank (the launcher's log names which)";
+    // (what the engine said tells the two apart: "the rank did not answer within 1800 s" for a
+    // peer whose connection had closed at once misled)
+    const std::string said = first_line(e.what());
+    const bool timed_out = said.find("imed out") != std::string::npos || said.find("imeout") != std::string::npos;
+    const bool closed = said.find("losed") != std::string::npos || said.find("reset by peer") != std::string::npos ||
+                        said.find("EOF") != std::string::npos;
     return Error("ddp: " + std::string(what) + " on rank " + std::to_string(env_.rank) + " of " +
-                 std::to_string(env_.world_size) + " failed: " + who + " stopped or did not answer within " + seconds() +
-                 " (" + first_line(e.what()) + ")");
+                 std::to_string(env_.world_size) + " failed: " + who +
+                 (timed_out ? " did not answer within " + seconds()
+                  : closed  ? std::string(" stopped (its connection closed)")
+                            : " stopped or did not answer within " + seconds()) +
+                 " (" + said + ")");
   }
 
   std::string seconds() const { return std::to_string(timeout_.count() / 1000) + " s (parallel.timeout)"; }

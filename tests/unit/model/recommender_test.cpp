@@ -28,6 +28,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <regex>
 #include <string>
 #include <sys/stat.h>
 #include <tuple>
@@ -171,14 +172,20 @@ TEST_F(RecommenderData, AFileOfManyPartsIsReadWhole) {
       ratings += std::to_string(user) + "::" + std::to_string(item) + "::" + std::to_string(1 + (user + item) % 5) +
                  "::" + std::to_string(978300000 + user * 1000 + item) + (item % 7 == 0 ? "\r\n" : "\n");
   ASSERT_GT(ratings.size(), 3u << 20);
+  // A byte-order mark first, and a row whose "\r\n" straddles the first part's end (its timestamp
+  // padded with zeros to put the '\r' on the part's last byte).
+  const std::string head = ratings.substr(0, ratings.rfind('\n', (1u << 20) - 64) + 1), tail = ratings.substr(head.size());
+  const std::string edge = "501::1::3::" + std::string((1u << 20) - 2 - head.size() - 14, '0') + "1\r\n";
+  ASSERT_EQ(3 + head.size() + edge.size() - 2, (1u << 20) - 1);  // (the '\r' on the part's last byte)
   write(dir_ / "movies.dat", movies);
-  write(dir_ / "ratings.dat", ratings);
-  auto d = open({{"task", "rating"}});
-  EXPECT_EQ(d->size(Split::kTrain) + d->size(Split::kValidation) + d->size(Split::kTest), rows);
-  EXPECT_EQ(d->spec().attributes.at("users.count"), "500");
-  // The last row whole, without its line ending (said, and read as it stands).
+  write(dir_ / "ratings.dat", "\xEF\xBB\xBF" + head + edge + tail);
+  auto d = open({{"task", "rating"}, {"min_interactions", "1"}, {"split", "random"}});
+  EXPECT_EQ(d->size(Split::kTrain) + d->size(Split::kValidation) + d->size(Split::kTest), rows + 1);
+  EXPECT_EQ(d->spec().attributes.at("users.count"), "501");
+  // The last row, without its line ending: read as it stands (and said).
   write(dir_ / "ratings.dat", ratings + "500::500::5::979000500");
-  EXPECT_EQ(error_of([&] { open({{"task", "rating"}}); }), "(no error)");
+  auto last = open({{"task", "rating"}, {"min_interactions", "1"}, {"split", "random"}});
+  EXPECT_EQ(last->size(Split::kTrain) + last->size(Split::kValidation) + last->size(Split::kTest), rows + 1);
 }
 
 TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
@@ -527,6 +534,20 @@ TEST_F(Gpt2RecommenderTest, EvaluatingOnOtherHeldOutInteractionsOfTheSameCountsI
   };
   const fs::path step = dir_ / "held" / "checkpoints" / "step_00000002";
   EXPECT_FALSE(evaluate(step));
+  {  // A checkpoint written before the fingerprint (splits then followed the lines' order): said.
+    const std::string state = loom::core::read_file(step / "state.json");
+    const std::string older = std::regex_replace(state, std::regex(R"(,\s*"held_out":\s*"[0-9a-f]{16}")"), "");
+    ASSERT_NE(older, state);
+    loom::core::Trainer t(loom::core::resolve_run(movielens_config(ml, "held_eval", "2"), loom::testing::registry()),
+                          loom::testing::registry());
+    t.setup_for_evaluation();
+    t.load_weights(step);
+    write(step / "state.json", older);  // (after the load: its checksum would call the checkpoint damaged)
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    t.warn_if_data_sizes_differ(step);
+    EXPECT_TRUE(capture.contains("the checkpoint records no fingerprint of the samples its run held out"));
+    write(step / "state.json", state);
+  }
   std::ifstream in(ml / "ratings.dat");
   std::string line, later;
   while (std::getline(in, line)) {  // (each user's first rating becomes its last)
