@@ -165,7 +165,10 @@ void DataLoader::schedule() {
   bool added = false;
   while (next_sequence_ - next_to_hand_ < depth) {
     const int64_t need = options_.drop_last ? options_.micro_batch : 1;
-    if (planned_.offset + need > spe) planned_ = {planned_.epoch + 1, 0};
+    if (planned_.offset + need > spe) {
+      if (options_.one_epoch) break;
+      planned_ = {planned_.epoch + 1, 0};
+    }
     lock.unlock();
     const std::vector<int64_t>& ord = order(planned_.epoch);
     const int64_t end = std::min(spe, planned_.offset + options_.micro_batch);
@@ -205,9 +208,14 @@ sdk::Batch DataLoader::fetch(const Job& job) {
   const auto rows = static_cast<int64_t>(job.indices.size());
   const std::string who = options_.name.empty() ? "the dataset" : "dataset '" + options_.name + "'";
   // A dataset's error names it and the call, unless its message does (a built-in's "fashion_mnist: ...").
+  // (and which samples: the first few of the batch's indices, to find a bad one by)
   const auto named = [&](const std::string& message) {
-    if (!options_.name.empty() && message.rfind(options_.name, 0) == 0) return Error(message);
-    return Error(who + " (get_batch of " + std::to_string(rows) + " " + sdk::split_name(split_) + " samples): " + message);
+    std::string samples;
+    for (size_t i = 0; i < job.indices.size() && i < 4; ++i) samples += (i ? ", " : "") + std::to_string(job.indices[i]);
+    if (job.indices.size() > 4) samples += ", ...";
+    const std::string which = " (get_batch of " + std::to_string(rows) + " " + sdk::split_name(split_) + " samples: " + samples + ")";
+    if (!options_.name.empty() && message.rfind(options_.name + ":", 0) == 0) return Error(message + which);
+    return Error(who + which + ": " + message);
   };
   auto fill = [&](sdk::Batch& into) {
     try {
@@ -228,6 +236,8 @@ sdk::Batch DataLoader::fetch(const Job& job) {
       throw named(explained(e));
     } catch (const std::exception& e) {
       throw named(e.what());
+    } catch (...) {  // (not a std::exception: it passed unnamed, and a prefetch on CUDA lost its batch)
+      throw named("an exception that is no std::exception");
     }
     // Every tensor's first dimension is the batch's (the Dataset contract): a short or empty batch
     // would train and evaluate on fewer samples than the counts say, in silence.
@@ -307,11 +317,18 @@ std::pair<sdk::Batch, DataLoader::Position> DataLoader::take() {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const uint64_t want = next_to_hand_;
+    if (want >= next_sequence_)  // (one_epoch, at its end: no batch is planned, none would come)
+      throw Error("loader: a batch asked for past the end of the " + std::string(sdk::split_name(split_)) + " split's pass");
     if (threads_.empty()) {
       Job job = std::move(jobs_.front());
       jobs_.pop_front();
       lock.unlock();
-      batch = fetch(job);  // an exception propagates as is
+      try {
+        batch = fetch(job);
+      } catch (...) {
+        restart();  // the batch is not consumed: a retry fetches it again (the job was taken off the queue)
+        throw;
+      }
       lock.lock();
     } else {
       result_ready_.wait(lock, [&] { return results_.count(want) || errors_.count(want); });
@@ -348,6 +365,11 @@ DataLoader::Staged DataLoader::stage(std::pair<sdk::Batch, Position> taken) {
   return staged;
 }
 
+bool DataLoader::planned_none() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_to_hand_ >= next_sequence_;
+}
+
 sdk::Batch DataLoader::next() {
   if (!options_.device.is_cuda()) {
     auto [batch, after] = take();
@@ -365,6 +387,7 @@ sdk::Batch DataLoader::next() {
   // The following batch: its copy runs while the caller computes on this one. A failure to get
   // it is not this batch's: the next call fetches it again and reports it then.
   try {
+    if (options_.one_epoch && planned_none()) return std::move(current.batch);  // (the pass's last)
     staged_ = stage(take());
   } catch (const std::exception& e) {
     log::debug("loader: prefetching the next batch failed (asked again at the next batch): ", e.what());

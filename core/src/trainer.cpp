@@ -537,6 +537,7 @@ void Trainer::build_loaders(bool training) {
   DataLoader::Options eval = train;
   eval.shuffle = false;
   eval.drop_last = false;
+  eval.one_epoch = true;
   eval.workers = std::min<int64_t>(train.workers, 1);
   const bool asks_validation = dataset_.implements(1);  // Dataset 1.1: Split::kValidation
   const int64_t native = asks_validation ? dataset_->size(sdk::Split::kValidation) : 0;

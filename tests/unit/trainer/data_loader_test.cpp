@@ -11,8 +11,12 @@
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <regex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 using namespace loom::core;
 
@@ -206,12 +210,50 @@ TEST(DataLoader, ADatasetsErrorNamesTheDatasetAndTheCall) {
     auto o = options(8, workers);
     o.name = "my_data";
     DataLoader l(std::make_shared<OutOfRange>(), loom::sdk::Split::kTrain, o);
-    try {
-      l.next();
-      ADD_FAILURE() << "a batch was taken";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("dataset 'my_data' (get_batch of 8 train samples): vector::_M_range_check"),
-                std::string::npos) << e.what();
+    // (and which samples, to find a bad one by; asked again, the same error: with no worker the
+    // failed batch's job was gone, and the next call read an empty queue)
+    for (int again = 0; again < 2; ++again) {
+      try {
+        l.next();
+        ADD_FAILURE() << "a batch was taken";
+      } catch (const std::exception& e) {
+        EXPECT_TRUE(std::regex_search(std::string(e.what()), std::regex(R"(^dataset 'my_data' \(get_batch of 8 train )"
+                                                                         R"(samples: \d+, \d+, \d+, \d+, \.\.\.\): )"
+                                                                         R"(vector::_M_range_check$)")))
+            << e.what();
+      }
+    }
+  }
+}
+
+/// Numbers that count the samples asked for.
+class Counted final : public loom::sdk::Dataset {
+ public:
+  void setup() override {}
+  loom::sdk::DataSpec spec() const override { return {}; }
+  int64_t size(loom::sdk::Split) const override { return 50; }
+  loom::sdk::Batch get_batch(loom::sdk::Split, const std::vector<int64_t>& indices) const override {
+    asked += static_cast<int64_t>(indices.size());
+    return {{"x", at::tensor(indices, at::TensorOptions().dtype(at::kLong))}};
+  }
+  mutable std::atomic<int64_t> asked{0};
+};
+
+TEST(DataLoader, AnEvaluationPassFetchesNothingPastItsEnd) {
+  // An evaluation's loader fetched the next pass's first batches after each pass (and, on CUDA,
+  // held one on the device until the next evaluation).
+  for (const int64_t workers : {0, 1, 3}) {
+    auto data = std::make_shared<Counted>();
+    auto o = options(8, workers);
+    o.shuffle = false, o.drop_last = false, o.one_epoch = true;
+    DataLoader l(data, loom::sdk::Split::kTest, o);
+    for (int pass = 1; pass <= 2; ++pass) {
+      l.seek({0, 0});
+      std::vector<int64_t> seen = take(l, static_cast<int>(l.batches_per_epoch()));  // 7 batches: 6 of 8, 1 of 2
+      EXPECT_EQ(seen.size(), 50u);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // (what a worker would prefetch, it has)
+      EXPECT_EQ(data->asked.load(), 50 * pass) << workers << " workers";
+      EXPECT_THROW(l.next(), std::exception);  // (past the end: an error, not a wait for ever)
     }
   }
 }

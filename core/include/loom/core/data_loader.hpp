@@ -54,6 +54,10 @@ class DataLoader {
     int64_t micro_batch = 32;
     bool shuffle = true;
     bool drop_last = true;   ///< drop the last incomplete batch of an epoch (training)
+    /// Nothing is fetched past an epoch's end (evaluation: the loader idles between passes, where
+    /// it fetched the next epoch's first batches, and on CUDA held one on the device, until the
+    /// next evaluation); a next() past the end is an error.
+    bool one_epoch = false;
     uint64_t seed = 0;
     int64_t rank = 0;
     int64_t world_size = 1;
@@ -116,6 +120,7 @@ class DataLoader {
   const std::vector<int64_t>& order(int64_t epoch);  // this rank's indices of an epoch
   void restart();       // drop queued work, plan from position_
   void schedule();      // queue jobs up to the prefetch depth
+  bool planned_none() const;  // no batch is planned after those handed out (one_epoch: the pass ended)
   void worker_loop();
   sdk::Batch fetch(const Job& job);
   /// Whether nobody but the buffer holds its tensors (then they may be written again).
