@@ -75,8 +75,9 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
     buffers_.resize(static_cast<size_t>(depth + options_.workers + 3));
   }
   try {
+    threads_.reserve(static_cast<size_t>(options_.workers));  // (a bad_alloc between starts: threads destroyed running)
     for (int64_t i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
-  } catch (const std::system_error& e) {
+  } catch (const std::exception& e) {
     // The threads that did start are stopped and joined: a constructor that throws runs no
     // destructor, and a joinable thread destroyed would end the process.
     {
