@@ -245,6 +245,17 @@ std::string warning_text(const std::string& line) {
 std::map<std::string, int64_t> warnings_shown;  // text -> the rank that showed it (its own repeats are shown)
 size_t warnings_repeated = 0;
 
+/// A child's pipe closed: its line not yet ended is its last.
+void close_pipe(Child& c) {
+  if (!c.partial.empty()) {
+    std::cerr << c.partial << "\n";
+    c.last = c.partial;
+    c.partial.clear();
+  }
+  ::close(c.out);
+  c.out = -1;
+}
+
 void drain(Child& c, bool all) {
   char buffer[65536];
   // (all: what is there now, up to 1 MiB: a process the rank left behind that writes on for ever
@@ -252,15 +263,7 @@ void drain(Child& c, bool all) {
   for (size_t taken = 0;;) {
     const ssize_t n = ::read(c.out, buffer, sizeof buffer);
     if (n <= 0) {
-      if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        if (!c.partial.empty()) {
-          std::cerr << c.partial << "\n";
-          c.last = c.partial;
-          c.partial.clear();
-        }
-        ::close(c.out);
-        c.out = -1;
-      }
+      if (n == 0 || (errno != EINTR && errno != EAGAIN)) close_pipe(c);
       return;
     }
     c.partial.append(buffer, static_cast<size_t>(n));
@@ -294,14 +297,7 @@ void drain(Child& c, bool all) {
 void drain_and_close(Child& c) {
   if (c.out < 0) return;
   drain(c, true);
-  if (c.out < 0) return;
-  if (!c.partial.empty()) {
-    std::cerr << c.partial << "\n";
-    c.last = c.partial;
-    c.partial.clear();
-  }
-  ::close(c.out);
-  c.out = -1;
+  if (c.out >= 0) close_pipe(c);
 }
 
 /// `signal` to every rank still running; how many.
