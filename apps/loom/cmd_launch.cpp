@@ -476,6 +476,12 @@ int cmd_launch(const Invocation& invocation) {
   action.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
+  {  // (started with them blocked, a parent's mask: Ctrl-C and SIGTERM were held for good, probe M)
+    sigset_t stops;
+    sigemptyset(&stops);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) sigaddset(&stops, sig);
+    ::pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
+  }
   // A closed terminal hangs up the launcher's process group, not the ranks' (each has its own): the
   // launcher passes it on, as Ctrl-C. Ignored on entry (nohup), it stays ignored.
   if (struct sigaction inherited {}; ::sigaction(SIGHUP, nullptr, &inherited) == 0 && inherited.sa_handler != SIG_IGN)

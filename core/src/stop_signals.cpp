@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <signal.h>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -132,6 +133,12 @@ void install_stop_signals(OnStop on_stop) {
   action.sa_flags = SA_RESTART;
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  // Started with them blocked (a parent's mask survives exec), no stop signal would ever arrive:
+  // Ctrl-C and a scheduler's SIGTERM were held for good (probe M).
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&stops, sig);
+  pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
   for (const int sig : {SIGHUP, SIGPIPE}) {
     struct sigaction inherited {};
     if (sigaction(sig, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN) continue;  // nohup, systemd

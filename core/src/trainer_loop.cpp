@@ -94,7 +94,7 @@ TrainSummary Trainer::train() {
     // A callback's stop on one rank during the step is every rank's before the evaluation's decision.
     if (another_rank_stopped_ && stop_reason_.empty()) stop_reason_ = "another rank's callback stopped the run";
     const bool log_now = step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty();
-    if (log_now) {
+    const auto log_window = [&] {
       flush_window();
       // A stop logs a step that was not a log step: its rate is still on the device (one read).
       if (!r.read && lr_on_device_.defined()) r.lr = lr_on_device_.item<double>();
@@ -115,6 +115,9 @@ TrainSummary Trainer::train() {
       add_model_flops(values, flops_per_term_, devices_in_world(), peak_.tflops);  // Note [Model FLOPs in the log]
       finish_metrics(values, "train/");
       notify("on_log", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_log(run, step_, values); });
+    };
+    if (log_now) {
+      log_window();
       // (and one that on_log asked for: agreed again, on log steps only, which every rank shares)
       if (parallel_->world_size() > 1 && any_rank(!stop_reason_.empty()) && stop_reason_.empty())
         stop_reason_ = "another rank's callback stopped the run";
@@ -136,6 +139,10 @@ TrainSummary Trainer::train() {
       if (late != 0 && stop_reason_.empty()) stop_reason_ = signal_name(late) + " received";
       if (another_rank_stopped_ && stop_reason_.empty()) stop_reason_ = "another rank's callback stopped the run";
     }
+    // A stop asked for after the step's log decision (a callback's in on_step_end, a signal during
+    // the evaluation that ranks agree on here): the steps since the last log step are logged too
+    // (the run's last row was that log step's; the steps after it trained and were never reported).
+    if (!stop_reason_.empty() && !log_now) log_window();
   }
   // The test split, once, at the end (when validation chose the best checkpoint); also after a
   // resume at the last step whose cut validation just ran (the stop had skipped both).

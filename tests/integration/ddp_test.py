@@ -426,6 +426,16 @@ try:
         assert "validation step 3: " in r.stderr and "stopped   early at step 3 of 100000" in r.stderr, r.stderr[-2500:]
         assert os.path.isdir(os.path.join(work, name, "checkpoints", "step_00000003")), r.stderr[-2500:]
         print(f"a callback stopping rank 0 alone in {hook} of step 3: both ranks stopped after it, evaluated together")
+    # ... in on_step_end of a step that is no log step (every 10th here): the steps since the last
+    # log step are logged (the run's metrics ended at the log step before, steps 1 ... 3 unreported).
+    r = launch("--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=one_rank_stops_late", "--plugin-dir", record,
+               "--set", "trainer.callbacks=record, checkpoint, jsonl", "--set", "callback.record.stop_main_at=3",
+               "--set", "callback.record.stop_main_in=on_step_end", "--set", "trainer.eval_every=1000",
+               "--set", "trainer.log_every=10", timeout=300, check=False)
+    logged = sorted(losses(os.path.join(work, "one_rank_stops_late")))
+    assert r.returncode == 0 and logged == [3], (r.returncode, logged, r.stderr[-2500:])
+    assert os.path.isdir(os.path.join(work, "one_rank_stops_late", "checkpoints", "step_00000003")), r.stderr[-2500:]
+    print("a callback stopping rank 0 alone in on_step_end of step 3 (log every 10): step 3 logged, its checkpoint written")
     # A rank that fails of itself (rank 1's callback throws): rank 0 exits first, its collective
     # finding rank 1 gone, and the launcher names rank 1 and its error, not rank 0's report of it.
     r = launch("--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=rank1_fails", "--plugin-dir", record,

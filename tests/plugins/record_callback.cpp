@@ -13,7 +13,7 @@ class RecordCallback final : public loom::sdk::Callback {
       loom::sdk::option_int("stop_at", "0", "ask to stop in on_step_end of this step (0: never)"),
       loom::sdk::option_string("fail_in", "", "throw in this hook (e.g. on_log)"),
       loom::sdk::option_int("stop_main_at", "0", "on the main rank only, ask to stop in this step (0: never)"),
-      loom::sdk::option_enum("stop_main_in", "on_step_begin", "on_step_begin|on_log", "the hook stop_main_at stops in"),
+      loom::sdk::option_enum("stop_main_in", "on_step_begin", "on_step_begin|on_log|on_step_end", "the hook stop_main_at stops in"),
       loom::sdk::option_int("fail_other_at", "0", "on ranks but the main one, throw in on_step_begin of this step (0: never)"),
       loom::sdk::option_string("save_in", "", "call save_checkpoint() in this hook (e.g. on_checkpoint_saved)"),
   };
@@ -54,6 +54,7 @@ class RecordCallback final : public loom::sdk::Callback {
     ++steps_;
     loss_sum_ += r.loss;
     if (stop_at_ > 0 && r.step == stop_at_) run.request_stop("record asked to stop at step " + std::to_string(r.step));
+    stop_main(run, "on_step_end", r.step);
   }
   void on_checkpoint_saved(loom::sdk::RunContext& run, const std::filesystem::path&) override {
     hook("on_checkpoint_saved", run.step());
