@@ -153,16 +153,22 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
   for (size_t i = 0; i < n; ++i)
     if (new_index[data.user[i]] >= 0) kept.push_back(i);
   // Note [A split the file's order does not choose]: which interactions are held out depends on
-  // the data, never on the order of the file's lines: a user's interactions of one second (MovieLens
-  // has many) are ordered by item, and the random split permutes them ordered by user and item (a
+  // the data, never on the order of the files' lines: a user's interactions of one second (MovieLens
+  // has many) are ordered by item id, and the random split permutes them ordered by user and item id (a
   // user who sorted the ratings file got another test set, and `loom eval` of a run scored items
   // the model had trained on; probe L). The held-out pairs' fingerprint (splits.fingerprint) goes
   // into each checkpoint, and evaluating on other held-out interactions is said.
-  // (users by their ids: their indices follow the order in which the file names them)
-  std::vector<int64_t> by_id(static_cast<size_t>(users_before)), id_rank(static_cast<size_t>(users_before));
-  std::iota(by_id.begin(), by_id.end(), 0);
-  std::sort(by_id.begin(), by_id.end(), [&](int64_t a, int64_t b) { return data.user_ids[a] < data.user_ids[b]; });
-  for (int64_t r = 0; r < users_before; ++r) id_rank[by_id[r]] = r;
+  // (users and items by their ids: their indices follow the order in which the files name them)
+  const auto rank_by_id = [](const auto& count, const auto& id_of) {
+    std::vector<int64_t> by_id(static_cast<size_t>(count)), rank(static_cast<size_t>(count));
+    std::iota(by_id.begin(), by_id.end(), 0);
+    std::sort(by_id.begin(), by_id.end(), [&](int64_t a, int64_t b) { return id_of(a) < id_of(b); });
+    for (size_t r = 0; r < by_id.size(); ++r) rank[static_cast<size_t>(by_id[r])] = static_cast<int64_t>(r);
+    return rank;
+  };
+  const std::vector<int64_t> id_rank = rank_by_id(users_before, [&](int64_t u) -> const std::string& { return data.user_ids[u]; });
+  const std::vector<int64_t> item_rank =
+      rank_by_id(static_cast<int64_t>(data.items.size()), [&](int64_t i) -> const std::string& { return data.items[i].id; });
 
   // Split: 0 train, 1 validation, 2 test.
   std::vector<int8_t> split(n, 0);
@@ -171,7 +177,7 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
     for (size_t i : kept) by_user[new_index[data.user[i]]].push_back(i);
     for (auto& list : by_user) {
       std::sort(list.begin(), list.end(), [&](size_t a, size_t b) {
-        return std::pair(data.time[a], data.item[a]) < std::pair(data.time[b], data.item[b]);
+        return std::pair(data.time[a], item_rank[data.item[a]]) < std::pair(data.time[b], item_rank[data.item[b]]);
       });
       split[list[list.size() - 1]] = 2;
       split[list[list.size() - 2]] = 1;
@@ -186,7 +192,7 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
     for (size_t i : kept) ordered[next[static_cast<size_t>(id_rank[data.user[i]])]++] = i;
     for (size_t r = 0; r + 1 < start.size(); ++r)
       std::sort(ordered.begin() + static_cast<std::ptrdiff_t>(start[r]), ordered.begin() + static_cast<std::ptrdiff_t>(start[r + 1]),
-                [&](size_t a, size_t b) { return data.item[a] < data.item[b]; });
+                [&](size_t a, size_t b) { return item_rank[data.item[a]] < item_rank[data.item[b]]; });
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
     const at::Tensor perm = at::randperm(static_cast<int64_t>(kept.size()), gen, at::TensorOptions().dtype(at::kLong));
     const int64_t* p = perm.data_ptr<int64_t>();

@@ -160,6 +160,11 @@ TEST_F(RecommenderData, WhichInteractionsAreHeldOutDoesNotDependOnTheOrderOfTheL
   EXPECT_EQ(held_out(users_kept, random), shuffled);
   EXPECT_EQ(held_out(reversed, random), shuffled);
   EXPECT_NE(std::get<2>(shuffled), fingerprint);  // (other held-out pairs, another fingerprint)
+  // The catalogue in another order (the items' indices follow it; ties went by index): the same.
+  write(dir_ / "u.item", ml100k_item(5, "E (1995)", {0}) + ml100k_item(3, "C (1995)", {0}) + ml100k_item(4, "D (1995)", {0}) +
+                             ml100k_item(1, "A (1995)", {0}) + ml100k_item(2, "B (1995)", {0}));
+  EXPECT_EQ(held_out(lines, {}), std::tuple(test, validation, fingerprint));
+  EXPECT_EQ(held_out(reversed, random), shuffled);
 }
 
 TEST_F(RecommenderData, AFileOfManyPartsIsReadWhole) {
