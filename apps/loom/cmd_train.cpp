@@ -518,9 +518,14 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
 void load_weights(core::Trainer& trainer, const fs::path& checkpoint, const std::vector<std::string>& changed) {
   try {
     trainer.load_weights(checkpoint);
-    // (the data's files changed in place; where its settings changed, said above, the sizes follow them)
-    if (std::none_of(changed.begin(), changed.end(), [](const std::string& c) { return c.rfind("data.", 0) == 0; }))
-      trainer.warn_if_data_sizes_differ(checkpoint);
+    // (the data's files changed in place, or a copy elsewhere is not what it was: data.root pointed at a
+    // copy whose held-out interactions are others was said to differ only by its folder; where other
+    // settings of the data changed, said above, the sizes follow them)
+    const auto setting = [](const std::string& c) {
+      const std::string key = c.substr(0, c.find(' '));
+      return key.rfind("data.", 0) == 0 && !key.ends_with(".root") && !key.ends_with(".path");
+    };
+    if (std::none_of(changed.begin(), changed.end(), setting)) trainer.warn_if_data_sizes_differ(checkpoint);
   } catch (const Error& e) {
     if (changed.empty()) throw;
     throw Error(std::string(e.what()) + ". This command changes the configuration the checkpoint was trained with: " +

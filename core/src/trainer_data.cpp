@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
@@ -84,8 +86,13 @@ std::vector<std::string> Trainer::changed_data(const std::string& state_json) co
                     (held_out_ > 0 ? std::string(" and picks those held out for validation, which may now include ") +
                                          "samples the model trained on)"
                                    : std::string(")")));
-    if (out.empty())  // (the data's files changed, its settings not; where those changed, the sizes follow them)
-      out = sizes_differ(saved.value("sizes", json()), dataset_, data_spec_);
+    // (the data's files changed, its settings not, or only where they are: a copy is compared too;
+    // where other settings changed, the sizes follow them)
+    if (std::all_of(out.begin(), out.end(), [](const std::string& c) {
+          const std::string key = c.substr(0, c.find(' '));
+          return key.ends_with(".root") || key.ends_with(".path");
+        }))
+      for (std::string& differ : sizes_differ(saved.value("sizes", json()), dataset_, data_spec_)) out.push_back(std::move(differ));
   } catch (const json::exception&) {
   }  // an older or damaged state.json: parse_state_json judges it
   return out;
