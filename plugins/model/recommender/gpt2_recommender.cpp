@@ -20,7 +20,9 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/sort.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/log2.h>
 #include <ATen/ops/randint.h>
@@ -411,6 +413,15 @@ class Gpt2Recommender final : public sdk::Model {
       if (differs.numel() > 0) {
         const int64_t i = differs[0][0].item<int64_t>();
         const int64_t count = differs.size(0);
+        // (the same ids in another order: the ratings' lines reordered; the indices follow the order
+        // in which the file first names each, so the weights' rows are others'; probe M)
+        if (saved.numel() == data.numel() && at::equal(std::get<0>(saved.cpu().sort()), std::get<0>(data.sort())))
+          throw Error(std::string("gpt2_recommender: the data names the run's ") + what + "s in another order (" +
+                      std::to_string(count) + " of " + std::to_string(data.numel()) + " at other indices: the " + what +
+                      " at index " + std::to_string(i) + " is id " + std::to_string(saved.cpu()[i].item<int64_t>()) +
+                      " in the checkpoint, " + std::to_string(data[i].item<int64_t>()) + " in the data). A " + what +
+                      "'s index is the order in which the data's files first name it, and each index has its weights: "
+                      "give the files in the run's order (a sorted or shuffled copy reorders them)");
         throw Error(std::string("gpt2_recommender: the weights were trained on other data: the ") + what + " at index " +
                     std::to_string(i) + " is id " + std::to_string(saved.cpu()[i].item<int64_t>()) + " in the checkpoint, " +
                     std::to_string(data[i].item<int64_t>()) + " in the data (" + std::to_string(count) + " " + what +

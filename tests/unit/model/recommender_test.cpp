@@ -814,6 +814,12 @@ TEST_F(Gpt2RecommenderTest, WeightsOfOtherDataAreRefusedByTheirIds) {
   buffers["user_ids"][3].fill_(999);  // as a checkpoint of other data would load it
   const std::string message = error_of([&] { t->train_step(); });
   EXPECT_NE(message.find("trained on other data: the user at index 3 is id 999 in the checkpoint, 4 in the data (1 user differs)"), std::string::npos) << message;
+  // The same ids in another order (a sorted or shuffled copy of the ratings): said as such, not as other data.
+  buffers["user_ids"][3].fill_(5);
+  buffers["user_ids"][4].fill_(4);
+  const std::string reordered = error_of([&] { t->train_step(); });
+  EXPECT_NE(reordered.find("the data names the run's users in another order (2 of 40 at other indices: the user at index 3 is "
+                           "id 5 in the checkpoint, 4 in the data)"), std::string::npos) << reordered;
 }
 
 TEST_F(Gpt2RecommenderTest, RmseIsTheRootOfTheMeanSquaredError) {
