@@ -129,7 +129,7 @@ int cmd_profile(const Invocation& invocation) {
     samples += trainer.step_with_recovery().samples;
   }
   stop_if_signalled("loom profile");  // (in the last step: no trace, as the message said)
-  const core::ProfileReport report = profiler.stop(trace);
+  const core::ProfileReport report = profiler.stop(trace, /*next_free=*/!invocation.options.count("trace"));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s", core::format_profile(report, static_cast<size_t>(top), steps).c_str());
   std::printf("\n%lld step%s, %.0f samples/s under the profiler (it slows operators down: time a run with `loom train` "
@@ -146,7 +146,7 @@ int cmd_profile(const Invocation& invocation) {
     core::log::error(report.trace_error);
     return 1;
   }
-  std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", fs::absolute(trace).string().c_str());
+  std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", fs::absolute(report.trace).string().c_str());
   return 0;
 }
 

@@ -112,7 +112,7 @@ Profiler::~Profiler() {
   }
 }
 
-ProfileReport Profiler::stop(const std::filesystem::path& trace) {
+ProfileReport Profiler::stop(const std::filesystem::path& given, bool next_free) {
   if (!running_) throw Error("the profiler was already stopped");
   running_ = false;
 #if LOOM_TORCH_CUDA
@@ -123,12 +123,19 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
   // The profiler writes <path>.tmp and renames it: given the trace's own path, it replaced a file
   // of the user's of that name. It writes under a name of this process's, renamed to the trace.
   namespace fs = std::filesystem;
+  fs::path trace = given;
   const fs::path own = trace.string() + ".loom-" + std::to_string(::getpid()) + ".json";
   result->save(own.string());
   std::error_code ec;
-  // (link, then unlink: a trace made at that path since the command checked it is not replaced)
-  const bool placed = fs::is_regular_file(own, ec) && ::link(own.c_str(), trace.c_str()) == 0;
-  const int error = placed ? 0 : errno;
+  // (link, then unlink: a trace made at that path since the command checked it is not replaced;
+  // a name Loom chose moves on to the next free one: two profiles started in one second)
+  bool placed = fs::is_regular_file(own, ec) && ::link(own.c_str(), trace.c_str()) == 0;
+  int error = placed ? 0 : errno;
+  for (int n = 2; !placed && error == EEXIST && next_free && n < 1000; ++n) {
+    trace = given.parent_path() / (given.stem().string() + "-" + std::to_string(n) + given.extension().string());
+    placed = ::link(own.c_str(), trace.c_str()) == 0;
+    error = placed ? 0 : errno;
+  }
   if (placed) fs::remove(own, ec);
   std::string trace_error;
   if (!placed) {
@@ -158,6 +165,7 @@ ProfileReport Profiler::stop(const std::filesystem::path& trace) {
   ProfileReport report;
   report.memory = options_.memory;
   report.trace_error = trace_error;
+  report.trace = trace;
   std::map<std::string, ProfileRow> syncs;
   for (const auto& e : result->events()) {
     if (is_memory(e.name())) {  // on the thread that allocated, whatever the device: nests like an operator

@@ -134,6 +134,16 @@ r = loom(exe, "profile", *RUN, "--steps", "1", "--warmup", "0", cwd=here)
 new = sorted(set(os.listdir(here)) - made)
 expect(len(new) == 1 and new[0].endswith("-2.json") and new[0][:-len("-2.json")] + ".json" in made
        and all(open(os.path.join(here, n)).read() == "earlier" for n in made), f"the default trace name is the next free one: {new}", r)
+# Two profiles started together in one folder (the same second: the same name chosen at the
+# start): the second's trace took the next free name at its end (it was deleted, "a file of that
+# name appeared while it ran").
+together = os.path.join(work, "together")
+os.makedirs(together)
+runs = [subprocess.Popen([exe, "profile", *RUN, "--steps", "2", "--warmup", "0"], cwd=together, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True) for _ in range(2)]
+outs = [p.communicate(timeout=300) for p in runs]
+expect(all(p.returncode == 0 for p in runs) and len([f for f in os.listdir(together) if f.endswith(".json")]) == 2,
+       f"two profiles at once: both traces written: {os.listdir(together)} {[o[1][-500:] for o in outs]}")
 r = loom(exe, "profile", *RUN, "--trace", here, check=False)
 expect(r.returncode != 0 and f"--trace {here} is a folder; give the trace's file name" in r.stderr, "a folder as --trace is named so", r)
 r = loom(exe, "profile", *RUN, "--trace", "-", check=False, cwd=here)

@@ -54,6 +54,7 @@ struct ProfileReport {
   /// Why the trace could not be written, where it could not (Profiler::stop does not throw for
   /// it): the tables above stand (they were lost with it).
   std::string trace_error;
+  std::filesystem::path trace;  ///< where the trace was written (stop's own, or the next free name after it)
 };
 
 /// Profiles from construction to stop(). One at a time per process; the device's activity
@@ -66,7 +67,9 @@ class Profiler {
   Profiler& operator=(const Profiler&) = delete;
 
   /// Stops, writes the Chrome trace to `trace` and returns the tables.
-  ProfileReport stop(const std::filesystem::path& trace);
+  /// `next_free`: where a file of the trace's name appeared while it ran, the trace takes the next
+  /// free name, <stem>-2<ext>, -3, ... (a name Loom chose, not one the user gave).
+  ProfileReport stop(const std::filesystem::path& trace, bool next_free = false);
 
  private:
   c10::Device device_;
