@@ -251,6 +251,14 @@ TEST_F(RecommenderData, AnMlLatestFileInAnotherEncodingOrWithMacLineEndingsIsNam
   EXPECT_NE(message.find("the header is 'userId,movieId,rating,timestamp,source', expected userId,movieId,rating,timestamp"),
             std::string::npos)
       << message;
+  // ml-1m's files have no header: old Mac line endings there were "1: 9 fields, expected 4".
+  fs::remove(dir_ / "ratings.csv");
+  fs::remove(dir_ / "movies.csv");
+  write(dir_ / "movies.dat", "1::Heat (1995)::Action\r2::Babe (1995)::Comedy\r");
+  write(dir_ / "ratings.dat", "1::1::5::1\r1::2::4::2\r");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("movies.dat:1: the file's lines end in a carriage return alone (old Mac line endings)"),
+            std::string::npos) << message;
 }
 
 TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
