@@ -65,7 +65,9 @@ int cmd_profile(const Invocation& invocation) {
     throw Error("--trace " + trace.string() + " is a folder; give the trace's file name, e.g. --trace " +
                 (trace / "profile.json").string());
   if (fs::exists(fs::symlink_status(trace, ec)))
-    throw Error("--trace " + trace.string() + " already exists; choose another path or remove it");
+    throw Error("--trace " + trace.string() + (fs::is_symlink(fs::symlink_status(trace, ec)) && !fs::exists(trace, ec)
+                                                   ? " is a link to nothing, which Loom does not write through"
+                                                   : " already exists") + "; choose another path or remove it");
   if (trace.empty()) throw Error("--trace needs a path, e.g. --trace profile.json");
   // (Perfetto and chrome://tracing read a compressed name as compressed: plain JSON there fails)
   if (std::string ext = trace.extension().string(); [&] {
