@@ -476,12 +476,6 @@ int cmd_launch(const Invocation& invocation) {
   action.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
-  {  // (started with them blocked, a parent's mask: Ctrl-C and SIGTERM were held for good, probe M)
-    sigset_t stops;
-    sigemptyset(&stops);
-    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) sigaddset(&stops, sig);
-    ::pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
-  }
   // A closed terminal hangs up the launcher's process group, not the ranks' (each has its own): the
   // launcher passes it on, as Ctrl-C. Ignored on entry (nohup), it stays ignored.
   if (struct sigaction inherited {}; ::sigaction(SIGHUP, nullptr, &inherited) == 0 && inherited.sa_handler != SIG_IGN)
@@ -494,6 +488,13 @@ int cmd_launch(const Invocation& invocation) {
   // Started with SIGCHLD ignored (a daemon, a job runner), the kernel would reap the ranks and the
   // launcher would never see one end.
   ::signal(SIGCHLD, SIG_DFL);
+  {  // (started with them blocked, a parent's mask: Ctrl-C and SIGTERM were held for good, probe M;
+     // after the handlers, so that one held until now is passed on, not the default action)
+    sigset_t stops;
+    sigemptyset(&stops);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) sigaddset(&stops, sig);
+    ::pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
+  }
   null_input = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   // `loom --log-level warn launch ... -- train ...`: the ranks log at that level too, unless their
   // own command line says another (it quieted the launcher alone).

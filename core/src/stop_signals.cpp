@@ -133,17 +133,18 @@ void install_stop_signals(OnStop on_stop) {
   action.sa_flags = SA_RESTART;
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
-  // Started with them blocked (a parent's mask survives exec), no stop signal would ever arrive:
-  // Ctrl-C and a scheduler's SIGTERM were held for good (probe M).
-  sigset_t stops;
-  sigemptyset(&stops);
-  for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&stops, sig);
-  pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
   for (const int sig : {SIGHUP, SIGPIPE}) {
     struct sigaction inherited {};
     if (sigaction(sig, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN) continue;  // nohup, systemd
     sigaction(sig, &action, nullptr);
   }
+  // Started with them blocked (a parent's mask survives exec), no stop signal would ever arrive:
+  // Ctrl-C and a scheduler's SIGTERM were held for good (probe M). (After the handlers: one held
+  // until now is the graceful stop, not the default action.)
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) sigaddset(&stops, sig);
+  pthread_sigmask(SIG_UNBLOCK, &stops, nullptr);
 }
 
 int stop_signal_received() { return received.load(); }

@@ -175,6 +175,7 @@ std::string Trainer::state_json() const {
 
 fs::path Trainer::save_checkpoint() {
   flush_window();  // the skipped steps and the window's sums are part of the state
+  window_saved_at_ = window_.steps > 0 ? step_ : -1;
   // Rank 0 writes; every rank holds the same state (the weights were broadcast and every update
   // is the same sum), so the others only name the folder rank 0 writes.
   check_weights_before_saving("the checkpoint");  // (on every rank: they stop together)

@@ -131,6 +131,10 @@ TrainSummary Trainer::train() {
       if (step_ >= total_steps_ && parallel_->rank() == 0) write_run_summary();  // (the end reached, its verdict not)
     }
     report.last = step_ == total_steps_ || !stop_reason_.empty();
+    // A stop decided after the step's log decision (in the evaluation: a signal that cut it, early
+    // stopping): the steps since the last log step are logged, before a checkpoint takes the window.
+    const bool logged_late = !stop_reason_.empty() && !log_now;
+    if (logged_late) log_window();
     notify("on_step_end", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_end(run, report); });
     // A callback that stops one rank's run stops every rank's (their next step would wait for it),
     // and a signal during the evaluation (which ranks cannot cut short alone) stops them after it.
@@ -139,10 +143,10 @@ TrainSummary Trainer::train() {
       if (late != 0 && stop_reason_.empty()) stop_reason_ = signal_name(late) + " received";
       if (another_rank_stopped_ && stop_reason_.empty()) stop_reason_ = "another rank's callback stopped the run";
     }
-    // A stop asked for after the step's log decision (a callback's in on_step_end, a signal during
-    // the evaluation that ranks agree on here): the steps since the last log step are logged too
-    // (the run's last row was that log step's; the steps after it trained and were never reported).
-    if (!stop_reason_.empty() && !log_now) log_window();
+    // ... or in on_step_end (a callback's, a signal the ranks agree on here): logged too (the run's
+    // last row was the log step's before; the steps after it trained and were never reported;
+    // probe M), unless this step's checkpoint holds them, which its resume logs (not twice).
+    if (!stop_reason_.empty() && !log_now && !logged_late && window_saved_at_ != step_) log_window();
   }
   // The test split, once, at the end (when validation chose the best checkpoint); also after a
   // resume at the last step whose cut validation just ran (the stop had skipped both).

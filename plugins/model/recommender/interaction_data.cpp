@@ -162,7 +162,11 @@ void InteractionDataset::build(RawData data, const SplitOptions& o, const std::s
   const auto rank_by_id = [](const auto& count, const auto& id_of) {
     std::vector<int64_t> by_id(static_cast<size_t>(count)), rank(static_cast<size_t>(count));
     std::iota(by_id.begin(), by_id.end(), 0);
-    std::sort(by_id.begin(), by_id.end(), [&](int64_t a, int64_t b) { return id_of(a) < id_of(b); });
+    // (by length, then text: whole-number ids, MovieLens's, in their numeric order, 9 before 10)
+    std::sort(by_id.begin(), by_id.end(), [&](int64_t a, int64_t b) {
+      const std::string &x = id_of(a), &y = id_of(b);
+      return x.size() != y.size() ? x.size() < y.size() : x < y;
+    });
     for (size_t r = 0; r < by_id.size(); ++r) rank[static_cast<size_t>(by_id[r])] = static_cast<int64_t>(r);
     return rank;
   };

@@ -94,9 +94,10 @@ class Rows {
       pos_ = end + 1;
       ++number_;
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      // (a carriage return inside a line: old Mac line endings, the whole file one line of
-      // thousands of fields, which was all its error said; probe M)
-      if (line.find('\r') != std::string_view::npos)
+      // (a carriage return inside a line of a file without newlines: old Mac line endings, the
+      // whole file one line of thousands of fields, which was all its error said; probe M. One in a
+      // quoted field of a file of newlines is the field's.)
+      if (!lines_ && line.find('\r') != std::string_view::npos)
         throw error("the file's lines end in a carriage return alone (old Mac line endings); convert them to newlines, "
                     "e.g. tr '\\r' '\\n'");
       if (!line.empty()) return true;

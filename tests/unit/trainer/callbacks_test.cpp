@@ -4,6 +4,7 @@
 // (callbacks, the schedule, early stopping), and the configuration of callbacks.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/config.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/safetensors.hpp>
 #include <loom/core/trainer.hpp>
@@ -257,6 +258,26 @@ TEST_F(CallbacksTest, EarlyStoppingRefusesAMetricTheModelDoesNotReport) {
     EXPECT_NE(m.find("'acuracy' is not a metric of this run's model, which reports accuracy, loss"), std::string::npos) << m;
     EXPECT_EQ(t->step(), 0) << "refused before the first step";
   }
+}
+
+TEST_F(CallbacksTest, AStopInTheEvaluationOfAStepThatIsNoLogStepLogsItsStepsOnce) {
+  // Early stopping at step 3 (evaluations at 1, 2, 3; logs every 10): steps 1 ... 3 were never
+  // logged (the log decision came before the evaluation's stop). They are, once, before the
+  // checkpoint of step 3 takes the window, so that its resume does not log them again.
+  Config c = base("late");
+  c.set_assignment("trainer.max_steps=40");
+  c.set_assignment("trainer.eval_every=1");
+  c.set_assignment("trainer.log_every=10");
+  c.set_assignment("trainer.callbacks=jsonl, checkpoint, early_stopping");
+  c.set_assignment("callback.early_stopping.metric=loss");
+  c.set_assignment("callback.early_stopping.min_delta=100");
+  c.set_assignment("callback.early_stopping.patience=2");
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 3);
+  const auto logged = train_lines(dir_ / "late");
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_EQ(logged.begin()->first, 3);
+  const std::string state = loom::core::read_file(dir_ / "late" / "checkpoints" / step_dir_name(3) / "state.json");
+  EXPECT_TRUE(std::regex_search(state, std::regex(R"re("log_window":\s*\{\s*"steps":\s*0)re"))) << state.substr(0, 2000);
 }
 
 TEST_F(CallbacksTest, ResumeRestoresCallbacksScheduleAndEarlyStoppingExactly) {

@@ -45,6 +45,7 @@ TEST(StopSignals, RanksButTheFirstOfLoomLaunchSayNothing) {
   EXPECT_EXIT(
       {
         ::setenv("RANK", "1", 1);
+        ::setenv("LOCAL_RANK", "1", 1);
         ::setenv("LOOM_LAUNCH_CHECKED", "1", 1);
         install_stop_signals();
         note_stop_at_once("\nloom: continue with: x\n", "\nloom: nothing of it\n");
@@ -53,6 +54,18 @@ TEST(StopSignals, RanksButTheFirstOfLoomLaunchSayNothing) {
         std::_Exit(0);
       },
       testing::KilledBySignal(SIGINT), "^$");
+  // The first rank of another node (RANK 2, LOCAL_RANK 0) speaks: that node's launcher shows it
+  // (every rank of a node but 0 was quiet, so a Ctrl-C there said nothing at all).
+  EXPECT_EXIT(
+      {
+        ::setenv("RANK", "2", 1);
+        ::setenv("LOCAL_RANK", "0", 1);
+        ::setenv("LOOM_LAUNCH_CHECKED", "1", 1);
+        install_stop_signals();
+        std::raise(SIGINT);
+        std::_Exit(0);
+      },
+      testing::ExitedWithCode(0), "stopping after the current step");
 }
 
 }  // namespace

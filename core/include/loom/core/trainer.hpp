@@ -478,6 +478,7 @@ class Trainer {
   /// The step whose scheduled evaluation a stop signal cut short or skipped (its checkpoint says
   /// so), and whether the checkpoint this run resumed from had one: it runs first on resume.
   int64_t evaluation_cut_at_ = -1;
+  int64_t window_saved_at_ = -1;  // the step whose checkpoint holds a log window not yet logged (a resume logs it)
   bool evaluation_pending_ = false;
   bool test_pending_ = false;
   double bucket_mb_ = 0;   // parallel.bucket_mb resolved for the device
