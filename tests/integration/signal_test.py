@@ -47,9 +47,9 @@ args = [*SMALL, "--set", f"trainer.work_dir={work}", "--set", f"trainer.max_step
         "--set", "trainer.checkpoint_every=100000", "--set", "trainer.eval_every=100000"]
 
 
-def start(name):
+def start(name, preexec_fn=None):
     proc = subprocess.Popen([exe, "train", *args, "--set", f"trainer.name={name}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
     run = os.path.join(work, name)
     deadline = time.time() + 300
     while time.time() < deadline:  # until it has logged a few steps
@@ -83,6 +83,23 @@ try:
         assert f"resumed from" in out.stderr and f"at step {step}" in out.stderr, out.stderr
         steps = [m["step"] for m in metrics(run) if "train/loss" in m]
         assert steps == list(range(1, step + 4)), "every step once across the stop and the resume"
+
+    # Started by a parent that blocks the stop signals (a job runner's mask, inherited across exec):
+    # the signals stay pending for ever unless loom unblocks them. It does, once its handlers are in.
+    def block_stop_signals():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+    proc, run = start("blocked_mask", block_stop_signals)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise SystemExit("started with SIGTERM blocked: still running 120 s after the SIGTERM")
+    assert proc.returncode == 143, f"started with the stop signals blocked: exit {proc.returncode}\n{err}"
+    step = max(m["step"] for m in metrics(run))
+    saved = sorted(d for d in os.listdir(os.path.join(run, "checkpoints")) if d.startswith("step_"))
+    assert saved == [f"step_{step:08d}"] and "stopped by SIGTERM after step" in err, f"{saved}\n{err}"
+    print(f"started with the stop signals blocked: SIGTERM still stops it (exit 143, checkpoint of step {step})")
 
     # Stopped between log steps (log_every far past the steps it takes: none is read from the
     # device before the stop): the stop's line still has the rate of its step, not null.
