@@ -40,10 +40,6 @@ constexpr size_t kLongestLine = size_t{64} << 20;  // (MovieLens's lines are und
 class Rows {
  public:
   explicit Rows(const fs::path& path) : path_(path) {
-    std::error_code ec;
-    if (fs::is_symlink(path, ec) && !fs::exists(path, ec))  // (else "no ratings.dat", though the link is there)
-      throw sdk::Error("interactions: " + path.string() + " is a link to " + fs::read_symlink(path, ec).string() +
-                       ", which is not there; point data.root at a MovieLens folder as unpacked");
     fd_ = sdk::open_regular_file(path, kMostBytes, "interactions: ", "a MovieLens folder as unpacked has it",
                                  "point data.root at a MovieLens folder as unpacked");
     try {

@@ -62,6 +62,12 @@ TEST_F(ReadRegularFile, ReadsAFileWholeAndRefusesOneOverTheLimitOrSpecial) {
   EXPECT_NE(error_of(dir_, 10).find("is a folder, not a regular file"), std::string::npos);
   EXPECT_NE(error_of(dir_ / "gone", 10).find("reader: no " + (dir_ / "gone").string() + " (a test file); fix it"),
             std::string::npos);
+  // a link to nothing is there: named with its target, not "no FILE"
+  fs::create_symlink(dir_ / "moved", dir_ / "link");
+  EXPECT_NE(error_of(dir_ / "link", 10).find("reader: " + (dir_ / "link").string() + " is a link to " +
+                                            (dir_ / "moved").string() + ", which is not there; fix it"),
+            std::string::npos)
+      << error_of(dir_ / "link", 10);
 }
 
 }  // namespace

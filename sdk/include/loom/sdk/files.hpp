@@ -48,14 +48,22 @@ inline std::string what_is_at(const std::filesystem::path& path) {
 /// `path` opened as read_regular_file opens it, for a reader that reads it a part at a time (a
 /// large file parsed as it is read, whose first damaged line is found without reading the rest):
 /// the descriptor (close-on-exec; the caller closes it) of a regular file of at most `most` bytes
-/// now, or read_regular_file's error. `size`, where given, receives the size the file has now.
+/// now, or read_regular_file's error (a symbolic link to nothing is named as one, with its target).
+/// `size`, where given, receives the size the file has now.
 inline int open_regular_file(const std::filesystem::path& path, int64_t most, const std::string& prefix,
                              const std::string& missing, const std::string& fix = "", int64_t* size = nullptr) {
   const std::string then = fix.empty() ? std::string() : "; " + fix;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int error = errno;
-    if (error == ENOENT) throw Error(prefix + "no " + path.string() + " (" + missing + ")" + then);
+    if (error == ENOENT) {
+      // A link whose target is gone is there ("no ratings.csv" beside `ls` showing it misleads).
+      std::error_code ec;
+      if (std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec)))
+        throw Error(prefix + path.string() + " is a link to " + std::filesystem::read_symlink(path, ec).string() +
+                    ", which is not there" + then);
+      throw Error(prefix + "no " + path.string() + " (" + missing + ")" + then);
+    }
     throw Error(prefix + "cannot open " + path.string() + ": " + std::strerror(error) + then);
   }
   struct stat st {};
