@@ -31,6 +31,7 @@ namespace {
 constexpr int64_t kMostBytes = int64_t{8} << 30;
 constexpr size_t kChunk = size_t{1} << 20;         // (read a part at a time)
 constexpr size_t kLongestLine = size_t{64} << 20;  // (MovieLens's lines are under a kilobyte)
+constexpr size_t kLongestRecord = size_t{1} << 20;  // (a CSV record of several lines: a tag, a title)
 
 /// The rows of a file with their line numbers, for messages that name file:line. The file is read
 /// a part at a time and parsed as it comes: a damaged one is refused at its first bad line without
@@ -68,6 +69,47 @@ class Rows {
 
   /// The next non-empty line (without its line ending), valid until the next call; false at the end.
   bool next(std::string_view& line) {
+    while (next_line(line))
+      if (!line.empty()) return true;
+    return false;
+  }
+
+  /// The next CSV record: its line, or its lines joined by newlines where a quoted field holds line
+  /// breaks (RFC 4180; a tag or a title of free text), valid until the next call; false at the end.
+  /// Errors name the record's lines ("tags.csv:12-14"). A quote left open (a stray one) is an
+  /// error at the line that opened it once the record passes kLongestRecord or the file ends, not
+  /// the rest of the file joined into one field.
+  bool next_record(std::string_view& line) {
+    if (!next(line)) return false;
+    if (std::count(line.begin(), line.end(), '"') % 2 == 0) return true;  // (quotes close in pairs: "" is one inside)
+    const int64_t start = number_;
+    record_.assign(line);
+    size_t quotes = 1;
+    for (std::string_view more; quotes % 2 == 1;) {
+      // (both errors name the line that opened the quote, the one to fix; the reader stops there)
+      if (!next_line(more)) {
+        const int64_t later = number_ - start;
+        first_ = number_ = start;
+        throw error("a quoted field is not closed (the file ends " + std::to_string(later) + " line" +
+                    (later == 1 ? "" : "s") + " later): a stray quote (\") or a file cut short; inside a quoted "
+                    "field a quote is written twice (\"\")");
+      }
+      quotes += static_cast<size_t>(std::count(more.begin(), more.end(), '"'));
+      record_.append("\n").append(more);
+      if (record_.size() > kLongestRecord) {
+        first_ = number_ = start;
+        throw error("a quoted field is not closed within " + std::to_string(kLongestRecord >> 10) +
+                    " KiB: a stray quote (\"); inside a quoted field a quote is written twice (\"\")");
+      }
+    }
+    first_ = start;
+    line = record_;
+    return true;
+  }
+
+ private:
+  /// The next line, empty or not (without its line ending), valid until the next call; false at the end.
+  bool next_line(std::string_view& line) {
     for (;;) {
       size_t end, from = pos_;
       while ((end = buffer_.find('\n', from)) == std::string::npos && !ended_) {
@@ -93,12 +135,15 @@ class Rows {
       // (a carriage return inside a line of a file without newlines: old Mac line endings, the
       // whole file one line of thousands of fields, which was all its error said; probe M. One in a
       // quoted field of a file of newlines is the field's.)
+      first_ = number_;
       if (!lines_ && line.find('\r') != std::string_view::npos)
         throw error("the file's lines end in a carriage return alone (old Mac line endings); convert them to newlines, "
                     "e.g. tr '\\r' '\\n'");
-      if (!line.empty()) return true;
+      return true;
     }
   }
+
+ public:
 
   /// "interactions: /data/ml-1m/ratings.dat:17: <what>".
   sdk::Error error(const std::string& what) const {
@@ -115,7 +160,8 @@ class Rows {
         shown += code;
       }
     }
-    return sdk::Error("interactions: " + path_.string() + ":" + std::to_string(number_) + ": " + shown);
+    return sdk::Error("interactions: " + path_.string() + ":" + std::to_string(first_) +
+                      (first_ < number_ ? "-" + std::to_string(number_) : std::string()) + ": " + shown);
   }
 
   const fs::path& path() const { return path_; }
@@ -165,6 +211,8 @@ class Rows {
   char last_ = 0;                       // (the last byte read)
   int64_t read_ = 0;                    // (bytes read)
   int64_t number_ = 0;                  // (the current line's number)
+  int64_t first_ = 0;                   // (the current record's first line: number_ but in a record of lines)
+  std::string record_;                  // (a record of several lines, joined)
 };
 
 std::vector<std::string_view> split_on(std::string_view line, std::string_view sep) {
@@ -260,9 +308,10 @@ class Reader {
 
   void add_tag(const std::string& item_id, const std::string& tag, size_t max_tags) {
     auto it = item_index_.find(item_id);
-    if (it == item_index_.end() || tag.empty()) return;  // tags of movies not in the catalogue carry nothing
+    if (it == item_index_.end()) return;  // tags of movies not in the catalogue carry nothing
     auto& tags = tags_[it->second];
-    const std::string clean = to_utf8_line(tag);
+    const std::string clean = trimmed(to_utf8_line(tag));  // (a tag's line breaks are spaces: trimmed after)
+    if (clean.empty()) return;
     if (tags.size() < max_tags && std::find(tags.begin(), tags.end(), clean) == tags.end()) tags.push_back(clean);
   }
 
@@ -408,7 +457,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
   {
     Rows rows(root / "movies.csv");
     header(rows, "movieId,title,genres");
-    while (rows.next(line)) {
+    while (rows.next_record(line)) {
       const auto f = csv_fields(line, rows);
       if (f.size() != 3) throw rows.error(std::to_string(f.size()) + " fields, expected 3 (movieId,title,genres; quote a title with commas)");
       Item item;
@@ -422,7 +471,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
   if (fs::exists(root / "tags.csv") && max_tags > 0) {
     Rows rows(root / "tags.csv");
     header(rows, "userId,movieId,tag,timestamp");
-    while (rows.next(line)) {
+    while (rows.next_record(line)) {
       const auto f = csv_fields(line, rows);
       if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (userId,movieId,tag,timestamp)");
       reader.add_tag(std::to_string(integer(f[1], "movieId", rows)), trimmed(f[2]), max_tags);

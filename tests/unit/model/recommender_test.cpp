@@ -213,14 +213,17 @@ TEST_F(RecommenderData, MovieLensLatestReadsQuotedTitlesWithCommasAndTags) {
   write(dir_ / "movies.csv", "movieId,title,genres\n1,Toy Story (1995),Adventure|Animation\n"
                              "2,\"City of Lost Children, The (Cité des enfants perdus, La) (1995)\",Drama|Mystery\n"
                              "3,\"Dr. \"\"Strangelove\"\" (1964)\",(no genres listed)\n");
-  write(dir_ / "tags.csv", "userId,movieId,tag,timestamp\n1,2,dreamlike,1\n2,2,dreamlike,2\n2,2,\"dark, strange\",3\n");
+  // (a quoted field may hold line breaks, RFC 4180: a tag of free text; an empty line among them too)
+  write(dir_ / "tags.csv", "userId,movieId,tag,timestamp\n1,2,dreamlike,1\n2,2,dreamlike,2\n2,2,\"dark, strange\",3\n"
+                           "3,3,\"cold\r\n\r\nwar\",4\r\n3,1,\"\"\"toys\"\"\n\",5\n3,1,plain,6\n");
   // (an exporter that quotes every field: "is not an integer" before)
   write(dir_ / "ratings.csv", "\"userId\",\"movieId\",\"rating\",\"timestamp\"\n1,1,4.0,100\n1,2,3.5,101\n1,3,5.0,102\n"
                               "\"2\",\"1\",\"0.5\",\"200\"\n2,2,4.5,201\n2,3,3.0,202\n");
   auto d = open();
   const auto text = attribute_lines(d->spec().attributes.at("items.text"));
   EXPECT_EQ(text[1], "City of Lost Children, The (Cité des enfants perdus, La) (1995) | Drama, Mystery | dreamlike, dark, strange");
-  EXPECT_EQ(text[2], "Dr. \"Strangelove\" (1964)");
+  EXPECT_EQ(text[2], "Dr. \"Strangelove\" (1964) | cold  war");  // (a tag's line breaks are spaces in the text)
+  EXPECT_EQ(text[0], "Toy Story (1995) | Adventure, Animation | \"toys\", plain");
   EXPECT_EQ(d->size(Split::kTrain) + d->size(Split::kValidation) + d->size(Split::kTest), 6);
 }
 
@@ -305,7 +308,21 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   write(dir_ / "movies.csv", "movieId,title,genres\n1,\"Heat, the (1995),Action\n");
   write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,1\n");
   message = error_of([&] { open(); });
-  EXPECT_NE(message.find("movies.csv:2: a quoted field is not closed"), std::string::npos) << message;
+  EXPECT_NE(message.find("movies.csv:2: a quoted field is not closed (the file ends 0 lines later): a stray quote"),
+            std::string::npos)
+      << message;
+  // A stray quote in a large file: named at its line once the record passes 1 MiB, not the rest of
+  // the file joined into one field.
+  std::string many = "movieId,title,genres\n1,Heat (1995),Action\n2,\"Babe (1995),Comedy\n";
+  for (int i = 3; i < 60000; ++i) many.append(std::to_string(i)).append(",Up (2009),Drama\n");
+  write(dir_ / "movies.csv", many);
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("movies.csv:3: a quoted field is not closed within 1024 KiB: a stray quote"), std::string::npos)
+      << message;
+  // ... and a field's error in a record of several lines names its lines.
+  write(dir_ / "movies.csv", "movieId,title,genres\n1,\"Heat\n(1995)\",Action,Drama\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("movies.csv:2-3: 4 fields, expected 3"), std::string::npos) << message;
 }
 
 TEST_F(RecommenderData, SpecialFilesAndMissingFoldersAreNamedNotWaitedOn) {
