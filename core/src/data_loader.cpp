@@ -56,7 +56,7 @@ std::string targets_outside_classes(const sdk::DataSpec& spec, const sdk::Batch&
 
 DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options options)
     : dataset_(std::move(dataset)), split_(split), options_(options) {
-  if (options_.micro_batch < 1) throw Error("loader: micro-batch must be at least 1");
+  check_micro_batch(options_.micro_batch, options_.step_samples);
   if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
     throw Error("loader: rank " + std::to_string(options_.rank) + " outside world of " + std::to_string(options_.world_size));
   size_ = options_.subset.empty() ? dataset_->size(split_) : static_cast<int64_t>(options_.subset.size());
@@ -65,7 +65,7 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
     throw Error((options_.name.empty() ? std::string("the dataset") : "dataset '" + options_.name + "'") + " says its " + sdk::split_name(split_) + " split has " + std::to_string(size_) +
                 " samples, outside [0, 2^40]: its size() is wrong (a bug of the plugin's: report it to its author)");
   // (Evaluation: a rank past a split smaller than the world has no sample and adds zeros to the sums.)
-  if (options_.drop_last ? samples_per_epoch() < options_.micro_batch : size_ < 1)
+  if (options_.drop_last ? size_ / options_.world_size < options_.micro_batch : size_ < 1)
     throw Error(std::string("the ") + sdk::split_name(split_) + " split has " + std::to_string(size_) +
                 " samples, too few for one micro-batch of " + std::to_string(options_.micro_batch) +
                 (options_.world_size > 1 ? " on each of " + std::to_string(options_.world_size) + " ranks" : std::string()) +
@@ -101,11 +101,21 @@ DataLoader::~DataLoader() {
 }
 
 // Training drops the tail that does not divide by the world (every rank takes as many samples,
-// so the ranks step together); evaluation keeps it, rank r taking samples r, r + world, ...,
-// and the ranks' sums and counts add up to the whole split's.
+// so the ranks step together) and then the tail of whole steps (below); evaluation keeps it, rank
+// r taking samples r, r + world, ..., and the ranks' sums and counts add up to the whole split's.
+//
+// Note [An epoch of whole steps]
+// An epoch ended where the next micro-batch did not fit: with gradient accumulation a step could
+// take an epoch's last micro-batches and the next epoch's first (a sample twice in one step,
+// under another permutation), and where OOM recovery halved the micro-batch the epoch's end
+// moved, so the recovered run trained on other samples than the run that never ran out of
+// memory from the first epoch's end on (1000 samples, 48 = 24 x 2: step 21 took 960..983 of
+// epoch 0 where the plain run took epoch 1's first 48; a review). The epoch holds whole steps:
+// the same samples whatever the split of a step into micro-batches.
 int64_t DataLoader::samples_per_epoch() const {
-  if (options_.drop_last) return size_ / options_.world_size;
-  return (size_ - options_.rank + options_.world_size - 1) / options_.world_size;
+  if (!options_.drop_last) return (size_ - options_.rank + options_.world_size - 1) / options_.world_size;
+  const int64_t unit = options_.step_samples > 0 ? options_.step_samples : options_.micro_batch;
+  return size_ / options_.world_size / unit * unit;
 }
 
 int64_t DataLoader::batches_per_epoch() const {
@@ -153,9 +163,17 @@ void DataLoader::seek(Position position) {
   restart();
 }
 
-void DataLoader::set_micro_batch(int64_t micro_batch) {
+void DataLoader::check_micro_batch(int64_t micro_batch, int64_t step_samples) {
   if (micro_batch < 1) throw Error("loader: micro-batch must be at least 1");
+  if (step_samples < 0 || step_samples % micro_batch != 0)
+    throw Error("loader: a step of " + std::to_string(step_samples) + " samples is no whole number of micro-batches of " +
+                std::to_string(micro_batch));
+}
+
+void DataLoader::set_micro_batch(int64_t micro_batch, int64_t step_samples) {
+  check_micro_batch(micro_batch, step_samples);
   options_.micro_batch = micro_batch;
+  options_.step_samples = step_samples;
   restart();
 }
 
@@ -169,6 +187,8 @@ void DataLoader::schedule() {
     if (planned_.offset + need > spe) {
       if (options_.one_epoch) break;
       planned_ = {planned_.epoch + 1, 0};
+      if (need > spe)  // (an epoch of no step: the trainer refuses such a batch first)
+        throw Error("loader: an epoch of " + std::to_string(spe) + " samples holds no micro-batch of " + std::to_string(need));
     }
     lock.unlock();
     const std::vector<int64_t>& ord = order(planned_.epoch);

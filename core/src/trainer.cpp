@@ -281,20 +281,6 @@ Created<sdk::Model> Trainer::make_model() {
   return model;
 }
 
-void Trainer::build_replicas() {
-  replicas_.reset();
-  replica_memory_.clear();
-  if (!parallel_.implements(2)) return;  // ParallelStrategy 1.2: devices()
-  const std::vector<c10::Device> devices = parallel_->devices();
-  if (devices.size() <= 1) return;
-  if (devices.front() != device_)
-    throw Error("parallel strategy '" + value_of(config_, "parallel.name") + "' trains on " + device_.str() +
-                " but lists " + describe_devices(devices) + " as its devices; the first must be its device()");
-  replicas_ = std::make_unique<Replicas>(*model_, devices, [this] { return make_model(); }, value_of(config_, "model.name"));
-  if (device_.is_cuda())
-    for (const auto& d : devices) replica_memory_.push_back(make_device_memory(d));
-}
-
 int64_t Trainer::local_devices() const { return replicas_ ? replicas_->size() : 1; }
 
 void Trainer::build_model() {
@@ -433,7 +419,7 @@ void Trainer::build_plan() {
 void Trainer::adopt_global_batch(int64_t global) {
   const sdk::BatchPlan chosen = plan_;
   plan_ = sdk::split_global_batch(global, plan_.world_size, plan_.micro_batch);
-  train_loader_->set_micro_batch(plan_.micro_batch * local_devices());
+  train_loader_->set_micro_batch(plan_.micro_batch * local_devices(), plan_.micro_batch * local_devices() * plan_.accumulation);
   const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;  // (as build_loaders counts)
   if (options_.max_steps == 0) total_steps_ = per_epoch * options_.epochs;
   if (options_.eval_every == 0) eval_every_ = std::max<int64_t>(1, per_epoch);
@@ -517,6 +503,7 @@ void Trainer::build_schedule() {
 void Trainer::build_loaders(bool training) {
   DataLoader::Options train;
   train.micro_batch = plan_.micro_batch * local_devices();  // cut across this process's devices
+  train.step_samples = train.micro_batch * plan_.accumulation;  // (Note [An epoch of whole steps])
   train.shuffle = options_.shuffle;
   train.drop_last = true;
   train.seed = static_cast<uint64_t>(options_.seed);
@@ -574,11 +561,10 @@ void Trainer::build_loaders(bool training) {
     throw Error(std::string(e.what()) + ", or hold out less of it for validation (data.validation_fraction = " +
                 fraction + " holds out " + std::to_string(held_out_) + " of its " + std::to_string(train_size) + ")");
   }
-  const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;
-  // (with accumulation a step of more samples than the split has trained, each seeing some twice)
+  const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;  // (whole steps: no sample twice)
   if (per_epoch < 1)
     throw Error("the global batch, " + std::to_string(plan_.global()) + ", is more than the " +
-                std::to_string(train_loader_->samples_per_epoch() * train.world_size) + " samples an epoch of the training " +
+                std::to_string(train_loader_->size() / train.world_size * train.world_size) + " samples an epoch of the training " +
                 "split has: one step would see some of them twice; lower trainer.batch_size (or "
                 "gradient_accumulation_steps), or hold out less for validation (data.validation_fraction)");
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;

@@ -226,7 +226,8 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   // the run as it was (and --resume auto falls back to an older checkpoint).
   // (where the data changed, an epoch may now hold fewer samples than the checkpoint had taken of
   // its own: that is no damage, and the run goes on at the next epoch below)
-  const int64_t epoch_samples = train_loader_->samples_per_epoch() * parallel_->world_size();
+  // (and a checkpoint of before Note [An epoch of whole steps] may be further into one: taken up at the next)
+  const int64_t epoch_samples = train_loader_->size();
   const SavedState saved =
       parse_state_json(c.state_json, dir / "state.json", data_changes.empty() ? epoch_samples : int64_t{1} << 40);
   const int64_t step = saved.step;

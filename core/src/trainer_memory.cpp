@@ -118,6 +118,11 @@ std::string Trainer::config_key() const {
   const std::string optimizer = "optimizer." + options_.optimizer + ".";
   for (const auto& [k, v] : config_)
     if (k.rfind(optimizer, 0) == 0) key += k.substr(optimizer.size()) + "=" + v.value + ";";
+  // Replicas sharing this device (data_parallel over cpu, cpu) each hold their part's activations
+  // (probe_peak): a single device's answer ran out of memory at step 1 there (a review).
+  if (const auto sharing = replicas_ ? std::count(replicas_->devices().begin(), replicas_->devices().end(), device_) : 1;
+      sharing > 1)
+    key += "replicas_on_device=" + std::to_string(sharing) + ";";
   // probe=2: what a probe holds (its batch in host memory, the staged next one on CUDA); answers
   // measured by the earlier probes are not reused.
   return key + "libtorch=" + TORCH_VERSION + ";probe=2";
@@ -224,11 +229,15 @@ std::string Trainer::oom_advice(const std::string& message) const {
     add("a smaller batch: --batch-size (now " + std::to_string(plan_.global()) + ")");
   const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
   const bool recovering = std::find(policies.begin(), policies.end(), "oom_recovery") != policies.end();
-  if (recovering)
+  // (said as it happened: it claimed a re-plan where none had been, at a micro-batch of 1 from
+  // the start or an out-of-memory no step replays; a review)
+  const std::string why = plan_.micro_batch <= 1 ? std::string("micro-batch 1 is the smallest")
+                                                 : "memory.max_replans re-plans, or no re-plan was possible here";
+  if (recovering && oom_recoveries_ > 0)
     add("gradient accumulation: oom_recovery re-planned to micro-batch " + std::to_string(plan_.micro_batch) +
-        " x accumulation " + std::to_string(plan_.accumulation) + " and stopped there (" +
-        (plan_.micro_batch <= 1 ? std::string("micro-batch 1 is the smallest")
-                                : "memory.max_replans re-plans, or no re-plan was possible here") + ")");
+        " x accumulation " + std::to_string(plan_.accumulation) + " and stopped there (" + why + ")");
+  else if (recovering)
+    add("gradient accumulation: oom_recovery is on and made no smaller plan (" + why + ")");
   else if (plan_.micro_batch > 1)  // (accumulation makes micro-batches smaller: none is smaller than 1)
     add("gradient accumulation: --gradient-accumulation-steps (memory.policies = oom_recovery does it for you)");
   if (const std::string precision = value_of(config_, "precision.name"); precision != "bf16_amp" && precision != "fp16_amp")
@@ -333,7 +342,7 @@ StepResult Trainer::step_with_recovery(bool read_values) {
                 " -> ", context.plan.micro_batch, " x ", context.plan.accumulation, " x ", context.plan.world_size,
                 " after running out of memory at step ", step_ + 1);
       plan_ = context.plan;
-      train_loader_->set_micro_batch(plan_.micro_batch * local_devices());
+      train_loader_->set_micro_batch(plan_.micro_batch * local_devices(), plan_.micro_batch * local_devices() * plan_.accumulation);
       // The peak from here on is the new plan's (the attempt that failed is not what the run
       // uses: memory/peak_bytes and the estimate's check would keep it for the rest of the run);
       // what the steps before it used stays the run's peak (finish_run).

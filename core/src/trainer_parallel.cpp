@@ -1,13 +1,16 @@
 // What the ranks of a multi-process run (parallel = ddp) must agree on, beyond the gradients and
 // the reports the step sums (trainer_step.cpp): the weights at the start, when to stop, where in
 // the data a resumed run with another world size goes on, and, at the end, that every rank still
-// holds the same weights. Rank 0's run folder and checkpoint: run_folder.cpp.
+// holds the same weights; and the replicas of one process over several devices (data_parallel).
+// Rank 0's run folder and checkpoint: run_folder.cpp.
+#include <loom/core/device_memory.hpp>
 #include <loom/core/kinds.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/profiler.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 #include "gradient_sync.hpp"
+#include "replicas.hpp"
 #include "trainer_internal.hpp"
 
 #include <ATen/ops/cat.h>
@@ -116,6 +119,30 @@ void Trainer::build_gradient_sync() {
 // and a job resumed at step s draws at each rank what the job that never stopped drew (a save is
 // no collective: a callback may save on one rank). The model was built before, from the same seed
 // on every rank, then broadcast; the data's order has its own generator.
+void Trainer::build_replicas() {
+  replicas_.reset();
+  replica_memory_.clear();
+  if (!parallel_.implements(2)) return;  // ParallelStrategy 1.2: devices()
+  const std::vector<c10::Device> devices = parallel_->devices();
+  if (devices.size() <= 1) return;
+  if (devices.front() != device_)
+    throw Error("parallel strategy '" + detail::value_of(config_, "parallel.name") + "' trains on " + device_.str() +
+                " but lists " + describe_devices(devices) + " as its devices; the first must be its device()");
+  if (device_.is_cuda()) {
+    // The memory policies cap the first device (memory_); each other one gets that cap as the same
+    // share of its own memory, before its replica is made (--memory-fraction capped cuda:0 alone;
+    // a review). 0, no cap, also clears a cap a run before set in this process (loom bench).
+    const auto first = memory_->stats();
+    const double share = first.limit > 0 && first.total > 0 ? static_cast<double>(first.limit) / static_cast<double>(first.total) : 0;
+    for (const auto& d : devices) {
+      replica_memory_.push_back(make_device_memory(d));
+      if (d != device_)
+        replica_memory_.back()->set_limit(static_cast<int64_t>(share * static_cast<double>(replica_memory_.back()->stats().total)));
+    }
+  }
+  replicas_ = std::make_unique<Replicas>(*model_, devices, [this] { return make_model(); }, detail::value_of(config_, "model.name"));
+}
+
 void Trainer::seed_rank() {
   if (parallel_->rank() == 0) return;
   // splitmix64 of the three: no two (rank, step) of a run share a seed

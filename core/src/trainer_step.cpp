@@ -203,11 +203,12 @@ void Trainer::ensure_rate_table() {
   for (int64_t k = 0; k <= total_steps_; ++k) rates[static_cast<size_t>(k)] = rate_after(k);
   // float on CUDA (the fused kernels' type there), double on CPU
   const auto dtype = device_.is_cpu() ? at::kDouble : at::kFloat;
-  lr_table_ = at::from_blob(rates.data(), {total_steps_ + 1}, at::TensorOptions().dtype(at::kDouble))
-                  .to(device_, dtype, /*non_blocking=*/false, /*copy=*/true);
+  at::Tensor table = at::from_blob(rates.data(), {total_steps_ + 1}, at::TensorOptions().dtype(at::kDouble))
+                         .to(device_, dtype, /*non_blocking=*/false, /*copy=*/true);
   if (!taken_on_device_.defined())  // (a resume resets it; a table made again keeps the count)
     taken_on_device_ = at::full({1}, taken, at::TensorOptions().dtype(at::kLong)).to(device_);
   lr_on_device_ = at::empty({}, at::TensorOptions().device(device_).dtype(dtype));
+  lr_table_ = std::move(table);  // (last: an out-of-memory above left the table made and the rest not, and the replay used them)
   if (graphs_) graphs_->clear();  // they read the table that was
 }
 
@@ -523,7 +524,7 @@ EvalResult Trainer::evaluate(sdk::Split split) {
   int64_t micro = std::min(plan_.micro_batch, eval_micro_batch_cap_);
   while (true) {
     try {
-      loader->set_micro_batch(micro * local_devices());
+      loader->set_micro_batch(micro * local_devices(), 0);
       EvalResult result = evaluate_once(*loader);
       result.split = split;
       return result;

@@ -3,7 +3,7 @@
 // read the line back to check what the host hands a policy. Its option `margin` has the name of
 // an auto_batch option, for the tests of component sections. With `same_plan` it answers with the
 // plan unchanged, as a broken third-party policy might; with `plan_micro_batch` it plans that
-// micro-batch (one below 1 is a broken policy's plan).
+// micro-batch (one below 1 is a broken policy's plan). Its plan() logs the context's config_key.
 #include <loom/sdk/sdk.hpp>
 
 namespace {
@@ -20,6 +20,7 @@ class RecordOom final : public loom::sdk::MemoryPolicy {
       : same_plan_(o.get_bool("same_plan")), plan_micro_batch_(o.get_int("plan_micro_batch")) {}
 
   void plan(loom::sdk::PlanContext& context) override {
+    loom::sdk::log::info("record_oom: config key ", context.config_key);
     if (plan_micro_batch_ != 0) context.plan.micro_batch = plan_micro_batch_;
   }
 

@@ -22,15 +22,19 @@ class OomRecovery final : public loom::sdk::MemoryPolicy {
   bool on_oom(loom::sdk::OomContext& context) override {
     const auto old = context.plan;
     if (old.micro_batch <= 1 || replans_ >= max_replans_) return false;
-    context.plan = loom::sdk::split_global_batch(old.global(), old.world_size, old.micro_batch / 2);
-    loom::memory::warn_uneven_split(context.plan, old.global(), old.micro_batch / 2, "{} would be half the one that ran out");
     ++replans_;
-    if (context.evaluation)
+    // An evaluation has no global batch to keep: halved (its micro-batch 97 became 1 under the
+    // training's rule, the largest divisor of the batch, for the rest of the run; a review).
+    if (context.evaluation) {
+      context.plan.micro_batch = old.micro_batch / 2;
       loom::sdk::log::warn("out of memory in the evaluation after step ", context.step, ": micro-batch ", old.micro_batch,
                            " -> ", context.plan.micro_batch, ", evaluating again");
-    else
-      loom::sdk::log::warn("out of memory at step ", context.step, ": re-planning ", loom::sdk::plan_text(old), " -> ",
-                           loom::sdk::plan_text(context.plan), " and replaying the step");
+      return true;
+    }
+    context.plan = loom::sdk::split_global_batch(old.global(), old.world_size, old.micro_batch / 2);
+    loom::memory::warn_uneven_split(context.plan, old.global(), old.micro_batch / 2, "{} would be half the one that ran out");
+    loom::sdk::log::warn("out of memory at step ", context.step, ": re-planning ", loom::sdk::plan_text(old), " -> ",
+                         loom::sdk::plan_text(context.plan), " and replaying the step");
     return true;
   }
 

@@ -450,26 +450,30 @@ TEST_F(MemoryTest, OomRecoveryGivesTheRunThatNeverRanOutOfMemory) {
   // With SGD the update is linear in the gradient: the weights agree to float rounding. AdamW
   // divides by sqrt(v), which turns rounding in near-zero gradients into ~1e-5 differences after
   // a few steps (the same happens between any two ways of summing the batch), so its weights
-  // are compared at 1e-4.
+  // are compared at 1e-4. Past the first epoch's end too: 1000 samples are 15 steps of 64 (40
+  // left over), and the epoch of 32 x 2 ended after 31 micro-batches, so the recovered run's step
+  // 16 took the first epoch's last 32 and the second's first 32 (Note [An epoch of whole steps]).
   const auto [full, half] = peaks(64);
+  constexpr int kSteps = 17;
   for (const std::string optimizer : {"sgd", "adamw"}) {
-    Config tight = config("tight_" + optimizer);
-    tight.set_assignment("trainer.optimizer=" + optimizer);
+    Config tight = config("tight_" + optimizer), free = config("free_" + optimizer);
+    for (Config* c : {&tight, &free})
+      for (const std::string kv : {"trainer.optimizer=" + optimizer, std::string("data.train_size=1000"),
+                                   std::string("data.validation_fraction=0"), std::string("trainer.max_steps=17")})
+        c->set_assignment(kv);
     tight.set_assignment("memory.device_memory_limit=" + std::to_string((full + half) / 2));
     tight.set_assignment("memory.policies=oom_recovery");
-    Config free = config("free_" + optimizer);
-    free.set_assignment("trainer.optimizer=" + optimizer);
     // One after the other: the CPU budget is process-wide, the newest run's.
     std::vector<double> tight_losses, free_losses;
     auto a = make(tight);
-    for (int i = 0; i < 6; ++i) tight_losses.push_back(a->step_with_recovery().loss);
+    for (int i = 0; i < kSteps; ++i) tight_losses.push_back(a->step_with_recovery().loss);
     EXPECT_EQ(a->oom_recoveries(), 1);
     EXPECT_EQ(a->plan(), (loom::sdk::BatchPlan{32, 2, 1}));
     const auto pa = parameters(*a);
     auto b = make(free);
-    for (int i = 0; i < 6; ++i) free_losses.push_back(b->step_with_recovery().loss);
+    for (int i = 0; i < kSteps; ++i) free_losses.push_back(b->step_with_recovery().loss);
     EXPECT_EQ(b->plan(), (loom::sdk::BatchPlan{64, 1, 1}));
-    for (int i = 0; i < 6; ++i)
+    for (int i = 0; i < kSteps; ++i)
       EXPECT_LE(std::abs(tight_losses[i] - free_losses[i]), 1e-5 * std::abs(free_losses[i]))
           << optimizer << " step " << i + 1;
     const auto pb = parameters(*b);
@@ -492,6 +496,24 @@ TEST_F(MemoryTest, APolicyCountsStepsAsTheLogsDo) {
   t->step_with_recovery();
   EXPECT_TRUE(log.contains("[record_oom] record_oom: step 1, micro-batch 64")) << join(log.lines(), "\n");
   EXPECT_TRUE(log.contains("after running out of memory at step 1")) << join(log.lines(), "\n");
+}
+
+TEST_F(MemoryTest, ThePlansKeyNamesReplicasThatShareTheDevice) {
+  // auto_batch caches its answer under this key: two replicas on one device (data_parallel over
+  // cpu,cpu) each hold their part's activations, so a single device's answer ran out of memory at
+  // step 1 there. One replica per device keeps the key it had.
+  for (const std::string devices : {"cpu,cpu", ""}) {
+    Config c = config("key_" + std::to_string(devices.size()));
+    c.set_assignment("memory.policies=record_oom");
+    if (!devices.empty()) {
+      c.set_assignment("parallel.name=data_parallel");
+      c.set_assignment("parallel.devices=" + devices);
+    }
+    loom::core::log::Capture log(LOOM_LOG_INFO);
+    auto t = make(c);
+    EXPECT_TRUE(log.contains("record_oom: config key model.")) << join(log.lines(), "\n");
+    EXPECT_EQ(log.contains("replicas_on_device=2;"), !devices.empty()) << join(log.lines(), "\n");
+  }
 }
 
 TEST_F(MemoryTest, APolicyThatAnswersAnOutOfMemoryWithNoSmallerPlanIsOneErrorNotAReplayForEver) {
@@ -564,6 +586,17 @@ TEST_F(MemoryTest, EvaluationThatRunsOutOfMemoryIsReplannedLikeAStepOrSaysItWasE
     }
     t->memory().set_limit(0);
   }
+  // An evaluation's micro-batch has no global batch to divide: halved (97 -> 48, not to 1, the
+  // largest divisor of 97 under half, for the rest of the run), and said without the training's
+  // advice about uneven splits.
+  auto policy = registry().create<loom::sdk::MemoryPolicy>("oom_recovery", {});
+  loom::sdk::OomContext eval;
+  eval.evaluation = true;
+  eval.plan = loom::sdk::BatchPlan{97, 1, 1};
+  loom::core::log::Capture log(LOOM_LOG_INFO);
+  ASSERT_TRUE(policy->on_oom(eval));
+  EXPECT_EQ(eval.plan, (loom::sdk::BatchPlan{48, 1, 1}));
+  EXPECT_FALSE(log.contains("splits evenly only")) << join(log.lines(), "\n");
 }
 
 TEST_F(MemoryTest, AModelThatCannotEvenBeBuiltIsOneClearError) {
@@ -600,6 +633,21 @@ TEST_F(MemoryTest, AtMicroBatchOneTheErrorSaysWhatWouldHelp) {
                                "4. a smaller input", "The estimator: the model states alone need"})
       EXPECT_NE(m.find(advice), std::string::npos) << advice << " missing from: " << m;
     EXPECT_EQ(m.find("a smaller batch"), std::string::npos) << m;
+    EXPECT_NE(m.find("oom_recovery re-planned to micro-batch 1 x accumulation 64 and stopped there (micro-batch 1 is "
+                     "the smallest)"), std::string::npos) << m;
+  }
+  // At micro-batch 1 from the start it re-planned nothing, and says so (it claimed a re-plan).
+  c.set_assignment("trainer.batch_size=1");
+  c.set_assignment("trainer.name=hopeless_from_the_start");
+  t.reset();  // (the budget is the process's: the first run's model and optimizer go first)
+  auto from_start = make(c);
+  try {
+    from_start->step_with_recovery();
+    FAIL();
+  } catch (const loom::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("1. gradient accumulation: oom_recovery is on and made no smaller plan (micro-batch 1 is the "
+                     "smallest)"), std::string::npos) << m;
   }
 }
 

@@ -91,7 +91,7 @@ TEST(DataLoader, ASubsetDrawsOnlyItsOwnSamplesEachOncePerEpoch) {
   for (int64_t i = 0; i < 100; ++i) (i % 4 == 0 ? held.subset : kept.subset).push_back(i);
   DataLoader validation(data, loom::sdk::Split::kTrain, held), train(data, loom::sdk::Split::kTrain, kept);
   EXPECT_EQ(validation.samples_per_epoch(), 25);
-  EXPECT_EQ(train.samples_per_epoch(), 75);
+  EXPECT_EQ(train.samples_per_epoch(), 70);  // whole micro-batches of 10 (the 5 left are dropped)
   const auto v = take(validation, 5);
   const auto t = take(train, 7);  // 70 of the 75
   EXPECT_EQ(std::set<int64_t>(v.begin(), v.end()), std::set<int64_t>(held.subset.begin(), held.subset.end()));
@@ -114,9 +114,40 @@ TEST(DataLoader, PositionResumesExactlyEvenWithAnotherMicroBatch) {
 
   DataLoader c(data, loom::sdk::Split::kTrain, options(8, 2));
   c.seek(at);
-  c.set_micro_batch(4);  // OOM recovery halves the micro-batch: the same samples follow
+  c.set_micro_batch(4, 0);  // OOM recovery halves the micro-batch: the same samples follow
   const auto halves = take(c, 14);
   EXPECT_EQ(std::vector<int64_t>(halves.begin(), halves.begin() + 56), std::vector<int64_t>(rest.begin(), rest.begin() + 56));
+}
+
+TEST(DataLoader, AnEpochHoldsWholeStepsWhateverTheMicroBatch) {
+  // 120 samples, steps of 32: three steps an epoch (96), whether a step is 2 micro-batches of 16
+  // or 4 of 8 (OOM recovery). An epoch that ended at the last whole micro-batch held 112 or 120,
+  // so the run that halved its micro-batch trained on other samples from the first epoch's end
+  // on, and a step took the end of one epoch and the start of the next.
+  auto data = std::make_shared<Numbers>(120);
+  auto o = options(16, 0);
+  o.step_samples = 32;
+  DataLoader halves(data, loom::sdk::Split::kTrain, o);
+  EXPECT_EQ(halves.samples_per_epoch(), 96);
+  EXPECT_EQ(halves.batches_per_epoch(), 6);
+  const auto planned = take(halves, 3 * 6);  // three epochs
+  DataLoader quarters(data, loom::sdk::Split::kTrain, o);
+  quarters.set_micro_batch(8, 32);
+  EXPECT_EQ(quarters.batches_per_epoch(), 12);
+  EXPECT_EQ(take(quarters, 3 * 12), planned);
+  // ... and recovered mid-epoch: the samples of the plan that never changed, epoch after epoch
+  DataLoader recovered(data, loom::sdk::Split::kTrain, o);
+  auto got = take(recovered, 3);
+  recovered.set_micro_batch(8, 32);
+  const auto rest = take(recovered, 30);
+  got.insert(got.end(), rest.begin(), rest.end());
+  EXPECT_EQ(got, planned);
+  for (size_t step = 0; step < planned.size(); step += 32) {  // no sample twice in a step
+    const std::set<int64_t> in_step(planned.begin() + static_cast<std::ptrdiff_t>(step),
+                                    planned.begin() + static_cast<std::ptrdiff_t>(step + 32));
+    EXPECT_EQ(in_step.size(), 32u) << "step " << step / 32 + 1;
+  }
+  EXPECT_THROW(quarters.set_micro_batch(12, 32), std::exception);  // (no whole number of micro-batches)
 }
 
 TEST(DataLoader, RanksTakeDisjointShares) {

@@ -54,6 +54,10 @@ class DataLoader {
     int64_t micro_batch = 32;
     bool shuffle = true;
     bool drop_last = true;   ///< drop the last incomplete batch of an epoch (training)
+    /// This rank's samples per optimizer step (the micro-batch times the accumulation), with
+    /// drop_last: an epoch holds whole steps, so its end does not move when the micro-batch does
+    /// (OOM recovery) and no step spans two epochs (Note [An epoch of whole steps]). 0: one micro-batch.
+    int64_t step_samples = 0;
     /// Nothing is fetched past an epoch's end (evaluation: the loader idles between passes, where
     /// it fetched the next epoch's first batches, and on CUDA held one on the device, until the
     /// next evaluation); a next() past the end is an error.
@@ -91,12 +95,13 @@ class DataLoader {
   Position position() const { return position_; }
   /// Continues from `position` (from a checkpoint, or a step to replay).
   void seek(Position position);
-  /// Changes the micro-batch from the next batch on (the position is kept).
-  void set_micro_batch(int64_t micro_batch);
+  /// Changes the micro-batch from the next batch on (the position is kept), and the samples of a
+  /// step (Options::step_samples; a multiple of the micro-batch, or 0).
+  void set_micro_batch(int64_t micro_batch, int64_t step_samples);
   int64_t micro_batch() const { return options_.micro_batch; }
 
   /// This rank's samples per epoch, and micro-batches per epoch (full ones only when
-  /// drop_last; otherwise the last may be smaller).
+  /// drop_last, whole steps of them; otherwise the last may be smaller).
   int64_t samples_per_epoch() const;
   int64_t batches_per_epoch() const;
   /// The samples of the split (or subset) across every rank.
@@ -118,6 +123,7 @@ class DataLoader {
     bool busy = false;  // a worker is filling it (under mutex_)
   };
   const std::vector<int64_t>& order(int64_t epoch);  // this rank's indices of an epoch
+  static void check_micro_batch(int64_t micro_batch, int64_t step_samples);
   void restart();       // drop queued work, plan from position_
   void schedule();      // queue jobs up to the prefetch depth
   bool planned_none() const;  // no batch is planned after those handed out (one_epoch: the pass ended)
