@@ -104,7 +104,7 @@ const std::vector<Command>& commands() {
       {"doctor", "what this machine offers: devices, memory, versions, TF32/bf16 support", "loom doctor", false,
        nullptr, cmd_doctor},
       {"plugins", "list the loaded components and the refused plugin files; inspect or check one plugin",
-       "loom plugins [inspect FILE | check FILE [--dataset NAME] [--set SECTION.COMPONENT.OPTION=VALUE]... [--check-timeout SECONDS]]", false,
+       "loom plugins [inspect FILE|COMPONENT | check FILE|COMPONENT [--dataset NAME] [--set SECTION.COMPONENT.OPTION=VALUE]... [--check-timeout SECONDS]]", false,
        [](po::options_description& d) {
          d.add_options()("dataset", po::value<std::string>(),
                          "check: the dataset a model is checked with (default: its plugin's own, else the first of synthetic, "
@@ -116,8 +116,8 @@ const std::vector<Command>& commands() {
              "child process, and one that hangs or crashes fails alone");
        },
        cmd_plugins},
-      {"config", "show the merged run configuration and where each value comes from",
-       "loom config [show] [-c FILE] [--set section.key=value] ... [--resume auto]", true,
+      {"config", "show the merged run configuration and where each value comes from, or every key it accepts",
+       "loom config [show|keys] [-c FILE] [--set section.key=value] ... [--resume auto]", true,
        [](po::options_description& d) {
          d.add_options()("resume", po::value<std::string>()->value_name("auto"),
                          "auto: what `loom train --resume auto` would train with (the run's own settings where this "

@@ -13,6 +13,7 @@
 #include <loom/sdk/options.hpp>
 
 #include <iostream>
+#include <optional>
 
 namespace loom::cli {
 
@@ -59,6 +60,14 @@ int cmd_memory(const Invocation& invocation) {
     throw Error("loom memory " + what + ": unexpected argument '" + invocation.args[1] + "'; " + usage + switch_value_hint(invocation, invocation.args[1]));
   if (what == "estimate" && invocation.options.count("target"))
     throw Error("--target is for loom memory suggest (a micro-batch that fits a size); estimate takes --batch");
+  // (checked before the data and the model are built: a missing --target was said after loading Fashion-MNIST)
+  std::optional<int64_t> target;
+  if (what == "suggest") {
+    if (!invocation.options.count("target")) throw Error("loom memory suggest needs --target SIZE, e.g. --target 8GiB");
+    const std::string target_text = invocation.options["target"].as<std::string>();
+    target = sdk::parse_bytes(target_text);
+    if (!target) throw Error("--target '" + target_text + "' is not a size (a number of bytes below 8 EiB, with its unit); e.g. 8GiB, 512MiB, 16GB");
+  }
   const int64_t devices = devices_of(invocation);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
@@ -119,10 +128,6 @@ int cmd_memory(const Invocation& invocation) {
     return 0;
   }
 
-  if (!invocation.options.count("target")) throw Error("loom memory suggest needs --target SIZE, e.g. --target 8GiB");
-  const std::string target_text = invocation.options["target"].as<std::string>();
-  const auto target = sdk::parse_bytes(target_text);
-  if (!target) throw Error("--target '" + target_text + "' is not a size (a number of bytes below 8 EiB, with its unit); e.g. 8GiB, 512MiB, 16GB");
   if (const int64_t cap = trainer.memory().stats().limit; cap > 0 && *target > cap)
     core::log::warn("--target ", core::format_bytes(*target), " is above the cap this command runs under, ",
                     core::format_bytes(cap), " (memory.device_memory_limit or --memory-fraction): the probes cannot go "

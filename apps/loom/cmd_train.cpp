@@ -250,7 +250,7 @@ int cmd_train(const Invocation& invocation) {
   // (a resume a callback stopped before its first step: "done 10 steps in 0s of training, 0 samples/s")
   core::log::info("done      ", trainer.session_steps() == 0 ? "no step trained by this command; the run is at step " +
                                                                      std::to_string(s.steps)
-                                                               : std::to_string(s.steps) + " steps in " +
+                                                               : std::to_string(s.steps) + (s.steps == 1 ? " step in " : " steps in ") +
                                                                      sdk::format_duration(s.seconds) + " of training, " + rate,
                   s.final_eval ? "; " + eval_line(trainer, *s.final_eval) +
                                      // (an older one, where a stop cut the last short: said whose)
@@ -452,6 +452,14 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
     if (const core::ConfigValue* v = user.find(key))
       core::log::warn(key, " = ", v->value, " (", v->origin.describe(), ") has no effect here: this command reads the "
                       "checkpoint it is given and writes no run");
+  // (and keys of how a run trains, given on the command line: `loom eval RUN --use-scheduler` was
+  // silent; the docs probe. A -c file's are a training configuration's, used for its data.)
+  for (const char* key : {"trainer.epochs", "trainer.max_steps", "trainer.gradient_accumulation_steps", "trainer.optimizer",
+                          "trainer.lr", "trainer.schedule", "trainer.use_scheduler", "trainer.clip_grad_norm",
+                          "trainer.reference_batch", "trainer.eval_every", "trainer.log_every", "trainer.checkpoint_every",
+                          "trainer.keep_last", "trainer.device_step"})
+    if (const core::ConfigValue* v = user.find(key); v != nullptr && v->origin.source != "file")
+      core::log::warn(key, " = ", v->value, " (", v->origin.describe(), ") has no effect here: this command trains nothing");
   for (const auto& [key, value] : recorded) config.set(key, value, core::Origin{"checkpoint", {}, 0});
   // The precision it was trained in, where it runs here and the user chooses none (--no-amp and
   // --allow-tf32 choose through precision.name = auto): its own figures are reproduced in it.

@@ -142,8 +142,8 @@ std::string base_override(const Config& config, const std::string& key, const st
   if (latest(before->origin.file) <= latest(named_by)) return "";  // (distance from the end: read after it, or it)
   return display(path) + ":" + std::to_string(line) + ": " + key + " = " + value + " replaces " + before->value + " from " +
          before->origin.describe() + ", read before " + display(named_by) + ", whose base this file is: a base's " +
-         "values come before those of the file that names it. Set the key in " + display(named_by) +
-         " or a file after it if " + before->value + " is meant";
+         "values come before those of the file that names it. If " + before->value + " is meant, give --set " + key +
+         "=" + before->value + " or set it in a -c file after " + display(named_by);  // (not "in debug.ini": Loom's own)
 }
 
 }  // namespace

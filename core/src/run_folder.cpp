@@ -23,9 +23,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -393,18 +390,22 @@ void Trainer::read_the_runs_config() {
     }
   }
   std::vector<std::string> routine, training;
+  bool given = options_.resume_from.empty();  // (every training change given by this --resume auto command)
   for (const auto& [key, now] : config_) {
     const auto was = recorded(key);  // (none: a key of a component the run did not use, or of an older Loom)
     if (!was || same_value(*was, now.value)) continue;
     const Change change = kind_of_change(key);
     if (change == Change::kSaidElsewhere) continue;
+    given = given && (change == Change::kRoutine || now.origin.source != "default");
     (change == Change::kRoutine ? routine : training)
         .push_back(key + " " + *was + " -> " + now.value + " (" + now.origin.describe() + ")");
   }
   if (!routine.empty()) log::info("resumed with ", join(routine, "; "));
   if (!training.empty())
     log::warn("this resume trains otherwise than the run did until step ", step_, " (", record.string(), "): ",
-              join(training, "; "), ". To go on as it was, give the -c files and --set of the run's first command");
+              join(training, "; "), ". To go on as it was, ",
+              given ? "leave these out of the command (--resume auto takes the run's own)"
+                    : "give the -c files and --set of the run's first command");
   if (!routine.empty() || !training.empty()) keep_record();
 }
 

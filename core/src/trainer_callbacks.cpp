@@ -178,7 +178,9 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   report.seconds = train_seconds;
   report.samples_per_second = summary.samples_per_second;
   report.plan = plan_;
-  report.peak_memory = plan_peak;  // (the final plan's: what its estimate is checked against)
+  // (the final plan's: what its estimate is checked against; none where this process trained no
+  // step: a resume at the end measured its set-up, "error +341.0 %"; the docs probe)
+  report.peak_memory = step_ > first_step ? plan_peak : -1;
   report.predicted_peak = summary.predicted_peak;
   report.oom_recoveries = oom_recoveries_;
   report.stop_reason = stop_reason_;

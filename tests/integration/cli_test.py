@@ -68,9 +68,19 @@ expect("flavour = debug" in r.stdout and "(model 'lightweight_transformer')" in 
 r = loom(exe, "config", "--batch-size", "16")
 expect("batch_size = 16" in r.stdout and "# --batch-size" in r.stdout, "loom config alone shows", r)
 r = loom(exe, "config", "shw", check=False)
-expect(r.returncode == 1 and "loom config: 'shw' is no subcommand (show is the one there is)" in r.stderr, "config shw", r)
+expect(r.returncode == 1 and "loom config: 'shw' is no subcommand (show or keys)" in r.stderr, "config shw", r)
 r = loom(exe, "config", "show", "extra", check=False)
 expect(r.returncode == 1 and "loom config show takes no argument, and 'extra' is one" in r.stderr, "config show extra", r)
+# `loom config keys`: every key of the run with its default, range and meaning (the core's keys were
+# explained nowhere a user looks; the docs probe), the selected components' under their section.
+r = loom(exe, "config", "keys", "-c", "debug")
+expect(re.search(r"\[trainer\]\n(.*\n)*max_steps = 50 +# optimizer steps to train; 0: as many as `epochs` take \[0, \d+\]; "
+                 r"default 0\n", r.stdout)
+       and re.search(r"\neval_every = 25 +# evaluate every N steps; 0: at the end of each epoch", r.stdout)
+       and re.search(r"\[model\.lightweight_transformer\]  # model 'lightweight_transformer'\n", r.stdout)
+       and "[memory.auto_batch]" not in r.stdout, "config keys", r)
+r = loom(exe, "config", "keys", "-c", "debug", "--set", "memory.policies=auto_batch")
+expect("[memory.auto_batch]  # memory policy 'auto_batch'" in r.stdout, "config keys of a selected policy", r)
 
 # A key given twice on the command line: the value not used is never checked, so it is named.
 r = loom(exe, "config", "show", "--batch-size", "abc", "--set", "trainer.batch_size=64")
@@ -240,6 +250,12 @@ try:
     loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev",
          "--set", "trainer.max_steps=10", "--set", "trainer.eval_every=5")
     best = os.path.join(work, "ev", "checkpoints", "best_accuracy.safetensors")
+    # Flags of training given to eval are named as doing nothing there (they were taken in silence).
+    r = loom(exe, "eval", best, "--use-scheduler", "--work-dir", os.path.join(work, "nowhere"), "--set", "trainer.lr=0.5")
+    expect("trainer.use_scheduler = true (--use-scheduler) has no effect here: this command trains nothing" in r.stderr
+           and "trainer.lr = 0.5 (--set) has no effect here" in r.stderr
+           and "trainer.work_dir = " + os.path.join(work, "nowhere") + " (--work-dir) has no effect here" in r.stderr
+           and "accuracy" in r.stderr, "training flags given to eval", r)
     # A checkpoint that cannot be written (a full disk; here a file size limit, as the kernel says
     # it): one error, no partial folder, the older checkpoints stand, and the command that continues
     # from them, which then runs.
@@ -534,16 +550,19 @@ try:
     diverging = ("--set", f"trainer.work_dir={work}", "--set", "trainer.name=diverged_es", "--set", "trainer.max_steps=40",
                  "--set", "trainer.lr=10", "--set", "trainer.clip_grad_norm=0", "--set", "trainer.optimizer=sgd",
                  "--set", "optimizer.sgd.momentum=0.99", "--set", "trainer.eval_every=10",
-                 "--set", "trainer.callbacks=progress, jsonl, checkpoint, early_stopping",
+                 "--set", "trainer.callbacks=progress, jsonl, checkpoint, early_stopping, memory_summary",
                  "--set", "callback.early_stopping.metric=loss", "--set", "callback.early_stopping.patience=1")
     r = loom(exe, "train", *SMALL, *diverging, check=False)
     summary = json.load(open(os.path.join(work, "diverged_es", "summary.json")))
     expect(r.returncode == 1 and "the run diverged" in r.stderr and summary["step"] < 40 and summary["diverged"] is True
            and summary["stopped_early"].startswith("early_stopping: validation loss has not improved"),
            f"a diverged run early stopping ended: {summary}", r)
+    expect("memory estimate: predicted peak" in r.stderr, "the estimate checked against the run's peak", r)
     r = loom(exe, "train", *SMALL, *diverging, "--resume", "auto", check=False)
     expect(r.returncode == 1 and "the run diverged: its final evaluation's loss is nan" in r.stderr,
            "a diverged run that early stopping ended, resumed", r)
+    # (no step trained: no peak of a step to check the estimate against; it said "error +341.0 %")
+    expect("memory estimate: predicted peak" not in r.stderr, "a resume that trained no step checks no estimate", r)
     # Started as one of several processes (torchrun's or `loom launch`'s variables) with a strategy
     # that trains alone: refused, as each process would train the whole model by itself. Under
     # Slurm's variables (an sbatch script around one process) a warning only.

@@ -816,6 +816,8 @@ TEST_F(RunFolderTest, AResumeThatTrainsOtherwiseSaysWhatChangedAndKeepsTheRunsRe
     EXPECT_TRUE(capture.contains("trainer.clip_grad_norm 0.5 -> 1.0 (default)")) << said;
     EXPECT_TRUE(capture.contains("trainer.lr 0.01 -> ")) << said;
     EXPECT_TRUE(capture.contains("resumed with trainer.max_steps 4 -> 6 (--set)")) << said;
+    // (the defaults undid the run's settings: they are to be given again)
+    EXPECT_TRUE(capture.contains("To go on as it was, give the -c files and --set of the run's first command")) << said;
     const fs::path until = dir_ / "changed" / "config.until_step_4.json";
     ASSERT_TRUE(fs::exists(until));
     EXPECT_NE(read_file(until).find("\"value\": \"0.01\""), std::string::npos);
@@ -828,6 +830,18 @@ TEST_F(RunFolderTest, AResumeThatTrainsOtherwiseSaysWhatChangedAndKeepsTheRunsRe
     loom::testing::make_trainer(again)->train();
     EXPECT_FALSE(quiet.contains("trains otherwise")) << join(quiet.lines(), "\n");
     EXPECT_FALSE(fs::exists(dir_ / "changed" / "config.until_step_6.json"));
+  }
+  // A rate this --resume auto command gives itself: leaving it out goes on as it was (the run's
+  // settings are --resume auto's where a command gives none), not "give the first command's".
+  {
+    Config faster = again;
+    faster.set_assignment("trainer.lr=0.05");
+    faster.set_assignment("trainer.max_steps=8");  // (steps to train: a resume at its end compares nothing)
+    log::Capture said;
+    loom::testing::make_trainer(faster);
+    EXPECT_TRUE(said.contains(" -> 0.05 (--set). To go on as it was, leave these out of the command "
+                              "(--resume auto takes the run's own)"))
+        << join(said.lines(), "\n");
   }
 
   // From step 4 again, with the first learning rate: compared with what trained up to step 4
