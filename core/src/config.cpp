@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -140,10 +141,14 @@ std::string base_override(const Config& config, const std::string& key, const st
   const auto latest = [&](const fs::path& f) { return std::find(files.rbegin(), files.rend(), f) - files.rbegin(); };
   const fs::path& named_by = chain[chain.size() - 2];  // the file whose base this one is
   if (latest(before->origin.file) <= latest(named_by)) return "";  // (distance from the end: read after it, or it)
+  // (a value of several words, "progress, jsonl", is quoted for the shell: it was two arguments)
+  const std::string assignment = key + "=" + before->value;
+  const bool plain = std::all_of(assignment.begin(), assignment.end(),
+                                 [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._,:/+-=", c); });
   return display(path) + ":" + std::to_string(line) + ": " + key + " = " + value + " replaces " + before->value + " from " +
          before->origin.describe() + ", read before " + display(named_by) + ", whose base this file is: a base's " +
-         "values come before those of the file that names it. If " + before->value + " is meant, give --set " + key +
-         "=" + before->value + " or set it in a -c file after " + display(named_by);  // (not "in debug.ini": Loom's own)
+         "values come before those of the file that names it. If " + before->value + " is meant, give --set " +
+         (plain ? assignment : "'" + assignment + "'") + " or set it in a -c file after " + display(named_by);  // (not "in debug.ini": Loom's own)
 }
 
 }  // namespace

@@ -111,7 +111,9 @@ DataLoader::~DataLoader() {
 // moved, so the recovered run trained on other samples than the run that never ran out of
 // memory from the first epoch's end on (1000 samples, 48 = 24 x 2: step 21 took 960..983 of
 // epoch 0 where the plain run took epoch 1's first 48; a review). The epoch holds whole steps:
-// the same samples whatever the split of a step into micro-batches.
+// the same samples whatever the split of a step into micro-batches. (A resume at an offset off
+// the steps' grid, from a checkpoint of before or with another global batch or world size, has one
+// step across the epoch's end and is on the grid from the next epoch.)
 int64_t DataLoader::samples_per_epoch() const {
   if (!options_.drop_last) return (size_ - options_.rank + options_.world_size - 1) / options_.world_size;
   const int64_t unit = options_.step_samples > 0 ? options_.step_samples : options_.micro_batch;
@@ -172,8 +174,10 @@ void DataLoader::check_micro_batch(int64_t micro_batch, int64_t step_samples) {
 
 void DataLoader::set_micro_batch(int64_t micro_batch, int64_t step_samples) {
   check_micro_batch(micro_batch, step_samples);
+  const int64_t before = samples_per_epoch();
   options_.micro_batch = micro_batch;
   options_.step_samples = step_samples;
+  if (samples_per_epoch() != before) orders_.clear();  // (an order is cut to the epoch's length)
   restart();
 }
 
@@ -187,7 +191,7 @@ void DataLoader::schedule() {
     if (planned_.offset + need > spe) {
       if (options_.one_epoch) break;
       planned_ = {planned_.epoch + 1, 0};
-      if (need > spe)  // (an epoch of no step: the trainer refuses such a batch first)
+      if (need > spe)  // (an epoch of no step, which the trainer refuses before the first batch)
         throw Error("loader: an epoch of " + std::to_string(spe) + " samples holds no micro-batch of " + std::to_string(need));
     }
     lock.unlock();

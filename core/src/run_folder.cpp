@@ -396,7 +396,7 @@ void Trainer::read_the_runs_config() {
     if (!was || same_value(*was, now.value)) continue;
     const Change change = kind_of_change(key);
     if (change == Change::kSaidElsewhere) continue;
-    given = given && (change == Change::kRoutine || now.origin.source != "default");
+    given = given && (change == Change::kRoutine || (now.origin.source != "default" && now.origin.source != kRunRecordOrigin));
     (change == Change::kRoutine ? routine : training)
         .push_back(key + " " + *was + " -> " + now.value + " (" + now.origin.describe() + ")");
   }

@@ -416,11 +416,25 @@ void Trainer::build_plan() {
   }
 }
 
+namespace {
+/// The optimizer steps of an epoch of `loader` (whole steps: no sample twice in one), or an error.
+int64_t steps_per_epoch(const DataLoader& loader, const sdk::BatchPlan& plan, int64_t world) {
+  const int64_t per_epoch = loader.batches_per_epoch() / plan.accumulation;
+  if (per_epoch < 1)
+    throw Error("the global batch, " + std::to_string(plan.global()) + ", is more than the " +
+                std::to_string(loader.size() / world * world) + " samples an epoch of the training split has: one "
+                "step would see some of them twice; lower trainer.batch_size (or gradient_accumulation_steps), or hold "
+                "out less for validation (data.validation_fraction)");
+  return per_epoch;
+}
+}  // namespace
+
 void Trainer::adopt_global_batch(int64_t global) {
   const sdk::BatchPlan chosen = plan_;
   plan_ = sdk::split_global_batch(global, plan_.world_size, plan_.micro_batch);
   train_loader_->set_micro_batch(plan_.micro_batch * local_devices(), plan_.micro_batch * local_devices() * plan_.accumulation);
-  const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;  // (as build_loaders counts)
+  // (the data may have shrunk below the checkpoint's batch since: no step would fit an epoch)
+  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, parallel_->world_size());
   if (options_.max_steps == 0) total_steps_ = per_epoch * options_.epochs;
   if (options_.eval_every == 0) eval_every_ = std::max<int64_t>(1, per_epoch);
   if (options_.reference_batch > 0)
@@ -561,12 +575,7 @@ void Trainer::build_loaders(bool training) {
     throw Error(std::string(e.what()) + ", or hold out less of it for validation (data.validation_fraction = " +
                 fraction + " holds out " + std::to_string(held_out_) + " of its " + std::to_string(train_size) + ")");
   }
-  const int64_t per_epoch = train_loader_->batches_per_epoch() / plan_.accumulation;  // (whole steps: no sample twice)
-  if (per_epoch < 1)
-    throw Error("the global batch, " + std::to_string(plan_.global()) + ", is more than the " +
-                std::to_string(train_loader_->size() / train.world_size * train.world_size) + " samples an epoch of the training " +
-                "split has: one step would see some of them twice; lower trainer.batch_size (or "
-                "gradient_accumulation_steps), or hold out less for validation (data.validation_fraction)");
+  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, train.world_size);
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
   eval_every_ = options_.eval_every > 0 ? options_.eval_every : std::max<int64_t>(1, per_epoch);
 }

@@ -245,7 +245,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   const bool beyond = saved.offset * saved.ranks > epoch_samples;
   if (beyond)
     log::warn("the checkpoint had taken ", saved.offset * saved.ranks, " samples of its epoch ", saved.epoch,
-              ", more than this run's epoch holds (", epoch_samples, ": the data changed), so training goes on at the "
+              ", more than this run's training split holds (", epoch_samples, ": the data changed), so training goes on at the "
               "start of epoch ", saved.epoch + 1);
   const DataLoader::Position position =
       beyond ? DataLoader::Position{saved.epoch + 1, 0} : position_for_world(saved.epoch, saved.offset, saved.ranks);

@@ -129,15 +129,13 @@ void Trainer::build_replicas() {
     throw Error("parallel strategy '" + detail::value_of(config_, "parallel.name") + "' trains on " + device_.str() +
                 " but lists " + describe_devices(devices) + " as its devices; the first must be its device()");
   if (device_.is_cuda()) {
-    // The memory policies cap the first device (memory_); each other one gets that cap as the same
-    // share of its own memory, before its replica is made (--memory-fraction capped cuda:0 alone;
-    // a review). 0, no cap, also clears a cap a run before set in this process (loom bench).
-    const auto first = memory_->stats();
-    const double share = first.limit > 0 && first.total > 0 ? static_cast<double>(first.limit) / static_cast<double>(first.total) : 0;
+    // The memory policies cap the first device (memory_) and plan for it: each other one gets the
+    // same cap in bytes (its replica needs as many) before its replica is made; --memory-fraction
+    // capped cuda:0 alone (a review). 0, no cap, also clears a cap a run before set in this process.
+    const int64_t cap = memory_->stats().limit;
     for (const auto& d : devices) {
       replica_memory_.push_back(make_device_memory(d));
-      if (d != device_)
-        replica_memory_.back()->set_limit(static_cast<int64_t>(share * static_cast<double>(replica_memory_.back()->stats().total)));
+      if (d != device_) replica_memory_.back()->set_limit(std::max<int64_t>(0, cap));
     }
   }
   replicas_ = std::make_unique<Replicas>(*model_, devices, [this] { return make_model(); }, detail::value_of(config_, "model.name"));

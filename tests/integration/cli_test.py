@@ -603,6 +603,19 @@ try:
              "--set", "trainer.max_steps=12")
     expect(re.search(r"max_steps = 12 +# --set\n", r.stdout) and re.search(r"flavour = debug +# the run's config.json \(model 'lightweight_transformer'\)\n", r.stdout)
            and re.search(r"name = ev +# --set\n", r.stdout), "config show --resume auto: the run's settings, and the command's", r)
+    # A rate a resume gave after the checkpoint (its steps killed before the next one: its config.json
+    # says 0.05, the record of the steps up to the checkpoint 0.002): a bare --resume auto takes 0.05
+    # from config.json, and "leave these out of the command" would be false: the command gave none.
+    shutil.copytree(os.path.join(work, "ev"), os.path.join(work, "ev_rate"))  # (ev stays as it is for what follows)
+    record = os.path.join(work, "ev_rate", "config.json")
+    shutil.copy(record, os.path.join(work, "ev_rate", "config.until_step_10.json"))
+    text = json.load(open(record))
+    text["trainer.lr"] = {"value": "0.05", "origin": "--set"}  # (as the resume that gave it recorded it)
+    json.dump(text, open(record, "w"))
+    r = loom(exe, "train", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev_rate", "--set",
+             "trainer.max_steps=11", "--resume", "auto")
+    expect(re.search(r"trainer.lr 0.002 -> 0.05 \(the run's config.json\)\. To go on as it was, give the -c files and --set "
+                     r"of the run's first command", r.stderr), "a resume's own rate, taken from config.json, is not the command's", r)
     # Settings taken from the newest run whose checkpoints cannot be loaded are not an older run's:
     # refused, before anything is written (the older run trained with the newer one's rate and data).
     two = os.path.join(work, "two")

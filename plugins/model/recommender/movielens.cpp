@@ -90,9 +90,9 @@ class Rows {
       if (!next_line(more)) {
         const int64_t later = number_ - start;
         first_ = number_ = start;
-        throw error("a quoted field is not closed (the file ends " + std::to_string(later) + " line" +
-                    (later == 1 ? "" : "s") + " later): a stray quote (\") or a file cut short; inside a quoted "
-                    "field a quote is written twice (\"\")");
+        throw error("a quoted field is not closed (the file ends " +
+                    (later == 0 ? std::string("on that line") : std::to_string(later) + (later == 1 ? " line later" : " lines later")) +
+                    "): a stray quote (\") or a file cut short; inside a quoted field a quote is written twice (\"\")");
       }
       quotes += static_cast<size_t>(std::count(more.begin(), more.end(), '"'));
       record_.append("\n").append(more);
@@ -462,7 +462,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
       if (f.size() != 3) throw rows.error(std::to_string(f.size()) + " fields, expected 3 (movieId,title,genres; quote a title with commas)");
       Item item;
       item.id = std::to_string(integer(f[0], "movieId", rows));
-      item.title = trimmed(f[1]);
+      item.title = trimmed(to_utf8_line(f[1]));  // (a line break in it is a space: trimmed after)
       if (f[2] != "(no genres listed)")
         for (auto g : split_on(f[2], "|")) item.genres += (item.genres.empty() ? "" : ", ") + std::string(g);
       reader.add_item(std::move(item), rows);

@@ -177,6 +177,14 @@ TEST_F(ConfigTest, ABaseReadForALaterFileThatOverridesAnEarlierFileIsSaid) {
   EXPECT_CONTAINS(said, "mine.ini:2, read before ");
   // (the fix names no edit of the file that names the base: it may be one of Loom's own)
   EXPECT_CONTAINS(said, "If 0.01 is meant, give --set trainer.lr=0.01 or set it in a -c file after ");
+  // (a value of several words, quoted for the shell)
+  const auto listed = write("listed.ini", "[trainer]\ncallbacks = progress, jsonl\n");
+  const auto listing = write("listing.ini", "base = callbacks.ini\n");
+  write("callbacks.ini", "[trainer]\ncallbacks = progress, checkpoint\n");
+  Config lists;
+  lists.load_file(listed);
+  lists.load_file(listing);
+  EXPECT_CONTAINS(join(lists.base_override_warnings(), "\n"), "give --set 'trainer.callbacks=progress, jsonl' or set it");
   EXPECT_EQ(said.find("seed"), std::string::npos) << "the same value replaces nothing: " << said;
   // A later file that sets the key itself, a -c file after it, or --set: the base's value does not
   // stay, and nothing is said; nor where it is the earlier value written otherwise (1e-2 and 0.01).

@@ -458,7 +458,7 @@ TEST_F(MemoryTest, OomRecoveryGivesTheRunThatNeverRanOutOfMemory) {
   for (const std::string optimizer : {"sgd", "adamw"}) {
     Config tight = config("tight_" + optimizer), free = config("free_" + optimizer);
     for (Config* c : {&tight, &free})
-      for (const std::string kv : {"trainer.optimizer=" + optimizer, std::string("data.train_size=1000"),
+      for (const std::string& kv : {"trainer.optimizer=" + optimizer, std::string("data.train_size=1000"),
                                    std::string("data.validation_fraction=0"), std::string("trainer.max_steps=17")})
         c->set_assignment(kv);
     tight.set_assignment("memory.device_memory_limit=" + std::to_string((full + half) / 2));
@@ -774,4 +774,15 @@ TEST_F(MemoryTest, AResumeKeepsTheGlobalBatchAPolicyChoseOnAnotherDevice) {
   }
   auto given = make(run("512MB", "32"));  // (the run folder's lock went with the trainer above)
   EXPECT_EQ(given->plan().global(), 32);
+  given.reset();
+  // The data shrank below the checkpoint's global batch since: no step fits in an epoch. One error
+  // (the resume planned 0 steps, "nothing to train", or its loader failed at the first batch).
+  Config shrunk = run("512MB", "");
+  shrunk.set_assignment("data.train_size=64");
+  try {
+    make(shrunk);
+    FAIL() << "a resume whose global batch no epoch holds went on";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the global batch, 64, is more than the "), std::string::npos) << e.what();
+  }
 }

@@ -212,7 +212,7 @@ TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
 TEST_F(RecommenderData, MovieLensLatestReadsQuotedTitlesWithCommasAndTags) {
   write(dir_ / "movies.csv", "movieId,title,genres\n1,Toy Story (1995),Adventure|Animation\n"
                              "2,\"City of Lost Children, The (Cité des enfants perdus, La) (1995)\",Drama|Mystery\n"
-                             "3,\"Dr. \"\"Strangelove\"\" (1964)\",(no genres listed)\n");
+                             "3,\"Dr. \"\"Strangelove\"\" (1964)\",(no genres listed)\n4,\"Up (2009)\n\",Drama\n");
   // (a quoted field may hold line breaks, RFC 4180: a tag of free text; an empty line among them too)
   write(dir_ / "tags.csv", "userId,movieId,tag,timestamp\n1,2,dreamlike,1\n2,2,dreamlike,2\n2,2,\"dark, strange\",3\n"
                            "3,3,\"cold\r\n\r\nwar\",4\r\n3,1,\"\"\"toys\"\"\n\",5\n3,1,plain,6\n");
@@ -224,6 +224,7 @@ TEST_F(RecommenderData, MovieLensLatestReadsQuotedTitlesWithCommasAndTags) {
   EXPECT_EQ(text[1], "City of Lost Children, The (Cité des enfants perdus, La) (1995) | Drama, Mystery | dreamlike, dark, strange");
   EXPECT_EQ(text[2], "Dr. \"Strangelove\" (1964) | cold  war");  // (a tag's line breaks are spaces in the text)
   EXPECT_EQ(text[0], "Toy Story (1995) | Adventure, Animation | \"toys\", plain");
+  EXPECT_EQ(text[3], "Up (2009) | Drama");  // (a title's line break: a space, trimmed)
   EXPECT_EQ(d->size(Split::kTrain) + d->size(Split::kValidation) + d->size(Split::kTest), 6);
 }
 
@@ -308,7 +309,7 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   write(dir_ / "movies.csv", "movieId,title,genres\n1,\"Heat, the (1995),Action\n");
   write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,1\n");
   message = error_of([&] { open(); });
-  EXPECT_NE(message.find("movies.csv:2: a quoted field is not closed (the file ends 0 lines later): a stray quote"),
+  EXPECT_NE(message.find("movies.csv:2: a quoted field is not closed (the file ends on that line): a stray quote"),
             std::string::npos)
       << message;
   // A stray quote in a large file: named at its line once the record passes 1 MiB, not the rest of
@@ -320,7 +321,7 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   EXPECT_NE(message.find("movies.csv:3: a quoted field is not closed within 1024 KiB: a stray quote"), std::string::npos)
       << message;
   // ... and a field's error in a record of several lines names its lines.
-  write(dir_ / "movies.csv", "movieId,title,genres\n1,\"Heat\n(1995)\",Action,Drama\n");
+  write(dir_ / "movies.csv", "movieId,title,genres\n1,\"Heat\n(1995)\",Action,Drama\n");  // (4 fields)
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("movies.csv:2-3: 4 fields, expected 3"), std::string::npos) << message;
 }

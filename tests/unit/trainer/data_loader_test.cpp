@@ -114,7 +114,7 @@ TEST(DataLoader, PositionResumesExactlyEvenWithAnotherMicroBatch) {
 
   DataLoader c(data, loom::sdk::Split::kTrain, options(8, 2));
   c.seek(at);
-  c.set_micro_batch(4, 0);  // OOM recovery halves the micro-batch: the same samples follow
+  c.set_micro_batch(4, 8);  // OOM recovery halves the micro-batch (the step stays 8): the same samples follow
   const auto halves = take(c, 14);
   EXPECT_EQ(std::vector<int64_t>(halves.begin(), halves.begin() + 56), std::vector<int64_t>(rest.begin(), rest.begin() + 56));
 }
@@ -148,6 +148,14 @@ TEST(DataLoader, AnEpochHoldsWholeStepsWhateverTheMicroBatch) {
     EXPECT_EQ(in_step.size(), 32u) << "step " << step / 32 + 1;
   }
   EXPECT_THROW(quarters.set_micro_batch(12, 32), std::exception);  // (no whole number of micro-batches)
+  // An epoch made longer after its order was drawn (steps of 32 -> 4: 96 -> 120 samples) is
+  // drawn whole, not read past the 96 it had.
+  DataLoader longer(data, loom::sdk::Split::kTrain, o);
+  auto epoch = take(longer, 1);
+  longer.set_micro_batch(4, 4);
+  const auto more = take(longer, (120 - 16) / 4);
+  epoch.insert(epoch.end(), more.begin(), more.end());
+  EXPECT_EQ(std::set<int64_t>(epoch.begin(), epoch.end()).size(), 120u);
 }
 
 TEST(DataLoader, RanksTakeDisjointShares) {
