@@ -620,12 +620,17 @@ TEST_F(MemoryTest, AtMicroBatchOneTheErrorSaysWhatWouldHelp) {
   Config c = config("hopeless");
   c.set_assignment("memory.device_memory_limit=" + std::to_string(states + (one - states) / 2));
   c.set_assignment("memory.policies=oom_recovery");
+  const auto failure = [](Trainer& run) -> std::string {
+    try {
+      run.step_with_recovery();
+    } catch (const loom::Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
   auto t = make(c);
-  try {
-    t->step_with_recovery();
-    FAIL();
-  } catch (const loom::Error& e) {
-    const std::string m = e.what();
+  {
+    const std::string m = failure(*t);
     EXPECT_NE(m.find("out of memory at micro-batch 1 "), std::string::npos) << m;
     // (no "a smaller batch": at micro-batch 1 it means fewer micro-batches of 1; on the CPU no fp16_amp)
     for (const char* advice : {"1. gradient accumulation", "2. mixed precision: precision.name = bf16_amp (not --no-amp; "
@@ -640,15 +645,9 @@ TEST_F(MemoryTest, AtMicroBatchOneTheErrorSaysWhatWouldHelp) {
   c.set_assignment("trainer.batch_size=1");
   c.set_assignment("trainer.name=hopeless_from_the_start");
   t.reset();  // (the budget is the process's: the first run's model and optimizer go first)
-  auto from_start = make(c);
-  try {
-    from_start->step_with_recovery();
-    FAIL();
-  } catch (const loom::Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("1. gradient accumulation: oom_recovery is on and made no smaller plan (micro-batch 1 is the "
-                     "smallest)"), std::string::npos) << m;
-  }
+  const std::string m = failure(*make(c));
+  EXPECT_NE(m.find("1. gradient accumulation: oom_recovery is on and made no smaller plan (micro-batch 1 is the "
+                   "smallest)"), std::string::npos) << m;
 }
 
 TEST_F(MemoryTest, ReluKeepsFewerActivationsForBackwardThanGelu) {
