@@ -356,8 +356,16 @@ void Trainer::check_replicas() {
       theirs.push_back(mine.back().clone());
     }
     parallel_->broadcast(theirs);  // rank 0's (the same groups on every rank: the same model, agreed at the start)
+    // (the same bits are the same weights: a NaN, as a run that diverged on every rank ends with,
+    // is no value equal to itself, and at::equal alone said the ranks differed; a review)
+    const auto same = [](const at::Tensor& a, const at::Tensor& b) {
+      if (at::equal(a, b)) return true;
+      const at::Tensor x = a.contiguous(), y = b.contiguous();
+      return x.sizes() == y.sizes() && x.scalar_type() == y.scalar_type() &&
+             std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+    };
     for (size_t i = 0; i < mine.size(); ++i, ++compared)
-      if (!at::equal(mine[i], theirs[i]) && differ++ == 0) first = names[i];
+      if (!same(mine[i], theirs[i]) && differ++ == 0) first = names[i];
   }
   if (!any_rank(differ > 0)) {
     log::info("parallel  weights identical on all ", parallel_->world_size(), " ranks at the end (", compared,
