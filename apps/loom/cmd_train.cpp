@@ -237,7 +237,12 @@ int cmd_train(const Invocation& invocation) {
       core::log::flush();
       return 1;
     }
-    core::log::warn("the run's checkpoints up to ", saved.back().string(), " are intact; once the cause is fixed, continue with: ",
+    // (a stop signal came first, whose line promised a checkpoint: said that it was not written, as
+    // where a rank was killed and rank 0 could not agree on the stop with it; probe M)
+    core::log::warn(core::stop_signal_received() != 0 && core::step_of(saved.back()) < trainer.step()
+                        ? "no checkpoint of the stop was written (step " + std::to_string(trainer.step()) + " was the last trained); "
+                        : std::string(),
+                    "the run's checkpoints up to ", saved.back().string(), " are intact; once the cause is fixed, continue with: ",
                     continue_hint(invocation, trainer, trainer.run_dir().filename().string()));
     core::log::flush();
     return 1;

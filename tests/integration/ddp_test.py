@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from common import SMALL, close, loom, losses, workdir
+from common import SMALL, close, loom, losses, metrics, workdir
 
 exe = sys.argv[1]
 torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -308,6 +308,29 @@ try:
     assert "rank 1 stopped (its connection closed)" in err, err[-2000:]
     assert waited <= 60, f"rank 0 took {waited:.0f} s to stop"
     print(f"rank 1 killed: rank 0 stopped {waited:.1f} s later naming it")
+    # ... as a Ctrl-C reaches rank 0: its stop line promised a checkpoint, which it cannot agree on
+    # with rank 1; the error says none of the stop was written (it named the older ones alone).
+    port = str(free_port())
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    ranks = [subprocess.Popen([exe, "train", *long[:-1], "trainer.name=killed_stop", "--set", "trainer.checkpoint_every=5"],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    run = os.path.join(work, "killed_stop")
+    deadline = time.time() + 120
+    while not os.path.isdir(os.path.join(run, "checkpoints", "step_00000005")):
+        assert time.time() < deadline and ranks[0].poll() is None, "killed_stop wrote no checkpoint"
+        time.sleep(0.05)
+    ranks[1].send_signal(signal.SIGKILL)
+    ranks[0].send_signal(signal.SIGINT)
+    _, err = ranks[0].communicate(timeout=90)
+    ranks[1].communicate()
+    newest = max(int(d[len("step_"):]) for d in os.listdir(os.path.join(run, "checkpoints")) if d.startswith("step_"))
+    trained = max(m["step"] for m in metrics(run, partial=True))
+    assert ranks[0].returncode == 1 and "stopping after the current step, with a checkpoint" in err, err[-2000:]
+    if newest < trained:  # (else the stop's step was a checkpoint's, one time in five)
+        assert f"no checkpoint of the stop was written (step {trained} was the last trained); the run's checkpoints up " \
+               f"to {os.path.join(run, 'checkpoints', f'step_{newest:08d}')} are intact" in err, err[-2000:]
+    print(f"rank 1 killed as rank 0 stops: its checkpoints up to step {newest} named, the stop's (after {trained}) said not written")
 
     # ... and under loom launch, which names the rank and stops the rest.
     p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=killed_launch"],
