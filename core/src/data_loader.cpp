@@ -112,8 +112,8 @@ DataLoader::~DataLoader() {
 // memory from the first epoch's end on (1000 samples, 48 = 24 x 2: step 21 took 960..983 of
 // epoch 0 where the plain run took epoch 1's first 48; a review). The epoch holds whole steps:
 // the same samples whatever the split of a step into micro-batches. (A resume at an offset off
-// the steps' grid, from a checkpoint of before or with another global batch or world size, has one
-// step across the epoch's end and is on the grid from the next epoch.)
+// the steps' grid, from a checkpoint of before or with another global batch or world size, goes on
+// at the next step's start: Trainer::on_the_steps_grid.)
 int64_t DataLoader::samples_per_epoch() const {
   if (!options_.drop_last) return (size_ - options_.rank + options_.world_size - 1) / options_.world_size;
   const int64_t unit = options_.step_samples > 0 ? options_.step_samples : options_.micro_batch;

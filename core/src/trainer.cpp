@@ -363,11 +363,8 @@ void Trainer::build_plan() {
   // Memory policies may choose or change the micro-batch; a global batch the user gave stays. One
   // not given is only where the policies start (auto_batch's micro-batch x the accumulation).
   const bool given = config_.at("trainer.batch_size").origin.source != "default";
-  const std::string uneven = "trainer.batch_size " + std::to_string(options_.batch_size) + (given ? "" : " (the default)") +
-                             " is not divisible by " +
-                             "gradient_accumulation_steps " + std::to_string(options_.accumulation) + " x world size " +
-                             std::to_string(world) + "; the global batch must split evenly into micro-batches";
-  if (options_.batch_size % per_step != 0 && (given || memory_policies_.empty())) throw Error(uneven);
+  if (options_.batch_size % per_step != 0 && (given || memory_policies_.empty()))
+    throw Error(uneven_batch(options_.batch_size, given, options_.accumulation, world));
   plan_ = sdk::BatchPlan{std::max<int64_t>(1, options_.batch_size / per_step), options_.accumulation, world};
   if (options_.batch_size % per_step != 0)
     log::info("trainer.batch_size ", options_.batch_size, " (the default) does not divide into ", per_step,
@@ -418,13 +415,9 @@ void Trainer::build_plan() {
 
 namespace {
 /// The optimizer steps of an epoch of `loader` (whole steps: no sample twice in one), or an error.
-int64_t steps_per_epoch(const DataLoader& loader, const sdk::BatchPlan& plan, int64_t world) {
+int64_t steps_per_epoch(const DataLoader& loader, const sdk::BatchPlan& plan, int64_t world, bool held_out) {
   const int64_t per_epoch = loader.batches_per_epoch() / plan.accumulation;
-  if (per_epoch < 1)
-    throw Error("the global batch, " + std::to_string(plan.global()) + ", is more than the " +
-                std::to_string(loader.size() / world * world) + " samples an epoch of the training split has: one "
-                "step would see some of them twice; lower trainer.batch_size (or gradient_accumulation_steps), or hold "
-                "out less for validation (data.validation_fraction)");
+  if (per_epoch < 1) throw Error(no_step_in_an_epoch(plan.global(), loader.size() / world * world, held_out));
   return per_epoch;
 }
 }  // namespace
@@ -434,7 +427,7 @@ void Trainer::adopt_global_batch(int64_t global) {
   plan_ = sdk::split_global_batch(global, plan_.world_size, plan_.micro_batch);
   train_loader_->set_micro_batch(plan_.micro_batch * local_devices(), plan_.micro_batch * local_devices() * plan_.accumulation);
   // (the data may have shrunk below the checkpoint's batch since: no step would fit an epoch)
-  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, parallel_->world_size());
+  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, parallel_->world_size(), held_out_ > 0);
   if (options_.max_steps == 0) total_steps_ = per_epoch * options_.epochs;
   if (options_.eval_every == 0) eval_every_ = std::max<int64_t>(1, per_epoch);
   if (options_.reference_batch > 0)
@@ -565,6 +558,9 @@ void Trainer::build_loaders(bool training) {
   }
   if (dataset_->size(sdk::Split::kTest) > 0) test_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTest, eval);
   if (!training) return;
+  // (a step past the epoch: said as the global batch's, not as the loader's "micro-batch" of a step's samples)
+  if (const int64_t each = training_samples() / train.world_size; each < train.step_samples)
+    throw Error(no_step_in_an_epoch(plan_.global(), each * train.world_size, held_out_ > 0));
   try {
     train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
   } catch (const Error& e) {
@@ -575,7 +571,7 @@ void Trainer::build_loaders(bool training) {
     throw Error(std::string(e.what()) + ", or hold out less of it for validation (data.validation_fraction = " +
                 fraction + " holds out " + std::to_string(held_out_) + " of its " + std::to_string(train_size) + ")");
   }
-  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, train.world_size);
+  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, train.world_size, held_out_ > 0);
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
   eval_every_ = options_.eval_every > 0 ? options_.eval_every : std::max<int64_t>(1, per_epoch);
 }

@@ -247,7 +247,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     log::warn("the checkpoint had taken ", saved.offset * saved.ranks, " samples of its epoch ", saved.epoch,
               ", more than this run's training split holds (", epoch_samples, ": the data changed), so training goes on at the "
               "start of epoch ", saved.epoch + 1);
-  const DataLoader::Position position =
+  DataLoader::Position position =
       beyond ? DataLoader::Position{saved.epoch + 1, 0} : position_for_world(saved.epoch, saved.offset, saved.ranks);
   LogWindow window;
   window.steps = saved.window_steps;
@@ -338,6 +338,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     adopt_global_batch(saved_plan.global());
   else if (saved_plan.global() != plan_.global())
     log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global());
+  on_the_steps_grid(position);
   // Another length (trainer.max_steps, epochs, or the batch in epochs): the schedule is computed
   // over it, and where that moves the next update's rate, a decay resumes elsewhere than it was.
   if (const int64_t taken = step_ - skipped_steps_;
@@ -356,6 +357,28 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   resumed_from_ = dir;
   evaluation_pending_ = saved.evaluation_pending;
   log::info("resumed from ", dir.string(), " at step ", step_);
+}
+
+// Note [An epoch of whole steps] (data_loader.cpp) holds from a step that starts on the grid of
+// this run's steps: a position off it (another global batch or world than the checkpoint's) made
+// every later epoch's last step take the next epoch's first samples, with accumulation or OOM
+// recovery, and an epoch end early (a probe). It goes on at the next step's start. An epochs-based
+// run is as long as its epochs: the steps its last epochs take at this batch, not epochs x steps
+// per epoch, which trained 192 samples short or 6 steps into a third epoch after such a resume.
+void Trainer::on_the_steps_grid(DataLoader::Position& position) {
+  const int64_t step = plan_.micro_batch * local_devices() * plan_.accumulation, epoch = train_loader_->samples_per_epoch();
+  if (position.offset > epoch) position = {position.epoch + 1, 0};  // (a checkpoint of before: its epochs were longer)
+  if (const int64_t off = position.offset % step; off != 0) {
+    const int64_t next = position.offset - off + step;
+    log::info("the checkpoint's data position (", position.offset, " samples into epoch ", position.epoch,
+              parallel_->world_size() > 1 ? " on each rank" : "", ") is no whole number of this run's steps of ", step,
+              ": it goes on at ", next >= epoch ? "the next epoch's start" : std::to_string(next), " (", std::min(next, epoch) - position.offset,
+              " samples of this epoch left out), so that no step takes two epochs");
+    position = next >= epoch ? DataLoader::Position{position.epoch + 1, 0} : DataLoader::Position{position.epoch, next};
+  }
+  if (options_.max_steps == 0)
+    total_steps_ = step_ + std::max<int64_t>(0, (epoch - position.offset) / step +
+                                                   epoch / step * (options_.epochs - 1 - position.epoch));
 }
 
 void Trainer::check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved,

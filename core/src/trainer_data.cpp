@@ -116,4 +116,36 @@ void Trainer::warn_if_data_sizes_differ(const fs::path& checkpoint) const {
   }  // (an older checkpoint without the record, or a weights file of another tool: nothing to compare)
 }
 
+namespace detail {
+
+std::string uneven_batch(int64_t batch, bool given, int64_t accumulation, int64_t world) {
+  const int64_t per_step = accumulation * world;
+  std::string text = "trainer.batch_size " + std::to_string(batch) + (given ? "" : " (the default)") +
+                     " is not divisible by trainer.gradient_accumulation_steps " + std::to_string(accumulation) +
+                     " x world size " + std::to_string(world) + "; the global batch must split evenly into micro-batches: ";
+  // (it said no more; the nearest that work, both ways: a probe)
+  const int64_t below = batch / per_step * per_step, above = below + per_step;
+  text += "trainer.batch_size " + (below > 0 ? std::to_string(below) + " or " : std::string()) + std::to_string(above);
+  std::vector<std::string> fit;
+  for (int64_t a = 1; a <= std::min<int64_t>(batch / world, 65536) && batch % world == 0; ++a)
+    if ((batch / world) % a == 0 && a != accumulation) fit.push_back(std::to_string(a));
+  if (!fit.empty()) {  // the divisors nearest to the given accumulation, at most four
+    std::stable_sort(fit.begin(), fit.end(), [&](const std::string& x, const std::string& y) {
+      return std::abs(std::stoll(x) - accumulation) < std::abs(std::stoll(y) - accumulation);
+    });
+    fit.resize(std::min<size_t>(fit.size(), 4));
+    std::sort(fit.begin(), fit.end(), [](const std::string& x, const std::string& y) { return std::stoll(x) < std::stoll(y); });
+    text += ", or trainer.gradient_accumulation_steps " + join(fit, ", ");
+  }
+  return text;
+}
+
+std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out) {
+  return "the global batch, " + std::to_string(global) + " (trainer.batch_size), is more than the " + std::to_string(samples) +
+         " samples an epoch of the training split has: one step would see some of them twice; lower trainer.batch_size" +
+         (held_out ? ", or hold out less for validation (data.validation_fraction)" : "");
+}
+
+}  // namespace detail
+
 }  // namespace loom::core

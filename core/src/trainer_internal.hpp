@@ -210,6 +210,12 @@ void stop_where_ranks_differ(sdk::ParallelStrategy& parallel, const std::vector<
 void agree_on_model_and_data(sdk::ParallelStrategy& parallel, const sdk::TensorMap& tensors, const PluginRegistry& registry,
                              const Resolved& config, sdk::Dataset& dataset);
 
+/// "trainer.batch_size 48 is not divisible by gradient_accumulation_steps 5 x world size 1; ...",
+/// with the batches and the accumulations near the given ones that divide (trainer_data.cpp).
+std::string uneven_batch(int64_t batch, bool given, int64_t accumulation, int64_t world);
+/// "the global batch, G, is more than the N samples an epoch of the training split has: ..."
+std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out);
+
 /// The origin of a setting `--resume auto` took from the run's record (with_run_settings); its
 /// Origin::file is that config.json.
 inline constexpr const char* kRunRecordOrigin = "the run's config.json";

@@ -123,7 +123,11 @@ TrainSummary Trainer::train() {
         stop_reason_ = "another rank's callback stopped the run";
     }
     sdk::StepReport report = step_report(r, dt);
-    const bool due = step_ % eval_every_ == 0 || step_ == total_steps_;
+    // (eval_every 0: where an epoch ends, which a resume with another batch moves off the multiples
+    // of the steps per epoch: Note [An epoch of whole steps])
+    const bool due = (options_.eval_every > 0 ? step_ % eval_every_ == 0
+                                              : train_loader_->position().offset >= train_loader_->samples_per_epoch()) ||
+                     step_ == total_steps_;
     if (sig == 0 && (due || !stop_reason_.empty()))
       report.evaluated = evaluate_and_report(selection_split());
     else if (sig != 0 && due && eval_loader(selection_split()) != nullptr) {

@@ -276,7 +276,7 @@ try:
     assert "rank 1 of 4 was started twice" in outs[0][1], outs[0][1][-2000:]  # (said by rank 0, whichever rank 1 was refused)
     print("one world split two ways: refused at once, the duplicate rank named")
     r = launch("--nproc-per-node", "3", "--", "train", *args, *DDP, "--set", "trainer.name=uneven", check=False)
-    assert r.returncode == 1 and r.stderr.count("is not divisible by gradient_accumulation_steps 1 x world size 3") == 1 \
+    assert r.returncode == 1 and r.stderr.count("is not divisible by trainer.gradient_accumulation_steps 1 x world size 3") == 1 \
         and " rank 0]" not in r.stderr, r.stderr[-2000:]  # (said once, by the launcher, before any rank starts)
     # A strategy of one process under loom launch: refused once, by the launcher, before any rank starts.
     r = launch("--nproc-per-node", "2", "--", "train", *args, "--set", "trainer.name=alone", check=False)

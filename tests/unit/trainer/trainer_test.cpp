@@ -265,9 +265,24 @@ TEST_F(TrainerTest, AGlobalBatchLargerThanTheTrainingSplitIsRefusedWithAccumulat
     make(c);
     FAIL() << "a global batch above the split was accepted";
   } catch (const loom::Error& e) {
-    EXPECT_CONTAINS(e.what(), "the global batch, 512, is more than the 461 samples an epoch of the training split has: "
-                              "one step would see some of them twice; lower trainer.batch_size (or "
-                              "gradient_accumulation_steps), or hold out less for validation (data.validation_fraction)");
+    EXPECT_CONTAINS(e.what(), "the global batch, 512 (trainer.batch_size), is more than the 461 samples an epoch of the "
+                              "training split has: one step would see some of them twice; lower trainer.batch_size, or hold "
+                              "out less for validation (data.validation_fraction)");
+  }
+}
+
+TEST_F(TrainerTest, ABatchThatDoesNotSplitIntoTheAccumulationNamesTheValuesThatWould) {
+  // (it said only that 48 is not divisible by 5: the batches and accumulations near them that are)
+  Config c = base("uneven");
+  c.set_assignment("trainer.batch_size=48");
+  c.set_assignment("trainer.gradient_accumulation_steps=5");
+  try {
+    make(c);
+    FAIL() << "48 in 5 micro-batches was accepted";
+  } catch (const loom::Error& e) {
+    EXPECT_CONTAINS(e.what(), "trainer.batch_size 48 is not divisible by trainer.gradient_accumulation_steps 5 x world "
+                              "size 1; the global batch must split evenly into micro-batches: trainer.batch_size 45 or 50, "
+                              "or trainer.gradient_accumulation_steps 2, 3, 4, 6");
   }
 }
 
@@ -885,4 +900,55 @@ TEST_F(TrainerTest, ANewRunStartsFromACheckpointsWeightsWithInitFrom) {
     EXPECT_CONTAINS(std::string(e.what()), "trainer.init_from = " + checkpoint.string() + ": its model does not fit this one: tensor '");
   }
   EXPECT_FALSE(fs::exists(dir_ / "wider"));
+}
+
+TEST_F(TrainerTest, AResumeWithAnotherBatchStepsOnItsGridAndEndsWithItsEpochs) {
+  // 1000 samples, 12 steps of 48 (576 taken), resumed at a global batch of 56: 576 is no whole
+  // number of steps of 56. Off that grid, with accumulation (or OOM recovery) every later epoch's
+  // last step took the next epoch's first samples, and the run of micro-batches of 28 differed
+  // from the run of 56 from step 19 on (53 %); without, an epoch ended early (a probe). It goes on
+  // at 616, the next step's start.
+  Config first = base("grid");
+  for (const auto& kv : {"model.dropout=0.0", "data.train_size=1000", "data.validation_fraction=0", "trainer.batch_size=48",
+                         "trainer.max_steps=40"})
+    first.set_assignment(kv);
+  {
+    auto t = make(first);
+    while (t->step() < 12) t->train_step();
+    t->save_checkpoint();
+  }
+  const fs::path checkpoint = dir_ / "grid" / "checkpoints" / step_dir_name(12);
+  std::map<int64_t, std::vector<double>> losses;
+  for (const int64_t accumulation : {1, 2}) {
+    Config again = first;
+    again.set_assignment("trainer.name=grid_" + std::to_string(accumulation));
+    again.set_assignment("trainer.resume_from=" + checkpoint.string());
+    again.set_assignment("trainer.batch_size=56");
+    again.set_assignment("trainer.gradient_accumulation_steps=" + std::to_string(accumulation));
+    log::Capture said;
+    auto t = make(again);
+    EXPECT_TRUE(said.contains("the checkpoint's data position (576 samples into epoch 0) is no whole number of this run's "
+                              "steps of 56: it goes on at 616 (40 samples of this epoch left out)"))
+        << join(said.lines(), "\n");
+    while (t->step() < 40) losses[accumulation].push_back(t->train_step().loss);
+  }
+  ASSERT_EQ(losses[1].size(), 28u);
+  for (size_t i = 0; i < losses[1].size(); ++i)  // (epoch 0 ends after step 18, epoch 1 after 35)
+    EXPECT_NEAR(losses[2][i], losses[1][i], 1e-5 * std::abs(losses[1][i])) << "step " << i + 13;
+
+  // An epochs-based resume at another batch is as long as its epochs: from 576, 6 steps of 64 end
+  // epoch 0 and 15 make epoch 1 (33 steps, not 2 x 15), and it evaluates where each epoch ends.
+  Config epochs = first;
+  for (const std::string& kv : {std::string("trainer.name=grid_epochs"), "trainer.resume_from=" + checkpoint.string(),
+                               std::string("trainer.batch_size=64"), std::string("trainer.max_steps=0"),
+                               std::string("trainer.epochs=2"), std::string("trainer.eval_every=0"),
+                               std::string("trainer.checkpoint_every=0")})
+    epochs.set_assignment(kv);
+  auto t = make(epochs);
+  EXPECT_EQ(t->total_steps(), 33);
+  t->train();
+  const auto evaluated = eval_values(t->run_dir() / "metrics.jsonl", "test/loss");  // (no validation split held out)
+  std::vector<int64_t> at;
+  for (const auto& [step, value] : evaluated) at.push_back(step);
+  EXPECT_EQ(at, (std::vector<int64_t>{18, 33}));
 }
