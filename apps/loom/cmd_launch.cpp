@@ -450,7 +450,7 @@ int cmd_launch(const Invocation& invocation) {
     if (resolved.at("parallel.name").value == "ddp" && batch.origin.source != "default" &&
         std::stoll(batch.value) % per_step != 0)
       throw Error("loom launch: trainer.batch_size " + batch.value + " (" + batch.origin.describe() + ") is not divisible by " +
-                  "gradient_accumulation_steps " + std::to_string(accumulation) + " x world size " +
+                  "trainer.gradient_accumulation_steps " + std::to_string(accumulation) + " x world size " +
                   std::to_string(nproc * nnodes) + "; the global batch must split evenly into micro-batches, e.g. " +
                   std::to_string(std::max<int64_t>(per_step, std::stoll(batch.value) / per_step * per_step)));
   }

@@ -558,19 +558,17 @@ void Trainer::build_loaders(bool training) {
   }
   if (dataset_->size(sdk::Split::kTest) > 0) test_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTest, eval);
   if (!training) return;
-  // (a step past the epoch: said as the global batch's, not as the loader's "micro-batch" of a step's samples)
-  if (const int64_t each = training_samples() / train.world_size; each < train.step_samples)
-    throw Error(no_step_in_an_epoch(plan_.global(), each * train.world_size, held_out_ > 0));
-  try {
-    train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
-  } catch (const Error& e) {
-    // Only where holding out left too few for one micro-batch (not, say, a loader thread that did not start).
-    if (held_out_ == 0 || train_size - held_out_ >= train.micro_batch * train.world_size) throw;
+  // A step past the epoch: said as the global batch's (the loader said "micro-batch" of a step's
+  // samples), with what holding out took, where it took some.
+  if (const int64_t each = training_samples() / train.world_size; each < train.step_samples) {
     char fraction[32];
     std::snprintf(fraction, sizeof fraction, "%g", options_.validation_fraction);
-    throw Error(std::string(e.what()) + ", or hold out less of it for validation (data.validation_fraction = " +
-                fraction + " holds out " + std::to_string(held_out_) + " of its " + std::to_string(train_size) + ")");
+    throw Error(no_step_in_an_epoch(plan_.global(), each * train.world_size, false) +
+                (held_out_ > 0 ? ", or hold out less of it for validation (data.validation_fraction = " + std::string(fraction) +
+                                     " holds out " + std::to_string(held_out_) + " of its " + std::to_string(train_size) + ")"
+                               : std::string()));
   }
+  train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
   const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, train.world_size, held_out_ > 0);
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
   eval_every_ = options_.eval_every > 0 ? options_.eval_every : std::max<int64_t>(1, per_epoch);

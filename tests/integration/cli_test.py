@@ -203,7 +203,8 @@ big = os.path.join(workdir(), "big.ini")
 with open(big, "w") as f:
     f.write(f"base = {os.path.join(configs, 'debug.ini')}\n[trainer]\nbatch_size = 4000\n")
 r = loom(exe, "bench", "configs", os.path.join(configs, "debug.ini"), big, "--steps", "2", check=False)
-expect(r.returncode == 1 and f"configuration {big}: set-up: the train split has" in r.stderr, "bench names the failing configuration", r)
+expect(r.returncode == 1 and f"configuration {big}: set-up: the global batch, 4000 (trainer.batch_size), is more than" in r.stderr,
+       "bench names the failing configuration", r)
 # ... and the figures of the others stand: the table has their rows, and the failed one's (they
 # were lost with it).
 expect(re.search(r"^debug\.ini\s+\d+\s+\d+\s+\d+", r.stdout, re.M) and re.search(r"^big\.ini\s+FAILED: set-up: ", r.stdout, re.M)

@@ -267,7 +267,7 @@ TEST_F(TrainerTest, AGlobalBatchLargerThanTheTrainingSplitIsRefusedWithAccumulat
   } catch (const loom::Error& e) {
     EXPECT_CONTAINS(e.what(), "the global batch, 512 (trainer.batch_size), is more than the 461 samples an epoch of the "
                               "training split has: one step would see some of them twice; lower trainer.batch_size, or hold "
-                              "out less for validation (data.validation_fraction)");
+                              "out less of it for validation (data.validation_fraction = 0.1 holds out 51 of its 512)");
   }
 }
 
