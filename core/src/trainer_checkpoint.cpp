@@ -330,15 +330,17 @@ void Trainer::load_checkpoint(const fs::path& dir) {
 
   step_ = step;
   skipped_steps_ = skipped_at_resume_ = saved.skipped;
-  if (!data_changes.empty())  // (a choice, as fine-tuning on other data is: said, not refused)
-    log::warn("this run's data differs from the checkpoint's: ", join(data_changes, "; "), "; the resumed run ",
-              step < total_steps_ ? "trains on these" : "is trained: what evaluations it runs are of these");
   const bool chosen_here = config_.at("trainer.batch_size").origin.source == "default" && !memory_policies_.empty();
   if (saved_plan.global() != plan_.global() && chosen_here && saved_plan.global() % plan_.world_size == 0)
     adopt_global_batch(saved_plan.global());
   else if (saved_plan.global() != plan_.global())
     log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global());
-  on_the_steps_grid(position);
+  // (its end at this batch: an epochs-based run with nothing left of its last epoch is at its end,
+  // whose evaluation runs as a cut one's would; a review)
+  const bool ended_here = on_the_steps_grid(position) && saved.total_steps > step_;
+  if (!data_changes.empty())  // (a choice, as fine-tuning on other data is: said, not refused; after the length is known)
+    log::warn("this run's data differs from the checkpoint's: ", join(data_changes, "; "), "; the resumed run ",
+              step < total_steps_ ? "trains on these" : "is trained: what evaluations it runs are of these");
   // Another length (trainer.max_steps, epochs, or the batch in epochs): the schedule is computed
   // over it, and where that moves the next update's rate, a decay resumes elsewhere than it was.
   if (const int64_t taken = step_ - skipped_steps_;
@@ -355,7 +357,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   if (graphs_) graphs_->clear();  // they read the optimizer's and the scaler's tensors of before
   resumed_at_ = step_;
   resumed_from_ = dir;
-  evaluation_pending_ = saved.evaluation_pending;
+  evaluation_pending_ = saved.evaluation_pending || ended_here;
   log::info("resumed from ", dir.string(), " at step ", step_);
 }
 
@@ -365,20 +367,27 @@ void Trainer::load_checkpoint(const fs::path& dir) {
 // recovery, and an epoch end early (a probe). It goes on at the next step's start. An epochs-based
 // run is as long as its epochs: the steps its last epochs take at this batch, not epochs x steps
 // per epoch, which trained 192 samples short or 6 steps into a third epoch after such a resume.
-void Trainer::on_the_steps_grid(DataLoader::Position& position) {
+bool Trainer::on_the_steps_grid(DataLoader::Position& position) {
   const int64_t step = plan_.micro_batch * local_devices() * plan_.accumulation, epoch = train_loader_->samples_per_epoch();
-  if (position.offset > epoch) position = {position.epoch + 1, 0};  // (a checkpoint of before: its epochs were longer)
+  // (past the epoch's end: a checkpoint of before, whose epochs were longer, or of another world)
+  if (position.offset > epoch) position = {position.epoch + 1, 0};
+  const bool epochs = options_.max_steps == 0;
   if (const int64_t off = position.offset % step; off != 0) {
     const int64_t next = position.offset - off + step;
-    log::info("the checkpoint's data position (", position.offset, " samples into epoch ", position.epoch,
-              parallel_->world_size() > 1 ? " on each rank" : "", ") is no whole number of this run's steps of ", step,
-              ": it goes on at ", next >= epoch ? "the next epoch's start" : std::to_string(next), " (", std::min(next, epoch) - position.offset,
-              " samples of this epoch left out), so that no step takes two epochs");
+    const std::string each = parallel_->world_size() > 1 ? " on each rank" : "";
+    log::info("the checkpoint's data position (", position.offset, " samples into epoch ", position.epoch, each,
+              ") is no whole number of this run's steps of ", step, each, ": it goes on at ",
+              next < epoch                                    ? std::to_string(next)
+              : !epochs || position.epoch + 1 < options_.epochs ? std::string("the next epoch's start")
+                                                              : std::string("the run's end, its last epoch's"),
+              " (", std::min(next, epoch) - position.offset, " samples of this epoch left out", each,
+              "), so that no step takes two epochs");
     position = next >= epoch ? DataLoader::Position{position.epoch + 1, 0} : DataLoader::Position{position.epoch, next};
   }
-  if (options_.max_steps == 0)
-    total_steps_ = step_ + std::max<int64_t>(0, (epoch - position.offset) / step +
-                                                   epoch / step * (options_.epochs - 1 - position.epoch));
+  if (!epochs) return false;
+  total_steps_ = step_ + std::max<int64_t>(0, (epoch - position.offset) / step +
+                                                 epoch / step * (options_.epochs - 1 - position.epoch));
+  return total_steps_ == step_;
 }
 
 void Trainer::check_model_config(const std::string& saved_name, const std::map<std::string, std::string>& saved,

@@ -140,9 +140,11 @@ std::string uneven_batch(int64_t batch, bool given, int64_t accumulation, int64_
   return text;
 }
 
-std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out) {
-  return "the global batch, " + std::to_string(global) + " (trainer.batch_size), is more than the " + std::to_string(samples) +
-         " samples an epoch of the training split has: one step would see some of them twice; lower trainer.batch_size" +
+std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out, bool kept) {
+  return "the global batch, " + std::to_string(global) +
+         (kept ? " (the checkpoint's, which a resume that gives none keeps)" : " (trainer.batch_size)") + ", is more than the " +
+         std::to_string(samples) + " samples an epoch of the training split has: one step would see some of them twice; " +
+         (kept ? "give a smaller one with --batch-size" : "lower trainer.batch_size") +
          (held_out ? ", or hold out less for validation (data.validation_fraction)" : "");
 }
 

@@ -214,7 +214,8 @@ void agree_on_model_and_data(sdk::ParallelStrategy& parallel, const sdk::TensorM
 /// with the batches and the accumulations near the given ones that divide (trainer_data.cpp).
 std::string uneven_batch(int64_t batch, bool given, int64_t accumulation, int64_t world);
 /// "the global batch, G, is more than the N samples an epoch of the training split has: ..."
-std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out);
+/// `kept`: the global batch is the checkpoint's, which a resume that gives none keeps.
+std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out, bool kept = false);
 
 /// The origin of a setting `--resume auto` took from the run's record (with_run_settings); its
 /// Origin::file is that config.json.

@@ -400,7 +400,9 @@ DataLoader::Position Trainer::position_for_world(int64_t epoch, int64_t offset, 
               " of its share");
   log::info("resuming a run of ", saved_world, " rank", saved_world == 1 ? "" : "s", " with ", world, ": ", global,
             " samples into epoch ", epoch, " are ", global / world, " of each rank's share");
-  return {epoch, std::min(global / world, train_loader_->samples_per_epoch())};
+  // (not cut to this run's epoch here: the global batch a resume adopts after this lengthens it;
+  // on_the_steps_grid takes a position past the end to the next epoch; a review)
+  return {epoch, global / world};
 }
 
 }  // namespace loom::core

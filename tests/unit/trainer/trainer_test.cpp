@@ -916,6 +916,8 @@ TEST_F(TrainerTest, AResumeWithAnotherBatchStepsOnItsGridAndEndsWithItsEpochs) {
     auto t = make(first);
     while (t->step() < 12) t->train_step();
     t->save_checkpoint();
+    while (t->step() < 19) t->train_step();  // (912 taken: the last step of 48 before the epoch's end)
+    t->save_checkpoint();
   }
   const fs::path checkpoint = dir_ / "grid" / "checkpoints" / step_dir_name(12);
   std::map<int64_t, std::vector<double>> losses;
@@ -951,4 +953,23 @@ TEST_F(TrainerTest, AResumeWithAnotherBatchStepsOnItsGridAndEndsWithItsEpochs) {
   std::vector<int64_t> at;
   for (const auto& [step, value] : evaluated) at.push_back(step);
   EXPECT_EQ(at, (std::vector<int64_t>{18, 33}));
+  t.reset();
+
+  // The first run, resumed in place at 912 with steps of 64 and one epoch: no whole step is left
+  // of it, so the run is at its end, and its evaluation (never run: the run stopped before it)
+  // runs, as a cut one's would. (--resume-from into another run says "nothing to train".)
+  Config last = epochs;
+  last.set_assignment("trainer.name=grid");
+  last.set_assignment("trainer.resume_from=");
+  last.set_assignment("trainer.resume=auto");
+  last.set_assignment("trainer.epochs=1");
+  log::Capture said;
+  auto ended = make(last);
+  EXPECT_TRUE(said.contains("(912 samples into epoch 0) is no whole number of this run's steps of 64: it goes on at the "
+                            "run's end, its last epoch's (48 samples of this epoch left out)"))
+      << join(said.lines(), "\n");
+  EXPECT_EQ(ended->total_steps(), 19);
+  EXPECT_TRUE(ended->evaluation_pending());
+  ended->train();
+  EXPECT_EQ(eval_values(ended->run_dir() / "metrics.jsonl", "test/loss").count(19), 1u);
 }

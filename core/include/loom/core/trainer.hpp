@@ -312,7 +312,8 @@ class Trainer {
   void check_replicas();          // at the end: every rank's weights are rank 0's
   void build_gradient_sync();
   DataLoader::Position position_for_world(int64_t epoch, int64_t offset, int64_t saved_world) const;
-  void on_the_steps_grid(DataLoader::Position& position);  ///< a resume's position and length (Note [An epoch of whole steps])
+  /// A resume's position and length (Note [An epoch of whole steps]); whether an epochs-based run is at its end.
+  bool on_the_steps_grid(DataLoader::Position& position);
   void lock_run(const std::filesystem::path& dir);
   void refuse_training_alone_among_ranks() const;  // RANK/WORLD_SIZE say several, the strategy trains alone
   /// Loads the newest checkpoint of a run folder that loads; false (with the reasons added to
