@@ -88,10 +88,13 @@ int cmd_profile(const Invocation& invocation) {
                 (fs::exists(existing, ec) && !fs::is_directory(existing, ec) ? existing.string() + " is not a folder"
                                                                              : trace.parent_path().string() + ": no such folder"));
   }
-  // Writable now, not found out after the profiled steps: made and taken away again.
-  if (const int fd = ::open(trace.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); fd >= 0) {
+  // Writable now, not found out after the profiled steps: a file of this process's beside it, made
+  // and taken away again (made at the trace's own name, two profiles started together each took
+  // the other's for a trace: "cannot be written (File exists)"; a flaky integration.profile).
+  const fs::path probe = trace.string() + "." + std::to_string(::getpid()) + ".probe";
+  if (const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644); fd >= 0) {
     ::close(fd);
-    ::unlink(trace.c_str());
+    ::unlink(probe.c_str());
   } else {
     throw Error("--trace " + trace.string() + " cannot be written (" + std::strerror(errno) +
                 "); choose a path in a folder you can write");
