@@ -305,7 +305,10 @@ int cmd_plugins(const Invocation& invocation) {
             << " plugin file(s).";
   std::vector<std::string> folders;
   for (const auto& dir : core::PluginRegistry::search_path({})) folders.push_back(shorten(dir));
-  std::cout << " Searched: " << core::join(folders, ", ") << (invocation.options.count("plugin-dir") ? " and --plugin-dir" : "") << "\n";
+  if (invocation.options.count("plugin-dir"))
+    for (const auto& dir : invocation.options["plugin-dir"].as<std::vector<std::string>>())
+      folders.push_back(shorten(dir) + " (--plugin-dir)");
+  std::cout << " Searched: " << core::join(folders, ", ") << "\n";
   if (!registry.refusals().empty()) {
     std::cout << "\nRefused (" << registry.refusals().size() << "):\n";
     for (const auto& r : registry.refusals()) {

@@ -51,7 +51,7 @@ std::string shipped_hint(const fs::path& file) {
   const auto shipped = shipped_config(file.stem().string());
   std::error_code ec;
   return shipped ? " (from " + fs::current_path(ec).string() + "); Loom's own " + file.filename().string() + " is " +
-                       shipped->string() + ", given by its name: -c " + file.stem().string()
+                       shipped->string() + ", given by its name alone: " + file.stem().string()
                  : "";
 }
 

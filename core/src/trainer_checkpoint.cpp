@@ -333,8 +333,16 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   const bool chosen_here = config_.at("trainer.batch_size").origin.source == "default" && !memory_policies_.empty();
   if (saved_plan.global() != plan_.global() && chosen_here && saved_plan.global() % plan_.world_size == 0)
     adopt_global_batch(saved_plan.global());
-  else if (saved_plan.global() != plan_.global())
-    log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global());
+  else if (saved_plan.global() != plan_.global()) {
+    // (where this run's batch came from: a -c file's is easy to miss in a `-c F --resume auto`; a probe)
+    const Origin& from = config_.at("trainer.batch_size").origin;
+    const std::string why = from.source != "default" ? "trainer.batch_size from " + from.describe()
+                            : memory_policies_.empty() ? std::string("trainer.batch_size's default")
+                                                       : "its memory policies' plan: the checkpoint's does not split over " +
+                                                             std::to_string(plan_.world_size) + " devices";
+    log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global(), " (",
+              why, ")");
+  }
   // (its end at this batch: an epochs-based run with nothing left of its last epoch is at its end,
   // whose evaluation runs as a cut one's would; a review)
   const bool ended_here = on_the_steps_grid(position) && saved.total_steps > step_;

@@ -166,8 +166,11 @@ expect(r.returncode == 1 and "takes a component's option as SECTION.COMPONENT.OP
 # README's `-c configs/debug.ini` run outside Loom's checkout: Loom's own is named, by its name.
 r = loom(exe, "config", "show", "-c", "configs/debug.ini", check=False, cwd=workdir())
 expect(r.returncode == 1 and "config file configs/debug.ini not found (from " in r.stderr
-       and "; Loom's own debug.ini is " in r.stderr and "given by its name: -c debug" in r.stderr,
+       and "; Loom's own debug.ini is " in r.stderr and "given by its name alone: debug\n" in r.stderr,
        "a relative path to a missing configuration of Loom's name", r)
+r = loom(exe, "bench", "configs", "configs/debug.ini", "--steps", "2", check=False, cwd=workdir())
+expect(r.returncode == 1 and "configuration configs/debug.ini: config file configs/debug.ini not found" in r.stderr
+       and "given by its name alone: debug\n" in r.stderr, "bench configs: a relative path to Loom's configuration", r)
 # A size that rounds to no budget, or to a few bytes, is refused (0.3 meant no cap at all).
 for limit in ("0.3", "0.5", "2KiB"):
     r = loom(exe, "train", "-c", os.path.join(configs, "debug.ini"), "--device-memory-limit", limit, check=False)
@@ -323,6 +326,9 @@ try:
     r = loom(exe, "plugins", "--plugin-dir", "/dev/zero")
     expect("--plugin-dir /dev/zero is a character device, not a folder or a plugin file" in r.stderr,
            "a --plugin-dir that is a device is said", r)
+    r = loom(exe, "plugins", "--plugin-dir", work)
+    expect(f"Searched: " in r.stdout and f", {work} (--plugin-dir)\n" in r.stdout,
+           "loom plugins names the --plugin-dir folders it searched", r)
     r = loom(exe, "plugins", env=dict(os.environ, LOOM_PLUGIN_PATH=f"/dev/zero:{work}/no_such_folder"))
     expect("LOOM_PLUGIN_PATH's /dev/zero is a character device, not a folder or a plugin file" in r.stderr
            and f"LOOM_PLUGIN_PATH's {work}/no_such_folder: no such folder or file" in r.stderr,
@@ -617,6 +623,15 @@ try:
              "trainer.max_steps=11", "--resume", "auto")
     expect(re.search(r"trainer.lr 0.002 -> 0.05 \(the run's config.json\)\. To go on as it was, give the -c files and --set "
                      r"of the run's first command", r.stderr), "a resume's own rate, taken from config.json, is not the command's", r)
+    # A batch from a -c file, in a `-c F --resume auto`: the warning names where it came from.
+    shutil.copytree(os.path.join(work, "ev"), os.path.join(work, "ev_batch"))
+    batch_file = os.path.join(work, "batch16.ini")
+    with open(batch_file, "w") as f:
+        f.write("[trainer]\nbatch_size = 16\n")
+    r = loom(exe, "train", "-c", batch_file, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev_batch",
+             "--set", "trainer.max_steps=11", "--resume", "auto")
+    expect(f"the checkpoint was trained with global batch 32, this run uses 16 (trainer.batch_size from {batch_file}:2)"
+           in r.stderr, "a resume at another batch names where the batch came from", r)
     # Settings taken from the newest run whose checkpoints cannot be loaded are not an older run's:
     # refused, before anything is written (the older run trained with the newer one's rate and data).
     two = os.path.join(work, "two")
