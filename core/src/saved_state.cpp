@@ -145,6 +145,10 @@ SavedState parse_state_json(const std::string& text, const fs::path& file, int64
     throw Error(file.string() + ": plan gives a global batch of " + text + ", more than " +
                 std::to_string(kMaxGlobal) + " (trainer.batch_size's largest); the checkpoint is damaged");
   }
+  if (f.has({"plan", "after_oom"})) {
+    out.oom_config = f.text({"plan", "after_oom", "config"});
+    out.oom_device = f.text({"plan", "after_oom", "device"});
+  }
   out.epoch = f.integer({"loader", "epoch"}, 0, int64_t{1} << 40);
   out.offset = f.integer({"loader", "offset"}, 0, samples_per_epoch);
   // Older files have no "ranks": their plan's world_size was the number of ranks.

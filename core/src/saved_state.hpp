@@ -22,6 +22,9 @@ struct SavedState {
   std::map<std::string, std::string> optimizer, precision, schedule;  ///< each one's text state
   std::string schedule_name;
   sdk::BatchPlan plan;
+  /// Where `plan` is oom_recovery's re-plan: the configuration (Trainer::config_key) and the
+  /// device, with its memory cap, it ran out of memory with (empty otherwise, and in older files).
+  std::string oom_config, oom_device;
   int64_t epoch = 0, offset = 0;  ///< the data position
   int64_t ranks = 1;              ///< the processes the epoch was shared among (offset is one's share)
   /// The log window at the checkpoint (empty in files of older Loom versions).

@@ -128,6 +128,34 @@ std::string Trainer::config_key() const {
   return key + "libtorch=" + TORCH_VERSION + ";probe=2";
 }
 
+std::string Trainer::memory_identity() const {
+  const sdk::MemoryStats stats = memory_->stats();
+  return device_description(device_) + ", " + std::to_string(stats.total) + " bytes, limit " + std::to_string(stats.limit);
+}
+
+void Trainer::adopt_oom_plan(const sdk::BatchPlan& saved, const std::string& config, const std::string& device) {
+  // (a resume that runs out of memory again on each resume: oom_recovery replays it, without it
+  // the run fails; the accumulation given on this command line is the user's own)
+  const std::string& accumulation_from = config_.at("trainer.gradient_accumulation_steps").origin.source;
+  const bool same = !config.empty() && config == config_key() && device == memory_identity();
+  sdk::BatchPlan mine = plan_;
+  if (same && saved.global() == plan_.global() && saved.world_size == plan_.world_size &&
+      saved.micro_batch < plan_.micro_batch && accumulation_from.rfind("--", 0) != 0)
+    mine = saved;
+  const sdk::BatchPlan agreed = agree_plan(mine);  // (every rank, whatever its device: their plans must be one)
+  if (agreed == plan_) {
+    plan_after_oom_ = plan_after_oom_ || (same && saved == plan_);  // (the record stays for the next resume)
+    return;
+  }
+  log::info("plan: ", sdk::plan_text(plan_), " -> ", sdk::plan_text(agreed), agreed == mine ?
+            ": the checkpoint's run ran out of memory at a larger micro-batch on this device and configuration, and went on at this one"
+            : " (another rank's: the smallest micro-batch of the ranks)");
+  plan_ = agreed;
+  plan_after_oom_ = true;
+  train_loader_->set_micro_batch(plan_.micro_batch * local_devices(), plan_.micro_batch * local_devices() * plan_.accumulation);
+  if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).peak();
+}
+
 int64_t Trainer::probe_peak(int64_t b, bool train) {
   if (!checkpoints_) stop_if_signalled_in_setup(parallel_->world_size(), "memory probes");
   ++probes_run_;
@@ -349,6 +377,7 @@ StepResult Trainer::step_with_recovery(bool read_values) {
       peak_before_replan_ = std::max(peak_before_replan_, start.peak);
       memory_->reset_peak();
       ++oom_recoveries_;
+      plan_after_oom_ = true;
       recovery_seconds_ += seconds_since(t0);
     }
   }

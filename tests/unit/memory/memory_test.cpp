@@ -484,6 +484,46 @@ TEST_F(MemoryTest, OomRecoveryGivesTheRunThatNeverRanOutOfMemory) {
   }
 }
 
+TEST_F(MemoryTest, AResumeStartsAtTheMicroBatchItsRunRecoveredTo) {
+  // The run ran out of memory at micro-batch 64 and went on at 32 x 2. Resumed on the same device
+  // and cap it starts there (each resume met the same out-of-memory: replayed with oom_recovery,
+  // fatal without it); under another cap it plans afresh.
+  const auto [full, half] = peaks(64);
+  const std::string tight = "memory.device_memory_limit=" + std::to_string((full + half) / 2);
+  const auto run = [&](const std::string& limit, const std::string& policies) {
+    Config c = config("resume_oom");
+    c.set_assignment(limit);
+    c.set_assignment("memory.policies=" + policies);
+    c.set_assignment("trainer.resume=auto");
+    return c;
+  };
+  {
+    auto t = make(run(tight, "oom_recovery"));
+    for (int i = 0; i < 3; ++i) t->step_with_recovery();
+    ASSERT_EQ(t->oom_recoveries(), 1);
+    ASSERT_EQ(t->plan(), (loom::sdk::BatchPlan{32, 2, 1}));
+    t->save_checkpoint();
+  }
+  {
+    loom::core::log::Capture log(LOOM_LOG_INFO);
+    auto resumed = make(run(tight, ""));  // (no oom_recovery: the plan must fit from the start)
+    ASSERT_EQ(resumed->step(), 3);
+    EXPECT_EQ(resumed->plan(), (loom::sdk::BatchPlan{32, 2, 1})) << join(log.lines(), "\n");
+    EXPECT_TRUE(log.contains("-> micro-batch 32 x accumulation 2 = 64: the checkpoint's run ran out of memory at a larger "
+                             "micro-batch on this device and configuration, and went on at this one"))
+        << join(log.lines(), "\n");
+    resumed->step_with_recovery();
+    EXPECT_EQ(resumed->oom_recoveries(), 0);
+    resumed->save_checkpoint();  // (the record stays: a resume of this resume starts there too)
+  }
+  {
+    auto again = make(run(tight, ""));
+    EXPECT_EQ(again->plan(), (loom::sdk::BatchPlan{32, 2, 1}));
+  }
+  auto elsewhere = make(run("memory.device_memory_limit=" + std::to_string(4 * full), ""));
+  EXPECT_EQ(elsewhere->plan(), (loom::sdk::BatchPlan{64, 1, 1})) << "another cap: its own plan";
+}
+
 TEST_F(MemoryTest, APolicyCountsStepsAsTheLogsDo) {
   // OomContext.step is the step the logs name: the run's first step is "step 1" for the host and
   // for every policy (record_oom logs the context as it gets it).

@@ -288,6 +288,9 @@ class Trainer {
   /// A resume whose memory policies chose another global batch than the checkpoint's (another
   /// device, another cap) takes the checkpoint's, re-split at the micro-batch that fits here.
   void adopt_global_batch(int64_t global);
+  /// A resume on the device and configuration its checkpoint's run ran out of memory with starts at
+  /// that run's re-plan (`saved`, of the same global batch), not at the plan that ran out (trainer_memory.cpp).
+  void adopt_oom_plan(const sdk::BatchPlan& saved, const std::string& config, const std::string& device);
   void build_optimizer();
   void build_schedule();
   /// step.cuda_graph: checks that the step can be captured (Note [The step as a CUDA graph]).
@@ -515,6 +518,7 @@ class Trainer {
   int64_t probes_run_ = 0;
   bool probed_ = false;  ///< the unmeasured forward before the first probe ran
   int64_t oom_recoveries_ = 0;
+  bool plan_after_oom_ = false;  ///< plan_ is an out-of-memory re-plan (this run's, or its checkpoint's)
   double recovery_seconds_ = 0;
   bool committed_ = false;  ///< the running step has begun to change the run's state (no replay)
   bool ranks_agreed_ = false;  ///< the ranks agreed the step's forward and backward went well (no replay)
@@ -526,6 +530,7 @@ class Trainer {
   std::optional<ActivationFit> fit_;
   std::string oom_advice(const std::string& message) const;
   std::string config_key() const;
+  std::string memory_identity() const;  ///< the device and its memory cap, as an out-of-memory re-plan is recorded with
 };
 
 /// Reads the run's configuration into its final form: resolves automatic choices
