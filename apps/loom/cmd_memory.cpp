@@ -12,7 +12,9 @@
 #include <loom/sdk/helpers.hpp>
 #include <loom/sdk/options.hpp>
 
+#include <algorithm>
 #include <iostream>
+#include <map>
 #include <optional>
 
 namespace loom::cli {
@@ -158,6 +160,46 @@ int cmd_memory(const Invocation& invocation) {
       }
     }
   }
+  // The evaluation's bound measured, where the device here can hold a probe of the target: its
+  // line through two probes is no line for the recommender (it scores the catalogue in chunks of a
+  // fixed size: its memory grows, then levels off), which refused targets that fit ("an evaluation
+  // of one sample peaks at 34.8 MiB", where one of 16 peaks at 17.9) or gave a batch whose
+  // evaluation then ran out of memory. One probe where it fits at the answer; a search otherwise.
+  int64_t eval_of_one = -1;
+  const bool eval_measured = measured->has_eval && measured->per_sample > 0 && *target <= free_now / 2;
+  if (eval_measured) {
+    core::ActivationFit train_only = *measured;
+    train_only.has_eval = false;
+    const int64_t bound = std::min(core::largest_micro_batch(states, train_only, *target), kMaxBatch);
+    std::map<int64_t, int64_t> peaks;
+    const auto fits = [&](int64_t b) {
+      try {
+        peaks[b] = states.rate_table + trainer.probe_peak(b, /*train=*/false);
+        return peaks[b] <= *target;
+      } catch (const c10::OutOfMemoryError&) {
+        trainer.memory().empty_cache();
+        return false;
+      }
+    };
+    // [lo, hi]: lo fits (0: none known), nothing above hi does
+    int64_t lo = 0, hi = bound;
+    if (micro >= 1 && micro <= bound) {
+      if (fits(micro)) lo = micro;
+      else hi = micro - 1;
+    }
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo + 1) / 2;
+      if (fits(mid)) lo = mid;
+      else hi = mid - 1;
+    }
+    micro = lo;
+    if (micro >= 1) {
+      measured->eval_at = micro;
+      measured->eval_peak_at = peaks.at(micro) - states.rate_table;
+    } else if (bound >= 1) {
+      eval_of_one = peaks.count(1) ? peaks.at(1) : -1;
+    }
+  }
   const core::ActivationFit& fit = *measured;
   if (fit.per_sample <= 0) {
     std::cout << "the probes at micro-batch " << fit.probe_small << " and " << fit.probe_large
@@ -169,7 +211,8 @@ int cmd_memory(const Invocation& invocation) {
     std::cout << "nothing fits in " << core::format_bytes(*target) << ": the model states alone need "
               << core::format_bytes(states.total()) << " and the workspace "
               << core::format_bytes(std::max<int64_t>(0, static_cast<int64_t>(fit.fixed) - states.total()))
-              << (fit.has_eval && fit.eval_fixed + fit.eval_per_sample >= static_cast<double>(*target)
+              << (eval_of_one >= 0 ? ", and an evaluation of one sample peaks at " + core::format_bytes(eval_of_one) + " (measured)"
+                  : fit.has_eval && fit.eval_fixed + fit.eval_per_sample >= static_cast<double>(*target)
                       ? ", and an evaluation of one sample peaks at " +
                             core::format_bytes(static_cast<int64_t>(fit.eval_fixed + fit.eval_per_sample))
                       : std::string())
@@ -206,6 +249,10 @@ int cmd_memory(const Invocation& invocation) {
     capped = "; capped there: the run trains on " + std::to_string(split) + " samples" +
              (split < whole ? " (the training split's " + std::to_string(whole) + " less those data.validation_fraction holds out)"
                             : std::string());
+  }
+  if (eval_measured && micro != fit.eval_at) {  // (the answer below the searched one: headroom, a cap)
+    measured->eval_peak_at = trainer.probe_peak(micro, /*train=*/false);
+    measured->eval_at = micro;
   }
   const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);
   // (With --batch, the global batch is the user's, split within this micro-batch below: a global

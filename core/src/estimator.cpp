@@ -46,8 +46,10 @@ MemoryEstimate estimate(const ModelStates& states, const ActivationFit& fit, int
   e.workspace = std::max<int64_t>(0, static_cast<int64_t>(std::llround(fit.fixed)) - probed_states);
   e.activations = total - states.total() - e.workspace;
   if (fit.has_eval)
-    e.evaluation = states.rate_table + static_cast<int64_t>(std::llround(fit.eval_fixed + fit.eval_per_sample *
-                                                                                            static_cast<double>(micro_batch)));
+    e.evaluation = states.rate_table + (fit.eval_at > 0 && fit.eval_at == micro_batch
+                                            ? fit.eval_peak_at
+                                            : static_cast<int64_t>(std::llround(fit.eval_fixed + fit.eval_per_sample *
+                                                                                                 static_cast<double>(micro_batch))));
   return e;
 }
 

@@ -131,6 +131,28 @@ try:
            "allows 64: each step runs as 97 small ones. A batch that is a multiple of 64 (64 or 128) keeps micro-batch 64"
            in r.stderr, "vram_tiers says an uneven split in words", r)
 
+    # The recommender's evaluation scores the catalogue in chunks of a fixed size: its memory grows,
+    # then levels off, no line through two probes. suggest measured nothing for it and refused
+    # 30 MiB ("an evaluation of one sample peaks at 34.8 MiB") or, from other probes, answered 369,
+    # whose evaluation ran out of memory under that cap; estimate put batch 64's at +80 %.
+    recommender = os.path.join(source, "configs", "gpt2_recommender_debug.ini")
+    answers = set()
+    for batch in ([], ["--batch", "2048"]):
+        r = loom(exe, "memory", "suggest", "-c", recommender, "--target", "30MiB", *batch)
+        m = re.search(r"micro-batch for 30.0 MiB per device: (\d+)", r.stdout)
+        expect(m is not None, f"suggest 30 MiB for the recommender {batch}", r)
+        answers.add(int(m.group(1)))
+    expect(len(answers) == 1, f"where suggest probes does not change its answer: {answers}")
+    fits = answers.pop()
+    r = loom(exe, "train", "-c", recommender, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=rec_fits",
+             "--batch-size", str(fits), "--set", "trainer.max_steps=2", "--set", "trainer.eval_every=2",
+             "--device-memory-limit", "30MiB", check=False)
+    expect(r.returncode == 0 and "validation step 2:" in r.stderr, f"the recommender's suggested batch {fits} trains and evaluates under 30 MiB", r)
+    r = loom(exe, "train", "-c", recommender, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=rec64",
+             "--batch-size", "64", "--set", "trainer.max_steps=2", "--set", "trainer.eval_every=2")
+    m = re.search(r"memory estimate: predicted peak .* measured .* \(error ([-+][\d.]+) %\)", r.stderr)
+    expect(m is not None and abs(float(m.group(1))) < 5, "the recommender's estimate at batch 64 within 5 %", r)
+
     r = loom(exe, "doctor")
     expect("CPU" in r.stdout and "Plugins" in r.stdout and "LibTorch" in r.stdout, "doctor reports", r)
     # a CUDA LibTorch: doctor says what compiles Loom's own kernels (the wheel's NVRTC), or why nothing does

@@ -48,6 +48,11 @@ struct ActivationFit {
   /// there. has_eval false: not probed.
   bool has_eval = false;
   double eval_per_sample = 0, eval_fixed = 0;
+  /// The evaluation measured at one micro-batch, the run's own (0: not measured), which `estimate`
+  /// gives there instead of the line's: an evaluation need not be a line in the batch (the
+  /// recommender scores the catalogue in chunks of a fixed size: it grows, then levels off; the
+  /// line through a quarter and half of the batch put it 80 % above the run's measured peak).
+  int64_t eval_at = 0, eval_peak_at = 0;
 };
 
 struct MemoryEstimate {

@@ -172,6 +172,9 @@ class Trainer {
   /// The samples a run trains on: the training split less what data.validation_fraction holds
   /// out (none where the dataset has a validation split of its own). After setup_for_estimate().
   int64_t training_samples() const;
+  /// The samples of the largest split an evaluation reads (test, or validation: the dataset's own,
+  /// or what is held out of train); an evaluation's batch is no larger.
+  int64_t evaluated_samples() const;
 
   /// Evaluates on a split (kValidation: the dataset's own, or the share of train held out by
   /// data.validation_fraction; kTest), at the training plan's micro-batch (smaller where the
