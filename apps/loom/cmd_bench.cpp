@@ -17,6 +17,8 @@
 #include <cctype>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <set>
 
 namespace fs = std::filesystem;
 
@@ -64,10 +66,17 @@ int cmd_bench(const Invocation& invocation) {
     }
   };
   std::vector<core::Config> configs;
+  // A key the configurations differ in, set over all of them (`-c debug` over two models' files):
+  // each ran the same, under its own name in the table (a probe).
+  std::map<std::string, std::set<std::string>> own_values;
   for (const std::string& file : files) {
     core::Config& config = configs.emplace_back();
     in_configuration(file, [&] {
       config.load_file(core::find_config(file));
+      for (const std::string& key : user.keys_in_set_order()) {
+        const core::ConfigValue* own = config.find(key);
+        own_values[key].insert(own != nullptr ? own->value : "(unset)");
+      }
       for (const std::string& key : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
         const core::ConfigValue& value = *user.find(key);
         config.set(key, value.value, value.origin);
@@ -77,6 +86,15 @@ int cmd_bench(const Invocation& invocation) {
       config.forget_base_override_warnings();  // said once above, not again in every round
     });
   }
+  std::vector<std::string> overridden;
+  for (const std::string& key : user.keys_in_set_order())
+    if (own_values[key].size() > 1)
+      overridden.push_back(key + " = " + user.find(key)->value + " (theirs: " +
+                           core::join(std::vector<std::string>(own_values[key].begin(), own_values[key].end()), ", ") + ")");
+  if (!overridden.empty())
+    core::log::warn("-c and --set set over every configuration what they differ in: ", core::join(overridden, "; "),
+                    ". Each runs with these under its own name in the table; leave them out (-c, --set) to compare the "
+                    "configurations as they are");
   std::vector<Row> rows(files.size());
   for (size_t index = 0; index < files.size(); ++index) {  // (two x.ini of other folders read as one)
     const std::string name = fs::path(files[index]).filename().string();

@@ -171,6 +171,11 @@ try:
     expect(rows[1].split()[1:4] == ["32", "2", "64"], "bench shows micro-batch, accumulation, global batch", r)
     expect(rows[0].split()[-1] == "1.00x" and re.fullmatch(r"\d+\.\d\dx", rows[1].split()[-1]) is not None,
            "bench gives each configuration's ratio to the first", r)
+    expect("what they differ in" not in r.stderr, "bench: --set of what the configurations share is no warning", r)
+    # A batch given over both: they ran the same, each under its own name (said, in one line).
+    r = loom(exe, "bench", "configs", a, b, "--steps", "2", *RUN, "--set", "trainer.batch_size=16")
+    expect("-c and --set set over every configuration what they differ in: trainer.batch_size = 16 (theirs: 32, 64)."
+           in r.stderr, "bench says a key set over configurations that differ in it", r)
     # A base that overrides an earlier file's value is said once, not once per round.
     p, q, over = (os.path.join(work, n) for n in ("p.ini", "q.ini", "over.ini"))
     with open(p, "w") as f:
