@@ -436,6 +436,7 @@ void PluginRegistry::materialize(const ComponentInfo& info) const {
   try {
     library = load_in_process(plugin.file, fresh);
   } catch (const PluginRefused& r) {
+    forget_scan(plugin.file);  // (the next command scans it again, and says what it finds)
     throw Error(what + " cannot be loaded: " + PluginRefusal{plugin.file, r.stage, r.reason, r.hint, {}}.line() +
                 " (the scanner had accepted the file: did it change since?)");
   }
@@ -445,9 +446,11 @@ void PluginRegistry::materialize(const ComponentInfo& info) const {
     if (registered.plugin.get() != &plugin) continue;
     auto it = std::find_if(fresh.components.begin(), fresh.components.end(),
                            [&](const ComponentInfo& c) { return c.kind == registered.kind && c.name == registered.name; });
-    if (it == fresh.components.end())
+    if (it == fresh.components.end()) {
+      forget_scan(plugin.file);  // (its cached report named it: "run the command again" met the same report)
       throw Error(what + ": " + plugin.file.string() + " no longer provides " + kind_name(registered.kind) + " '" +
                   registered.name + "' (the file changed since it was scanned); run the command again");
+    }
     const_cast<ComponentInfo&>(registered).raw = it->raw;
   }
   plugin.library = library;

@@ -245,6 +245,26 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
 
 }  // namespace
 
+void forget_scan(const fs::path& file) {
+  const fs::path path = cache_file();
+  if (path.empty()) return;
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  try {
+    auto entries = read_cache(path);
+    const std::string prefix = file.string() + "|";
+    bool dropped = false;
+    for (auto it = entries.lower_bound(prefix); it != entries.end() && it->first.rfind(prefix, 0) == 0; dropped = true)
+      it = entries.erase(it);
+    if (!dropped) return;
+    std::string text;
+    for (const auto& [k, value] : entries) text += k + "\t" + value + "\n";
+    write_file_atomic(path, text);
+  } catch (const std::exception& e) {
+    log::warn("cannot drop ", file.string(), "'s entry from the plugin scan cache ", path.string(), " (", e.what(),
+              "); remove that file, and the next command scans every plugin again");
+  }
+}
+
 std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files) {
   std::map<fs::path, ScanVerdict> out;
   const fs::path exe = scanner();
@@ -263,7 +283,7 @@ std::map<fs::path, ScanVerdict> scan_in_child(const std::vector<fs::path>& files
       auto it = entries.find(keys[f]);
       if (it != entries.end() && it->second == "ok") out[f] = {};
       else if (it != entries.end() && it->second.rfind("ok\t", 0) == 0) out[f] = {true, {}, it->second.substr(3)};
-      else if (it != entries.end() && it->second.rfind("refused\t", 0) == 0) out[f] = {false, it->second.substr(8) + " (cached verdict)", {}};
+      else if (it != entries.end() && it->second.rfind("refused\t", 0) == 0 && it->second.size() > 8) out[f] = {false, it->second.substr(8) + " (cached verdict)", {}};
       else if (const auto limit = cached_timeout(it == entries.end() ? std::string() : it->second); limit && *limit >= timeout_seconds())
         out[f] = {false, it->second.substr(it->second.find('\t', 8) + 1) + " (cached verdict)", {}, true};
       else pending.push_back(f);  // (a timeout under a smaller limit than now: tried again)

@@ -31,4 +31,8 @@ struct ScanVerdict {
 /// running anything when isolation is off (LOOM_PLUGIN_SCANNER=off) or there is no scanner.
 std::map<std::filesystem::path, ScanVerdict> scan_in_child(const std::vector<std::filesystem::path>& files);
 
+/// Drops `file`'s cached verdict: the file, loaded, did not match what the scan said of it (a cache
+/// edited or damaged, a file changed within its key), and the next command scans it again.
+void forget_scan(const std::filesystem::path& file);
+
 }  // namespace loom::core

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 #include <csignal>
+#include <functional>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -318,6 +319,57 @@ TEST_F(PluginScan, AFileWrittenAgainWithTheSameSizeAndTimeIsScannedAgain) {
   int lines = 0;
   for (std::string line; std::getline(cache, line);) lines += line.rfind(file.string() + "|", 0) == 0 ? 1 : 0;
   EXPECT_EQ(lines, 1);
+}
+
+/// Rewrites the cache's line of `file` with `edit` (a cache damaged, or edited by hand).
+void edit_cache_entry(const fs::path& cache, const fs::path& file, const std::function<std::string(std::string)>& edit) {
+  std::ifstream in(cache);
+  std::string text;
+  for (std::string line; std::getline(in, line);) text += (line.rfind(file.string() + "|", 0) == 0 ? edit(line) : line) + "\n";
+  in.close();
+  std::ofstream(cache, std::ios::trunc) << text;
+}
+
+// A cached report that no longer matches its file (a name it does not provide), or a cached
+// refusal without a reason, is scanned again: "run the command again" met the same cached report
+// for good (a probe), and the empty refusal blamed the plugin's initializers for nothing.
+TEST_F(PluginScan, ACachedVerdictThatDoesNotMatchItsFileIsScannedAgain) {
+  const fs::path folder = cache_ / "plugins";
+  fs::create_directories(folder);
+  const fs::path file = folder / "libloom_mine.so";
+  fs::copy_file(fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins" / "libloom_precision_fp32.so", file);
+  const auto registry_of = [&] {
+    auto r = std::make_unique<loom::core::PluginRegistry>();
+    r->set_log_refusals(false);
+    r->scan({folder});
+    return r;
+  };
+  ASSERT_NE(registry_of()->find(LOOM_KIND_PRECISION, "fp32"), nullptr);
+  const fs::path cache = cache_ / "plugin-scan.tsv";
+  edit_cache_entry(cache, file, [](std::string line) {
+    const std::string name = "\"name\":\"fp32\"";
+    const auto at = line.find(name);
+    return at == std::string::npos ? line : line.replace(at, name.size(), "\"name\":\"fp32x\"");
+  });
+  {
+    auto edited = registry_of();
+    ASSERT_NE(edited->find(LOOM_KIND_PRECISION, "fp32x"), nullptr) << "the edited report is read";
+    try {
+      edited->create<loom::sdk::PrecisionStrategy>("fp32x");
+      FAIL() << "a component the file does not provide was created";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no longer provides precision 'fp32x'"), std::string::npos) << e.what();
+    }
+  }
+  auto again = registry_of();
+  EXPECT_NE(again->find(LOOM_KIND_PRECISION, "fp32"), nullptr) << "scanned again: the file's own report";
+  EXPECT_EQ(again->find(LOOM_KIND_PRECISION, "fp32x"), nullptr);
+  edit_cache_entry(cache, file, [](const std::string& line) {
+    return line.substr(0, line.find("\tok\t")) + "\trefused\t";  // (the key, then the verdict)
+  });
+  auto refused = registry_of();
+  EXPECT_TRUE(refused->refusals().empty()) << refused->refusals().front().reason;
+  EXPECT_NE(refused->find(LOOM_KIND_PRECISION, "fp32"), nullptr);
 }
 
 }  // namespace
