@@ -18,6 +18,12 @@ constexpr double kMostParameters = 2e10;
 
 /// The model's sizes from `dir`/config.json; refuses a model that is not GPT-2 as built here.
 Config hf_config(const std::filesystem::path& dir) {
+  if (std::error_code ec; !std::filesystem::is_directory(dir, ec)) {  // ("/etc/passwd/config.json: Not a directory")
+    const std::string what = sdk::what_is_at(dir);
+    throw sdk::Error("model.pretrained = " + dir.string() +
+                     (what == "no such file" ? ": no such folder" : " is " + (what.empty() ? std::string("a file") : what) + ", not a folder") +
+                     "; name a Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt)");
+  }
   const auto path = dir / "config.json";
   const std::string text = sdk::read_regular_file(path, int64_t{16} << 20, "model.pretrained: ",
                                                   "a Hugging Face model folder has config.json and model.safetensors; a run "

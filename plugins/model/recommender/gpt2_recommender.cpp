@@ -10,6 +10,7 @@
 // shapes the model with its own data.
 #include "datasets.hpp"
 
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/attributes.hpp>
 #include <loom/sdk/gpt2_text.hpp>
 
@@ -204,6 +205,12 @@ class Gpt2Recommender final : public sdk::Model {
 
     std::optional<gpt2::Tokenizer> tokenizer;
     namespace fs = std::filesystem;
+    if (std::error_code ec; !pretrained_.empty() && !fs::is_directory(pretrained_, ec)) {  // (it said "has no vocab.json")
+      const std::string what = sdk::what_is_at(pretrained_);
+      throw Error("gpt2_recommender: model.pretrained = " + pretrained_ +
+                  (what == "no such file" ? ": no such folder" : " is " + (what.empty() ? std::string("a file") : what) + ", not a folder") +
+                  "; name a Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt)");
+    }
     const fs::path vocab_dir = !pretrained_.empty() && fs::exists(fs::path(pretrained_) / "vocab.json") ? fs::path(pretrained_)
                                                                                                         : fs::path(tokenizer_dir_);
     // (pretrained embeddings read BPE ids: bytes fed to them gave meaningless text vectors, trained in silence)

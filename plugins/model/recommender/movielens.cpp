@@ -9,6 +9,7 @@
 #include <loom/sdk/log.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -67,10 +68,11 @@ class Rows {
   Rows(const Rows&) = delete;
   Rows& operator=(const Rows&) = delete;
 
-  /// The next non-empty line (without its line ending), valid until the next call; false at the end.
+  /// The next line with more than blanks (without its line ending), valid until the next call;
+  /// false at the end. (A line of spaces was "1 fields, expected 4" where an empty one is passed over.)
   bool next(std::string_view& line) {
     while (next_line(line))
-      if (!line.empty()) return true;
+      if (line.find_first_not_of(" \t") != std::string_view::npos) return true;
     return false;
   }
 
@@ -165,6 +167,7 @@ class Rows {
   }
 
   const fs::path& path() const { return path_; }
+  int64_t line_number() const { return number_; }
 
  private:
   /// Drops what was parsed, and reads the next part of the file after what is left.
@@ -366,6 +369,17 @@ const char* const kMl100kGenres[] = {"unknown", "Action", "Adventure", "Animatio
                                       "Documentary", "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery",
                                       "Romance", "Sci-Fi", "Thriller", "War", "Western"};
 
+/// A ratings row's fields read in their order, so that the first wrong one is named (a function's
+/// arguments are evaluated in any order: a header line was "timestamp 'timestamp' is not an integer").
+void add_rating_row(Reader& reader, const std::vector<std::string_view>& f, const std::array<const char*, 4>& names,
+                    const Rows& rows, const char* items_file) {
+  const int64_t user = integer(f[0], names[0], rows);
+  const int64_t item = integer(f[1], names[1], rows);
+  const float value = rating(f[2], names[2], rows);
+  const int64_t time = integer(f[3], names[3], rows);
+  reader.add_interaction(std::to_string(user), std::to_string(item), value, time, rows, items_file);
+}
+
 RawData read_ml100k(const fs::path& root) {
   Reader reader;
   std::vector<std::string> genres(std::begin(kMl100kGenres), std::end(kMl100kGenres));
@@ -403,8 +417,11 @@ RawData read_ml100k(const fs::path& root) {
   while (rows.next(line)) {
     const auto f = split_on(line, "\t");
     if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (user id, item id, rating, timestamp; tab-separated)");
-    reader.add_interaction(std::to_string(integer(f[0], "user id", rows)), std::to_string(integer(f[1], "item id", rows)),
-                           rating(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "u.item");
+    // (ml-100k's u.data has no header: a line of names first is said as such)
+    if (rows.line_number() == 1 && !f[0].empty() && f[0].find_first_not_of("0123456789") != std::string_view::npos &&
+        f[3].find_first_not_of("0123456789") != std::string_view::npos)
+      throw rows.error("'" + std::string(line) + "' is no rating: ml-100k's u.data has no header line; remove it");
+    add_rating_row(reader, f, {"user id", "item id", "rating", "timestamp"}, rows, "u.item");
   }
   reader.refuse_repeats(root / "u.data");
   return reader.take();
@@ -429,8 +446,7 @@ RawData read_ml1m(const fs::path& root) {
   while (rows.next(line)) {
     const auto f = split_on(line, "::");
     if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (UserID::MovieID::Rating::Timestamp)");
-    reader.add_interaction(std::to_string(integer(f[0], "UserID", rows)), std::to_string(integer(f[1], "MovieID", rows)),
-                           rating(f[2], "Rating", rows), integer(f[3], "Timestamp", rows), rows, "movies.dat");
+    add_rating_row(reader, f, {"UserID", "MovieID", "Rating", "Timestamp"}, rows, "movies.dat");
   }
   reader.refuse_repeats(root / "ratings.dat");
   return reader.take();
@@ -440,7 +456,8 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
   Reader reader;
   std::string_view line;
   auto header = [&](Rows& rows, const char* expected) {
-    if (!rows.next(line)) throw rows.error("the file is empty; expected the header " + std::string(expected));
+    if (!rows.next(line))  // (no line to name: "movies.csv:0:")
+      throw sdk::Error("interactions: " + rows.path().string() + " is empty; expected the header " + std::string(expected));
     // A file in another encoding or with old Mac line endings reads as one line that begins with
     // the header, or as bytes: named, with the fix, not as a file without rows or an odd header.
     if (line.size() >= 2 && ((line[0] == '\xFF' && line[1] == '\xFE') || (line[0] == '\xFE' && line[1] == '\xFF') ||
@@ -490,8 +507,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
       f.assign(unquoted.begin(), unquoted.end());
     }
     if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (userId,movieId,rating,timestamp)");
-    reader.add_interaction(std::to_string(integer(f[0], "userId", rows)), std::to_string(integer(f[1], "movieId", rows)),
-                           rating(f[2], "rating", rows), integer(f[3], "timestamp", rows), rows, "movies.csv");
+    add_rating_row(reader, f, {"userId", "movieId", "rating", "timestamp"}, rows, "movies.csv");
   }
   reader.refuse_repeats(root / "ratings.csv");
   return reader.take();

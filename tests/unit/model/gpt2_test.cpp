@@ -487,4 +487,25 @@ TEST_F(Gpt2LmTest, SequencesLongerThanThePositionsAreRefusedWithTheFix) {
   }
 }
 
+TEST_F(Gpt2LmTest, APretrainedThatIsNoFolderIsNamedAsWhatItIs) {
+  // (a file was "/etc/hosts/config.json: Not a directory" here, and "has no vocab.json" in the recommender)
+  std::ofstream(dir_ / "weights.bin") << "not a folder";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {(dir_ / "weights.bin").string(), " is a file, not a folder; name a Hugging Face GPT-2 folder"},
+      {(dir_ / "nowhere").string(), ": no such folder; name a Hugging Face GPT-2 folder"},
+      {"/dev/null", " is a character device, not a folder"}};
+  for (const auto& [pretrained, said] : cases) {
+    loom::core::Config c = config_of({"model.name=gpt2_lm", "data.name=synthetic_tokens", "data.vocab_size=64",
+                                      "data.seq_len=16", "data.train_size=64", "data.test_size=8"},
+                                     dir_, "not_a_folder");
+    c.set_assignment("model.pretrained=" + pretrained);
+    try {
+      make_trainer(c);
+      FAIL() << pretrained << " was taken for a pretrained model";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("model.pretrained = " + pretrained + said), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace

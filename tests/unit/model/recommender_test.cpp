@@ -324,6 +324,26 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   write(dir_ / "movies.csv", "movieId,title,genres\n1,\"Heat\n(1995)\",Action,Drama\n");  // (4 fields)
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("movies.csv:2-3: 4 fields, expected 3"), std::string::npos) << message;
+  // A line of blanks is passed over as an empty one is (it was "1 fields, expected 4"); an empty
+  // file has no line to name (it was "movies.csv:0:").
+  write(dir_ / "movies.csv", "movieId,title,genres\n1,Heat (1995),Action\n2,Babe (1995),Comedy\n3,Up (2009),Drama\n");
+  write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,1\n   \n1,2,3.0,2\n\t\n1,3,5.0,3\n");
+  EXPECT_EQ(error_of([&] { open(); }), "(no error)");
+  write(dir_ / "movies.csv", "");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("movies.csv is empty; expected the header movieId,title,genres"), std::string::npos) << message;
+  fs::remove(dir_ / "movies.csv");
+  fs::remove(dir_ / "ratings.csv");
+  // ml-100k's u.data has no header: a line of names is said as one, and a row's first wrong field
+  // is the one named (the arguments' order of evaluation named the timestamp first).
+  write(dir_ / "u.item", "1|Heat (1995)|01-Jan-1995||http://x|0|1|0|0|0|0|0|0|0|0|0|0|0|0|0|0|0|0|0\n");
+  write(dir_ / "u.data", "user\titem\trating\ttimestamp\n1\t1\t5\t100\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("u.data:1: 'user\\x09item\\x09rating\\x09timestamp' is no rating: ml-100k's u.data has no header "
+                         "line; remove it"), std::string::npos) << message;
+  write(dir_ / "u.data", "1\t1\t5\t100\nx\t1\ty\tz\n");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("u.data:2: user id 'x' is not an integer"), std::string::npos) << message;
 }
 
 TEST_F(RecommenderData, SpecialFilesAndMissingFoldersAreNamedNotWaitedOn) {
