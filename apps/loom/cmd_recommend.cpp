@@ -96,9 +96,23 @@ int cmd_recommend(const Invocation& invocation) {
       user_id = same.front() + " (given as " + user_id + ")";
     }
   }
-  if (found == users.end())
-    throw Error("user " + user_id + " is not in the data (" + std::to_string(users.size()) + " users, ids " + users.front() +
-                " ... " + users.back() + "; users with fewer than data.min_interactions interactions are left out)");
+  if (found == users.end()) {
+    // (numbers: their range, not the data's first and last, which read "ids 1 ... -30")
+    std::optional<int64_t> low, high;
+    bool numbers = true;
+    for (const auto& id : users) {
+      const auto n = sdk::parse_int(id);
+      if (!n) { numbers = false; break; }
+      low = std::min(low.value_or(*n), *n);
+      high = std::max(high.value_or(*n), *n);
+    }
+    const bool every = numbers && low && static_cast<double>(*high) - static_cast<double>(*low) + 1 == static_cast<double>(users.size());
+    const std::string ids = every ? "ids " + std::to_string(*low) + " to " + std::to_string(*high)
+                            : numbers && low ? "ids between " + std::to_string(*low) + " and " + std::to_string(*high) + ", not every number"
+                                             : "ids " + users.front() + " ... " + users.back() + " in the data's order";
+    throw Error("user " + user_id + " is not in the data (" + std::to_string(users.size()) + " users, " + ids +
+                "; users with fewer than data.min_interactions interactions are left out)");
+  }
   const int64_t user = found - users.begin();
 
   std::set<int64_t> known;

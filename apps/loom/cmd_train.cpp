@@ -411,9 +411,23 @@ fs::path checkpoint_path(const Invocation& invocation) {
   if (!fs::is_directory(checkpoint) && (name == "state.json" || name == "model.safetensors" || name == "optimizer.safetensors") &&
       checkpoint.parent_path().filename().string().rfind("step_", 0) == 0)
     return checkpoint.parent_path();
-  if (fs::is_directory(checkpoint) && !fs::exists(checkpoint / "state.json"))
+  if (fs::is_directory(checkpoint) && !fs::exists(checkpoint / "state.json")) {
+    // (a work folder, `loom eval runs`: its runs named, the newest first)
+    std::vector<std::pair<fs::file_time_type, std::string>> runs;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(checkpoint, ec))
+      if (entry.is_directory(ec) && fs::is_directory(entry.path() / "checkpoints", ec))
+        runs.emplace_back(fs::last_write_time(entry.path(), ec), entry.path().string());
+    std::sort(runs.rbegin(), runs.rend());
+    std::vector<std::string> named;
+    for (size_t i = 0; i < runs.size() && i < 3; ++i) named.push_back(runs[i].second);
+    if (!runs.empty())
+      throw Error(checkpoint.string() + " is a work folder of " + std::to_string(runs.size()) + " run(s), not a checkpoint; " +
+                  "pass one of its runs (the newest: " + core::join(named, ", ") + "), a step folder of one " +
+                  "(<run>/checkpoints/step_...) or a best_*.safetensors file");
     throw Error(checkpoint.string() + " is a folder, but no checkpoint: it has no state.json. Pass a step folder "
                 "(runs/<name>/checkpoints/step_...), a run folder, or a best_*.safetensors file");
+  }
   // A file that is not a weights file (a run's config.json, metrics.jsonl): not "damaged", another kind of file.
   if (!fs::is_directory(checkpoint) && checkpoint.extension() != ".safetensors")
     throw Error(checkpoint.string() + " is not a checkpoint (one is a step folder or a .safetensors file); pass " +

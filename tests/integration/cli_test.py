@@ -457,6 +457,9 @@ try:
     r = loom(exe, "eval", configs, check=False)
     expect(r.returncode == 1 and "is a folder, but no checkpoint: it has no state.json" in r.stderr,
            "eval of a folder that is no checkpoint", r)
+    r = loom(exe, "eval", work, check=False)  # (the work folder: its runs named)
+    expect(r.returncode == 1 and f"{work} is a work folder of " in r.stderr
+           and f"pass one of its runs (the newest: {work}/" in r.stderr, "eval of a work folder names its runs", r)
     # A resume with other data keys says so; an epochs the max_steps overrides is named.
     loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=rs", "--set", "trainer.max_steps=2")
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=rs", "--resume", "auto",
