@@ -75,7 +75,7 @@ int cmd_bench(const Invocation& invocation) {
       config.load_file(core::find_config(file));
       for (const std::string& key : user.keys_in_set_order()) {
         const core::ConfigValue* own = config.find(key);
-        own_values[key].insert(own != nullptr ? own->value : "(unset)");
+        own_values[key].insert(own != nullptr ? own->value : "its default");
       }
       for (const std::string& key : user.keys_in_set_order()) {  // in the user's order (Config::set_order)
         const core::ConfigValue& value = *user.find(key);
@@ -92,8 +92,8 @@ int cmd_bench(const Invocation& invocation) {
       overridden.push_back(key + " = " + user.find(key)->value + " (theirs: " +
                            core::join(std::vector<std::string>(own_values[key].begin(), own_values[key].end()), ", ") + ")");
   if (!overridden.empty())
-    core::log::warn("-c and --set set over every configuration what they differ in: ", core::join(overridden, "; "),
-                    ". Each runs with these under its own name in the table; leave them out (-c, --set) to compare the "
+    core::log::warn("the command's settings (-c, --set, flags) set over every configuration what they differ in: ", core::join(overridden, "; "),
+                    ". Each runs with these under its own name in the table; leave them out of the command to compare the "
                     "configurations as they are");
   std::vector<Row> rows(files.size());
   for (size_t index = 0; index < files.size(); ++index) {  // (two x.ini of other folders read as one)

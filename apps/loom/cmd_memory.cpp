@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -164,40 +165,45 @@ int cmd_memory(const Invocation& invocation) {
   // line through two probes is no line for the recommender (it scores the catalogue in chunks of a
   // fixed size: its memory grows, then levels off), which refused targets that fit ("an evaluation
   // of one sample peaks at 34.8 MiB", where one of 16 peaks at 17.9) or gave a batch whose
-  // evaluation then ran out of memory. One probe where it fits at the answer; a search otherwise.
+  // evaluation then ran out of memory. A binary search up to the training step's bound, from the
+  // line's answer: each probe under a cap of the target (a larger one fails, it does not allocate
+  // past it), none at more samples than the largest split evaluated (its batches are no larger).
   int64_t eval_of_one = -1;
   const bool eval_measured = measured->has_eval && measured->per_sample > 0 && *target <= free_now / 2;
+  const int64_t evaluated = std::max<int64_t>(1, trainer.evaluated_samples());
+  std::map<int64_t, int64_t> eval_peaks;  // by the samples probed; INT64_MAX: past the target
+  const auto eval_fits = [&](int64_t b) {
+    b = std::min(b, evaluated);
+    if (!eval_peaks.count(b)) {
+      try {
+        eval_peaks[b] = states.rate_table + trainer.probe_peak_within(b, /*train=*/false, *target - states.rate_table);
+      } catch (const c10::OutOfMemoryError&) {
+        trainer.memory().empty_cache();
+        eval_peaks[b] = std::numeric_limits<int64_t>::max();
+      }
+    }
+    return eval_peaks[b] <= *target;
+  };
   if (eval_measured) {
     core::ActivationFit train_only = *measured;
     train_only.has_eval = false;
     const int64_t bound = std::min(core::largest_micro_batch(states, train_only, *target), kMaxBatch);
-    std::map<int64_t, int64_t> peaks;
-    const auto fits = [&](int64_t b) {
-      try {
-        peaks[b] = states.rate_table + trainer.probe_peak(b, /*train=*/false);
-        return peaks[b] <= *target;
-      } catch (const c10::OutOfMemoryError&) {
-        trainer.memory().empty_cache();
-        return false;
-      }
-    };
-    // [lo, hi]: lo fits (0: none known), nothing above hi does
-    int64_t lo = 0, hi = bound;
+    int64_t lo = 0, hi = bound;  // lo fits (0: none known), nothing above hi does
     if (micro >= 1 && micro <= bound) {
-      if (fits(micro)) lo = micro;
+      if (eval_fits(micro)) lo = micro;
       else hi = micro - 1;
     }
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo + 1) / 2;
-      if (fits(mid)) lo = mid;
+      if (eval_fits(mid)) lo = mid;
       else hi = mid - 1;
     }
     micro = lo;
     if (micro >= 1) {
       measured->eval_at = micro;
-      measured->eval_peak_at = peaks.at(micro) - states.rate_table;
+      measured->eval_peak_at = eval_peaks.at(std::min(micro, evaluated)) - states.rate_table;
     } else if (bound >= 1) {
-      eval_of_one = peaks.count(1) ? peaks.at(1) : -1;
+      eval_of_one = eval_peaks.count(1) ? eval_peaks.at(1) : -1;
     }
   }
   const core::ActivationFit& fit = *measured;
@@ -211,7 +217,9 @@ int cmd_memory(const Invocation& invocation) {
     std::cout << "nothing fits in " << core::format_bytes(*target) << ": the model states alone need "
               << core::format_bytes(states.total()) << " and the workspace "
               << core::format_bytes(std::max<int64_t>(0, static_cast<int64_t>(fit.fixed) - states.total()))
-              << (eval_of_one >= 0 ? ", and an evaluation of one sample peaks at " + core::format_bytes(eval_of_one) + " (measured)"
+              << (eval_of_one == std::numeric_limits<int64_t>::max()
+                      ? ", and an evaluation of one sample needs more than that (measured)"
+                  : eval_of_one >= 0 ? ", and an evaluation of one sample peaks at " + core::format_bytes(eval_of_one) + " (measured)"
                   : fit.has_eval && fit.eval_fixed + fit.eval_per_sample >= static_cast<double>(*target)
                       ? ", and an evaluation of one sample peaks at " +
                             core::format_bytes(static_cast<int64_t>(fit.eval_fixed + fit.eval_per_sample))
@@ -250,8 +258,8 @@ int cmd_memory(const Invocation& invocation) {
              (split < whole ? " (the training split's " + std::to_string(whole) + " less those data.validation_fraction holds out)"
                             : std::string());
   }
-  if (eval_measured && micro != fit.eval_at) {  // (the answer below the searched one: headroom, a cap)
-    measured->eval_peak_at = trainer.probe_peak(micro, /*train=*/false);
+  if (eval_measured && micro != fit.eval_at && eval_fits(micro)) {  // (the answer below the searched one: headroom, a cap)
+    measured->eval_peak_at = eval_peaks.at(std::min(micro, evaluated)) - states.rate_table;
     measured->eval_at = micro;
   }
   const core::MemoryEstimate e = core::estimate(states, fit, micro, devices);

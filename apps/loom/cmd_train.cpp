@@ -415,9 +415,14 @@ fs::path checkpoint_path(const Invocation& invocation) {
     // (a work folder, `loom eval runs`: its runs named, the newest first)
     std::vector<std::pair<fs::file_time_type, std::string>> runs;
     std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(checkpoint, ec))
-      if (entry.is_directory(ec) && fs::is_directory(entry.path() / "checkpoints", ec))
-        runs.emplace_back(fs::last_write_time(entry.path(), ec), entry.path().string());
+    for (const auto& entry : fs::directory_iterator(checkpoint, ec)) {
+      if (!entry.is_directory(ec)) continue;
+      // (by its newest checkpoint: a run folder's own time moves little as it trains; none, no run to pass)
+      std::optional<fs::file_time_type> newest;
+      for (const auto& saved : fs::directory_iterator(entry.path() / "checkpoints", ec))
+        if (const auto t = fs::last_write_time(saved.path(), ec); !ec) newest = std::max(newest.value_or(t), t);
+      if (newest) runs.emplace_back(*newest, entry.path().string());
+    }
     std::sort(runs.rbegin(), runs.rend());
     std::vector<std::string> named;
     for (size_t i = 0; i < runs.size() && i < 3; ++i) named.push_back(runs[i].second);

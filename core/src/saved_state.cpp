@@ -148,6 +148,7 @@ SavedState parse_state_json(const std::string& text, const fs::path& file, int64
   if (f.has({"plan", "after_oom"})) {
     out.oom_config = f.text({"plan", "after_oom", "config"});
     out.oom_device = f.text({"plan", "after_oom", "device"});
+    out.oom_accumulation = f.integer({"plan", "after_oom", "accumulation"}, 1, int64_t{1} << 40);
   }
   out.epoch = f.integer({"loader", "epoch"}, 0, int64_t{1} << 40);
   out.offset = f.integer({"loader", "offset"}, 0, samples_per_epoch);

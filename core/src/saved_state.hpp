@@ -25,6 +25,7 @@ struct SavedState {
   /// Where `plan` is oom_recovery's re-plan: the configuration (Trainer::config_key) and the
   /// device, with its memory cap, it ran out of memory with (empty otherwise, and in older files).
   std::string oom_config, oom_device;
+  int64_t oom_accumulation = -1;  ///< the accumulation that run was configured with
   int64_t epoch = 0, offset = 0;  ///< the data position
   int64_t ranks = 1;              ///< the processes the epoch was shared among (offset is one's share)
   /// The log window at the checkpoint (empty in files of older Loom versions).

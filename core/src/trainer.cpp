@@ -149,6 +149,7 @@ void Trainer::setup() {
   // folder that did not resume, by every rank (a resumed run has its own weights, trained further).
   const bool init_before = init_first();
   in_phase(init_before ? "set-up" : "opening the run folder", [&] { open_run(); });
+  if (parallel_->world_size() > 1 && resumed_at_ >= 0) agree_resumed_plan();
   note_pending_test();
   if (!options_.init_from.empty() && !init_before && resumed_at_ < 0)
     in_phase("loading trainer.init_from", [&] { init_weights(options_.init_from); });

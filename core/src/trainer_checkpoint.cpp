@@ -155,7 +155,8 @@ std::string Trainer::state_json() const {
   // (the plan's world_size counts devices, several per rank with data_parallel).
   s["loader"] = {{"epoch", position.epoch}, {"offset", position.offset}, {"seed", options_.seed}, {"ranks", parallel_->world_size()}};
   s["plan"] = {{"micro_batch", plan_.micro_batch}, {"accumulation", plan_.accumulation}, {"world_size", plan_.world_size}};
-  if (plan_after_oom_) s["plan"]["after_oom"] = {{"config", config_key()}, {"device", memory_identity()}};
+  if (plan_after_oom_)
+    s["plan"]["after_oom"] = {{"config", config_key()}, {"device", memory_identity()}, {"accumulation", options_.accumulation}};
   s["schedule"] = {{"name", options_.schedule}, {"base_lr", base_lr_}, {"step", step_}, {"state", schedule_->state_dict().text}};
   const sdk::State optimizer = optimizer_->state_dict();
   s["optimizer"] = optimizer.text;
@@ -344,7 +345,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     log::warn("the checkpoint was trained with global batch ", saved_plan.global(), ", this run uses ", plan_.global(), " (",
               why, ")");
   }
-  adopt_oom_plan(saved_plan, saved.oom_config, saved.oom_device);
+  adopt_oom_plan(saved_plan, {saved.oom_config, saved.oom_device, saved.oom_accumulation});
   // (its end at this batch: an epochs-based run with nothing left of its last epoch is at its end,
   // whose evaluation runs as a cut one's would; a review)
   const bool ended_here = on_the_steps_grid(position) && saved.total_steps > step_;

@@ -71,8 +71,9 @@ std::optional<ActivationFit> Trainer::activation_fit(int64_t micro) {
       continue;
     }
     // The evaluation at the micro-batch itself (a forward, no gradients): no line need hold it.
+    // (within half of what is free: the probes above stayed at half of the micro-batch)
     if (micro > large) try {
-        fit->eval_peak_at = probe_peak(micro, /*train=*/false);
+        fit->eval_peak_at = probe_peak_within(micro, /*train=*/false, std::max<int64_t>(1, memory_->stats().free / 2));
         fit->eval_at = micro;
       } catch (const c10::OutOfMemoryError&) {
         memory_->empty_cache();
@@ -151,27 +152,50 @@ std::string Trainer::memory_identity() const {
   return device_description(device_) + ", " + std::to_string(stats.total) + " bytes, limit " + std::to_string(stats.limit);
 }
 
-void Trainer::adopt_oom_plan(const sdk::BatchPlan& saved, const std::string& config, const std::string& device) {
+void Trainer::adopt_oom_plan(const sdk::BatchPlan& saved, const OomRecord& record) {
   // (a resume that runs out of memory again on each resume: oom_recovery replays it, without it
-  // the run fails; the accumulation given on this command line is the user's own)
-  const std::string& accumulation_from = config_.at("trainer.gradient_accumulation_steps").origin.source;
-  const bool same = !config.empty() && config == config_key() && device == memory_identity();
-  sdk::BatchPlan mine = plan_;
-  if (same && saved.global() == plan_.global() && saved.world_size == plan_.world_size &&
-      saved.micro_batch < plan_.micro_batch && accumulation_from.rfind("--", 0) != 0)
-    mine = saved;
-  const sdk::BatchPlan agreed = agree_plan(mine);  // (every rank, whatever its device: their plans must be one)
-  if (agreed == plan_) {
-    plan_after_oom_ = plan_after_oom_ || (same && saved == plan_);  // (the record stays for the next resume)
+  // the run fails). An accumulation this command gives other than the run's is the user's own.
+  const ConfigValue& accumulation = config_.at("trainer.gradient_accumulation_steps");
+  const bool given_other = accumulation.origin.source.rfind("--", 0) == 0 && record.accumulation > 0 &&
+                           options_.accumulation != record.accumulation;
+  const bool same = !record.config.empty() && record.config == config_key() && record.device == memory_identity();
+  if (same && saved == plan_) plan_after_oom_ = true;  // (the record stays for the next resume)
+  if (!same || given_other || saved.global() != plan_.global() || saved.world_size != plan_.world_size ||
+      saved.micro_batch >= plan_.micro_batch)
     return;
-  }
-  log::info("plan: ", sdk::plan_text(plan_), " -> ", sdk::plan_text(agreed), agreed == mine ?
-            ": the checkpoint's run ran out of memory at a larger micro-batch on this device and configuration, and went on at this one"
-            : " (another rank's: the smallest micro-batch of the ranks)");
-  plan_ = agreed;
+  log::info("plan: ", sdk::plan_text(plan_), " -> ", sdk::plan_text(saved), ": the run ran out of memory at a larger ",
+            "micro-batch on this device and configuration before, and went on at this one");
+  use_plan(saved);
+}
+
+void Trainer::agree_resumed_plan() {
+  // Each rank adopted its checkpoint's re-plan by its own device (load_checkpoint, before the
+  // ranks meet again): their plans must be one, the smallest micro-batch's.
+  const sdk::BatchPlan agreed = agree_plan(plan_);
+  if (!(agreed == plan_)) use_plan(agreed);
+}
+
+void Trainer::use_plan(const sdk::BatchPlan& plan) {
+  plan_ = plan;
   plan_after_oom_ = true;
   train_loader_->set_micro_batch(plan_.micro_batch * local_devices(), plan_.micro_batch * local_devices() * plan_.accumulation);
   if (fit_) predicted_peak_ = estimate(model_states(), *fit_, plan_.micro_batch).peak();
+}
+
+int64_t Trainer::probe_peak_within(int64_t b, bool train, int64_t most) {
+  // On the CPU an allocation past the machine's memory is no exception but the kernel's OOM
+  // killer: a probe that may be large runs under a budget, past which it throws as on a GPU.
+  if (!device_.is_cpu()) return probe_peak(b, train);
+  const int64_t before = memory_->stats().limit;
+  memory_->set_limit(before > 0 ? std::min(before, most) : most);
+  try {
+    const int64_t peak = probe_peak(b, train);
+    memory_->set_limit(before);
+    return peak;
+  } catch (...) {
+    memory_->set_limit(before);
+    throw;
+  }
 }
 
 int64_t Trainer::probe_peak(int64_t b, bool train) {

@@ -21,7 +21,9 @@ Config hf_config(const std::filesystem::path& dir) {
   if (std::error_code ec; !std::filesystem::is_directory(dir, ec)) {  // ("/etc/passwd/config.json: Not a directory")
     const std::string what = sdk::what_is_at(dir);
     throw sdk::Error("model.pretrained = " + dir.string() +
-                     (what == "no such file" ? ": no such folder" : " is " + (what.empty() ? std::string("a file") : what) + ", not a folder") +
+                     (what == "no such file"             ? ": no such folder"
+                      : what.rfind("cannot", 0) == 0 ? " " + what
+                                                     : " is " + (what.empty() ? std::string("a file") : what) + ", not a folder") +
                      "; name a Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt)");
   }
   const auto path = dir / "config.json";

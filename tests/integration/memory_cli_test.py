@@ -174,7 +174,8 @@ try:
     expect("what they differ in" not in r.stderr, "bench: --set of what the configurations share is no warning", r)
     # A batch given over both: they ran the same, each under its own name (said, in one line).
     r = loom(exe, "bench", "configs", a, b, "--steps", "2", *RUN, "--set", "trainer.batch_size=16")
-    expect("-c and --set set over every configuration what they differ in: trainer.batch_size = 16 (theirs: 32, 64)."
+    expect("the command's settings (-c, --set, flags) set over every configuration what they differ in: "
+           "trainer.batch_size = 16 (theirs: 32, 64)."
            in r.stderr, "bench says a key set over configurations that differ in it", r)
     # A base that overrides an earlier file's value is said once, not once per round.
     p, q, over = (os.path.join(work, n) for n in ("p.ini", "q.ini", "over.ini"))

@@ -208,7 +208,9 @@ class Gpt2Recommender final : public sdk::Model {
     if (std::error_code ec; !pretrained_.empty() && !fs::is_directory(pretrained_, ec)) {  // (it said "has no vocab.json")
       const std::string what = sdk::what_is_at(pretrained_);
       throw Error("gpt2_recommender: model.pretrained = " + pretrained_ +
-                  (what == "no such file" ? ": no such folder" : " is " + (what.empty() ? std::string("a file") : what) + ", not a folder") +
+                  (what == "no such file"             ? ": no such folder"
+                      : what.rfind("cannot", 0) == 0 ? " " + what
+                                                     : " is " + (what.empty() ? std::string("a file") : what) + ", not a folder") +
                   "; name a Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt)");
     }
     const fs::path vocab_dir = !pretrained_.empty() && fs::exists(fs::path(pretrained_) / "vocab.json") ? fs::path(pretrained_)
@@ -433,7 +435,8 @@ class Gpt2Recommender final : public sdk::Model {
                     std::to_string(i) + " is id " + std::to_string(saved.cpu()[i].item<int64_t>()) + " in the checkpoint, " +
                     std::to_string(data[i].item<int64_t>()) + " in the data (" + std::to_string(count) + " " + what +
                     (count == 1 ? " differs" : "s differ") +
-                    "). Point data.root (and data.min_interactions, data.split) at what it was trained with");
+                    "). Point data.root (and data.min_interactions, data.split) at what it was trained with (with "
+                    "trainer.init_from: the data of the run it names), or start from no checkpoint");
       }
     }
     checked_ids_version_ = version;

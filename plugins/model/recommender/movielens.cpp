@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -72,7 +73,7 @@ class Rows {
   /// false at the end. (A line of spaces was "1 fields, expected 4" where an empty one is passed over.)
   bool next(std::string_view& line) {
     while (next_line(line))
-      if (line.find_first_not_of(" \t") != std::string_view::npos) return true;
+      if (line.find_first_not_of(blanks_) != std::string_view::npos) return true;
     return false;
   }
 
@@ -167,6 +168,8 @@ class Rows {
   }
 
   const fs::path& path() const { return path_; }
+  /// A tab-separated file: a line of tabs is a row of empty fields (damage), not a blank line.
+  void tabs_are_fields() { blanks_ = " "; }
   int64_t line_number() const { return number_; }
 
  private:
@@ -214,6 +217,7 @@ class Rows {
   char last_ = 0;                       // (the last byte read)
   int64_t read_ = 0;                    // (bytes read)
   int64_t number_ = 0;                  // (the current line's number)
+  std::string_view blanks_ = " \t";  // (what a line of nothing else is passed over as)
   int64_t first_ = 0;                   // (the current record's first line: number_ but in a record of lines)
   std::string record_;                  // (a record of several lines, joined)
 };
@@ -414,13 +418,14 @@ RawData read_ml100k(const fs::path& root) {
     }
   }
   Rows rows(root / "u.data");
-  while (rows.next(line)) {
+  rows.tabs_are_fields();
+  for (bool first = true; rows.next(line); first = false) {
     const auto f = split_on(line, "\t");
     if (f.size() != 4) throw rows.error(std::to_string(f.size()) + " fields, expected 4 (user id, item id, rating, timestamp; tab-separated)");
-    // (ml-100k's u.data has no header: a line of names first is said as such)
-    if (rows.line_number() == 1 && !f[0].empty() && f[0].find_first_not_of("0123456789") != std::string_view::npos &&
-        f[3].find_first_not_of("0123456789") != std::string_view::npos)
-      throw rows.error("'" + std::string(line) + "' is no rating: ml-100k's u.data has no header line; remove it");
+    // (ml-100k's u.data has no header: a first row of words is said as one, if it is one)
+    const auto word = [](std::string_view v) { return !v.empty() && std::isalpha(static_cast<unsigned char>(v[0])); };
+    if (first && word(f[0]) && word(f[1]) && word(f[2]) && word(f[3]))
+      throw rows.error("'" + std::string(line) + "' is no rating: ml-100k's u.data has no header line; if this is one, remove it");
     add_rating_row(reader, f, {"user id", "item id", "rating", "timestamp"}, rows, "u.item");
   }
   reader.refuse_repeats(root / "u.data");

@@ -509,8 +509,8 @@ TEST_F(MemoryTest, AResumeStartsAtTheMicroBatchItsRunRecoveredTo) {
     auto resumed = make(run(tight, ""));  // (no oom_recovery: the plan must fit from the start)
     ASSERT_EQ(resumed->step(), 3);
     EXPECT_EQ(resumed->plan(), (loom::sdk::BatchPlan{32, 2, 1})) << join(log.lines(), "\n");
-    EXPECT_TRUE(log.contains("-> micro-batch 32 x accumulation 2 = 64: the checkpoint's run ran out of memory at a larger "
-                             "micro-batch on this device and configuration, and went on at this one"))
+    EXPECT_TRUE(log.contains("-> micro-batch 32 x accumulation 2 = 64: the run ran out of memory at a larger "
+                             "micro-batch on this device and configuration before, and went on at this one"))
         << join(log.lines(), "\n");
     resumed->step_with_recovery();
     EXPECT_EQ(resumed->oom_recoveries(), 0);

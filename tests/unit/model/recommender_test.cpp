@@ -337,10 +337,13 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   // ml-100k's u.data has no header: a line of names is said as one, and a row's first wrong field
   // is the one named (the arguments' order of evaluation named the timestamp first).
   write(dir_ / "u.item", "1|Heat (1995)|01-Jan-1995||http://x|0|1|0|0|0|0|0|0|0|0|0|0|0|0|0|0|0|0|0\n");
-  write(dir_ / "u.data", "user\titem\trating\ttimestamp\n1\t1\t5\t100\n");
+  write(dir_ / "u.data", "\nuser\titem\trating\ttimestamp\n1\t1\t5\t100\n");  // (after an empty line: still the first row)
   message = error_of([&] { open(); });
-  EXPECT_NE(message.find("u.data:1: 'user\\x09item\\x09rating\\x09timestamp' is no rating: ml-100k's u.data has no header "
-                         "line; remove it"), std::string::npos) << message;
+  EXPECT_NE(message.find("u.data:2: 'user\\x09item\\x09rating\\x09timestamp' is no rating: ml-100k's u.data has no header "
+                         "line; if this is one, remove it"), std::string::npos) << message;
+  write(dir_ / "u.data", "1\t1\t5\t100\n\t\t\t\n");  // (a line of tabs: four empty fields, not a blank line)
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("u.data:2: user id '' is not an integer"), std::string::npos) << message;
   write(dir_ / "u.data", "1\t1\t5\t100\nx\t1\ty\tz\n");
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("u.data:2: user id 'x' is not an integer"), std::string::npos) << message;

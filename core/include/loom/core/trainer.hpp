@@ -158,6 +158,9 @@ class Trainer {
   /// c10::OutOfMemoryError past the cap. See sdk::PlanContext::probe.
   /// `train` false: an evaluation forward's peak (no gradients, evaluation mode, test samples).
   int64_t probe_peak(int64_t b, bool train = true);
+  /// probe_peak under a cap of `most` bytes on the CPU (where past the machine's memory there is no
+  /// exception to catch), the run's own cap restored after; elsewhere probe_peak.
+  int64_t probe_peak_within(int64_t b, bool train, int64_t most);
 
   /// Parameter, gradient and optimizer-state bytes of this run.
   ModelStates model_states() const;
@@ -291,9 +294,18 @@ class Trainer {
   /// A resume whose memory policies chose another global batch than the checkpoint's (another
   /// device, another cap) takes the checkpoint's, re-split at the micro-batch that fits here.
   void adopt_global_batch(int64_t global);
+  /// What a checkpoint records of an out-of-memory re-plan: the configuration (config_key), the
+  /// device with its cap (memory_identity), the accumulation the run was configured with.
+  struct OomRecord {
+    std::string config, device;
+    int64_t accumulation = -1;
+  };
   /// A resume on the device and configuration its checkpoint's run ran out of memory with starts at
-  /// that run's re-plan (`saved`, of the same global batch), not at the plan that ran out (trainer_memory.cpp).
-  void adopt_oom_plan(const sdk::BatchPlan& saved, const std::string& config, const std::string& device);
+  /// that run's re-plan (`saved`, of the same global batch), not at the plan that ran out; each rank
+  /// by its own device, then agree_resumed_plan once the ranks meet (trainer_memory.cpp).
+  void adopt_oom_plan(const sdk::BatchPlan& saved, const OomRecord& record);
+  void agree_resumed_plan();
+  void use_plan(const sdk::BatchPlan& plan);  // a re-plan of the same global batch, the loader's too
   void build_optimizer();
   void build_schedule();
   /// step.cuda_graph: checks that the step can be captured (Note [The step as a CUDA graph]).

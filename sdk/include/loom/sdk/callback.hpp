@@ -99,7 +99,10 @@ class LOOM_SDK_API RunContext {
   virtual bool is_main() const = 0;
   virtual int64_t step() const = 0;
   virtual int64_t total_steps() const = 0;
-  /// Optimizer steps in one pass over the training data.
+  /// Optimizer steps in one pass over the training data. An epoch's end is a multiple of it from
+  /// step 0 only in a run that kept its batch: a resume at another batch goes on from where its
+  /// checkpoint stood, so its epochs (and with trainer.eval_every = 0 its evaluations) end off
+  /// those multiples. A cadence of evaluations is on_evaluation_end's, not step % eval_every().
   virtual int64_t steps_per_epoch() const = 0;
   /// The step this process resumed at, or -1 for a fresh run.
   virtual int64_t resumed_at() const = 0;
