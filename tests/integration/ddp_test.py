@@ -160,6 +160,21 @@ try:
     assert "weights identical on all 2 ranks" in outs[0][1], outs[0][1]
     close(losses(os.path.join(work, "ddp_oom")), single, "ddp with an out-of-memory on rank 1")
     print("out of memory on rank 1 only: both ranks re-planned to 8 x 2 x 2 and the run = single")
+    # ... resumed as it was started: each rank decides by its own device whether to start at the
+    # checkpoint's re-plan (rank 0's, which wrote it), and the ranks agree on the smallest; no step
+    # runs out of memory again. (The agreement inside the checkpoint's load met rank 1's broadcast:
+    # every ddp resume hung.)
+    env = dict(env, MASTER_PORT=str(free_port()))
+    more = ["--set", "trainer.max_steps=24", "--resume", "auto"]
+    ranks = [subprocess.Popen([exe, "train", *oom, *more, *(["--device-memory-limit", "400KiB"] if r == 1 else [])],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in ranks]
+    assert all(p.returncode == 0 for p in ranks), outs
+    assert "resumed from" in outs[0][1] and "-> micro-batch 8 x accumulation 2 x 2 devices = 32: the run ran out of memory at a larger " \
+        "micro-batch on this device and configuration before" in outs[0][1], outs[0][1]
+    assert "after running out of memory" not in outs[0][1] + outs[1][1], outs
+    print("resumed: rank 0 starts at the checkpoint's re-plan, rank 1 agrees, no out-of-memory again")
 
     # 2. With accumulation: 8 x 2 micro-batches on each of 2 ranks, against 16 x 2 in one process.
     acc = ["--set", "trainer.gradient_accumulation_steps=2"]
