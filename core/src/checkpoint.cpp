@@ -207,11 +207,13 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
 
 fs::path CheckpointStore::save_weights(const std::string& file_name, const sdk::TensorMap& model,
                                       const sdk::TextMap& metadata) {
+  // (a NUL: the name passed as ".safetensors" and the file system stopped at the NUL, "a")
   const bool plain = !file_name.empty() && file_name.front() != '.' && file_name.find('/') == std::string::npos &&
+                     file_name.find('\0') == std::string::npos &&
                      file_name.size() > 12 && file_name.ends_with(".safetensors") && file_name.rfind("step_", 0) != 0;
   if (!plain)
-    throw Error("cannot save weights as '" + file_name + "': a weights file is a plain name ending in .safetensors, "
-                "not starting with '.' or 'step_', without '/'");
+    throw Error("cannot save weights as '" + printable(file_name, 200) + "': a weights file is a plain name ending in .safetensors, "
+                "not starting with '.' or 'step_', without '/' or a NUL byte");
   const fs::path path = dir_ / file_name;
   save_safetensors(path, model, metadata);
   return path;

@@ -2,6 +2,7 @@
 // core; the hooks' dispatch and the callbacks' state in checkpoints: trainer_callbacks.cpp.
 #pragma once
 
+#include <loom/core/text.hpp>
 #include <loom/core/trainer.hpp>
 
 namespace loom::core {
@@ -29,7 +30,8 @@ class Trainer::Context final : public sdk::RunContext {
     return t_.save_weights(file_name, metadata);
   }
   void request_stop(const std::string& reason) override {
-    if (t_.stop_reason_.empty()) t_.stop_reason_ = reason.empty() ? "a callback asked to stop" : reason;
+    // (for people and summary.json: no control characters, UTF-8, a line; a 20 MB one was logged whole)
+    if (t_.stop_reason_.empty()) t_.stop_reason_ = reason.empty() ? "a callback asked to stop" : printable(reason, 1000);
   }
   bool stop_requested() const override { return !t_.stop_reason_.empty(); }
 

@@ -55,7 +55,36 @@ std::string printable(std::string_view text, size_t max) {
              static_cast<unsigned char>(out[i + 1]) <= 0x9f)
       out.replace(i, 2, " ");
   }
+  // (bytes that are no UTF-8, or a character the cut at `max` split: '?', so JSON can hold the text)
+  for (size_t from = 0; const auto bad = invalid_utf8(std::string_view(out).substr(from));) {
+    out[from + *bad] = '?';
+    from += *bad + 1;
+  }
   return out;
+}
+
+std::optional<size_t> invalid_utf8(std::string_view text) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = byte(i);
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xbf;  // the second byte's range
+    if (c < 0x80) length = 1;
+    else if (c >= 0xc2 && c <= 0xdf) length = 2;
+    else if (c == 0xe0) length = 3, low = 0xa0;
+    else if (c >= 0xe1 && c <= 0xef) length = 3, high = c == 0xed ? 0x9f : 0xbf;
+    else if (c == 0xf0) length = 4, low = 0x90;
+    else if (c >= 0xf1 && c <= 0xf3) length = 4;
+    else if (c == 0xf4) length = 4, high = 0x8f;
+    else return i;
+    if (i + length > text.size()) return i;
+    for (size_t k = 1; k < length; ++k) {
+      const unsigned char next = byte(i + k);
+      if (k == 1 ? (next < low || next > high) : (next < 0x80 || next > 0xbf)) return i;
+    }
+    i += length;
+  }
+  return std::nullopt;
 }
 
 std::optional<std::string> closest(const std::string& word, const std::vector<std::string>& candidates) {

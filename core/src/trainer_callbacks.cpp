@@ -68,6 +68,10 @@ sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::k
 
 fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap& metadata) {
   check_weights_before_saving(file_name);  // (on every rank: they stop together)
+  for (const auto& [key, value] : metadata)  // (the file's header is JSON: UTF-8 only)
+    if (invalid_utf8(key) || invalid_utf8(value))
+      throw Error("save_weights(" + printable(file_name, 200) + "): metadata '" + printable(key, 80) + "' is not UTF-8 text; "
+                  "a weights file's metadata is JSON, which holds UTF-8 only");
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / file_name;  // rank 0 writes (save_checkpoint)
   const json state = detail::parse_json<json>(state_json());
   sdk::TextMap all = metadata;
@@ -229,7 +233,7 @@ void Trainer::write_run_summary() {
     summary["diverged"] = !std::isfinite(last_eval_->loss);
   }
   try {
-    write_file_atomic(run_dir_ / "summary.json", summary.dump(2) + "\n");
+    write_file_atomic(run_dir_ / "summary.json", summary.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
     wrote_summary_ = true;
   } catch (const std::exception& e) {  // (the checkpoints are written; the verdict is a convenience)
     static std::set<std::string> said;  // (once per run: the validation's and the test's evaluations both write it)

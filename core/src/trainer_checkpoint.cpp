@@ -142,6 +142,21 @@ void Trainer::check_weights_before_saving(const std::string& what) const {
               options_.optimizer + "' and the callbacks that change weights");
 }
 
+namespace {
+/// A component's state text as state.json holds it: UTF-8 (JSON holds nothing else), or an error
+/// that names the component (a callback's bytes failed the checkpoint as "callback 'checkpoint':
+/// [json.exception.type_error.316] invalid UTF-8 byte", the first checkpoint of the run lost).
+const sdk::TextMap& utf8_state(const std::string& who, const sdk::TextMap& text) {
+  for (const auto& [key, value] : text)
+    for (const std::string* part : {&key, &value})
+      if (const auto bad = invalid_utf8(*part))
+        throw Error("the state_dict of " + who + " has " + (part == &key ? "a key" : "the value of '" + printable(key, 80) + "'") +
+                    " that is not UTF-8 text (byte " + std::to_string(*bad) + "); a state's text is saved in state.json, "
+                    "which holds UTF-8 only: write bytes as hex or base64, or as a tensor of the state");
+  return text;
+}
+}  // namespace
+
 std::string Trainer::state_json() const {
   json s;
   s["format"] = 1;
@@ -157,19 +172,23 @@ std::string Trainer::state_json() const {
   s["plan"] = {{"micro_batch", plan_.micro_batch}, {"accumulation", plan_.accumulation}, {"world_size", plan_.world_size}};
   if (plan_after_oom_)
     s["plan"]["after_oom"] = {{"config", config_key()}, {"device", memory_identity()}, {"accumulation", options_.accumulation}};
-  s["schedule"] = {{"name", options_.schedule}, {"base_lr", base_lr_}, {"step", step_}, {"state", schedule_->state_dict().text}};
+  s["schedule"] = {{"name", options_.schedule}, {"base_lr", base_lr_}, {"step", step_},
+                   {"state", utf8_state("schedule '" + options_.schedule + "'", schedule_->state_dict().text)}};
   const sdk::State optimizer = optimizer_->state_dict();
-  s["optimizer"] = optimizer.text;
+  s["optimizer"] = utf8_state("optimizer '" + options_.optimizer + "'", optimizer.text);
   const sdk::State precision = precision_->state_dict();
   s["precision"] = {{"name", value_of(config_, "precision.name")}, {"manifest", precision_->manifest()},
-                    {"state", precision.text}};
+                    {"state", utf8_state("precision '" + precision_name_ + "'", precision.text)}};
   s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
   s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}, {"sizes", json::parse(data_sizes_json())}};
   s["log_window"] = {{"steps", window_.steps}, {"loss", window_.loss}, {"samples", window_.samples},
                      {"terms", window_.terms},
                      {"seconds", window_.seconds}, {"metrics", window_.metrics}};
   json callbacks = json::object();
-  for (const auto& [name, callback] : callbacks_) callbacks[name] = callback->state_dict().text;
+  for (const auto& [name, callback] : callbacks_) {
+    const auto who = [&] { return "callback '" + name + "' (state_dict)"; };
+    callbacks[name] = utf8_state("callback '" + name + "'", as_component(who, name, [&] { return callback->state_dict(); }).text);
+  }
   s["callbacks"] = callbacks;
   if (evaluation_cut_at_ == step_) s["evaluation_pending"] = true;
   return s.dump(2) + "\n";
@@ -203,7 +222,9 @@ fs::path Trainer::save_checkpoint() {
   add("optimizer '" + options_.optimizer + "'", "optimizer.", optimizer_->state_dict());
   add("precision '" + precision_name_ + "'", "precision.", precision_->state_dict());
   add("schedule '" + options_.schedule + "'", "schedule.", schedule_->state_dict());
-  for (const auto& [name, callback] : callbacks_) add("callback '" + name + "'", "callback." + name + ".", callback->state_dict());
+  for (const auto& [name, callback] : callbacks_)
+    add("callback '" + name + "'", "callback." + name + ".",
+        as_component([&] { return "callback '" + name + "' (state_dict)"; }, name, [&] { return callback->state_dict(); }));
   extra["rng.cpu"] = cpu_generator().get_state();
   if (device_.is_cuda()) extra["rng.device"] = device_generator(device_).get_state();
   const fs::path dir = checkpoints_->save(step_, model_tensors(), extra, state_json(), options_.keep_last);

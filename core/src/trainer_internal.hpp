@@ -123,6 +123,9 @@ auto as_component(Who&& who, const std::string& name, F&& f) -> decltype(f()) {
     throw named(loom::explained(e));
   } catch (const std::exception& e) {
     throw named(e.what());
+  } catch (...) {  // (`throw 42;`: said as the phase's, without the component)
+    throw Error(who() + ": threw a value that is not an exception (not derived from std::exception); a plugin reports "
+                "a failure by throwing loom::sdk::Error");
   }
 }
 
@@ -180,10 +183,23 @@ inline sdk::ModelOutput checked_for_backward(sdk::ModelOutput out) {
                              (out.loss_sum.defined() ? "has " + std::to_string(out.loss_sum.numel()) + " (shape " +
                                                            c10::str(out.loss_sum.sizes()) + ")"
                                                      : std::string("is undefined")));
+  if (!out.count.defined() || out.count.numel() != 1)  // (undefined: "Expected a proper Tensor but got None", no model named)
+    throw std::runtime_error("forward's count must be a tensor of one element, how many loss terms loss_sum adds up; it " +
+                             (out.count.defined() ? "has " + std::to_string(out.count.numel()) : std::string("is undefined")));
   if (!out.loss_sum.requires_grad())
     throw std::runtime_error("forward's loss_sum does not depend on any trainable parameter (it needs no gradient): "
                              "every parameter is frozen, or the loss was computed from detached tensors or under no_grad");
   return out;
+}
+
+/// An evaluation forward's loss_sum and count: one number each (an undefined count was LibTorch's
+/// "Expected a proper Tensor but got None", no model named).
+inline void check_evaluation_output(const sdk::ModelOutput& out, const std::string& model) {
+  if (!out.loss_sum.defined() || out.loss_sum.numel() != 1 || !out.count.defined() || out.count.numel() != 1)
+    throw Error("model '" + model + "' gave an evaluation forward's loss_sum and count as " +
+                (out.loss_sum.defined() ? std::to_string(out.loss_sum.numel()) : std::string("no")) + " and " +
+                (out.count.defined() ? std::to_string(out.count.numel()) : std::string("no")) +
+                " elements; each is one number (the sum of the batch's loss terms, and how many it sums)");
 }
 
 inline at::Generator cpu_generator() { return sdk::compat::default_generator(c10::Device(c10::kCPU)); }

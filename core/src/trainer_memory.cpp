@@ -100,6 +100,15 @@ StepState Trainer::capture() const {
   return s;
 }
 
+void Trainer::restore(const StepState& s) {
+  step_ = s.step;
+  train_loader_->seek(s.loader);
+  cpu_generator().set_state(s.cpu_rng);
+  if (s.device_rng.defined()) device_generator(device_).set_state(s.device_rng);
+  parameters_.zero_grad();
+  restore_buffers(s.buffers);
+}
+
 std::vector<at::Tensor> Trainer::save_buffers() const {
   // Buffers a forward in training mode updates (BatchNorm's running statistics): a replayed or
   // probed forward must not count twice.
@@ -138,6 +147,16 @@ std::string Trainer::config_key() const {
   // probe=2: what a probe holds (its batch in host memory, the staged next one on CUDA); answers
   // measured by the earlier probes are not reused.
   return key + "libtorch=" + TORCH_VERSION + ";probe=2";
+}
+
+std::string Trainer::replan_on_oom(sdk::OomContext& context) {
+  const auto names = sdk::parse_list(value_of(config_, "memory.policies"));
+  for (size_t i = 0; i < memory_policies_.size(); ++i) {
+    const std::string name = i < names.size() ? names[i] : "?";
+    if (as_component([&] { return "memory policy '" + name + "' (on_oom)"; }, name, [&] { return memory_policies_[i]->on_oom(context); }))
+      return name;
+  }
+  return {};
 }
 
 int64_t Trainer::evaluated_samples() const {
@@ -369,10 +388,7 @@ StepResult Trainer::step_with_recovery(bool read_values) {
       context.plan = plan_;
       context.message = message;
       context.step = step_ + 1;
-      std::string replanned_by;  // the policy's name in memory.policies
-      const auto names = sdk::parse_list(value_of(config_, "memory.policies"));
-      for (size_t i = 0; i < memory_policies_.size() && replanned_by.empty(); ++i)
-        if (memory_policies_[i]->on_oom(context)) replanned_by = i < names.size() ? names[i] : "?";
+      const std::string replanned_by = replan_on_oom(context);  // the policy's name in memory.policies
       bool replanned = !replanned_by.empty();
       // The same step is replayed with the new plan: one no smaller would run out of memory again, for
       // ever. (With several ranks, said here and agreed below, so that every rank stops, none waits.)

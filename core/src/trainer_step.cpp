@@ -50,7 +50,16 @@ struct ReportValues {
   int64_t count = 0;  ///< the loss's terms (the model's count)
   double loss = 0;
   std::map<std::string, double> metrics;  ///< sum / count; NaN where a count is 0
+  std::string negative;  ///< the first of the loss ("loss") and the metrics whose count is below 0
 };
+
+/// A count below 0 is no count: the loss divided by 1 instead of it, "accuracy nan %", and a run
+/// that exits 0 (a probe's plugin); what a model's forward counts, it counts from 0 up.
+void refuse_negative(const ReportValues& values, const std::string& model, const std::string& where) {
+  if (values.negative.empty()) return;
+  throw Error("model '" + model + "' counted fewer than 0 " + (values.negative == "loss" ? "loss terms" : "'" + values.negative + "' terms") +
+              " in " + where + ": a count is how many terms its sum adds up (ModelOutput::count, MetricValue::count), 0 or more");
+}
 
 /// One read of a packed report; `tail`, if given, receives the values packed after it.
 /// `unreported` false: a metric of count 0 (no rank reported it) is left out, not NaN.
@@ -61,8 +70,10 @@ ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector
   ReportValues out;
   out.count = static_cast<int64_t>(v[1]);
   out.loss = v[0] / std::max(1.0, v[1]);
+  if (v[1] < 0) out.negative = "loss";
   size_t i = 2;
   for (const auto& [name, pair] : sums) {
+    if (v[i + 1] < 0 && out.negative.empty()) out.negative = name;
     if (unreported || v[i + 1] > 0) out.metrics[name] = v[i + 1] > 0 ? v[i] / v[i + 1] : std::nan("");
     i += 2;
   }
@@ -72,22 +83,14 @@ ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector
 
 }  // namespace
 
-void Trainer::restore(const StepState& s) {
-  step_ = s.step;
-  train_loader_->seek(s.loader);
-  cpu_generator().set_state(s.cpu_rng);
-  if (s.device_rng.defined()) device_generator(device_).set_state(s.device_rng);
-  parameters_.zero_grad();
-  restore_buffers(s.buffers);
-}
-
 double Trainer::current_lr() const {
   // Skipped steps (non-finite gradients) do not advance the schedule.
   return rate_after(step_ - skipped_steps_);
 }
 
 double Trainer::rate_after(int64_t taken) const {
-  const double factor = schedule_->factor(taken, total_steps_);
+  const double factor = as_component([&] { return "schedule '" + options_.schedule + "'"; }, options_.schedule,
+                                     [&] { return schedule_->factor(taken, total_steps_); });
   if (!std::isfinite(factor) || factor < 0)
     throw Error("schedule '" + options_.schedule + "' gave the learning-rate factor " + std::to_string(factor) +
                 " after " + std::to_string(taken) + " updates; a factor is finite and >= 0");
@@ -101,10 +104,11 @@ void Trainer::add_metrics(MetricSums& sums, const sdk::ModelOutput& out) const {
                   "' that its metrics() does not declare (it declares " + join(metric_names(), ", ") +
                   "); declare it with its direction, or stop reporting it");
     const at::Tensor& count_of = value.count.defined() ? value.count : out.count;
-    if (!value.sum.defined() || value.sum.numel() != 1 || count_of.numel() != 1)
+    if (!value.sum.defined() || value.sum.numel() != 1 || !count_of.defined() || count_of.numel() != 1)
       throw Error("model '" + value_of(config_, "model.name") + "' reported metric '" + name + "' with a sum of " +
                   (value.sum.defined() ? std::to_string(value.sum.numel()) : std::string("no")) + " elements and a count of " +
-                  std::to_string(count_of.numel()) + "; a metric is one sum and one count over the micro-batch (scalars)");
+                  (count_of.defined() ? std::to_string(count_of.numel()) : std::string("no")) +
+                  " elements; a metric is one sum and one count over the micro-batch (scalars)");
     auto& [sum, count] = sums[name];
     // On the step's device, whatever device the model reported it on: the step's report is one tensor.
     const at::Tensor s = value.sum.detach().to(device_, at::kFloat);
@@ -272,6 +276,7 @@ bool Trainer::finish_on_device(StepResult& result, const at::Tensor& packed, con
   }
   std::vector<double> tail;
   ReportValues values = read_report(packed, metric_sums, &tail);
+  refuse_negative(values, model_name_, "step " + std::to_string(step_ + 1));
   result.terms = values.count;
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);
@@ -289,6 +294,7 @@ bool Trainer::update_on_host(StepResult& result, const StepWork& work) {
   {
     LOOM_PHASE("report");
     ReportValues values = read_report(work.totals, work.metric_sums);
+    refuse_negative(values, model_name_, "step " + std::to_string(step_ + 1));
     result.terms = values.count;
     result.loss = values.loss;
     result.metrics = std::move(values.metrics);
@@ -537,8 +543,7 @@ EvalResult Trainer::evaluate(sdk::Split split) {
       context.message = e.what_without_backtrace();
       context.step = step_;
       context.evaluation = true;
-      const bool replanned = std::any_of(memory_policies_.begin(), memory_policies_.end(),
-                                         [&](auto& policy) { return policy->on_oom(context); });
+      const bool replanned = !replan_on_oom(context).empty();
       if (!replanned || context.plan.micro_batch >= micro)
         throw Error("evaluation ran out of memory at micro-batch " + std::to_string(micro) + " on " + device_.str() +
                     ": " + context.message +
@@ -572,6 +577,7 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
       throw EvaluationStopped(sig, i, loader.batches_per_epoch());
     }
     const sdk::ModelOutput out = run_spread(loader.next(), /*train=*/false);
+    check_evaluation_output(out, model_name_);
     loss_sum.add_(out.loss_sum.to(device_, at::kFloat));
     count.add_(out.count.to(device_, at::kFloat));
     add_metrics(sums, out);
@@ -579,6 +585,7 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
   std::vector<at::Tensor> totals{pack_report(loss_sum, count, sums)};
   parallel_->all_reduce_sum(totals);
   ReportValues values = read_report(totals.front(), sums, nullptr, /*unreported=*/parallel_->world_size() == 1);
+  refuse_negative(values, model_name_, "an evaluation");
   result.samples = loader.size();
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);

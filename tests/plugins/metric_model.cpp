@@ -28,6 +28,8 @@ class MetricModel final : public loom::sdk::Model {
       loom::sdk::option_bool("vector_loss", "false", "loss_sum is each sample's loss, not their sum (a broken model)"),
       loom::sdk::option_bool("nan_training_loss", "false", "a training loss of NaN (every step skipped)"),
       loom::sdk::option_bool("zero_count", "false", "a training count of 0: the loss averages over nothing"),
+      loom::sdk::option_enum("odd_count", "none", "none|negative|undefined|negative_metric",
+                             "a training count of -7, none, or an evaluation metric count of -5 (broken models)"),
       loom::sdk::option_int("nan_weights_at", "0", "the n-th training forward (0: none) first fills the weight with NaN, "
                                                    "as an optimizer that writes NaN would"),
       loom::sdk::option_int("reshape_weights_at", "0", "the n-th training forward (0: none) first makes the weight of "
@@ -38,7 +40,8 @@ class MetricModel final : public loom::sdk::Model {
       : vector_metric_(o.get_bool("vector_metric")), nan_eval_batches_(o.get_int("nan_eval_batches")),
         zero_loss_(o.get_bool("zero_loss")), vector_loss_(o.get_bool("vector_loss")),
         nan_training_loss_(o.get_bool("nan_training_loss")), nan_weights_at_(o.get_int("nan_weights_at")),
-        reshape_weights_at_(o.get_int("reshape_weights_at")), zero_count_(o.get_bool("zero_count")) {}
+        reshape_weights_at_(o.get_int("reshape_weights_at")), zero_count_(o.get_bool("zero_count")),
+        odd_count_(o.get_string("odd_count")) {}
 
   void setup(const loom::sdk::DataSpec& data) override {
     int64_t features = 1;
@@ -67,9 +70,13 @@ class MetricModel final : public loom::sdk::Model {
     const at::Tensor predicted = at::argmax(logits, 1);
     const auto f = logits.options();
     const double n = static_cast<double>(target.size(0));
+    const at::Tensor count = odd_count_ == "undefined" && train  ? at::Tensor()
+                             : odd_count_ == "negative" && train ? at::scalar_tensor(-7.0, f)
+                                                                 : at::scalar_tensor(zero_count_ && train ? 0.0 : n, f);
+    const at::Tensor correct_count = odd_count_ == "negative_metric" && !train ? at::scalar_tensor(-5.0, f) : at::Tensor();
     return {loss_sum,
-            at::scalar_tensor(zero_count_ && train ? 0.0 : n, f),
-            {{"correct", {predicted.eq(target).sum().to(at::kFloat) * (nan ? std::nan("") : 1.0), {}}},
+            count,
+            {{"correct", {predicted.eq(target).sum().to(at::kFloat) * (nan ? std::nan("") : 1.0), correct_count}},
              {"sq_error", {(predicted - target).pow(2).sum().to(at::kFloat), at::scalar_tensor(2 * n, f)}},
              {"per_batch", {vector_metric_ ? at::ones({2}, f) : at::scalar_tensor(1.0, f), at::scalar_tensor(1.0, f)}}}};
   }
@@ -87,6 +94,7 @@ class MetricModel final : public loom::sdk::Model {
   bool zero_loss_, vector_loss_, nan_training_loss_;
   int64_t nan_weights_at_, reshape_weights_at_, training_calls_ = 0;
   bool zero_count_;
+  std::string odd_count_;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};

@@ -16,12 +16,15 @@ class RecordCallback final : public loom::sdk::Callback {
       loom::sdk::option_enum("stop_main_in", "on_step_begin", "on_step_begin|on_log|on_step_end", "the hook stop_main_at stops in"),
       loom::sdk::option_int("fail_other_at", "0", "on ranks but the main one, throw in on_step_begin of this step (0: never)"),
       loom::sdk::option_string("save_in", "", "call save_checkpoint() in this hook (e.g. on_checkpoint_saved)"),
+      loom::sdk::option_enum("odd_text", "none", "none|state|stop_reason|weights_name",
+                             "bytes that are not UTF-8 in its state, in its stop reason at stop_at, or a NUL in a weights "
+                             "file's name (save_weights at stop_at)"),
   };
 
   explicit RecordCallback(const loom::sdk::Options& o)
       : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")), stop_main_at_(o.get_int("stop_main_at")),
         stop_main_in_(o.get_string("stop_main_in")), fail_other_at_(o.get_int("fail_other_at")),
-        save_in_(o.get_string("save_in")) {}
+        save_in_(o.get_string("save_in")), odd_text_(o.get_string("odd_text")) {}
 
   std::string describe() const override {
     return "every hook it sees" + (stop_at_ > 0 ? ", a stop at step " + std::to_string(stop_at_) : std::string());
@@ -53,7 +56,10 @@ class RecordCallback final : public loom::sdk::Callback {
     hook(std::string("on_step_end") + (r.evaluated ? " evaluated" : "") + (r.last ? " last" : ""), r.step);
     ++steps_;
     loss_sum_ += r.loss;
-    if (stop_at_ > 0 && r.step == stop_at_) run.request_stop("record asked to stop at step " + std::to_string(r.step));
+    if (stop_at_ > 0 && r.step == stop_at_ && odd_text_ == "weights_name")
+      run.save_weights(std::string("a\0b.safetensors", 15), {});
+    if (stop_at_ > 0 && r.step == stop_at_)
+      run.request_stop(odd_text_ == "stop_reason" ? "record \xff\xfe asked" : "record asked to stop at step " + std::to_string(r.step));
     stop_main(run, "on_step_end", r.step);
   }
   void on_checkpoint_saved(loom::sdk::RunContext& run, const std::filesystem::path&) override {
@@ -68,6 +74,7 @@ class RecordCallback final : public loom::sdk::Callback {
   loom::sdk::State state_dict() const override {
     loom::sdk::State s;
     s.text["steps"] = std::to_string(steps_);
+    if (odd_text_ == "state") s.text["odd"] = "\xc3\x28";
     s.tensors["loss_sum"] = at::full({1}, loss_sum_, at::TensorOptions().dtype(at::kDouble));
     return s;
   }
@@ -92,6 +99,7 @@ class RecordCallback final : public loom::sdk::Callback {
   std::string stop_main_in_;
   int64_t fail_other_at_;
   std::string save_in_;
+  std::string odd_text_;
   int64_t steps_ = 0;
   double loss_sum_ = 0;
 };

@@ -93,6 +93,41 @@ TEST_F(CallbacksTest, AnErrorInACallbackNamesTheCallbackAndTheHook) {
   }
 }
 
+TEST_F(CallbacksTest, ACallbacksTextThatJsonCannotHoldIsNamedOrMadeSafe) {
+  // A state that is not UTF-8: its callback named (the first checkpoint failed as "callback
+  // 'checkpoint': [json.exception.type_error.316]"); a stop reason: written with '?' (summary.json
+  // was lost); a weights name with a NUL: refused (it wrote checkpoints/a).
+  Config state = base("odd_state");
+  state.set_assignment("trainer.callbacks=record, checkpoint");
+  state.set_assignment("callback.record.odd_text=state");
+  try {
+    loom::testing::make_trainer(state)->train();
+    ADD_FAILURE() << "a state JSON cannot hold was written";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the state_dict of callback 'record' has the value of 'odd' that is not UTF-8 text"),
+              std::string::npos) << e.what();
+  }
+  Config stop = base("odd_stop");
+  stop.set_assignment("trainer.callbacks=record");
+  stop.set_assignment("callback.record.stop_at=2");
+  stop.set_assignment("callback.record.odd_text=stop_reason");
+  loom::testing::make_trainer(stop)->train();
+  std::ifstream summary(dir_ / "odd_stop" / "summary.json");
+  const std::string text((std::istreambuf_iterator<char>(summary)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("record ?? asked"), std::string::npos) << text;
+  Config weights = base("odd_weights");
+  weights.set_assignment("trainer.callbacks=record");
+  weights.set_assignment("callback.record.stop_at=2");
+  weights.set_assignment("callback.record.odd_text=weights_name");
+  try {
+    loom::testing::make_trainer(weights)->train();
+    ADD_FAILURE() << "a weights name with a NUL was taken";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without '/' or a NUL byte"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "odd_weights" / "checkpoints" / "a"));
+}
+
 TEST_F(CallbacksTest, ACheckpointAskedForMidStepOrFromASaveIsRefusedAndOneBetweenStepsIsWritten) {
   // From on_checkpoint_saved a save saved again until the process crashed; from on_after_backward
   // it wrote a state that was no step's over the good checkpoint of the step before.

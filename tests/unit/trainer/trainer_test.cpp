@@ -521,6 +521,22 @@ std::string training_error(const Config& c) {
   return {};
 }
 
+TEST_F(TrainerTest, AModelsCountBelowZeroOrUndefinedIsAnErrorNamingTheModel) {
+  // A count of -7 divided the loss by 1 (its floor) and logged -8061 loss terms per second; a
+  // metric's count of -5 gave "accuracy nan %" and no best checkpoint; both exited 0. An undefined
+  // count was LibTorch's "Expected a proper Tensor but got None", no model named.
+  Config negative = metric_run(dir_, "negative_count");
+  negative.set_assignment("model.odd_count=negative");
+  EXPECT_CONTAINS(training_error(negative), "model 'metric_model' counted fewer than 0 loss terms in step ");
+  Config metric = metric_run(dir_, "negative_metric_count");
+  metric.set_assignment("model.odd_count=negative_metric");
+  EXPECT_CONTAINS(training_error(metric), "model 'metric_model' counted fewer than 0 'correct' terms in an evaluation");
+  Config undefined = metric_run(dir_, "undefined_count");
+  undefined.set_assignment("model.odd_count=undefined");
+  EXPECT_CONTAINS(training_error(undefined), "model 'metric_model': forward's count must be a tensor of one element, how "
+                                             "many loss terms loss_sum adds up; it is undefined");
+}
+
 TEST_F(TrainerTest, AModelsLossThatBackwardCannotTakeIsNamedWithTheModel) {
   // (backward's own words were "grad can be implicitly created only for scalar outputs")
   Config c = metric_run(dir_, "vector_loss");

@@ -18,6 +18,11 @@ size_t edit_distance(std::string_view a, std::string_view b);
 /// it printed lines that looked like Loom's own, or set the terminal's colours.
 std::string printable(std::string_view text, size_t max);
 
+/// Where `text` stops being UTF-8 (the first byte of a bad sequence: a stray continuation, an
+/// overlong form, a surrogate, past U+10FFFF, cut short), or nullopt where it is all UTF-8. JSON
+/// holds UTF-8 only: a plugin's text that is not failed as the checkpoint was written.
+std::optional<size_t> invalid_utf8(std::string_view text);
+
 /// The candidate closest to `word`, if it is close enough to be what the user meant (at most a
 /// third of the word's letters differ, or one is a prefix of the other).
 std::optional<std::string> closest(const std::string& word, const std::vector<std::string>& candidates);

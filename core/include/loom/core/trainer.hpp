@@ -306,6 +306,9 @@ class Trainer {
   void adopt_oom_plan(const sdk::BatchPlan& saved, const OomRecord& record);
   void agree_resumed_plan();
   void use_plan(const sdk::BatchPlan& plan);  // a re-plan of the same global batch, the loader's too
+  /// Asks the memory policies in order to re-plan after an out-of-memory; the name of the one
+  /// that did (as memory.policies names it), or "" where none did.
+  std::string replan_on_oom(sdk::OomContext& context);
   void build_optimizer();
   void build_schedule();
   /// step.cuda_graph: checks that the step can be captured (Note [The step as a CUDA graph]).
