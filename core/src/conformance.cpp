@@ -137,6 +137,8 @@ void check_dataset(Suite& s, const PluginRegistry& registry, const ComponentInfo
       if (it->second.scalar_type() != field.dtype)
         return "field '" + name + "' is " + std::string(c10::toString(it->second.scalar_type())) + ", spec() says " +
                c10::toString(field.dtype);
+      if (!it->second.device().is_cpu())  // (the host moves batches to the device; a meta tensor passed)
+        return "field '" + name + "' is on " + it->second.device().str() + "; a batch is on the CPU";
     }
     for (const auto& [name, tensor] : b)
       if (!spec.fields.count(name)) return "the batch has a field '" + name + "' that spec() does not describe";

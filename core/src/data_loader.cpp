@@ -60,6 +60,7 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
   if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
     throw Error("loader: rank " + std::to_string(options_.rank) + " outside world of " + std::to_string(options_.world_size));
   size_ = options_.subset.empty() ? dataset_->size(split_) : static_cast<int64_t>(options_.subset.size());
+  spec_ = dataset_->spec();
   // (2^62 from a dataset's size() ended the first step with "cannot create std::vector larger than max_size()")
   if (constexpr int64_t kMaxSamples = int64_t{1} << 40; size_ < 0 || size_ > kMaxSamples)
     throw Error((options_.name.empty() ? std::string("the dataset") : "dataset '" + options_.name + "'") + " says its " + sdk::split_name(split_) + " split has " + std::to_string(size_) +
@@ -271,6 +272,22 @@ sdk::Batch DataLoader::fetch(const Job& job) {
         throw Error(who + "'s get_batch of " + std::to_string(rows) + " samples gave field '" + name + "' " +
                     (!t.defined() ? std::string("undefined") : "of shape " + c10::str(t.sizes())) + "; every field's first "
                     "dimension is the number of samples asked for (loom plugins check tests a dataset)");
+    // ... and the fields its spec() describes, as it describes them, on the CPU: a batch that is
+    // not failed in the model, which was blamed ("model 'x': map::at", "mat1 and mat2 shapes").
+    for (const auto& [name, field] : spec_.fields) {
+      const auto it = into.find(name);
+      const at::Tensor* t = it == into.end() ? nullptr : &it->second;
+      if (t != nullptr && t->scalar_type() == field.dtype && t->device().is_cpu() && t->sizes().slice(1).vec() == field.shape)
+        continue;
+      std::vector<int64_t> want{rows};
+      want.insert(want.end(), field.shape.begin(), field.shape.end());
+      throw Error(who + ": get_batch of " + std::to_string(rows) + " samples gave field '" + name + "' " +
+                  (t == nullptr ? std::string("not at all")
+                                : "as " + std::string(c10::toString(t->scalar_type())) + " " + c10::str(t->sizes()) + " on " +
+                                      t->device().str()) +
+                  "; its spec() says " + c10::toString(field.dtype) + " " + c10::str(c10::IntArrayRef(want)) +
+                  " on the CPU (loom plugins check tests a dataset)");
+    }
     if (pin)
       for (auto& [name, t] : into)
         if (!t.is_pinned()) t = t.pin_memory();

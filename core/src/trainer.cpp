@@ -266,6 +266,8 @@ void Trainer::build_data() {
   const auto who = [&] { return "dataset '" + name + "'"; };
   as_component(who, name, [&] { dataset_->setup(); });
   data_spec_ = as_component(who, name, [&] { return dataset_->spec(); });
+  detail::check_split_sizes(name, [&](sdk::Split s) { return as_component(who, name, [&] { return dataset_->size(s); }); },
+                            dataset_.implements(1));
 }
 
 Created<sdk::Model> Trainer::make_model() {

@@ -9,10 +9,12 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/index_select.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <regex>
 #include <set>
 #include <stdexcept>
@@ -230,6 +232,55 @@ TEST(DataLoader, ABatchOfAnotherNumberOfSamplesThanAskedIsAnError) {
       EXPECT_NE(std::string(e.what()).find("get_batch of 8 samples gave field 'x' of shape [7]"), std::string::npos) << e.what();
     }
   }
+}
+
+/// A broken dataset: its batches are not what its spec() says (a field missing, of another shape
+/// or type, on another device), as `what` asks.
+class OffSpec final : public loom::sdk::Dataset {
+ public:
+  explicit OffSpec(std::string what) : what_(std::move(what)) {}
+  void setup() override {}
+  loom::sdk::DataSpec spec() const override {
+    loom::sdk::DataSpec s;
+    s.fields["x"] = {{3, 4}, at::kFloat};
+    s.fields["y"] = {{}, at::kLong};
+    return s;
+  }
+  int64_t size(loom::sdk::Split) const override { return 64; }
+  loom::sdk::Batch get_batch(loom::sdk::Split, const std::vector<int64_t>& indices) const override {
+    const auto n = static_cast<int64_t>(indices.size());
+    loom::sdk::Batch b{{"x", at::zeros({n, 3, 4})}, {"y", at::zeros({n}, at::kLong)}};
+    if (what_ == "missing") b.erase("y");
+    if (what_ == "shape") b["x"] = at::zeros({n, 4, 3});
+    if (what_ == "dtype") b["x"] = at::zeros({n, 3, 4}, at::kDouble);
+    if (what_ == "meta") b["x"] = at::zeros({n, 3, 4}, at::TensorOptions().device(at::kMeta));
+    return b;
+  }
+
+ private:
+  std::string what_;
+};
+
+TEST(DataLoader, ABatchThatIsNotWhatTheSpecSaysIsTheDatasetsError) {
+  // (the model was blamed: "model 'x': map::at", "mat1 and mat2 shapes cannot be multiplied")
+  const std::map<std::string, std::string> said = {
+      {"missing", "gave field 'y' not at all; its spec() says Long [8] on the CPU"},
+      {"shape", "gave field 'x' as Float [8, 4, 3] on cpu; its spec() says Float [8, 3, 4] on the CPU"},
+      {"dtype", "gave field 'x' as Double [8, 3, 4] on cpu; its spec() says Float [8, 3, 4]"},
+      {"meta", "gave field 'x' as Float [8, 3, 4] on meta; its spec() says Float [8, 3, 4] on the CPU"}};
+  for (const auto& [what, message] : said) {
+    auto o = options(8, 0);
+    o.name = "off_spec";
+    DataLoader l(std::make_shared<OffSpec>(what), loom::sdk::Split::kTrain, o);
+    try {
+      l.next();
+      ADD_FAILURE() << what << ": the batch was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("dataset 'off_spec': get_batch of 8 samples " + message), std::string::npos) << e.what();
+    }
+  }
+  DataLoader fine(std::make_shared<OffSpec>("none"), loom::sdk::Split::kTrain, options(8, 0));
+  EXPECT_EQ(fine.next().at("x").size(0), 8);
 }
 
 /// A broken dataset: its get_batch throws what a std::vector's at() throws.

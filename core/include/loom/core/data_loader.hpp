@@ -147,6 +147,7 @@ class DataLoader {
   std::optional<c10::Stream> copy_stream_;
 
   std::shared_ptr<sdk::Dataset> dataset_;
+  sdk::DataSpec spec_;  // what each batch is checked against (a field missing or of another shape was the model's error)
   sdk::Split split_;
   Options options_;
   int64_t size_ = 0;
