@@ -84,7 +84,11 @@ void check_memory_policy(Suite& s, const PluginRegistry& r, const ComponentInfo&
     context.plan = {256, 1, 1};
     context.global_batch = 256;
     context.global_batch_given = true;
-    context.probe = [](int64_t b) { return (1LL << 30) + b * (16LL << 20); };
+    context.probe = [](int64_t b) {  // (as the host's: a micro-batch outside 1..2^24 is refused)
+      if (b < 1 || b > (int64_t{1} << 24))
+        throw Error("a memory probe at micro-batch " + std::to_string(b) + " is refused: a micro-batch is in 1..16777216");
+      return (1LL << 30) + b * (16LL << 20);
+    };
     context.config_key = "conformance";
     context.device_name = "conformance check device";
     context.max_micro_batch = 256;

@@ -129,6 +129,12 @@ auto as_component(Who&& who, const std::string& name, F&& f) -> decltype(f()) {
   }
 }
 
+/// A memory probe asked at a micro-batch outside 1..2^24 (trainer.batch_size's range).
+inline std::string probe_refused(int64_t b) {
+  return "a memory probe at micro-batch " + std::to_string(b) + " is refused: a micro-batch is in 1..16777216 "
+         "(trainer.batch_size's range)";
+}
+
 /// What is wrong with a memory policy's plan for `world` devices ("" if nothing): each count at
 /// least 1, the run's world size, a global batch that a 64-bit count holds. Said before the
 /// plan's global() is computed (it would overflow).

@@ -524,6 +524,22 @@ TEST_F(MemoryTest, AResumeStartsAtTheMicroBatchItsRunRecoveredTo) {
   EXPECT_EQ(elsewhere->plan(), (loom::sdk::BatchPlan{64, 1, 1})) << "another cap: its own plan";
 }
 
+TEST_F(MemoryTest, AProbeOutsideTheMicroBatchesIsRefusedWithAnError) {
+  // (a policy's probe at -5 ended as "cannot create std::vector larger than max_size()", at 2^40
+  // as std::bad_alloc: neither the out-of-memory that a search catches, and the command went down)
+  auto t = make(config("probe_range"));
+  for (const int64_t b : {int64_t{-5}, int64_t{0}, int64_t{1} << 40}) {
+    try {
+      t->probe_peak(b);
+      ADD_FAILURE() << "a probe at " << b << " ran";
+    } catch (const loom::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("a memory probe at micro-batch " + std::to_string(b) + " is refused"),
+                std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(t->probe_peak(2), 0);
+}
+
 TEST_F(MemoryTest, APolicyCountsStepsAsTheLogsDo) {
   // OomContext.step is the step the logs name: the run's first step is "step 1" for the host and
   // for every policy (record_oom logs the context as it gets it).
