@@ -115,8 +115,9 @@ int run_loom(int argc, char** argv) {
     return 1;
   } catch (...) {  // (`throw 42;` in a plugin: std::terminate otherwise)
     loom::core::log::error("loom ", command->name, ": a plugin threw a value that is not an exception (not derived from "
-                           "std::exception), so what failed is unknown; the checkpoints written before it stand. A plugin "
-                           "reports a failure by throwing loom::sdk::Error");
+                           "std::exception), so what failed is unknown",
+                           std::string_view(command->name) == "train" ? "; the checkpoints written before it stand" : "",
+                           ". A plugin reports a failure by throwing loom::sdk::Error");
     return 1;
   }
 }

@@ -53,6 +53,10 @@ void Suite::run(const std::string& name, const std::function<std::string()>& che
     } catch (const std::exception& e) {
       c.outcome = ConformanceCheck::Outcome::kFail;
       c.reason = std::string("threw: ") + e.what();
+    } catch (...) {  // (`throw 42;`: it ended the check's process, said as "exit() in the plugin's code?")
+      c.outcome = ConformanceCheck::Outcome::kFail;
+      c.reason = "threw a value that is not an exception (not derived from std::exception); a plugin reports a failure "
+                 "by throwing loom::sdk::Error";
     }
   }
   report_.checks.push_back(c);
