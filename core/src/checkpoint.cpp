@@ -205,8 +205,7 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
   return final_dir;
 }
 
-fs::path CheckpointStore::save_weights(const std::string& file_name, const sdk::TensorMap& model,
-                                      const sdk::TextMap& metadata) {
+void CheckpointStore::check_weights_name(const std::string& file_name) {
   // (a NUL: the name passed as ".safetensors" and the file system stopped at the NUL, "a")
   const bool plain = !file_name.empty() && file_name.front() != '.' && file_name.find('/') == std::string::npos &&
                      file_name.find('\0') == std::string::npos &&
@@ -214,6 +213,11 @@ fs::path CheckpointStore::save_weights(const std::string& file_name, const sdk::
   if (!plain)
     throw Error("cannot save weights as '" + printable(file_name, 200) + "': a weights file is a plain name ending in .safetensors, "
                 "not starting with '.' or 'step_', without '/' or a NUL byte");
+}
+
+fs::path CheckpointStore::save_weights(const std::string& file_name, const sdk::TensorMap& model,
+                                      const sdk::TextMap& metadata) {
+  check_weights_name(file_name);
   const fs::path path = dir_ / file_name;
   save_safetensors(path, model, metadata);
   return path;

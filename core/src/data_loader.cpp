@@ -60,7 +60,11 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
   if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
     throw Error("loader: rank " + std::to_string(options_.rank) + " outside world of " + std::to_string(options_.world_size));
   size_ = options_.subset.empty() ? dataset_->size(split_) : static_cast<int64_t>(options_.subset.size());
-  spec_ = dataset_->spec();
+  try {
+    spec_ = dataset_->spec();
+  } catch (const std::exception& e) {
+    throw Error((options_.name.empty() ? std::string("the dataset") : "dataset '" + options_.name + "'") + " (spec()): " + e.what());
+  }
   // (2^62 from a dataset's size() ended the first step with "cannot create std::vector larger than max_size()")
   if (constexpr int64_t kMaxSamples = int64_t{1} << 40; size_ < 0 || size_ > kMaxSamples)
     throw Error((options_.name.empty() ? std::string("the dataset") : "dataset '" + options_.name + "'") + " says its " + sdk::split_name(split_) + " split has " + std::to_string(size_) +

@@ -132,6 +132,9 @@ sdk::ModelOutput Replicas::forward(const std::vector<sdk::Batch>& parts, bool tr
     model.module().train(train);
     outs.push_back(model.forward(parts[i], train));
   }
+  // (as one device's forward is checked, trainer_step.cpp: an undefined count was LibTorch's
+  // "Expected a proper Tensor but got None" at the sum below; a review)
+  for (sdk::ModelOutput& out : outs) out = train ? detail::checked_for_backward(std::move(out)) : detail::checked_counts(std::move(out));
   sdk::ModelOutput sum = outs.front();
   const c10::Device home = devices_.front();
   for (auto& [name, value] : sum.metrics)

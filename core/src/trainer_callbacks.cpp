@@ -67,7 +67,8 @@ fs::path Trainer::save_checkpoint_for_callback() {
 sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::kValidation : sdk::Split::kTest; }
 
 fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap& metadata) {
-  check_weights_before_saving(file_name);  // (on every rank: they stop together)
+  CheckpointStore::check_weights_name(file_name);  // (on every rank: they stop together)
+  check_weights_before_saving(file_name);
   for (const auto& [key, value] : metadata)  // (the file's header is JSON: UTF-8 only)
     if (invalid_utf8(key) || invalid_utf8(value))
       throw Error("save_weights(" + printable(file_name, 200) + "): metadata '" + printable(key, 80) + "' is not UTF-8 text; "

@@ -177,7 +177,8 @@ std::string Trainer::state_json() const {
   const sdk::State optimizer = optimizer_->state_dict();
   s["optimizer"] = utf8_state("optimizer '" + options_.optimizer + "'", optimizer.text);
   const sdk::State precision = precision_->state_dict();
-  s["precision"] = {{"name", value_of(config_, "precision.name")}, {"manifest", precision_->manifest()},
+  s["precision"] = {{"name", value_of(config_, "precision.name")},
+                    {"manifest", utf8_state("precision '" + precision_name_ + "' (its manifest)", precision_->manifest())},
                     {"state", utf8_state("precision '" + precision_name_ + "'", precision.text)}};
   s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
   s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}, {"sizes", json::parse(data_sizes_json())}};
@@ -213,6 +214,8 @@ fs::path Trainer::save_checkpoint() {
   // neither, and blamed the disk).
   const auto add = [&](const std::string& who, const std::string& prefix, const sdk::State& state) {
     for (const auto& [k, t] : state.tensors) {
+      if (invalid_utf8(k))  // (the safetensors header is JSON too)
+        throw Error("the state_dict of " + who + " has a tensor key that is not UTF-8 text; a key is UTF-8");
       if (!t.defined())
         throw Error(who + "'s state_dict() gives tensor '" + k + "' undefined: a state holds defined tensors only (leave "
                     "out what it does not have)");

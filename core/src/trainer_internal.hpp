@@ -123,7 +123,7 @@ auto as_component(Who&& who, const std::string& name, F&& f) -> decltype(f()) {
     throw named(loom::explained(e));
   } catch (const std::exception& e) {
     throw named(e.what());
-  } catch (...) {  // (`throw 42;`: said as the phase's, without the component)
+  } catch (...) {  // (`throw 42;`: named by the component; it passed unnamed)
     throw Error(who() + ": threw a value that is not an exception (not derived from std::exception); a plugin reports "
                 "a failure by throwing loom::sdk::Error");
   }
@@ -179,6 +179,15 @@ inline int64_t loss_scale_descent(const sdk::PrecisionStrategy& precision) {
     if (const auto x = how->second.rfind('x', at_end); x != std::string::npos) backoff = std::atof(how->second.c_str() + x + 1);
   if (!std::isfinite(value) || value <= 1 || !(backoff > 0 && backoff < 1)) return 0;
   return std::min<int64_t>(100000, static_cast<int64_t>(std::ceil(std::log(value) / -std::log(backoff))));
+}
+
+/// A model's output whose loss_sum and count are one number each (an evaluation's, which needs no gradient).
+inline sdk::ModelOutput checked_counts(sdk::ModelOutput out) {
+  for (const auto& [what, t] : {std::pair<const char*, const at::Tensor*>{"loss_sum", &out.loss_sum}, {"count", &out.count}})
+    if (!t->defined() || t->numel() != 1)
+      throw std::runtime_error(std::string("forward's ") + what + " must be a tensor of one element; it " +
+                               (t->defined() ? "has " + std::to_string(t->numel()) : std::string("is undefined")));
+  return out;
 }
 
 /// A model's training output as backward needs it: a loss_sum of one element that depends on the

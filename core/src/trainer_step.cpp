@@ -57,7 +57,7 @@ struct ReportValues {
 /// that exits 0 (a probe's plugin); what a model's forward counts, it counts from 0 up.
 void refuse_negative(const ReportValues& values, const std::string& model, const std::string& where) {
   if (values.negative.empty()) return;
-  throw Error("model '" + model + "' counted fewer than 0 " + (values.negative == "loss" ? "loss terms" : "'" + values.negative + "' terms") +
+  throw Error("model '" + model + "' counted fewer than 0 (or NaN) " + (values.negative == "loss" ? "loss terms" : "'" + values.negative + "' terms") +
               " in " + where + ": a count is how many terms its sum adds up (ModelOutput::count, MetricValue::count), 0 or more");
 }
 
@@ -70,10 +70,10 @@ ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector
   ReportValues out;
   out.count = static_cast<int64_t>(v[1]);
   out.loss = v[0] / std::max(1.0, v[1]);
-  if (v[1] < 0) out.negative = "loss";
+  if (!(v[1] >= 0)) out.negative = "loss";  // (NaN too: it was divided by 1 as well)
   size_t i = 2;
   for (const auto& [name, pair] : sums) {
-    if (v[i + 1] < 0 && out.negative.empty()) out.negative = name;
+    if (!(v[i + 1] >= 0) && out.negative.empty()) out.negative = name;
     if (unreported || v[i + 1] > 0) out.metrics[name] = v[i + 1] > 0 ? v[i] / v[i + 1] : std::nan("");
     i += 2;
   }

@@ -527,10 +527,10 @@ TEST_F(TrainerTest, AModelsCountBelowZeroOrUndefinedIsAnErrorNamingTheModel) {
   // count was LibTorch's "Expected a proper Tensor but got None", no model named.
   Config negative = metric_run(dir_, "negative_count");
   negative.set_assignment("model.odd_count=negative");
-  EXPECT_CONTAINS(training_error(negative), "model 'metric_model' counted fewer than 0 loss terms in step ");
+  EXPECT_CONTAINS(training_error(negative), "model 'metric_model' counted fewer than 0 (or NaN) loss terms in step ");
   Config metric = metric_run(dir_, "negative_metric_count");
   metric.set_assignment("model.odd_count=negative_metric");
-  EXPECT_CONTAINS(training_error(metric), "model 'metric_model' counted fewer than 0 'correct' terms in an evaluation");
+  EXPECT_CONTAINS(training_error(metric), "model 'metric_model' counted fewer than 0 (or NaN) 'correct' terms in an evaluation");
   Config undefined = metric_run(dir_, "undefined_count");
   undefined.set_assignment("model.odd_count=undefined");
   EXPECT_CONTAINS(training_error(undefined), "model 'metric_model': forward's count must be a tensor of one element, how "

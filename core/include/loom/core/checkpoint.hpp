@@ -50,6 +50,9 @@ class CheckpointStore {
   /// `metadata`, atomically. The best checkpoint is one (best_<metric>.safetensors).
   std::filesystem::path save_weights(const std::string& file_name, const sdk::TensorMap& model,
                                      const sdk::TextMap& metadata);
+  /// Throws where `file_name` is no plain *.safetensors name save_weights takes (checked on every
+  /// rank before rank 0 writes: one rank's refusal alone left the others in the next collective).
+  static void check_weights_name(const std::string& file_name);
 
   /// Complete step folders, oldest first.
   std::vector<std::filesystem::path> list() const;
