@@ -481,7 +481,7 @@ core::Config checkpoint_config(const Invocation& invocation, const fs::path& che
   for (const char* key : {"trainer.epochs", "trainer.max_steps", "trainer.gradient_accumulation_steps", "trainer.optimizer",
                           "trainer.lr", "trainer.schedule", "trainer.use_scheduler", "trainer.clip_grad_norm",
                           "trainer.reference_batch", "trainer.eval_every", "trainer.log_every", "trainer.checkpoint_every",
-                          "trainer.keep_last", "trainer.device_step"})
+                          "trainer.keep_last", "trainer.device_step", "trainer.stop_after_skipped"})
     if (const core::ConfigValue* v = user.find(key); v != nullptr && v->origin.source != "file")
       core::log::warn(key, " = ", v->value, " (", v->origin.describe(), ") has no effect here: this command trains nothing");
   for (const auto& [key, value] : recorded) config.set(key, value, core::Origin{"checkpoint", {}, 0});

@@ -53,6 +53,9 @@ Schema core_schema() {
             key(LOOM_OPTION_BOOL, "device_step", "true",
                 "decide on the device whether a step with non-finite gradients is skipped (fused optimizer with "
                 "found-inf; the host does not wait before the update); false: check on the host first"),
+            key(LOOM_OPTION_INT, "stop_after_skipped", "100", 0, kHuge,
+                "stop the run with an error when this many steps in a row had non-finite gradients (none of them "
+                "updated the weights); 0: never"),
             key(LOOM_OPTION_INT, "reference_batch", "0", 0, 16777216, "linear LR scaling: lr x batch_size / reference_batch; 0 turns it off"),
             key(LOOM_OPTION_LIST, "callbacks", "progress, jsonl, tensorboard, checkpoint, best, memory_summary",
                 "callback plugins, called in this order (their options in [callback.<name>]); add early_stopping "

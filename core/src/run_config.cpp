@@ -88,6 +88,7 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
                   "up to 1048576, e.g. 25");
   }
   o.device_step = bool_of(c, "trainer.device_step");
+  o.stop_after_skipped = int_of(c, "trainer.stop_after_skipped");
   o.cuda_graph = bool_of(c, "step.cuda_graph");
   o.cuda_graph_warmup = int_of(c, "step.cuda_graph_warmup");
   o.reference_batch = int_of(c, "trainer.reference_batch");

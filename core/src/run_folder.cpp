@@ -330,7 +330,7 @@ Change kind_of_change(const std::string& key) {
                                                   "trainer.keep_last"};
   static const std::set<std::string> routine = {
       "trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trainer.log_every", "trainer.checkpoint_every",
-      "trainer.threads", "trainer.device", "trainer.device_step", "trainer.callbacks", "trainer.peak_tflops", "trainer.work_dir", "trainer.best_metric"};
+      "trainer.threads", "trainer.device", "trainer.device_step", "trainer.stop_after_skipped", "trainer.callbacks", "trainer.peak_tflops", "trainer.work_dir", "trainer.best_metric"};
   for (const char* prefix : {"model.", "data.", "precision."})
     if (key.rfind(prefix, 0) == 0) return Change::kSaidElsewhere;
   if (elsewhere.count(key)) return Change::kSaidElsewhere;

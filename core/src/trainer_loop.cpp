@@ -59,6 +59,43 @@ std::map<std::string, double> Trainer::LogWindow::take(std::map<std::string, dou
   return values;
 }
 
+void Trainer::flush_window() {
+  if (!window_.device_sums.defined()) return;
+  const at::Tensor host = window_.device_sums.to(at::kCPU, at::kDouble);
+  const double* v = host.data_ptr<double>();
+  const int64_t n = window_.device_steps;
+  window_.loss += v[0];
+  window_.terms += std::llround(v[1]);
+  size_t i = 2;
+  for (const auto& name : window_.device_metrics) window_.metrics[name] += v[i++];
+  const int64_t skipped = std::llround(v[i]);
+  window_.device_sums = at::Tensor();
+  window_.device_steps = 0;
+  // (a window partly skipped: which of its steps were is not known here, so the steps skipped in
+  // a row count from 0 again; trainer.stop_after_skipped may stop a window later than it could)
+  skipped_in_a_row_ = skipped == n ? skipped_in_a_row_ + n : 0;
+  if (skipped > 0) {
+    skipped_steps_ += skipped;
+    if (n == 1)
+      log::warn("step ", step_, " (its values read now): non-finite gradients, update skipped (", skipped_steps_,
+                " skipped so far)");
+    else
+      log::warn(skipped, " of the ", n, " steps ", step_ - n + 1, " ... ", step_, " (their values read now) had non-finite ",
+                "gradients, updates skipped (", skipped_steps_, " skipped so far)");
+  }
+}
+
+void Trainer::stop_if_skipping() const {
+  const int64_t limit = options_.stop_after_skipped;
+  if (limit == 0 || skipped_in_a_row_ < limit) return;
+  // (the first of them as far as read: on the device, a log window partly skipped is not counted)
+  throw Error("steps " + std::to_string(step_ - skipped_in_a_row_ + 1) + " ... " + std::to_string(step_) + " (" +
+              std::to_string(skipped_in_a_row_) + " in a row) had non-finite gradients, so none of them updated the " +
+              "weights: the run stops rather than train on without learning (trainer.stop_after_skipped = " +
+              std::to_string(limit) + "; 0 never stops). Lower trainer.lr, keep trainer.clip_grad_norm on, check the " +
+              "data for NaN or infinite values and the model's forward (a log of 0, a division by 0)");
+}
+
 TrainSummary Trainer::train() {
   const int64_t first_step = step_;
   memory_->reset_peak();

@@ -332,29 +332,6 @@ void Trainer::add_unread(const at::Tensor& packed, const MetricSums& metric_sums
   ++window_.device_steps;
 }
 
-void Trainer::flush_window() {
-  if (!window_.device_sums.defined()) return;
-  const at::Tensor host = window_.device_sums.to(at::kCPU, at::kDouble);
-  const double* v = host.data_ptr<double>();
-  const int64_t n = window_.device_steps;
-  window_.loss += v[0];
-  window_.terms += std::llround(v[1]);
-  size_t i = 2;
-  for (const auto& name : window_.device_metrics) window_.metrics[name] += v[i++];
-  const int64_t skipped = std::llround(v[i]);
-  window_.device_sums = at::Tensor();
-  window_.device_steps = 0;
-  if (skipped > 0) {
-    skipped_steps_ += skipped;
-    if (n == 1)
-      log::warn("step ", step_, " (its values read now): non-finite gradients, update skipped (", skipped_steps_,
-                " skipped so far)");
-    else
-      log::warn(skipped, " of the ", n, " steps ", step_ - n + 1, " ... ", step_, " (their values read now) had non-finite ",
-                "gradients, updates skipped (", skipped_steps_, " skipped so far)");
-  }
-}
-
 Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64_t)>& batch_of) {
   auto& module = model_->module();
   module.train();
@@ -502,8 +479,11 @@ StepResult Trainer::train_step(bool read_values) {
   if (read) flush_window();
   if (!finite) {
     ++skipped_steps_;
+    ++skipped_in_a_row_;
     result.skipped = true;
     log::warn("step ", step_ + 1, ": non-finite gradients, update skipped (", skipped_steps_, " skipped so far)");
+  } else if (read || !step_on_device_) {  // (an unread step on the device: its skip is read later)
+    skipped_in_a_row_ = 0;
   }
   sync_buffers();  // (ranks > 1: those the step changed)
   ++step_;
@@ -516,6 +496,7 @@ StepResult Trainer::train_step(bool read_values) {
     throw Error("every step since resuming from " + resumed_from_.string() + " (" + std::to_string(step_ - resumed_at_) +
                 " steps) had non-finite gradients: the checkpoint is probably damaged. Stopping before a checkpoint "
                 "of this state replaces the good ones; resume from an earlier checkpoint with --resume-from");
+  stop_if_skipping();  // (trainer.stop_after_skipped)
   result.step = step_;
   result.samples = plan_.global();
   return result;

@@ -27,6 +27,7 @@ class MetricModel final : public loom::sdk::Model {
       loom::sdk::option_bool("zero_loss", "false", "a training loss times 0: its gradients are all zero"),
       loom::sdk::option_bool("vector_loss", "false", "loss_sum is each sample's loss, not their sum (a broken model)"),
       loom::sdk::option_bool("nan_training_loss", "false", "a training loss of NaN (every step skipped)"),
+      loom::sdk::option_int("nan_training_loss_from", "0", "the training loss is NaN from the n-th training forward on (0: never)"),
       loom::sdk::option_bool("zero_count", "false", "a training count of 0: the loss averages over nothing"),
       loom::sdk::option_enum("odd_count", "none", "none|negative|undefined|negative_metric",
                              "a training count of -7, none, or an evaluation metric count of -5 (broken models)"),
@@ -40,6 +41,7 @@ class MetricModel final : public loom::sdk::Model {
       : vector_metric_(o.get_bool("vector_metric")), nan_eval_batches_(o.get_int("nan_eval_batches")),
         zero_loss_(o.get_bool("zero_loss")), vector_loss_(o.get_bool("vector_loss")),
         nan_training_loss_(o.get_bool("nan_training_loss")), nan_weights_at_(o.get_int("nan_weights_at")),
+        nan_loss_from_(o.get_int("nan_training_loss_from")),
         reshape_weights_at_(o.get_int("reshape_weights_at")), zero_count_(o.get_bool("zero_count")),
         odd_count_(o.get_string("odd_count")) {}
 
@@ -66,7 +68,9 @@ class MetricModel final : public loom::sdk::Model {
     const at::Tensor logits = linear_->forward(x);
     const at::Tensor loss_sum =
         at::cross_entropy_loss(logits, target, {}, vector_loss_ ? at::Reduction::None : at::Reduction::Sum) *
-        (zero_loss_ && train ? 0.0 : nan_training_loss_ && train ? std::nan("") : 1.0);
+        (zero_loss_ && train ? 0.0
+         : train && (nan_training_loss_ || (nan_loss_from_ > 0 && training_calls_ >= nan_loss_from_)) ? std::nan("")
+                                                                                                      : 1.0);
     const at::Tensor predicted = at::argmax(logits, 1);
     const auto f = logits.options();
     const double n = static_cast<double>(target.size(0));
@@ -92,7 +96,7 @@ class MetricModel final : public loom::sdk::Model {
   bool vector_metric_;
   int64_t nan_eval_batches_;
   bool zero_loss_, vector_loss_, nan_training_loss_;
-  int64_t nan_weights_at_, reshape_weights_at_, training_calls_ = 0;
+  int64_t nan_weights_at_, nan_loss_from_, reshape_weights_at_, training_calls_ = 0;
   bool zero_count_;
   std::string odd_count_;
   std::string input_key_, target_key_;

@@ -55,6 +55,7 @@ struct TrainerOptions {
   std::string optimizer = "adamw", schedule = "constant";  ///< component names (schedule resolved from auto)
   double lr = 1e-3, clip_grad_norm = 1.0;
   bool device_step = true;  ///< Note [The step on the device]
+  int64_t stop_after_skipped = 100;  ///< steps in a row with non-finite gradients that stop the run (0: none)
   bool cuda_graph = false;  ///< step.cuda_graph: Note [The step as a CUDA graph]
   int64_t cuda_graph_warmup = 3;
   int64_t reference_batch = 0;
@@ -375,6 +376,8 @@ class Trainer {
   LogWindow window_;
   /// Reads the window's device sums into it (one wait), counts and reports the skipped steps.
   void flush_window();
+  /// Throws once trainer.stop_after_skipped steps in a row skipped their update.
+  void stop_if_skipping() const;
   bool read_every_step_ = true;  ///< some callback reads every step's values (Callback 1.1)
   bool callbacks_read_gradients_ = true;  ///< some callback reads the gradients (Callback 1.2)
   std::string step_readers_;     ///< which ones, for the start-up report
@@ -472,6 +475,7 @@ class Trainer {
   int64_t total_steps_ = 0;
   int64_t step_ = 0;
   int64_t skipped_steps_ = 0;
+  int64_t skipped_in_a_row_ = 0;  ///< the last steps that skipped their update (as far as read)
   bool precision_on_device_ = false;  ///< the precision implements interface 1.1
   bool step_on_device_ = false;  ///< trainer.device_step and both plugins implement interface 1.1
   bool optimizer_divides_ = false;  ///< the optimizer implements step_on_device_dividing (Optimizer 1.2)
