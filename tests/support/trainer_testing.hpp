@@ -42,6 +42,18 @@ inline std::unique_ptr<core::Trainer> make_trainer(const core::Config& c) {
   return t;
 }
 
+/// The error that setting up and training the run `c` ends with ("" and a test failure where it
+/// trains to its end).
+inline std::string training_error(const core::Config& c) {
+  try {
+    make_trainer(c)->train();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << c.get("trainer.name").value_or("?") << " trained to its end";
+  return {};
+}
+
 /// Copies of the model's parameters, in order.
 inline std::vector<at::Tensor> parameters_of(core::Trainer& t) {
   std::vector<at::Tensor> out;

@@ -510,54 +510,7 @@ TEST_F(TrainerTest, AModelThatCountsNoLossTermsIsSaidOnce) {
   EXPECT_TRUE(capture.contains("step 1: model 'metric_model' counted no loss terms in a batch of "));
 }
 
-/// The error that training the run `c` ends with ("" and a test failure where it trains to its end).
-std::string training_error(const Config& c) {
-  try {
-    loom::testing::make_trainer(c)->train();
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << c.get("trainer.name").value_or("?") << " trained to its end";
-  return {};
-}
-
-TEST_F(TrainerTest, StepsSkippedInARowStopTheRunRatherThanTrainOnWithoutLearning) {
-  // A loss that stopped being finite at step 7 of 200 skipped the 194 steps after it, and the run
-  // ended "done", exit 0 (its evaluation, of weights no update changed, was finite).
-  for (const bool device : {false, true}) {
-    const std::string name = device ? "nan_on_device" : "nan_on_host";
-    Config c = metric_run(dir_, name);
-    for (const char* a : {"trainer.max_steps=200", "trainer.log_every=4", "trainer.eval_every=100", "trainer.checkpoint_every=5",
-                          "trainer.keep_last=0", "model.nan_training_loss_from=7", "trainer.stop_after_skipped=10"})
-      c.set_assignment(a);
-    c.set_assignment(std::string("trainer.device_step=") + (device ? "true" : "false"));
-    auto t = make(c);
-    std::string error;
-    try {
-      t->train();
-    } catch (const loom::Error& e) {
-      error = e.what();
-    }
-    EXPECT_CONTAINS(error, " in a row) had non-finite gradients, so none of them updated the weights: the run stops rather "
-                           "than train on without learning (trainer.stop_after_skipped = 10; 0 never stops)");
-    EXPECT_EQ(loom::core::CheckpointStore::list_run(dir_ / name).size(), 3u) << "the checkpoints of steps 5, 10, 15 stay";
-    if (!device) {
-      EXPECT_CONTAINS(error, "steps 7 ... 16 (10 in a row)");
-      EXPECT_EQ(t->step(), 16);
-    } else {  // (the steps between log steps are read a window at a time: the stop may come a window later)
-      EXPECT_GE(t->step(), 16);
-      EXPECT_LE(t->step(), 16 + 4);
-    }
-  }
-  // 0: the run trains to its end, every step since the 7th skipped.
-  Config never = metric_run(dir_, "nan_never");
-  for (const char* a : {"trainer.max_steps=30", "model.nan_training_loss_from=7", "trainer.stop_after_skipped=0"})
-    never.set_assignment(a);
-  auto t = make(never);
-  EXPECT_NO_THROW(t->train());
-  EXPECT_EQ(t->step(), 30);
-  EXPECT_EQ(t->skipped_steps(), 24);
-}
+using loom::testing::training_error;
 
 TEST_F(TrainerTest, AModelsCountBelowZeroOrUndefinedIsAnErrorNamingTheModel) {
   // A count of -7 divided the loss by 1 (its floor) and logged -8061 loss terms per second; a
