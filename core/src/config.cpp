@@ -355,6 +355,20 @@ void Config::set(const std::string& key, const std::string& value, Origin origin
       throw Error(origin.describe() + ": " + key + " holds a control character (byte " + code + " at position " +
                   std::to_string(i + 1) + "); a value is one line of text");
     }
+  // (a --set key had no limit: a 120 KB key was echoed whole in its "unknown key" error)
+  if (constexpr size_t kMaxKey = 256; key.size() > kMaxKey)
+    throw Error(origin.describe() + ": a key of " + std::to_string(key.size()) + " characters (" + key.substr(0, 40) +
+                "...); keys are at most " + std::to_string(kMaxKey));
+  // The run's config.json records every value, and JSON holds UTF-8 only: a work_dir in a folder
+  // named in Latin-1 failed as "opening the run folder: [json.exception.type_error.316] ...".
+  for (const std::string* text : {&key, &value})
+    if (const auto at = invalid_utf8(*text)) {
+      char code[8];
+      std::snprintf(code, sizeof code, "0x%02X", static_cast<unsigned char>((*text)[*at]));
+      throw Error(origin.describe() + ": " + (text == &key ? "a key" : printable(key, 256)) + " is not UTF-8 text (byte " +
+                  code + " at position " + std::to_string(*at + 1) + "): a run records its configuration as UTF-8 " +
+                  "(config.json); give the path or name in UTF-8 (rename a folder named in another encoding)");
+    }
   values_[key] = ConfigValue{value, std::move(origin)};
   order_[key] = ++sets_;
 }

@@ -37,9 +37,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 namespace loom::core {
-
 using namespace detail;
-
 namespace {
 
 std::string timestamp() {
@@ -69,13 +67,12 @@ bool holds_a_run(const fs::path& dir) {
 }
 
 /// Removes `dir` if it holds nothing but its lock file.
-void remove_if_only_lock(const fs::path& dir) {
+void remove_if_only_lock(const fs::path& dir) {  // (and the empty checkpoints/ the store made)
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().filename() != ".lock") return;
+    if (it->path().filename() != ".lock" && (it->path().filename() != "checkpoints" || !fs::is_empty(it->path(), ec))) return;
   if (ec) return;
-  fs::remove(dir / ".lock", ec);
-  fs::remove(dir, ec);
+  for (const fs::path& p : {dir / "checkpoints", dir / ".lock", dir}) fs::remove(p, ec);
 }
 
 /// A name of the form <time>[-N] whose folder this call created: two runs started in the same
@@ -591,8 +588,10 @@ void Trainer::open_run_here() {
     notify("on_checkpoint_loaded", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_checkpoint_loaded(run, resumed_from_); });
   json manifest;
   for (const auto& [key, value] : config_) manifest[key] = {{"value", value.value}, {"origin", value.origin.describe()}};
-  if (trains && !pending_record_.dir.empty()) pending_record_.config = manifest.dump(2) + "\n";  // (at the first step)
-  else if (trains) write_file_atomic(run_dir_ / "config.json", manifest.dump(2) + "\n");
+  const std::string record  // (values are UTF-8, Config::set; an origin's path may not be: made valid)
+      = manifest.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  if (trains && !pending_record_.dir.empty()) pending_record_.config = record;  // (at the first step)
+  else if (trains) write_file_atomic(run_dir_ / "config.json", record);
   take_away.armed = false;
   made_run_dir_ = made_here;  // (a new run, or one --resume-from starts from another run's checkpoint)
 }
