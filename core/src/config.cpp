@@ -355,15 +355,13 @@ void Config::set(const std::string& key, const std::string& value, Origin origin
       throw Error(origin.describe() + ": " + key + " holds a control character (byte " + code + " at position " +
                   std::to_string(i + 1) + "); a value is one line of text");
     }
-  // (a --set key had no limit: a 120 KB key was echoed whole in its "unknown key" error)
-  if (constexpr size_t kMaxKey = 256; key.size() > kMaxKey)
+  if (constexpr size_t kMaxKey = 256; key.size() > kMaxKey)  // (a 120 KB --set key was echoed whole)
     throw Error(origin.describe() + ": a key of " + std::to_string(key.size()) + " characters (" + key.substr(0, 40) +
                 "...); keys are at most " + std::to_string(kMaxKey));
-  // The run's config.json records every value, and JSON holds UTF-8 only: a work_dir in a folder
-  // named in Latin-1 failed as "opening the run folder: [json.exception.type_error.316] ...".
+  // config.json records every value, in UTF-8: a work_dir named in Latin-1 failed as a json error.
   for (const std::string* text : {&key, &value})
     if (const auto at = invalid_utf8(*text)) {
-      char code[8];
+      char code[8];  // NOLINT (one byte's code)
       std::snprintf(code, sizeof code, "0x%02X", static_cast<unsigned char>((*text)[*at]));
       throw Error(origin.describe() + ": " + (text == &key ? "a key" : printable(key, 256)) + " is not UTF-8 text (byte " +
                   code + " at position " + std::to_string(*at + 1) + "): a run records its configuration as UTF-8 " +
@@ -577,9 +575,11 @@ std::string format_resolved(const Resolved& resolved, const Schema& schema) {
       out << "[" << section << "]\n";
       current = section;
     }
-    std::string line = key.substr(section.size() + 1) + " = " + value.value;
+    const bool unreadable = value.value.find('#') != std::string::npos;  // (read back, it was cut in silence)
+    if (unreadable) log::warn(key, " = ", value.value, ": a file cuts it at '#'; its line is written commented out (use --set)");
+    std::string line = (unreadable ? "# " : "") + key.substr(section.size() + 1) + " = " + value.value;
     out << line << std::string(width + 2 - std::min(width + 1, line.size()), ' ') << "# "
-        << value.origin.describe();
+        << value.origin.describe() << (unreadable ? ", a value with '#': give it with --set" : "");
     if (const KeySpec* spec = schema.find(key); spec && spec->owner.find('\'') != std::string::npos)
       out << " (" << spec->owner << ")";
     out << "\n";

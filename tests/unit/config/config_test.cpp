@@ -378,7 +378,7 @@ TEST_F(ConfigTest, AValueIsOneLineOfTextOfSensibleLength) {
                   "UTF-8 (config.json)");
   EXPECT_NO_THROW(c.set_assignment("trainer.work_dir=/data/caf\xc3\xa9/runs"));
   // A --set key had no limit, as a file's has: a 120 KB one was echoed whole.
-  const std::string long_key = error_of([&] { c.set_assignment("trainer." + std::string(120000, 'x') + "=1"); });
+  const std::string long_key = error_of([&] { c.set_assignment(std::string("trainer.").append(120000, 'x').append("=1")); });
   EXPECT_CONTAINS(long_key, "--set: a key of 120008 characters (trainer.xxxx");
   EXPECT_LT(long_key.size(), 300u);
   const auto bom = write("bom.ini", "\xEF\xBB\xBF[trainer]\nmax_steps = 7\n");
@@ -529,6 +529,11 @@ TEST_F(ConfigTest, ResolvedConfigurationHasEveryKeyWithItsOrigin) {
   EXPECT_CONTAINS(shown, "batch_size = 64");
   EXPECT_CONTAINS(shown, "# --batch-size");
   EXPECT_CONTAINS(shown, "run.ini:2");
+  // A value with '#' read back from the file was cut at it, in silence (a comment starts there).
+  config.set("trainer.work_dir", "my runs #2", Origin{"--set", {}, 0});
+  const std::string hashed = format_resolved(validate(config, schema), schema);
+  EXPECT_CONTAINS(hashed, "# work_dir = my runs #2");
+  EXPECT_CONTAINS(hashed, "# --set, a value with '#': give it with --set");
 }
 
 TEST_F(ConfigTest, ComponentKeysComeFromThePluginsSchema) {
