@@ -207,11 +207,18 @@ void Jsonl::on_run_begin(RunContext& run) {
     // Rows of later steps go (the resumed run writes them again); every other line stays: rows
     // rewritten by another tool ({"step": 4, ...} from Python's json.dumps) and lines a user
     // added were dropped with the later rows, the whole history of a file so rewritten.
+    // Bytes that are no text (the zero-filled tail a crash leaves on ext4) are no one's line: kept,
+    // they made the file no JSON Lines for every reader.
+    const auto junk = [](const std::string& l) {
+      return std::any_of(l.begin(), l.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\r'; });
+    };
     std::string line, kept;
-    int64_t foreign = 0;
+    int64_t foreign = 0, dropped = 0;
     while (std::getline(in, line)) {
       const bool whole = !in.eof();  // (a last line without its newline: cut by a kill)
-      if (const auto step = row_step(line)) {
+      if (junk(line)) {
+        ++dropped;
+      } else if (const auto step = row_step(line)) {
         if (*step <= run.resumed_at() && (whole || line.back() == '}')) kept += line + "\n";
       } else if (!whole && line.rfind('{', 0) == 0) {
         // a torn row: dropped
@@ -222,6 +229,9 @@ void Jsonl::on_run_begin(RunContext& run) {
     }
     if (foreign > 0)
       sdk::log::info("metrics.jsonl: ", foreign, " line(s) that are no step's row are kept as they are");
+    if (dropped > 0)
+      sdk::log::warn("metrics.jsonl: ", dropped, " line(s) of bytes that are no text (NUL or control bytes: what a crash "
+                     "leaves at a file's end) are dropped");
     if (in.bad()) throw sdk::Error("cannot read " + path_.string() + ": an I/O error; nothing in it was changed");
     try {
       sdk::write_file_durably(path_, kept);

@@ -369,7 +369,7 @@ TEST_F(RunFolderTest, AResumeKeepsTheMetricsRowsUpToItsCheckpointHoweverTheyAreS
     }
   }
   rewritten += "# the learning rate was too high here\n{\"step\": 9, \"train/loss\": 1}\n{\"a/b\": 2, \"step\": 11}\n"
-               "{\"step\": 10, \"train/lo";
+               + std::string(300, '\0') + "\n{\"step\": 10, \"train/lo";
   std::ofstream(metrics, std::ios::trunc) << rewritten;
   Config resume = base("spaced", 6);
   resume.set_assignment("trainer.log_every=1");
@@ -378,6 +378,7 @@ TEST_F(RunFolderTest, AResumeKeepsTheMetricsRowsUpToItsCheckpointHoweverTheyAreS
   const std::string after = text(metrics);
   for (int step = 1; step <= 4; ++step) EXPECT_CONTAINS(after, "{\"step\": " + std::to_string(step) + ",");
   EXPECT_CONTAINS(after, "# the learning rate was too high here\n");
+  EXPECT_EQ(after.find('\0'), std::string::npos) << "a crash's zero-filled tail stays, and no reader parses the file";
   EXPECT_EQ(after.find("{\"step\": 9"), std::string::npos) << "a row after the checkpoint stays: " << after;
   EXPECT_EQ(after.find("{\"step\": 10"), std::string::npos) << "a torn row stays: " << after;
   EXPECT_EQ(after.find("\"step\": 11"), std::string::npos) << "a row with its keys sorted, after the checkpoint, stays: " << after;
