@@ -133,8 +133,13 @@ TrainSummary Trainer::train() {
     const bool log_now = step_ % options_.log_every == 0 || step_ == total_steps_ || !stop_reason_.empty();
     const auto log_window = [&] {
       flush_window();
-      // A stop logs a step that was not a log step: its rate is still on the device (one read).
+      // A stop logs a step that was not a log step: its rate and norm are still on the device (one
+      // read; the norm was logged as null, a NaN in TensorBoard, at every stop).
       if (!r.read && lr_on_device_.defined()) r.lr = lr_on_device_.item<double>();
+      if (!r.read && last_unread_.defined()) {
+        const at::Tensor tail = last_unread_.slice(0, -3, -1).to(at::kCPU, at::kDouble);  // [norm, found-inf]
+        if (tail[1].item<double>() == 0) r.grad_norm = tail[0].item<double>();
+      }
       // A model whose forward counts nothing (its count 0 for a whole batch): the loss, a sum, is
       // divided by nothing, and the run went on to exit 0 with "accuracy nan %" at 237 samples/s.
       if (r.read && r.terms == 0 && r.samples > 0 && !said_no_terms_) {

@@ -270,6 +270,7 @@ bool Trainer::finish_on_device(StepResult& result, const at::Tensor& packed, con
   LOOM_PHASE("report");
   if (!read) {  // a step between log steps: its values join the window on the device
     add_unread(packed, metric_sums);
+    last_unread_ = packed;
     result.read = false;
     result.loss = result.grad_norm = result.lr = std::nan("");
     return true;  // not known here: flush_window() counts the skipped steps

@@ -118,8 +118,11 @@ try:
     last = metrics(run)[-1]
     assert len(metrics(run)) == 1 and last["step"] < 99999, metrics(run)
     assert isinstance(last.get("train/lr"), float) and last["train/lr"] > 0, f"the stop's line: {last}"
+    # (and its gradient norm: it was null, a NaN in TensorBoard, at every stop between log steps)
+    assert isinstance(last.get("train/grad_norm"), float) and last["train/grad_norm"] > 0, f"the stop's line: {last}"
     assert "lr nan" not in err, err
-    print(f"SIGTERM at step {last['step']} (no log step before it): its line's train/lr {last['train/lr']}")
+    print(f"SIGTERM at step {last['step']} (no log step before it): its line's train/lr {last['train/lr']}, "
+          f"train/grad_norm {last['train/grad_norm']}")
 
     # A run whose callbacks write no checkpoint: neither the stop nor its end promises one (they
     # said "with a checkpoint" and "continue with: ... --resume auto", which started over).

@@ -480,6 +480,7 @@ class Trainer {
   bool step_on_device_ = false;  ///< trainer.device_step and both plugins implement interface 1.1
   bool optimizer_divides_ = false;  ///< the optimizer implements step_on_device_dividing (Optimizer 1.2)
   at::Tensor lr_on_device_;      ///< the step's learning rate, for the fused kernels
+  at::Tensor last_unread_;       ///< the last unread step's report (its norm, found-inf, rate: a stop logs them)
   at::Tensor lr_table_;          ///< the learning rate after k taken updates, k = 0..total_steps
   at::Tensor taken_on_device_;   ///< updates taken so far ([1], int64): the schedule's position
   std::unique_ptr<StepGraphs> graphs_;  ///< step.cuda_graph
