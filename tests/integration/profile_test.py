@@ -151,7 +151,12 @@ expect(r.returncode != 0 and "--trace -: the trace is written to a file" in r.st
        "--trace - is refused, no file named -", r)
 
 r = loom(exe, "profile", *RUN, "--steps", "0", "--trace", os.path.join(work, "zero.json"), check=False)
-expect(r.returncode != 0 and "--steps must be in 1..100000" in r.stderr, "--steps 0 is refused", r)
+expect(r.returncode != 0 and "--steps must be in 1..1000 (" in r.stderr, "--steps 0 is refused", r)
+# Where the default trace cannot be written, the message named a --trace the user never gave.
+if os.path.isdir("/proc"):
+    r = loom(exe, "profile", *RUN, "--steps", "1", "--warmup", "0", cwd="/proc", check=False)
+    expect(r.returncode != 0 and re.search(r"the trace loom-profile-[0-9-]+\.json \(here\) cannot be written \(", r.stderr)
+           and "give --trace PATH" in r.stderr, "an unwritable folder for the default trace", r)
 r = loom(exe, "profile", *RUN, "--trace", os.path.join(work, "no", "such", "folder", "t.json"), check=False)
 expect(r.returncode != 0 and "/no/such/folder: no such folder" in r.stderr, "a trace in a missing folder is refused before training", r)
 # A file where a folder is needed, some levels up: that file is named (it said "does not exist").
