@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <sstream>
 
 namespace loom::core {
@@ -33,6 +34,18 @@ void check_config_text(const std::string& text, const std::string& shown) {
   if (text.find('\r') != std::string::npos && text.find('\n') == std::string::npos)
     throw Error("config file " + shown + " ends its lines with a carriage return alone (classic Mac OS), which "
                 "reads as one line; convert it: tr '\\r' '\\n' < FILE > FILE.new");
+  // (a run's config.json given to -c was "config.json:1: not a `key = value` ... line")
+  if (const auto first = text.find_first_not_of(" \t\r\n"); first != std::string::npos && text[first] == '{') {
+    const std::filesystem::path run = std::filesystem::path(shown).parent_path();
+    const std::string which = " --set trainer.work_dir=" + (run.has_parent_path() ? run.parent_path().string() : ".") +
+                              " --set trainer.name=" + run.filename().string();
+    throw Error("config file " + shown + " is JSON, not INI" +
+                (text.find("\"origin\"") != std::string::npos
+                     ? ": a run's record of its configuration. Continue that run with: loom train --resume auto" + which +
+                           "; or save its settings as INI, for a new run like it: loom config show --resume auto" + which +
+                           " > run.ini"
+                     : "; -c takes INI files of `key = value` lines under [section]s"));
+  }
   std::istringstream scan(text);
   int number = 0;
   for (std::string line; std::getline(scan, line);) {

@@ -349,6 +349,13 @@ TEST_F(ConfigTest, AHashRightAfterAValueAndCarriageReturnOnlyLinesAreRefusedNotR
   // Windows' "Unicode" (UTF-16) was "line 2: not a `key = value` line".
   const auto utf16 = write("utf16.ini", std::string("\xFF\xFE[\0t\0]\0\n\0", 10));
   EXPECT_CONTAINS(error_of([&] { Config u; u.load_file(utf16); }), "utf16.ini is UTF-16 text (Windows' \"Unicode\"); save it as UTF-8");
+  // A run's config.json given to -c was "config.json:1: not a `key = value` ... line".
+  fs::create_directories(dir_ / "runs" / "r1");
+  const fs::path record = dir_ / "runs" / "r1" / "config.json";
+  std::ofstream(record) << "{\n  \"trainer.lr\": {\"value\": \"0.1\", \"origin\": \"--set\"}\n}\n";
+  EXPECT_CONTAINS(error_of([&] { Config r; r.load_file(record); }),
+                  "config.json is JSON, not INI: a run's record of its configuration. Continue that run with: loom train "
+                  "--resume auto --set trainer.work_dir=" + (dir_ / "runs").string() + " --set trainer.name=r1");
   // In a base, the error names the file whose `base =` read it (the user ran -c run.ini).
   const auto run = write("run.ini", "# mine\nbase = quoted.ini\n");
   EXPECT_CONTAINS(error_of([&] { Config r; r.load_file(run); }),
