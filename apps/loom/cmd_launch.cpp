@@ -26,11 +26,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -47,7 +49,16 @@ namespace {
 
 volatile std::sig_atomic_t interrupted = 0;   // the last SIGINT or SIGTERM
 volatile std::sig_atomic_t signals_received = 0;  // how many
+std::atomic<int64_t> counted_at{0};              // when the last one counted arrived (ns, monotonic)
 void on_signal(int signal) {
+  timespec t{};  // (clock_gettime is async-signal-safe)
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  const int64_t now = static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+  // `timeout -s INT` signals the launcher, then its own process group, the launcher again: passed
+  // on, the second stopped the ranks at once, without the stop's checkpoint (6 times in 32). The
+  // same signal within half a second is that one stop; a person's second Ctrl-C comes later.
+  if (signal == interrupted && now - counted_at.load() < 500000000) return;
+  counted_at.store(now);
   interrupted = signal;
   signals_received = signals_received + 1;
 }
@@ -365,7 +376,8 @@ int cmd_launch(const Invocation& invocation) {
   if (nnodes > 1 && (master == "localhost" || master.rfind("127.", 0) == 0 || master == "::1"))
     core::log::warn("loom launch: --nnodes ", nnodes, " with --master-addr ", master, ": a node on another machine "
                     "looks for rank 0 on itself and waits parallel.timeout for nothing; give the first node's address "
-                    "or host name, the same on every node");
+                    "or host name, the same on every node (nodes that are this one machine: set trainer.threads, "
+                    "or each node's ranks take every core, as many times over as there are nodes)");
   // Ranks far past the cores are a typo, not a job: 1000 processes on 2 cores each load LibTorch
   // and plugins, take minutes to start and leave the machine unusable while they do.
   if (const unsigned cores = std::thread::hardware_concurrency(); cores > 0 && nproc > 4 * static_cast<int64_t>(cores))

@@ -399,6 +399,18 @@ try:
     # (steps of 65536: a stop takes long enough for a second signal to land in it)
     slow = [{"trainer.batch_size=32": "trainer.batch_size=65536", "data.train_size=2048": "data.train_size=262144"}.get(a, a)
             for a in long[:-1]]
+    # `timeout -s INT` signals the launcher, then its process group, the launcher again, a moment
+    # apart: one stop (passed on twice, the second copy stopped the ranks at once, no checkpoint,
+    # and the launcher still exited 130).
+    p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *slow, "trainer.name=timeout_int"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_training("timeout_int", p, "the launched job")
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # (handled by then: the kernel would merge two pending copies into one)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "stopped at once" not in err, (p.returncode, err[-2000:])
+    print(f"SIGINT twice 0.1 s apart (as timeout -s INT sends it): one stop, after step {stopped_gracefully('timeout_int')}")
     # 5b'. `loom launch ... | tee log`, and a Ctrl-C kills tee too: the launcher, its standard error
     # closed, goes on watching its ranks (it died of SIGPIPE, and the SIGTERM its death sent the
     # ranks after the SIGINT was a second signal: they stopped at once, no checkpoint).
