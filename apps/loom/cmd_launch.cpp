@@ -292,7 +292,8 @@ void drain(Child& c, bool all) {
       if (!line.empty()) c.last = line;
       // (and a crash's own line, which names the signal and the library: the stack's lines after it said nothing)
       // (not over the error it logged before: a crash in its exit after that error is not the cause)
-      if (is_error_line(line) || ((c.error.empty() || !is_error_line(c.error)) && line.find(": crashed with ") < 200))
+      if (is_error_line(line) || ((c.error.empty() || !is_error_line(c.error)) &&
+                                  (line.find(": crashed with ") < 200 || line.find(": killed by SIG") < 200)))
         c.error = line;
       start = end + 1;
     }
@@ -577,16 +578,25 @@ int cmd_launch(const Invocation& invocation) {
               // (no deadline here: rank 0 may be writing the stop's checkpoint, which is its alone;
               // the others may wait for the failed one in a collective, up to parallel.timeout)
               core::log::warn("launch: rank ", c.rank, " ", ended(status), " while the ranks stopped; the others "
-                              "finish their stop (rank 0 its checkpoint), or wait for it up to parallel.timeout: "
-                              "send the signal again to stop them at once");
+                              "finish their stop (", c.rank == 0 ? "no checkpoint: rank 0 writes it" : "rank 0 its checkpoint",
+                              "), or wait for it up to parallel.timeout: send the signal again to stop them at once");
             }
           }
         }
     // Each SIGINT or SIGTERM goes on to every rank, and none is killed for it: the first stops them
     // after their step, rank 0 writing the checkpoint (as long as that takes: a scheduler's warning
     // before it kills a job is the time it gives); a second stops them at once.
-    for (const std::sig_atomic_t received = signals_received; forwarded < received; ++forwarded)
-      passed_on = signal_all(children, interrupted) > 0 || passed_on;  // (two in one pass: both go on)
+    // A third: ranks still running after the second handle no signal (stopped, held by a debugger,
+    // in an uninterruptible wait; the launcher waited for ever): killed.
+    for (const std::sig_atomic_t received = signals_received; forwarded < received; ++forwarded) {
+      if (forwarded < 2) {
+        passed_on = signal_all(children, interrupted) > 0 || passed_on;  // (two in one pass: both go on)
+      } else if (std::any_of(children.begin(), children.end(), [](const Child& c) { return c.running; })) {
+        core::log::warn("launch: a third ", core::signal_name(interrupted), ": the ranks still running are killed (SIGKILL)");
+        for (auto& c : children) c.killed_by_launcher = c.running;
+        signal_all(children, SIGKILL);
+      }
+    }
     bool any = false;
     for (const auto& c : children) any = any || c.running;
     if (!any) break;

@@ -359,7 +359,7 @@ try:
     _, err = p.communicate(timeout=120)
     assert p.returncode != 0 and "launch: rank 1 was killed by signal 11" in err, err[-2000:]
     # the rank's crash line, not the last of the stack after it ("loom(+0x87f71)[0x5556...]")
-    assert re.search(r"Its error: \S*loom: crashed with SIGSEGV", err), err[-2000:]
+    assert re.search(r"Its error: \S*loom: killed by SIGSEGV, which process \d+ sent \(kill\): no fault of its own", err), err[-2000:]
     print("loom launch: rank 1 crashed -> the job stopped, the launcher named rank 1 and quoted its crash")
 
     # 5b. Ctrl-C of a launched job: passed on to every rank, which stop after the same step,
@@ -399,6 +399,25 @@ try:
     # (steps of 65536: a stop takes long enough for a second signal to land in it)
     slow = [{"trainer.batch_size=32": "trainer.batch_size=65536", "data.train_size=2048": "data.train_size=262144"}.get(a, a)
             for a in long[:-1]]
+    # A rank that handles no signal (stopped: a debugger, an uninterruptible wait): the launcher
+    # waited for ever, whatever it was sent. A third signal kills what still runs.
+    p = subprocess.Popen([exe, "launch", "--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=frozen_rank"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_training("frozen_rank", p, "the launched job")
+    frozen = launched_rank(p, 1)
+    os.kill(frozen, signal.SIGSTOP)
+    for _ in range(3):
+        p.send_signal(signal.SIGINT)
+        time.sleep(1)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.kill(frozen, signal.SIGCONT)
+        p.kill()
+        raise SystemExit("a rank stopped with SIGSTOP: the launcher still waited 60 s after a third SIGINT")
+    assert p.returncode == 130 and "launch: a third SIGINT: the ranks still running are killed (SIGKILL)" in err, \
+        (p.returncode, err[-2000:])
+    print("a rank that handles no signal (SIGSTOP): a third SIGINT kills it, the launcher exits 130")
     # `timeout -s INT` signals the launcher, then its process group, the launcher again, a moment
     # apart: one stop (passed on twice, the second copy stopped the ranks at once, no checkpoint,
     # and the launcher still exited 130).
