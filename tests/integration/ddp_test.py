@@ -703,13 +703,23 @@ try:
         print(f"MASTER_ADDR that does not resolve: said after {time.time() - started:.1f} s")
 
     # 10. Rank 1 of 2 whose rank 0 never comes: one error line, not c10d's C++ stack of each try
-    # (about 50 lines of "frame #N: ... libtorch_cpu.so" before Loom's own error).
+    # (about 50 lines of "frame #N: ... libtorch_cpu.so" before Loom's own error); and what it
+    # waits for said after 10 s (a node never started waited parallel.timeout, 30 min, in silence).
     env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     r = subprocess.run([exe, "train", *BASE, *DDP, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=alone",
-                        "--set", "parallel.timeout=2"], capture_output=True, text=True, timeout=120, env=env)
+                        "--set", "parallel.timeout=11"], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 1 and "ddp: rank 1 of 2 could not meet the others at 127.0.0.1:" in r.stderr \
         and "frame #" not in r.stderr and "[c10d]" not in r.stderr, r.stderr[-3000:]
-    print("a rank whose rank 0 never comes: one error, no C++ stack")
+    assert re.search(r"ddp: rank 1 still waits to reach rank 0 at 127\.0\.0\.1:\d+, up to 11 s \(parallel\.timeout\): is rank 0 "
+                     r"started, and is that its address and port\? \(10 s so far\)", r.stderr), r.stderr[-3000:]
+    print("a rank whose rank 0 never comes: what it waits for said at 10 s, then one error, no C++ stack")
+    # ... and rank 0 whose other ranks never come.
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    r = subprocess.run([exe, "train", *BASE, *DDP, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=alone0",
+                        "--set", "parallel.timeout=11"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 1 and "ddp: rank 0 waits for the other ranks: 0 of 1 arrived in 10 s (up to 11 s" in r.stderr \
+        and "ddp: rank 0 of 2: 0 of the 1 other ranks arrived within 11 s" in r.stderr, r.stderr[-3000:]
+    print("rank 0 whose other ranks never come: how many arrived said at 10 s, then the error")
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("ddp test passed")

@@ -23,6 +23,9 @@
 #endif
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -49,6 +52,38 @@ class QuietC10dLog {
 
  private:
   int before_;
+};
+
+/// Says, after 10 s and then every minute, what a rank still waits for: a node never started, or
+/// an address that reaches no rank 0, waited parallel.timeout (30 minutes by default) in silence.
+class WaitNotice {
+ public:
+  explicit WaitNotice(std::string what) : what_(std::move(what)), thread_([this] { watch(); }) {}
+  ~WaitNotice() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  WaitNotice(const WaitNotice&) = delete;
+  WaitNotice& operator=(const WaitNotice&) = delete;
+
+ private:
+  void watch() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    int64_t waited = 0;
+    for (int64_t next = 10; !wake_.wait_for(lock, std::chrono::seconds(next), [&] { return done_; }); next = 60) {
+      waited += next;
+      loom::sdk::log::warn(what_, " (", waited, " s so far)");
+    }
+  }
+  std::string what_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;  // (last: it starts once the rest is made)
 };
 
 bool is_loopback(const std::string& address) {
@@ -205,8 +240,14 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     options.waitWorkers = false;
     options.timeout = timeout_;
     c10::intrusive_ptr<c10d::Store> store;
+    // (quiet up to the process group: a failed read of the store logged c10d's whole C++ stack
+    // before the rank's own one-line error)
+    std::optional<QuietC10dLog> quiet;
+    quiet.emplace();
+    const std::string where = env_.master_addr + ":" + std::to_string(env_.port);
     try {
-      const QuietC10dLog quiet;
+      const WaitNotice notice("ddp: rank " + std::to_string(env_.rank) + " still waits to reach rank 0 at " + where +
+                              ", up to " + seconds() + ": is rank 0 started, and is that its address and port?");
       store = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, options);
     } catch (const std::exception& e) {
       const std::string why = first_line(e.what());
@@ -227,6 +268,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     // re-rendezvous that does not count as a restart: keys of the round before would be read)
     if (!env_.agent_store) agree_on_world();
     agree_on_backend();
+    quiet.reset();
     if (nccl_) {
       claim_gpu();
       return join_nccl();
@@ -267,7 +309,11 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     const std::string fix = ": start every node with the same --nnodes and --nproc-per-node and a --node-rank of its own";
     const auto bytes = [](const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); };
     if (env_.rank != 0) {
-      const std::string theirs = text_of_rank_0(world_key, "reading rank 0's world size");
+      const std::string theirs = [&] {
+        const WaitNotice notice("ddp: rank " + std::to_string(env_.rank) + " still waits for rank 0's answer, up to " +
+                                seconds() + " (is rank 0 this job's? another job's at that port answers nothing)");
+        return text_of_rank_0(world_key, "reading rank 0's world size");
+      }();
       std::string why;
       if (theirs != std::to_string(env_.world_size))
         why = "rank " + std::to_string(env_.rank) + " was started as one of " + std::to_string(env_.world_size) +
@@ -286,7 +332,8 @@ class Ddp final : public loom::sdk::ParallelStrategy {
       return;
     }
     store_->set(world_key, bytes(std::to_string(env_.world_size)));
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const auto start = std::chrono::steady_clock::now(), deadline = start + timeout_;
+    auto notice = start + std::chrono::seconds(10);  // (then every minute: the wait was silent)
     for (int64_t agreed = 0;;) {
       if (store_->check({refused_key})) {
         const std::vector<uint8_t> why = store_->get(refused_key);
@@ -298,6 +345,12 @@ class Ddp final : public loom::sdk::ParallelStrategy {
         throw Error("ddp: rank 0 of " + std::to_string(env_.world_size) + ": " + std::to_string(agreed) + " of the " +
                     std::to_string(env_.world_size - 1) + " other ranks arrived within " + seconds() +
                     " (were all started, with the same --nnodes and --nproc-per-node?)");
+      if (const auto now = std::chrono::steady_clock::now(); now > notice) {
+        notice = now + std::chrono::seconds(60);
+        loom::sdk::log::warn("ddp: rank 0 waits for the other ranks: ", agreed, " of ", env_.world_size - 1, " arrived in ",
+                             std::chrono::duration_cast<std::chrono::seconds>(now - start).count(), " s (up to ",
+                             seconds(), "); are they all started, with this rank 0's address and port?");
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
