@@ -68,9 +68,14 @@ void Trainer::flush_window() {
   window_.terms += std::llround(v[1]);
   size_t i = 2;
   for (const auto& name : window_.device_metrics) window_.metrics[name] += v[i++];
-  const int64_t skipped = std::llround(v[i]);
+  const int64_t skipped = std::llround(v[i]), negative = std::llround(v[i + 1]);
   window_.device_sums = at::Tensor();
   window_.device_steps = 0;
+  if (negative > 0)
+    throw Error("model '" + model_name_ + "' counted fewer than 0 (or NaN) terms, of its loss or a metric, in " +
+                (n == 1 ? "step " + std::to_string(step_)
+                        : std::to_string(negative) + " of the steps " + std::to_string(step_ - n + 1) + " ... " + std::to_string(step_)) +
+                ": a count is how many terms its sum adds up (ModelOutput::count, MetricValue::count), 0 or more");
   // (a window partly skipped: which of its steps were is not known here, so the steps skipped in
   // a row count from 0 again; trainer.stop_after_skipped may stop a window later than it could)
   skipped_in_a_row_ = skipped == n ? skipped_in_a_row_ + n : 0;

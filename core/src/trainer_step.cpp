@@ -321,8 +321,11 @@ void Trainer::add_unread(const at::Tensor& packed, const MetricSums& metric_sums
   const at::Tensor count = packed.narrow(0, 1, 1);
   const at::Tensor pairs = packed.narrow(0, 2, 2 * m).view({m, 2});
   const at::Tensor found = packed.narrow(0, 3 + 2 * m, 1);  // after the norm
-  const at::Tensor values =
-      at::cat({packed.narrow(0, 0, 1) / count.clamp_min(1), count, pairs.select(1, 0) / pairs.select(1, 1), found});
+  // (and whether a count was below 0 or NaN: one step's -7 among others' 32 hid in the window's sum)
+  const at::Tensor counts = at::cat({count, pairs.select(1, 1)});
+  const at::Tensor negative = (counts >= 0).logical_not().any().to(at::kFloat).reshape({1});
+  const at::Tensor values = at::cat(
+      {packed.narrow(0, 0, 1) / count.clamp_min(1), count, pairs.select(1, 0) / pairs.select(1, 1), found, negative});
   if (window_.device_sums.defined()) {
     window_.device_sums.add_(values);
   } else {

@@ -31,6 +31,7 @@ class MetricModel final : public loom::sdk::Model {
       loom::sdk::option_bool("zero_count", "false", "a training count of 0: the loss averages over nothing"),
       loom::sdk::option_enum("odd_count", "none", "none|negative|undefined|negative_metric",
                              "a training count of -7, none, or an evaluation metric count of -5 (broken models)"),
+      loom::sdk::option_int("odd_count_at", "0", "the n-th training forward alone has the odd training count (0: every one)"),
       loom::sdk::option_int("nan_weights_at", "0", "the n-th training forward (0: none) first fills the weight with NaN, "
                                                    "as an optimizer that writes NaN would"),
       loom::sdk::option_int("reshape_weights_at", "0", "the n-th training forward (0: none) first makes the weight of "
@@ -43,7 +44,7 @@ class MetricModel final : public loom::sdk::Model {
         nan_training_loss_(o.get_bool("nan_training_loss")), nan_weights_at_(o.get_int("nan_weights_at")),
         nan_loss_from_(o.get_int("nan_training_loss_from")),
         reshape_weights_at_(o.get_int("reshape_weights_at")), zero_count_(o.get_bool("zero_count")),
-        odd_count_(o.get_string("odd_count")) {}
+        odd_count_(o.get_string("odd_count")), odd_count_at_(o.get_int("odd_count_at")) {}
 
   void setup(const loom::sdk::DataSpec& data) override {
     int64_t features = 1;
@@ -74,8 +75,9 @@ class MetricModel final : public loom::sdk::Model {
     const at::Tensor predicted = at::argmax(logits, 1);
     const auto f = logits.options();
     const double n = static_cast<double>(target.size(0));
-    const at::Tensor count = odd_count_ == "undefined" && train  ? at::Tensor()
-                             : odd_count_ == "negative" && train ? at::scalar_tensor(-7.0, f)
+    const bool odd = train && (odd_count_at_ == 0 || training_calls_ == odd_count_at_);
+    const at::Tensor count = odd_count_ == "undefined" && odd  ? at::Tensor()
+                             : odd_count_ == "negative" && odd ? at::scalar_tensor(-7.0, f)
                                                                  : at::scalar_tensor(zero_count_ && train ? 0.0 : n, f);
     const at::Tensor correct_count = odd_count_ == "negative_metric" && !train ? at::scalar_tensor(-5.0, f) : at::Tensor();
     return {loss_sum,
@@ -99,6 +101,7 @@ class MetricModel final : public loom::sdk::Model {
   int64_t nan_weights_at_, nan_loss_from_, reshape_weights_at_, training_calls_ = 0;
   bool zero_count_;
   std::string odd_count_;
+  int64_t odd_count_at_;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};

@@ -519,6 +519,13 @@ TEST_F(TrainerTest, AModelsCountBelowZeroOrUndefinedIsAnErrorNamingTheModel) {
   Config negative = metric_run(dir_, "negative_count");
   negative.set_assignment("model.odd_count=negative");
   EXPECT_CONTAINS(training_error(negative), "model 'metric_model' counted fewer than 0 (or NaN) loss terms in step ");
+  // One step's -7 among others' 32, its values not read (between log steps): it hid in the
+  // window's sum of counts, and the run trained on.
+  Config once = metric_run(dir_, "negative_count_once");
+  for (const char* a : {"model.odd_count=negative", "model.odd_count_at=2", "trainer.log_every=4", "trainer.device_step=true"})
+    once.set_assignment(a);
+  EXPECT_CONTAINS(training_error(once), "model 'metric_model' counted fewer than 0 (or NaN) terms, of its loss or a metric, in "
+                                        "1 of the steps 1 ... 3: a count is how many terms its sum adds up");
   Config metric = metric_run(dir_, "negative_metric_count");
   metric.set_assignment("model.odd_count=negative_metric");
   EXPECT_CONTAINS(training_error(metric), "model 'metric_model' counted fewer than 0 (or NaN) 'correct' terms in an evaluation");
