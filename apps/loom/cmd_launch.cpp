@@ -586,8 +586,8 @@ int cmd_launch(const Invocation& invocation) {
     // Each SIGINT or SIGTERM goes on to every rank, and none is killed for it: the first stops them
     // after their step, rank 0 writing the checkpoint (as long as that takes: a scheduler's warning
     // before it kills a job is the time it gives); a second stops them at once.
-    // A third: ranks still running after the second handle no signal (stopped, held by a debugger,
-    // in an uninterruptible wait; the launcher waited for ever): killed.
+    // A third: ranks still running after the second handle no signal (stopped, or held by a
+    // debugger; the launcher waited for ever): killed.
     for (const std::sig_atomic_t received = signals_received; forwarded < received; ++forwarded) {
       if (forwarded < 2) {
         passed_on = signal_all(children, interrupted) > 0 || passed_on;  // (two in one pass: both go on)

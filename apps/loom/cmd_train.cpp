@@ -38,20 +38,6 @@ std::string eval_line(const core::Trainer& trainer, const core::EvalResult& e) {
          (e.split == sdk::Split::kValidation ? " validation samples" : " test samples");
 }
 
-/// `word` as one word of a POSIX shell's command line.
-std::string shell_word(const std::string& word) {
-  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                                              "_-./=:,+@%") == std::string::npos)
-    return word;
-  std::string out(1, '\'');
-  for (const char c : word) {
-    if (c == '\'') out.append("'\\''");  // close, an escaped quote, open again
-    else out.push_back(c);
-  }
-  out.push_back('\'');
-  return out;
-}
-
 /// The command that continues run `name`: the user's own arguments (its configuration and
 /// files), less the ones that chose the run or where it started (--resume, --resume-from,
 /// trainer.name, trainer.resume, trainer.resume_from), with --resume auto and the name.
@@ -70,11 +56,11 @@ std::string continue_command(const Invocation& invocation, const core::Trainer& 
     if (a[i].rfind("--resume=", 0) == 0 || a[i].rfind("--resume-from=", 0) == 0 ||
         (a[i].rfind("--set=", 0) == 0 && sets_run(a[i].substr(6))))
       continue;
-    out.append(" ").append(shell_word(a[i]));  // (appending: GCC 12's -Wrestrict misreads " " + string&&)
+    out.append(" ").append(core::shell_word(a[i]));  // (appending: GCC 12's -Wrestrict misreads " " + string&&)
   }
   // A resume_from of a -c file would start the run again from there: cleared.
   if (!trainer.options().resume_from.empty()) out.append(" --set trainer.resume_from=");
-  return out.append(" --resume auto --set trainer.name=").append(shell_word(name));
+  return out.append(" --resume auto --set trainer.name=").append(core::shell_word(name));
 }
 
 /// How to continue run `name`: the command, or under a launcher the launch to repeat.
@@ -89,7 +75,7 @@ std::string continue_hint(const Invocation& invocation, const core::Trainer& tra
   }();
   if (environment && environment->world_size > 1)
     return "the same launch (any number of ranks that divides the global batch) with --resume auto --set trainer.name=" +
-           shell_word(name);
+           core::shell_word(name);
   return continue_command(invocation, trainer, name);
 }
 

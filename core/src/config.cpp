@@ -358,15 +358,8 @@ void Config::set(const std::string& key, const std::string& value, Origin origin
   if (constexpr size_t kMaxKey = 256; key.size() > kMaxKey)  // (a 120 KB --set key was echoed whole)
     throw Error(origin.describe() + ": a key of " + std::to_string(key.size()) + " characters (" + key.substr(0, 40) +
                 "...); keys are at most " + std::to_string(kMaxKey));
-  // config.json records every value, in UTF-8: a work_dir named in Latin-1 failed as a json error.
-  for (const std::string* text : {&key, &value})
-    if (const auto at = invalid_utf8(*text)) {
-      char code[8];  // NOLINT (one byte's code)
-      std::snprintf(code, sizeof code, "0x%02X", static_cast<unsigned char>((*text)[*at]));
-      throw Error(origin.describe() + ": " + (text == &key ? "a key" : printable(key, 256)) + " is not UTF-8 text (byte " +
-                  code + " at position " + std::to_string(*at + 1) + "): a run records its configuration as UTF-8 " +
-                  "(config.json); give the path or name in UTF-8 (rename a folder named in another encoding)");
-    }
+  if (invalid_utf8(key))  // (a value need not be, but where a run records it: check_record_values)
+    throw Error(origin.describe() + ": a key that is not UTF-8 text; keys are words of letters, digits and _ joined by dots");
   values_[key] = ConfigValue{value, std::move(origin)};
   order_[key] = ++sets_;
 }

@@ -3,6 +3,7 @@
 #include "config_text.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/core/text.hpp>
 #include <loom/sdk/options.hpp>
 
 #include <algorithm>
@@ -36,9 +37,10 @@ void check_config_text(const std::string& text, const std::string& shown) {
                 "reads as one line; convert it: tr '\\r' '\\n' < FILE > FILE.new");
   // (a run's config.json given to -c was "config.json:1: not a `key = value` ... line")
   if (const auto first = text.find_first_not_of(" \t\r\n"); first != std::string::npos && text[first] == '{') {
-    const std::filesystem::path run = std::filesystem::path(shown).parent_path();
-    const std::string which = " --set trainer.work_dir=" + (run.has_parent_path() ? run.parent_path().string() : ".") +
-                              " --set trainer.name=" + run.filename().string();
+    // (`shown` is relative to this folder: config.json from inside its run folder was name "")
+    const std::filesystem::path run = std::filesystem::absolute(shown).lexically_normal().parent_path();
+    const std::string which = " --set " + shell_word("trainer.work_dir=" + run.parent_path().string()) + " --set " +
+                              shell_word("trainer.name=" + run.filename().string());
     throw Error("config file " + shown + " is JSON, not INI" +
                 (text.find("\"origin\"") != std::string::npos
                      ? ": a run's record of its configuration. Continue that run with: loom train --resume auto" + which +

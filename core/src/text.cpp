@@ -136,6 +136,20 @@ bool same_value(const std::string& a, const std::string& b) {
   return sdk::parse_list(a) == sdk::parse_list(b);
 }
 
+/// `word` as one word of a POSIX shell's command line.
+std::string shell_word(const std::string& word) {
+  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                                              "_-./=:,+@%") == std::string::npos)
+    return word;
+  std::string out(1, '\'');
+  for (const char c : word) {
+    if (c == '\'') out.append("'\\''");  // close, an escaped quote, open again
+    else out.push_back(c);
+  }
+  out.push_back('\'');
+  return out;
+}
+
 }  // namespace loom::core
 
 namespace loom {

@@ -131,6 +131,7 @@ std::map<std::string, std::string> Trainer::section(const std::string& name) con
 }
 
 void Trainer::setup() {
+  check_record_values(config_);
   in_phase("set-up", [&] {
     const PluginsSeeStops plugins_see_stops;  // (their long work, a catalogue's encoding, ends on a stop)
     build_components(/*with_optimizer=*/true);

@@ -5,6 +5,7 @@
 #include <loom/core/config.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/stop_signals.hpp>
+#include <loom/core/text.hpp>
 
 #include <loom/sdk/compat.hpp>
 #include <loom/sdk/memory_policy.hpp>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <limits>
@@ -160,6 +162,20 @@ inline at::Tensor scaled_for_backward(sdk::PrecisionStrategy& precision, const s
                                "; it returns the loss times its scale, a tensor of one element");
     return scaled;
   });
+}
+
+/// Every value a run records in its config.json (JSON: UTF-8 only) is UTF-8, or one error names
+/// it, before anything is loaded or made: a work_dir in a folder named in Latin-1 failed as
+/// "opening the run folder: [json.exception.type_error.316] ...". (`loom eval` records nothing.)
+inline void check_record_values(const Resolved& config) {
+  for (const auto& [key, value] : config)
+    if (const auto at = invalid_utf8(value.value)) {
+      char code[8];  // NOLINT (one byte's code)
+      std::snprintf(code, sizeof code, "0x%02X", static_cast<unsigned char>(value.value[*at]));
+      throw Error(value.origin.describe() + ": " + key + " is not UTF-8 text (byte " + code + " at position " +
+                  std::to_string(*at + 1) + "): a run records its configuration in its config.json, as UTF-8; give " +
+                  "the path or name in UTF-8 (rename a folder named in another encoding)");
+    }
 }
 
 /// How many steps in a row the precision's dynamic loss scale may overflow while it comes down to

@@ -68,7 +68,7 @@ void Trainer::flush_window() {
   window_.terms += std::llround(v[1]);
   size_t i = 2;
   for (const auto& name : window_.device_metrics) window_.metrics[name] += v[i++];
-  const int64_t skipped = std::llround(v[i]), negative = std::llround(v[i + 1]);
+  const int64_t skipped = std::llround(v[i]), negative = std::llround(v[i + 1]), trailing = std::llround(v[i + 2]);
   window_.device_sums = at::Tensor();
   window_.device_steps = 0;
   if (negative > 0)
@@ -76,9 +76,7 @@ void Trainer::flush_window() {
                 (n == 1 ? "step " + std::to_string(step_)
                         : std::to_string(negative) + " of the steps " + std::to_string(step_ - n + 1) + " ... " + std::to_string(step_)) +
                 ": a count is how many terms its sum adds up (ModelOutput::count, MetricValue::count), 0 or more");
-  // (a window partly skipped: which of its steps were is not known here, so the steps skipped in
-  // a row count from 0 again; trainer.stop_after_skipped may stop a window later than it could)
-  skipped_in_a_row_ = skipped == n ? skipped_in_a_row_ + n : 0;
+  skipped_in_a_row_ = skipped == n ? skipped_in_a_row_ + n : trailing;  // (those at its end, counted on the device)
   if (skipped > 0) {
     skipped_steps_ += skipped;
     if (n == 1)
@@ -93,7 +91,10 @@ void Trainer::flush_window() {
 void Trainer::stop_if_skipping() const {
   const int64_t limit = options_.stop_after_skipped;
   if (limit == 0 || skipped_in_a_row_ < limit) return;
-  // (the first of them as far as read: on the device, a log window partly skipped is not counted)
+  // (not while fp16_amp's dynamic loss scale still comes down: from init_scale 1e30 by x0.75 that
+  // takes 160 steps, every one skipped; read to the host only here, past the limit)
+  if (loss_scale_descent(*precision_) > 0) return;
+  // (exact where the skips are known: each read, of a step or of a window of them)
   throw Error("steps " + std::to_string(step_ - skipped_in_a_row_ + 1) + " ... " + std::to_string(step_) + " (" +
               std::to_string(skipped_in_a_row_) + " in a row) had non-finite gradients, so none of them updated the " +
               "weights: the run stops rather than train on without learning (trainer.stop_after_skipped = " +

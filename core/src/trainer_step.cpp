@@ -204,7 +204,10 @@ void Trainer::ensure_rate_table() {
   if (lr_table_.defined() && lr_table_.size(0) == total_steps_ + 1) return;
   std::vector<double> rates(static_cast<size_t>(total_steps_ + 1));
   const int64_t taken = step_ - skipped_steps_;  // exact when first made: nothing is unread yet
-  for (int64_t k = 0; k <= total_steps_; ++k) rates[static_cast<size_t>(k)] = rate_after(k);
+  // (the last entry, after every update, is never looked up: the schedule is asked only of the
+  // updates it documents, 0 ... total - 1; a plugin's check of step < total failed here)
+  for (int64_t k = 0; k <= total_steps_; ++k)
+    rates[static_cast<size_t>(k)] = rate_after(std::clamp<int64_t>(k, 0, std::max<int64_t>(0, total_steps_ - 1)));
   // float on CUDA (the fused kernels' type there), double on CPU
   const auto dtype = device_.is_cpu() ? at::kDouble : at::kFloat;
   at::Tensor table = at::from_blob(rates.data(), {total_steps_ + 1}, at::TensorOptions().dtype(at::kDouble))
@@ -324,10 +327,13 @@ void Trainer::add_unread(const at::Tensor& packed, const MetricSums& metric_sums
   // (and whether a count was below 0 or NaN: one step's -7 among others' 32 hid in the window's sum)
   const at::Tensor counts = at::cat({count, pairs.select(1, 1)});
   const at::Tensor negative = (counts >= 0).logical_not().any().to(at::kFloat).reshape({1});
+  // (last: the window's steps skipped at its end, (t + 1) x found: trainer.stop_after_skipped)
   const at::Tensor values = at::cat(
-      {packed.narrow(0, 0, 1) / count.clamp_min(1), count, pairs.select(1, 0) / pairs.select(1, 1), found, negative});
+      {packed.narrow(0, 0, 1) / count.clamp_min(1), count, pairs.select(1, 0) / pairs.select(1, 1), found, negative, found});
   if (window_.device_sums.defined()) {
-    window_.device_sums.add_(values);
+    const int64_t sums = values.size(0) - 1;
+    window_.device_sums.narrow(0, 0, sums).add_(values.narrow(0, 0, sums));
+    window_.device_sums.narrow(0, sums, 1).add_(1).mul_(found);
   } else {
     window_.device_sums = values.clone();
     window_.device_metrics.clear();
@@ -445,6 +451,7 @@ bool Trainer::graphed_step(StepResult& result, bool read) {
 
 StepResult Trainer::train_step(bool read_values) {
   LOOM_PHASE("step");
+  stop_if_skipping();  // (skips a checkpoint's read counted: said before another step, whose skip is not known)
   committed_ = ranks_agreed_ = false;
   if (parallel_->world_size() > 1) seed_rank();  // (ranks > 0: this step's own draws)
   // The device path keeps a table of the schedule's rate per taken update (Note [The step on the
@@ -500,7 +507,7 @@ StepResult Trainer::train_step(bool read_values) {
     throw Error("every step since resuming from " + resumed_from_.string() + " (" + std::to_string(step_ - resumed_at_) +
                 " steps) had non-finite gradients: the checkpoint is probably damaged. Stopping before a checkpoint "
                 "of this state replaces the good ones; resume from an earlier checkpoint with --resume-from");
-  stop_if_skipping();  // (trainer.stop_after_skipped)
+  if (read || !step_on_device_) stop_if_skipping();  // (trainer.stop_after_skipped; an unread step's skip is not known)
   result.step = step_;
   result.samples = plan_.global();
   return result;

@@ -207,7 +207,7 @@ try:
     os.makedirs(tmp)
     trace = os.path.join(work, "stopped.json")
     for name, args in (("bench", ["bench", "configs", a, "--steps", "100000"]),
-                       ("profile", ["profile", "--steps", "100000", "--warmup", "1", "--trace", trace])):
+                       ("profile", ["profile", "--steps", "1000", "--warmup", "100000", "--trace", trace])):
         p = subprocess.Popen([exe, *args, *RUN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=dict(os.environ, TMPDIR=tmp))
         deadline = time.time() + 120

@@ -16,9 +16,13 @@
 #include <unistd.h>
 #include <vector>
 
-/// `haystack` (a string) contains `needle`; the message shows the whole haystack.
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+/// `haystack` (a string) contains `needle`; the message shows the whole haystack. (Evaluated
+/// once: a haystack that trains a run would train it again for the message, into a taken folder.)
+#define EXPECT_CONTAINS(haystack, needle)                                                  \
+  do {                                                                                     \
+    const std::string loom_haystack_(haystack);                                            \
+    EXPECT_NE(loom_haystack_.find(needle), std::string::npos) << "in: " << loom_haystack_; \
+  } while (false)
 
 namespace loom::testing {
 

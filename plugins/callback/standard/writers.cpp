@@ -207,11 +207,9 @@ void Jsonl::on_run_begin(RunContext& run) {
     // Rows of later steps go (the resumed run writes them again); every other line stays: rows
     // rewritten by another tool ({"step": 4, ...} from Python's json.dumps) and lines a user
     // added were dropped with the later rows, the whole history of a file so rewritten.
-    // Bytes that are no text (the zero-filled tail a crash leaves on ext4) are no one's line: kept,
-    // they made the file no JSON Lines for every reader.
-    const auto junk = [](const std::string& l) {
-      return std::any_of(l.begin(), l.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\r'; });
-    };
+    // NUL bytes (the zero-filled tail a crash leaves on ext4) are no one's line: kept, they made
+    // the file no JSON Lines for every reader. (Other control bytes may be a user's: jq --seq's.)
+    const auto junk = [](const std::string& l) { return l.find('\0') != std::string::npos; };
     std::string line, kept;
     int64_t foreign = 0, dropped = 0;
     while (std::getline(in, line)) {
@@ -230,8 +228,8 @@ void Jsonl::on_run_begin(RunContext& run) {
     if (foreign > 0)
       sdk::log::info("metrics.jsonl: ", foreign, " line(s) that are no step's row are kept as they are");
     if (dropped > 0)
-      sdk::log::warn("metrics.jsonl: ", dropped, " line(s) of bytes that are no text (NUL or control bytes: what a crash "
-                     "leaves at a file's end) are dropped");
+      sdk::log::warn("metrics.jsonl: ", dropped, " line(s) holding NUL bytes (what a crash leaves at a file's end) are "
+                     "dropped");
     if (in.bad()) throw sdk::Error("cannot read " + path_.string() + ": an I/O error; nothing in it was changed");
     try {
       sdk::write_file_durably(path_, kept);

@@ -240,8 +240,8 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     options.waitWorkers = false;
     options.timeout = timeout_;
     c10::intrusive_ptr<c10d::Store> store;
-    // (quiet up to the process group: a failed read of the store logged c10d's whole C++ stack
-    // before the rank's own one-line error)
+    // (quiet while the store is made, and on the other ranks up to the process group: a failed read
+    // of the store logged c10d's whole C++ stack before the rank's own one-line error)
     std::optional<QuietC10dLog> quiet;
     quiet.emplace();
     const std::string where = env_.master_addr + ":" + std::to_string(env_.port);
@@ -261,6 +261,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
                   seconds() + " (" + why +
                   "). Are all ranks started, MASTER_ADDR reachable and the port free? parallel.timeout waits longer");
     }
+    if (env_.rank == 0) quiet.reset();  // (its store's server thread may have errors to say, for as long as it waits)
     if (env_.agent_store)
       store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env_.restart), store);
     store_ = store;

@@ -352,6 +352,18 @@ TEST_F(RunFolderTest, AResumeIntoACheckpointsFolderThatCannotBeWrittenIsRefusedB
   EXPECT_EQ(text(dir_ / "frozen" / "config.json"), config);
 }
 
+TEST_F(RunFolderTest, AValueThatIsNotUtf8IsRefusedBeforeAnythingIsMade) {
+  // A work_dir in a folder named in Latin-1 failed as "opening the run folder: [json.exception.
+  // type_error.316] invalid UTF-8 byte at index 4: 0x2F" (no key named; the byte shown not the bad
+  // one), and left the run folder behind with a lock and an empty checkpoints/.
+  Config c = base("latin1");
+  c.set_assignment("trainer.work_dir=" + (dir_ / "caf\xe9").string());
+  EXPECT_CONTAINS(error_of(c), "--set: trainer.work_dir is not UTF-8 text (byte 0xE9 at position " +
+                                   std::to_string(dir_.string().size() + 5) + "): a run records its configuration in its "
+                                   "config.json, as UTF-8");
+  EXPECT_FALSE(fs::exists(dir_ / "caf\xe9"));
+}
+
 TEST_F(RunFolderTest, AResumeKeepsTheMetricsRowsUpToItsCheckpointHoweverTheyAreSpacedAndLinesAUserAdded) {
   // The resume kept only lines starting with the exact bytes {"step": : a file rewritten by
   // Python's json.dumps ({"step": 1, ...}) lost its whole history, and a note a user added went too.

@@ -350,7 +350,7 @@ TEST_F(TrainerTest, TheStepOnTheDeviceUpdatesAsTheHostPathDoes) {
     Config c = base(name);
     for (const auto& kv : {"model.flavour=standard", "model.num_layers=1", "model.d_model=32", "model.num_heads=2",
                            "model.patch_size=7", "model.stem_channels=4", "model.dropout=0", "data.image_size=28",
-                           "data.num_workers=0"})
+                           "data.num_workers=0", "trainer.max_steps=12"})  // (the 12 steps below: none past the schedule's end)
       c.set_assignment(kv);
     c.set_assignment(std::string("trainer.optimizer=") + optimizer);
     if (std::string(optimizer) == "adamw") c.set_assignment("optimizer.eps=1e-6");
@@ -511,6 +511,74 @@ TEST_F(TrainerTest, AModelThatCountsNoLossTermsIsSaidOnce) {
 }
 
 using loom::testing::training_error;
+
+/// The error that training `t` ends with ("" where it trains to its end).
+std::string training_error_of(loom::core::Trainer& t) {
+  try {
+    t.train();
+  } catch (const loom::Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST_F(TrainerTest, StepsSkippedInARowStopTheRunRatherThanTrainOnWithoutLearning) {
+  // A loss that stopped being finite at step 7 of 200 skipped the 194 steps after it, and the run
+  // ended "done", exit 0 (its evaluation, of weights no update changed, was finite).
+  for (const bool device : {false, true}) {
+    const std::string name = device ? "nan_on_device" : "nan_on_host";
+    Config c = metric_run(dir_, name);
+    for (const char* a : {"trainer.max_steps=200", "trainer.log_every=4", "trainer.eval_every=100", "trainer.checkpoint_every=5",
+                          "trainer.keep_last=0", "model.nan_training_loss_from=7", "trainer.stop_after_skipped=10"})
+      c.set_assignment(a);
+    c.set_assignment(std::string("trainer.device_step=") + (device ? "true" : "false"));
+    auto t = make(c);
+    std::string error;
+    try {
+      t->train();
+    } catch (const loom::Error& e) {
+      error = e.what();
+    }
+    EXPECT_CONTAINS(error, " in a row) had non-finite gradients, so none of them updated the weights: the run stops rather "
+                           "than train on without learning (trainer.stop_after_skipped = 10; 0 never stops)");
+    EXPECT_EQ(loom::core::CheckpointStore::list_run(dir_ / name).size(), 3u) << "the checkpoints of steps 5, 10, 15 stay";
+    // (on the device, the steps between log steps are read a window at a time, each window with how
+    // many of its last steps were skipped: the stop is exact where the skips are read, at step 16 here)
+    EXPECT_CONTAINS(error, "steps 7 ... 16 (10 in a row)");
+    EXPECT_EQ(t->step(), 16);
+  }
+  // fp16_amp's dynamic loss scale coming down from far up skips every step of its descent: no stop
+  // while it does (from init_scale 1e30 by x0.75, 160 skipped steps stopped a sound run at 100).
+  Config scaled = metric_run(dir_, "nan_fp16");
+  for (const char* a : {"trainer.max_steps=200", "trainer.log_every=4", "trainer.eval_every=100", "precision.name=fp16_amp",
+                        "precision.init_scale=1e6", "model.nan_training_loss_from=7", "trainer.stop_after_skipped=10"})
+    scaled.set_assignment(a);
+  auto descending = make(scaled);
+  EXPECT_CONTAINS(training_error_of(*descending), " in a row) had non-finite gradients");
+  EXPECT_GT(descending->step(), 16) << "stopped while the loss scale came down from 1e6 (20 halvings)";
+  EXPECT_LT(descending->step(), 7 + 40);
+  // 0: the run trains to its end, every step since the 7th skipped.
+  Config never = metric_run(dir_, "nan_never");
+  for (const char* a : {"trainer.max_steps=30", "model.nan_training_loss_from=7", "trainer.stop_after_skipped=0"})
+    never.set_assignment(a);
+  auto t = make(never);
+  EXPECT_NO_THROW(t->train());
+  EXPECT_EQ(t->step(), 30);
+  EXPECT_EQ(t->skipped_steps(), 24);
+}
+
+TEST_F(TrainerTest, TheScheduleIsAskedOnlyOfTheUpdatesItDocuments) {
+  // Schedule::factor(step, total) is asked of step 0 ... total - 1; the step on the device's table
+  // of rates asked factor(total, total) too, and a schedule that checks its step failed the run.
+  for (const bool device : {true, false}) {
+    Config c = metric_run(dir_, device ? "strict_device" : "strict_host");
+    c.set_assignment("trainer.schedule=strict");
+    c.set_assignment(std::string("trainer.device_step=") + (device ? "true" : "false"));
+    auto t = make(c);
+    EXPECT_NO_THROW(t->train()) << device;
+    EXPECT_EQ(t->step(), 8) << device;
+  }
+}
 
 TEST_F(TrainerTest, AModelsCountBelowZeroOrUndefinedIsAnErrorNamingTheModel) {
   // A count of -7 divided the loss by 1 (its floor) and logged -8061 loss terms per second; a

@@ -27,6 +27,9 @@ std::optional<size_t> invalid_utf8(std::string_view text);
 /// third of the word's letters differ, or one is a prefix of the other).
 std::optional<std::string> closest(const std::string& word, const std::vector<std::string>& candidates);
 
+/// `word` as one word of a POSIX shell's command line (quoted where it needs to be).
+std::string shell_word(const std::string& word);
+
 /// "1.5 GiB", "512.0 MiB", "12 B".
 std::string format_bytes(int64_t bytes);
 
