@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -67,12 +68,16 @@ class FashionMnist final : public loom::sdk::TensorDataset {
                                                            : " is " + (what.empty() ? std::string("a file") : what) +
                                                                  ", not a folder") +
                              "; set data.path to the folder with the four IDX files");
+    std::vector<fs::path> found;
     for (const char* suffix : {".gz", ""}) {
       const fs::path p = folder_ / (stem + suffix);
       // Something of that name that is not a file is named as what it is, not taken for a missing
       // file (nor passed over for the other name): a FIFO, a folder, a device, a broken link.
       const std::string what = loom::sdk::what_is_at(p);
-      if (what.empty()) return p;
+      if (what.empty()) {
+        found.push_back(p);
+        continue;
+      }
       if (what != "no such file") {
         const bool unreadable = what.rfind("cannot", 0) == 0;
         throw loom::sdk::Error("fashion_mnist: " + p.string() +
@@ -80,6 +85,18 @@ class FashionMnist final : public loom::sdk::TensorDataset {
                                "; put the file there, or set data.path to a folder with the four IDX files");
       }
     }
+    // Both X.gz and X: the newer is read, said (the .gz always won: a plain file written over to
+    // fix it was never read, and a stale .gz trained in silence).
+    if (found.size() == 2) {
+      std::error_code ec;
+      const bool plain_newer = fs::last_write_time(found[1], ec) > fs::last_write_time(found[0], ec);
+      const fs::path& read = found[plain_newer ? 1 : 0];
+      loom::sdk::log::warn("fashion_mnist: both ", found[0].filename().string(), " and ", found[1].filename().string(),
+                           " are in ", folder_.string(), "; reading the newer, ", read.filename().string(),
+                           " (remove the other)");
+      return read;
+    }
+    if (found.size() == 1) return found[0];
     throw loom::sdk::Error("fashion_mnist: " + (folder_ / stem).string() + "[.gz] not found; install Debian's "
                            "dataset-fashion-mnist package (scripts/setup.sh does) or set data.path to a "
                            "folder with the four IDX files");

@@ -34,7 +34,7 @@ struct GzFile {
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
-      throw loom::sdk::Error("cannot read " + path.string() + ": not a regular file; point data_dir at the Fashion-MNIST files");
+      throw loom::sdk::Error("cannot read " + path.string() + ": not a regular file; point data.path at the Fashion-MNIST files");
     }
     handle = gzdopen(fd, "rb");
     if (handle == nullptr) {
@@ -66,8 +66,18 @@ struct GzFile {
         throw loom::sdk::Error(path.string() + " is corrupt: " + message +
                                "; reinstall dataset-fashion-mnist or download the file again");
       }
-      if (got == 0) break;
+      if (got == 0) {
+        // (zlib's end of a stream cut short, in its data or its trailer of checksum and size, is a
+        // soft error, Z_BUF_ERROR, beside a read of 0: the file was taken, its checksum unchecked)
+        int code = Z_OK;
+        (void)gzerror(handle, &code);
+        if (code == Z_BUF_ERROR)
+          throw loom::sdk::Error(path.string() + " is truncated: its gzip stream ends before its end (and its checksum); "
+                                 "reinstall dataset-fashion-mnist or download the file again");
+        break;
+      }
       done += got;
+      total += got;
     }
     return done;
   }
@@ -100,10 +110,23 @@ struct GzFile {
     if (n > 0)
       throw loom::sdk::Error(path.string() + " has unexpected bytes after its data: the file is not an IDX "
                              "file of the size its header says; download it again");
+    // zlib skips bytes after a gzip stream that are no gzip stream (gzip -t: "trailing garbage
+    // ignored"): the file's last 4 bytes are then not the trailer's size of what was read.
+    if (plain()) return;
+    unsigned char tail[4] = {};
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    const off_t size = fd >= 0 ? ::lseek(fd, 0, SEEK_END) : -1;
+    const bool got = size >= 4 && ::pread(fd, tail, 4, size - 4) == 4;
+    if (fd >= 0) ::close(fd);
+    const uint32_t isize = uint32_t{tail[0]} | (uint32_t{tail[1]} << 8) | (uint32_t{tail[2]} << 16) | (uint32_t{tail[3]} << 24);
+    if (got && isize != static_cast<uint32_t>(total))
+      throw loom::sdk::Error(path.string() + " has bytes after its gzip stream (its last 4 bytes are not the size of "
+                             "the data it holds): the file was written over or appended to; download it again");
   }
 
   fs::path path;
   gzFile handle = nullptr;
+  int64_t total = 0;  ///< bytes read, uncompressed
 };
 
 /// "X is not an IDX image file: magic number M, expected E" with what the file is instead.
