@@ -139,6 +139,17 @@ std::string Trainer::config_key() const {
   const std::string optimizer = "optimizer." + options_.optimizer + ".";
   for (const auto& [k, v] : config_)
     if (k.rfind(optimizer, 0) == 0) key += k.substr(optimizer.size()) + "=" + v.value + ";";
+  // What the data under data.root make of the model and its batch: a catalogue replaced in place
+  // (200 items, then 20000: another embedding) reused the answer measured for the other, which
+  // then ran out of memory at step 1.
+  int64_t parameters = 0;
+  for (const auto& p : model_->module().parameters()) parameters += p.numel();
+  key += "parameters=" + std::to_string(parameters) + ";classes=" + std::to_string(data_spec_.num_classes) + ";";
+  for (const auto& [name, field] : data_spec_.fields) {
+    key += name + "=";
+    for (const int64_t d : field.shape) key += std::to_string(d) + "x";
+    key += std::string(c10::toString(field.dtype)) + ";";
+  }
   // Replicas sharing this device (data_parallel over cpu, cpu) each hold their part's activations
   // (probe_peak): a single device's answer ran out of memory at step 1 there (a review).
   if (const auto sharing = replicas_ ? std::count(replicas_->devices().begin(), replicas_->devices().end(), device_) : 1;

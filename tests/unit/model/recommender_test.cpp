@@ -549,6 +549,28 @@ TEST_F(Gpt2RecommenderTest, AResumeRefusedAtItsFirstStepLeavesTheRunsRecordAsItW
   EXPECT_FALSE(fs::exists(dir_ / "from_renamed"));
 }
 
+TEST_F(Gpt2RecommenderTest, AutoBatchsCachedAnswerIsNotTakenForOtherDataInTheSameFolder) {
+  // MovieLens replaced in place (other users: another embedding; the configuration the same) took
+  // the micro-batch cached for the data before, which then ran out of memory at step 1.
+  const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
+  const auto config = [&](const std::string& name) {
+    auto c = movielens_config(ml, name, "2");
+    for (const std::string& a : {std::string("memory.policies=auto_batch"), "memory.cache=" + (dir_ / "cache.tsv").string(),
+                                 std::string("memory.device_memory_limit=256MiB"), std::string("trainer.batch_size=8")})
+      c.set_assignment(a);
+    return c;
+  };
+  const auto cached = [&](const std::string& name) {
+    const loom::core::log::Capture capture(LOOM_LOG_INFO);
+    make_trainer(config(name));
+    return capture.contains("[auto_batch] micro-batch 8 from the cache ");
+  };
+  EXPECT_FALSE(cached("first"));
+  EXPECT_TRUE(cached("again")) << "the same data: the cached answer is taken";
+  write_movielens({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  EXPECT_FALSE(cached("other")) << "other data: searched again";
+}
+
 TEST_F(Gpt2RecommenderTest, EvaluatingOnRatingsChangedInPlaceIsSaid) {
   // Ratings changed in place, every id the same (the model's own check compares the ids): loom
   // eval ranked what had become training items as the held-out ones, and said nothing.
