@@ -388,7 +388,8 @@ RawData read_ml100k(const fs::path& root) {
   Reader reader;
   std::vector<std::string> genres(std::begin(kMl100kGenres), std::end(kMl100kGenres));
   std::string_view line;
-  if (fs::exists(root / "u.genre")) {
+  // (symlink_status: a link to nothing is read, and named, not skipped in silence)
+  if (std::error_code ec; fs::exists(fs::symlink_status(root / "u.genre", ec))) {
     genres.clear();
     Rows rows(root / "u.genre");
     while (rows.next(line)) {
@@ -490,7 +491,7 @@ RawData read_ml_latest(const fs::path& root, size_t max_tags) {
       reader.add_item(std::move(item), rows);
     }
   }
-  if (fs::exists(root / "tags.csv") && max_tags > 0) {
+  if (std::error_code ec; fs::exists(fs::symlink_status(root / "tags.csv", ec)) && max_tags > 0) {
     Rows rows(root / "tags.csv");
     header(rows, "userId,movieId,tag,timestamp");
     while (rows.next_record(line)) {
@@ -531,8 +532,14 @@ Interactions::Interactions(const sdk::Options& o)
 void Interactions::setup() {
   const fs::path root = root_;
   std::error_code ec;
-  if (!fs::is_directory(root, ec))
-    throw sdk::Error("interactions: data.root " + root.string() + " is not a folder; point it at a MovieLens folder");
+  if (!fs::is_directory(root, ec)) {  // (a loop of links, a file, nothing: said as what it is)
+    const std::string what = sdk::what_is_at(root);
+    throw sdk::Error("interactions: data.root " + root.string() +
+                     (what.rfind("cannot", 0) == 0 ? " " + what
+                      : what == "no such file"     ? " does not exist"
+                                                   : " is " + (what.empty() ? std::string("a file") : what) + ", not a folder") +
+                     "; point it at a MovieLens folder");
+  }
   std::string format = format_;
   if (format == "auto") {
     std::vector<std::string> found;  // (a folder holding two formats is read as the first, and said)

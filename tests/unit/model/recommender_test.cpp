@@ -384,8 +384,18 @@ TEST_F(RecommenderData, SpecialFilesAndMissingFoldersAreNamedNotWaitedOn) {
   write(dir_ / "ratings.csv", "userId,movieId,rating,timestamp\n1,1,4.0,1\n");
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.csv:2: item id 1 is not in movies.csv, which holds no items"), std::string::npos) << message;
+  // An optional file that is a link to nothing: named (tags.csv and u.genre were skipped in silence).
+  write(dir_ / "movies.csv", "movieId,title,genres\n1,Heat (1995),Action\n");
+  fs::create_symlink(dir_ / "gone_tags.csv", dir_ / "tags.csv");
+  message = error_of([&] { open(); });
+  EXPECT_NE(message.find("tags.csv is a link to " + (dir_ / "gone_tags.csv").string() + ", which is not there"),
+            std::string::npos) << message;
+  fs::remove(dir_ / "tags.csv");
   message = error_of([&] { open({{"root", (dir_ / "nowhere").string()}}); });
-  EXPECT_NE(message.find("is not a folder"), std::string::npos) << message;
+  EXPECT_NE(message.find("nowhere does not exist; point it at a MovieLens folder"), std::string::npos) << message;
+  fs::create_symlink(dir_ / "loop", dir_ / "loop");  // (a loop of links was "is not a folder" too)
+  message = error_of([&] { open({{"root", (dir_ / "loop").string()}}); });
+  EXPECT_NE(message.find("loop cannot be read (Too many levels of symbolic links)"), std::string::npos) << message;
   message = error_of([&] { registry().create<loom::sdk::Dataset>("interactions"); });
   EXPECT_NE(message.find("data.root is not set"), std::string::npos) << message;
 }
