@@ -140,8 +140,18 @@ class TokenizerImpl {
     return sdk::read_regular_file(path, int64_t{256} << 20, "gpt2 tokenizer: ", "the tokenizer's files: vocab.json, merges.txt");
   }
 
+  /// UTF-16 text (Windows' "Unicode": its mark, or a NUL beside each ASCII byte) is said as such:
+  /// it was "syntax error ... last read: '<0xFF>'", or a line cut at its first NUL.
+  static void refuse_utf16(const std::string& text, const std::filesystem::path& path) {
+    if (text.rfind("\xFF\xFE", 0) == 0 || text.rfind("\xFE\xFF", 0) == 0 ||
+        (text.size() >= 2 && (text[0] == '\0') != (text[1] == '\0')))
+      throw sdk::Error(path.string() + " is UTF-16 text (Windows' \"Unicode\"); save it as UTF-8");
+  }
+
   void read_vocab(const std::filesystem::path& path) {
-    const std::string text = read(path);
+    std::string text = read(path);
+    refuse_utf16(text, path);
+    if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // (a byte order mark, as some editors write)
     if (text.find_first_not_of(" \t\r\n") == std::string::npos)
       throw sdk::Error(path.string() + " is empty; vocab.json maps each token to its id (a Hugging Face tokenizer folder's)");
     try {
@@ -179,13 +189,20 @@ class TokenizerImpl {
   }
 
   void read_merges(const std::filesystem::path& path) {
-    std::istringstream in(read(path));
+    std::string text = read(path);
+    refuse_utf16(text, path);
+    // (a byte order mark made the first line "the merge '\xEF\xBB\xBF#version: 0.2' makes ...", the mark unseen)
+    if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+    std::istringstream in(text);
     std::string line;
     int line_number = 0;
     int rank = 0;
     while (std::getline(in, line)) {
       ++line_number;
       if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.find('\0') != std::string::npos)  // (a message cut at the NUL lost its explanation)
+        throw sdk::Error(path.string() + ":" + std::to_string(line_number) + ": a NUL byte; merges.txt is text, a merge "
+                         "(two symbols separated by one space) on each line");
       if (line.empty() || line.rfind("#version", 0) == 0) continue;
       const size_t space = line.find(' ');
       if (space == std::string::npos || space == 0 || space + 1 == line.size() || line.find(' ', space + 1) != std::string::npos)

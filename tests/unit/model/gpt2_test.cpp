@@ -338,6 +338,29 @@ TEST(Gpt2Tokenizer, BadTextAndBadFilesAreNamed) {
   } catch (const loom::sdk::Error& e) {
     EXPECT_NE(std::string(e.what()).find("merges.txt:2"), std::string::npos) << e.what();
   }
+  const auto error_of = [&] {
+    try {
+      gpt2::Tokenizer t(dir);
+    } catch (const loom::sdk::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  // A byte order mark before "#version" was "the merge '\xEF\xBB\xBF#version: 0.2' makes ...", the
+  // mark unseen; a NUL cut the message short; UTF-16 was "syntax error ... last read: '\xFF'".
+  std::string merges;
+  {
+    std::ifstream in(bpe_corpus() / "merges.txt", std::ios::binary);
+    merges.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  std::ofstream(dir / "merges.txt", std::ios::binary | std::ios::trunc) << "\xEF\xBB\xBF" + merges;
+  EXPECT_EQ(error_of(), "(no error)");
+  std::ofstream(dir / "merges.txt", std::ios::binary | std::ios::trunc) << std::string("#version: 0.2\nMo\0x ab\n", 19);
+  EXPECT_NE(error_of().find("merges.txt:2: a NUL byte; merges.txt is text"), std::string::npos) << error_of();
+  std::ofstream(dir / "merges.txt", std::ios::binary | std::ios::trunc) << merges;
+  std::ofstream(dir / "vocab.json", std::ios::binary | std::ios::trunc) << std::string("\xFF\xFE{\0}\0", 6);
+  EXPECT_NE(error_of().find("vocab.json is UTF-16 text (Windows' \"Unicode\"); save it as UTF-8"), std::string::npos)
+      << error_of();
   std::filesystem::remove(dir / "vocab.json");
   EXPECT_THROW(gpt2::Tokenizer missing(dir), loom::sdk::Error);
   ASSERT_EQ(::mkfifo((dir / "vocab.json").c_str(), 0600), 0);  // named, not waited on
