@@ -29,9 +29,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 namespace loom::core {
-
 using namespace detail;
-
 namespace {
 
 /// Gives each callback of this run its state from a checkpoint. A callback the checkpoint has no
@@ -197,6 +195,7 @@ std::string Trainer::state_json() const {
 
 fs::path Trainer::save_checkpoint() {
   flush_window();  // the skipped steps and the window's sums are part of the state
+  stop_if_skipping();  // (their count read now: a run that stops writes no checkpoint, prunes none)
   window_saved_at_ = window_.steps > 0 ? step_ : -1;
   // Rank 0 writes; every rank holds the same state (the weights were broadcast and every update
   // is the same sum), so the others only name the folder rank 0 writes.
@@ -380,7 +379,8 @@ void Trainer::load_checkpoint(const fs::path& dir) {
   // over it, and where that moves the next update's rate, a decay resumes elsewhere than it was.
   if (const int64_t taken = step_ - skipped_steps_;
       saved.total_steps > 0 && saved.total_steps != total_steps_ && step_ < total_steps_ && schedule_name == options_.schedule) {
-    const double before = base_lr_ * schedule_->factor(taken, saved.total_steps), now = base_lr_ * schedule_->factor(taken, total_steps_);
+    const double before = base_lr_ * schedule_->factor(std::min(taken, saved.total_steps - 1), saved.total_steps),  // (its last)
+                 now = base_lr_ * schedule_->factor(taken, total_steps_);
     if (std::abs(now - before) > 1e-9 * std::max(std::abs(before), std::abs(now)))
       log::warn("the run is now ", total_steps_, " steps long, not ", saved.total_steps, ": the ", options_.schedule,
                 " schedule is computed over the new length, so step ", step_ + 1, "'s learning rate is ", now, ", not ", before,

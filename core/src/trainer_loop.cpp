@@ -92,7 +92,7 @@ void Trainer::stop_if_skipping() const {
   const int64_t limit = options_.stop_after_skipped;
   if (limit == 0 || skipped_in_a_row_ < limit) return;
   // (not while fp16_amp's dynamic loss scale still comes down: from init_scale 1e30 by x0.75 that
-  // takes 160 steps, every one skipped; read to the host only here, past the limit)
+  // takes 240 steps, every one skipped; read to the host only here, where the skips were read)
   if (loss_scale_descent(*precision_) > 0) return;
   // (exact where the skips are known: each read, of a step or of a window of them)
   throw Error("steps " + std::to_string(step_ - skipped_in_a_row_ + 1) + " ... " + std::to_string(step_) + " (" +

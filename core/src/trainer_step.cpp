@@ -451,7 +451,6 @@ bool Trainer::graphed_step(StepResult& result, bool read) {
 
 StepResult Trainer::train_step(bool read_values) {
   LOOM_PHASE("step");
-  stop_if_skipping();  // (skips a checkpoint's read counted: said before another step, whose skip is not known)
   committed_ = ranks_agreed_ = false;
   if (parallel_->world_size() > 1) seed_rank();  // (ranks > 0: this step's own draws)
   // The device path keeps a table of the schedule's rate per taken update (Note [The step on the

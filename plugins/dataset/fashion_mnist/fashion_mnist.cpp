@@ -85,17 +85,12 @@ class FashionMnist final : public loom::sdk::TensorDataset {
                                "; put the file there, or set data.path to a folder with the four IDX files");
       }
     }
-    // Both X.gz and X: the newer is read, said (the .gz always won: a plain file written over to
-    // fix it was never read, and a stale .gz trained in silence).
-    if (found.size() == 2) {
-      std::error_code ec;
-      const bool plain_newer = fs::last_write_time(found[1], ec) > fs::last_write_time(found[0], ec);
-      const fs::path& read = found[plain_newer ? 1 : 0];
-      loom::sdk::log::warn("fashion_mnist: both ", found[0].filename().string(), " and ", found[1].filename().string(),
-                           " are in ", folder_.string(), "; reading the newer, ", read.filename().string(),
-                           " (remove the other)");
-      return read;
-    }
+    // Both X.gz and X: which is current is not guessed (the .gz always won: a plain file written
+    // over to fix it was never read, and a stale .gz trained in silence; their times tie after
+    // gunzip -k, and are the server's after wget).
+    if (found.size() == 2)
+      throw loom::sdk::Error("fashion_mnist: both " + found[0].string() + " and " + found[1].filename().string() +
+                             " are there, and either may be the current one; remove the other");
     if (found.size() == 1) return found[0];
     throw loom::sdk::Error("fashion_mnist: " + (folder_ / stem).string() + "[.gz] not found; install Debian's "
                            "dataset-fashion-mnist package (scripts/setup.sh does) or set data.path to a "

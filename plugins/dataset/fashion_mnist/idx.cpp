@@ -77,7 +77,6 @@ struct GzFile {
         break;
       }
       done += got;
-      total += got;
     }
     return done;
   }
@@ -110,23 +109,10 @@ struct GzFile {
     if (n > 0)
       throw loom::sdk::Error(path.string() + " has unexpected bytes after its data: the file is not an IDX "
                              "file of the size its header says; download it again");
-    // zlib skips bytes after a gzip stream that are no gzip stream (gzip -t: "trailing garbage
-    // ignored"): the file's last 4 bytes are then not the trailer's size of what was read.
-    if (plain()) return;
-    unsigned char tail[4] = {};
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    const off_t size = fd >= 0 ? ::lseek(fd, 0, SEEK_END) : -1;
-    const bool got = size >= 4 && ::pread(fd, tail, 4, size - 4) == 4;
-    if (fd >= 0) ::close(fd);
-    const uint32_t isize = uint32_t{tail[0]} | (uint32_t{tail[1]} << 8) | (uint32_t{tail[2]} << 16) | (uint32_t{tail[3]} << 24);
-    if (got && isize != static_cast<uint32_t>(total))
-      throw loom::sdk::Error(path.string() + " has bytes after its gzip stream (its last 4 bytes are not the size of "
-                             "the data it holds): the file was written over or appended to; download it again");
   }
 
   fs::path path;
   gzFile handle = nullptr;
-  int64_t total = 0;  ///< bytes read, uncompressed
 };
 
 /// "X is not an IDX image file: magic number M, expected E" with what the file is instead.

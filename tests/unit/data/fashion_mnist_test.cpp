@@ -1,13 +1,11 @@
 // The fashion_mnist dataset plugin against the real files and against damaged copies: every
 // problem is one error naming the file and what is wrong.
-#include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/sdk/dataset.hpp>
 
 #include <gtest/gtest.h>
 #include <zlib.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -112,10 +110,9 @@ TEST_F(FashionMnistFiles, TruncatedGzipStream) {
   EXPECT_TRUE(e.find("is corrupt") != std::string::npos || e.find("is truncated") != std::string::npos) << e;
 }
 
-TEST_F(FashionMnistFiles, AGzipFileCutInItsTrailerOrWithBytesAfterItIsRefused) {
-  // zlib reads a stream cut in its trailer (checksum and size) as a soft error beside a read of 0,
-  // and skips bytes after a stream that are no gzip stream: both files trained, unchecked (one
-  // with its labels zeroed, at 0.2 % accuracy, exit 0).
+TEST_F(FashionMnistFiles, AGzipFileCutInItsTrailerIsRefused) {
+  // zlib reads a stream cut in its trailer (checksum and size) as a soft error beside a read of 0:
+  // such a file trained, its checksum unchecked (one with its labels zeroed, at 0.2 %, exit 0).
   const fs::path gz = dir_ / "t10k-labels-idx1-ubyte.gz";
   std::string bytes;
   {
@@ -126,24 +123,17 @@ TEST_F(FashionMnistFiles, AGzipFileCutInItsTrailerOrWithBytesAfterItIsRefused) {
     std::ofstream(gz, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - cut);
     EXPECT_CONTAINS(error(), gz.string() + " is truncated: its gzip stream ends before its end");
   }
-  for (const std::string& after : {std::string("GARBAGE after the stream\n"), std::string(64, '\0')}) {
-    std::ofstream(gz, std::ios::binary | std::ios::trunc) << bytes + after;
-    EXPECT_CONTAINS(error(), gz.string() + " has bytes after its gzip stream");
-  }
   std::ofstream(gz, std::ios::binary | std::ios::trunc) << bytes;
   EXPECT_EQ(open()->size(loom::sdk::Split::kTest), 10) << "the whole file is read";
 }
 
-TEST_F(FashionMnistFiles, BothAPlainAndAGzipFileOfOneNameTheNewerIsReadAndSaid) {
+TEST_F(FashionMnistFiles, BothAPlainAndAGzipFileOfOneNameAreAnErrorNotAGuess) {
   // The .gz always won: a plain file written over it to fix it was never read, in silence.
-  write("t10k-labels-idx1-ubyte", labels(10, 3, 7));  // (label 7 at index 3, as the .gz has 3)
-  fs::last_write_time(dir_ / "t10k-labels-idx1-ubyte.gz", fs::file_time_type::clock::now() - std::chrono::hours(1));
-  const loom::core::log::Capture capture(LOOM_LOG_WARN);
-  auto d = open();
-  EXPECT_TRUE(capture.contains("fashion_mnist: both t10k-labels-idx1-ubyte.gz and t10k-labels-idx1-ubyte are in " +
-                               dir_.string() + "; reading the newer, t10k-labels-idx1-ubyte (remove the other)"))
-      << testing::PrintToString(capture.lines());
-  EXPECT_EQ(d->get_batch(loom::sdk::Split::kTest, {3}).at("label")[0].item<int64_t>(), 7) << "the plain, newer file";
+  write("t10k-labels-idx1-ubyte", labels(10, 3, 7));
+  EXPECT_CONTAINS(error(), "fashion_mnist: both " + (dir_ / "t10k-labels-idx1-ubyte.gz").string() +
+                               " and t10k-labels-idx1-ubyte are there, and either may be the current one; remove the other");
+  fs::remove(dir_ / "t10k-labels-idx1-ubyte.gz");
+  EXPECT_EQ(open()->get_batch(loom::sdk::Split::kTest, {3}).at("label")[0].item<int64_t>(), 7) << "the plain file, alone";
 }
 
 TEST_F(FashionMnistFiles, WrongMagicNumber) {

@@ -104,8 +104,9 @@ class LOOM_SDK_API Schedule {
   virtual ~Schedule();  // defined in libloom_sdk
 
   /// The share of the peak learning rate for the update at `step` (updates taken before it, so
-  /// the first is 0; steps skipped for non-finite gradients do not count) of `total`. Called on
-  /// the main thread once per step and for reports; finite and >= 0, else the host stops the run.
+  /// the first is 0; steps skipped for non-finite gradients do not count) of `total`: `step` is
+  /// in 0 ... total - 1. Called on the main thread once per step and for reports (the step on the
+  /// device asks every step's at the start); finite and >= 0, else the host stops the run.
   virtual double factor(int64_t step, int64_t total) const = 0;
 
   /// State, for schedules that keep any (the host saves the step itself).
