@@ -320,6 +320,16 @@ TEST(Gpt2Tokenizer, IdsEqualHuggingFaceTokenizersOnVariedText) {
   EXPECT_EQ(differ, 0) << "of " << corpus.size() << " strings";
 }
 
+// What reading the tokenizer in `dir` says: its error, or "(no error)".
+std::string tokenizer_error(const std::filesystem::path& dir) {
+  try {
+    gpt2::Tokenizer tokenizer(dir);
+  } catch (const loom::sdk::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 TEST(Gpt2Tokenizer, BadTextAndBadFilesAreNamed) {
   if (bpe_corpus().empty()) GTEST_SKIP() << "tokenizers is not installed in " LOOM_TEST_PYTHON " (scripts/setup.sh)";
   const gpt2::Tokenizer tokenizer(bpe_corpus());
@@ -338,14 +348,7 @@ TEST(Gpt2Tokenizer, BadTextAndBadFilesAreNamed) {
   } catch (const loom::sdk::Error& e) {
     EXPECT_NE(std::string(e.what()).find("merges.txt:2"), std::string::npos) << e.what();
   }
-  const auto error_of = [&] {
-    try {
-      gpt2::Tokenizer t(dir);
-    } catch (const loom::sdk::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
+  const auto error_of = [&] { return tokenizer_error(dir); };
   // A byte order mark before "#version" was "the merge '\xEF\xBB\xBF#version: 0.2' makes ...", the
   // mark unseen; a NUL cut the message short; UTF-16 was "syntax error ... last read: '\xFF'".
   std::string merges;
@@ -403,14 +406,7 @@ TEST(Gpt2Tokenizer, VocabularySizeIsTheLargestIdPlusOneAndBadIdsAreRefused) {
   refused(98, "have the same id 98; each token needs an id of its own");  // 'b''s id
   // A token given twice (the last id was kept in silence), an empty file (nlohmann's parse error
   // text), a merge whose result has no id (blamed on the bytes at the first text that made it).
-  const auto error_of = [&] {
-    try {
-      gpt2::Tokenizer bad(dir);
-    } catch (const loom::sdk::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
+  const auto error_of = [&] { return tokenizer_error(dir); };
   std::string twice = vocab.dump();
   twice.insert(twice.size() - 1, ",\"a\":300");
   std::ofstream(dir / "vocab.json", std::ios::trunc) << twice;
