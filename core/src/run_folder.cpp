@@ -449,7 +449,7 @@ void Trainer::open_run_here() {
     // "runs/x/checkpoints/step_00000006/" as a shell completes it names the step folder too
     checkpoint = fs::path(options_.resume_from).lexically_normal();
     if (!checkpoint.has_filename() && checkpoint.has_parent_path()) checkpoint = checkpoint.parent_path();
-    if (!fs::exists(checkpoint)) throw Error("trainer.resume_from = " + options_.resume_from + ": no such checkpoint");
+    if (!fs::exists(checkpoint)) throw no_such_checkpoint("trainer.resume_from", options_.resume_from);
     if (fs::exists(checkpoint / "checkpoints")) {  // a run folder: its newest checkpoint
       const auto all = CheckpointStore::list_run(checkpoint);
       if (all.empty()) throw Error(options_.resume_from + " holds no checkpoint to resume from");

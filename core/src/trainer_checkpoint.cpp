@@ -560,8 +560,7 @@ void Trainer::init_weights(const std::string& from) {
   std::error_code ec;
   const fs::path path = fs::path(from).lexically_normal();
   if (!fs::exists(path, ec))
-    throw Error("trainer.init_from = " + from + ": no such checkpoint (a step folder, or a .safetensors file such as "
-                "best_accuracy.safetensors)");
+    throw no_such_checkpoint("trainer.init_from", from);
   if (fs::is_directory(path / "checkpoints", ec))  // (a run folder: which of its weights is the user's to say)
     throw Error("trainer.init_from = " + from + " is a run folder; name one of its checkpoints: " +
                 (path / "checkpoints" / "best_<metric>.safetensors").string() + ", or a step folder in " +

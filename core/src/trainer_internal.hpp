@@ -178,6 +178,15 @@ inline void check_record_values(const Resolved& config) {
     }
 }
 
+/// trainer.resume_from or trainer.init_from naming nothing, in one set of words: said by
+/// Trainer::build_components before the data is read (minutes, for a large set), and where it is read.
+inline Error no_such_checkpoint(const std::string& key, const std::string& given) {
+  return Error(key + " = " + given + ": no such checkpoint (" +
+               (key == "trainer.init_from" ? "a step folder, or a .safetensors file such as best_accuracy.safetensors"
+                                           : "a run folder, or a step folder in its checkpoints/") +
+               ")");
+}
+
 /// How many steps in a row the precision's dynamic loss scale may overflow while it comes down to
 /// 1 (fp16_amp halves it from 65536 on each): steps skipped then are its descent, not a sign of
 /// damaged weights. 0 for a static scale, none, or one that is not finite (damage itself). Reads

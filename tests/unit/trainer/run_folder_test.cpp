@@ -113,6 +113,19 @@ TEST_F(RunFolderTest, ARefusedStartLeavesNoFolderBehindButKeepsOneThatWasThere) 
   EXPECT_FALSE(fs::exists(dir_ / "late"));
 }
 
+TEST_F(RunFolderTest, ACheckpointToStartFromThatIsNotThereIsSaidBeforeTheDataIsRead) {
+  // The data is read first, and may take minutes: a mistyped --resume-from or init_from was said
+  // only after it. Here the data cannot be read at all, so the error says which came first.
+  for (const std::string key : {"trainer.resume_from", "trainer.init_from"}) {
+    Config c = base("typo");
+    c.set_assignment("data.name=fashion_mnist");
+    c.set_assignment("data.fashion_mnist.path=" + (dir_ / "no-data").string());
+    c.set_assignment(key + "=" + (dir_ / "nope").string());
+    EXPECT_CONTAINS(error_of(c), key + " = " + (dir_ / "nope").string() + ": no such checkpoint (a ");
+    EXPECT_FALSE(fs::exists(dir_ / "typo"));
+  }
+}
+
 TEST_F(RunFolderTest, ResumingFromAnOlderCheckpointSetsTheNewerStepsAside) {
   loom::testing::make_trainer(base("timeline", 6))->train();
   ASSERT_EQ(steps(dir_ / "timeline"), (std::vector<std::string>{step_dir_name(2), step_dir_name(4), step_dir_name(6)}));
