@@ -12,10 +12,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <sstream>
+#include <string_view>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <vector>
 
 namespace fs = std::filesystem;
 
@@ -167,7 +173,7 @@ namespace {
 
 /// The step of a metrics row, {"step": N, ...} however it is spaced and wherever the key is (a
 /// file rewritten with sorted keys has it after "eval/..."); nullopt for any other line.
-std::optional<int64_t> row_step(const std::string& line) {
+std::optional<int64_t> row_step(std::string_view line) {
   const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
   size_t first = 0;
   while (first < line.size() && blank(line[first])) ++first;
@@ -199,38 +205,63 @@ void Jsonl::on_run_begin(RunContext& run) {
     sdk::log::warn("metrics.jsonl of ", run.run_dir().string(), " is a link to ", fs::read_symlink(path_, ec).string(),
                    ": this run writes its own copy from here, and leaves that file as it is");
   if (run.resumed_at() >= 0 && fs::exists(path_)) {
-    // Keep what the interrupted run wrote up to the checkpoint; a torn last line is dropped.
-    std::ifstream in(path_);
-    if (!in.is_open())
-      throw sdk::Error("cannot read " + path_.string() + " (" + std::strerror(errno) +
+    // Keep what the interrupted run wrote up to the checkpoint; a torn last line is dropped. The
+    // file is read through a map and written back as pieces of it: a long run's (hundreds of MB,
+    // a row per step) was held in memory three times over.
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+      const int error = errno;
+      if (fd >= 0) ::close(fd);
+      throw sdk::Error("cannot read " + path_.string() + " (" + std::strerror(error) +
                        "): resuming keeps the metrics it holds up to the checkpoint; make it readable, or move it away");
+    }
+    const auto size = static_cast<size_t>(st.st_size);
+    void* map = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int map_error = errno;
+    ::close(fd);
+    if (map == MAP_FAILED)
+      throw sdk::Error("cannot read " + path_.string() + " (" + std::strerror(map_error) + "): nothing in it was changed");
+    const std::unique_ptr<void, std::function<void(void*)>> unmap(map, [size](void* m) { ::munmap(m, size); });
+    const std::string_view text(static_cast<const char*>(map), size);
     // Rows of later steps go (the resumed run writes them again); every other line stays: rows
     // rewritten by another tool ({"step": 4, ...} from Python's json.dumps) and lines a user
     // added were dropped with the later rows, the whole history of a file so rewritten.
     // NUL bytes (the zero-filled tail a crash leaves on ext4) are no one's line: kept, they made
     // the file no JSON Lines for every reader. (Other control bytes may be a user's: jq --seq's.)
-    const auto junk = [](const std::string& l) { return l.find('\0') != std::string::npos; };
-    std::string line, kept;
+    std::vector<std::string_view> kept;  // (pieces of `text`, the lines next to each other as one)
+    const auto keep = [&](std::string_view piece) {
+      if (!kept.empty() && kept.back().data() + kept.back().size() == piece.data())
+        kept.back() = std::string_view(kept.back().data(), kept.back().size() + piece.size());
+      else
+        kept.push_back(piece);
+    };
     int64_t foreign = 0, dropped = 0;
-    while (std::getline(in, line)) {
-      const bool whole = !in.eof();  // (a last line without its newline: cut by a kill)
-      if (junk(line)) {
+    for (size_t at = 0; at < text.size();) {
+      const size_t end = std::min(text.find('\n', at), text.size());
+      const bool whole = end < text.size();  // (a last line without its newline: cut by a kill)
+      const std::string_view line = text.substr(at, end - at);
+      const auto keep_line = [&] {
+        keep(text.substr(at, end - at + (whole ? 1 : 0)));
+        if (!whole) keep("\n");
+      };
+      if (line.find('\0') != std::string_view::npos) {
         ++dropped;
       } else if (const auto step = row_step(line)) {
-        if (*step <= run.resumed_at() && (whole || line.back() == '}')) kept += line + "\n";
+        if (*step <= run.resumed_at() && (whole || line.back() == '}')) keep_line();
       } else if (!whole && line.rfind('{', 0) == 0) {
         // a torn row: dropped
       } else if (!line.empty()) {
-        kept += line + "\n";
+        keep_line();
         ++foreign;
       }
+      at = end + 1;
     }
     if (foreign > 0)
       sdk::log::info("metrics.jsonl: ", foreign, " line(s) that are no step's row are kept as they are");
     if (dropped > 0)
       sdk::log::warn("metrics.jsonl: ", dropped, " line(s) holding NUL bytes (what a crash leaves at a file's end) are "
                      "dropped");
-    if (in.bad()) throw sdk::Error("cannot read " + path_.string() + ": an I/O error; nothing in it was changed");
     try {
       sdk::write_file_durably(path_, kept);
     } catch (const sdk::Error& e) {
