@@ -520,7 +520,8 @@ Resolved validate(const Config& config, const Schema& schema) {
       if (o.type == LOOM_OPTION_ENUM) expected = "one of " + join(sdk::enum_choices(o.choices.c_str()), ", ");
       // a number too large to parse at all (99999999999999999999) is refused here, not by the range check
       if ((o.type == LOOM_OPTION_INT || o.type == LOOM_OPTION_FLOAT) && (o.min || o.max)) expected += " in " + range_text(o);
-      problems.push_back(where + ": " + shown + " = '" + value.value + "' is not valid: expected " + expected);
+      problems.push_back(where + ": " + shown + " = '" + value.value + "' is not valid: expected " + expected +
+                         (value.value.find(" ;") != std::string::npos ? " (';' starts no comment in a value: '#' does)" : ""));
     } else if (auto problem = out_of_range(o, value.value)) {
       problems.push_back(where + ": " + shown + " = " + value.value + " " + *problem + " (" + o.help + ")");
     }

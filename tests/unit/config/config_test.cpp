@@ -500,7 +500,7 @@ TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
   const auto file = write("run.ini",
                           "[trainer]\nbatch_size = big\nresume = later\nuse_scheduler = maybe\nlr = 1e-3\n"
                           "keep_last = 99999999999999999999\n[memory]\ndevice_memory_limit = 2 GiB\n"
-                          "policies = auto_batch,,oom_recovery\n[trainer]\nclip_grad_norm = 0x10\ncallbacks = ,\n");
+                          "policies = auto_batch,,oom_recovery\n[trainer]\nclip_grad_norm = 0x10\ncallbacks = ,\nseed = 3 ; tuned\n");
   Config config;
   config.load_file(file);
   const std::string message = error_of([&] { validate(config, core_schema()); });
@@ -510,6 +510,9 @@ TEST_F(ConfigTest, BadValuesNameTheKeyTheValueAndWhatWasExpected) {
   EXPECT_CONTAINS(message, "run.ini:6: trainer.keep_last = '99999999999999999999' is not valid: expected an integer in [0, 1000000]");
   EXPECT_CONTAINS(message, "run.ini:3: trainer.resume = 'later' is not valid: expected one of none, auto");
   EXPECT_CONTAINS(message, "run.ini:4: trainer.use_scheduler = 'maybe' is not valid: expected a boolean");
+  // (INI files elsewhere, Python's configparser among them, may take "; ..." for a comment)
+  EXPECT_CONTAINS(message, "run.ini:13: trainer.seed = '3 ; tuned' is not valid: expected an integer in [0, ");
+  EXPECT_CONTAINS(message, "(';' starts no comment in a value: '#' does)");
   // a stray comma would drop an item in silence; a hexadecimal number is not a setting's number
   EXPECT_CONTAINS(message, "run.ini:9: memory.policies = 'auto_batch,,oom_recovery' has an empty item (a stray comma); "
                            "write the items with one comma between each, e.g. 'auto_batch, oom_recovery'");
