@@ -23,11 +23,14 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <unistd.h>
 
@@ -45,17 +48,24 @@ fs::path default_cache() {
 }
 
 /// The cache: one "key<TAB>micro-batch" line per answer. Absent: empty. Anything but a regular
-/// file of at most 16 MiB (a FIFO would block, /dev/zero never end) throws loom::sdk::Error.
+/// file of at most 16 MiB (a FIFO would block, /dev/zero never end) throws loom::sdk::Error, and
+/// so does a file with a line that is no answer: memory.cache pointed at a user's file (a config
+/// file) replaced it with the cache in silence.
 std::map<std::string, int64_t> read_cache(const fs::path& path) {
   std::map<std::string, int64_t> out;
   std::error_code ec;
   if (!fs::exists(path, ec)) return out;  // (a link to nothing too: the answer written replaces the link)
   std::istringstream in(loom::sdk::read_regular_file(path, int64_t{16} << 20, "auto_batch: the answer cache ", "absent"));
   std::string line;
-  while (std::getline(in, line)) {
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
     const auto tab = line.rfind('\t');
-    if (tab == std::string::npos) continue;
-    if (auto v = loom::sdk::parse_int(line.substr(tab + 1)); v && *v > 0) out[line.substr(0, tab)] = *v;
+    const auto v = tab == std::string::npos ? std::nullopt : loom::sdk::parse_int(line.substr(tab + 1));
+    if (!v || *v <= 0 || line.find('|') > tab)
+      throw loom::sdk::Error("auto_batch: " + path.string() + ":" + std::to_string(number) +
+                             " is no answer of the cache (a key, a tab, a micro-batch): the file is not auto_batch's "
+                             "cache, and Loom does not replace it");
+    out[line.substr(0, tab)] = *v;
   }
   return out;
 }
@@ -84,6 +94,9 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     if (!(margin_ >= 0 && margin_ <= 0.5)) throw loom::sdk::Error("memory.margin must be in [0, 0.5]");
     if (max_batch_ < 1) throw loom::sdk::Error("memory.max_batch must be at least 1");
     if (cache_.empty()) cache_ = default_cache().string();
+    std::string lower = cache_;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (lower == "off") cache_ = "off";  // (OFF was a file of that name)
   }
 
   void plan(loom::sdk::PlanContext& context) override {
@@ -213,11 +226,14 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     }
     int64_t p2 = probe(context, b2);
     if (p2 < 0 || p2 > cap) {  // between b1 and b2: bisect the few candidates left
+      // The margin's headroom, as the line's aim leaves it: margin/2 of the room above b1's peak
+      // (the bisection took the largest batch under the cap itself, at 99.75 % of it).
+      const int64_t under = cap - static_cast<int64_t>(static_cast<double>(cap - p1) * margin_ / 2.0);
       int64_t lo = b1, hi = b2;
       while (hi - lo > 1 && probes_ < kMaxProbes) {
         const int64_t mid = (lo + hi) / 2;
         const int64_t p = probe(context, mid);
-        (p >= 0 && p <= cap ? lo : hi) = mid;
+        (p >= 0 && p <= under ? lo : hi) = mid;
       }
       converged_ = hi - lo <= 1;
       description_ = "auto_batch: micro-batch " + std::to_string(lo) + " (" + std::to_string(probes_) + " probes)";

@@ -351,6 +351,20 @@ TEST_F(MemoryTest, AutoBatchTriesMicroBatchOneBeforeGivingUp) {
   EXPECT_EQ(device.probes, 2);  // 2 failed, 1 fits
 }
 
+TEST_F(MemoryTest, AutoBatchKeepsItsMarginBelowEightSamplesToo) {
+  // Micro-batch 8 does not fit, so the search bisects between 2 and 8: it took the largest batch
+  // under the cap itself (99.75 % of it) whatever memory.margin asked.
+  const auto chosen = [](const std::string& margin) {
+    ProbedDevice device{[](int64_t b) { return 1000 + 100 * b; }, 1650};  // 6 fits, 7 does not
+    auto policy = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", "off"}, {"margin", margin}});
+    auto context = device.context(64);
+    policy->plan(context);
+    return context.plan.micro_batch;
+  };
+  EXPECT_EQ(chosen("0.05"), 6);  // headroom 11 bytes: 1600 is under 1639
+  EXPECT_EQ(chosen("0.5"), 5);   // headroom 112 bytes: 1600 is not under 1537
+}
+
 TEST_F(MemoryTest, AutoBatchBisectsWhereItsLineIsWrongAndDoesNotCacheAnUnsettledAnswer) {
   // Flat up to 100 samples, then steep: the probes at 2 and 8 see the flat part, so the line
   // aims far too high. The search must fall back to bisection, answer a batch that fits, and
@@ -391,6 +405,22 @@ TEST_F(MemoryTest, AutoBatchLeavesACacheThatIsNoFileAsItIsAndSearches) {
                                "without it and writes nothing there"))
       << ::testing::PrintToString(capture.lines());
   EXPECT_TRUE(fs::is_fifo(fifo)) << "the FIFO was replaced";
+  // A user's file named as the cache (here a config file) was replaced by the cache, in silence.
+  const fs::path mine = dir_ / "my.ini";
+  const std::string text = "base = debug.ini\n\n[trainer]\nlr = 3e-4\n";
+  std::ofstream(mine) << text;
+  auto other = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", mine.string()}});
+  auto context2 = device.context(64);
+  other->plan(context2);
+  EXPECT_EQ(loom::core::read_file(mine), text) << "a file that is no cache was replaced";
+  EXPECT_TRUE(capture.contains(mine.string() + ":1 is no answer of the cache (a key, a tab, a micro-batch): the file is "
+                               "not auto_batch's cache, and Loom does not replace it"))
+      << ::testing::PrintToString(capture.lines());
+  // "OFF" is off, not a file of that name in the working folder.
+  auto off = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", "OFF"}});
+  auto context3 = device.context(64);
+  off->plan(context3);
+  EXPECT_FALSE(fs::exists("OFF"));
 }
 
 TEST_F(MemoryTest, AutoBatchLeavesItsCacheWholeWhereTheAnswerCannotBeWritten) {
