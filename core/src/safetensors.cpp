@@ -42,7 +42,7 @@ const char* dtype_name(c10::ScalarType t) {
 /// it), "loom_crc32": a CRC-32 over each tensor's name, dtype, shape and offsets and over the
 /// data. A flipped byte in the data, or a tensor relabelled with another dtype of the same size,
 /// then fails the load instead of being trained on. Files without the key (written by other
-/// tools) load unchecked.
+/// tools) load unchecked. "loom_metadata_crc32" covers the rest of the metadata (metadata_checksum).
 struct TensorEntry {
   std::string name, dtype;
   std::vector<int64_t> shape;
@@ -68,6 +68,31 @@ std::string checksum(std::vector<TensorEntry> entries, const std::vector<std::st
   char text[16];
   std::snprintf(text, sizeof text, "%08lx", static_cast<unsigned long>(crc));
   return text;
+}
+
+/// The CRC over the metadata but its checksums (std::map: by key), each entry length-prefixed:
+/// the model and data configuration a best file records, from which `loom eval` rebuilds its
+/// model. "loom_metadata_crc32"; files without it (older, or another tool's) are not checked.
+std::string metadata_checksum(const sdk::TextMap& metadata) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (const auto& [key, value] : metadata) {
+    if (key == "loom_crc32" || key == "loom_metadata_crc32" || value.size() > (size_t{1} << 30)) continue;
+    const std::string entry = std::to_string(key.size()) + ":" + key + std::to_string(value.size()) + ":";
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(entry.data()), static_cast<uInt>(entry.size()));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(value.data()), static_cast<uInt>(value.size()));
+  }
+  char text[16];
+  std::snprintf(text, sizeof text, "%08lx", static_cast<unsigned long>(crc));
+  return text;
+}
+
+/// The metadata's own checksum, where the file has one, else one error naming the file.
+void check_metadata(const sdk::TextMap& metadata, const std::string& what, const std::string& advice) {
+  if (const auto crc = metadata.find("loom_metadata_crc32"); crc != metadata.end())
+    if (const std::string actual = metadata_checksum(metadata); actual != crc->second)
+      throw Error(what + " is not a valid safetensors file: the checksum of its metadata is " + actual + ", the file says " +
+                  crc->second + ": the configuration it records changed after Loom wrote it (a flipped byte, an edit)" +
+                  advice);
 }
 
 /// A safetensors file laid out: its header (length and JSON) and its tensors' bytes in order,
@@ -98,6 +123,7 @@ Layout lay_out(const sdk::TensorMap& tensors, const sdk::TextMap& metadata) {
   }
   sdk::TextMap all = metadata;
   all["loom_crc32"] = checksum(entries, out.data);  // Note [Checkpoint checksums]
+  all["loom_metadata_crc32"] = metadata_checksum(all);
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   header["__metadata__"] = all;
   for (const auto& e : entries) header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
@@ -115,6 +141,7 @@ sdk::TensorMap parse(const char* bytes, size_t size, const std::string& what, sd
                      const std::shared_ptr<const MappedFile>& mapping = nullptr) {
   const std::string advice = "; the checkpoint is damaged, use an earlier one (or --resume auto picks the newest good one)";
   const sdk::SafetensorsHeader header = sdk::parse_safetensors_header(bytes, size, what, advice);
+  check_metadata(header.metadata, what, advice);
   if (metadata) *metadata = header.metadata;
   const char* data = bytes + header.data_start;
   const size_t data_size = size - header.data_start;
@@ -171,7 +198,9 @@ sdk::TensorMap load_safetensors(const std::filesystem::path& path, sdk::TextMap*
 
 sdk::TextMap load_safetensors_metadata(const std::filesystem::path& path) {
   const MappedFile file(path);  // the header's pages only are read
-  return sdk::parse_safetensors_header(file.data(), file.size(), path.string(), "").metadata;
+  sdk::TextMap metadata = sdk::parse_safetensors_header(file.data(), file.size(), path.string(), "").metadata;
+  check_metadata(metadata, path.string(), "");
+  return metadata;
 }
 
 }  // namespace loom::core

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -181,8 +182,7 @@ std::string Trainer::state_json() const {
   s["model"] = {{"name", value_of(config_, "model.name")}, {"config", section("model")}};
   s["data"] = {{"name", value_of(config_, "data.name")}, {"config", section("data")}, {"sizes", json::parse(data_sizes_json())}};
   s["log_window"] = {{"steps", window_.steps}, {"loss", window_.loss}, {"samples", window_.samples},
-                     {"terms", window_.terms},
-                     {"seconds", window_.seconds}, {"metrics", window_.metrics}};
+                     {"terms", window_.terms}, {"seconds", window_.seconds}, {"metrics", window_.metrics}};
   json callbacks = json::object();
   for (const auto& [name, callback] : callbacks_) {
     const auto who = [&] { return "callback '" + name + "' (state_dict)"; };
@@ -190,6 +190,8 @@ std::string Trainer::state_json() const {
   }
   s["callbacks"] = callbacks;
   if (evaluation_cut_at_ == step_) s["evaluation_pending"] = true;
+  // (its own per save: the weights files record state.json's checksum, alike in runs unlike in weights)
+  s["save"] = std::to_string((uint64_t{std::random_device{}()} << 32) | std::random_device{}());
   return s.dump(2) + "\n";
 }
 

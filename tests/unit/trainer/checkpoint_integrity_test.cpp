@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <csignal>
 #include <fstream>
+#include <functional>
 #include <regex>
 
 namespace fs = std::filesystem;
@@ -113,6 +114,17 @@ TEST_F(CheckpointIntegrityTest, AFileOfAnotherSaveCopiedIntoAStepFolderIsNamed) 
     EXPECT_NE(warnings.find((newest_ / file).string() + " is not of this step folder's save"), std::string::npos)
         << file << "\n" << warnings;
   }
+  // Another run's, alike in state.json but not in its weights (optimizer.weight_decay is not in it).
+  Config other = config("other", 4);
+  other.set_assignment("optimizer.weight_decay=0.9");
+  loom::testing::make_trainer(other)->train();
+  fs::remove_all(newest_);
+  fs::copy(backup, newest_);
+  fs::copy_file(dir_ / "other" / "checkpoints" / step_dir_name(4) / "model.safetensors", newest_ / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  const auto [step, warnings] = resume();
+  EXPECT_EQ(step, 2);
+  EXPECT_CONTAINS(warnings, (newest_ / "model.safetensors").string() + " is not of this step folder's save");
   // Evaluation reads the weights alone: the same check.
   fs::remove_all(newest_);
   fs::copy(backup, newest_);
@@ -124,6 +136,39 @@ TEST_F(CheckpointIntegrityTest, AFileOfAnotherSaveCopiedIntoAStepFolderIsNamed) 
   } catch (const loom::Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.safetensors recorded"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(CheckpointIntegrityTest, AChangedByteInAWeightsFilesRecordedConfigurationIsFound) {
+  // A best file's metadata records the model and data settings `loom eval` rebuilds its model
+  // from; the checksum covered the tensors only, so a flipped digit (text_tokens 24 to 25) was
+  // evaluated as another model, exit 0.
+  const fs::path file = dir_ / "best_x.safetensors";
+  const loom::sdk::TensorMap tensors = {{"w", at::ones({4})}};
+  save_safetensors(file, tensors, {{"model", "{\"config\":{\"text_tokens\":\"24\"}}"}, {"step", "4"}});
+  EXPECT_EQ(load_safetensors_metadata(file).at("step"), "4");
+  std::string bytes = read_file(file);
+  const auto at = bytes.find("\\\"24\\\"");
+  ASSERT_NE(at, std::string::npos) << bytes.substr(0, 200);
+  bytes[at + 3] = '5';
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  for (const auto& read : {std::function<void()>([&] { load_safetensors_metadata(file); }),
+                           std::function<void()>([&] { load_safetensors(file); })}) {
+    try {
+      read();
+      ADD_FAILURE() << "the changed configuration was read";
+    } catch (const loom::Error& e) {
+      EXPECT_CONTAINS(std::string(e.what()), file.string() + " is not a valid safetensors file: the checksum of its "
+                                             "metadata is ");
+    }
+  }
+  // A file without the metadata's checksum (an older Loom's, another tool's) is read as before.
+  save_safetensors(file, tensors, {{"step", "4"}});
+  bytes = read_file(file);
+  const auto crc = bytes.find("\"loom_metadata_crc32\"");
+  ASSERT_NE(crc, std::string::npos);
+  bytes.replace(crc, 21, "\"loom_metadata_crcXX\"");
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_EQ(load_safetensors_metadata(file).at("step"), "4");
 }
 
 TEST_F(CheckpointIntegrityTest, ARelabelledDtypeIsFound) {
