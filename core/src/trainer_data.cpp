@@ -32,6 +32,9 @@ json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec)
                   {"validation", dataset.implements(1) ? dataset->size(sdk::Split::kValidation) : 0},
                   {"test", dataset->size(sdk::Split::kTest)}};
     if (const auto it = spec.attributes.find("splits.fingerprint"); it != spec.attributes.end()) sizes["held_out"] = it->second;
+    // (any other "<what>.fingerprint" a dataset gives, the interactions datasets' items.text one)
+    for (const auto& [name, value] : spec.attributes)
+      if (name.ends_with(".fingerprint") && name != "splits.fingerprint") sizes["fingerprints"][name] = value;
     return sizes;
   } catch (const std::exception&) {
     return json();
@@ -44,8 +47,14 @@ std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::D
   if (!recorded.is_object()) return out;
   const json sizes = data_sizes(dataset, spec);  // (not in the loop's head: items() of a temporary outlives it)
   for (const auto& [split, size] : sizes.items())
-    if (const auto it = recorded.find(split); it != recorded.end() && *it != size && split != "held_out" && it->is_number_integer())
+    if (const auto it = recorded.find(split); it != recorded.end() && *it != size && size.is_number_integer() && it->is_number_integer())
       out.push_back("the " + split + " split holds " + size.dump() + " samples (the checkpoint's run: " + it->dump() + ")");
+  // (the same samples, other contents: an item's text edited in place, which its text vector reads)
+  if (const auto fingerprints = recorded.find("fingerprints"); fingerprints != recorded.end() && fingerprints->is_object() && sizes.contains("fingerprints"))
+    for (const auto& [name, value] : sizes.at("fingerprints").items())
+      if (const auto it = fingerprints->find(name); it != fingerprints->end() && *it != value)
+        out.push_back("its " + name.substr(0, name.size() - 12) + " changed since (fingerprint " + value.get<std::string>() +
+                      ", the run's " + (it->is_string() ? it->get<std::string>() : it->dump()) + ")");
   // (the same sizes, other samples: a model scored on what it trained on)
   if (!out.empty() || !sizes.contains("held_out")) return out;
   if (const auto it = recorded.find("held_out"); it == recorded.end())
