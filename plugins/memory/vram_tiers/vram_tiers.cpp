@@ -31,8 +31,17 @@ std::vector<Tier> parse_tiers(const std::string& text) {
     const auto colon = item.find(':');
     const auto bytes = colon == std::string::npos ? std::nullopt : loom::sdk::parse_bytes(item.substr(0, colon));
     const auto batch = colon == std::string::npos ? std::nullopt : loom::sdk::parse_int(item.substr(colon + 1));
-    if (!bytes || !batch || *batch < 1)
+    if (!bytes || !batch)
       throw loom::sdk::Error("memory.tiers: '" + item + "' is not MEMORY:BATCH (e.g. 20GB:128)");
+    if (*batch < 1)
+      throw loom::sdk::Error("memory.tiers: '" + item + "' gives micro-batch " + std::to_string(*batch) +
+                             "; a micro-batch is at least 1");
+    // ("30:128" was 30 bytes, a tier every device reaches, for a user who meant 30 GB)
+    if (const std::string size = item.substr(0, colon); *bytes > 0 && size.find_first_of("kKmMgGtTbB") == std::string::npos)
+      throw loom::sdk::Error("memory.tiers: '" + item + "' gives a size without its unit, which would be " +
+                             std::to_string(*bytes) + " bytes; write the unit, e.g. " +
+                             size.substr(size.find_first_not_of(' ')) + "GB:" + std::to_string(*batch) +
+                             " (0 alone needs none)");
     if (constexpr int64_t kMaxBatch = int64_t{1} << 24; *batch > kMaxBatch)  // (as memory.max_batch: no batch of 10^8)
       throw loom::sdk::Error("memory.tiers: '" + item + "' gives micro-batch " + std::to_string(*batch) +
                              ", above 16777216; a micro-batch that large fits on no device");
@@ -53,7 +62,8 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_string("tiers", "20GB:128, 10GB:64, 0:32",
-                               "MEMORY:MICRO_BATCH pairs; the first tier the device's memory reaches applies"),
+                               "MEMORY:MICRO_BATCH pairs, in any order; the largest MEMORY the device's memory (or "
+                               "its cap) reaches applies"),
   };
 
   explicit VramTiers(const loom::sdk::Options& o) : tiers_(parse_tiers(o.get_string("tiers"))) {}
@@ -61,10 +71,11 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
   void plan(loom::sdk::PlanContext& context) override {
     const auto stats = context.memory->stats();
     const int64_t memory = stats.limit > 0 ? std::min(stats.limit, stats.total) : stats.total;
-    int64_t tier_batch = 0;
+    int64_t tier_batch = 0, tier_bytes = 0;
     for (const auto& t : tiers_)
       if (memory >= t.min_bytes) {
         tier_batch = t.micro_batch;
+        tier_bytes = t.min_bytes;
         break;
       }
     if (tier_batch == 0)  // (the smallest tier's batch was taken: a device below every tier is none of them)
@@ -80,7 +91,7 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
       // (the accumulation the run asked for stays: the global batch is tier_batch x it x world)
       context.plan = loom::sdk::BatchPlan{tier_batch, context.plan.accumulation, world};
     }
-    description_ = "vram_tiers: device memory " + gb_text(memory) + " -> " +
+    description_ = "vram_tiers: device memory " + gb_text(memory) + " (tier " + gb_text(tier_bytes) + ") -> " +
                    loom::sdk::plan_text(context.plan);  // the host logs it with the plan
   }
 

@@ -229,6 +229,27 @@ TEST_F(MemoryTest, VramTiersPicksTheSeedsBatchForEachTier) {
     // (in the decimal GB the tiers are written in: it said "18.6 GiB" of a tier written 20GB)
     EXPECT_NE(std::string(e.what()).find("memory.tiers gives 20.0 GB twice (micro-batch "), std::string::npos) << e.what();
   }
+  // A size without its unit was bytes ("30:128": every device's tier); a batch of 0 was "not MEMORY:BATCH".
+  for (const auto& [tiers, says] : std::vector<std::pair<std::string, std::string>>{
+           {"30:128, 0:8", "memory.tiers: '30:128' gives a size without its unit, which would be 30 bytes; write the "
+                           "unit, e.g. 30GB:128 (0 alone needs none)"},
+           {"1GB:0", "memory.tiers: '1GB:0' gives micro-batch 0; a micro-batch is at least 1"}}) {
+    try {
+      registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", tiers}});
+      ADD_FAILURE() << tiers << " was taken";
+    } catch (const std::exception& e) {
+      EXPECT_CONTAINS(std::string(e.what()), says);
+    }
+  }
+  // In any order, the largest tier the device reaches (the key's text said "the first").
+  auto unordered = registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "10GB:64, 20GB:128, 0:16"}});
+  FakeDevice card(24'000'000'000);
+  loom::sdk::PlanContext any;
+  any.memory = &card;
+  any.plan = {128, 1, 1};
+  unordered->plan(any);
+  EXPECT_EQ(any.plan.micro_batch, 128);
+  EXPECT_CONTAINS(unordered->describe(), "vram_tiers: device memory 24.0 GB (tier 20.0 GB) -> ");
   // A device below every tier is none of them (the smallest tier's batch was taken in silence).
   auto only_large = registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "100GB:7"}});
   loom::sdk::PlanContext small;
