@@ -24,6 +24,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <sys/resource.h>
 #include <unistd.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -331,7 +332,20 @@ int64_t available_memory() {
   const int64_t machine = v > 0 ? v : static_cast<int64_t>(::sysconf(_SC_AVPHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
   const CgroupFiles& own = own_cgroup();
   const int64_t usage = own.limit > 0 ? usage_of(own) : -1;
-  return own.limit > 0 && usage >= 0 ? std::min(machine, std::max<int64_t>(0, own.limit - usage)) : machine;
+  int64_t out = own.limit > 0 && usage >= 0 ? std::min(machine, std::max<int64_t>(0, own.limit - usage)) : machine;
+  // `ulimit -v`: the address space left, past which the host refuses an allocation (auto_batch's
+  // probe of 2.5 GiB under 6 GB was the run's error, not "does not fit"); half of it, as the heap's
+  // freed blocks, threads' arenas and the loader's batches take address space beyond the tensors'
+  // bytes (the batch a probe found with all of it failed at step 1)
+  rlimit space{};
+  if (::getrlimit(RLIMIT_AS, &space) == 0 && space.rlim_cur != RLIM_INFINITY) {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("VmSize:", 0) == 0)
+        out = std::min(out, std::max<int64_t>(0, static_cast<int64_t>(space.rlim_cur) -
+                                                     std::strtoll(line.c_str() + 7, nullptr, 10) * 1024) / 2);
+  }
+  return out;
 }
 
 void install_cpu_allocator() { BudgetAllocator::instance(); }

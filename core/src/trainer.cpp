@@ -389,7 +389,7 @@ void Trainer::build_plan() {
     context.plan = plan_;
     context.global_batch = plan_.global();
     context.global_batch_given = given;
-    context.probe = [this](int64_t b) { return probe_peak(b); };
+    context.probe = [this](int64_t b) { return probe_peak_within(b, true, memory_->stats().allocated + memory_->stats().free); };
     context.config_key = config_key();
     context.device_name = device_description(device_);
     // A micro-batch above the global batch could not be used: when the user gave one, it bounds

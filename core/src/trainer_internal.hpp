@@ -105,6 +105,11 @@ auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
   }
 }
 
+/// Set while a memory probe runs on the CPU (Trainer::probe_peak_within): an allocation the host
+/// refuses (`ulimit -v`) is then out of memory, as a device's, which the search reads as "does not
+/// fit", not the run's error.
+inline thread_local bool host_refusal_is_oom = false;
+
 /// Runs a plugin's call `f` (a model's setup or forward): its error names the component, `who`
 /// ("model 'name'", called only on failure), unless the message does already (a built-in's
 /// "gpt2_recommender: ..."). Out of memory and a stop pass through unchanged (they are handled).
@@ -120,6 +125,8 @@ auto as_component(Who&& who, const std::string& name, F&& f) -> decltype(f()) {
   } catch (const c10::OutOfMemoryError&) {
     throw;
   } catch (const c10::Error& e) {
+    if (host_refusal_is_oom && std::string(e.what_without_backtrace()).find("DefaultCPUAllocator") != std::string::npos)
+      throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, loom::explained(e));
     throw named(loom::explained(e));
   } catch (const std::filesystem::filesystem_error& e) {
     throw named(loom::explained(e));

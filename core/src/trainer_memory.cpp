@@ -214,16 +214,20 @@ void Trainer::use_plan(const sdk::BatchPlan& plan) {
 
 int64_t Trainer::probe_peak_within(int64_t b, bool train, int64_t most) {
   // On the CPU an allocation past the machine's memory is no exception but the kernel's OOM
-  // killer: a probe that may be large runs under a budget, past which it throws as on a GPU.
+  // killer: a probe that may be large (an evaluation's; a policy's, whose cap without a budget is
+  // the machine's whole memory) runs under a budget, past which it throws as on a GPU.
   if (!device_.is_cpu()) return probe_peak(b, train);
   const int64_t before = memory_->stats().limit;
   memory_->set_limit(before > 0 ? std::min(before, most) : most);
+  host_refusal_is_oom = true;  // (what the host refuses, `ulimit -v`: does not fit either)
   try {
     const int64_t peak = probe_peak(b, train);
     memory_->set_limit(before);
+    host_refusal_is_oom = false;
     return peak;
   } catch (...) {
     memory_->set_limit(before);
+    host_refusal_is_oom = false;
     throw;
   }
 }

@@ -243,6 +243,17 @@ try:
     result = subprocess.CompletedProcess(["bench"], p.returncode, out, err)
     expect(p.returncode == -signal.SIGINT and os.listdir(tmp) == [],
            f"bench stopped at once leaves no scratch folder (found {os.listdir(tmp)})", result)
+    # auto_batch without a cap under `ulimit -v`: a probe the host refused (a 2.5 GiB tensor) was
+    # the run's error; it is "does not fit" for the search, whose probes run under what is free.
+    def small_address_space():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (6 * 10**9, 6 * 10**9))
+    r = loom(exe, "train", *RUN, "--set", "data.train_size=100000", "--set", "memory.policies=auto_batch",
+             "--set", "memory.max_batch=100000", "--set", "memory.cache=off", "--set", "trainer.max_steps=1",
+             "--set", f"trainer.work_dir={work}", "--set", "trainer.name=address_space", check=False,
+             preexec_fn=small_address_space)
+    expect(r.returncode == 0 and "[auto_batch] micro-batch " in r.stderr and "not enough host memory" not in r.stderr,
+           "auto_batch under ulimit -v finds a batch that fits", r)
 finally:
     shutil.rmtree(work, ignore_errors=True)
 print("memory cli test passed")
