@@ -215,7 +215,12 @@ int cmd_memory(const Invocation& invocation) {
   }
   if (micro < 1) {
     std::cout << "nothing fits in " << core::format_bytes(*target) << ": the model states alone need "
-              << core::format_bytes(states.total()) << " and the workspace "
+              << core::format_bytes(states.total())
+              << (states.rate_table > 0 ? " (of which the learning rates, one per step of the run, " +
+                                              core::format_bytes(states.rate_table) +
+                                              ": trainer.device_step = false keeps them on the host)"
+                                        : std::string())
+              << " and the workspace "
               << core::format_bytes(std::max<int64_t>(0, static_cast<int64_t>(fit.fixed) - states.total()))
               << (eval_of_one == std::numeric_limits<int64_t>::max()
                       ? ", and an evaluation of one sample needs more than that (measured)"

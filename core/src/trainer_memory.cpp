@@ -367,7 +367,11 @@ std::string Trainer::oom_advice(const std::string& message) const {
     add("a smaller input: --image-size");
   text += "\nThe estimator: the model states alone need " + format_bytes(states.total()) + " (parameters " +
           format_bytes(states.parameters) + ", gradients " + format_bytes(states.gradients) + ", optimizer " +
-          format_bytes(states.optimizer_states) + ") of the " + format_bytes(cap) + " this run may use";
+          format_bytes(states.optimizer_states) +
+          (states.rate_table > 0 ? ", the learning rates, one per step of the run, " + format_bytes(states.rate_table) +
+                                       " (trainer.device_step = false keeps them on the host)"
+                                 : std::string()) +
+          ") of the " + format_bytes(cap) + " this run may use";
   text += states.total() >= cap ? std::string(": no batch fits; use a smaller model, AMP, or more memory.")
                                 : "; `loom memory suggest --target " + target_arg(cap) + "` says which batch fits.";
   return text;

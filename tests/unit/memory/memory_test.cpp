@@ -745,6 +745,11 @@ TEST_F(MemoryTest, AtMicroBatchOneTheErrorSaysWhatWouldHelp) {
                                "4. a smaller input", "The estimator: the model states alone need"})
       EXPECT_NE(m.find(advice), std::string::npos) << advice << " missing from: " << m;
     EXPECT_EQ(m.find("a smaller batch"), std::string::npos) << m;
+    // (the table of learning rates, one per step, on the device: in "model states" unnamed, where a run
+    // of 100000 steps under a small cap needed 781 KiB of it and no advice named it)
+    EXPECT_CONTAINS(m, "optimizer " + format_bytes(t->model_states().optimizer_states) + ", the learning rates, one per "
+                       "step of the run, " + format_bytes(t->model_states().rate_table) + " (trainer.device_step = false "
+                       "keeps them on the host)) of the ");
     EXPECT_NE(m.find("oom_recovery re-planned to micro-batch 1 x accumulation 64 and stopped there (micro-batch 1 is "
                      "the smallest)"), std::string::npos) << m;
   }
