@@ -71,7 +71,7 @@ int cmd_memory(const Invocation& invocation) {
     target = sdk::parse_bytes(target_text);
     if (!target) throw Error("--target '" + target_text + "' is not a size (a number of bytes below 8 EiB, with its unit); e.g. 8GiB, 512MiB, 16GB");
   }
-  const int64_t devices = devices_of(invocation);
+  int64_t devices = devices_of(invocation);
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Config config = config_from(invocation.options);
@@ -87,6 +87,13 @@ int cmd_memory(const Invocation& invocation) {
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
   trainer.setup_for_estimate();
+  // The devices the configuration spreads the batch over (data_parallel's parallel.devices): the
+  // estimate said "on 1 device(s)" of a run that planned 16 x 1 x 2.
+  if (const int64_t planned = trainer.devices_in_world(); invocation.options["devices"].defaulted())
+    devices = planned;
+  else if (planned > 1 && planned != devices)
+    core::log::warn("--devices ", devices, ", where the configuration spreads the batch over ", planned,
+                    " devices (parallel.name = ", resolved.at("parallel.name").value, "): the figures are for ", devices);
   const core::ModelStates states = trainer.model_states();
   const int64_t samples = trainer.options().batch_size;
 

@@ -46,6 +46,14 @@ expect("4 devices, each" in r4.stdout and "micro-batch 16" in r4.stdout, "estima
 r3 = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--devices", "3", check=False)
 expect(r3.returncode == 1 and "is not divisible by gradient_accumulation_steps 1 x --devices 3" in r3.stderr
        and "--batch 63" in r3.stderr and "micro-batch" not in r3.stdout, "64 on 3 devices is refused", r3)
+# The devices the configuration spreads the batch over (data_parallel on cpu, cpu): the estimate
+# was "on 1 device(s)" of a run that plans 32 x 1 x 2; a --devices against them is said.
+dp = ["--set", "parallel.name=data_parallel", "--set", "parallel.devices=cpu,cpu"]
+r = loom(exe, "memory", "estimate", *RUN, *dp, "--batch", "64")
+expect("batch 64 on 2 device(s): micro-batch 32 x accumulation 1 per device" in r.stdout, "estimate for data_parallel's devices", r)
+r = loom(exe, "memory", "estimate", *RUN, *dp, "--batch", "64", "--devices", "4")
+expect("--devices 4, where the configuration spreads the batch over 2 devices (parallel.name = data_parallel): the "
+       "figures are for 4" in r.stderr, "estimate says --devices against the configuration", r)
 r = loom(exe, "memory", "estimate", *RUN, "--target", "8GiB", check=False)
 expect(r.returncode == 1 and "--target is for loom memory suggest" in r.stderr, "estimate refuses --target", r)
 at32 = total_bytes(loom(exe, "memory", "estimate", *RUN, "--batch", "32").stdout)

@@ -274,6 +274,9 @@ class Trainer {
   /// for it (Model::metric_value, 2.1: RMSE from the mean squared error). Means are what steps,
   /// windows and evaluations add up; the values are what is shown and written.
   void finish_metrics(std::map<std::string, double>& values, const std::string& prefix = "") const;
+  /// The devices the batch is spread over, this process's (replicas included) on every rank
+  /// (after set-up; `loom memory` estimates for them).
+  int64_t devices_in_world() const { return parallel_->world_size() * local_devices(); }
 
  private:
   /// Threads, seed, parallel strategy, data, device memory, model, precision (and optimizer).
@@ -286,9 +289,8 @@ class Trainer {
   Created<sdk::Model> make_model();
   /// A strategy with several devices in this process (data_parallel): the model's replicas.
   void build_replicas();
-  /// Devices this process trains on (replicas included) and over all ranks.
+  /// Devices this process trains on (replicas included).
   int64_t local_devices() const;
-  int64_t devices_in_world() const { return parallel_->world_size() * local_devices(); }
   void build_precision();
   void build_throughput();
   void build_plan();
