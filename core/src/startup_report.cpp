@@ -11,6 +11,7 @@
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <unistd.h>
 
@@ -123,12 +124,20 @@ void Trainer::report_startup() const {
   const int64_t predicted = fit_ ? estimate(model_states(), *fit_, plan_.micro_batch).peak() : predicted_peak_;
   if (predicted > 0) log::info("memory    estimated peak ", format_bytes(predicted), " at micro-batch ", plan_.micro_batch);
   // (said before a step runs out of memory against it: an oom_recovery policy re-plans there)
+  // (a policy listed after auto_batch that plans, vram_tiers, replaced what it measured: the
+  // warning blamed auto_batch's cache)
+  const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
+  const auto searched = std::find(policies.begin(), policies.end(), "auto_batch");
+  std::string after;
+  for (auto it = searched == policies.end() ? policies.end() : searched + 1; it != policies.end(); ++it)
+    if (*it != "oom_recovery") after += (after.empty() ? "" : ", ") + *it;
   if (const int64_t cap = memory_->stats().limit; predicted > 0 && cap > 0 && predicted > cap)
     log::warn("the estimated peak, ", format_bytes(predicted), ", is above the ", format_bytes(cap),
               " this run may use: a step or an evaluation may run out of memory (a smaller --batch-size",
-              value_of(config_, "memory.policies").find("auto_batch") == std::string::npos
-                  ? ", or memory.policies = auto_batch, which measures what fits)"
-                  : "; auto_batch's answer may be stale: memory.auto_batch.cache = off searches again)");
+              searched == policies.end() ? ", or memory.policies = auto_batch, which measures what fits)"
+              : !after.empty() ? "; " + after + ", listed after auto_batch, planned after it: list auto_batch last, which " +
+                                     "measures what fits)"
+                               : std::string("; auto_batch's answer may be stale: memory.auto_batch.cache = off searches again)"));
   // On the CPU without a cap, past what the machine has free the kernel's OOM killer ends the
   // process with no word from it (exit 137), minutes in; said now, with what would help.
   // (what is allocated already, the model and its optimizer, is in the peak and no longer free)

@@ -251,6 +251,12 @@ try:
     result = subprocess.CompletedProcess(["bench"], p.returncode, out, err)
     expect(p.returncode == -signal.SIGINT and os.listdir(tmp) == [],
            f"bench stopped at once leaves no scratch folder (found {os.listdir(tmp)})", result)
+    # vram_tiers listed after auto_batch replaces what it measured: the warning blamed auto_batch's cache.
+    r = loom(exe, "train", "-c", debug, "--set", "memory.policies=auto_batch,vram_tiers", "--device-memory-limit", "600KiB",
+             "--set", "memory.tiers=0:64", "--batch-size", "128", "--set", "trainer.max_steps=1", "--set",
+             "memory.cache=off", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=tiers_after", check=False)
+    expect("vram_tiers, listed after auto_batch, planned after it: list auto_batch last, which measures what fits" in r.stderr
+           and "may be stale" not in r.stderr, "vram_tiers after auto_batch is named", r)
     # auto_batch without a cap under `ulimit -v`: a probe the host refused (a 2.5 GiB tensor) was
     # the run's error; it is "does not fit" for the search, whose probes run under what is free.
     def small_address_space():
