@@ -75,6 +75,15 @@ int cmd_memory(const Invocation& invocation) {
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Config config = config_from(invocation.options);
+  // A run's own keys, from the command line: nothing of an estimate (a --resume-from that names
+  // nothing stopped it), said as not used, as loom bench says them.
+  for (const char* key : {"trainer.resume_from", "trainer.init_from", "trainer.work_dir", "memory.snapshot"})
+    if (const core::ConfigValue* given = config.find(key);
+        given != nullptr && given->origin.source != "file" && given->origin.source != "default") {
+      core::log::warn("loom memory does not use ", key, " = '", given->value, "' (", given->origin.describe(),
+                      "): an estimate writes no run and loads no weights");
+      config.set(key, std::string(key) == "trainer.work_dir" ? "runs" : "", {"loom memory", {}, 0});
+    }
   if (invocation.options.count("batch")) {
     const std::string batch = std::to_string(invocation.options["batch"].as<int64_t>());
     // (over a configuration file's batch, --batch is what it is for; beside --set or --batch-size, one is lost)

@@ -106,6 +106,11 @@ r = loom(exe, "memory", "suggest", "-c", debug, "--target", "300KiB", "--set", "
 expect("--target 300.0 KiB is above the cap this command runs under, 200.0 KiB" in r.stderr
        and "the probes ran at micro-batch 1 and 2, not 16: larger ones ran out of memory under the cap" in r.stderr,
        "suggest says a target above the cap and probes the cap held small", r)
+# A run's own keys are not an estimate's: a --resume-from that names nothing stopped it.
+r = loom(exe, "memory", "estimate", *RUN, "--resume-from", "/nonexistent", "--work-dir", "/dev/full")
+expect("loom memory does not use trainer.resume_from = '/nonexistent' (--resume-from): an estimate writes no run"
+       in r.stderr and "loom memory does not use trainer.work_dir = '/dev/full'" in r.stderr and "total" in r.stdout,
+       "estimate says the run's keys it does not use", r)
 r = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--batch-size", "32")
 expect("the global batch is given twice: --batch 64 and trainer.batch_size = 32 (--batch-size); --batch is used" in r.stderr,
        "estimate says a batch given twice", r)
