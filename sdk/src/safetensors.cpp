@@ -99,8 +99,9 @@ SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size, const
       e.begin = offsets[0];
       e.end = offsets[1];
       out.entries.push_back(std::move(e));
-    } catch (const nlohmann::json::exception& ex) {
-      throw bad("tensor '" + it.key() + "': " + ex.what());
+    } catch (const nlohmann::json::exception&) {  // (its text, "[json.exception.type_error.304] cannot use at() with array", said nothing)
+      throw bad("tensor '" + it.key() + "' is not {\"dtype\": text, \"shape\": [whole numbers], \"data_offsets\": [begin, "
+                "end]}: its entry is " + entry.dump().substr(0, 200));
     }
   }
   std::vector<std::pair<uint64_t, uint64_t>> ranges;

@@ -635,6 +635,21 @@ TEST_F(RunFolderTest, ASafetensorsHeaderDeclaringAHugeShapeIsRefusedBeforeAlloca
   } catch (const loom::Error& e) {
     EXPECT_NE(std::string(e.what()).find("tensor 't' declares a shape larger than the file"), std::string::npos) << e.what();
   }
+  // An entry of another form was the JSON library's "[json.exception.type_error.304] cannot use at() with array".
+  for (const std::string entry : {R"([1,2])", R"({"dtype":"F32"})"}) {
+    const std::string odd = R"({"t":)" + entry + "}";
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((odd.size() >> (8 * i)) & 0xff);
+    file += odd;
+    try {
+      from_safetensors(file, "odd.safetensors");
+      ADD_FAILURE() << entry << " was read";
+    } catch (const loom::Error& e) {
+      EXPECT_CONTAINS(std::string(e.what()), "odd.safetensors is not a valid safetensors file: tensor 't' is not {\"dtype\": "
+                                             "text, \"shape\": [whole numbers], \"data_offsets\": [begin, end]}: its entry is " + entry);
+      EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(RunFolderTest, AbsurdValuesAreRefusedBeforeAnythingRunsByConfigShowToo) {
