@@ -439,12 +439,16 @@ RawData read_ml1m(const fs::path& root) {
   {
     Rows rows(root / "movies.dat");
     while (rows.next(line)) {
-      const auto f = split_on(line, "::");
-      if (f.size() != 3) throw rows.error(std::to_string(f.size()) + " fields, expected 3 (MovieID::Title::Genres)");
+      // The id before the first "::", the genres after the last: a title ending in ':' ("Bar:::Comedy")
+      // was the title "Bar" of the genre ":Comedy"; one with "::" in it is the title whole.
+      const size_t first = line.find("::"), last = line.rfind("::");
+      if (first == std::string_view::npos || first == last)
+        throw rows.error(std::to_string(first == std::string_view::npos ? 1 : 2) +
+                         " fields, expected 3 (MovieID::Title::Genres)");
       Item item;
-      item.id = std::to_string(integer(f[0], "MovieID", rows));
-      item.title = std::string(f[1]);
-      for (auto g : split_on(f[2], "|")) item.genres += (item.genres.empty() ? "" : ", ") + std::string(g);
+      item.id = std::to_string(integer(line.substr(0, first), "MovieID", rows));
+      item.title = std::string(line.substr(first + 2, last - first - 2));
+      for (auto g : split_on(line.substr(last + 2), "|")) item.genres += (item.genres.empty() ? "" : ", ") + std::string(g);
       reader.add_item(std::move(item), rows);
     }
   }

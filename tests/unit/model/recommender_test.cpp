@@ -196,7 +196,8 @@ TEST_F(RecommenderData, AFileOfManyPartsIsReadWhole) {
 TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
   // (a NUL in a title, a damaged file's, cut the title short; an escape character, or U+009B, garbled the terminal)
   write(dir_ / "movies.dat", "1::American President, The (1995)::Comedy|Drama|Romance\n2::Misérables, Les (1995)::Drama\n"
-                             "3::Heat" + std::string(1, '\0') + "(1995)\x1b\xc2\x9b::Action|Crime|Thriller\n");
+                             "3::Heat" + std::string(1, '\0') + "(1995)\x1b\xc2\x9b::Action|Crime|Thriller\n"
+                             "4::Bar: :::Comedy|Drama\n");  // (a title ending in ':' was "Bar: " of the genre ":Comedy")
   write(dir_ / "ratings.dat", "1::1::5::978300760\n1::2::3::978300761\n1::3::4::978300762\n2::3::2::978300763\n"
                               "2::1::1::978300764\n2::2::4::978300765\n");
   auto d = open({{"task", "rating"}, {"split", "leave_last_out"}});
@@ -204,6 +205,8 @@ TEST_F(RecommenderData, MovieLens1mIsReadWithDoubleColonsAndRatingsKept) {
   EXPECT_EQ(attribute_lines(spec.attributes.at("items.title"))[0], "American President, The (1995)");
   EXPECT_EQ(attribute_lines(spec.attributes.at("items.title"))[1], "Misérables, Les (1995)");  // UTF-8 stays UTF-8
   EXPECT_EQ(attribute_lines(spec.attributes.at("items.text"))[2], "Heat (1995)   | Action, Crime, Thriller");
+  EXPECT_EQ(attribute_lines(spec.attributes.at("items.title"))[3], "Bar: :");
+  EXPECT_EQ(attribute_lines(spec.attributes.at("items.text"))[3], "Bar: : | Comedy, Drama");
   const auto test = d->get_batch(Split::kTest, {0, 1});
   EXPECT_TRUE(at::equal(test.at("rating"), at::tensor(std::vector<float>{4, 4})));  // the last ratings kept
   EXPECT_EQ(spec.attributes.at("rating.mean"), std::to_string((5.0 + 2.0) / 2));
