@@ -258,7 +258,11 @@ void check_one_save(const fs::path& dir, const std::string& state, const sdk::Te
 
 Checkpoint load_step_folder(const fs::path& dir, bool with_optimizer) {
   if (!fs::is_directory(dir))
-    throw Error("checkpoint " + dir.string() + " is not a folder; pass a step folder such as runs/<name>/checkpoints/step_00000300");
+    throw Error("checkpoint " + dir.string() + " is not a folder; pass a step folder such as runs/<name>/checkpoints/step_00000300" +
+                (with_optimizer && dir.extension() == ".safetensors"
+                     ? " (a weights file holds no optimizer, schedule or step to resume: trainer.init_from = " + dir.string() +
+                           " starts a new run from its weights)"
+                     : std::string()));
   for (const char* file : {"state.json", "model.safetensors", "optimizer.safetensors"})
     if ((with_optimizer || std::string_view(file) != "optimizer.safetensors") && !fs::exists(dir / file))
       throw Error("checkpoint " + dir.string() + " has no " + file + "; it is incomplete or not a Loom checkpoint");

@@ -81,9 +81,14 @@ void Trainer::report_startup() const {
   log::info("data      ", value_of(config_, "data.name"), ": ", dataset_->size(sdk::Split::kTrain), " train", validation,
             ", ", dataset_->size(sdk::Split::kTest), " test; ", fields,
             data_spec_.num_classes ? "; " + std::to_string(data_spec_.num_classes) + " classes" : std::string());
+  // (the plugin describes the model it built, "random start" where it had no pretrained weights:
+  // what replaced them is the core's to say)
   const std::string model = model_->describe();
+  const std::string weights = resumed_at_ >= 0 ? "; weights from the checkpoint of step " + std::to_string(resumed_at_)
+                              : !options_.init_from.empty() ? "; weights from trainer.init_from (" + options_.init_from + ")"
+                                                            : std::string();
   log::info("model     ", value_of(config_, "model.name"), ": ", model.empty() ? std::string() : model + "; ", format_count(params),
-            " parameters (", format_count(trainable), " trainable, ", format_bytes(bytes), ")");
+            " parameters (", format_count(trainable), " trainable, ", format_bytes(bytes), ")", weights);
   log::info("plan      batch ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ",
             plan_.world_size, " (micro-batch x accumulation x devices); ", per_epoch, " steps/epoch, ", total_steps_,
             " steps", options_.max_steps == 0 ? " (" + std::to_string(options_.epochs) + " epochs)" : std::string());

@@ -154,6 +154,8 @@ void Trainer::setup() {
   note_pending_test();
   if (!options_.init_from.empty() && !init_before && resumed_at_ < 0)
     in_phase("loading trainer.init_from", [&] { init_weights(options_.init_from); });
+  else if (!options_.init_from.empty() && resumed_at_ >= 0)  // (it was ignored without a word)
+    log::info("trainer.init_from = ", options_.init_from, " is not used: the run resumes its own weights at step ", resumed_at_);
   if (parallel_->world_size() > 1) in_phase("agreeing on the weights", [&] { broadcast_model(); });
   seed_rank();
   build_gradient_sync();
@@ -392,9 +394,8 @@ void Trainer::build_plan() {
     context.probe = [this](int64_t b) { return probe_peak_within(b, true, memory_->stats().allocated + memory_->stats().free); };
     context.config_key = config_key();
     context.device_name = device_description(device_);
-    // A micro-batch above the global batch could not be used: when the user gave one, it bounds
-    // a search too.
-    // (accumulated as the run asks: a global batch no larger than the samples it trains on)
+    // A micro-batch above the global batch could not be used: when the user gave one, it bounds a
+    // search too (accumulated as the run asks: a global batch no larger than the samples it trains on).
     context.max_micro_batch = std::max<int64_t>(1, training_samples() / (world * plan_.accumulation));
     if (given) context.max_micro_batch = std::min(context.max_micro_batch, plan_.global() / world);
     as_component([&] { return "memory policy '" + name + "'"; }, name, [&] { policy->plan(context); });
@@ -470,11 +471,10 @@ void Trainer::build_optimizer() {
   as_component(who, options_.optimizer, [&] { optimizer_->setup(parameters_.trainable()); });
   parameter_shapes_.clear();
   for (const auto& item : model_->module().named_parameters()) parameter_shapes_.emplace_back(item.key(), item.value().sizes().vec());
-  // Optimizer state and gradients exist from the start, so memory planning measures the steady
-  // state. (Before its gradient exists, backward hands a parameter the incoming buffer; after,
-  // it adds into it through a temporary: probes taken across that change disagree by a
-  // parameter-sized buffer per parameter, which the activation fit would read as per-sample
-  // memory.)
+  // Optimizer state and gradients exist from the start, so memory planning measures the steady state.
+  // (Before its gradient exists, backward hands a parameter the incoming buffer; after, it adds into
+  // it through a temporary: probes taken across that change disagree by a parameter-sized buffer per
+  // parameter, which the activation fit would read as per-sample memory.)
   as_component(who, options_.optimizer, [&] { optimizer_->materialize(); });
   parameters_.gradients();
 }

@@ -978,8 +978,30 @@ TEST_F(TrainerTest, ANewRunStartsFromACheckpointsWeightsWithInitFrom) {
   Config second = base("stage2");
   second.set_assignment("model.dropout=0.3");
   second.set_assignment("trainer.init_from=" + checkpoint.string());
-  auto stage2 = make(second);
+  std::unique_ptr<Trainer> stage2;
+  {
+    const log::Capture capture(LOOM_LOG_INFO);  // (the model line said the plugin's "random start" alone)
+    stage2 = make(second);
+    EXPECT_TRUE(capture.contains("; weights from trainer.init_from (" + checkpoint.string() + ")"))
+        << ::testing::PrintToString(capture.lines());
+  }
   EXPECT_EQ(stage2->step(), 0);
+  stage2->train_step();
+  stage2->train_step();
+  stage2->save_checkpoint();
+  stage2.reset();
+  {  // Resumed, the run has its own weights: init_from, given again, is said not to be used (it was ignored in silence).
+    Config again = second;
+    again.set_assignment("trainer.resume=auto");
+    const log::Capture capture(LOOM_LOG_INFO);
+    EXPECT_EQ(make(again)->step(), 2);
+    EXPECT_TRUE(capture.contains("trainer.init_from = " + checkpoint.string() + " is not used: the run resumes its own "
+                                 "weights at step 2"))
+        << ::testing::PrintToString(capture.lines());
+    EXPECT_TRUE(capture.contains("; weights from the checkpoint of step 2")) << ::testing::PrintToString(capture.lines());
+  }
+  second.set_assignment("trainer.name=stage2_b");  // (a new run again: its weights are the checkpoint's)
+  stage2 = make(second);
   const auto loaded = parameters(*stage2);
   ASSERT_EQ(loaded.size(), trained.size());
   for (size_t i = 0; i < loaded.size(); ++i) EXPECT_TRUE(at::equal(loaded[i], trained[i])) << "parameter " << i;
