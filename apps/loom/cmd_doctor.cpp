@@ -8,6 +8,7 @@
 #include <loom/core/text.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/sdk/cross_entropy.hpp>
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/version.hpp>
 
 #include <ATen/Parallel.h>
@@ -22,6 +23,7 @@
 #include <fstream>
 #include <iostream>
 #include <thread>
+#include <unistd.h>
 
 namespace loom::cli {
 
@@ -108,6 +110,20 @@ int cmd_doctor(const Invocation& invocation) {
   row("loaded", std::to_string(registry.components().size()) + " components from " +
                     std::to_string(registry.plugins().size()) + " files");
   row("refused", std::to_string(registry.refusals().size()) + (registry.refusals().empty() ? "" : " (loom plugins says why)"));
+  {  // Where the plugin scans and auto_batch's answers are kept ($LOOM_CACHE), and whether they can be.
+    const char* given = std::getenv("LOOM_CACHE");
+    const char* home = std::getenv("HOME");
+    const std::filesystem::path cache = given && *given ? std::filesystem::path(given)
+                                        : home           ? std::filesystem::path(home) / ".cache" / "loom"
+                                                         : std::filesystem::path();
+    std::error_code ec;
+    const std::string there = cache.empty() ? "" : sdk::what_is_at(cache);
+    row("cache", cache.empty() ? "none: neither LOOM_CACHE nor HOME is set (plugin scans and auto_batch answers are not kept)"
+                 : there == "no such file" ? cache.string() + " (made at first use)"
+                 : !std::filesystem::is_directory(cache, ec) ? cache.string() + ": " + (there.empty() ? std::string("a file") : there) + ", not a folder; point LOOM_CACHE at a folder"
+                 : ::access(cache.c_str(), W_OK) != 0 ? cache.string() + ": not writable; point LOOM_CACHE at a folder you can write"
+                                                      : cache.string() + (given && *given ? " ($LOOM_CACHE)" : ""));
+  }
 
   std::cout << "\nData\n";
   const bool fmnist = std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");

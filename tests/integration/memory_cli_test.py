@@ -168,6 +168,11 @@ try:
 
     r = loom(exe, "doctor")
     expect("CPU" in r.stdout and "Plugins" in r.stdout and "LibTorch" in r.stdout, "doctor reports", r)
+    # where the plugin scans and auto_batch's answers are kept, and a cache that cannot be one
+    expect(re.search(r"\n  cache +\S", r.stdout), "doctor names the cache folder", r)
+    r = loom(exe, "doctor", env=dict(os.environ, LOOM_CACHE="/dev/full"))
+    expect("cache                 /dev/full: a character device, not a folder; point LOOM_CACHE at a folder" in r.stdout,
+           "doctor says a cache that is no folder", r)
     # a CUDA LibTorch: doctor says what compiles Loom's own kernels (the wheel's NVRTC), or why nothing does
     if "CUDA none)" not in r.stdout:
         expect(re.search(r"Loom's kernels +(compiled at first use by NVRTC, \S*libnvrtc\.so\S*|unavailable: .+)\n",
