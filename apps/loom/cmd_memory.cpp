@@ -75,13 +75,13 @@ int cmd_memory(const Invocation& invocation) {
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::Config config = config_from(invocation.options);
-  // A run's own keys, from the command line: nothing of an estimate (a --resume-from that names
-  // nothing stopped it), said as not used, as loom bench says them.
+  // A run's own keys: nothing of an estimate (a --resume-from that names nothing stopped it; a
+  // stage-2 file's init_from, not trained yet, too), cleared; said where the command line gave them.
   for (const char* key : {"trainer.resume_from", "trainer.init_from", "trainer.work_dir", "memory.snapshot"})
-    if (const core::ConfigValue* given = config.find(key);
-        given != nullptr && given->origin.source != "file" && given->origin.source != "default") {
-      core::log::warn("loom memory does not use ", key, " = '", given->value, "' (", given->origin.describe(),
-                      "): an estimate writes no run and loads no weights");
+    if (const core::ConfigValue* given = config.find(key); given != nullptr && given->origin.source != "default") {
+      if (given->origin.source != "file")
+        core::log::warn("loom memory does not use ", key, " = '", given->value, "' (", given->origin.describe(),
+                        "): an estimate writes no run and loads no weights");
       config.set(key, std::string(key) == "trainer.work_dir" ? "runs" : "", {"loom memory", {}, 0});
     }
   if (invocation.options.count("batch")) {
@@ -103,6 +103,10 @@ int cmd_memory(const Invocation& invocation) {
   else if (planned > 1 && planned != devices)
     core::log::warn("--devices ", devices, ", where the configuration spreads the batch over ", planned,
                     " devices (parallel.name = ", resolved.at("parallel.name").value, "): the figures are for ", devices);
+  // (the refusals name --devices only where it was given: "x --devices 2" of a run's parallel.devices)
+  const std::string on_devices = invocation.options["devices"].defaulted()
+                                     ? std::to_string(devices) + " device(s) (the configuration's)"
+                                     : "--devices " + std::to_string(devices);
   const core::ModelStates states = trainer.model_states();
   const int64_t samples = trainer.options().batch_size;
 
@@ -111,12 +115,12 @@ int cmd_memory(const Invocation& invocation) {
     // a micro-batch of 42, which trains 126).
     const int64_t per_step = trainer.options().accumulation * devices;
     if (per_step > kMaxBatch)
-      throw Error("gradient_accumulation_steps " + std::to_string(trainer.options().accumulation) + " x --devices " +
-                  std::to_string(devices) + " needs a global batch of at least " + std::to_string(per_step) +
+      throw Error("gradient_accumulation_steps " + std::to_string(trainer.options().accumulation) + " x " +
+                  on_devices + " needs a global batch of at least " + std::to_string(per_step) +
                   ", more than trainer.batch_size allows (" + std::to_string(kMaxBatch) + "); give fewer devices");
     if (samples % per_step != 0)
       throw Error("trainer.batch_size " + std::to_string(samples) + " is not divisible by gradient_accumulation_steps " +
-                  std::to_string(trainer.options().accumulation) + " x --devices " + std::to_string(devices) +
+                  std::to_string(trainer.options().accumulation) + " x " + on_devices +
                   ": loom train refuses that plan; give a global batch that splits evenly, e.g. --batch " +
                   std::to_string(std::max(per_step, samples / per_step * per_step)));
     const int64_t micro = samples / per_step;
@@ -269,7 +273,7 @@ int cmd_memory(const Invocation& invocation) {
   }
   if (const int64_t split = trainer.training_samples(); split > 0 && micro > split / devices / accumulation) {
     if (split < devices * accumulation)
-      throw Error("--devices " + std::to_string(devices) + " x gradient_accumulation_steps " + std::to_string(accumulation) +
+      throw Error(on_devices + " x gradient_accumulation_steps " + std::to_string(accumulation) +
                   ": the run trains on " + std::to_string(split) + " samples, fewer than one per micro-batch; give fewer "
                   "devices or less accumulation");
     micro = split / devices / accumulation;
@@ -288,7 +292,7 @@ int cmd_memory(const Invocation& invocation) {
   // batch of this micro-batch alone read as a second, contradicting answer.)
   const bool kept_batch = invocation.options.count("batch") != 0;
   if (kept_batch && (samples % devices != 0 || samples < devices))  // (before any answer is printed)
-    throw Error("--batch " + std::to_string(samples) + " does not split evenly over --devices " + std::to_string(devices) +
+    throw Error("--batch " + std::to_string(samples) + " does not split evenly over " + on_devices +
                 "; give a multiple of " + std::to_string(devices));
   std::cout << "micro-batch for " << core::format_bytes(*target) << " per device: " << micro
             << (kept_batch ? " (the largest that fits" + capped + "; --batch " + std::to_string(samples) + " is split within it below"

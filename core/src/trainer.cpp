@@ -174,13 +174,7 @@ void Trainer::build_components(bool with_optimizer) {
   build_parallel();
   detail::agree_on_configuration(*parallel_, config_);  // (before any collective whose shapes it decides)
   if (options_.threads == 0) share_cores(default_threads);  // (after build_parallel: said by rank 0 alone)
-  // A checkpoint to start from that is not there, said before the data is read (rank 0 reads it).
-  std::error_code ec;
-  if (with_optimizer && parallel_->rank() == 0 && !options_.resume_from.empty() &&
-      !fs::exists(fs::path(options_.resume_from).lexically_normal(), ec))
-    throw no_such_checkpoint("trainer.resume_from", options_.resume_from);
-  if (with_optimizer && parallel_->rank() == 0 && init_first() && !fs::exists(fs::path(options_.init_from), ec))
-    throw no_such_checkpoint("trainer.init_from", options_.init_from);
+  if (with_optimizer) refuse_missing_start(*parallel_, options_.resume_from, init_first() ? options_.init_from : "");
   build_data();
   // (a dataset is not interrupted while it builds: a stop during it is acted on here, and named so)
   stop_if_signalled_in_setup(parallel_->world_size(), "while the data was built");

@@ -34,7 +34,8 @@ json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec)
     if (const auto it = spec.attributes.find("splits.fingerprint"); it != spec.attributes.end()) sizes["held_out"] = it->second;
     // (any other "<what>.fingerprint" a dataset gives, the interactions datasets' items.text one)
     for (const auto& [name, value] : spec.attributes)
-      if (name.ends_with(".fingerprint") && name != "splits.fingerprint") sizes["fingerprints"][name] = value;
+      if (name.ends_with(".fingerprint") && name != "splits.fingerprint" && !invalid_utf8(name) && !invalid_utf8(value))
+        sizes["fingerprints"][name] = value;  // (UTF-8 only: state.json is JSON, and a save that throws saves nothing)
     return sizes;
   } catch (const std::exception&) {
     return json();
@@ -49,22 +50,23 @@ std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::D
   for (const auto& [split, size] : sizes.items())
     if (const auto it = recorded.find(split); it != recorded.end() && *it != size && size.is_number_integer() && it->is_number_integer())
       out.push_back("the " + split + " split holds " + size.dump() + " samples (the checkpoint's run: " + it->dump() + ")");
+  // (the same sizes, other samples: a model scored on what it trained on)
+  if (out.empty() && sizes.contains("held_out")) {
+    if (const auto it = recorded.find("held_out"); it == recorded.end())
+      out.push_back("the checkpoint records no fingerprint of the samples its run held out (written before its dataset "
+                    "gave one: the interactions datasets' splits stopped following the order of the file's lines on "
+                    "2026-11-30), so its validation and test samples may be others than the run's, some of them trained on");
+    else if (!it->is_string() || *it != sizes.at("held_out"))
+      out.push_back("its validation and test samples are others than the run's (the same counts; fingerprint " +
+                    sizes.at("held_out").get<std::string>() + ", the run's " + (it->is_string() ? it->get<std::string>() : it->dump()) +
+                    "), some of them trained on");
+  }
   // (the same samples, other contents: an item's text edited in place, which its text vector reads)
   if (const auto fingerprints = recorded.find("fingerprints"); fingerprints != recorded.end() && fingerprints->is_object() && sizes.contains("fingerprints"))
     for (const auto& [name, value] : sizes.at("fingerprints").items())
       if (const auto it = fingerprints->find(name); it != fingerprints->end() && *it != value)
         out.push_back("its " + name.substr(0, name.size() - 12) + " changed since (fingerprint " + value.get<std::string>() +
                       ", the run's " + (it->is_string() ? it->get<std::string>() : it->dump()) + ")");
-  // (the same sizes, other samples: a model scored on what it trained on)
-  if (!out.empty() || !sizes.contains("held_out")) return out;
-  if (const auto it = recorded.find("held_out"); it == recorded.end())
-    out.push_back("the checkpoint records no fingerprint of the samples its run held out (written before its dataset "
-                  "gave one: the interactions datasets' splits stopped following the order of the file's lines on "
-                  "2026-11-30), so its validation and test samples may be others than the run's, some of them trained on");
-  else if (!it->is_string() || *it != sizes.at("held_out"))
-    out.push_back("its validation and test samples are others than the run's (the same counts; fingerprint " +
-                  sizes.at("held_out").get<std::string>() + ", the run's " + (it->is_string() ? it->get<std::string>() : it->dump()) +
-                  "), some of them trained on");
   return out;
 }
 

@@ -24,6 +24,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -289,6 +290,23 @@ inline constexpr const char* kRunRecordOrigin = "the run's config.json";
 
 /// Rank 0's `text` on every rank (read on rank 0), through the strategy's broadcast; none where rank 0 had none to give.
 std::optional<std::string> from_rank0(sdk::ParallelStrategy& parallel, const std::optional<std::string>& text);
+
+/// trainer.resume_from, or a new run's trainer.init_from, naming nothing: said before the data is
+/// read (minutes, for a large set). Rank 0 looks, as it alone reads them; every rank stops with
+/// its words (the others waited for rank 0 up to parallel.timeout). A path that cannot be looked
+/// at (EACCES) is left to the reading of it, which says why.
+inline void refuse_missing_start(sdk::ParallelStrategy& parallel, const std::string& resume_from, const std::string& init_from) {
+  std::optional<std::string> problem;
+  if (parallel.rank() == 0)
+    for (const auto& [key, given] : {std::pair<std::string, std::string>{"trainer.resume_from", resume_from},
+                                     std::pair<std::string, std::string>{"trainer.init_from", init_from}}) {
+      std::error_code ec;
+      if (!problem && !given.empty() && !std::filesystem::exists(std::filesystem::path(given).lexically_normal(), ec) && !ec)
+        problem = no_such_checkpoint(key, given).what();
+    }
+  if (parallel.world_size() > 1) problem = from_rank0(parallel, problem);
+  if (problem) throw Error(*problem);
+}
 
 /// The runs in `work_dir`, the one last active first (run_folder.cpp).
 std::vector<std::string> runs_newest_first(const std::filesystem::path& work_dir);

@@ -225,6 +225,15 @@ int64_t Trainer::probe_peak_within(int64_t b, bool train, int64_t most) {
     memory_->set_limit(before);
     host_refusal_is_oom = false;
     return peak;
+  } catch (const c10::OutOfMemoryError&) {
+    memory_->set_limit(before);
+    host_refusal_is_oom = false;
+    throw;
+  } catch (const c10::Error& e) {  // (refused in the backward, which no plugin call wraps)
+    memory_->set_limit(before);
+    host_refusal_is_oom = false;
+    if (std::string(e.what_without_backtrace()).find("DefaultCPUAllocator") == std::string::npos) throw;
+    throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, explained(e));
   } catch (...) {
     memory_->set_limit(before);
     host_refusal_is_oom = false;

@@ -220,6 +220,22 @@ try:
     said = outs[1][1]
     assert "rank 1's configuration differs from rank 0's: " in said and "dropout = 0.2 (--set) on rank 1, 0 on rank 0" in said \
         and "trainer.lr = 0.01 (--set) on rank 1, " in said, said[-2000:]
+    # A --resume-from that names nothing, said before the data is read: rank 0 looks, and rank 1,
+    # on a node no launcher of rank 0's stops, says it too (it waited for parallel.timeout).
+    port = str(free_port())
+    typo = os.path.join(work, "typo-run")
+    nodes = [subprocess.Popen([exe, "launch", "--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "1",
+                               "--master-port", port, "--", "train", *args, *DDP, "--set", "trainer.name=typo",
+                               "--set", f"trainer.resume_from={typo}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    try:
+        typo_outs = [p.communicate(timeout=120) for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    assert [p.returncode for p in nodes] == [1, 1], [o[1][-2000:] for o in typo_outs]
+    for out in typo_outs:
+        assert f"trainer.resume_from = {typo}: no such checkpoint" in out[1], out[1][-2000:]
     # Node 0, whose log may be all a multi-node job's user reads, names the first key that differs too.
     assert "1 rank's configuration differs from rank 0's; rank 1's first difference: " in outs[0][1] \
         and "dropout = 0.2 (--set) on rank 1, 0 on rank 0 (its own error names every key)" in outs[0][1], outs[0][1][-2000:]

@@ -111,6 +111,12 @@ r = loom(exe, "memory", "estimate", *RUN, "--resume-from", "/nonexistent", "--wo
 expect("loom memory does not use trainer.resume_from = '/nonexistent' (--resume-from): an estimate writes no run"
        in r.stderr and "loom memory does not use trainer.work_dir = '/dev/full'" in r.stderr and "total" in r.stdout,
        "estimate says the run's keys it does not use", r)
+# A stage-2 file's init_from, not trained yet, is no part of an estimate either (cleared in silence).
+stage2 = os.path.join(workdir(), "stage2.ini")
+with open(stage2, "w") as f:
+    f.write("[trainer]\ninit_from = runs/stage1/checkpoints/best_accuracy.safetensors\n")
+r = loom(exe, "memory", "estimate", "-c", stage2, *RUN)
+expect("total" in r.stdout and "init_from" not in r.stderr, "estimate of a file with an init_from not there yet", r)
 r = loom(exe, "memory", "estimate", *RUN, "--batch", "64", "--batch-size", "32")
 expect("the global batch is given twice: --batch 64 and trainer.batch_size = 32 (--batch-size); --batch is used" in r.stderr,
        "estimate says a batch given twice", r)

@@ -218,12 +218,24 @@ void Jsonl::on_run_begin(RunContext& run) {
     }
     const auto size = static_cast<size_t>(st.st_size);
     void* map = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int map_error = errno;
+    std::string copy;  // (where the file cannot be mapped, on a FUSE mount with direct I/O: read whole, as before)
+    if (map == MAP_FAILED) {
+      map = nullptr;
+      copy.resize(size);
+      for (size_t done = 0; done < size;) {
+        const ssize_t got = ::read(fd, copy.data() + done, size - done);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+          const int error = got < 0 ? errno : EIO;
+          ::close(fd);
+          throw sdk::Error("cannot read " + path_.string() + " (" + std::strerror(error) + "): nothing in it was changed");
+        }
+        done += static_cast<size_t>(got);
+      }
+    }
     ::close(fd);
-    if (map == MAP_FAILED)
-      throw sdk::Error("cannot read " + path_.string() + " (" + std::strerror(map_error) + "): nothing in it was changed");
     const std::unique_ptr<void, std::function<void(void*)>> unmap(map, [size](void* m) { ::munmap(m, size); });
-    const std::string_view text(static_cast<const char*>(map), size);
+    const std::string_view text = map ? std::string_view(static_cast<const char*>(map), size) : std::string_view(copy);
     // Rows of later steps go (the resumed run writes them again); every other line stays: rows
     // rewritten by another tool ({"step": 4, ...} from Python's json.dumps) and lines a user
     // added were dropped with the later rows, the whole history of a file so rewritten.

@@ -49,24 +49,31 @@ fs::path default_cache() {
 
 /// The cache: one "key<TAB>micro-batch" line per answer. Absent: empty. Anything but a regular
 /// file of at most 16 MiB (a FIFO would block, /dev/zero never end) throws loom::sdk::Error, and
-/// so does a file with a line that is no answer: memory.cache pointed at a user's file (a config
-/// file) replaced it with the cache in silence.
+/// so does a file with lines none of which is an answer: memory.cache pointed at a user's file (a
+/// config file) replaced it with the cache in silence. Other lines of a cache (one cut by a full
+/// disk under an older Loom) are skipped, and go at its next write.
 std::map<std::string, int64_t> read_cache(const fs::path& path) {
   std::map<std::string, int64_t> out;
   std::error_code ec;
   if (!fs::exists(path, ec)) return out;  // (a link to nothing too: the answer written replaces the link)
   std::istringstream in(loom::sdk::read_regular_file(path, int64_t{16} << 20, "auto_batch: the answer cache ", "absent"));
   std::string line;
+  int64_t other = 0, first_other = 0;
   for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     const auto tab = line.rfind('\t');
     const auto v = tab == std::string::npos ? std::nullopt : loom::sdk::parse_int(line.substr(tab + 1));
-    if (!v || *v <= 0 || line.find('|') > tab)
-      throw loom::sdk::Error("auto_batch: " + path.string() + ":" + std::to_string(number) +
-                             " is no answer of the cache (a key, a tab, a micro-batch): the file is not auto_batch's "
-                             "cache, and Loom does not replace it");
+    if (!v || *v <= 0 || line.find('|') > tab) {
+      if (other++ == 0) first_other = number;
+      continue;
+    }
     out[line.substr(0, tab)] = *v;
   }
+  if (out.empty() && other > 0)
+    throw loom::sdk::Error("auto_batch: " + path.string() + ":" + std::to_string(first_other) +
+                           " is no answer of the cache (a key, a tab, a micro-batch), nor is any line of it: the file is "
+                           "not auto_batch's cache, and Loom does not replace it");
   return out;
 }
 
@@ -107,7 +114,12 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     const std::string key = context.device_name + "|cap=" + std::to_string(cap) + "|margin=" + std::to_string(margin_) +
                             "|max=" + std::to_string(limit) + "|" + context.config_key;
     int64_t chosen = 0;
-    if (cache_ != "off") {
+    // On the CPU without a cap the probes run under what the host has free now (the cap in the key is
+    // the machine's size): an answer of an idle machine is none for a busy one, or under ulimit -v.
+    const bool by_free = stats.limit <= 0 && context.device_name == "cpu";
+    if (by_free && cache_ != "off")
+      loom::sdk::log::debug("the CPU without a cap: the answer depends on the memory free now, and is not cached");
+    if (cache_ != "off" && !by_free) {
       std::map<std::string, int64_t> entries;
       try {
         entries = read_cache(cache_);
@@ -129,7 +141,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
       if (!converged_)
         loom::sdk::log::warn("the search used its ", kMaxProbes, " probes before it settled: micro-batch ", chosen,
                              " fits, a larger one may too; the answer is not cached");
-      if (cache_ != "off" && converged_) {
+      if (cache_ != "off" && !by_free && converged_) {
         try {
           auto entries = read_cache(cache_);
           entries[key] = chosen;

@@ -442,7 +442,7 @@ RawData read_ml1m(const fs::path& root) {
       // The id before the first "::", the genres after the last: a title ending in ':' ("Bar:::Comedy")
       // was the title "Bar" of the genre ":Comedy"; one with "::" in it is the title whole.
       const size_t first = line.find("::"), last = line.rfind("::");
-      if (first == std::string_view::npos || first == last)
+      if (first == std::string_view::npos || last < first + 2)  // ("1:::Comedy": two fields, the "::" overlap)
         throw rows.error(std::to_string(first == std::string_view::npos ? 1 : 2) +
                          " fields, expected 3 (MovieID::Title::Genres)");
       Item item;

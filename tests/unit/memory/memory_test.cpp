@@ -27,6 +27,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <functional>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -434,9 +435,19 @@ TEST_F(MemoryTest, AutoBatchLeavesACacheThatIsNoFileAsItIsAndSearches) {
   auto context2 = device.context(64);
   other->plan(context2);
   EXPECT_EQ(loom::core::read_file(mine), text) << "a file that is no cache was replaced";
-  EXPECT_TRUE(capture.contains(mine.string() + ":1 is no answer of the cache (a key, a tab, a micro-batch): the file is "
-                               "not auto_batch's cache, and Loom does not replace it"))
+  EXPECT_TRUE(capture.contains(mine.string() + ":1 is no answer of the cache (a key, a tab, a micro-batch), nor is any "
+                               "line of it: the file is not auto_batch's cache, and Loom does not replace it"))
       << ::testing::PrintToString(capture.lines());
+  // A cache with a line cut short (a full disk under an older Loom) is still the cache: its
+  // answers are read, and its next write leaves the cut line out.
+  const fs::path cut = dir_ / "cut.tsv";
+  std::ofstream(cut) << "other|cap=1\t7\r\nfake|cap=100000|marg";
+  auto repaired = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", cut.string()}});
+  auto context4 = device.context(64);
+  repaired->plan(context4);
+  EXPECT_CONTAINS(loom::core::read_file(cut), "other|cap=1\t7\n");
+  std::istringstream lines(loom::core::read_file(cut));
+  for (std::string line; std::getline(lines, line);) EXPECT_NE(line.find('\t'), std::string::npos) << line;
   // "OFF" is off, not a file of that name in the working folder.
   auto off = registry().create<loom::sdk::MemoryPolicy>("auto_batch", {{"cache", "OFF"}});
   auto context3 = device.context(64);

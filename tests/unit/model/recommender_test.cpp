@@ -303,6 +303,10 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.dat: user 1 rates item 2 more than once (2 repeated ratings in all); MovieLens has one "
                          "rating per user and item"), std::string::npos) << message;
+  // Two fields whose "::" overlap a third colon: no title (read as ':Comedy', the size wrapped round).
+  write(dir_ / "movies.dat", "1::Heat (1995)::Action\n2:::Comedy\n");
+  write(dir_ / "ratings.dat", "1::1::5::1\n");
+  EXPECT_CONTAINS(error_of([&] { open(); }), "movies.dat:2: 2 fields, expected 3 (MovieID::Title::Genres)");
   fs::remove(dir_ / "ratings.dat");
   fs::remove(dir_ / "movies.dat");
   // A spreadsheet's "CSV UTF-8" starts with a byte-order mark: not part of the header.
