@@ -28,7 +28,9 @@ class WarmupSchedule : public sdk::Schedule {
   }
 
  protected:
-  /// The decay from 1 (progress 0, right after the warm-up) towards 0 (progress 1, the last update).
+  /// The decay from 1 (progress 0, right after the warm-up) towards 0 (progress 1, one update past the
+  /// last: the last update's progress is (total - 1 - warmup) / (total - warmup), as Hugging Face's
+  /// schedulers have it, so it ends just above min_lr_ratio).
   virtual double decay(double progress, int64_t since_warmup) const = 0;
   int64_t warmup_steps(int64_t total) const {
     return static_cast<int64_t>(std::floor(warmup_ratio_ * static_cast<double>(total)));
