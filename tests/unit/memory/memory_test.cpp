@@ -215,13 +215,17 @@ TEST_F(MemoryTest, VramTiersPicksTheSeedsBatchForEachTier) {
   given.global_batch_given = true;
   tiers->plan(given);
   EXPECT_EQ(given.plan, (loom::sdk::BatchPlan{32, 8, 1}));
-  auto custom = registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "40GB:256, 0:16"}});
-  FakeDevice big(80'000'000'000);
-  loom::sdk::PlanContext c;
-  c.memory = &big;
-  c.plan = {128, 1, 1};
-  custom->plan(c);
-  EXPECT_EQ(c.plan.micro_batch, 256);
+  // The micro-batch `tiers` plan on a device of `bytes`, and the policy's line.
+  const auto plan_on = [](const std::string& tiers, int64_t bytes) {
+    auto policy = registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", tiers}});
+    FakeDevice device(bytes);
+    loom::sdk::PlanContext c;
+    c.memory = &device;
+    c.plan = {128, 1, 1};
+    policy->plan(c);
+    return std::pair{c.plan.micro_batch, policy->describe()};
+  };
+  EXPECT_EQ(plan_on("40GB:256, 0:16", 80'000'000'000).first, 256);
   // One size twice: which batch a device of that size got depended on the order (taken in silence).
   try {
     registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "20GB:128, 20GB:64, 0:16"}});
@@ -243,14 +247,9 @@ TEST_F(MemoryTest, VramTiersPicksTheSeedsBatchForEachTier) {
     }
   }
   // In any order, the largest tier the device reaches (the key's text said "the first").
-  auto unordered = registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "10GB:64, 20GB:128, 0:16"}});
-  FakeDevice card(24'000'000'000);
-  loom::sdk::PlanContext any;
-  any.memory = &card;
-  any.plan = {128, 1, 1};
-  unordered->plan(any);
-  EXPECT_EQ(any.plan.micro_batch, 128);
-  EXPECT_CONTAINS(unordered->describe(), "vram_tiers: device memory 24.0 GB (tier 20.0 GB) -> ");
+  const auto [batch, said] = plan_on("10GB:64, 20GB:128, 0:16", 24'000'000'000);
+  EXPECT_EQ(batch, 128);
+  EXPECT_CONTAINS(said, "vram_tiers: device memory 24.0 GB (tier 20.0 GB) -> ");
   // A device below every tier is none of them (the smallest tier's batch was taken in silence).
   auto only_large = registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", "100GB:7"}});
   loom::sdk::PlanContext small;
