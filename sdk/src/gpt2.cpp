@@ -24,7 +24,9 @@ Config hf_config(const std::filesystem::path& dir) {
                      (what == "no such file"             ? ": no such folder"
                       : what.rfind("cannot", 0) == 0 ? " " + what
                                                      : " is " + (what.empty() ? std::string("a file") : what) + ", not a folder") +
-                     "; name a Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt)");
+                     "; name a Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json, merges.txt). A "
+                     "run started from one reads its sizes and tokenizer there again to evaluate or resume, the weights "
+                     "coming from the checkpoint: put the folder back where the run had it, or name its copy");
   }
   const auto path = dir / "config.json";
   const std::string text = sdk::read_regular_file(path, int64_t{16} << 20, "model.pretrained: ",
