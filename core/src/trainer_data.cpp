@@ -31,7 +31,8 @@ json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec)
     json sizes = {{"train", dataset->size(sdk::Split::kTrain)},
                   {"validation", dataset.implements(1) ? dataset->size(sdk::Split::kValidation) : 0},
                   {"test", dataset->size(sdk::Split::kTest)}};
-    if (const auto it = spec.attributes.find("splits.fingerprint"); it != spec.attributes.end()) sizes["held_out"] = it->second;
+    if (const auto it = spec.attributes.find("splits.fingerprint"); it != spec.attributes.end() && !invalid_utf8(it->second))
+      sizes["held_out"] = it->second;
     // (any other "<what>.fingerprint" a dataset gives, the interactions datasets' items.text one)
     for (const auto& [name, value] : spec.attributes)
       if (name.ends_with(".fingerprint") && name != "splits.fingerprint" && !invalid_utf8(name) && !invalid_utf8(value))

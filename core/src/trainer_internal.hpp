@@ -292,8 +292,9 @@ inline constexpr const char* kRunRecordOrigin = "the run's config.json";
 std::optional<std::string> from_rank0(sdk::ParallelStrategy& parallel, const std::optional<std::string>& text);
 
 /// trainer.resume_from, or a new run's trainer.init_from, naming nothing: said before the data is
-/// read (minutes, for a large set). Rank 0 looks, as it alone reads them; every rank stops with
-/// its words (the others waited for rank 0 up to parallel.timeout). A path that cannot be looked
+/// read (minutes, for a large set). Rank 0 looks (it opens the run and names the checkpoint the
+/// others load); every rank stops with its words (rank 1 of another node said Gloo's "connection
+/// closed", or waited for rank 0 up to parallel.timeout). A path that cannot be looked
 /// at (EACCES) is left to the reading of it, which says why.
 inline void refuse_missing_start(sdk::ParallelStrategy& parallel, const std::string& resume_from, const std::string& init_from) {
   std::optional<std::string> problem;

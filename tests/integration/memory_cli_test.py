@@ -277,7 +277,7 @@ try:
     # the run's error; it is "does not fit" for the search, whose probes run under what is free.
     def small_address_space():
         import resource
-        resource.setrlimit(resource.RLIMIT_AS, (6 * 10**9, 6 * 10**9))
+        resource.setrlimit(resource.RLIMIT_AS, (8 * 10**9, 8 * 10**9))  # (LibTorch's CUDA libraries map 2.7 GB)
     r = loom(exe, "train", *RUN, "--set", "data.train_size=100000", "--set", "memory.policies=auto_batch",
              "--set", "memory.max_batch=100000", "--set", "memory.cache=off", "--set", "trainer.max_steps=1",
              "--set", f"trainer.work_dir={work}", "--set", "trainer.name=address_space", check=False,

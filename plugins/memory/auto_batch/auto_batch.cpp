@@ -116,7 +116,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
     int64_t chosen = 0;
     // On the CPU without a cap the probes run under what the host has free now (the cap in the key is
     // the machine's size): an answer of an idle machine is none for a busy one, or under ulimit -v.
-    const bool by_free = stats.limit <= 0 && context.device_name == "cpu";
+    const bool by_free = stats.limit <= 0 && (context.device_name == "cpu" || context.device_name.rfind("cpu:", 0) == 0);
     if (by_free && cache_ != "off")
       loom::sdk::log::debug("the CPU without a cap: the answer depends on the memory free now, and is not cached");
     if (cache_ != "off" && !by_free) {
