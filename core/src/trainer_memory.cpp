@@ -217,27 +217,24 @@ int64_t Trainer::probe_peak_within(int64_t b, bool train, int64_t most) {
   // killer: a probe that may be large (an evaluation's; a policy's, whose cap without a budget is
   // the machine's whole memory) runs under a budget, past which it throws as on a GPU.
   if (!device_.is_cpu()) return probe_peak(b, train);
-  const int64_t before = memory_->stats().limit;
-  memory_->set_limit(before > 0 ? std::min(before, most) : most);
-  host_refusal_is_oom = true;  // (what the host refuses, `ulimit -v`: does not fit either)
+  // The budget, and what the host refuses (`ulimit -v`) read as "does not fit" too, for this probe only.
+  struct Within {
+    sdk::DeviceMemory& memory;
+    const int64_t before;
+    ~Within() {
+      memory.set_limit(before);
+      host_refusal_is_oom = false;
+    }
+  } within{*memory_, memory_->stats().limit};
+  memory_->set_limit(within.before > 0 ? std::min(within.before, most) : most);
+  host_refusal_is_oom = true;
   try {
-    const int64_t peak = probe_peak(b, train);
-    memory_->set_limit(before);
-    host_refusal_is_oom = false;
-    return peak;
+    return probe_peak(b, train);
   } catch (const c10::OutOfMemoryError&) {
-    memory_->set_limit(before);
-    host_refusal_is_oom = false;
     throw;
   } catch (const c10::Error& e) {  // (refused in the backward, which no plugin call wraps)
-    memory_->set_limit(before);
-    host_refusal_is_oom = false;
     if (std::string(e.what_without_backtrace()).find("DefaultCPUAllocator") == std::string::npos) throw;
     throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, explained(e));
-  } catch (...) {
-    memory_->set_limit(before);
-    host_refusal_is_oom = false;
-    throw;
   }
 }
 

@@ -12,14 +12,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fcntl.h>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string_view>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -208,15 +207,11 @@ void Jsonl::on_run_begin(RunContext& run) {
     // Keep what the interrupted run wrote up to the checkpoint; a torn last line is dropped. The
     // file is read through a map and written back as pieces of it: a long run's (hundreds of MB,
     // a row per step) was held in memory three times over.
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    struct stat st {};
-    if (fd < 0 || ::fstat(fd, &st) != 0) {
-      const int error = errno;
-      if (fd >= 0) ::close(fd);
-      throw sdk::Error("cannot read " + path_.string() + " (" + std::strerror(error) +
-                       "): resuming keeps the metrics it holds up to the checkpoint; make it readable, or move it away");
-    }
-    const auto size = static_cast<size_t>(st.st_size);
+    int64_t bytes = 0;
+    const int fd = sdk::open_regular_file(path_, std::numeric_limits<int64_t>::max(), "", "",
+                                          "resuming keeps the metrics it holds up to the checkpoint; make it readable, or "
+                                          "move it away", &bytes);
+    const auto size = static_cast<size_t>(bytes);
     void* map = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     std::string copy;  // (where the file cannot be mapped, on a FUSE mount with direct I/O: read whole, as before)
     if (map == MAP_FAILED) {
