@@ -10,10 +10,13 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 namespace {
 
@@ -102,6 +105,42 @@ TEST_P(OptimizerConformance, LeavesParametersWithoutAGradientAndAZeroScaledGroup
   EXPECT_TRUE(at::equal(without, before_without));
   // lr_scale 0: no update (weight decay is scaled by the learning rate too).
   EXPECT_TRUE(at::equal(scaled, before_scaled));
+}
+
+// The device path as fp16_amp drives it: gradients 4x too large, divided by the kernels; the
+// first call skipped for a non-finite gradient (nothing may change), then two updates taken.
+// Against the same two updates on the host, on the gradients as they are: PyTorch's semantics
+// (whose first update starts the optimizer's state, as SGD's momentum buffer at the gradient).
+void expect_a_skipped_first_call_changes_nothing(const std::string& name,
+                                                 const std::map<std::string, std::string>& options) {
+  at::Tensor on_device = parameter(), on_host = parameter();
+  auto a = registry().create<loom::sdk::Optimizer>(name, options);
+  auto b = registry().create<loom::sdk::Optimizer>(name, options);
+  a->setup({group("w", {on_device})});
+  b->setup({group("w", {on_host})});
+  const at::Tensor lr = at::full({}, 0.1, at::kDouble), divisor = at::full({1}, 4.0f);
+  const auto device_call = [&](float found_non_finite) {
+    on_device.mutable_grad() = on_device.detach().sin().mul(4);
+    a->step_on_device_dividing(lr, at::full({1}, found_non_finite), divisor, {on_device.grad()});
+  };
+  device_call(1);
+  EXPECT_TRUE(at::equal(on_device, parameter())) << name << ": the skipped call changed the parameter";
+  for (int i = 0; i < 2; ++i) {
+    device_call(0);
+    step(*b, {on_host}, 0.1);
+    EXPECT_TRUE(at::allclose(on_device, on_host, /*rtol=*/1e-6, /*atol=*/1e-7))
+        << name << " update " << i + 1 << ": max difference " << (on_device - on_host).abs().max().item<double>();
+  }
+}
+
+TEST_P(OptimizerConformance, ASkippedFirstCallOnTheDeviceChangesNothingAndTheNextStartsTheState) {
+  expect_a_skipped_first_call_changes_nothing(GetParam(), {});
+}
+
+TEST(Optimizers, SgdWithDampeningStartsItsMomentumAtTheFirstUpdateTakenOnTheDevice) {
+  // Once, the first update after a skipped call was (1 - dampening) times PyTorch's.
+  expect_a_skipped_first_call_changes_nothing("sgd", {{"dampening", "0.5"}, {"weight_decay", "0.1"}});
+  expect_a_skipped_first_call_changes_nothing("sgd", {{"dampening", "1"}, {"momentum", "0.5"}});
 }
 
 INSTANTIATE_TEST_SUITE_P(Plugins, OptimizerConformance, testing::ValuesIn(names_of(LOOM_KIND_OPTIMIZER)),

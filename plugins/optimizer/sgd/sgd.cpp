@@ -4,6 +4,8 @@
 #include "../grouped_optimizer.hpp"
 
 #include <ATen/ops/_fused_sgd.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <cstdio>
@@ -53,21 +55,66 @@ class Sgd final : public loom::plugins::GroupedOptimizer {
                     dampening_, nesterov_, /*maximize=*/false, /*is_first_step=*/steps_taken() == 0);
   }
 
-  // The first call starts the momentum buffers, skipped or not: the host cannot know without
-  // waiting. A skipped first call leaves them at zero, and the next one then computes
-  // momentum x 0 + (1 - dampening) x grad, which is the first step's update when dampening is 0
-  // (the default); with dampening, that one update is (1 - dampening) times smaller.
+  // The first call starts the momentum buffers where it is not skipped. A skipped first call
+  // (fp16_amp's scale coming down) leaves them at zero, and the host cannot know without waiting:
+  // the kernel's next call would compute momentum x 0 + (1 - dampening) x grad, PyTorch's first
+  // update only where dampening is 0. With dampening, a device flag says whether the buffers have
+  // started; until they have, each buffer is set beforehand to (dampening / momentum) x grad, so
+  // that the kernel's momentum x buffer + (1 - dampening) x grad is the gradient itself (to a
+  // rounding), as PyTorch's first step.
   void update_on_device(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                         std::vector<std::vector<at::Tensor>>& state, const at::Tensor& lr, double weight_decay,
                         const at::Tensor& found_inf, const at::Tensor& divisor) override {
+    if (!state.empty() && dampening_ > 0 && steps_called() > 0)
+      start_buffers(params, grads, state[0], weight_decay, found_inf, divisor);
     at::_fused_sgd_(params, grads, state.empty() ? std::vector<at::Tensor>{} : state[0], weight_decay, momentum_, lr,
                     dampening_, nesterov_, /*maximize=*/false, /*is_first_step=*/steps_called() == 0,
                     /*grad_scale=*/divisor.defined() ? std::optional<at::Tensor>(divisor) : std::nullopt, found_inf);
   }
 
+ public:
+  void step_on_device(const at::Tensor& lr, const at::Tensor& found_non_finite) override {
+    GroupedOptimizer::step_on_device(lr, found_non_finite);
+    note_started(found_non_finite);
+  }
+  void step_on_device_dividing(const at::Tensor& lr, const at::Tensor& found_non_finite, const at::Tensor& divisor,
+                               const std::vector<at::Tensor>& grads) override {
+    GroupedOptimizer::step_on_device_dividing(lr, found_non_finite, divisor, grads);
+    note_started(found_non_finite);
+  }
+  void load_state_dict(const loom::sdk::State& state) override {
+    GroupedOptimizer::load_state_dict(state);
+    started_ = at::Tensor();  // from the loaded count of updates taken, at the next call
+  }
+
  private:
+  // The flag on the buffers' device: 1 once an update was taken, read by the kernels' stream only.
+  // Undefined before the first call and after a checkpoint is loaded; there, the count of updates
+  // taken is the host's (no read from the device).
+  const at::Tensor& started(const at::Tensor& like) {
+    if (!started_.defined())
+      started_ = at::full({1}, steps_taken() > 0 ? 1.0 : 0.0, like.options().dtype(at::kFloat));
+    return started_;
+  }
+  void note_started(const at::Tensor& found_non_finite) {
+    if (dampening_ <= 0 || momentum_ <= 0) return;
+    const at::Tensor taken = found_non_finite.reshape({1}).to(at::kFloat).neg().add_(1);
+    if (started_.defined()) started_.clamp_min_(taken);
+    else started_ = taken.clone();
+  }
+  void start_buffers(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads, std::vector<at::Tensor>& buffers,
+                     double weight_decay, const at::Tensor& found_inf, const at::Tensor& divisor) {
+    const at::Tensor keep = started(found_inf).add(found_inf).gt(0);  // started, or this call is skipped
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      at::Tensor g = divisor.defined() ? grads[i].div(divisor) : grads[i];
+      if (weight_decay != 0) g = g.add(params[i], weight_decay);
+      buffers[i].copy_(at::where(keep, buffers[i], g.mul(dampening_ / momentum_)));
+    }
+  }
+
   double momentum_, dampening_;
   bool nesterov_;
+  at::Tensor started_;
 };
 
 }  // namespace
