@@ -57,30 +57,96 @@ std::string sanitizer_names(const std::set<std::string>& names) {
   return out;
 }
 
+constexpr const char* kOnlyPluginsHint =
+    "only Loom plugins (ELF shared libraries built with loom_add_plugin) belong in a plugin folder";
+
+/// An open ELF file, read by libelf (which checks every offset against the file's size).
+struct ElfFile {
+  explicit ElfFile(const std::filesystem::path& file) {
+    if (elf_version(EV_CURRENT) == EV_NONE) refuse("static-check", "libelf is unusable", "");
+    // The caller checked that this is a regular file; O_NONBLOCK all the same, so a file swapped
+    // for a FIFO since then cannot block the open.
+    fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) refuse("static-check", std::string("cannot open the file: ") + std::strerror(errno), "");
+    elf.reset(elf_begin(fd, ELF_C_READ, nullptr));
+    if (!elf || elf_kind(elf.get()) != ELF_K_ELF)
+      refuse("static-check",
+             "not a shared library of this platform (" + why_not_a_library(file, "an ELF header libelf cannot read") + ")",
+             kOnlyPluginsHint);
+    if (elf_getshdrstrndx(elf.get(), &names_index) != 0)
+      refuse("static-check", std::string("not a shared library of this platform (a damaged ELF file: its section table is "
+                                         "unreadable: ") + elf_errmsg(-1) + ")",
+             kOnlyPluginsHint);
+  }
+  ~ElfFile() {
+    elf.reset();
+    if (fd >= 0) ::close(fd);
+  }
+  ElfFile(const ElfFile&) = delete;
+  ElfFile& operator=(const ElfFile&) = delete;
+
+  int fd = -1;
+  std::unique_ptr<Elf, ElfCloser> elf;
+  size_t names_index = 0;
+};
+
 }  // namespace
 
+EntrySymbol find_entry_symbol(const std::filesystem::path& file) {
+  ElfFile f(file);
+  const auto damaged = [&](const std::string& what) {
+    refuse("static-check", "not a shared library of this platform (a damaged ELF file: " + what + ")", kOnlyPluginsHint);
+  };
+  size_t entry_section = 0;  // (0: none; section 0 holds no symbol)
+  for (Elf_Scn* section = elf_nextscn(f.elf.get(), nullptr); section != nullptr; section = elf_nextscn(f.elf.get(), section)) {
+    GElf_Shdr header;
+    if (gelf_getshdr(section, &header) == nullptr) damaged(std::string("a section header is unreadable: ") + elf_errmsg(-1));
+    const char* name = elf_strptr(f.elf.get(), f.names_index, header.sh_name);
+    if (name != nullptr && std::strcmp(name, LOOM_ENTRY_SECTION) == 0) entry_section = elf_ndxscn(section);
+  }
+  bool defines_any = false, elsewhere = false;
+  for (Elf_Scn* section = elf_nextscn(f.elf.get(), nullptr); section != nullptr; section = elf_nextscn(f.elf.get(), section)) {
+    GElf_Shdr header;
+    if (gelf_getshdr(section, &header) == nullptr || (header.sh_type != SHT_SYMTAB && header.sh_type != SHT_DYNSYM)) continue;
+    Elf_Data* data = elf_getdata(section, nullptr);
+    if (data == nullptr) damaged(std::string("a symbol table is unreadable: ") + elf_errmsg(-1));
+    const size_t count = header.sh_entsize == 0 ? 0 : header.sh_size / header.sh_entsize;
+    for (size_t i = 1; i < count; ++i) {  // (symbol 0 is the null symbol)
+      GElf_Sym symbol;
+      if (gelf_getsym(data, static_cast<int>(i), &symbol) == nullptr) break;  // (past the data libelf read)
+      if (GELF_ST_BIND(symbol.st_info) == STB_LOCAL || symbol.st_shndx == SHN_UNDEF) continue;
+      defines_any = true;
+      if (GELF_ST_VISIBILITY(symbol.st_other) != STV_DEFAULT) continue;
+      const char* name = elf_strptr(f.elf.get(), header.sh_link, symbol.st_name);
+      if (name == nullptr || std::strcmp(name, LOOM_ENTRY_SYMBOL) != 0) continue;
+      if (entry_section != 0 && symbol.st_shndx == entry_section) return EntrySymbol::in_section;
+      elsewhere = true;
+    }
+  }
+  if (elsewhere) return EntrySymbol::elsewhere;
+  if (!defines_any) return EntrySymbol::no_symbols;
+  // A program (ET_EXEC, or a PIE: ET_DYN with an interpreter) is said to be one.
+  GElf_Ehdr header;
+  if (gelf_getehdr(f.elf.get(), &header) != nullptr && header.e_type == ET_EXEC) return EntrySymbol::absent_program;
+  size_t segments = 0;
+  if (elf_getphdrnum(f.elf.get(), &segments) == 0)
+    for (size_t i = 0; i < segments; ++i) {
+      GElf_Phdr segment;
+      if (gelf_getphdr(f.elf.get(), static_cast<int>(i), &segment) != nullptr && segment.p_type == PT_INTERP)
+        return EntrySymbol::absent_program;
+    }
+  return EntrySymbol::absent;
+}
+
 std::optional<std::string> read_fingerprint_note(const std::filesystem::path& file) {
-  if (elf_version(EV_CURRENT) == EV_NONE) refuse("static-check", "libelf is unusable", "");
-  // The caller checked that this is a regular file; O_NONBLOCK all the same, so a file swapped
-  // for a FIFO since then cannot block the open.
-  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) refuse("static-check", std::string("cannot open the file: ") + std::strerror(errno), "");
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
-  std::unique_ptr<Elf, ElfCloser> elf(elf_begin(fd, ELF_C_READ, nullptr));
-  if (!elf || elf_kind(elf.get()) != ELF_K_ELF)
-    refuse("static-check", "not an ELF file (" + std::string(elf_errmsg(-1)) + ")",
-           "only Loom plugins (ELF shared libraries built with loom_add_plugin) belong in a plugin folder");
-  size_t names_index = 0;
-  if (elf_getshdrstrndx(elf.get(), &names_index) != 0)
-    refuse("static-check", std::string("its section table is unreadable (") + elf_errmsg(-1) + ")", "");
-  for (Elf_Scn* section = elf_nextscn(elf.get(), nullptr); section != nullptr;
-       section = elf_nextscn(elf.get(), section)) {
+  ElfFile f(file);
+  Elf* const elf_handle = f.elf.get();
+  const size_t names_index = f.names_index;
+  for (Elf_Scn* section = elf_nextscn(elf_handle, nullptr); section != nullptr;
+       section = elf_nextscn(elf_handle, section)) {
     GElf_Shdr header;
     if (gelf_getshdr(section, &header) == nullptr || header.sh_type != SHT_NOTE) continue;
-    const char* name = elf_strptr(elf.get(), names_index, header.sh_name);
+    const char* name = elf_strptr(elf_handle, names_index, header.sh_name);
     if (name == nullptr || std::strcmp(name, LOOM_NOTE_SECTION) != 0) continue;
     Elf_Data* data = elf_getdata(section, nullptr);
     if (data == nullptr || data->d_buf == nullptr) refuse("static-check", "its " LOOM_NOTE_SECTION " section is unreadable", "");
@@ -244,7 +310,6 @@ std::string why_not_a_library(const std::filesystem::path& file, const std::stri
   if (head.gcount() < static_cast<std::streamsize>(sizeof magic))
     return "it holds " + std::to_string(head.gcount()) + " bytes: an empty or truncated file";
   if (std::memcmp(magic, "\x7f" "ELF", 4) != 0) return "not an ELF file";
-  if (library_error.find("iostream error") != std::string::npos) return "a truncated or damaged ELF file";
   return library_error;
 }
 

@@ -27,10 +27,16 @@ inline constexpr const char* kRebuildHint = "rebuild the plugin against this Loo
 /// (stage "static-check") for a file libelf cannot read as ELF, or a note that is malformed.
 std::optional<std::string> read_fingerprint_note(const std::filesystem::path& file);
 
-/// Why `file` is no shared library Boost.DLL can read, for a refusal: by what it starts with
-/// ("not an ELF file", "it holds 0 bytes: an empty or truncated file", "a truncated or damaged ELF
-/// file") where Boost's own reason is an iostream's ("basic_ios::clear: iostream error"), else
-/// `library_error`.
+/// Where the file's symbol tables (.symtab and .dynsym, read with libelf, bounds checked: Boost's
+/// reader trusted every offset, and one damaged byte crashed every command) put the plugin's
+/// entry symbol: in section LOOM_ENTRY_SECTION, elsewhere, nowhere among the symbols the file
+/// defines (absent_program: and the file is a program, not a library), or the file defines
+/// none. Throws PluginRefused (stage "static-check") for a file that is no readable ELF file.
+enum class EntrySymbol { in_section, elsewhere, absent, absent_program, no_symbols };
+EntrySymbol find_entry_symbol(const std::filesystem::path& file);
+
+/// Why `file` is no shared library, for a refusal: by what it starts with ("not an ELF file", "it
+/// holds 0 bytes: an empty or truncated file"), else `library_error`.
 std::string why_not_a_library(const std::filesystem::path& file, const std::string& library_error);
 
 /// Why dlopen refused `file`, out of Boost.DLL's wrapping of dlerror's text, and the hint that

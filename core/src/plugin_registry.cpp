@@ -11,13 +11,11 @@
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/options.hpp>
 
-// Boost 1.74's library_info.hpp uses std::vector and std::string without including them.
 #include <string>
 #include <vector>
 #ifndef BOOST_DLL_USE_STD_FS
 #define BOOST_DLL_USE_STD_FS
 #endif
-#include <boost/dll/library_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
 #include <algorithm>
@@ -158,7 +156,8 @@ void PluginRegistry::prescan(const std::vector<fs::path>& files, bool even_seen)
 
 void PluginRegistry::refuse(LoadReport& report, std::string stage, std::string reason,
                             std::string hint) {
-  PluginRefusal refusal{report.file, std::move(stage), std::move(reason), std::move(hint), {}};
+  // (a reason may quote the file's own bytes, a fingerprint note's: printed as text, one line)
+  PluginRefusal refusal{report.file, std::move(stage), printable(reason, 4 * LOOM_MAX_TEXT), std::move(hint), {}};
   for (const auto& c : report.components) refusal.components.emplace_back(c.kind, c.name);
   if (log_refusals_) log::warn(refusal.line());
   else log::debug(refusal.line());
@@ -302,27 +301,18 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     if (const std::string other = foreign_elf(file); !other.empty())
       refuse_now("static-check", "an ELF file built " + other + ", not for this machine (" + kNativeElf + ")",
                  "build the plugin for this machine, with this Loom's SDK (find_package(LoomSDK))");
-    try {
-      boost::dll::library_info info(file, /*throw_if_not_native_format=*/true);
-      const auto in_section = info.symbols(LOOM_ENTRY_SECTION);
-      const bool sectioned =
-          std::find(in_section.begin(), in_section.end(), LOOM_ENTRY_SYMBOL) != in_section.end();
-      if (!sectioned) {
-        const auto all = info.symbols();
-        const bool exported = std::find(all.begin(), all.end(), LOOM_ENTRY_SYMBOL) != all.end();
-        // A stripped library has no static symbol table to read; the load stage decides then.
-        if (!exported && !all.empty())
-          refuse_now("static-check", "no entry symbol " LOOM_ENTRY_SYMBOL,
-                     "a Loom plugin ends with LOOM_PLUGIN(...) and is built with "
-                     "loom_add_plugin(); is this a Loom plugin?");
-      }
-    } catch (const PluginRefused&) {
-      throw;
-    } catch (const std::exception& e) {
-      const std::string why = why_not_a_library(file, e.what());
-      refuse_now("static-check", "not a shared library of this platform (" + why + ")",
-                 "only Loom plugins (ELF shared libraries built with loom_add_plugin) belong in "
-                 "a plugin folder");
+    // (read with libelf: a damaged section header is refused, where Boost's reader crashed)
+    switch (find_entry_symbol(file)) {
+      case EntrySymbol::in_section:
+      case EntrySymbol::elsewhere:
+      case EntrySymbol::no_symbols:  // (no table to read: the load stage decides)
+        break;
+      case EntrySymbol::absent:
+        refuse_now("static-check", "no entry symbol " LOOM_ENTRY_SYMBOL,
+                   "a Loom plugin ends with LOOM_PLUGIN(...) and is built with loom_add_plugin(); is this a Loom plugin?");
+      case EntrySymbol::absent_program:
+        refuse_now("static-check", "a program, not a shared library (no entry symbol " LOOM_ENTRY_SYMBOL ")",
+                   "it is a program, not a plugin: give a plugin's .so (built with loom_add_plugin())");
     }
 
     // The fingerprint note (ABI 1.4): a plugin built for another LibTorch, standard library or

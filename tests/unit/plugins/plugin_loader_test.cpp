@@ -4,16 +4,18 @@
 #include <loom/core/plugin_registry.hpp>
 #include <loom/sdk/dataset.hpp>
 
-#include <string>
-#include <vector>
-#define BOOST_DLL_USE_STD_FS
-#include <boost/dll/library_info.hpp>
+#include "plugin_fingerprint.hpp"
 
 #include <gtest/gtest.h>
 
+#include <elf.h>
+
 #include <algorithm>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <string>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -169,9 +171,50 @@ TEST(PluginLoader, GoodPluginDescribesItself) {
 }
 
 TEST(PluginLoader, EntryPointSitsInTheLoomSection) {
-  boost::dll::library_info info(kDir / "libloom_dataset_basic_counting.so");
-  const auto symbols = info.symbols("loom");
-  EXPECT_NE(std::find(symbols.begin(), symbols.end(), "loom_plugin_entry_v1"), symbols.end());
+  EXPECT_EQ(loom::core::find_entry_symbol(kDir / "libloom_dataset_basic_counting.so"), loom::core::EntrySymbol::in_section);
+  EXPECT_EQ(loom::core::find_entry_symbol(kDir / "libloom_dataset_broken_no_entry.so"), loom::core::EntrySymbol::absent);
+}
+
+TEST(PluginLoader, ADamagedSectionHeaderIsReadWithinTheFileAndTheOtherPluginsLoad) {
+  // One byte of a section header pointing a name past the section names crashed every command
+  // with SIGSEGV in the static check (Boost.DLL's reader trusted every offset), before the
+  // scanner's isolation: the loader reads the file with libelf now, which checks them.
+  const fs::path dir = fs::temp_directory_path() / ("loom_damaged_elf_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto damaged = [&](const std::string& name, const std::function<void(Elf64_Shdr&, const std::string&)>& edit) {
+    const fs::path file = dir / name;
+    fs::copy_file(kDir / "libloom_dataset_basic_counting.so", file, fs::copy_options::overwrite_existing);
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    Elf64_Ehdr header{};
+    f.read(reinterpret_cast<char*>(&header), sizeof header);
+    std::vector<Elf64_Shdr> sections(header.e_shnum);
+    f.seekg(static_cast<std::streamoff>(header.e_shoff));
+    f.read(reinterpret_cast<char*>(sections.data()), static_cast<std::streamsize>(sections.size() * sizeof(Elf64_Shdr)));
+    std::string names(sections.at(header.e_shstrndx).sh_size, '\0');
+    f.seekg(static_cast<std::streamoff>(sections[header.e_shstrndx].sh_offset));
+    f.read(names.data(), static_cast<std::streamsize>(names.size()));
+    for (auto& s : sections) edit(s, s.sh_name < names.size() ? std::string(names.c_str() + s.sh_name) : std::string());
+    f.seekp(static_cast<std::streamoff>(header.e_shoff));
+    f.write(reinterpret_cast<const char*>(sections.data()), static_cast<std::streamsize>(sections.size() * sizeof(Elf64_Shdr)));
+    return file;
+  };
+  loom::core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  // The entry section's name 1 MB past the names: nothing the loader needs (the entry symbol is
+  // in the dynamic symbols, the note under its own name), so the plugin loads.
+  const auto renamed = registry.load(damaged("libloom_dataset_renamed.so", [](Elf64_Shdr& s, const std::string& name) {
+    if (name == "loom") s.sh_name += 1 << 20;
+  }));
+  EXPECT_FALSE(renamed.refusal) << renamed.refusal->line();
+  // The symbol tables past the file's end: refused by name as damaged.
+  const auto moved = registry.load(damaged("libloom_dataset_moved.so", [](Elf64_Shdr& s, const std::string&) {
+    if (s.sh_type == SHT_DYNSYM || s.sh_type == SHT_SYMTAB) s.sh_offset += uint64_t{1} << 40;
+  }));
+  ASSERT_TRUE(moved.refusal);
+  EXPECT_EQ(moved.refusal->stage, "static-check");
+  EXPECT_NE(moved.refusal->reason.find("not a shared library of this platform (a damaged ELF file: "), std::string::npos)
+      << moved.refusal->line();
+  fs::remove_all(dir);
 }
 
 TEST(PluginLoader, CreatesAComponentAndCallsItAcrossTheBoundary) {
@@ -281,17 +324,16 @@ TEST(PluginLoader, SearchPathHasThePluginFolderBesideTheExecutableThenTheEnviron
   for (const auto& d : dirs) EXPECT_NE(d, fs::current_path());
 }
 
-TEST(PluginLoader, AProgramIsRefusedAsAProgramInDlopensWordsNotBoosts) {
-  // /bin/ls is an ELF file of this machine, but an executable: dlopen refuses it, and the refusal
-  // says so without Boost's wrapping ("load() failed (dlerror system message: ...): Bad file
+TEST(PluginLoader, AProgramIsRefusedAsAProgramNotInBoostsWords) {
+  // /bin/ls is an ELF file of this machine, but an executable: the refusal says so, without
+  // Boost's wrapping of dlopen's ("load() failed (dlerror system message: ...): Bad file
   // descriptor") and without the LibTorch hint meant for undefined symbols.
   PluginRegistry registry;
   registry.set_log_refusals(false);
   const auto report = registry.load("/bin/ls");
   ASSERT_TRUE(report.refusal);
-  EXPECT_EQ(report.refusal->stage, "load") << report.refusal->line();
-  EXPECT_NE(report.refusal->reason.find("cannot dynamically load position-independent executable"), std::string::npos)
-      << report.refusal->line();
+  EXPECT_EQ(report.refusal->stage, "static-check") << report.refusal->line();
+  EXPECT_NE(report.refusal->reason.find("a program, not a shared library"), std::string::npos) << report.refusal->line();
   EXPECT_EQ(report.refusal->reason.find("boost::dll"), std::string::npos) << report.refusal->line();
   EXPECT_NE(report.refusal->hint.find("it is a program, not a plugin"), std::string::npos) << report.refusal->line();
 }
