@@ -44,9 +44,46 @@ void write_file_atomic(const fs::path& path, const std::vector<std::string_view>
   sdk::write_file_durably(path, parts);
 }
 
+namespace {
+
+/// fsync of every file and folder under `path` (and itself).
+void fsync_tree(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(fs::symlink_status(path, ec)))
+    for (const auto& entry : fs::directory_iterator(path, ec)) fsync_tree(entry.path());
+  if (fs::is_symlink(fs::symlink_status(path, ec))) return;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail("cannot open", path);
+  const int synced = ::fsync(fd);
+  ::close(fd);
+  if (synced != 0) fail("cannot write", path);
+}
+
+}  // namespace
+
 void rename_durable(const fs::path& from, const fs::path& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) fail("cannot rename " + from.string() + " to", to);
+  if (::rename(from.c_str(), to.c_str()) == 0) return fsync_dir(to.parent_path());
+  if (errno != EXDEV) fail("cannot rename " + from.string() + " to", to);
+  // Onto another filesystem (a run's checkpoints/ a link onto another disk): a copy under a
+  // temporary name, made durable and renamed into place; only then the original goes. A failure
+  // on the way leaves the original whole, and no half copy under the final name.
+  const fs::path partial = to.parent_path() / (to.filename().string() + ".partial");
+  std::error_code ec;
+  fs::remove_all(partial, ec);
+  fs::copy(from, partial, fs::copy_options::recursive | fs::copy_options::copy_symlinks, ec);
+  try {
+    if (ec) throw Error("cannot copy " + from.string() + " to " + to.string() + " (another filesystem): " + ec.message());
+    fsync_tree(partial);
+    if (::rename(partial.c_str(), to.c_str()) != 0) fail("cannot rename " + partial.string() + " to", to);
+  } catch (...) {
+    fs::remove_all(partial, ec);
+    throw;
+  }
   fsync_dir(to.parent_path());
+  fs::remove_all(from, ec);
+  if (ec) throw Error("moved " + from.string() + " to " + to.string() + " (a copy: another filesystem), but cannot remove " +
+                      from.string() + ": " + ec.message() + "; remove it by hand");
+  fsync_dir(from.parent_path());
 }
 
 namespace {

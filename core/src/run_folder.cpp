@@ -59,11 +59,14 @@ fs::path claim_aside(const fs::path& parent, const std::string& stem) {
   }
 }
 
-/// Whether a folder holds what a run writes.
+/// Whether a folder holds what a run writes (a best file, summary or events alone too).
 bool holds_a_run(const fs::path& dir) {
   std::error_code ec;
-  return fs::exists(dir / "config.json", ec) || fs::exists(dir / "metrics.jsonl", ec) ||
-         !CheckpointStore::list_run(dir).empty();
+  for (const char* name : {"config.json", "metrics.jsonl", "summary.json", "tensorboard"})
+    if (fs::exists(fs::symlink_status(dir / name, ec))) return true;
+  for (const auto& entry : fs::directory_iterator(dir / "checkpoints", ec))
+    if (entry.path().filename().string().rfind("best_", 0) == 0) return true;
+  return !CheckpointStore::list_run(dir).empty();
 }
 
 /// Removes `dir` if it holds nothing but its lock file.

@@ -88,6 +88,63 @@ TEST_F(RunFolderTest, ANewRunRefusesAFolderThatHoldsARun) {
   EXPECT_EQ(steps(dir_ / "taken"), before);
 }
 
+TEST_F(RunFolderTest, ANewRunRefusesAFolderHoldingOnlyARunsBestWeightsSummaryOrEvents) {
+  // A folder left with a run's deliverables only (its step folders and metrics deleted): a new run
+  // of that name wrote over its best weights and summary.json, exit 0, not a word.
+  for (const std::string kept : {"checkpoints/best_accuracy.safetensors", "summary.json", "tensorboard/events.out"}) {
+    const std::string name = "kept_" + std::to_string(kept.size());
+    const fs::path file = dir_ / name / kept;
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << "the run's";
+    const std::string m = error_of(base(name));
+    EXPECT_NE(m.find("already holds a run named '" + name + "' (0 checkpoints)"), std::string::npos) << kept << ": " << m;
+    EXPECT_EQ(text(file), "the run's") << kept;
+    // --resume auto starts it again, the file moved aside, not written over.
+    Config again = base(name);
+    again.set_assignment("trainer.resume=auto");
+    loom::testing::make_trainer(again)->train();
+    const std::string there = kept.rfind("checkpoints/", 0) == 0 ? kept.substr(12) : kept;
+    bool aside = false;
+    for (const auto& entry : fs::directory_iterator(dir_ / name / "checkpoints"))
+      aside = aside || (entry.path().filename().string().rfind("abandoned-", 0) == 0 && text(entry.path() / there) == "the run's");
+    EXPECT_TRUE(aside) << kept;
+  }
+}
+
+TEST_F(RunFolderTest, AResumeFromAnOlderStepMovesFilesOntoTheDiskItsCheckpointsFolderLinksTo) {
+  // checkpoints/ a link onto another filesystem: the resume's moves of summary.json and the
+  // records beside it into checkpoints/abandoned-... failed with "Invalid cross-device link"
+  // half-way (newer steps already moved), and every retry failed the same way.
+  const fs::path other = fs::path("/dev/shm") / dir_.filename();
+  struct stat here {}, there {};
+  if (::stat(dir_.c_str(), &here) != 0 || ::stat("/dev/shm", &there) != 0 || here.st_dev == there.st_dev)
+    GTEST_SKIP() << "needs /dev/shm on another filesystem than " << dir_;
+  fs::remove_all(other);
+  fs::create_directories(other);
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() { fs::remove_all(p); }
+  } cleanup{other};
+  fs::create_directories(dir_ / "linked");
+  fs::create_directory_symlink(other, dir_ / "linked" / "checkpoints");
+  Config c = base("linked", 6);
+  loom::testing::make_trainer(c)->train();
+  ASSERT_TRUE(fs::exists(dir_ / "linked" / "summary.json"));
+  c.set_assignment("trainer.resume_from=" + (dir_ / "linked" / "checkpoints" / step_dir_name(2)).string());
+  auto t = loom::testing::make_trainer(c);
+  EXPECT_EQ(t->step(), 2);
+  EXPECT_EQ(steps(dir_ / "linked"), std::vector<std::string>{step_dir_name(2)});
+  bool summary_aside = false;
+  for (const auto& entry : fs::directory_iterator(other)) {
+    EXPECT_EQ(entry.path().extension(), "") << entry.path() << ": a partial copy left";
+    summary_aside = summary_aside || fs::exists(entry.path() / "summary.json");
+  }
+  EXPECT_TRUE(summary_aside);
+  EXPECT_FALSE(fs::exists(dir_ / "linked" / "summary.json"));
+  t->train();
+  EXPECT_EQ(t->step(), 6);
+}
+
 TEST_F(RunFolderTest, ARefusedStartLeavesNoFolderBehindButKeepsOneThatWasThere) {
   loom::testing::make_trainer(base("source"))->train();
   // Resuming a new run from a checkpoint of another model: refused, and the folder the command

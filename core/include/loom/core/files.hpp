@@ -79,7 +79,8 @@ std::filesystem::path temp_folder();
 /// value may be one), is returned as it is.
 std::string home_expanded(const std::string& path);
 
-/// Atomically renames `from` to `to` (both in one folder) and fsyncs the folder.
+/// Renames `from` to `to` and fsyncs the folders: atomically on one filesystem; across two (a
+/// folder linked onto another disk), a durable copy under a temporary name, then the original removed.
 void rename_durable(const std::filesystem::path& from, const std::filesystem::path& to);
 
 }  // namespace loom::core
