@@ -173,8 +173,24 @@ po::variables_map parse_command_line(const Command& command, const std::vector<s
   all.add(command_options(command, "")).add_options()("args", po::value<std::vector<std::string>>()->composing(), "");
   po::positional_options_description positional;
   positional.add("args", -1);
+  // The seeds' Python spellings (--batch_size, --no_amp) are Loom's flags with dashes: taken as
+  // such, in the flag's name only (not after a lone --, which starts another command's words).
+  std::vector<std::string> words = args;
+  for (auto& word : words) {
+    if (word == "--") break;
+    if (word.rfind("--", 0) != 0) continue;
+    const size_t end = std::min(word.find('='), word.size());
+    std::string name = word.substr(2, end - 2);
+    if (name.find('_') == std::string::npos) continue;
+    std::replace(name.begin(), name.end(), '_', '-');
+    if (all.find_nothrow(name, /*approx=*/false) != nullptr) word = "--" + name + word.substr(end);
+  }
+  // No guessing from a prefix: `--batch-siz 8` was --batch-size, `--resume auto` became
+  // --resume-from on a command without --resume, in silence (an unknown flag is said, with the
+  // closest one: main.cpp).
+  const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
   po::variables_map options;
-  po::store(po::command_line_parser(args).options(all).positional(positional).run(), options);
+  po::store(po::command_line_parser(words).options(all).positional(positional).style(style).run(), options);
   // A path's leading ~ after '=' (--checkpoint=~/x) is not the shell's to expand: it is the home folder here too.
   for (const char* path : {"checkpoint", "trace", "resume"})
     if (options.count(path)) options.at(path).value() = core::home_expanded(options[path].as<std::string>());

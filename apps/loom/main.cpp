@@ -33,6 +33,25 @@ void print_usage(std::ostream& out) {
   out << "\n" << loom::cli::global_options() << "\n`loom <command> --help` shows a command's options.\n";
 }
 
+/// What to write instead of an unknown flag (`--batch-siz`, `--d_model` of a model, the seeds'
+/// `--gpu-ids`, `--options k=v`): the closest of the command's flags, or where the setting is.
+std::string unknown_flag_hint(const std::string& given, const po::options_description& described) {
+  std::string name = given.rfind("--", 0) == 0 ? given.substr(2) : given.rfind('-', 0) == 0 ? given.substr(1) : given;
+  std::replace(name.begin(), name.end(), '_', '-');
+  if (name == "gpu-ids" || name == "gpus" || name == "gpu")
+    return "\nThe device is trainer.device (--set trainer.device=cuda:1); several devices: --set parallel.name=data_parallel "
+           "--set parallel.devices=cuda:0,cuda:1, or loom launch for ddp";
+  if (name == "options" || name == "cfg-options")
+    return "\nA setting by its key: --set section.key=value (repeatable; `loom config keys` lists the keys)";
+  std::vector<std::string> flags;
+  for (const auto& option : described.options())
+    if (!option->long_name().empty()) flags.push_back(option->long_name());
+  if (name == "data-dir" || name == "data-path" || name == "data-root")
+    return "\nThe data's folder is a dataset's own option: --set data.path=DIR (fashion_mnist), data.root (movielens)";
+  if (const auto close = loom::core::closest(name, flags)) return "\nDid you mean --" + *close + "?";
+  return "\nA component's option has no flag: --set section.key=value (`loom config keys` lists the keys)";
+}
+
 }  // namespace
 
 namespace {
@@ -88,6 +107,7 @@ int run_loom(int argc, char** argv) {
   } catch (const po::error& e) {
     // `loom launch --nproc-per-node 2 train -c x`: the command's own options need a -- before it.
     std::string hint;
+    if (const auto* unknown = dynamic_cast<const po::unknown_option*>(&e)) hint = unknown_flag_hint(unknown->get_option_name(), described);
     if (std::string(command->name) == "launch" && std::find(args.begin(), args.end(), "--") == args.end())
       for (size_t i = 0; i < args.size() && hint.empty(); ++i)
         if (!args[i].empty() && args[i][0] != '-' && (i == 0 || args[i - 1].rfind("--", 0) != 0 || args[i - 1].find('=') != std::string::npos))

@@ -55,6 +55,18 @@ if 4 * cores < 1024:
     expect(r.returncode == 1 and f"at most 4 processes per core ({4 * cores} here)" in r.stderr,
            "launch refuses far more ranks than cores before starting any", r)
 
+# The seeds' Python spellings are the flags; a prefix is no flag (--batch-siz ran the full default
+# job as --batch-size, --resume became --resume-from on `loom memory`), and an unknown flag says
+# what to write instead.
+r = loom(exe, "config", "show", "-c", "debug", "--batch_size", "24", "--no_amp")
+expect("batch_size = 24" in r.stdout and "name = fp32" in r.stdout, "--batch_size and --no_amp are --batch-size, --no-amp", r)
+for given, says in (("--batch-siz", "Did you mean --batch-size?"), ("--gpu-ids", "--set trainer.device=cuda:1"),
+                    ("--options", "--set section.key=value"), ("--d_modle", "Did you mean --d-model?")):
+    r = loom(exe, "train", "-c", "debug", given, "8", check=False)
+    expect(r.returncode == 2 and f"unrecognised option '{given}'" in r.stderr and says in r.stderr, f"{given} is refused", r)
+r = loom(exe, "memory", "estimate", "-c", "debug", "--resume", "auto", check=False)
+expect(r.returncode == 2 and "unrecognised option '--resume'" in r.stderr, "loom memory has no --resume to guess", r)
+
 r = loom(exe, "trian", check=False)
 expect(r.returncode == 2 and "did you mean 'train'?" in r.stderr, "a mistyped command gets a suggestion", r)
 
