@@ -18,6 +18,11 @@ include_guard(GLOBAL)
 
 set(_LOOM_PLUGIN_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
 
+# The function keeps the policies in effect where it is defined: its own (IN_LIST), whatever the
+# caller's cmake_minimum_required says, or none (a project without one got "if given arguments
+# ... Unknown arguments specified" from inside this file).
+cmake_policy(PUSH)
+cmake_policy(VERSION 3.25)
 function(loom_add_plugin)
   cmake_parse_arguments(ARG "" "NAME;KIND;TIER;OUTPUT_DIRECTORY" "SOURCES;LINK_LIBRARIES" ${ARGN})
   if(NOT ARG_NAME OR NOT ARG_SOURCES)
@@ -67,3 +72,4 @@ function(loom_add_plugin)
   endif()
   set_property(GLOBAL APPEND PROPERTY LOOM_PLUGIN_TARGETS ${_target})
 endfunction()
+cmake_policy(POP)

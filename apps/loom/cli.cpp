@@ -193,11 +193,11 @@ po::variables_map parse_command_line(const Command& command, const std::vector<s
   po::store(po::command_line_parser(words).options(all).positional(positional).style(style).run(), options);
   // A path's leading ~ after '=' (--checkpoint=~/x) is not the shell's to expand: it is the home folder here too.
   for (const char* path : {"checkpoint", "trace", "resume"})
-    if (options.count(path)) options.at(path).value() = core::home_expanded(options[path].as<std::string>());
+    if (options.count(path)) options.at(path).value() = core::home_expanded(options[path].as<std::string>(), true);
   for (const char* paths : {"config", "plugin-dir"})
     if (options.count(paths)) {
       auto& all = boost::any_cast<std::vector<std::string>&>(options.at(paths).value());
-      for (auto& p : all) p = core::home_expanded(p);
+      for (auto& p : all) p = core::home_expanded(p, /*alone_too=*/std::string(paths) == "plugin-dir");
     }
   if (!options.count("help")) po::notify(options);  // (`launch --help` needs no --nproc-per-node)
   return options;

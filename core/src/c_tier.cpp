@@ -51,7 +51,7 @@ class CObject {
   /// A table must be at least as large as its interface 1.0 and say so.
   void require_size(uint32_t size, uint32_t needed) const {
     if (size < needed)
-      throw sdk::Error(what_ + ": its factory returned a table of " + std::to_string(size) + " bytes, smaller than " +
+      throw ContractBroken(what_ + ": its factory returned a table of " + std::to_string(size) + " bytes, smaller than " +
                        std::to_string(needed) + "; rebuild it against this Loom's c_plugin.h");
   }
 
@@ -73,10 +73,10 @@ std::string text_of(const char* s, size_t max = LOOM_MAX_TEXT) {
 class CDataset final : public sdk::Dataset, CObject {
  public:
   CDataset(const ComponentInfo& info, loom_c_dataset* table) : CObject(info, table), t_(table) {
-    if (t_ == nullptr) throw sdk::Error(what_ + ": its factory returned no table");
+    if (t_ == nullptr) throw ContractBroken(what_ + ": its factory returned no table");
     require_size(t_->struct_size, sizeof(loom_c_dataset));
     if (!t_->setup || !t_->spec || !t_->size || !t_->get_batch)
-      throw sdk::Error(what_ + ": its table lacks setup, spec, size or get_batch");
+      throw ContractBroken(what_ + ": its table lacks setup, spec, size or get_batch");
   }
 
   void setup() override {
@@ -225,7 +225,7 @@ sdk::BatchPlan plan_of(const loom_c_plan& p) { return {p.micro_batch, p.accumula
 class CMemoryPolicy final : public sdk::MemoryPolicy, CObject {
  public:
   CMemoryPolicy(const ComponentInfo& info, loom_c_memory_policy* table) : CObject(info, table), t_(table) {
-    if (t_ == nullptr) throw sdk::Error(what_ + ": its factory returned no table");
+    if (t_ == nullptr) throw ContractBroken(what_ + ": its factory returned no table");
     require_size(t_->struct_size, sizeof(loom_c_memory_policy));
   }
 
@@ -342,7 +342,7 @@ struct CValues {
 class CCallback final : public sdk::Callback, CObject {
  public:
   CCallback(const ComponentInfo& info, loom_c_callback* table) : CObject(info, table), t_(table) {
-    if (t_ == nullptr) throw sdk::Error(what_ + ": its factory returned no table");
+    if (t_ == nullptr) throw ContractBroken(what_ + ": its factory returned no table");
     require_size(t_->struct_size, sizeof(loom_c_callback));
   }
 

@@ -531,7 +531,7 @@ Resolved validate(const Config& config, const Schema& schema) {
   for (const auto& [key, spec] : schema.keys()) {
     if (const ConfigValue* v = canonical.find(key)) {
       resolved[key] = *v;  // (a path's leading ~ is the home folder, as the shell would have made it: no folder "~")
-      if (spec.option.type == LOOM_OPTION_STRING) resolved[key].value = home_expanded(v->value);
+      if (spec.option.type == LOOM_OPTION_STRING) resolved[key].value = home_expanded(v->value, key == "trainer.work_dir");
     } else {
       if (spec.option.default_value.empty() && spec.option.type != LOOM_OPTION_STRING &&
           spec.option.type != LOOM_OPTION_LIST)

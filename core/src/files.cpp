@@ -227,8 +227,8 @@ fs::path temp_folder() {
   return root;
 }
 
-std::string home_expanded(const std::string& path) {
-  if (path.rfind("~/", 0) != 0) return path;
+std::string home_expanded(const std::string& path, bool alone_too) {
+  if (path.rfind("~/", 0) != 0 && (!alone_too || path != "~")) return path;
   const char* home = std::getenv("HOME");
   if (home == nullptr || *home == '\0') {  // (as the shell then: the user's entry in the password database)
     const passwd* user = ::getpwuid(::getuid());

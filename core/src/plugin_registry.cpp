@@ -473,7 +473,7 @@ void* PluginRegistry::create_raw(const ComponentInfo& info,
     const CrashContext creating(("creating " + kind_name(info.kind) + " '" + info.name + "' of " + info.plugin->file.string()).c_str());
     object = info.raw->create(&args, &error);
   } catch (...) {
-    throw Error(kind_name(info.kind) + " '" + info.name + "' (" + info.plugin->file.string() +
+    throw ContractBroken(kind_name(info.kind) + " '" + info.name + "' (" + info.plugin->file.string() +
                 "): its factory threw across the C boundary; the plugin must be rebuilt with "
                 "LOOM_PLUGIN");
   }

@@ -276,7 +276,7 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
     return core.find(key)->option.default_value;
   };
   if (get("trainer.resume") != "auto" || !get("trainer.resume_from").empty()) return config;
-  const fs::path work_dir = home_expanded(get("trainer.work_dir"));  // (as validate() expands it for the trainer)
+  const fs::path work_dir = home_expanded(get("trainer.work_dir"), /*alone_too=*/true);  // (as validate() expands it for the trainer)
   std::string name = get("trainer.name");
   if (name.empty()) {
     const std::vector<std::string> runs = detail::runs_newest_first(work_dir);

@@ -270,6 +270,7 @@ void Trainer::build_data() {
   const auto who = [&] { return "dataset '" + name + "'"; };
   as_component(who, name, [&] { dataset_->setup(); });
   data_spec_ = as_component(who, name, [&] { return dataset_->spec(); });
+  detail::check_spec_keys(name, data_spec_);
   detail::check_split_sizes(name, [&](sdk::Split s) { return as_component(who, name, [&] { return dataset_->size(s); }); },
                             dataset_.implements(1));
 }

@@ -167,6 +167,17 @@ void check_split_sizes(const std::string& name, const std::function<int64_t(sdk:
   }
 }
 
+void check_spec_keys(const std::string& name, const sdk::DataSpec& spec) {
+  for (const auto& [role, key] : {std::pair{"input_key", &spec.input_key}, std::pair{"target_key", &spec.target_key}}) {
+    if (spec.fields.count(*key)) continue;
+    std::string fields;
+    for (const auto& field : spec.fields) fields += (fields.empty() ? "" : ", ") + field.first;
+    throw Error("dataset '" + name + "': its spec() names field '" + printable(*key, 64) + "' as its " + role +
+                ", but it has no such field (its fields: " + (fields.empty() ? "none" : fields) +
+                "): a bug of the plugin's (`loom plugins check` finds it too): report it to its author");
+  }
+}
+
 std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out, bool kept) {
   return "the global batch, " + std::to_string(global) +
          (kept ? " (the checkpoint's, which a resume that gives none keeps)" : " (trainer.batch_size)") + ", is more than the " +

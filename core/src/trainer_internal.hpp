@@ -283,6 +283,9 @@ std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out, 
 /// Each split's size (`size`, the dataset's own) in [0, 2^40] and the same when asked again, or an
 /// error naming dataset `name` (trainer_data.cpp).
 void check_split_sizes(const std::string& name, const std::function<int64_t(sdk::Split)>& size, bool has_validation);
+/// The spec's input_key and target_key among its fields, or an error naming dataset `name` (a
+/// model's `fields.at(input_key)` said only "map::at", blaming the model).
+void check_spec_keys(const std::string& name, const sdk::DataSpec& spec);
 
 /// The origin of a setting `--resume auto` took from the run's record (with_run_settings); its
 /// Origin::file is that config.json.

@@ -190,12 +190,14 @@ static int32_t faulty_setup(void* self, loom_error* error) {
   return 0;
 }
 
+static int is(const char* a, const char* b);
+
 static int32_t faulty_spec(void* self, loom_c_data_spec* spec, loom_error* error) {
   faulty* f = (faulty*)self;
   (void)error;
   spec->field_count = 2;
   spec->fields = f->fields;
-  spec->input_key = "x";
+  spec->input_key = is(f->fault, "bad_key") ? "nope" : "x";
   spec->target_key = "y";
   spec->num_classes = 2;
   return 0;
@@ -281,7 +283,7 @@ static const loom_option_spec stop_options[] = {
 
 static const loom_option_spec faulty_options[] = {
     {sizeof(loom_option_spec), LOOM_OPTION_ENUM, "fault", "none",
-     "how get_batch breaks the contract", "none|error|wrong_shape|wrong_dtype|missing|cuda_memory|old_dlpack|null_data"},
+     "how get_batch breaks the contract", "none|error|wrong_shape|wrong_dtype|missing|cuda_memory|old_dlpack|null_data|bad_key"},
 };
 
 static const loom_component components[] = {

@@ -118,6 +118,21 @@ TEST_F(CTierTest, ACTierPluginWrittenInCppExportsItsEntryPoint) {
   EXPECT_NE(loom::testing::registry().create<loom::sdk::Callback>("c_from_cxx"), nullptr);
 }
 
+TEST_F(CTierTest, ASpecNamingAnInputItDoesNotHaveIsTheDatasetsErrorNotTheModels) {
+  // The model's fields.at(input_key) said "model 'x': map::at", blaming the model.
+  Config c = base("bad_key", "c_faulty");
+  c.set_assignment("data.c_faulty.fault=bad_key");
+  try {
+    loom::testing::make_trainer(c);
+    ADD_FAILURE() << "no error";
+  } catch (const loom::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset 'c_faulty': its spec() names field 'nope' as its input_key, but it has no "
+                                         "such field (its fields: x, y)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(CTierTest, TensorsThatBreakTheContractAreOneClearErrorEach) {
   const std::vector<std::pair<std::string, std::string>> faults = {
       {"error", "dataset 'c_faulty': get_batch failed: the disk is on fire"},

@@ -75,9 +75,10 @@ std::filesystem::path temp_folder();
 
 /// `path` with a leading "~/" taken as $HOME/ (where HOME is set), as the shell does with a word's
 /// own: `--set trainer.work_dir=~/runs` and `--checkpoint=~/x.safetensors` reach Loom with the ~,
-/// which made a folder named "~" in the current one. Anything else, "~" alone too (a text option's
-/// value may be one), is returned as it is.
-std::string home_expanded(const std::string& path);
+/// which made a folder named "~" in the current one. Anything else is returned as it is, "~" alone
+/// too (a text option's value may be one) unless `alone_too` (a value that is a path: the work
+/// folder, a flag's path).
+std::string home_expanded(const std::string& path, bool alone_too = false);
 
 /// Renames `from` to `to` and fsyncs the folders: atomically on one filesystem; across two (a
 /// folder linked onto another disk), a durable copy under a temporary name, then the original removed.

@@ -29,6 +29,13 @@
 
 namespace loom::core {
 
+/// What create() throws where a plugin's factory broke the ABI's contract (a C-tier table that is
+/// missing, too short or without a function it must have; a factory that threw across the C
+/// boundary): a defect of the plugin whatever options it is given, not a refusal of its options.
+class ContractBroken : public Error {
+ public:
+  using Error::Error;
+};
 
 /// A host-side copy of one loom_option_spec.
 struct OptionSpec {
