@@ -19,6 +19,7 @@
 #include <boost/dll/shared_library.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <elf.h>
@@ -268,6 +269,9 @@ bool set_range_from_choices(OptionSpec& spec) {
   if (spec.choices.empty()) return true;
   const auto range = sdk::parse_range(spec.choices);
   if (!range) return false;
+  // (an int's "0.5..2.5" was shown as [0, 2] in one place, 0.5..2.5 in another)
+  const auto whole = [](const std::optional<double>& v) { return !v || !std::isfinite(*v) || *v == std::floor(*v); };
+  if (spec.type == LOOM_OPTION_INT && (!whole(range->lo) || !whole(range->hi))) return false;
   spec.min = range->lo;
   spec.max = range->hi;
   return true;

@@ -68,6 +68,12 @@ class Dummy final : public loom::sdk::Dataset {
  public:
 #if defined(BROKEN_BAD_RANGE)
   static constexpr loom_option_spec kOptions[] = {loom::sdk::option_int("size", "3", "a size", "5..1")};
+#elif defined(BROKEN_FRACTION_RANGE)
+  static constexpr loom_option_spec kOptions[] = {loom::sdk::option_int("every", "1", "how often", "0.5..2.5")};
+#elif defined(BROKEN_STRAY_COMMA)
+  static constexpr loom_option_spec kOptions[] = {loom::sdk::option_list("items", ",,a b,", "some items")};
+#elif defined(BROKEN_REPEATED_CHOICE)
+  static constexpr loom_option_spec kOptions[] = {loom::sdk::option_enum("mode", "a", "a|a||b", "a mode")};
 #elif defined(BROKEN_DEFAULT_OUT_OF_RANGE)
   static constexpr loom_option_spec kOptions[] = {loom::sdk::option_float("rate", "2", "a rate", "0..1")};
 #elif defined(BROKEN_LONG_DEFAULT)
