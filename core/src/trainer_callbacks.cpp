@@ -2,6 +2,7 @@
 // the callback and the hook), the weights files they may ask for, and what the loop reports to
 // them (the logged values of a window of steps, a step's report, an evaluation, the run's end).
 // What they see of the run: run_context.hpp.
+#include <loom/core/crash_report.hpp>
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/device_memory.hpp>
 #include <loom/core/files.hpp>
@@ -49,7 +50,9 @@ void Trainer::notify(const char* hook, const std::function<void(sdk::Callback&, 
       // (the progress line is what the log says at info: --log-level warn, error or off quiet it too)
       if (name == "progress" && !log::enabled(LOOM_LOG_INFO)) continue;
       sdk::Callback& target = *callback;  // clang 14 cannot capture a structured binding
-      in_phase("callback '" + name + "' (" + hook + ")", [&] { call(target, *context_); });
+      const std::string phase = "callback '" + name + "' (" + hook + ")";
+      const CrashContext running(("running " + phase).c_str());  // (a crash or an exit() in it names it)
+      in_phase(phase, [&] { call(target, *context_); });
     }
   } catch (...) {
     hook_ = outer;

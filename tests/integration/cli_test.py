@@ -785,6 +785,12 @@ try:
            f"creating callback 'exits_on_create' of {ending}" in r.stderr
            and "the exit status is 1, whatever the plugin gave" in r.stderr,
            "a plugin's exit(0) fails the command, naming the component", r)
+    # The same in a callback's hook named it by the pc line's file only.
+    r = loom(exe, "train", "-c", os.path.join(configs, "debug.ini"), "--plugin-dir", ending,
+             "--set", "trainer.callbacks=progress,aborts_at_run_begin", "--set", "trainer.max_steps=2",
+             "--set", f"trainer.work_dir={work}", "--set", "trainer.name=aborts", env=env, check=False)
+    expect(r.returncode != 0 and "while running callback 'aborts_at_run_begin' (on_run_begin)" in r.stderr,
+           "a crash in a callback's hook names the callback and the hook", r)
     # Each check in a child process: the abort(), the exit(0) and the hang each fail their check,
     # named, and the components after them are still checked.
     r = loom(exe, "plugins", "check", ending, "--check-timeout", "5", env=env, check=False)
