@@ -1,16 +1,15 @@
-// The run folder: which folder a run writes, claimed for this process alone, what it resumes
-// from, and config.json. Nothing one run wrote is overwritten or pruned by another:
-//   - a new run refuses a folder that already holds a run (choose another name, or resume it);
-//     a run without a name gets a fresh one, never shared with a run started in the same second;
+// The run folder: which folder a run writes, claimed for this process alone, what it resumes from, and
+// config.json. Nothing one run wrote is overwritten or pruned by another:
+//   - a new run refuses a folder that already holds a run (choose another name, or resume it); a run
+//     without a name gets a fresh one, never shared with a run started in the same second;
 //   - a lock file (flock, so never stale) keeps a second process out of a folder in use;
-//   - resuming from an older checkpoint of a run moves its newer step folders (and the best
-//     files and metrics of that abandoned timeline) aside, where nothing resumes or prunes them;
-//   - --resume auto resumes the newest run that has a checkpoint it can load; a named run that
-//     wrote files but no checkpoint (killed before its first) starts again with those files
-//     moved aside, not overwritten;
-//   - a resumed run keeps the checkpoints its run kept: trainer.keep_last left at its default
-//     takes the value the run's config.json records, so that a resume without the flag the run
-//     started with does not prune what that flag kept.
+//   - resuming from an older checkpoint of a run moves its newer step folders (and the best files and
+//     metrics of that abandoned timeline) aside, where nothing resumes or prunes them;
+//   - --resume auto resumes the newest run that has a checkpoint it can load; a named run that wrote
+//     files but no checkpoint (killed before its first) starts again with those files moved aside;
+//   - a resumed run keeps the checkpoints its run kept: trainer.keep_last left at its default takes
+//     the value the run's config.json records, so that a resume without the flag the run started
+//     with does not prune what that flag kept.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
@@ -47,8 +46,7 @@ std::string timestamp() {
   return buffer;
 }
 
-/// A new folder `stem`, or `stem-2`, `stem-3`... in `parent`, created by this call: two set-asides
-/// in the same second never share one.
+/// A new folder `stem`, or `stem-2`, `stem-3`... in `parent`, made by this call (two set-asides a second apart too).
 fs::path claim_aside(const fs::path& parent, const std::string& stem) {
   fs::create_directories(parent);
   for (int i = 1;; ++i) {
@@ -78,8 +76,7 @@ void remove_if_only_lock(const fs::path& dir) {  // (and the empty checkpoints/ 
   for (const fs::path& p : {dir / "checkpoints", dir / ".lock", dir}) fs::remove(p, ec);
 }
 
-/// A name of the form <time>[-N] whose folder this call created: two runs started in the same
-/// second get two folders.
+/// A name of the form <time>[-N] whose folder this call created (two runs in one second: two folders).
 std::string claim_fresh_name(const fs::path& work_dir) {
   fs::create_directories(work_dir);
   const std::string base = timestamp();
@@ -458,7 +455,8 @@ void Trainer::open_run_here() {
       if (all.empty()) throw Error(options_.resume_from + " holds no checkpoint to resume from");
       checkpoint = all.back();
     }
-    if (name.empty()) name = checkpoint.parent_path().parent_path().filename().string();
+    if (name.empty() && checkpoint.parent_path().filename() == "checkpoints")  // (one in abandoned-...: a new run)
+      name = checkpoint.parent_path().parent_path().filename().string();
   }
 
   std::vector<std::string> problems;

@@ -145,6 +145,23 @@ TEST_F(RunFolderTest, AResumeFromAnOlderStepMovesFilesOntoTheDiskItsCheckpointsF
   EXPECT_EQ(t->step(), 6);
 }
 
+TEST_F(RunFolderTest, AResumeFromAStepSetAsideStartsANewRunNotOneNamedCheckpoints) {
+  loom::testing::make_trainer(base("timeline", 6))->train();
+  Config back = base("timeline", 6);
+  back.set_assignment("trainer.resume_from=" + (dir_ / "timeline" / "checkpoints" / step_dir_name(2)).string());
+  loom::testing::make_trainer(back);  // steps 4 and 6 go aside
+  fs::path aside;
+  for (const auto& entry : fs::directory_iterator(dir_ / "timeline" / "checkpoints"))
+    if (entry.path().filename().string().rfind("abandoned-", 0) == 0) aside = entry.path();
+  ASSERT_TRUE(fs::exists(aside / step_dir_name(6)));
+  Config again = base("", 8);
+  again.set_assignment("trainer.name=");
+  again.set_assignment("trainer.resume_from=" + (aside / step_dir_name(6)).string());
+  auto t = loom::testing::make_trainer(again);
+  EXPECT_EQ(t->step(), 6);
+  EXPECT_FALSE(fs::exists(dir_ / "checkpoints")) << "the run was named after the folder of the run's checkpoints";
+}
+
 TEST_F(RunFolderTest, ARefusedStartLeavesNoFolderBehindButKeepsOneThatWasThere) {
   loom::testing::make_trainer(base("source"))->train();
   // Resuming a new run from a checkpoint of another model: refused, and the folder the command
