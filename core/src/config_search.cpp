@@ -58,8 +58,11 @@ std::string shipped_hint(const fs::path& file) {
 fs::path find_config(const std::string& name) {
   if (name.empty()) throw Error("a configuration's name is empty: name a file, or one of Loom's configurations (debug, fashion_mnist, ...)");
   std::error_code ec;
-  // A file here, or a path (load_file reports what is wrong with it).
-  if (fs::is_regular_file(name, ec) || name.find('/') != std::string::npos) return name;
+  // A file here, or a path (load_file reports what is wrong with it); `cfg/named` is cfg/named.ini
+  // where only that is there, as `base = named` finds it beside a file.
+  if (fs::is_regular_file(name, ec)) return name;
+  if (name.find('/') != std::string::npos)
+    return !fs::exists(fs::symlink_status(name, ec)) && fs::is_regular_file(name + ".ini", ec) ? name + ".ini" : name;
   if (auto shipped = shipped_config(name)) {
     // (a `base = debug` beside a debug.ini takes that file: here the name is Loom's, so say which)
     if (const fs::path here = name + ".ini"; fs::is_regular_file(here, ec) && !fs::equivalent(here, *shipped, ec))

@@ -186,7 +186,8 @@ std::string explained(const std::filesystem::filesystem_error& e) {
     namespace fs = std::filesystem;
     for (fs::path p = e.path1(); !p.empty() && blocker.empty(); p = p.has_relative_path() ? p.parent_path() : fs::path()) {
       const auto status = fs::status(p, ec);
-      if (fs::exists(status) && !fs::is_directory(status)) {
+      // (a link to nothing: "File exists" of a path where nothing is, said as "a part ... is a file")
+      if ((fs::exists(status) && !fs::is_directory(status)) || (!fs::exists(status) && fs::is_symlink(fs::symlink_status(p, ec)))) {
         blocker = p.string();
         there = sdk::what_is_at(p);
       }

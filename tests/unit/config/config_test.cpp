@@ -697,6 +697,8 @@ TEST_F(ConfigTest, APathsLeadingTildeIsTheHomeFolderAsTheShellWouldHaveIt) {
   Resolved r = validate(config, run_schema(config, loom::testing::registry()));
   EXPECT_EQ(r.at("trainer.work_dir").value, std::string(home) + "/runs");
   EXPECT_EQ(r.at("trainer.name").value, "~") << "a ~ alone may be a text option's value";
+  config.set_assignment("trainer.work_dir=~");  // (--work-dir=~ made a folder named ~ here)
+  EXPECT_EQ(validate(config, run_schema(config, loom::testing::registry())).at("trainer.work_dir").value, std::string(home));
   // Only a leading "~/": another user's ~name, and a ~ further on, are left as they are.
   config.set_assignment("trainer.work_dir=~other/runs");
   config.set_assignment("trainer.name=a~/b");
@@ -718,8 +720,11 @@ TEST_F(ConfigTest, AConfigurationIsFoundByNameFromAnyFolder) {
   Config c;
   c.load_file(debug);
   EXPECT_EQ(c.get("data.name"), "synthetic");
-  // A file in the current folder, or any path, is taken as it is.
+  // A file in the current folder, or any path, is taken as it is; a path without its .ini where
+  // only the .ini is there is that file (as `base = named` finds it; it was a bare "not found").
   EXPECT_EQ(find_config("configs/debug.ini"), fs::path("configs/debug.ini"));
+  write("named.ini", "[trainer]\nmax_steps = 3\n");
+  EXPECT_EQ(find_config((dir_ / "named").string()), dir_ / "named.ini");
   // A debug.ini in the current folder is not what `-c debug` names: said.
   write("debug.ini", "[trainer]\nmax_steps = 3\n");
   const fs::path before = fs::current_path();
