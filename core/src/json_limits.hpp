@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <exception>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,14 @@ Json parse_json(std::string_view text) {
                                        "Loom's, which nests a few", nullptr);
     return true;
   });
+}
+
+/// An error's text without nlohmann's "[json.exception.parse_error.101] " before it (a user reads
+/// "parse error at line 1, column 5: ...").
+inline std::string json_reason(const std::exception& e) {
+  const std::string_view text = e.what();
+  const size_t end = text.rfind("] ", 64);
+  return std::string(text.rfind("[json.exception.", 0) == 0 && end != std::string_view::npos ? text.substr(end + 2) : text);
 }
 
 }  // namespace loom::core::detail

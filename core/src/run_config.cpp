@@ -288,9 +288,12 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
     return config;
   const fs::path record = work_dir / name / "config.json";
   nlohmann::json manifest;
-  try {  // (unreadable or damaged: the trainer says so when it compares the resume with it)
+  try {  // (unreadable or damaged: said first, before what follows from it, a model that differs say)
     manifest = detail::parse_json(read_file(record, int64_t{64} << 20));
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
+    log::warn("resume = auto: ", record.string(), ", the record of the run's settings, cannot be read (",
+              printable(detail::json_reason(e), 300), "): this resume runs with the command's own settings (defaults "
+              "where it gives none); give the run's -c file and --set values again");
     return config;
   }
   if (!manifest.is_object()) return config;

@@ -363,7 +363,7 @@ void Trainer::read_the_runs_config() {
   } catch (const std::exception& e) {
     if (fs::exists(record, ec) || here)
       log::warn("cannot compare this resume with how the run was trained: ", record.string(), " is ",
-                fs::exists(record, ec) ? "unreadable (" + printable(e.what(), 300) + ")" : std::string("missing"));
+                fs::exists(record, ec) ? "unreadable (" + printable(detail::json_reason(e), 300) + ")" : std::string("missing"));
     keep_record();
     return;
   }
