@@ -34,8 +34,7 @@ using namespace detail;
 namespace {
 
 /// Gives each callback of this run its state from a checkpoint. A callback the checkpoint has no
-/// state for (added on resume) starts fresh; the state of one this run does not select stays in
-/// the checkpoint.
+/// state for (added on resume) starts fresh; the state of one this run does not select stays in the checkpoint.
 void load_callback_states(const std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>>& callbacks,
                           const json& saved, const sdk::TensorMap& extra, const fs::path& dir) {
   for (const auto& [name, callback] : callbacks) {
@@ -573,8 +572,9 @@ void Trainer::init_weights(const std::string& from) {
     throw Error("trainer.init_from = " + from + ": its model does not fit this one: " + e.detail +
                 "; the settings that size the model (layers, widths, vocabulary, the data's users and items) must be the "
                 "checkpoint's");
-  } catch (const std::exception& e) {  // (a damaged file: its own words, said as this key's)
-    throw Error("trainer.init_from = " + from + ": " + e.what());
+  } catch (const std::exception& e) {  // (a damaged file: its own words, said as this key's; a file of another kind: what to name)
+    throw Error("trainer.init_from = " + from + (path.extension() == ".safetensors" || fs::is_directory(path, ec) ? ": " + std::string(e.what())
+                : " is no checkpoint (not a safetensors file): name a run's step folder, or a .safetensors weights file"));
   }
   log::info("weights from ", path.string(), " (trainer.init_from): the optimizer, the schedule and the step start afresh");
 }
