@@ -168,13 +168,8 @@ po::options_description command_options(const Command& command, const std::strin
   return described;
 }
 
-po::variables_map parse_command_line(const Command& command, const std::vector<std::string>& args) {
-  po::options_description all;
-  all.add(command_options(command, "")).add_options()("args", po::value<std::vector<std::string>>()->composing(), "");
-  po::positional_options_description positional;
-  positional.add("args", -1);
-  // The seeds' Python spellings (--batch_size, --no_amp) are Loom's flags with dashes: taken as
-  // such, in the flag's name only (not after a lone --, which starts another command's words).
+std::vector<std::string> dashed_flags(const Command& command, const std::vector<std::string>& args) {
+  const po::options_description all = command_options(command, "");
   std::vector<std::string> words = args;
   for (auto& word : words) {
     if (word == "--") break;
@@ -185,6 +180,15 @@ po::variables_map parse_command_line(const Command& command, const std::vector<s
     std::replace(name.begin(), name.end(), '_', '-');
     if (all.find_nothrow(name, /*approx=*/false) != nullptr) word = "--" + name + word.substr(end);
   }
+  return words;
+}
+
+po::variables_map parse_command_line(const Command& command, const std::vector<std::string>& args) {
+  po::options_description all;
+  all.add(command_options(command, "")).add_options()("args", po::value<std::vector<std::string>>()->composing(), "");
+  po::positional_options_description positional;
+  positional.add("args", -1);
+  const std::vector<std::string> words = dashed_flags(command, args);
   // No guessing from a prefix: `--batch-siz 8` was --batch-size, `--resume auto` became
   // --resume-from on a command without --resume, in silence (an unknown flag is said, with the
   // closest one: main.cpp).

@@ -45,6 +45,9 @@ po::options_description global_options();
 po::options_description command_options(const Command& command, const std::string& caption);
 /// `args` (the command line less the command's name) as `command` reads them, the positional
 /// ones under "args"; throws po::error where they are not its options.
+/// `args` with the seeds' Python spellings of the command's flags (--batch_size, --no_amp) written
+/// with dashes, in a flag's name only, up to a lone -- (after it: another command's words).
+std::vector<std::string> dashed_flags(const Command& command, const std::vector<std::string>& args);
 po::variables_map parse_command_line(const Command& command, const std::vector<std::string>& args);
 
 /// --config, --set and the aliases, applied in precedence order to a Config.

@@ -75,7 +75,10 @@ int run_loom(int argc, char** argv) {
   std::string command_name;
   size_t command_at = args.size();
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--log-level" || args[i] == "--plugin-dir") { ++i; continue; }
+    if (args[i] == "--log-level" || args[i] == "--plugin-dir" || args[i] == "--log_level" || args[i] == "--plugin_dir") {
+      ++i;
+      continue;
+    }
     if (!args[i].empty() && args[i][0] != '-') { command_name = args[i]; command_at = i; break; }
   }
   if (command_name.empty()) {
@@ -100,6 +103,7 @@ int run_loom(int argc, char** argv) {
 
   const po::options_description described = loom::cli::command_options(*command, std::string("Usage: ") + command->usage);
   args.erase(args.begin() + static_cast<std::ptrdiff_t>(command_at));
+  args = loom::cli::dashed_flags(*command, args);  // (--batch_size as --batch-size, for all that reads the words)
   loom::cli::Invocation invocation;
   invocation.command_line = args;
   try {
@@ -107,11 +111,12 @@ int run_loom(int argc, char** argv) {
   } catch (const po::error& e) {
     // `loom launch --nproc-per-node 2 train -c x`: the command's own options need a -- before it.
     std::string hint;
-    if (const auto* unknown = dynamic_cast<const po::unknown_option*>(&e)) hint = unknown_flag_hint(unknown->get_option_name(), described);
     if (std::string(command->name) == "launch" && std::find(args.begin(), args.end(), "--") == args.end())
       for (size_t i = 0; i < args.size() && hint.empty(); ++i)
         if (!args[i].empty() && args[i][0] != '-' && (i == 0 || args[i - 1].rfind("--", 0) != 0 || args[i - 1].find('=') != std::string::npos))
           hint = "\nPut -- before the command each process runs: loom launch [launch options] -- " + args[i] + " ...";
+    if (const auto* unknown = dynamic_cast<const po::unknown_option*>(&e); unknown != nullptr && hint.empty())
+      hint = unknown_flag_hint(unknown->get_option_name(), described);
     std::cerr << "loom " << command->name << ": " << e.what() << hint << "\nRun `loom " << command->name
               << " --help` for its options.\n";
     return 2;

@@ -161,13 +161,11 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
         const auto choices = bounded(o.choices, LOOM_MAX_TEXT);
         if (!choices || sdk::enum_choices(choices->c_str()).empty())
           refuse_now("descriptor", owhere + " '" + *key + "': an enum without choices", kOptionsHint);
-        // (`a|a||b` was taken, and a wrong value was told "expected one of a, a, b")
-        const auto listed = sdk::enum_choices(choices->c_str());
-        const size_t bars = static_cast<size_t>(std::count(choices->begin(), choices->end(), '|'));
-        if (listed.size() != bars + 1 || std::set<std::string>(listed.begin(), listed.end()).size() != listed.size())
-          refuse_now("descriptor", owhere + " '" + *key + "': choices '" + *choices + "' hold an empty or a repeated choice",
-                     kOptionsHint);
-        spec.choices = *choices;
+        // Each choice once: `a|a||b` is a|b (a wrong value was told "expected one of a, a, b").
+        std::vector<std::string> unique;
+        for (const auto& choice : sdk::enum_choices(choices->c_str()))
+          if (std::find(unique.begin(), unique.end(), choice) == unique.end()) unique.push_back(choice);
+        spec.choices = join(unique, "|");
       }
       // A range in `choices` is ABI 1.3's; an older plugin's choices of a number are not read.
       if ((o.type == LOOM_OPTION_INT || o.type == LOOM_OPTION_FLOAT) && o.choices != nullptr && d->abi_minor >= 3) {
@@ -175,11 +173,12 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
         spec.choices = range.value_or("");
         if (!range || !set_range_from_choices(spec))
           refuse_now("descriptor", owhere + " '" + *key + "': range '" + spec.choices + "' is not 'lo..hi'" +
-                                       (o.type == LOOM_OPTION_INT ? " of whole numbers" : ""), kOptionsHint);
+                                       (sdk::parse_range(spec.choices) ? " with a whole number within" : ""), kOptionsHint);
       }
-      if (spec.type == LOOM_OPTION_LIST && sdk::list_has_empty_item(spec.default_value))  // (refused as a value)
-        refuse_now("descriptor", owhere + " '" + *key + "': default '" + spec.default_value +
-                                     "' has an empty item (a stray comma)", kOptionsHint);
+      // A list default with a stray comma, ",,a b,", is its items, "a b" (`loom config show` wrote it as
+      // it was, which a configuration file may not say: a file made from the output was refused).
+      if (spec.type == LOOM_OPTION_LIST && sdk::list_has_empty_item(spec.default_value))
+        spec.default_value = join(sdk::parse_list(spec.default_value), ", ");
       if (!spec.default_value.empty() &&
           !sdk::is_valid_value(spec.type, spec.default_value, spec.choices.c_str()))
         refuse_now("descriptor",

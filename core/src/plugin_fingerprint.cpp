@@ -66,9 +66,9 @@ struct ElfFile {
     if (elf_version(EV_CURRENT) == EV_NONE) refuse("static-check", "libelf is unusable", "");
     // The caller checked that this is a regular file; O_NONBLOCK all the same, so a file swapped
     // for a FIFO since then cannot block the open.
-    fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) refuse("static-check", std::string("cannot open the file: ") + std::strerror(errno), "");
-    elf.reset(elf_begin(fd, ELF_C_READ, nullptr));
+    fd.value = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd.value < 0) refuse("static-check", std::string("cannot open the file: ") + std::strerror(errno), "");
+    elf.reset(elf_begin(fd.value, ELF_C_READ, nullptr));
     if (!elf || elf_kind(elf.get()) != ELF_K_ELF)
       refuse("static-check",
              "not a shared library of this platform (" + why_not_a_library(file, "an ELF header libelf cannot read") + ")",
@@ -78,14 +78,16 @@ struct ElfFile {
                                          "unreadable: ") + elf_errmsg(-1) + ")",
              kOnlyPluginsHint);
   }
-  ~ElfFile() {
-    elf.reset();
-    if (fd >= 0) ::close(fd);
-  }
   ElfFile(const ElfFile&) = delete;
   ElfFile& operator=(const ElfFile&) = delete;
 
-  int fd = -1;
+  // (members, so that a refusal thrown by the constructor closes them too: the Elf, then the fd)
+  struct Fd {
+    int value = -1;
+    ~Fd() {
+      if (value >= 0) ::close(value);
+    }
+  } fd;
   std::unique_ptr<Elf, ElfCloser> elf;
   size_t names_index = 0;
 };
@@ -116,7 +118,7 @@ EntrySymbol find_entry_symbol(const std::filesystem::path& file) {
       if (gelf_getsym(data, static_cast<int>(i), &symbol) == nullptr) break;  // (past the data libelf read)
       if (GELF_ST_BIND(symbol.st_info) == STB_LOCAL || symbol.st_shndx == SHN_UNDEF) continue;
       defines_any = true;
-      if (GELF_ST_VISIBILITY(symbol.st_other) != STV_DEFAULT) continue;
+      if (GELF_ST_VISIBILITY(symbol.st_other) != STV_DEFAULT && GELF_ST_VISIBILITY(symbol.st_other) != STV_PROTECTED) continue;
       const char* name = elf_strptr(f.elf.get(), header.sh_link, symbol.st_name);
       if (name == nullptr || std::strcmp(name, LOOM_ENTRY_SYMBOL) != 0) continue;
       if (entry_section != 0 && symbol.st_shndx == entry_section) return EntrySymbol::in_section;

@@ -269,11 +269,18 @@ bool set_range_from_choices(OptionSpec& spec) {
   if (spec.choices.empty()) return true;
   const auto range = sdk::parse_range(spec.choices);
   if (!range) return false;
-  // (an int's "0.5..2.5" was shown as [0, 2] in one place, 0.5..2.5 in another)
-  const auto whole = [](const std::optional<double>& v) { return !v || !std::isfinite(*v) || *v == std::floor(*v); };
-  if (spec.type == LOOM_OPTION_INT && (!whole(range->lo) || !whole(range->hi))) return false;
   spec.min = range->lo;
   spec.max = range->hi;
+  // An int's bounds in fractions, "0.5..2.5", are the whole numbers within them, "1..2", written so
+  // (it was shown as [0, 2] in one place and 0.5..2.5 in another, and 0 refused as outside [0, 2]).
+  const auto whole = [](const std::optional<double>& v) { return !v || !std::isfinite(*v) || *v == std::floor(*v); };
+  if (spec.type == LOOM_OPTION_INT && (!whole(spec.min) || !whole(spec.max))) {
+    if (spec.min) spec.min = std::ceil(*spec.min);
+    if (spec.max) spec.max = std::floor(*spec.max);
+    if (spec.min && spec.max && *spec.min > *spec.max) return false;  // (no whole number within)
+    const auto text = [](const std::optional<double>& v) { return v ? std::to_string(std::llround(*v)) : std::string(); };
+    spec.choices = text(spec.min) + ".." + text(spec.max);
+  }
   return true;
 }
 

@@ -63,14 +63,15 @@ std::string key_of(const fs::path& file) {
   struct stat st {};
   if (::stat(file.c_str(), &st) != 0) return {};
   std::ostringstream k;
-  // "report-3": the format of the cached reports (2: component flags, the fingerprint note; 3: made
+  // "report-4": the format of the cached reports (2: component flags, the fingerprint note; 3: made
   // by a scanner that reports on a descriptor of its own, where an "ok" a plugin printed on its
-  // stdout was taken for the scanner's); entries of an older format are scanned again.
+  // stdout was taken for the scanner's; 4: options normalized, enum choices once, a list default's
+  // stray commas); entries of an older format are scanned again.
   // The inode and the change time too: `cp -p`, rsync -a, tar and reproducible builds keep a file's
   // size and modification time, but a file written again, or replaced, gets a new change time
   // (no call can set it back), and a replaced one a new inode.
   k << file.string() << '|' << st.st_size << '|' << st.st_mtim.tv_sec << '.' << st.st_mtim.tv_nsec << '|' << st.st_ino
-    << '|' << st.st_ctim.tv_sec << '.' << st.st_ctim.tv_nsec << '|' << LOOM_SDK_VERSION << "|report-3|";
+    << '|' << st.st_ctim.tv_sec << '.' << st.st_ctim.tv_nsec << '|' << LOOM_SDK_VERSION << "|report-4|";
   // The host's interface versions: a host rebuilt with a newer interface under the same SDK
   // version must not reuse a verdict ("the plugin is newer than this Loom") made by the older one.
   for (const auto& kind : kinds()) k << kind.interface_major << '.' << kind.interface_minor << ',';

@@ -65,7 +65,7 @@ class Sgd final : public loom::plugins::GroupedOptimizer {
   void update_on_device(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads,
                         std::vector<std::vector<at::Tensor>>& state, const at::Tensor& lr, double weight_decay,
                         const at::Tensor& found_inf, const at::Tensor& divisor) override {
-    if (!state.empty() && dampening_ > 0 && steps_called() > 0)
+    if (!state.empty() && dampening_ > 0 && steps_called() > 0 && !known_started_)
       start_buffers(params, grads, state[0], weight_decay, found_inf, divisor);
     at::_fused_sgd_(params, grads, state.empty() ? std::vector<at::Tensor>{} : state[0], weight_decay, momentum_, lr,
                     dampening_, nesterov_, /*maximize=*/false, /*is_first_step=*/steps_called() == 0,
@@ -85,6 +85,7 @@ class Sgd final : public loom::plugins::GroupedOptimizer {
   void load_state_dict(const loom::sdk::State& state) override {
     GroupedOptimizer::load_state_dict(state);
     started_ = at::Tensor();  // from the loaded count of updates taken, at the next call
+    known_started_ = steps_taken() > 0;
   }
 
  private:
@@ -97,24 +98,30 @@ class Sgd final : public loom::plugins::GroupedOptimizer {
     return started_;
   }
   void note_started(const at::Tensor& found_non_finite) {
-    if (dampening_ <= 0 || momentum_ <= 0) return;
+    if (dampening_ <= 0 || momentum_ <= 0 || known_started_) return;
     const at::Tensor taken = found_non_finite.reshape({1}).to(at::kFloat).neg().add_(1);
     if (started_.defined()) started_.clamp_min_(taken);
     else started_ = taken.clone();
+    // On the CPU the host reads the flag for nothing (no device to wait for): once started, the
+    // buffers are left to the kernel. On a device it stays there (a read would wait for it).
+    if (started_.is_cpu()) known_started_ = started_.item<float>() > 0;
   }
   void start_buffers(std::vector<at::Tensor>& params, std::vector<at::Tensor>& grads, std::vector<at::Tensor>& buffers,
                      double weight_decay, const at::Tensor& found_inf, const at::Tensor& divisor) {
     const at::Tensor keep = started(found_inf).add(found_inf).gt(0);  // started, or this call is skipped
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      at::Tensor g = divisor.defined() ? grads[i].div(divisor) : grads[i];
-      if (weight_decay != 0) g = g.add(params[i], weight_decay);
-      buffers[i].copy_(at::where(keep, buffers[i], g.mul(dampening_ / momentum_)));
+    const double ratio = dampening_ / momentum_;
+    const at::Tensor scale = divisor.defined() ? divisor.reciprocal().mul_(ratio) : at::Tensor();
+    for (size_t i = 0; i < buffers.size(); ++i) {  // (one temporary, and the buffer written in place)
+      at::Tensor g = scale.defined() ? grads[i].mul(scale) : grads[i].mul(ratio);
+      if (weight_decay != 0) g.add_(params[i], weight_decay * ratio);
+      at::where_out(buffers[i], keep, buffers[i], g);
     }
   }
 
   double momentum_, dampening_;
   bool nesterov_;
   at::Tensor started_;
+  bool known_started_ = false;  // the host knows an update was taken: start_buffers is done
 };
 
 }  // namespace

@@ -93,15 +93,7 @@ INSTANTIATE_TEST_SUITE_P(
                    "option #0 'rate': default 2 is outside its range 0..1"},
         BrokenCase{"libloom_dataset_broken_long_default.so", "descriptor",
                    "option #0 'path': its default is longer than 1024 bytes (LOOM_MAX_TEXT)"},
-        BrokenCase{"libloom_dataset_broken_control_version.so", "descriptor", "the plugin version has control characters"},
-        // Schemas whose own values the loader would refuse later (an int's range in fractions was
-        // shown as [0, 2] and 0.5..2.5; a default `loom config show` wrote and could not read back).
-        BrokenCase{"libloom_dataset_broken_fraction_range.so", "descriptor",
-                   "option #0 'every': range '0.5..2.5' is not 'lo..hi' of whole numbers"},
-        BrokenCase{"libloom_dataset_broken_stray_comma.so", "descriptor",
-                   "option #0 'items': default ',,a b,' has an empty item (a stray comma)"},
-        BrokenCase{"libloom_dataset_broken_repeated_choice.so", "descriptor",
-                   "option #0 'mode': choices 'a|a||b' hold an empty or a repeated choice"}),
+        BrokenCase{"libloom_dataset_broken_control_version.so", "descriptor", "the plugin version has control characters"}),
     [](const testing::TestParamInfo<BrokenCase>& info) {
       std::string name = info.param.file;
       name = name.substr(std::string("libloom_dataset_broken_").size());
@@ -110,12 +102,31 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(PluginLoader, RefusesExactlyTheBrokenFilesAndLoadsTheRest) {
   auto& registry = shared_registry();
-  EXPECT_EQ(registry.refusals().size(), 22u);
+  EXPECT_EQ(registry.refusals().size(), 19u);
   std::vector<std::string> loaded;
   for (const auto& p : registry.plugins()) loaded.push_back(p->name);
   std::sort(loaded.begin(), loaded.end());
   // factory_throws is a well-formed plugin: its failure comes when its component is created.
-  EXPECT_EQ(loaded, (std::vector<std::string>{"basic_counting", "broken_factory_throws", "broken_printed_text"}));
+  EXPECT_EQ(loaded, (std::vector<std::string>{"basic_counting", "broken_factory_throws", "broken_fraction_range",
+                                              "broken_printed_text", "broken_repeated_choice", "broken_stray_comma"}));
+}
+
+TEST(PluginLoader, AnOptionTableIsReadAsItsValuesWillBe) {
+  // Each was taken as written, then its own values refused or shown two ways: an int's range in
+  // fractions was [0, 2] in one place and 0.5..2.5 in another (0 refused as outside [0, 2]); a list
+  // default with stray commas was written by `loom config show` where no file may hold it; a
+  // choice given twice was listed twice ("expected one of a, a, b"). Older plugins keep loading.
+  const auto option = [](const char* component) {
+    const auto* c = shared_registry().find(LOOM_KIND_DATASET, component);
+    EXPECT_NE(c, nullptr) << component;
+    return c == nullptr || c->options.empty() ? loom::core::OptionSpec{} : c->options[0];
+  };
+  const auto every = option("broken_fraction_range");
+  EXPECT_EQ(every.choices, "1..2");
+  EXPECT_EQ(every.min, 1.0);
+  EXPECT_EQ(every.max, 2.0);
+  EXPECT_EQ(option("broken_stray_comma").default_value, "a b");
+  EXPECT_EQ(option("broken_repeated_choice").choices, "a|b");
 }
 
 TEST(PluginLoader, APluginsTextIsPrintedWithoutItsControlCharactersAndABadOptionTableNamesTheSourceAsTheFix) {

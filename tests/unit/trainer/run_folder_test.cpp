@@ -135,9 +135,9 @@ TEST_F(RunFolderTest, AResumeFromAnOlderStepMovesFilesOntoTheDiskItsCheckpointsF
   EXPECT_EQ(t->step(), 2);
   EXPECT_EQ(steps(dir_ / "linked"), std::vector<std::string>{step_dir_name(2)});
   bool summary_aside = false;
-  for (const auto& entry : fs::directory_iterator(other)) {
-    EXPECT_EQ(entry.path().extension(), "") << entry.path() << ": a partial copy left";
-    summary_aside = summary_aside || fs::exists(entry.path() / "summary.json");
+  for (const auto& entry : fs::recursive_directory_iterator(other)) {
+    EXPECT_NE(entry.path().extension(), ".partial") << entry.path() << ": a partial copy left";
+    summary_aside = summary_aside || entry.path().filename() == "summary.json";
   }
   EXPECT_TRUE(summary_aside);
   EXPECT_FALSE(fs::exists(dir_ / "linked" / "summary.json"));
