@@ -163,6 +163,20 @@ TEST_F(PluginsCheck, ANonConformingPluginFailsTheChecksItBreaksAndOnlyThose) {
   expect_fails_only(saver, "hooks_of_a_short_run", "save_checkpoint() from on_after_backward is refused");
 }
 
+TEST_F(PluginsCheck, ACTableWithoutItsFunctionsFailsItsCreateCheckNotSkipsIt) {
+  // (it was skipped as "cannot be created with its default options": a defect said as a want)
+  loom::core::PluginRegistry registry;
+  registry.set_log_refusals(false);
+  const fs::path file = fs::path(LOOM_BINARY_DIR) / "tests" / "nonconforming" / "libloom_dataset_tableless.so";
+  ASSERT_TRUE(registry.load(file).accepted);
+  const auto reports = loom::core::check_plugin(registry, file);
+  ASSERT_EQ(reports.size(), 1u);
+  const ConformanceCheck* create = find(reports[0], "create");
+  ASSERT_NE(create, nullptr);
+  EXPECT_EQ(create->outcome, ConformanceCheck::Outcome::kFail) << create->reason;
+  EXPECT_NE(create->reason.find("its table lacks setup, spec, size or get_batch"), std::string::npos) << create->reason;
+}
+
 TEST_F(PluginsCheck, ADatasetWhoseLabelsAreNotItsClassesFailsThatCheckAlone) {
   // (labels 1..3 of 3 classes passed, and training failed in the model: "Target 3 is out of bounds")
   loom::core::PluginRegistry registry;
