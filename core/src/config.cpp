@@ -261,7 +261,9 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
                   std::to_string(first_base->line) + ": " + first_base->value + "); list every base on one line, " +
                   "base = " + first_base->value + ", " + e.value + " (each overrides the ones before it), or remove one");
     first_base = &e;
-    const auto bases = sdk::parse_list(e.value);
+    auto bases = sdk::parse_list(e.value);
+    if (std::error_code ec; bases.size() > 1 && fs::is_regular_file(path.parent_path() / home_expanded(e.value), ec))
+      bases = {e.value};  // (one file whose name holds a comma, `base = a,b.ini`, is that file)
     if (bases.empty())
       throw Error(display(path) + ":" + std::to_string(e.line) + ": base is empty; name the file this one builds on " +
                   "(base = other.ini, a path relative to this file) or remove the line");

@@ -73,6 +73,11 @@ TEST_F(ConfigTest, SeveralBasesApplyInOrderAndBasesChain) {
   EXPECT_EQ(config.get("trainer.lr"), "3");      // c after b
   EXPECT_EQ(config.get("trainer.seed"), "4");    // the file itself after its bases
   EXPECT_EQ(config.get("trainer.epochs"), "3");
+  // One file whose name holds a comma is that file (it was read as bases 'b' and 'c.ini').
+  write("b,c.ini", "[trainer]\nlr = 5\n");
+  Config comma;
+  comma.load_file(write("comma.ini", "base = b,c.ini\n"));
+  EXPECT_EQ(comma.get("trainer.lr"), "5");
 }
 
 TEST_F(ConfigTest, LaterFilesThenAliasesThenSetWin) {
