@@ -93,6 +93,14 @@ int cmd_memory(const Invocation& invocation) {
                       given->origin.describe(), "); --batch is used");
     config.set("trainer.batch_size", batch, {"--batch", {}, 0});
   }
+  // ddp runs one process per device, which a launcher starts: each process's device is one
+  // single's, the batch spread over --devices of them (it was refused here: "ddp runs one process
+  // per device, started by a launcher", of a command that trains nothing).
+  if (config.get("parallel.name") == "ddp") {
+    config.set("parallel.name", "single", {"loom memory", {}, 0});
+    core::log::info("parallel = ddp: each process's device as one of --devices ", devices, invocation.options["devices"].defaulted()
+                    ? " (give --devices with the job's number of processes)" : "");
+  }
   const core::Resolved resolved = core::resolve_run(config, registry);
   core::Trainer trainer(resolved, registry);
   trainer.setup_for_estimate();

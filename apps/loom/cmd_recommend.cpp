@@ -143,8 +143,9 @@ int cmd_recommend(const Invocation& invocation) {
   std::printf("  %4s  %-10s  %10s  %s\n", "rank", "item", rating ? "rating" : "score", "title");
   for (int64_t i = 0; i < n; ++i) {
     const int64_t item = indices[i].item<int64_t>();
-    std::printf("  %4lld  %-10s  %10.4f  %s\n", static_cast<long long>(i + 1), item_ids[item].c_str(), values[i].item<double>(),
-                titles[item].c_str());
+    // (a title's text as text on the terminal: no control, no bidirectional override reordering the line)
+    std::printf("  %4lld  %-10s  %10.4f  %s\n", static_cast<long long>(i + 1), core::printable(item_ids[item], 256).c_str(),
+                values[i].item<double>(), core::printable(titles[item], 1 << 16).c_str());
   }
   return 0;
 }

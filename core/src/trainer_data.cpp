@@ -25,7 +25,7 @@ namespace {
 /// A dataset's samples per split, as a checkpoint records them (Note [The data's sizes]), and its
 /// held-out samples' fingerprint where its spec gives one (`splits.fingerprint`); null where a size
 /// cannot be read (a dataset that throws for it: the checkpoint is written without).
-json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec) {
+json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec, const Created<sdk::Model>& model) {
   try {
     // (the validation split only of a Dataset 1.1: a 1.0 one, a C tier's, refuses the split it does not know)
     json sizes = {{"train", dataset->size(sdk::Split::kTrain)},
@@ -37,6 +37,10 @@ json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec)
     for (const auto& [name, value] : spec.attributes)
       if (name.ends_with(".fingerprint") && name != "splits.fingerprint" && !invalid_utf8(name) && !invalid_utf8(value))
         sizes["fingerprints"][name] = value;  // (UTF-8 only: state.json is JSON, and a save that throws saves nothing)
+    // The files a model reads besides its weights (Model 2.3: a tokenizer), recorded beside the data's.
+    if (model && model.implements(3))
+      for (const auto& [name, value] : model->fingerprints())
+        if (!invalid_utf8(name) && !invalid_utf8(value)) sizes["fingerprints"]["model." + name + ".fingerprint"] = value;
     return sizes;
   } catch (const std::exception&) {
     return json();
@@ -44,10 +48,11 @@ json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec)
 }
 
 /// Each split whose size differs from `recorded`'s (a checkpoint's data.sizes); none where it has none.
-std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec) {
+std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec,
+                                      const Created<sdk::Model>& model) {
   std::vector<std::string> out;
   if (!recorded.is_object()) return out;
-  const json sizes = data_sizes(dataset, spec);  // (not in the loop's head: items() of a temporary outlives it)
+  const json sizes = data_sizes(dataset, spec, model);  // (not in the loop's head: items() of a temporary outlives it)
   for (const auto& [split, size] : sizes.items())
     if (const auto it = recorded.find(split); it != recorded.end() && *it != size && size.is_number_integer() && it->is_number_integer())
       out.push_back("the " + split + " split holds " + size.dump() + " samples (the checkpoint's run: " + it->dump() + ")");
@@ -66,14 +71,16 @@ std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::D
   if (const auto fingerprints = recorded.find("fingerprints"); fingerprints != recorded.end() && fingerprints->is_object() && sizes.contains("fingerprints"))
     for (const auto& [name, value] : sizes.at("fingerprints").items())
       if (const auto it = fingerprints->find(name); it != fingerprints->end() && *it != value)
-        out.push_back("its " + name.substr(0, name.size() - 12) + " changed since (fingerprint " + value.get<std::string>() +
-                      ", the run's " + (it->is_string() ? it->get<std::string>() : it->dump()) + ")");
+        out.push_back((name.rfind("model.", 0) == 0 ? "the model's " + name.substr(6, name.size() - 18) + " files"
+                                                    : "its " + name.substr(0, name.size() - 12)) +
+                      " changed since (fingerprint " + value.get<std::string>() + ", the run's " +
+                      (it->is_string() ? it->get<std::string>() : it->dump()) + ")");
   return out;
 }
 
 }  // namespace
 
-std::string Trainer::data_sizes_json() const { return data_sizes(dataset_, data_spec_).dump(); }
+std::string Trainer::data_sizes_json() const { return data_sizes(dataset_, data_spec_, model_).dump(); }
 
 std::vector<std::string> Trainer::changed_data(const std::string& state_json) const {
   std::vector<std::string> out;
@@ -104,7 +111,7 @@ std::vector<std::string> Trainer::changed_data(const std::string& state_json) co
           const std::string key = c.substr(0, c.find(' '));
           return key.ends_with(".root") || key.ends_with(".path");
         }))
-      for (std::string& differ : sizes_differ(saved.value("sizes", json()), dataset_, data_spec_)) out.push_back(std::move(differ));
+      for (std::string& differ : sizes_differ(saved.value("sizes", json()), dataset_, data_spec_, model_)) out.push_back(std::move(differ));
   } catch (const json::exception&) {
   }  // an older or damaged state.json: parse_state_json judges it
   return out;
@@ -121,9 +128,10 @@ void Trainer::warn_if_data_sizes_differ(const fs::path& checkpoint) const {
     const json data = fs::is_directory(checkpoint)
                           ? detail::parse_json<json>(read_file(checkpoint / "state.json", int64_t{64} << 20)).at("data")
                           : detail::parse_json<json>(load_safetensors_metadata(checkpoint).at("data"));
-    if (const auto differ = sizes_differ(data.value("sizes", json()), dataset_, data_spec_); !differ.empty())
+    if (const auto differ = sizes_differ(data.value("sizes", json()), dataset_, data_spec_, model_); !differ.empty())
       log::warn("this data is not the data ", checkpoint.string(), " was trained on: ", join(differ, "; "),
-                "; its figures are of this data (point data.root, and the data's settings, at what it trained on for the run's)");
+                "; its figures are of these inputs (point data.root, the data's settings and the model's files at what it "
+                "trained on for the run's)");
   } catch (const std::exception&) {
   }  // (an older checkpoint without the record, or a weights file of another tool: nothing to compare)
 }

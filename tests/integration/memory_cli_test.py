@@ -54,6 +54,17 @@ expect("batch 64 on 2 device(s): micro-batch 32 x accumulation 1 per device" in 
 r = loom(exe, "memory", "estimate", *RUN, *dp, "--batch", "64", "--devices", "4")
 expect("--devices 4, where the configuration spreads the batch over 2 devices (parallel.name = data_parallel): the "
        "figures are for 4" in r.stderr, "estimate says --devices against the configuration", r)
+# Replicas on cpu:0 and cpu:1 share the host's memory as on cpu, cpu (they were planned as two
+# memories: 453 KiB against 703 KiB, and measured at 719 KiB).
+both = total_bytes(loom(exe, "memory", "estimate", *RUN, *dp, "--batch", "64").stdout)
+spelled = total_bytes(loom(exe, "memory", "estimate", *RUN, "--set", "parallel.name=data_parallel", "--set",
+                           "parallel.devices=cpu:0,cpu:1", "--batch", "64").stdout)
+expect(abs(spelled - both) < 0.1 * both, f"cpu:0,cpu:1 is estimated as cpu,cpu ({spelled:.0f} against {both:.0f} bytes)")
+# A ddp configuration is estimated per process, over --devices of them (it was refused: "ddp runs
+# one process per device, started by a launcher").
+r = loom(exe, "memory", "estimate", *RUN, "--set", "parallel.name=ddp", "--batch", "64", "--devices", "4")
+expect("batch 64 on 4 device(s): micro-batch 16" in r.stdout and "parallel = ddp: each process's device" in r.stderr,
+       "estimate of a ddp configuration", r)
 r = loom(exe, "memory", "estimate", *RUN, "--target", "8GiB", check=False)
 expect(r.returncode == 1 and "--target is for loom memory suggest" in r.stderr, "estimate refuses --target", r)
 at32 = total_bytes(loom(exe, "memory", "estimate", *RUN, "--batch", "32").stdout)

@@ -42,6 +42,15 @@ class Synthetic final : public loom::sdk::TensorDataset {
     if (train_size_ < 1 || test_size_ < 0 || seq_len_ < 1 || features_ < 1 || classes_ < 2 || image_size_ < 0)
       throw loom::sdk::Error("synthetic: sizes must be positive and classes at least 2");
     if (noise_ < 0) throw loom::sdk::Error("synthetic: noise must be >= 0");
+    // Before generating: data.seq_len 65536 at its default sizes took 21.6 GB of a 23.5 GB host,
+    // and a refusal of a large one named the model and the batch as the fix.
+    const int64_t per_sample = image_size_ > 0 ? image_size_ * image_size_ : seq_len_ * features_;
+    if (constexpr double kMost = 8.0 * (int64_t{1} << 30);
+        4.0 * static_cast<double>(per_sample) * static_cast<double>(train_size_ + test_size_) > kMost)
+      throw loom::sdk::Error("synthetic: " + std::to_string(train_size_ + test_size_) + " samples of " +
+                             std::to_string(per_sample) + " floats would take more than 8 GiB of memory; lower " +
+                             (image_size_ > 0 ? "data.image_size" : "data.seq_len or data.features") +
+                             ", or data.train_size and data.test_size");
   }
 
   void setup() override {

@@ -4,6 +4,7 @@
 // The model of the GPT-2 benchmark (bench/compare_gpt2.py) and the encoder the recommender of
 // issue 12 builds on.
 #include <loom/sdk/cross_entropy.hpp>
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/gpt2.hpp>
 #include <loom/sdk/sdk.hpp>
 
@@ -53,6 +54,9 @@ class Gpt2Lm final : public loom::sdk::Model {
     }
     seq_len_ = data.fields.at(input_key_).shape[0];
     gpt2::Config c = pretrained_.empty() ? gpt2::Config::of_size(size_) : gpt2::hf_config(pretrained_);
+    // (config.json sizes the model and sets its epsilon; its weights come from the checkpoint)
+    if (!pretrained_.empty())
+      fingerprints_["pretrained.config"] = loom::sdk::files_fingerprint({std::filesystem::path(pretrained_) / "config.json"});
     const int64_t stored_vocab = c.vocab_size;
     if (data.num_classes < 2)
       throw Error("gpt2_lm: the dataset does not say its vocabulary (DataSpec::num_classes); a token dataset does");
@@ -142,6 +146,8 @@ class Gpt2Lm final : public loom::sdk::Model {
            12 * static_cast<double>(c.n_layer) * static_cast<double>(c.n_embd) * static_cast<double>(seq_len_);
   }
 
+  std::map<std::string, std::string> fingerprints() const override { return fingerprints_; }
+
   std::string describe() const override {
     const gpt2::Config& c = net_->config();
     char text[256];
@@ -163,6 +169,7 @@ class Gpt2Lm final : public loom::sdk::Model {
   std::string input_key_, target_key_;
   gpt2::Model net_{nullptr};
   bool announced_ = false;  // which cross-entropy runs, said once
+  std::map<std::string, std::string> fingerprints_;
 };
 
 }  // namespace

@@ -46,7 +46,7 @@ class SyntheticInteractions final : public InteractionDataset {
       sdk::option_int("items", "240", "items in the catalogue", "20..10000000"),
       sdk::option_int("genres", "8", "genres; each item has one, each user prefers one", "2..64"),
       sdk::option_int("per_user", "30", "interactions of each user", "3..100000"),
-      sdk::option_float("affinity", "0.9", "ranking: the share of a user's items from the preferred genre", "0..1"),
+      sdk::option_float("affinity", "0.9", "ranking: the share of a user's items from the preferred genre (above 0, below 1)", "0.000001..0.999999"),
       sdk::option_float("noise", "0.5", "rating: the standard deviation of the rating noise (the best RMSE)", "0..10"),
       LOOM_RECOMMENDER_SPLIT_OPTIONS("ranking", "3"),
   };

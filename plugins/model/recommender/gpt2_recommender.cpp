@@ -224,6 +224,9 @@ class Gpt2Recommender final : public sdk::Model {
     else
       sdk::log::warn("gpt2_recommender: no tokenizer (model.tokenizer, or model.pretrained with a vocab.json): item text ",
                      "is read as UTF-8 bytes, a vocabulary of 256");
+    // (the files read besides the weights: one edited in place changed an evaluation's figures in silence)
+    if (!vocab_dir.empty()) fingerprints_["tokenizer"] = sdk::files_fingerprint({vocab_dir / "vocab.json", vocab_dir / "merges.txt"});
+    if (!pretrained_.empty()) fingerprints_["pretrained.config"] = sdk::files_fingerprint({fs::path(pretrained_) / "config.json"});
     tokens_ = gpt2::tokenize(texts, tokenizer ? &*tokenizer : nullptr, text_tokens_);
 
     gpt2::Config c = pretrained_.empty() ? gpt2::Config::of_size(size_) : gpt2::hf_config(pretrained_);
@@ -371,6 +374,8 @@ class Gpt2Recommender final : public sdk::Model {
     if (!no_decay.names.empty()) out.push_back(no_decay);
     return out;
   }
+
+  std::map<std::string, std::string> fingerprints() const override { return fingerprints_; }
 
   std::string describe() const override {
     const gpt2::Config& c = net_->gpt2->config();
@@ -604,6 +609,7 @@ class Gpt2Recommender final : public sdk::Model {
   int64_t evaluation_version_ = -1;
   at::Tensor data_user_ids_, data_item_ids_;
   int64_t checked_ids_version_ = -1;
+  std::map<std::string, std::string> fingerprints_;
   Net net_{nullptr};
 };
 

@@ -684,6 +684,42 @@ TEST_F(Gpt2RecommenderTest, AnItemsTextEditedInPlaceIsSaidAtAnEvaluationAndAResu
   }));
 }
 
+TEST_F(Gpt2RecommenderTest, ATokenizerReplacedInPlaceIsSaidAtAnEvaluationAndAResume) {
+  // The same weights read other token ids where the tokenizer's files changed (two ids swapped,
+  // the file the same size): the model records its files' fingerprints (Model 2.3).
+  const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
+  const fs::path tokenizer = dir_ / "tokenizer";
+  fs::create_directories(tokenizer);
+  loom::testing::write_tokenizer(tokenizer, loom::testing::byte_vocabulary([](int b) { return b; }));
+  const auto with_tokenizer = [&](const std::string& name, const char* steps) {
+    auto c = movielens_config(ml, name, steps);
+    c.set_assignment("model.tokenizer=" + tokenizer.string());
+    return c;
+  };
+  make_trainer(with_tokenizer("tok", "2"))->train();
+  const fs::path step = dir_ / "tok" / "checkpoints" / "step_00000002";
+  const auto said = [&](const std::function<void()>& what) {
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    what();
+    return capture.contains("the model's tokenizer files changed since (fingerprint ");
+  };
+  const auto evaluate = [&] {
+    loom::core::Trainer t(loom::core::resolve_run(with_tokenizer("tok_eval", "2"), loom::testing::registry()),
+                          loom::testing::registry());
+    t.setup_for_evaluation();
+    t.load_weights(step);
+    t.warn_if_data_sizes_differ(step);
+  };
+  EXPECT_FALSE(said(evaluate));
+  loom::testing::write_tokenizer(tokenizer, loom::testing::byte_vocabulary([](int b) { return b == 'F' ? 'l' : b == 'l' ? 'F' : b; }));
+  EXPECT_TRUE(said(evaluate));
+  EXPECT_TRUE(said([&] {
+    auto c = with_tokenizer("tok", "4");
+    c.set_assignment("trainer.resume=auto");
+    make_trainer(c);
+  }));
+}
+
 TEST_F(Gpt2RecommenderTest, SavingACheckpointAddsLittleToThePeakOfALargeEmbedding) {
   // The check that no weight is NaN before a save held |x| and three masks of each parameter at
   // once: 1.75 times a large frozen embedding, above the steps' own peak (measured 1.3 GiB against

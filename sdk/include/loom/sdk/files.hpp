@@ -187,4 +187,29 @@ inline void write_file_durably(const std::filesystem::path& path, std::string_vi
   write_file_durably(path, std::vector<std::string_view>{bytes});
 }
 
+/// A fingerprint of the contents of `files` (FNV-1a, 64 bits, as 16 hexadecimal digits), each read
+/// as read_regular_file reads it, with its name: for Model::fingerprints(), the files a model reads
+/// besides its weights. A file that is not there counts as absent (the fingerprint differs).
+inline std::string files_fingerprint(const std::vector<std::filesystem::path>& files, int64_t most = int64_t{1} << 30) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  const auto mix = [&](std::string_view bytes) {
+    for (const unsigned char c : bytes) hash = (hash ^ c) * 0x100000001b3ull;
+  };
+  for (const auto& file : files) {
+    mix(file.filename().string());
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec)) {
+      mix(std::string_view("\0absent", 7));
+      continue;
+    }
+    mix(read_regular_file(file, most, "", "it"));
+    mix(std::string_view("\0", 1));
+  }
+  char hex[17];
+  static const char digits[] = "0123456789abcdef";
+  for (int i = 0; i < 16; ++i) hex[i] = digits[(hash >> (60 - 4 * i)) & 15];
+  hex[16] = '\0';
+  return hex;
+}
+
 }  // namespace loom::sdk

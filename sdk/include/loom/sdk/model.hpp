@@ -42,7 +42,7 @@ class LOOM_SDK_API Model {
   using Interface = Model;
   static constexpr uint32_t kKind = LOOM_KIND_MODEL;
   static constexpr uint32_t kInterfaceMajor = 2;
-  static constexpr uint32_t kInterfaceMinor = 2;  // 2.1: use_tables, metric_value, held_memory, predict; 2.2: flops_per_loss_term
+  static constexpr uint32_t kInterfaceMinor = 3;  // 2.1: use_tables, metric_value, held_memory, predict; 2.2: flops_per_loss_term; 2.3: fingerprints
 
   virtual ~Model();  // defined in libloom_sdk: its type info has one home
 
@@ -122,6 +122,16 @@ class LOOM_SDK_API Model {
   /// and MFU against the device's peak in the training log (train/tflops, train/mfu). Called
   /// after setup; constant afterwards. Default 0: not declared, and no MFU is reported.
   virtual double flops_per_loss_term() const { return 0; }
+
+  // ---- 2.3 -------------------------------------------------------------------------------
+  // The host calls this only on models built against 2.3 or newer.
+
+  /// Files the model reads besides its weights, which no checkpoint holds (a tokenizer's
+  /// vocabulary and merges, a pretrained folder's config.json), each by a fingerprint of its
+  /// contents: {"tokenizer": "9f2c..."} (sdk::files_fingerprint). The host records them in every
+  /// checkpoint and weights file, and at a resume or an evaluation names any that changed since:
+  /// the same weights would read other inputs, in silence. Called after setup. Default: none.
+  virtual std::map<std::string, std::string> fingerprints() const { return {}; }
 };
 
 }  // namespace loom::sdk
