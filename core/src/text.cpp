@@ -54,9 +54,10 @@ std::string printable(std::string_view text, size_t max) {
     else if (c == 0xc2 && i + 1 < out.size() && static_cast<unsigned char>(out[i + 1]) >= 0x80 &&
              static_cast<unsigned char>(out[i + 1]) <= 0x9f)
       out.replace(i, 2, " ");
-    else if (c == 0xe2 && i + 2 < out.size()) {  // (the bidirectional overrides and isolates, U+202A-E and U+2066-9, reorder a line)
+    else if (c == 0xe2 && i + 2 < out.size()) {  // (the line and paragraph separators, U+2028-9, break a line;
+      // the bidirectional overrides and isolates, U+202A-E and U+2066-9, reorder one)
       const auto b1 = static_cast<unsigned char>(out[i + 1]), b2 = static_cast<unsigned char>(out[i + 2]);
-      if ((b1 == 0x80 && b2 >= 0xaa && b2 <= 0xae) || (b1 == 0x81 && b2 >= 0xa6 && b2 <= 0xa9)) out.replace(i, 3, " ");
+      if ((b1 == 0x80 && b2 >= 0xa8 && b2 <= 0xae) || (b1 == 0x81 && b2 >= 0xa6 && b2 <= 0xa9)) out.replace(i, 3, " ");
     }
   }
   // (bytes that are no UTF-8, or a character the cut at `max` split: '?', so JSON can hold the text)

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <utility>
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -37,14 +38,35 @@ json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec,
     for (const auto& [name, value] : spec.attributes)
       if (name.ends_with(".fingerprint") && name != "splits.fingerprint" && !invalid_utf8(name) && !invalid_utf8(value))
         sizes["fingerprints"][name] = value;  // (UTF-8 only: state.json is JSON, and a save that throws saves nothing)
-    // The files a model reads besides its weights (Model 2.3: a tokenizer), recorded beside the data's.
-    if (model && model.implements(3))
-      for (const auto& [name, value] : model->fingerprints())
-        if (!invalid_utf8(name) && !invalid_utf8(value)) sizes["fingerprints"]["model." + name + ".fingerprint"] = value;
+    // The files a model reads besides its weights (Model 2.3: a tokenizer), recorded beside the data's
+    // (a model's failure here costs its own entries only, not the data's record: said once).
+    if (model && model.implements(3)) {
+      try {
+        for (const auto& [name, value] : model->fingerprints())
+          if (!invalid_utf8(name) && !invalid_utf8(value)) sizes["fingerprints"]["model." + name + ".fingerprint"] = value;
+      } catch (const std::exception& e) {
+        static bool said = false;
+        if (!std::exchange(said, true))
+          log::warn("the model's fingerprints() failed (", e.what(), "): checkpoints record no fingerprint of its files");
+      }
+    }
     return sizes;
   } catch (const std::exception&) {
     return json();
   }
+}
+
+/// The model's files (Model 2.3) that changed since `recorded` (a checkpoint's data.sizes).
+std::vector<std::string> model_files_differ(const json& recorded, const json& sizes) {
+  std::vector<std::string> out;
+  const auto fingerprints = recorded.is_object() ? recorded.find("fingerprints") : recorded.end();
+  if (!recorded.is_object() || fingerprints == recorded.end() || !fingerprints->is_object() || !sizes.contains("fingerprints"))
+    return out;
+  for (const auto& [name, value] : sizes.at("fingerprints").items())
+    if (const auto it = fingerprints->find(name); name.rfind("model.", 0) == 0 && name.size() > 18 && it != fingerprints->end() && *it != value)
+      out.push_back("the model's " + name.substr(6, name.size() - 18) + " files changed since (fingerprint " +
+                    value.get<std::string>() + ", the run's " + (it->is_string() ? it->get<std::string>() : it->dump()) + ")");
+  return out;
 }
 
 /// Each split whose size differs from `recorded`'s (a checkpoint's data.sizes); none where it has none.
@@ -70,11 +92,11 @@ std::vector<std::string> sizes_differ(const json& recorded, const Created<sdk::D
   // (the same samples, other contents: an item's text edited in place, which its text vector reads)
   if (const auto fingerprints = recorded.find("fingerprints"); fingerprints != recorded.end() && fingerprints->is_object() && sizes.contains("fingerprints"))
     for (const auto& [name, value] : sizes.at("fingerprints").items())
-      if (const auto it = fingerprints->find(name); it != fingerprints->end() && *it != value)
-        out.push_back((name.rfind("model.", 0) == 0 ? "the model's " + name.substr(6, name.size() - 18) + " files"
-                                                    : "its " + name.substr(0, name.size() - 12)) +
-                      " changed since (fingerprint " + value.get<std::string>() + ", the run's " +
-                      (it->is_string() ? it->get<std::string>() : it->dump()) + ")");
+      if (const auto it = fingerprints->find(name); name.rfind("model.", 0) != 0 && it != fingerprints->end() && *it != value)
+        out.push_back("its " + name.substr(0, name.size() - 12) + " changed since (fingerprint " + value.get<std::string>() +
+                      ", the run's " + (it->is_string() ? it->get<std::string>() : it->dump()) + ")");
+  // (the model's files: whatever else changed, as the weights read them)
+  for (std::string& differ : model_files_differ(recorded, sizes)) out.push_back(std::move(differ));
   return out;
 }
 
@@ -112,6 +134,9 @@ std::vector<std::string> Trainer::changed_data(const std::string& state_json) co
           return key.ends_with(".root") || key.ends_with(".path");
         }))
       for (std::string& differ : sizes_differ(saved.value("sizes", json()), dataset_, data_spec_, model_)) out.push_back(std::move(differ));
+    else  // (the model's files, whatever else changed)
+      for (std::string& differ : model_files_differ(saved.value("sizes", json()), data_sizes(dataset_, data_spec_, model_)))
+        out.push_back(std::move(differ));
   } catch (const json::exception&) {
   }  // an older or damaged state.json: parse_state_json judges it
   return out;

@@ -61,7 +61,8 @@ doc="$source/docs/writing-a-plugin.md"
 mkdir -p "$work/doc_model"
 awk '/^```cpp$/ { getline l; if (l ~ /^\/\/ my_model\.cpp/) { f = 1; print l; next } } f && /^```$/ { f = 0 } f' "$doc" \
   > "$work/doc_model/my_model.cpp"
-awk '/^```cmake$/ { getline l; if (l ~ /^cmake_minimum_required/) { f = 1; print l; next } } f && /^```$/ { f = 0 } f' "$doc" \
+# (the first such block: the C tier's, further down, starts the same way)
+awk '/^```cmake$/ { getline l; if (l ~ /^cmake_minimum_required/) { f = 1; print l; next } } f && /^```$/ { exit } f' "$doc" \
   > "$work/doc_model/CMakeLists.txt"
 grep -q 'LOOM_PLUGIN("my_model"' "$work/doc_model/my_model.cpp" || fail "no whole model found in $doc"
 env -u LOOM_PYTHON -u LOOM_VENV -u Torch_DIR cmake -S "$work/doc_model" -B "$work/doc_model/build" -G Ninja \

@@ -475,7 +475,7 @@ TEST_F(ConfigTest, UnknownKeyNamesItsFileLineAndTheClosestValidKey) {
   EXPECT_CONTAINS(where, "unknown key 'trainer.wd'; did you mean 'optimizer.weight_decay'?");
   // A plugin's text printed as one line: no line break, no terminal escape, bounded.
   EXPECT_EQ(loom::core::printable("a\nb\x1b[31mc", 300), "a b [31mc");
-  EXPECT_EQ(loom::core::printable("Evil \u202eTITLE \u2066x\u2069 \u00e9", 300), "Evil  TITLE  x  \u00e9");  // (a title's reordering)
+  EXPECT_EQ(loom::core::printable("Evil \u202eTITLE \u2066x\u2069 \u00e9\u2028", 300), "Evil  TITLE  x  \u00e9 ");  // (a title's reordering)
   EXPECT_EQ(loom::core::printable(std::string(5000, 'x'), 300).size(), 300u);
   // Nothing close: the section's keys, each once (those a flag sets were listed twice).
   Config far;
