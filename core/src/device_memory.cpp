@@ -46,15 +46,38 @@ namespace {
 // 512 MiB) keep freed blocks in the heap for the next step: none in every run. Blocks of
 // 32 MiB and more are still mapped. A process that sets its own (GLIBC_TUNABLES,
 // MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_) keeps them.
+/// Blocks of this size and more are mapped afresh from the kernel (keep_freed_blocks_in_the_heap
+/// set it; 0 where the process set its own thresholds): none of them comes from the heap's freed
+/// blocks, so the host's available memory is what one can have (Note [Host memory left]).
+constexpr int64_t kMappedBlock = int64_t{32} << 20;
+int64_t mapped_from = 0;
+
 void keep_freed_blocks_in_the_heap() {
 #if defined(__GLIBC__)
   const char* tunables = std::getenv("GLIBC_TUNABLES");
   const bool own = std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr || std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr ||
                    (tunables != nullptr && (std::strstr(tunables, "mmap_threshold") || std::strstr(tunables, "trim_threshold")));
   if (own) return;
-  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_MMAP_THRESHOLD, kMappedBlock);
   ::mallopt(M_TRIM_THRESHOLD, 512 << 20);
+  mapped_from = kMappedBlock;
 #endif
+}
+
+int64_t host_memory_left();
+
+// Note [Host memory left]
+// Linux lends memory it does not have (overcommit): a CPU run without --device-memory-limit whose
+// model or batch is more than the host holds (gpt2_lm over a vocabulary of 10M: 20 GB of logits on
+// 24 GB) got every block it asked for, and the kernel's OOM killer ended the process when the pages
+// were touched: no message, no recovery. A block the kernel maps afresh that is more than the
+// host's memory left (available, with free swap; the container's limit where lower) is refused
+// here as an out-of-memory, which oom_recovery replans and the run otherwise names with advice.
+// Smaller blocks come from the heap's freed ones, which the host's figures do not count.
+[[noreturn]] void host_out_of_memory(int64_t bytes, int64_t left, const std::string& why) {
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ", format_bytes(bytes), " with ",
+                   left >= 0 ? format_bytes(left) : std::string("less"), " of the host's memory left", why,
+                   "; lower the batch size or the model's size, or give the run --device-memory-limit to plan within it");
 }
 
 // Note [CPU budget allocator]
@@ -105,10 +128,17 @@ class BudgetAllocator final : public c10::Allocator {
     } while (!allocated_.compare_exchange_weak(before, before + bytes, std::memory_order_relaxed));
     void* base = nullptr;
     try {
+      if (mapped_from > 0 && bytes >= mapped_from)
+        if (const int64_t left = host_memory_left(); bytes > left) host_out_of_memory(bytes, left, " (available, with free swap)");
       base = c10::alloc_cpu(n + kHeader);
-    } catch (...) {  // the host itself is out of memory: give the reservation back
+    } catch (const c10::OutOfMemoryError&) {
       allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+      ooms_.fetch_add(1);
       throw;
+    } catch (const c10::Error&) {  // the host itself refused the block (ulimit -v, no overcommit): an out-of-memory too
+      allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+      ooms_.fetch_add(1);
+      host_out_of_memory(bytes, -1, " (the system refused the block: a ulimit -v, or overcommit off)");
     }
     // Note [Size in a header]: the block's size lives in front of it, so that freeing needs no
     // lock and no map (this allocator is on every tensor's path). The data stays aligned as
@@ -326,6 +356,19 @@ int64_t physical_memory() {
   const int64_t limit = own_cgroup().limit;
   return limit > 0 ? std::min(machine, limit) : machine;
 }
+
+namespace {
+
+int64_t host_memory_left() {
+  const int64_t available = meminfo("MemAvailable:");
+  if (available < 0) return std::numeric_limits<int64_t>::max();  // (unknown: not refused)
+  int64_t left = available + std::max<int64_t>(0, meminfo("SwapFree:"));
+  if (const CgroupFiles& own = own_cgroup(); own.limit > 0)
+    if (const int64_t usage = usage_of(own); usage >= 0) left = std::min(left, std::max<int64_t>(0, own.limit - usage));
+  return left;
+}
+
+}  // namespace
 
 int64_t available_memory() {
   const int64_t v = meminfo("MemAvailable:");

@@ -139,6 +139,34 @@ TEST_F(MemoryTest, BudgetAllocatorCountsLimitsAndThrowsTheDevicesError) {
   }
 }
 
+// Note [Host memory left]: without a cap, a block more than the host has left was lent by the
+// kernel and the process killed by its OOM killer when the block was touched (probe: gpt2_lm over a
+// vocabulary of 10M); now it is an out-of-memory, which oom_recovery and the run's advice answer.
+TEST_F(MemoryTest, WithoutACapABlockMoreThanTheHostHasLeftIsAnOutOfMemoryNotTheKernelsKill) {
+  auto memory = make_device_memory(c10::Device(c10::kCPU), 0);
+  int64_t left = 0;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key, unit;
+    int64_t kib = 0;
+    while (in >> key >> kib >> unit)
+      if (key == "MemAvailable:" || key == "SwapFree:") left += kib * 1024;
+  }
+  ASSERT_GT(left, 0);
+  const int64_t before = memory->stats().allocated;
+  try {
+    at::Tensor huge = at::empty({left + (int64_t{1} << 30)}, at::TensorOptions().dtype(at::kByte));
+    FAIL() << "a block of " << huge.numel() << " bytes was lent; the host has " << left << " left";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_NE(what.find("of the host's memory left"), std::string::npos) << what;
+    EXPECT_NE(what.find("--device-memory-limit"), std::string::npos) << what;
+  }
+  EXPECT_EQ(memory->stats().allocated, before);  // nothing counted for the refused block
+  at::Tensor fits = at::empty({int64_t{64} << 20}, at::TensorOptions().dtype(at::kByte));  // a mapped block that fits
+  EXPECT_EQ(memory->stats().allocated - before, int64_t{64} << 20);
+}
+
 TEST_F(MemoryTest, ARunThatNeedsMoreThanTheCapFailsClearlyOrAdaptsButNeverExceedsIt) {
   const auto [full, half] = peaks(64);
   const int64_t cap = (full + half) / 2;
