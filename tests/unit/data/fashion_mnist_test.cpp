@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <utility>
 #include <sys/stat.h>
 
 namespace fs = std::filesystem;
@@ -92,6 +93,34 @@ TEST_F(FashionMnistFiles, ReadsPlainAndGzippedFiles) {
   const auto batch = d->get_batch(loom::sdk::Split::kTest, {3, 7});
   EXPECT_EQ(batch.at("image").sizes(), (std::vector<int64_t>{2, 1, 28, 28}));
   EXPECT_EQ(batch.at("label")[1].item<int64_t>(), 7);
+}
+
+// A checkpoint records each split's fingerprint, and a resume or an evaluation names a split whose
+// images changed in place since (the same counts, other data: its figures were said as the run's).
+TEST_F(FashionMnistFiles, EachSplitHasAFingerprintOfItsImagesAndLabelsNotOfItsFiles) {
+  const auto attributes = [&] { return open()->spec().attributes; };
+  const auto before = attributes();
+  ASSERT_EQ(before.count("train split.fingerprint"), 1u);
+  ASSERT_EQ(before.count("test split.fingerprint"), 1u);
+  EXPECT_EQ(before.at("test split.fingerprint").size(), 16u);
+  EXPECT_NE(before.at("train split.fingerprint"), before.at("test split.fingerprint"));
+
+  // one pixel of one test image changed: the test split's fingerprint, not the training split's
+  std::string changed = images(0x803, 10, 10);
+  changed[16 + 5 * 784 + 300] ^= 1;
+  fs::remove(dir_ / "t10k-images-idx3-ubyte.gz");
+  write("t10k-images-idx3-ubyte", changed);
+  const auto after = attributes();
+  EXPECT_NE(after.at("test split.fingerprint"), before.at("test split.fingerprint"));
+  EXPECT_EQ(after.at("train split.fingerprint"), before.at("train split.fingerprint"));
+
+  // the same bytes gunzipped, or a label swapped back: the same data, the same fingerprint
+  write("t10k-images-idx3-ubyte", images(0x803, 10, 10));
+  EXPECT_EQ(attributes().at("test split.fingerprint"), before.at("test split.fingerprint"));
+  std::string relabelled = labels(20);
+  std::swap(relabelled[8 + 2], relabelled[8 + 3]);
+  write("train-labels-idx1-ubyte", relabelled);
+  EXPECT_NE(attributes().at("train split.fingerprint"), before.at("train split.fingerprint"));
 }
 
 TEST_F(FashionMnistFiles, TruncatedImageFile) {
