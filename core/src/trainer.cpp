@@ -545,6 +545,7 @@ void Trainer::build_loaders(bool training) {
   held_out_ = 0;
   if (native > 0) {
     val_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kValidation, eval);
+    if (training) say_validation_fraction_unused(config_, native);
   } else if (options_.validation_fraction > 0 && train_size < 2) {
     log::warn("the training split has ", train_size, train_size == 1 ? " sample" : " samples", ": none is held out for "
               "validation (data.validation_fraction), so the run has no validation split");

@@ -211,6 +211,14 @@ void check_spec_keys(const std::string& name, const sdk::DataSpec& spec) {
   }
 }
 
+void say_validation_fraction_unused(const Resolved& config, int64_t native) {
+  const auto it = config.find("data.validation_fraction");
+  if (it == config.end() || it->second.origin.source == "default") return;
+  log::warn("data.validation_fraction = ", it->second.value, " (", it->second.origin.describe(), ") holds out nothing: dataset '",
+            value_of(config, "data.name"), "' has its own validation split (", native, " samples), which the run validates "
+            "on; the whole training split trains (remove the setting to silence this)");
+}
+
 std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out, bool kept) {
   return "the global batch, " + std::to_string(global) +
          (kept ? " (the checkpoint's, which a resume that gives none keeps)" : " (trainer.batch_size)") + ", is more than the " +

@@ -287,6 +287,10 @@ void check_split_sizes(const std::string& name, const std::function<int64_t(sdk:
 /// model's `fields.at(input_key)` said only "map::at", blaming the model).
 void check_spec_keys(const std::string& name, const sdk::DataSpec& spec);
 
+/// A data.validation_fraction the user set, said once where the dataset's own validation split
+/// (`native` samples) makes it hold out nothing (it was ignored without a word).
+void say_validation_fraction_unused(const Resolved& config, int64_t native);
+
 /// The origin of a setting `--resume auto` took from the run's record (with_run_settings); its
 /// Origin::file is that config.json.
 inline constexpr const char* kRunRecordOrigin = "the run's config.json";

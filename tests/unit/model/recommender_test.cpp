@@ -588,6 +588,22 @@ TEST_F(Gpt2RecommenderTest, AutoBatchsCachedAnswerIsNotTakenForOtherDataInTheSam
   EXPECT_FALSE(cached("other")) << "other data: searched again";
 }
 
+TEST_F(Gpt2RecommenderTest, AValidationFractionSetForADatasetWithItsOwnValidationSplitIsSaidUnused) {
+  // The interactions datasets hold out their own validation pairs: a data.validation_fraction the
+  // user set there held out nothing, and nothing said so.
+  const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
+  const auto warned = [&](const std::string& name, bool set) {
+    auto c = movielens_config(ml, name, "2");
+    if (set) c.set_assignment("data.validation_fraction=0.3");
+    const loom::core::log::Capture capture(LOOM_LOG_WARN);
+    make_trainer(c);
+    return capture.contains("data.validation_fraction = 0.3 (--set) holds out nothing: dataset 'interactions' has its own "
+                            "validation split (");
+  };
+  EXPECT_TRUE(warned("fraction_set", true));
+  EXPECT_FALSE(warned("fraction_default", false)) << "the default is no one's choice: nothing to say";
+}
+
 TEST_F(Gpt2RecommenderTest, EvaluatingOnRatingsChangedInPlaceIsSaid) {
   // Ratings changed in place, every id the same (the model's own check compares the ids): loom
   // eval ranked what had become training items as the held-out ones, and said nothing.
