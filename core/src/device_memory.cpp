@@ -18,6 +18,7 @@
 #endif
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -64,7 +65,7 @@ void keep_freed_blocks_in_the_heap() {
 #endif
 }
 
-int64_t host_memory_left();
+bool host_can_hold(int64_t bytes, int64_t& left);
 
 // Note [Host memory left]
 // Linux lends memory it does not have (overcommit): a CPU run without --device-memory-limit whose
@@ -128,8 +129,8 @@ class BudgetAllocator final : public c10::Allocator {
     } while (!allocated_.compare_exchange_weak(before, before + bytes, std::memory_order_relaxed));
     void* base = nullptr;
     try {
-      if (mapped_from > 0 && bytes >= mapped_from)
-        if (const int64_t left = host_memory_left(); bytes > left) host_out_of_memory(bytes, left, " (available, with free swap)");
+      if (int64_t left = 0; mapped_from > 0 && bytes >= mapped_from && !host_can_hold(bytes, left))
+        host_out_of_memory(bytes, left, " (available, with free swap and the heap's freed bytes)");
       base = c10::alloc_cpu(n + kHeader);
     } catch (const c10::OutOfMemoryError&) {
       allocated_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -139,6 +140,9 @@ class BudgetAllocator final : public c10::Allocator {
       allocated_.fetch_sub(bytes, std::memory_order_relaxed);
       ooms_.fetch_add(1);
       host_out_of_memory(bytes, -1, " (the system refused the block: a ulimit -v, or overcommit off)");
+    } catch (...) {  // (a std::bad_alloc reading the host's figures: the reservation given back all the same)
+      allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+      throw;
     }
     // Note [Size in a header]: the block's size lives in front of it, so that freeing needs no
     // lock and no map (this allocator is on every tensor's path). The data stays aligned as
@@ -359,13 +363,46 @@ int64_t physical_memory() {
 
 namespace {
 
+/// What the host has left for a block, on the generous side where figures differ (a refusal must
+/// be sure): available memory (the free pages where the kernel gives no figure) and free swap; in a
+/// container, the least of that and its limit less its usage, less the page cache the kernel
+/// reclaims before it kills; and the heap's freed bytes, which glibc may serve a block from.
 int64_t host_memory_left() {
   const int64_t available = meminfo("MemAvailable:");
-  if (available < 0) return std::numeric_limits<int64_t>::max();  // (unknown: not refused)
-  int64_t left = available + std::max<int64_t>(0, meminfo("SwapFree:"));
-  if (const CgroupFiles& own = own_cgroup(); own.limit > 0)
-    if (const int64_t usage = usage_of(own); usage >= 0) left = std::min(left, std::max<int64_t>(0, own.limit - usage));
+  int64_t left = (available >= 0 ? available : static_cast<int64_t>(::sysconf(_SC_AVPHYS_PAGES)) * ::sysconf(_SC_PAGESIZE)) +
+                 std::max<int64_t>(0, meminfo("SwapFree:"));
+  if (const CgroupFiles& own = own_cgroup(); own.limit > 0) {
+    int64_t usage = number_in(own.usage);
+    std::string active = own.inactive;  // ("inactive_file" -> "active_file"; v1's "total_" kept)
+    active.erase(active.find("inactive_file"), 2);
+    std::ifstream stat(own.stat);
+    std::string key;
+    int64_t value = 0;
+    while (usage > 0 && stat >> key >> value)
+      if (key == own.inactive || key == active) usage = std::max<int64_t>(0, usage - value);
+    if (usage >= 0) left = std::min(left, std::max<int64_t>(0, own.limit - usage));
+  }
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+  left += static_cast<int64_t>(::mallinfo2().fordblks);
+#endif
   return left;
+}
+
+// (read at most every 200 ms where the block is under half of what was left: a step maps and
+// unmaps its large blocks afresh, and each reading parses /proc/meminfo and the group's files)
+std::atomic<int64_t> left_read{-1}, left_read_at{0};
+
+bool host_can_hold(int64_t bytes, int64_t& left) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  left = left_read.load(std::memory_order_relaxed);
+  if (left >= 0 && bytes <= left / 2 && now - left_read_at.load(std::memory_order_relaxed) < 200'000'000) {
+    left_read.fetch_sub(bytes, std::memory_order_relaxed);  // (until read again: what this block takes is gone)
+    return true;
+  }
+  left = host_memory_left();
+  left_read.store(left, std::memory_order_relaxed);
+  left_read_at.store(now, std::memory_order_relaxed);
+  return bytes <= left;
 }
 
 }  // namespace

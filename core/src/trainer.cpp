@@ -254,12 +254,12 @@ void Trainer::build_memory() {
     memory_policies_.push_back(registry_.create<sdk::MemoryPolicy>(policy, component_values(config_, policy_info)));
     as_component([&] { return "memory policy '" + policy + "'"; }, policy, [&] { memory_policies_.back()->setup(*memory_); });
   }
-  // On the CPU no allocation fails without a budget: the kernel ends the process first.
+  // On the CPU without a budget only a block more than the host has left fails (Note [Host memory left]).
   const auto policies = sdk::parse_list(value_of(config_, "memory.policies"));
   if (device_.is_cpu() && memory_->stats().limit <= 0 && std::count(policies.begin(), policies.end(), "oom_recovery"))
     log::warn("memory.policies has oom_recovery, but on the CPU without a budget (memory.device_memory_limit or "
-              "--memory-fraction) no allocation fails before the kernel's OOM killer ends the run: it has nothing to "
-              "recover from. Set a budget for it to act");
+              "--memory-fraction) only a single block larger than the host's memory left fails; smaller ones the kernel "
+              "lends, and its OOM killer may end the run first. Set a budget for it to act on every allocation");
 }
 
 void Trainer::build_data() {
@@ -545,7 +545,7 @@ void Trainer::build_loaders(bool training) {
   held_out_ = 0;
   if (native > 0) {
     val_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kValidation, eval);
-    if (training) say_validation_fraction_unused(config_, native);
+    if (training && parallel_->rank() == 0) say_validation_fraction_unused(config_, native);
   } else if (options_.validation_fraction > 0 && train_size < 2) {
     log::warn("the training split has ", train_size, train_size == 1 ? " sample" : " samples", ": none is held out for "
               "validation (data.validation_fraction), so the run has no validation split");

@@ -114,7 +114,7 @@ TEST_F(FashionMnistFiles, EachSplitHasAFingerprintOfItsImagesAndLabelsNotOfItsFi
   EXPECT_NE(after.at("test split.fingerprint"), before.at("test split.fingerprint"));
   EXPECT_EQ(after.at("train split.fingerprint"), before.at("train split.fingerprint"));
 
-  // the same bytes gunzipped, or a label swapped back: the same data, the same fingerprint
+  // the same bytes gunzipped: the same data, the same fingerprint; two labels swapped: another
   write("t10k-images-idx3-ubyte", images(0x803, 10, 10));
   EXPECT_EQ(attributes().at("test split.fingerprint"), before.at("test split.fingerprint"));
   std::string relabelled = labels(20);
