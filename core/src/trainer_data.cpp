@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 namespace fs = std::filesystem;
@@ -212,8 +213,11 @@ void check_spec_keys(const std::string& name, const sdk::DataSpec& spec) {
 }
 
 void say_validation_fraction_unused(const Resolved& config, int64_t native) {
+  // (not a default, nor a resume's copy of the run's setting, said when it started, nor a 0 that asks for none)
   const auto it = config.find("data.validation_fraction");
-  if (it == config.end() || it->second.origin.source == "default") return;
+  if (it == config.end() || it->second.origin.source == "default" || it->second.origin.source == "checkpoint" ||
+      it->second.origin.source == kRunRecordOrigin || std::strtod(it->second.value.c_str(), nullptr) <= 0)
+    return;
   log::warn("data.validation_fraction = ", it->second.value, " (", it->second.origin.describe(), ") holds out nothing: dataset '",
             value_of(config, "data.name"), "' has its own validation split (", native, " samples), which the run validates "
             "on; the whole training split trains (remove the setting to silence this)");
