@@ -5,6 +5,7 @@
 #include "cli.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/trainer.hpp>
 
 #include <iostream>
@@ -61,15 +62,24 @@ int cmd_config(const Invocation& invocation) {
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   const core::Config config = core::with_run_settings(config_from(invocation.options), registry);  // (as train: --resume auto)
-  const core::Resolved resolved = core::resolve_run(config, registry);
+  // (keys: what a user reads to find what a component still needs, data.root unset, so its
+  // components' own checks come after the list, said, not instead of it)
+  const bool keys = named && args[0] == "keys";
+  const core::Resolved resolved = core::resolve_run(config, registry, /*components=*/!keys);
   core::Config resolved_config;
   for (const auto& [key, value] : resolved) resolved_config.set(key, value.value, value.origin);
   const core::Schema schema = core::run_schema(resolved_config, registry);
-  if (named && args[0] == "keys") {
+  if (keys) {
     std::cout << "# The keys of this configuration's run, the core's and those of the components it selects, at\n"
                  "# its values (loom config show says where each comes from), with what each does. Another\n"
                  "# component's: loom plugins inspect NAME.\n\n"
-              << format_keys(schema, resolved);
+              << format_keys(schema, resolved) << std::flush;
+    try {
+      core::check_components(resolved, registry);
+    } catch (const Error& e) {
+      core::log::error("this configuration does not run as it is (its keys are above): ", e.what());
+      return 1;
+    }
     return 0;
   }
   std::cout << core::format_resolved(resolved, schema);

@@ -245,7 +245,7 @@ Config automatic_choices(Config config, const PluginRegistry& registry) {
 
 }  // namespace
 
-Resolved resolve_run(Config config, const PluginRegistry& registry) {
+Resolved resolve_run(Config config, const PluginRegistry& registry, bool components) {
   // A base's override is said before anything fails on the value it set (a device, a plugin's
   // name), and of the values as given (an automatic choice does not hide one).
   const Config given = config;
@@ -262,11 +262,17 @@ Resolved resolve_run(Config config, const PluginRegistry& registry) {
   // What `loom train` checks before it builds anything, `loom config show` checks too: the
   // trainer's ranges, and each chosen component's own checks of its options (its factory).
   TrainerOptions::from(resolved);
+  if (components) check_components(resolved, registry);
+  return resolved;
+}
+
+void check_components(const Resolved& resolved, const PluginRegistry& registry) {
+  Config config;
+  for (const auto& [key, value] : resolved) config.set(key, value.value, value.origin);
   for (const auto& choice : chosen_components(config)) {
     const ComponentInfo& info = registry.require(choice.kind, choice.name);
     registry.check_options(info, detail::component_values(resolved, info));  // its errors name it
   }
-  return resolved;
 }
 
 Config with_run_settings(Config config, const PluginRegistry& registry) {

@@ -93,6 +93,15 @@ expect(re.search(r"\[trainer\]\n(.*\n)*max_steps = 50 +# optimizer steps to trai
        and "[memory.auto_batch]" not in r.stdout, "config keys", r)
 r = loom(exe, "config", "keys", "-c", "debug", "--set", "memory.policies=auto_batch")
 expect("[memory.auto_batch]  # memory policy 'auto_batch'" in r.stdout, "config keys of a selected policy", r)
+# A component that cannot be built as configured (the interactions dataset without data.root):
+# its keys are listed, which say what to set, and then what is missing (it was the error alone).
+r = loom(exe, "config", "keys", "-c", "debug", "--set", "data.name=interactions", check=False)
+expect(r.returncode == 1 and "[data.interactions]  # dataset 'interactions'" in r.stdout
+       and re.search(r"\nroot = +# ", r.stdout)
+       and "this configuration does not run as it is (its keys are above): dataset 'interactions' could not be created: "
+           "data.root is not set" in r.stderr, "config keys of a dataset whose folder is not set", r)
+r = loom(exe, "config", "show", "-c", "debug", "--set", "data.name=interactions", check=False)
+expect(r.returncode == 1 and "data.root is not set" in r.stderr, "config show checks the components as train does", r)
 
 # A key given twice on the command line: the value not used is never checked, so it is named.
 r = loom(exe, "config", "show", "--batch-size", "abc", "--set", "trainer.batch_size=64")

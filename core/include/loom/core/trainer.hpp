@@ -561,7 +561,12 @@ class Trainer {
 /// Reads the run's configuration into its final form: resolves automatic choices
 /// (precision.name = auto: AMP on a GPU, fp32 on CPU; --memory-fraction adds the fraction_cap
 /// policy) and validates every key against the core's and the chosen components' schemas.
-Resolved resolve_run(Config config, const PluginRegistry& registry);
+/// `components`: each chosen component's own checks of its options too (check_components).
+Resolved resolve_run(Config config, const PluginRegistry& registry, bool components = true);
+
+/// Each component `resolved` chooses built with its options (its factory's checks: a dataset's
+/// folder not set); its error names it. `loom config keys` lists the keys before it says this.
+void check_components(const Resolved& resolved, const PluginRegistry& registry);
 
 /// `--resume auto` continues a run as it was given: each setting the run was given (in its
 /// config.json, from a file, a flag or --set; not a default or an automatic choice) that this
