@@ -74,7 +74,8 @@ const std::vector<Command>& commands() {
        true,
        [](po::options_description& d) {
          d.add_options()("devices", po::value<int64_t>()->default_value(1), "devices the batch is spread over")(
-             "batch", po::value<int64_t>(), "global batch (default: trainer.batch_size); suggest: the plan of it that fits")(
+             "batch", po::value<int64_t>(), "global batch: estimate's (default: trainer.batch_size); suggest: the plan of it that fits (without "
+                             "it, suggest answers the largest batch that fits, whatever trainer.batch_size is)")(
              "target", po::value<std::string>()->value_name("SIZE"), "suggest: memory per device, e.g. 8GiB");
        },
        cmd_memory},

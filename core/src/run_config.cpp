@@ -306,12 +306,14 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
   // The keys that place the run are this command's; so are those of this machine (its device and
   // threads, the loader's workers, a memory cap of one device, the parallel strategy and the step's
   // CUDA graphs: a run may resume elsewhere, and with another strategy). A dataset's folder is the run's.
+  // So is a permission given for one resume (--allow-precision-change: it let every later resume
+  // change the precision with a warning, probe).
   const auto this_machines = [](const std::string& key) {
     static const std::set<std::string> keys = {"trainer.name", "trainer.work_dir", "trainer.resume", "trainer.resume_from",
                                                "trainer.init_from", "trainer.device", "trainer.threads",
                                                "trainer.peak_tflops", "memory.device_memory_limit", "memory.snapshot",
                                                "memory.snapshot_on_oom", "data.num_workers", "data.prefetch",
-                                               "data.pin_memory"};
+                                               "data.pin_memory", "precision.allow_precision_change"};
     return keys.count(key) > 0 || key.rfind("parallel.", 0) == 0 || key.rfind("step.", 0) == 0;
   };
   // The command's value of `key`, or of its short spelling (data.limit_train for

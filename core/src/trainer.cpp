@@ -442,6 +442,10 @@ void Trainer::adopt_global_batch(int64_t global) {
   log::info("plan: ", sdk::plan_text(chosen), " -> ", sdk::plan_text(plan_), ": the checkpoint's global batch (this ",
             "resume gives none, and its memory policies planned ", chosen.global(), "; a resumed run keeps its batch, its ",
             "schedule and its epochs; --batch-size sets another)");
+  if (const ConfigValue& given = config_.at("trainer.gradient_accumulation_steps"); given.origin.source != "default" &&
+      given.origin.source != kRunRecordOrigin && plan_.accumulation != options_.accumulation)  // (it went unsaid)
+    log::warn("gradient_accumulation_steps = ", given.value, " (", given.origin.describe(), ") is not this resume's: the "
+              "checkpoint's global batch ", global, " at micro-batch ", plan_.micro_batch, " takes ", plan_.accumulation);
 }
 
 int64_t Trainer::training_samples() const {

@@ -133,6 +133,29 @@ void Trainer::restore_buffers(const std::vector<at::Tensor>& saved) {
     if (i < saved.size()) item.value().copy_(saved[i++]);
 }
 
+namespace {
+
+// The settings that only choose the precision (precision.name, resolved, is what counts): a resume
+// given --no-amp or --allow-precision-change at the same precision dropped its run's re-planned
+// micro-batch and ran out of memory at once (probe). Left out of the configuration's key, and
+// removed from a checkpoint's record of it, which held them before 2026-12-01.
+const std::vector<std::string> kPrecisionChoosers = {"precision.amp=", "precision.allow_tf32=",
+                                                     "precision.allow_precision_change="};
+
+std::string without_precision_choosers(std::string key) {
+  for (const std::string& chooser : kPrecisionChoosers)
+    for (size_t at = key.find(chooser); at != std::string::npos; at = key.find(chooser, at))
+      if (at == 0 || key[at - 1] == ';') {
+        const size_t end = key.find(';', at);
+        key.erase(at, end == std::string::npos ? std::string::npos : end - at + 1);
+      } else {
+        at += chooser.size();
+      }
+  return key;
+}
+
+}  // namespace
+
 std::string Trainer::config_key() const {
   std::string key;
   // (the loader's own settings move samples to the device, not more of them: a run with more
@@ -143,6 +166,7 @@ std::string Trainer::config_key() const {
   for (const auto& section : {"model", "data", "precision"})
     for (const auto& [k, v] : this->section(section))
       if (!loader.count(std::string(section) + "." + k)) key += std::string(section) + "." + k + "=" + v + ";";
+  key = without_precision_choosers(std::move(key));
   // The optimizer's options too: SGD's momentum holds a buffer per parameter that plain SGD does not.
   key += "optimizer=" + options_.optimizer + ";";
   const std::string optimizer = "optimizer." + options_.optimizer + ".";
@@ -197,7 +221,8 @@ void Trainer::adopt_oom_plan(const sdk::BatchPlan& saved, const OomRecord& recor
   const ConfigValue& accumulation = config_.at("trainer.gradient_accumulation_steps");
   const bool given_other = accumulation.origin.source.rfind("--", 0) == 0 && record.accumulation > 0 &&
                            options_.accumulation != record.accumulation;
-  const bool same = !record.config.empty() && record.config == config_key() && record.device == memory_identity();
+  const bool same = !record.config.empty() && without_precision_choosers(record.config) == config_key() &&
+                    record.device == memory_identity();
   if (same && saved == plan_) plan_after_oom_ = true;  // (the record stays for the next resume)
   if (!same || given_other || saved.global() != plan_.global() || saved.world_size != plan_.world_size ||
       saved.micro_batch >= plan_.micro_batch)

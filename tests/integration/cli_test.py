@@ -647,6 +647,14 @@ try:
              "trainer.max_steps=11", "--resume", "auto")
     expect(re.search(r"trainer.lr 0.002 -> 0.05 \(the run's config.json\)\. To go on as it was, give the -c files and --set "
                      r"of the run's first command", r.stderr), "a resume's own rate, taken from config.json, is not the command's", r)
+    # --allow-precision-change is a permission for the resume that gives it: the next resume of the
+    # run does not take it from config.json (each later one changed the precision with a warning).
+    text = json.load(open(record))
+    text["precision.allow_precision_change"] = {"value": "true", "origin": "--allow-precision-change"}
+    json.dump(text, open(record, "w"))
+    r = loom(exe, "config", "show", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ev_rate", "--resume", "auto")
+    expect(re.search(r"allow_precision_change = false +# default\n", r.stdout) and "lr = 0.05" in r.stdout,
+           "a resume takes the run's settings but not its permission to change the precision", r)
     # A batch from a -c file, in a `-c F --resume auto`: the warning names where it came from.
     shutil.copytree(os.path.join(work, "ev"), os.path.join(work, "ev_batch"))
     batch_file = os.path.join(work, "batch16.ini")

@@ -79,11 +79,25 @@ std::map<std::string, int64_t> read_cache(const fs::path& path) {
 
 /// Replaces the cache whole or not at all (a full disk or a read-only folder leaves it as it was,
 /// and throws loom::sdk::Error saying why: it had been emptied in silence).
-void write_cache(const fs::path& path, const std::map<std::string, int64_t>& entries) {
+/// A cache that would pass 8 MiB, half of what read_cache reads (it grew past that, and every run
+/// then warned of its own file and cached nothing), keeps `keep`'s answer and others up to 4 MiB;
+/// those dropped are searched again when asked.
+void write_cache(const fs::path& path, const std::map<std::string, int64_t>& entries, const std::string& keep = "") {
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
+  const auto line = [](const std::string& k, int64_t v) { return k + "\t" + std::to_string(v) + "\n"; };
   std::string text;
-  for (const auto& [k, v] : entries) text.append(k).append("\t").append(std::to_string(v)).append("\n");
+  for (const auto& [k, v] : entries) text += line(k, v);
+  if (text.size() > (size_t{8} << 20)) {
+    text.clear();
+    if (const auto it = entries.find(keep); it != entries.end()) text = line(it->first, it->second);
+    size_t dropped = 0;
+    for (const auto& [k, v] : entries)
+      if (k != keep && text.size() + k.size() + 22 <= (size_t{4} << 20)) text += line(k, v);
+      else if (k != keep) ++dropped;
+    loom::sdk::log::info("auto_batch: the answer cache ", path.string(), " would pass 8 MiB: ", dropped,
+                         " answers of other configurations are dropped from it (each is searched again when asked)");
+  }
   loom::sdk::write_file_durably(path, text);
 }
 
@@ -145,7 +159,7 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
         try {
           auto entries = read_cache(cache_);
           entries[key] = chosen;
-          write_cache(cache_, entries);
+          write_cache(cache_, entries, key);
         } catch (const loom::sdk::Error& e) {  // (replaced since it was read, or a full disk)
           loom::sdk::log::warn(e.what(), ": the answer is not cached");
         }

@@ -369,6 +369,30 @@ TEST_F(MemoryTest, AutoBatchCachesItsAnswer) {
   EXPECT_GT(make(c)->probes_run(), 0);
 }
 
+TEST_F(MemoryTest, AutoBatchKeepsItsCacheUnderWhatItReadsAndItsNewAnswerInIt) {
+  // The cache grew past the 16 MiB Loom reads: every later run warned of its own file and cached
+  // nothing (probe). Writing an answer into a cache that would pass 8 MiB drops others.
+  const fs::path cache = dir_ / "cache.tsv";
+  {
+    std::ofstream out(cache);
+    for (int i = 0; i < 9000; ++i) out << "cpu|cap=1|other configuration " << i << "|" << std::string(1000, 'k') << "\t8\n";
+  }
+  ASSERT_GT(fs::file_size(cache), uintmax_t{8} << 20);
+  const auto [full, half] = peaks(64);
+  Config c = config("bounded");
+  c.set_assignment("memory.device_memory_limit=" + std::to_string(full + (full - half)));
+  c.set_assignment("memory.policies=auto_batch");
+  c.set_assignment("memory.cache=" + cache.string());
+  {
+    loom::core::log::Capture capture(LOOM_LOG_INFO);
+    EXPECT_GT(make(c)->probes_run(), 0);
+    EXPECT_TRUE(capture.contains("would pass 8 MiB: ")) << "the dropping is said";
+  }
+  EXPECT_LE(fs::file_size(cache), uintmax_t{4} << 20);
+  c.set_assignment("trainer.name=bounded_again");
+  EXPECT_EQ(make(c)->probes_run(), 0) << "the new answer is kept";
+}
+
 // The search's edge cases, on peaks given as functions of the batch (the probes a device would
 // measure); the search on real probes is the test above.
 struct ProbedDevice {
@@ -612,6 +636,12 @@ TEST_F(MemoryTest, AResumeStartsAtTheMicroBatchItsRunRecoveredTo) {
   {
     auto again = make(run(tight, ""));
     EXPECT_EQ(again->plan(), (loom::sdk::BatchPlan{32, 2, 1}));
+  }
+  {  // (the settings that only choose the precision, at the same one, fp32: it planned afresh and ran out of memory)
+    Config same_precision = run(tight, "");
+    same_precision.set_assignment("precision.amp=false");
+    same_precision.set_assignment("precision.allow_precision_change=true");
+    EXPECT_EQ(make(same_precision)->plan(), (loom::sdk::BatchPlan{32, 2, 1}));
   }
   auto elsewhere = make(run("memory.device_memory_limit=" + std::to_string(4 * full), ""));
   EXPECT_EQ(elsewhere->plan(), (loom::sdk::BatchPlan{64, 1, 1})) << "another cap: its own plan";
@@ -924,6 +954,14 @@ TEST_F(MemoryTest, AResumeKeepsTheGlobalBatchAPolicyChoseOnAnotherDevice) {
     EXPECT_EQ(resumed->plan(), (loom::sdk::BatchPlan{16, 4, 1})) << join(log.lines(), "\n");
     EXPECT_TRUE(log.contains("-> micro-batch 16 x accumulation 4 = 64: the checkpoint's global batch")) << join(log.lines(), "\n");
     EXPECT_EQ(resumed->total_steps(), 1024 * 9 / 10 / 64) << "one epoch of the global batch 64, as the run began";
+  }
+  {  // an accumulation given for the resume that its kept batch does not take is said (it went unsaid)
+    Config accumulated = run("512MB", "");
+    accumulated.set_assignment("trainer.gradient_accumulation_steps=2");
+    loom::core::log::Capture log(LOOM_LOG_WARN);
+    EXPECT_EQ(make(accumulated)->plan(), (loom::sdk::BatchPlan{16, 4, 1}));
+    EXPECT_TRUE(log.contains("gradient_accumulation_steps = 2 (--set) is not this resume's: the checkpoint's global batch 64 "
+                             "at micro-batch 16 takes 4")) << join(log.lines(), "\n");
   }
   auto given = make(run("512MB", "32"));  // (the run folder's lock went with the trainer above)
   EXPECT_EQ(given->plan().global(), 32);
