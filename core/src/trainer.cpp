@@ -420,21 +420,12 @@ void Trainer::build_plan() {
   }
 }
 
-namespace {
-/// The optimizer steps of an epoch of `loader` (whole steps: no sample twice in one), or an error.
-int64_t steps_per_epoch(const DataLoader& loader, const sdk::BatchPlan& plan, int64_t world, bool held_out, bool kept = false) {
-  const int64_t per_epoch = loader.batches_per_epoch() / plan.accumulation;
-  if (per_epoch < 1) throw Error(no_step_in_an_epoch(plan.global(), loader.size() / world * world, held_out, kept));
-  return per_epoch;
-}
-}  // namespace
-
 void Trainer::adopt_global_batch(int64_t global) {
   const sdk::BatchPlan chosen = plan_;
   plan_ = sdk::split_global_batch(global, plan_.world_size, plan_.micro_batch);
   train_loader_->set_micro_batch(plan_.micro_batch * local_devices(), plan_.micro_batch * local_devices() * plan_.accumulation);
   // (the data may have shrunk below the checkpoint's batch since: no step would fit an epoch)
-  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, parallel_->world_size(), held_out_ > 0, /*kept=*/true);
+  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, parallel_->world_size(), held_out_ > 0, parallel_->rank() == 0, true);
   if (options_.max_steps == 0) total_steps_ = per_epoch * options_.epochs;
   if (options_.eval_every == 0) eval_every_ = std::max<int64_t>(1, per_epoch);
   if (options_.reference_batch > 0)
@@ -580,7 +571,7 @@ void Trainer::build_loaders(bool training) {
                                : std::string()));
   }
   train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
-  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, train.world_size, held_out_ > 0);
+  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, train.world_size, held_out_ > 0, train.rank == 0);
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
   eval_every_ = options_.eval_every > 0 ? options_.eval_every : std::max<int64_t>(1, per_epoch);
 }

@@ -34,6 +34,7 @@ class Dataset;
 }
 namespace loom::core {
 class PluginRegistry;
+class DataLoader;
 }
 
 namespace loom::core::detail {
@@ -280,6 +281,11 @@ std::string uneven_batch(int64_t batch, bool given, int64_t accumulation, int64_
 /// "the global batch, G, is more than the N samples an epoch of the training split has: ..."
 /// `kept`: the global batch is the checkpoint's, which a resume that gives none keeps.
 std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out, bool kept = false);
+
+/// The optimizer steps of an epoch of `loader` (whole steps: no sample twice in one), or an error;
+/// where they leave a tenth of its samples or more out, said (where `say`: rank 0), once per batch.
+int64_t steps_per_epoch(const DataLoader& loader, const sdk::BatchPlan& plan, int64_t world, bool held_out, bool say,
+                        bool kept = false);
 /// Each split's size (`size`, the dataset's own) in [0, 2^40] and the same when asked again, or an
 /// error naming dataset `name` (trainer_data.cpp).
 void check_split_sizes(const std::string& name, const std::function<int64_t(sdk::Split)>& size, bool has_validation);
