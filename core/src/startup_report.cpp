@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <sys/resource.h>
 #include <cstdio>
 #include <unistd.h>
 
@@ -46,8 +47,12 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 void Trainer::report_startup() const {
   std::string device = device_.str();
   if (device_.is_cpu()) {
+    // (a container's: its cgroup's limit; under `ulimit -v`, half the address space it leaves, said
+    // as such: "3.2 GiB free" beside `free` showing 20 GB read as a wrong figure, probe)
+    rlimit space{};
+    const bool limited = ::getrlimit(RLIMIT_AS, &space) == 0 && space.rlim_cur != RLIM_INFINITY;
     device += ", " + std::to_string(at::get_num_threads()) + " threads, " + format_bytes(physical_memory()) + " RAM (" +
-              format_bytes(available_memory()) + " free)";  // (a container's: its cgroup's limit)
+              format_bytes(available_memory()) + " free" + (limited ? " within ulimit -v, counting half of the address space left)" : ")");
   } else {
     const auto [free, total] = at::accelerator::getMemoryInfo(device_.index());
     device += ", " + format_bytes(static_cast<int64_t>(total)) + " (" + format_bytes(static_cast<int64_t>(free)) + " free)";
@@ -142,7 +147,12 @@ void Trainer::report_startup() const {
               searched == policies.end() ? ", or memory.policies = auto_batch, which measures what fits)"
               : !after.empty() ? "; " + after + ", listed after auto_batch, planned after it: list auto_batch last, which " +
                                      "measures what fits)"
-                               : std::string("; auto_batch's answer may be stale: memory.auto_batch.cache = off searches again)"));
+                               : std::any_of(memory_policies_.begin(), memory_policies_.end(),
+                                             [](const auto& p) { return p->describe().find("(cached)") != std::string::npos; })
+                                     ? std::string("; auto_batch's answer came from its cache and may be stale: "
+                                                   "memory.auto_batch.cache = off searches again)")
+                                     : std::string("; auto_batch measured that this micro-batch's step fits: the estimate, "
+                                                   "extrapolated from probes under the cap, may run high)"));
   // On the CPU without a cap, past what the machine has free the kernel's OOM killer ends the
   // process with no word from it (exit 137), minutes in; said now, with what would help.
   // (what is allocated already, the model and its optimizer, is in the peak and no longer free)
