@@ -159,6 +159,7 @@ void Trainer::setup() {
   if (parallel_->world_size() > 1) in_phase("agreeing on the weights", [&] { broadcast_model(); });
   seed_rank();
   build_gradient_sync();
+  if (parallel_->rank() == 0) say_plan_leaves_out(*train_loader_, plan_, config_, options_.accumulation, resumed_at_ >= 0);
   report_startup();
 }
 
@@ -425,7 +426,7 @@ void Trainer::adopt_global_batch(int64_t global) {
   plan_ = sdk::split_global_batch(global, plan_.world_size, plan_.micro_batch);
   train_loader_->set_micro_batch(plan_.micro_batch * local_devices(), plan_.micro_batch * local_devices() * plan_.accumulation);
   // (the data may have shrunk below the checkpoint's batch since: no step would fit an epoch)
-  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, parallel_->world_size(), held_out_ > 0, parallel_->rank() == 0, true);
+  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, parallel_->world_size(), held_out_ > 0, /*kept=*/true);
   if (options_.max_steps == 0) total_steps_ = per_epoch * options_.epochs;
   if (options_.eval_every == 0) eval_every_ = std::max<int64_t>(1, per_epoch);
   if (options_.reference_batch > 0)
@@ -433,10 +434,6 @@ void Trainer::adopt_global_batch(int64_t global) {
   log::info("plan: ", sdk::plan_text(chosen), " -> ", sdk::plan_text(plan_), ": the checkpoint's global batch (this ",
             "resume gives none, and its memory policies planned ", chosen.global(), "; a resumed run keeps its batch, its ",
             "schedule and its epochs; --batch-size sets another)");
-  if (const ConfigValue& given = config_.at("trainer.gradient_accumulation_steps"); given.origin.source != "default" &&
-      given.origin.source != kRunRecordOrigin && plan_.accumulation != options_.accumulation)  // (it went unsaid)
-    log::warn("gradient_accumulation_steps = ", given.value, " (", given.origin.describe(), ") is not this resume's: the "
-              "checkpoint's global batch ", global, " at micro-batch ", plan_.micro_batch, " takes ", plan_.accumulation);
 }
 
 int64_t Trainer::training_samples() const {
@@ -571,7 +568,7 @@ void Trainer::build_loaders(bool training) {
                                : std::string()));
   }
   train_loader_ = std::make_unique<DataLoader>(dataset_, sdk::Split::kTrain, train);
-  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, train.world_size, held_out_ > 0, train.rank == 0);
+  const int64_t per_epoch = steps_per_epoch(*train_loader_, plan_, train.world_size, held_out_ > 0);
   total_steps_ = options_.max_steps > 0 ? options_.max_steps : per_epoch * options_.epochs;
   eval_every_ = options_.eval_every > 0 ? options_.eval_every : std::max<int64_t>(1, per_epoch);
 }

@@ -223,18 +223,30 @@ void say_validation_fraction_unused(const Resolved& config, int64_t native) {
             "on; the whole training split trains (remove the setting to silence this)");
 }
 
-int64_t steps_per_epoch(const DataLoader& loader, const sdk::BatchPlan& plan, int64_t world, bool held_out, bool say, bool kept) {
+int64_t steps_per_epoch(const DataLoader& loader, const sdk::BatchPlan& plan, int64_t world, bool held_out, bool kept) {
   const int64_t per_epoch = loader.batches_per_epoch() / plan.accumulation;
   if (per_epoch < 1) throw Error(no_step_in_an_epoch(plan.global(), loader.size() / world * world, held_out, kept));
+  return per_epoch;
+}
+
+void say_plan_leaves_out(const DataLoader& loader, const sdk::BatchPlan& plan, const Resolved& config,
+                         int64_t accumulation, bool resumed) {
   // (auto_batch's 673 on 1843 samples trained 1346 of them an epoch, and nothing said so)
+  const int64_t per_epoch = loader.batches_per_epoch() / plan.accumulation;
   const int64_t samples = loader.size(), left = samples - per_epoch * plan.global();
-  static int64_t said_of = 0;
-  if (say && left > 0 && left * 10 >= samples && std::exchange(said_of, plan.global()) != plan.global())
+  if (per_epoch >= 1 && left > 0 && left * 10 >= samples)
     log::warn("each epoch trains on ", samples - left, " of the ", samples, " training samples: the global batch ",
               plan.global(), " fits in them ", per_epoch, per_epoch == 1 ? " time" : " times", " (a step takes a sample once), ",
               "so ", left, " are left out of each epoch (others each epoch where the order is shuffled); a global batch "
               "that divides ", samples, ", or a smaller one, trains on them all");
-  return per_epoch;
+  // (a resume keeps its run's global batch, and a re-plan after an out-of-memory: the user's
+  // --gradient-accumulation-steps then went unsaid)
+  if (const auto it = config.find("trainer.gradient_accumulation_steps");
+      resumed && it != config.end() && it->second.origin.source != "default" && it->second.origin.source != kRunRecordOrigin &&
+      plan.accumulation != accumulation)
+    log::warn("gradient_accumulation_steps = ", it->second.value, " (", it->second.origin.describe(), ") is not this resume's: ",
+              "it trains the run's global batch ", plan.global(), " as micro-batch ", plan.micro_batch, " x accumulation ",
+              plan.accumulation, " (--batch-size with --gradient-accumulation-steps sets another batch)");
 }
 
 std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out, bool kept) {

@@ -282,10 +282,14 @@ std::string uneven_batch(int64_t batch, bool given, int64_t accumulation, int64_
 /// `kept`: the global batch is the checkpoint's, which a resume that gives none keeps.
 std::string no_step_in_an_epoch(int64_t global, int64_t samples, bool held_out, bool kept = false);
 
-/// The optimizer steps of an epoch of `loader` (whole steps: no sample twice in one), or an error;
-/// where they leave a tenth of its samples or more out, said (where `say`: rank 0), once per batch.
-int64_t steps_per_epoch(const DataLoader& loader, const sdk::BatchPlan& plan, int64_t world, bool held_out, bool say,
-                        bool kept = false);
+/// The optimizer steps of an epoch of `loader` (whole steps: no sample twice in one), or an error.
+int64_t steps_per_epoch(const DataLoader& loader, const sdk::BatchPlan& plan, int64_t world, bool held_out, bool kept = false);
+
+/// What the run's final plan leaves out, said at the end of its set-up: a tenth or more of each
+/// epoch's samples (its global batch fits in them with that much left over), and on a resume an
+/// accumulation the user gave that the plan does not take (the checkpoint's batch, its re-plan).
+void say_plan_leaves_out(const DataLoader& loader, const sdk::BatchPlan& plan, const Resolved& config,
+                         int64_t accumulation, bool resumed);
 /// Each split's size (`size`, the dataset's own) in [0, 2^40] and the same when asked again, or an
 /// error naming dataset `name` (trainer_data.cpp).
 void check_split_sizes(const std::string& name, const std::function<int64_t(sdk::Split)>& size, bool has_validation);

@@ -139,8 +139,9 @@ namespace {
 // given --no-amp or --allow-precision-change at the same precision dropped its run's re-planned
 // micro-batch and ran out of memory at once (probe). Left out of the configuration's key, and
 // removed from a checkpoint's record of it, which held them before 2026-12-01.
+// (precision.tf32, a component's option --allow-tf32 sets: TF32 matmuls, the same memory)
 const std::vector<std::string> kPrecisionChoosers = {"precision.amp=", "precision.allow_tf32=",
-                                                     "precision.allow_precision_change="};
+                                                     "precision.allow_precision_change=", "precision.tf32="};
 
 std::string without_precision_choosers(std::string key) {
   for (const std::string& chooser : kPrecisionChoosers)

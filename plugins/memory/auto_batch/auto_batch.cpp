@@ -101,6 +101,25 @@ void write_cache(const fs::path& path, const std::map<std::string, int64_t>& ent
   loom::sdk::write_file_durably(path, text);
 }
 
+/// A regular file over the 16 MiB read_cache reads whose first line is an answer: a cache an older
+/// Loom let grow past that (write_cache now keeps it under 8 MiB). Renamed to `<path>.too-large`,
+/// said, and true: the cache starts again. Anything else is left as it is.
+bool set_aside_if_grown(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec) || fs::file_size(path, ec) <= (uintmax_t{16} << 20) || ec) return false;
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  if (!std::getline(in, line) || line.size() > 65536) return false;
+  const auto tab = line.rfind('\t');
+  if (tab == std::string::npos || line.find('|') > tab || !loom::sdk::parse_int(line.substr(tab + 1))) return false;
+  const fs::path aside = path.string() + ".too-large";
+  fs::rename(path, aside, ec);
+  if (ec) return false;
+  loom::sdk::log::warn("auto_batch: the answer cache ", path.string(), " had grown past the 16 MiB Loom reads (an older Loom "
+                       "let it): set aside as ", aside.string(), " (remove it), and the cache starts again");
+  return true;
+}
+
 class AutoBatch final : public loom::sdk::MemoryPolicy {
  public:
   static constexpr loom_option_spec kOptions[] = {
@@ -138,9 +157,13 @@ class AutoBatch final : public loom::sdk::MemoryPolicy {
       try {
         entries = read_cache(cache_);
       } catch (const loom::sdk::Error& e) {  // (not this run's failure: it searches, and leaves the file alone)
-        loom::sdk::log::warn(e.what(), ": the search runs without it and writes nothing there. Point memory.auto_batch.cache "
-                             "at a file (or remove what is at ", cache_, "), or set it to off");
-        cache_ = "off";
+        if (set_aside_if_grown(cache_)) {
+          // (a cache an older Loom grew past what it reads: every run warned of it, and cached nothing)
+        } else {
+          loom::sdk::log::warn(e.what(), ": the search runs without it and writes nothing there. Point memory.auto_batch.cache "
+                               "at a file (or remove what is at ", cache_, "), or set it to off");
+          cache_ = "off";
+        }
       }
       // (an answer above the key's own max is no answer of this search: an edited or damaged line)
       if (auto it = entries.find(key); it != entries.end() && it->second <= limit) {

@@ -391,6 +391,28 @@ TEST_F(MemoryTest, AutoBatchKeepsItsCacheUnderWhatItReadsAndItsNewAnswerInIt) {
   EXPECT_LE(fs::file_size(cache), uintmax_t{4} << 20);
   c.set_assignment("trainer.name=bounded_again");
   EXPECT_EQ(make(c)->probes_run(), 0) << "the new answer is kept";
+  // One an older Loom grew past the 16 MiB it reads is set aside, said, and the cache starts again
+  // (every run warned of it and cached nothing); a file over 16 MiB that is no cache stays as it is.
+  {
+    std::ofstream out(cache);
+    for (int i = 0; i < 17000; ++i) out << "cpu|cap=1|other configuration " << i << "|" << std::string(1000, 'k') << "\t8\n";
+  }
+  ASSERT_GT(fs::file_size(cache), uintmax_t{16} << 20);
+  c.set_assignment("trainer.name=grown");
+  {
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    EXPECT_GT(make(c)->probes_run(), 0);
+    EXPECT_TRUE(capture.contains("had grown past the 16 MiB Loom reads")) << join(capture.lines(), "\n");
+  }
+  EXPECT_TRUE(fs::exists(cache.string() + ".too-large"));
+  c.set_assignment("trainer.name=grown_again");
+  EXPECT_EQ(make(c)->probes_run(), 0) << "the answer is cached again";
+  const fs::path other = dir_ / "not_a_cache.txt";
+  std::ofstream(other) << std::string((size_t{16} << 20) + 10, 'x');
+  c.set_assignment("memory.cache=" + other.string());
+  c.set_assignment("trainer.name=not_a_cache");
+  make(c);
+  EXPECT_EQ(fs::file_size(other), (uintmax_t{16} << 20) + 10);
 }
 
 // The search's edge cases, on peaks given as functions of the batch (the probes a device would
@@ -960,8 +982,8 @@ TEST_F(MemoryTest, AResumeKeepsTheGlobalBatchAPolicyChoseOnAnotherDevice) {
     accumulated.set_assignment("trainer.gradient_accumulation_steps=2");
     loom::core::log::Capture log(LOOM_LOG_WARN);
     EXPECT_EQ(make(accumulated)->plan(), (loom::sdk::BatchPlan{16, 4, 1}));
-    EXPECT_TRUE(log.contains("gradient_accumulation_steps = 2 (--set) is not this resume's: the checkpoint's global batch 64 "
-                             "at micro-batch 16 takes 4")) << join(log.lines(), "\n");
+    EXPECT_TRUE(log.contains("gradient_accumulation_steps = 2 (--set) is not this resume's: it trains the run's global "
+                             "batch 64 as micro-batch 16 x accumulation 4")) << join(log.lines(), "\n");
   }
   auto given = make(run("512MB", "32"));  // (the run folder's lock went with the trainer above)
   EXPECT_EQ(given->plan().global(), 32);
