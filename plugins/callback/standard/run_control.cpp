@@ -69,6 +69,13 @@ void Checkpoint::on_run_end(RunContext& run, const sdk::RunReport& report) {
 
 // ---- best ----------------------------------------------------------------------------------
 
+// A FIFO or a folder at the best file's path was found at the first evaluation, which ended the
+// run without a checkpoint of the steps trained since the last one (probe): checked before them.
+void Best::on_run_begin(RunContext& run) {
+  if (run.is_main())
+    require_regular_file(run.run_dir() / "checkpoints" / ("best_" + run.best_metric() + ".safetensors"), "the run's best weights");
+}
+
 void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
   if (report.split != run.selection_split()) return;
   const std::string metric = run.best_metric();

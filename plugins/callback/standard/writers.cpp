@@ -26,9 +26,7 @@ namespace fs = std::filesystem;
 
 namespace loom::callbacks {
 
-namespace {
-
-/// `path` is absent or a regular file (through symlinks) that this process can read, else one error
+/// (standard.hpp) `path` is absent or a regular file (through symlinks) that this process can read, else one error
 /// naming it: a FIFO would block the run for ever, a device (/dev/zero) would be read without end,
 /// a directory cannot be written, and an unreadable file must not be taken for an empty one (the
 /// metrics it holds would be replaced).
@@ -40,6 +38,8 @@ void require_regular_file(const fs::path& path, const char* what) {
                    (there == "a symbolic link to nothing" ? "; remove it" : "; move it out of the run folder") +
                    ", and Loom writes the file there");
 }
+
+namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -325,13 +325,23 @@ void TensorBoard::on_run_begin(RunContext& run) {
   purge_from_ = run.resumed_at() >= 0 ? run.resumed_at() + 1 : -1;
 }
 
+// A side channel: where its folder went (replaced by a file mid-run) or its file cannot be written,
+// the run goes on without it, said once (it ended the run, the steps since the last checkpoint
+// lost with it; probe). The folder was checked before the first step (on_run_begin).
 void TensorBoard::on_log(RunContext&, int64_t step, const std::map<std::string, double>& values) {
   if (dir_.empty()) return;
-  if (!writer_) {
-    writer_ = std::make_unique<EventFileWriter>(dir_);
-    if (purge_from_ >= 0) writer_->purge_from(purge_from_);
+  try {
+    if (!writer_) {
+      writer_ = std::make_unique<EventFileWriter>(dir_);
+      if (purge_from_ >= 0) writer_->purge_from(purge_from_);
+    }
+    for (const auto& [key, value] : values) writer_->scalar(key, step, value);
+  } catch (const std::exception& e) {
+    sdk::log::warn("tensorboard: ", e.what(), ": the run goes on without TensorBoard's events from step ", step,
+                   " (metrics.jsonl has every value logged)");
+    writer_.reset();
+    dir_.clear();
   }
-  for (const auto& [key, value] : values) writer_->scalar(key, step, value);
 }
 
 }  // namespace loom::callbacks

@@ -859,6 +859,33 @@ TEST_F(RunFolderTest, AMetricsFileThatIsNotARegularFileIsAnErrorNotAHangAndLoses
   EXPECT_EQ(logged, (std::vector<int64_t>{4, 5, 6, 7, 8})) << "the first run's last step, then the resumed run's";
 }
 
+TEST_F(RunFolderTest, ABestWeightsPathThatIsNotARegularFileIsRefusedBeforeAStepTrains) {
+  // A FIFO or a folder at best_accuracy.safetensors was found at the first evaluation, which ended
+  // the run without a checkpoint of the steps trained since the last one (probe).
+  Config first = base("best_fifo");
+  first.set_assignment("trainer.callbacks=jsonl, checkpoint, best");
+  first.set_assignment("trainer.eval_every=2");
+  loom::testing::make_trainer(first)->train();
+  const fs::path best = dir_ / "best_fifo" / "checkpoints" / "best_accuracy.safetensors";
+  ASSERT_TRUE(fs::is_regular_file(best));
+  fs::remove(best);
+  ASSERT_EQ(::mkfifo(best.c_str(), 0644), 0);
+  Config resume = first;
+  resume.set_assignment("trainer.max_steps=8");
+  resume.set_assignment("trainer.resume=auto");
+  std::unique_ptr<loom::core::Trainer> t;
+  std::string m = "(no error)";
+  try {
+    t = loom::testing::make_trainer(resume);
+    t->train();
+  } catch (const std::exception& e) {
+    m = e.what();
+  }
+  EXPECT_NE(m.find(best.string() + " is a FIFO, not the run's best weights; move it out of the run folder"), std::string::npos)
+      << m;
+  EXPECT_TRUE(!t || t->step() == 4) << "refused before a step trained";
+}
+
 TEST_F(RunFolderTest, ResumeAutoSetsAsideTheFilesOfARunThatWroteNoCheckpoint) {
   // A run killed before its first checkpoint left its config.json and metrics.jsonl.
   const fs::path run = dir_ / "early";
