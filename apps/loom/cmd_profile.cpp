@@ -141,7 +141,7 @@ int cmd_profile(const Invocation& invocation) {
   }
   stop_if_signalled("loom profile");  // (in the last step: no trace, as the message said)
   const core::ProfileReport report = profiler.stop(trace, /*next_free=*/!invocation.options.count("trace"));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(report.steps_done - start).count();
   std::printf("%s", core::format_profile(report, static_cast<size_t>(top), steps).c_str());
   std::printf("\n%lld step%s, %.0f samples/s under the profiler (it slows operators down: time a run with `loom train` "
               "or `loom bench`)\n",

@@ -118,6 +118,7 @@ ProfileReport Profiler::stop(const std::filesystem::path& given, bool next_free)
 #if LOOM_TORCH_CUDA
   if (device_.is_cuda()) c10::cuda::device_synchronize();  // the kernels still queued belong to the profile
 #endif
+  const auto steps_done = std::chrono::steady_clock::now();
   std::unique_ptr<kineto::ProfilerResult> result = kineto::disableProfiler();
   if (!result) throw Error("the profiler returned no result");
   // The profiler writes <path>.tmp and renames it: given the trace's own path, it replaced a file
@@ -166,6 +167,7 @@ ProfileReport Profiler::stop(const std::filesystem::path& given, bool next_free)
   report.memory = options_.memory;
   report.trace_error = trace_error;
   report.trace = trace;
+  report.steps_done = steps_done;
   std::map<std::string, ProfileRow> syncs;
   for (const auto& e : result->events()) {
     if (is_memory(e.name())) {  // on the thread that allocated, whatever the device: nests like an operator

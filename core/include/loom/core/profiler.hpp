@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -55,6 +56,9 @@ struct ProfileReport {
   /// it): the tables above stand (they were lost with it).
   std::string trace_error;
   std::filesystem::path trace;  ///< where the trace was written (stop's own, or the next free name after it)
+  /// When the profiled steps were done (the device's queue drained), before the trace was read and
+  /// written: a rate over the steps ends here (it counted writing the trace, 3x too low, probe).
+  std::chrono::steady_clock::time_point steps_done;
 };
 
 /// Profiles from construction to stop(). One at a time per process; the device's activity
