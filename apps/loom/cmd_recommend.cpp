@@ -109,8 +109,9 @@ int cmd_recommend(const Invocation& invocation) {
     const bool every = numbers && low && static_cast<double>(*high) - static_cast<double>(*low) + 1 == static_cast<double>(users.size());
     const std::string ids = every ? "ids " + std::to_string(*low) + " to " + std::to_string(*high)
                             : numbers && low ? "ids between " + std::to_string(*low) + " and " + std::to_string(*high) + ", not every number"
-                                             : "ids " + users.front() + " ... " + users.back() + " in the data's order";
-    throw Error("user " + user_id + " is not in the data (" + std::to_string(users.size()) + " users, " + ids +
+                                             : "ids " + core::printable(users.front(), 64) + " ... " +
+                                                   core::printable(users.back(), 64) + " in the data's order";
+    throw Error("user " + core::printable(user_id, 256) + " is not in the data (" + std::to_string(users.size()) + " users, " + ids +
                 "; users with fewer than data.min_interactions interactions are left out)");
   }
   const int64_t user = found - users.begin();

@@ -128,7 +128,8 @@ void SyntheticInteractions::setup() {
   if (leave_last_out) set_attribute("optimum.hr_at_10", std::to_string(best_hr));
   set_attribute("optimum.rmse", std::to_string(noise_));
   if (split_.task == Task::kRanking && leave_last_out)
-    sdk::log::info("synthetic_interactions: the best achievable test HR@10 is ", best_hr, " (the Bayes-optimal ranking)");
+    sdk::log::info("synthetic_interactions: the expected test HR@10 of the Bayes-optimal ranking is ", best_hr,
+                   " (an expectation over the sampled held-out items: a model may beat it by chance, by a little)");
   else if (split_.task == Task::kRating)
     sdk::log::info("synthetic_interactions: the best achievable RMSE is ", noise_, " (the noise's deviation)");
 }
