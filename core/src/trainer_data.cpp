@@ -241,9 +241,13 @@ void say_plan_leaves_out(const DataLoader& loader, const sdk::BatchPlan& plan, c
               "that divides ", samples, ", or a smaller one, trains on them all");
   // (a resume keeps its run's global batch, and a re-plan after an out-of-memory: the user's
   // --gradient-accumulation-steps then went unsaid)
+  // (only where the batch is the run's: one the user gives the resume, a policy splits as it would any)
+  const auto batch = config.find("trainer.batch_size");
+  const bool runs_batch = batch == config.end() || batch->second.origin.source == "default" ||
+                          batch->second.origin.source == kRunRecordOrigin;
   if (const auto it = config.find("trainer.gradient_accumulation_steps");
-      resumed && it != config.end() && it->second.origin.source != "default" && it->second.origin.source != kRunRecordOrigin &&
-      plan.accumulation != accumulation)
+      resumed && runs_batch && it != config.end() && it->second.origin.source != "default" &&
+      it->second.origin.source != kRunRecordOrigin && plan.accumulation != accumulation)
     log::warn("gradient_accumulation_steps = ", it->second.value, " (", it->second.origin.describe(), ") is not this resume's: ",
               "it trains the run's global batch ", plan.global(), " as micro-batch ", plan.micro_batch, " x accumulation ",
               plan.accumulation, " (--batch-size with --gradient-accumulation-steps sets another batch)");

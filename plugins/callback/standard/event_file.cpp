@@ -105,8 +105,8 @@ void EventFileWriter::write_event(const std::string& event) {
   put_le(record, masked_crc(&length, sizeof length));
   record += event;
   put_le(record, masked_crc(event.data(), event.size()));
-  // A failed write stops the run (the callback's hook names it), the file cut back to its last
-  // whole record.
+  // A failed write throws, the file cut back to its last whole record; the callback says it and
+  // the run goes on without its events (TensorBoard::on_log).
   append_whole(out_, path_, record);
 }
 

@@ -2,6 +2,7 @@
 // the end-of-run memory summary.
 #include "standard.hpp"
 
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
 #include <loom/sdk/log.hpp>
 
@@ -71,9 +72,16 @@ void Checkpoint::on_run_end(RunContext& run, const sdk::RunReport& report) {
 
 // A FIFO or a folder at the best file's path was found at the first evaluation, which ended the
 // run without a checkpoint of the steps trained since the last one (probe): checked before them.
+// (what the writer would refuse, write_file_durably: a symbolic link it replaces, a copied run's, passes)
 void Best::on_run_begin(RunContext& run) {
-  if (run.is_main())
-    require_regular_file(run.run_dir() / "checkpoints" / ("best_" + run.best_metric() + ".safetensors"), "the run's best weights");
+  if (!run.is_main()) return;
+  const auto path = run.run_dir() / "checkpoints" / ("best_" + run.best_metric() + ".safetensors");
+  std::error_code ec;
+  const auto status = std::filesystem::symlink_status(path, ec);
+  if (!ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+      !std::filesystem::is_symlink(status))
+    throw sdk::Error(path.string() + " is " + sdk::what_is_at(path) + ", not the run's best weights; move it out of the "
+                     "run folder, and Loom writes the file there");
 }
 
 void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {

@@ -91,10 +91,6 @@ class Checkpoint final : public sdk::Callback {
 /// Keeps best_<metric>.safetensors: the weights of the evaluation with the best value of
 /// trainer.best_metric, in the direction the metric declares. Its best value is in each
 /// checkpoint, so a resumed run compares against the value of its own past.
-/// `path` is absent or a regular file this process can read, else one error naming what is there
-/// and what `what` (the file the run writes there) needs (writers.cpp).
-void require_regular_file(const std::filesystem::path& path, const char* what);
-
 class Best final : public sdk::Callback {
  public:
   bool reads_every_step() const override { return false; }  // no step's loss, metrics or norm

@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 
 namespace loom::callbacks {
 
-/// (standard.hpp) `path` is absent or a regular file (through symlinks) that this process can read, else one error
+namespace {
+
+/// `path` is absent or a regular file (through symlinks) that this process can read, else one error
 /// naming it: a FIFO would block the run for ever, a device (/dev/zero) would be read without end,
 /// a directory cannot be written, and an unreadable file must not be taken for an empty one (the
 /// metrics it holds would be replaced).
@@ -38,8 +40,6 @@ void require_regular_file(const fs::path& path, const char* what) {
                    (there == "a symbolic link to nothing" ? "; remove it" : "; move it out of the run folder") +
                    ", and Loom writes the file there");
 }
-
-namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -336,9 +336,11 @@ void TensorBoard::on_log(RunContext&, int64_t step, const std::map<std::string, 
       if (purge_from_ >= 0) writer_->purge_from(purge_from_);
     }
     for (const auto& [key, value] : values) writer_->scalar(key, step, value);
-  } catch (const std::exception& e) {
-    sdk::log::warn("tensorboard: ", e.what(), ": the run goes on without TensorBoard's events from step ", step,
-                   " (metrics.jsonl has every value logged)");
+  } catch (const std::exception& e) {  // (the writer's "then resume the run" is not this run's case)
+    std::string why = e.what();
+    if (const auto then = why.find(", then resume"); then != std::string::npos) why.erase(then);
+    sdk::log::warn("tensorboard: ", why, ": the run goes on without TensorBoard's events from step ", step,
+                   " (its other records, its checkpoints and metrics, as they were)");
     writer_.reset();
     dir_.clear();
   }

@@ -884,6 +884,13 @@ TEST_F(RunFolderTest, ABestWeightsPathThatIsNotARegularFileIsRefusedBeforeAStepT
   EXPECT_NE(m.find(best.string() + " is a FIFO, not the run's best weights; move it out of the run folder"), std::string::npos)
       << m;
   EXPECT_TRUE(!t || t->step() == 4) << "refused before a step trained";
+  // A symbolic link there (a run copied with links, its source gone) is what the writer replaces: no refusal.
+  t.reset();
+  fs::remove(best);
+  fs::create_symlink(dir_ / "gone" / "best_accuracy.safetensors", best);
+  t = loom::testing::make_trainer(resume);
+  t->train();
+  EXPECT_EQ(t->step(), 8);
 }
 
 TEST_F(RunFolderTest, ResumeAutoSetsAsideTheFilesOfARunThatWroteNoCheckpoint) {
