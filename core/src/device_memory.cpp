@@ -330,13 +330,17 @@ CgroupFiles cgroup_files(const std::filesystem::path& root) {
   return f;
 }
 
-int64_t usage_of(const CgroupFiles& f) {
+/// The group's usage less its inactive page cache; `less_active_cache`: less the active page cache
+/// too (all of the cache is reclaimed before the kernel kills, which a refusal must be sure of).
+int64_t usage_of(const CgroupFiles& f, bool less_active_cache = false) {
   int64_t usage = number_in(f.usage);
+  std::string active = f.inactive;  // ("inactive_file" -> "active_file"; v1's "total_" kept)
+  active.erase(active.find("inactive_file"), 2);
   std::ifstream stat(f.stat);
   std::string key;
   int64_t value = 0;
   while (usage > 0 && stat >> key >> value)
-    if (key == f.inactive) usage = std::max<int64_t>(0, usage - value);
+    if (key == f.inactive || (less_active_cache && key == active)) usage = std::max<int64_t>(0, usage - value);
   return usage;
 }
 
@@ -371,17 +375,9 @@ int64_t host_memory_left() {
   const int64_t available = meminfo("MemAvailable:");
   int64_t left = (available >= 0 ? available : static_cast<int64_t>(::sysconf(_SC_AVPHYS_PAGES)) * ::sysconf(_SC_PAGESIZE)) +
                  std::max<int64_t>(0, meminfo("SwapFree:"));
-  if (const CgroupFiles& own = own_cgroup(); own.limit > 0) {
-    int64_t usage = number_in(own.usage);
-    std::string active = own.inactive;  // ("inactive_file" -> "active_file"; v1's "total_" kept)
-    active.erase(active.find("inactive_file"), 2);
-    std::ifstream stat(own.stat);
-    std::string key;
-    int64_t value = 0;
-    while (usage > 0 && stat >> key >> value)
-      if (key == own.inactive || key == active) usage = std::max<int64_t>(0, usage - value);
-    if (usage >= 0) left = std::min(left, std::max<int64_t>(0, own.limit - usage));
-  }
+  if (const CgroupFiles& own = own_cgroup(); own.limit > 0)
+    if (const int64_t usage = usage_of(own, /*less_active_cache=*/true); usage >= 0)
+      left = std::min(left, std::max<int64_t>(0, own.limit - usage));
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
   left += static_cast<int64_t>(::mallinfo2().fordblks);
 #endif

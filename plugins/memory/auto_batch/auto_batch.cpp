@@ -47,6 +47,16 @@ fs::path default_cache() {
   return {};
 }
 
+/// One line of the cache: "key<TAB>micro-batch" (a key holds '|'s before its tab, the micro-batch is
+/// positive); anything else is no answer.
+std::optional<std::pair<std::string, int64_t>> parse_answer(std::string line) {
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  const auto tab = line.rfind('\t');
+  const auto v = tab == std::string::npos ? std::nullopt : loom::sdk::parse_int(line.substr(tab + 1));
+  if (!v || *v <= 0 || line.find('|') > tab) return std::nullopt;
+  return std::pair{line.substr(0, tab), *v};
+}
+
 /// The cache: one "key<TAB>micro-batch" line per answer. Absent: empty. Anything but a regular
 /// file of at most 16 MiB (a FIFO would block, /dev/zero never end) throws loom::sdk::Error, and
 /// so does a file with lines none of which is an answer: memory.cache pointed at a user's file (a
@@ -60,15 +70,9 @@ std::map<std::string, int64_t> read_cache(const fs::path& path) {
   std::string line;
   int64_t other = 0, first_other = 0;
   for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty()) continue;
-    const auto tab = line.rfind('\t');
-    const auto v = tab == std::string::npos ? std::nullopt : loom::sdk::parse_int(line.substr(tab + 1));
-    if (!v || *v <= 0 || line.find('|') > tab) {
-      if (other++ == 0) first_other = number;
-      continue;
-    }
-    out[line.substr(0, tab)] = *v;
+    if (line.empty() || line == "\r") continue;
+    if (auto answer = parse_answer(line)) out.insert_or_assign(std::move(answer->first), answer->second);
+    else if (other++ == 0) first_other = number;
   }
   if (out.empty() && other > 0)
     throw loom::sdk::Error("auto_batch: " + path.string() + ":" + std::to_string(first_other) +
@@ -109,9 +113,7 @@ bool set_aside_if_grown(const fs::path& path) {
   if (!fs::is_regular_file(path, ec) || fs::file_size(path, ec) <= (uintmax_t{16} << 20) || ec) return false;
   std::ifstream in(path, std::ios::binary);
   std::string line;
-  if (!std::getline(in, line) || line.size() > 65536) return false;
-  const auto tab = line.rfind('\t');
-  if (tab == std::string::npos || line.find('|') > tab || !loom::sdk::parse_int(line.substr(tab + 1))) return false;
+  if (!std::getline(in, line) || line.size() > 65536 || !parse_answer(line)) return false;
   const fs::path aside = path.string() + ".too-large";
   fs::rename(path, aside, ec);
   if (ec) return false;
