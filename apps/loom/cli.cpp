@@ -20,9 +20,11 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <new>
 #include <set>
 #include <sstream>
 #include <utility>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -298,6 +300,16 @@ std::string switch_value_hint(const Invocation& invocation, const std::string& r
 std::string message_of(const std::exception& e) {
   if (const auto* torch = dynamic_cast<const c10::Error*>(&e)) return loom::explained(*torch);
   if (const auto* file = dynamic_cast<const std::filesystem::filesystem_error*>(&e)) return loom::explained(*file);
+  // (`loom profile --memory` of 1000 steps under `ulimit -v 4G` ended in "std::bad_alloc" alone)
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    rlimit space{};
+    if (::getrlimit(RLIMIT_AS, &space) == 0 && space.rlim_cur != RLIM_INFINITY)
+      return "the host refused memory (" + std::string(e.what()) + ") within this process's `ulimit -v " +
+             std::to_string(space.rlim_cur / 1024) + "` (" + core::format_bytes(static_cast<int64_t>(space.rlim_cur)) +
+             " of address space): raise the limit, or ask for less (a smaller batch, fewer loader workers)";
+    return "the host's memory ran out (" + std::string(e.what()) + "): free memory, or ask for less (a smaller batch, "
+           "fewer loader workers)";
+  }
   return e.what();
 }
 

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <set>
 
 namespace fs = std::filesystem;
@@ -174,8 +175,12 @@ int cmd_bench(const Invocation& invocation) {
         // A configuration that fails while it runs (out of memory under its cap) is a row that says
         // so: the figures of the others, measured already, were lost with it.
         try {
+          // (the set-up of a configuration is the same in each round: its warnings and its report
+          // once, in the first, not again in every round)
+          auto quiet = std::make_unique<core::log::Quiet>(round > 0);
           core::Trainer trainer(core::resolve_run(config, registry), registry);
           trainer.setup();
+          quiet.reset();
           trainer.step_with_recovery();  // warm-up, not timed
           trainer.memory().reset_peak();
           const auto start = std::chrono::steady_clock::now();

@@ -70,6 +70,12 @@ int cmd_memory(const Invocation& invocation) {
     const std::string target_text = invocation.options["target"].as<std::string>();
     target = sdk::parse_bytes(target_text);
     if (!target) throw Error("--target '" + target_text + "' is not a size (a number of bytes below 8 EiB, with its unit); e.g. 8GiB, 512MiB, 16GB");
+    // (as memory.device_memory_limit: --target 8 was 8 bytes, answered "nothing fits" after the probes)
+    if (*target < 4096) {
+      const bool unit = target_text.find_first_not_of("0123456789. ") != std::string::npos;
+      throw Error("--target " + target_text + " is " + std::to_string(*target) + " byte(s), no device's size" +
+                  (unit ? std::string("; give at least 4KiB") : "; a size takes its unit, e.g. --target " + target_text + "GiB"));
+    }
   }
   int64_t devices = devices_of(invocation);
   core::PluginRegistry registry;

@@ -19,6 +19,7 @@
 #include <ctime>
 #include <fcntl.h>
 #include <filesystem>
+#include <new>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -137,7 +138,18 @@ int cmd_profile(const Invocation& invocation) {
   int64_t samples = 0;
   for (int64_t i = 0; i < steps; ++i) {
     stop_if_signalled("loom profile");
-    samples += trainer.step_with_recovery().samples;
+    try {
+      samples += trainer.step_with_recovery().samples;
+    } catch (const std::exception& e) {
+      // (1000 steps with --memory under `ulimit -v 4G` ran out of memory at step 167, advised a
+      // smaller batch: the profiler's records took it, which the warm-up steps ran without)
+      if (i == 0 || (dynamic_cast<const OutOfMemory*>(&e) == nullptr && dynamic_cast<const std::bad_alloc*>(&e) == nullptr) ||
+          !trainer.device().is_cpu())
+        throw;
+      throw Error(message_of(e) + "\nloom profile: the profiler holds a record of every operator of the " + std::to_string(i) +
+                  " profiled step(s) before it" + (options.memory ? " and of each of their allocations (--memory)" : "") +
+                  ", in the host's memory the steps use: fewer --steps hold less (a few dozen give the averages)");
+    }
   }
   stop_if_signalled("loom profile");  // (in the last step: no trace, as the message said)
   const core::ProfileReport report = profiler.stop(trace, /*next_free=*/!invocation.options.count("trace"));

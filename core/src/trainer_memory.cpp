@@ -423,7 +423,7 @@ StepResult Trainer::step_with_recovery(bool read_values) {
   try {  // (a model's buffers are copied on the device: that too may run out of memory)
     start = capture();
   } catch (const c10::OutOfMemoryError& e) {
-    throw Error(oom_advice(e.what_without_backtrace()));
+    throw OutOfMemory(oom_advice(e.what_without_backtrace()));
   }
   while (true) {
     try {
@@ -490,7 +490,7 @@ StepResult Trainer::step_with_recovery(bool read_values) {
           write_memory_snapshot(device_, path);
           log::error("memory snapshot of the failure: ", path.string(), " (https://pytorch.org/memory_viz)");
         }
-        throw Error(oom_advice(message));
+        throw OutOfMemory(oom_advice(message));
       }
       log::info("plan: ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ", plan_.world_size,
                 " -> ", context.plan.micro_batch, " x ", context.plan.accumulation, " x ", context.plan.world_size,

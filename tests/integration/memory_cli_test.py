@@ -67,6 +67,11 @@ expect("batch 64 on 4 device(s): micro-batch 16" in r.stdout and "parallel = ddp
        "estimate of a ddp configuration", r)
 r = loom(exe, "memory", "estimate", *RUN, "--target", "8GiB", check=False)
 expect(r.returncode == 1 and "--target is for loom memory suggest" in r.stderr, "estimate refuses --target", r)
+# A target of a few bytes is refused before the probes, as --device-memory-limit's is ("nothing fits" came after them).
+for given, hint in (("8", "e.g. --target 8GiB"), ("1B", "give at least 4KiB")):
+    r = loom(exe, "memory", "suggest", *RUN, "--target", given, check=False)
+    expect(r.returncode == 1 and f"--target {given} is " in r.stderr and "no device's size" in r.stderr and hint in r.stderr
+           and "probe" not in r.stdout, f"suggest refuses --target {given}", r)
 at32 = total_bytes(loom(exe, "memory", "estimate", *RUN, "--batch", "32").stdout)
 budget = int((at64 + at32) / 2)
 # Under a cap the figures pass, and with a policy that chooses the micro-batch: both said.
@@ -232,6 +237,9 @@ try:
            and all(int(row[-2].split("-")[0]) <= float(row[-3]) <= int(row[-2].split("-")[1]) for row in rows),
            "bench --repeats 2: a median inside its range per configuration", r)
     expect("2 interleaved rounds" in r.stdout, "bench --repeats says how it measured", r)
+    # (each round set up the configurations again, and said their report and warnings again)
+    expect(r.stderr.count("plan      batch") == 2 and "round 2 of 2" in r.stderr,
+           "bench --repeats reports each configuration's set-up once, in the first round", r)
     expect(re.search(r"bench     1 round of 2 in \d+s; about \d+s more for the rest", r.stderr),
            "bench --repeats says how long the rounds left take", r)
     r = loom(exe, "bench", "configs", a, "--repeats", "0", *RUN, check=False)

@@ -22,6 +22,14 @@ class ResumeRefused : public Error {
   using Error::Error;
 };
 
+/// A training step's out-of-memory that no memory policy recovered from, with the advice of what
+/// would help (Trainer::oom_advice): a command that holds memory of its own (loom profile's records)
+/// adds what it holds.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A LibTorch error's text for the user, without its C++ backtrace: a host allocation that
 /// failed (DefaultCPUAllocator's "[enforce fail at alloc_cpu.cpp:127] err == 0. ... you tried to
 /// allocate N bytes") says what it means and what to do instead.
