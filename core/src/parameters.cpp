@@ -9,9 +9,11 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 #include <set>
@@ -22,9 +24,19 @@ Parameters Parameters::of(sdk::Model& model) {
   Parameters out;
   // Each distinct tensor once, under the first name the module gives it (tied weights).
   std::map<const void*, std::string> first_name;
+  std::map<std::string, const void*> tensor_named;  // (every name, a tied tensor's each)
   std::vector<std::pair<std::string, at::Tensor>> unique;
   for (const auto& item : model.module().named_parameters()) {
     const void* impl = item.value().unsafeGetTensorImpl();
+    tensor_named.emplace(item.key(), impl);
+    // (an expanded view, stride 0, registered as a parameter: the fused optimizers wrote numel
+    // elements into its one, past its storage's end, and the heap broke at the next checkpoint;
+    // a transposed one they would update out of its gradient's order)
+    if (item.value().defined() && item.value().requires_grad() && !item.value().is_contiguous())
+      throw Error("model parameter '" + item.key() + "' is not contiguous in memory (sizes " +
+                  c10::str(item.value().sizes()) + ", strides " + c10::str(item.value().strides()) +
+                  ": an expanded or transposed view): an update writes a parameter's memory in order, as its gradient's; "
+                  "register a contiguous tensor (.contiguous() or .clone() of it), or freeze it (requires_grad false)");
     if (first_name.emplace(impl, item.key()).second) {
       unique.emplace_back(item.key(), item.value());
       out.all_.push_back(item.value());
@@ -41,11 +53,18 @@ Parameters Parameters::of(sdk::Model& model) {
     kept.names.clear();
     kept.params.clear();
     for (size_t i = 0; i < group.params.size(); ++i) {
+      if (!group.params[i].defined())
+        throw Error("model parameter group '" + group.name + "' gives an undefined tensor for '" + group.names[i] +
+                    "': each entry is a parameter of the model's module");
       const void* impl = group.params[i].unsafeGetTensorImpl();
       auto known = first_name.find(impl);
       if (known == first_name.end())
         throw Error("model parameter group '" + group.name + "' names '" + group.names[i] +
                     "', which is not a parameter of the model's module");
+      // (names that are not their tensors' were taken in silence: the group's log named others)
+      if (const auto named = tensor_named.find(group.names[i]); named == tensor_named.end() || named->second != impl)
+        throw Error("model parameter group '" + group.name + "' names '" + group.names[i] + "' beside the tensor of '" +
+                    known->second + "': each name is its own tensor's (names[i] is params[i]'s)");
       auto [it, inserted] = placed.emplace(impl, group.name);
       if (!inserted) {
         if (it->second == group.name) continue;  // a tied parameter listed under both names
@@ -57,6 +76,10 @@ Parameters Parameters::of(sdk::Model& model) {
     }
     if (group.lr_scale < 0 || !std::isfinite(group.lr_scale))
       throw Error("model parameter group '" + group.name + "': lr_scale must be finite and >= 0");
+    // (a NaN weight decay was taken, and the run ended with "lower trainer.lr" when it made the weights NaN)
+    if (group.weight_decay && (*group.weight_decay < 0 || !std::isfinite(*group.weight_decay)))
+      throw Error("model parameter group '" + group.name + "': weight_decay is " + std::to_string(*group.weight_decay) +
+                  "; it must be finite and >= 0 (or unset: trainer.weight_decay)");
     groups.push_back(std::move(kept));
   }
   sdk::ParameterGroup decay{"decay", {}, {}, 1.0, std::nullopt, false};

@@ -44,9 +44,11 @@ void Trainer::build_callbacks() {
 
 void Trainer::notify(const char* hook, const std::function<void(sdk::Callback&, sdk::RunContext&)>& call) {
   const char* outer = hook_;  // (a save's on_checkpoint_saved inside on_step_end)
+  const std::string* outer_callback = callback_;
   hook_ = hook;
   try {
     for (auto& [name, callback] : callbacks_) {
+      callback_ = &name;
       // (the progress line is what the log says at info: --log-level warn, error or off quiet it too)
       if (name == "progress" && !log::enabled(LOOM_LOG_INFO)) continue;
       sdk::Callback& target = *callback;  // clang 14 cannot capture a structured binding
@@ -56,9 +58,11 @@ void Trainer::notify(const char* hook, const std::function<void(sdk::Callback&, 
     }
   } catch (...) {
     hook_ = outer;
+    callback_ = outer_callback;
     throw;
   }
   hook_ = outer;
+  callback_ = outer_callback;
 }
 
 fs::path Trainer::save_checkpoint_for_callback() {
@@ -71,6 +75,12 @@ sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::k
 
 fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap& metadata) {
   CheckpointStore::check_weights_name(file_name);  // (on every rank: they stop together)
+  // (a callback's save_weights("best_accuracy.safetensors") replaced the run's best weights with
+  // its step's, their metric and value gone from the metadata, in silence)
+  if (file_name.starts_with("best_") && (callback_ == nullptr || *callback_ != "best"))
+    throw Error("save_weights(" + printable(file_name, 200) + ")" + (callback_ != nullptr ? " of callback '" + *callback_ + "'" : std::string()) +
+                ": names starting with best_ are the best callback's (the run's best weights, which loom eval and "
+                "trainer.init_from take by name); choose another name");
   check_weights_before_saving(file_name);
   for (const auto& [key, value] : metadata)  // (the file's header is JSON: UTF-8 only)
     if (invalid_utf8(key) || invalid_utf8(value))

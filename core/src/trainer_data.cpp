@@ -45,14 +45,22 @@ json data_sizes(const Created<sdk::Dataset>& dataset, const sdk::DataSpec& spec,
       try {
         for (const auto& [name, value] : model->fingerprints())
           if (!invalid_utf8(name) && !invalid_utf8(value)) sizes["fingerprints"]["model." + name + ".fingerprint"] = value;
-      } catch (const std::exception& e) {
+      } catch (...) {  // (`throw 42` too: it ended the run at an evaluation, blamed on callback 'best')
+        std::string why = "it threw a value that is not an exception";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          why = e.what();
+        } catch (...) {
+        }
         static bool said = false;
         if (!std::exchange(said, true))
-          log::warn("the model's fingerprints() failed (", e.what(), "): checkpoints record no fingerprint of its files");
+          log::warn("the model's fingerprints() failed (", why,
+                    "): checkpoints record no fingerprint of its files");
       }
     }
     return sizes;
-  } catch (const std::exception&) {
+  } catch (...) {
     return json();
   }
 }
@@ -198,6 +206,11 @@ void check_split_sizes(const std::string& name, const std::function<int64_t(sdk:
     if (again != first)
       throw Error(said + ", then " + std::to_string(again) + ": its size() must give one number for the whole run (a bug "
                   "of the plugin's: report it to its author)");
+    // (0 training samples ended `loom train` and `loom memory` in a SIGFPE: the memory probes take
+    // sample i % size; an empty data folder is how a user meets it)
+    if (split == sdk::Split::kTrain && first == 0)
+      throw Error(said + ": there is nothing to train on; point the dataset's options at data that has samples (`loom "
+                  "config keys` lists them), or, where the plugin should have found some, report it to its author");
   }
 }
 

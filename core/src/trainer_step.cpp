@@ -50,15 +50,21 @@ struct ReportValues {
   int64_t count = 0;  ///< the loss's terms (the model's count)
   double loss = 0;
   std::map<std::string, double> metrics;  ///< sum / count; NaN where a count is 0
-  std::string negative;  ///< the first of the loss ("loss") and the metrics whose count is below 0
+  std::string negative;  ///< the first of the loss ("loss") and the metrics whose count is no count (kMostTerms)
 };
+
+/// A count is 0 or more and at most 2^53 (where a double counts each term): below 0, NaN, infinity
+/// or 1e30 divided the loss to nothing, "loss 0.0000", and a run that learned nothing exited 0.
+constexpr double kMostTerms = 9007199254740992.0;
+bool is_count(double c) { return c >= 0 && c <= kMostTerms; }
 
 /// A count below 0 is no count: the loss divided by 1 instead of it, "accuracy nan %", and a run
 /// that exits 0 (a probe's plugin); what a model's forward counts, it counts from 0 up.
 void refuse_negative(const ReportValues& values, const std::string& model, const std::string& where) {
   if (values.negative.empty()) return;
-  throw Error("model '" + model + "' counted fewer than 0 (or NaN) " + (values.negative == "loss" ? "loss terms" : "'" + values.negative + "' terms") +
-              " in " + where + ": a count is how many terms its sum adds up (ModelOutput::count, MetricValue::count), 0 or more");
+  throw Error("model '" + model + "' counted fewer than 0 (or NaN, or more than 2^53) " +
+              (values.negative == "loss" ? "loss terms" : "'" + values.negative + "' terms") + " in " + where +
+              ": a count is how many terms its sum adds up (ModelOutput::count, MetricValue::count), 0 or more");
 }
 
 /// One read of a packed report; `tail`, if given, receives the values packed after it.
@@ -68,12 +74,12 @@ ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector
   const at::Tensor host = totals.to(at::kCPU, at::kDouble);
   const double* v = host.data_ptr<double>();
   ReportValues out;
-  out.count = static_cast<int64_t>(v[1]);
+  out.count = is_count(v[1]) ? static_cast<int64_t>(v[1]) : 0;
   out.loss = v[0] / std::max(1.0, v[1]);
-  if (!(v[1] >= 0)) out.negative = "loss";  // (NaN too: it was divided by 1 as well)
+  if (!is_count(v[1])) out.negative = "loss";  // (NaN too: it was divided by 1 as well)
   size_t i = 2;
   for (const auto& [name, pair] : sums) {
-    if (!(v[i + 1] >= 0) && out.negative.empty()) out.negative = name;
+    if (!is_count(v[i + 1]) && out.negative.empty()) out.negative = name;
     if (unreported || v[i + 1] > 0) out.metrics[name] = v[i + 1] > 0 ? v[i] / v[i + 1] : std::nan("");
     i += 2;
   }
@@ -326,7 +332,7 @@ void Trainer::add_unread(const at::Tensor& packed, const MetricSums& metric_sums
   const at::Tensor found = packed.narrow(0, 3 + 2 * m, 1);  // after the norm
   // (and whether a count was below 0 or NaN: one step's -7 among others' 32 hid in the window's sum)
   const at::Tensor counts = at::cat({count, pairs.select(1, 1)});
-  const at::Tensor negative = (counts >= 0).logical_not().any().to(at::kFloat).reshape({1});
+  const at::Tensor negative = (counts >= 0).logical_and(counts <= kMostTerms).logical_not().any().to(at::kFloat).reshape({1});
   // (last: the window's steps skipped at its end, (t + 1) x found: trainer.stop_after_skipped)
   const at::Tensor values = at::cat(
       {packed.narrow(0, 0, 1) / count.clamp_min(1), count, pairs.select(1, 0) / pairs.select(1, 1), found, negative, found});

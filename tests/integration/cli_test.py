@@ -564,6 +564,14 @@ try:
              "--set", "precision.name=fp32", "--set", "memory.estimate=false", check=False)
     expect(r.returncode == 1 and "dataset 'one_based_labels' (targets run from 1 to 3, outside the classes 0..2 that "
            "spec().num_classes = 3 gives), in model 'metric_model'" in r.stderr, "labels outside the dataset's classes", r)
+    # A dataset without training samples (an empty data folder) is refused before the memory probes
+    # (which took sample i % 0: SIGFPE), in train and in loom memory.
+    for command in (("train", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=empty"), ("memory", "estimate")):
+        r = loom(exe, *command, "--plugin-dir", models, "--plugin-dir", labels, "--set", "model.name=metric_model",
+                 "--set", "data.name=one_based_labels", "--set", "data.train_size=0", "--set", "trainer.device=cpu", check=False)
+        expect(r.returncode == 1 and "dataset 'one_based_labels' says its train split has 0 samples: there is nothing to "
+               "train on" in r.stderr, f"{command[0]}: a dataset without training samples", r)
+    expect(not os.path.exists(os.path.join(work, "empty")), "a refused run leaves no run folder", work)
     # A model built for fewer classes than the data has is refused as it is built, by its option.
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=fewer_classes",
              "--set", "data.classes=4", "--set", "model.num_classes=3", check=False)

@@ -16,6 +16,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>
+#include <limits>
 
 namespace {
 
@@ -29,8 +30,9 @@ class MetricModel final : public loom::sdk::Model {
       loom::sdk::option_bool("nan_training_loss", "false", "a training loss of NaN (every step skipped)"),
       loom::sdk::option_int("nan_training_loss_from", "0", "the training loss is NaN from the n-th training forward on (0: never)"),
       loom::sdk::option_bool("zero_count", "false", "a training count of 0: the loss averages over nothing"),
-      loom::sdk::option_enum("odd_count", "none", "none|negative|undefined|negative_metric",
-                             "a training count of -7, none, or an evaluation metric count of -5 (broken models)"),
+      loom::sdk::option_enum("odd_count", "none", "none|negative|undefined|negative_metric|infinite",
+                             "a training count of -7, none, an evaluation metric count of -5, or a training count of "
+                             "infinity (broken models)"),
       loom::sdk::option_int("odd_count_at", "0", "the n-th training forward alone has the odd training count (0: every one)"),
       loom::sdk::option_int("nan_weights_at", "0", "the n-th training forward (0: none) first fills the weight with NaN, "
                                                    "as an optimizer that writes NaN would"),
@@ -78,6 +80,7 @@ class MetricModel final : public loom::sdk::Model {
     const bool odd = train && (odd_count_at_ == 0 || training_calls_ == odd_count_at_);
     const at::Tensor count = odd_count_ == "undefined" && odd  ? at::Tensor()
                              : odd_count_ == "negative" && odd ? at::scalar_tensor(-7.0, f)
+                             : odd_count_ == "infinite" && odd ? at::scalar_tensor(std::numeric_limits<double>::infinity(), f)
                                                                  : at::scalar_tensor(zero_count_ && train ? 0.0 : n, f);
     const at::Tensor correct_count = odd_count_ == "negative_metric" && !train ? at::scalar_tensor(-5.0, f) : at::Tensor();
     return {loss_sum,

@@ -10,7 +10,9 @@ namespace {
 
 class OneBasedLabels final : public loom::sdk::Dataset {
  public:
-  explicit OneBasedLabels(const loom::sdk::Options&) {}
+  // (train_size 0: an empty data folder, which the host refuses before it plans)
+  static constexpr loom_option_spec kOptions[] = {loom::sdk::option_int("train_size", "30", "training samples", "0..1000")};
+  explicit OneBasedLabels(const loom::sdk::Options& options) : train_size_(options.get_int("train_size")) {}
   void setup() override {}
   loom::sdk::DataSpec spec() const override {
     loom::sdk::DataSpec spec;
@@ -21,11 +23,14 @@ class OneBasedLabels final : public loom::sdk::Dataset {
     spec.num_classes = 3;
     return spec;
   }
-  int64_t size(loom::sdk::Split split) const override { return split == loom::sdk::Split::kTrain ? 30 : 0; }
+  int64_t size(loom::sdk::Split split) const override { return split == loom::sdk::Split::kTrain ? train_size_ : 0; }
   loom::sdk::Batch get_batch(loom::sdk::Split, const std::vector<int64_t>& indices) const override {
     const at::Tensor i = at::tensor(indices, at::TensorOptions().dtype(at::kLong));
     return {{"x", at::stack({i, i}, 1).to(at::kFloat)}, {"y", i.remainder(3) + 1}};  // the bug: 1..3, not 0..2
   }
+
+ private:
+  int64_t train_size_;
 };
 
 }  // namespace

@@ -16,9 +16,9 @@ class RecordCallback final : public loom::sdk::Callback {
       loom::sdk::option_enum("stop_main_in", "on_step_begin", "on_step_begin|on_log|on_step_end", "the hook stop_main_at stops in"),
       loom::sdk::option_int("fail_other_at", "0", "on ranks but the main one, throw in on_step_begin of this step (0: never)"),
       loom::sdk::option_string("save_in", "", "call save_checkpoint() in this hook (e.g. on_checkpoint_saved)"),
-      loom::sdk::option_enum("odd_text", "none", "none|state|stop_reason|weights_name",
-                             "bytes that are not UTF-8 in its state, in its stop reason at stop_at, or a NUL in a weights "
-                             "file's name (save_weights at stop_at)"),
+      loom::sdk::option_enum("odd_text", "none", "none|state|stop_reason|weights_name|best_name",
+                             "bytes that are not UTF-8 in its state, in its stop reason at stop_at, a NUL in a weights "
+                             "file's name, or the best callback's name (save_weights at stop_at)"),
   };
 
   explicit RecordCallback(const loom::sdk::Options& o)
@@ -58,6 +58,7 @@ class RecordCallback final : public loom::sdk::Callback {
     loss_sum_ += r.loss;
     if (stop_at_ > 0 && r.step == stop_at_ && odd_text_ == "weights_name")
       run.save_weights(std::string("a\0b.safetensors", 15), {});
+    if (stop_at_ > 0 && r.step == stop_at_ && odd_text_ == "best_name") run.save_weights("best_loss.safetensors", {});
     if (stop_at_ > 0 && r.step == stop_at_)
       run.request_stop(odd_text_ == "stop_reason" ? "record \xff\xfe asked" : "record asked to stop at step " + std::to_string(r.step));
     stop_main(run, "on_step_end", r.step);

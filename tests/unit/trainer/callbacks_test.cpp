@@ -109,6 +109,19 @@ TEST_F(CallbacksTest, ACallbacksTextThatJsonCannotHoldIsNamedOrMadeSafe) {
   weights.set_assignment("callback.record.odd_text=weights_name");
   EXPECT_CONTAINS(loom::testing::training_error(weights), "without '/' or a NUL byte");
   EXPECT_FALSE(fs::exists(dir_ / "odd_weights" / "checkpoints" / "a"));
+  // A callback's best_loss.safetensors replaced the best callback's file, its metric and value gone.
+  Config best = base("odd_best");
+  best.set_assignment("trainer.callbacks=best, record");
+  best.set_assignment("trainer.best_metric=loss");
+  best.set_assignment("callback.record.stop_at=2");
+  best.set_assignment("callback.record.odd_text=best_name");
+  EXPECT_CONTAINS(loom::testing::training_error(best), "save_weights(best_loss.safetensors) of callback 'record': names "
+                                                       "starting with best_ are the best callback's");
+  // (the best callback's own file, where it wrote one at an evaluation, keeps its metric)
+  if (std::ifstream file(dir_ / "odd_best" / "checkpoints" / "best_loss.safetensors"); file) {
+    const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\"direction\""), std::string::npos);
+  }
 }
 
 TEST_F(CallbacksTest, ACheckpointAskedForMidStepOrFromASaveIsRefusedAndOneBetweenStepsIsWritten) {

@@ -613,17 +613,26 @@ TEST_F(TrainerTest, AModelsCountBelowZeroOrUndefinedIsAnErrorNamingTheModel) {
   // count was LibTorch's "Expected a proper Tensor but got None", no model named.
   Config negative = metric_run(dir_, "negative_count");
   negative.set_assignment("model.odd_count=negative");
-  EXPECT_CONTAINS(training_error(negative), "model 'metric_model' counted fewer than 0 (or NaN) loss terms in step ");
+  EXPECT_CONTAINS(training_error(negative), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) loss terms in step ");
   // One step's -7 among others' 32, its values not read (between log steps): it hid in the
   // window's sum of counts, and the run trained on.
   Config once = metric_run(dir_, "negative_count_once");
   for (const char* a : {"model.odd_count=negative", "model.odd_count_at=2", "trainer.log_every=4", "trainer.device_step=true"})
     once.set_assignment(a);
-  EXPECT_CONTAINS(training_error(once), "model 'metric_model' counted fewer than 0 (or NaN) terms, of its loss or a metric, in "
+  EXPECT_CONTAINS(training_error(once), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) terms, of its loss or a metric, in "
                                         "1 of the steps 1 ... 3: a count is how many terms its sum adds up");
+  // An infinite count (a float's 1e300) divided the loss to 0: "loss 0.0000", the run learned
+  // nothing, exited 0, and logged a negative rate of loss terms.
+  Config infinite = metric_run(dir_, "infinite_count");
+  infinite.set_assignment("model.odd_count=infinite");
+  EXPECT_CONTAINS(training_error(infinite), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) loss terms in step ");
+  Config infinite_once = metric_run(dir_, "infinite_count_once");
+  for (const char* a : {"model.odd_count=infinite", "model.odd_count_at=2", "trainer.log_every=4", "trainer.device_step=true"})
+    infinite_once.set_assignment(a);
+  EXPECT_CONTAINS(training_error(infinite_once), "terms, of its loss or a metric, in 1 of the steps 1 ... 3");
   Config metric = metric_run(dir_, "negative_metric_count");
   metric.set_assignment("model.odd_count=negative_metric");
-  EXPECT_CONTAINS(training_error(metric), "model 'metric_model' counted fewer than 0 (or NaN) 'correct' terms in an evaluation");
+  EXPECT_CONTAINS(training_error(metric), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) 'correct' terms in an evaluation");
   Config undefined = metric_run(dir_, "undefined_count");
   undefined.set_assignment("model.odd_count=undefined");
   EXPECT_CONTAINS(training_error(undefined), "model 'metric_model': forward's count must be a tensor of one element, how "
@@ -732,6 +741,26 @@ TEST_F(TrainerTest, AnUnknownBestMetricIsAConfigurationErrorBeforeTheRunStarts) 
 }
 
 // ---- parameters ----------------------------------------------------------------------------------
+
+TEST_F(TrainerTest, AParameterOrAGroupAnUpdateCannotTakeIsRefusedAtSetUpNamingIt) {
+  // An expanded bias (stride 0): the fused update wrote 10 elements into its one, and the heap
+  // broke at the next checkpoint (SIGSEGV, blamed on callback 'checkpoint'), or at exit (SIGABRT).
+  // A NaN weight decay made the weights NaN ("lower trainer.lr"); swapped names were taken.
+  const std::pair<const char*, const char*> cases[] = {
+      {"expanded", "model parameter 'bias' is not contiguous in memory (sizes [4], strides [0]"},
+      {"transposed", "model parameter 'bias' is not contiguous in memory (sizes [2, 4], strides [1, 2]"},
+      {"nan_decay", "model parameter group 'head': weight_decay is nan; it must be finite and >= 0"},
+      {"misnamed", "model parameter group 'head' names 'head.bias' beside the tensor of 'head.weight'"},
+      {"undefined", "model parameter group 'head' gives an undefined tensor for 'head.bias'"}};
+  for (const auto& [odd, expected] : cases) {
+    Config c = loom::testing::config_of({"model.name=tied_model", "data.name=synthetic", "data.train_size=64",
+                                         "data.test_size=32", "trainer.batch_size=16", "trainer.max_steps=2",
+                                         "trainer.device=cpu", "precision.name=fp32"},
+                                        dir_, std::string("odd_") + odd);
+    c.set_assignment(std::string("model.odd=") + odd);
+    EXPECT_CONTAINS(loom::testing::training_error(c), expected);
+  }
+}
 
 TEST_F(TrainerTest, ATiedParameterIsOneParameterEverywhere) {
   // One square matrix serves two layers. It must get one gradient (the sum of both uses), one

@@ -520,6 +520,7 @@ class Trainer {
   /// Each parameter's shape when the optimizer was set up (model_who).
   std::vector<std::pair<std::string, std::vector<int64_t>>> parameter_shapes_;
   const char* hook_ = nullptr;  // the callback hook being called, if any
+  const std::string* callback_ = nullptr;  // the callback being called, if any
   int agreed_signal_ = 0;  // a stop signal of another rank, agreed at the step (stop_signal())
   bool another_rank_stopped_ = false;  // a callback of another rank asked to stop in the step (stop_signal())
   std::filesystem::path resumed_from_;

@@ -125,7 +125,8 @@ class LOOM_SDK_API RunContext {
   virtual std::filesystem::path save_checkpoint() = 0;
   /// Writes the model's weights to <run>/checkpoints/<file_name> (a plain name ending in
   /// .safetensors), atomically, with the model's and data's configuration and `metadata`
-  /// in its metadata, so `loom eval --checkpoint` can load it.
+  /// in its metadata, so `loom eval --checkpoint` can load it. Names starting with "best_" are
+  /// the `best` callback's (the run's best weights, which eval and init_from take by name).
   virtual std::filesystem::path save_weights(const std::string& file_name, const TextMap& metadata) = 0;
   /// Asks the run to stop after the current step (it still saves and reports). The first
   /// reason is kept.
