@@ -6,12 +6,15 @@
 #include <gelf.h>
 #include <libelf.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <set>
 #include <sstream>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace loom::core {
@@ -76,6 +79,35 @@ struct ElfFile {
     if (elf_getshdrstrndx(elf.get(), &names_index) != 0)
       refuse("static-check", std::string("not a shared library of this platform (a damaged ELF file: its section table is "
                                          "unreadable: ") + elf_errmsg(-1) + ")",
+             kOnlyPluginsHint);
+    check_whole(file);
+  }
+
+  // The segments the dynamic loader maps, and the section table, inside the file: a plugin cut
+  // short (a copy that stopped) passed, and the loader's mapping of it ended in SIGBUS, said as
+  // a crash of its static initializers (with the scanner off, `loom plugins` itself died).
+  void check_whole(const std::filesystem::path& file) {
+    struct stat st {};
+    GElf_Ehdr header;
+    if (::fstat(fd.value, &st) != 0 || gelf_getehdr(elf.get(), &header) == nullptr) return;  // (libelf's checks stand)
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    uint64_t reach = 0;
+    const auto within = [&](uint64_t offset, uint64_t bytes) {
+      const uint64_t most = std::numeric_limits<uint64_t>::max();
+      reach = std::max(reach, bytes > most - offset ? most : offset + bytes);
+    };
+    within(header.e_shoff, uint64_t{header.e_shnum} * header.e_shentsize);
+    size_t segments = 0;
+    if (elf_getphdrnum(elf.get(), &segments) == 0)
+      for (size_t i = 0; i < segments; ++i)
+        if (GElf_Phdr segment; gelf_getphdr(elf.get(), static_cast<int>(i), &segment) != nullptr && segment.p_type == PT_LOAD)
+          within(segment.p_offset, segment.p_filesz);
+    if (reach > size)
+      refuse("static-check",
+             "not a shared library of this platform (a damaged ELF file: it is cut short: " + file.filename().string() +
+                 " has " + std::to_string(size) + " bytes, and its headers place its contents " +
+                 (reach == std::numeric_limits<uint64_t>::max() ? std::string("past any size") : "up to byte " + std::to_string(reach)) +
+                 "; copy or build it again)",
              kOnlyPluginsHint);
   }
   ElfFile(const ElfFile&) = delete;
