@@ -278,6 +278,20 @@ int cmd_train(const Invocation& invocation) {
     core::log::flush();
     return 1;
   }
+  // A metric of NaN (a model's NaN sum, or 0 terms counted over the split) printed "accuracy nan %",
+  // and no best weights came of it, in silence (a probe's plugin).
+  if (s.final_eval && std::isfinite(s.final_eval->loss)) {
+    std::vector<std::string> nan;
+    for (const auto& [name, value] : s.final_eval->metrics)
+      if (std::isnan(value)) nan.push_back(name);
+    if (!nan.empty())
+      core::log::warn("the final evaluation's ", core::join(nan, ", "), nan.size() == 1 ? " is" : " are", " NaN: model '",
+                      resolved.at("model.name").value, "' reported a NaN sum or counted 0 terms over its ",
+                      s.final_eval->samples, " samples",
+                      std::find(nan.begin(), nan.end(), trainer.options().best_metric) != nan.end()
+                          ? " (trainer.best_metric: no best weights come of it)" : "",
+                      "; a bug of the model's, or a split it cannot measure (`loom plugins check` tests a model)");
+  }
   // Trained to its end without one update: no model came of it, whatever its figures say. (With
   // fp16_amp's dynamic loss scale the first steps overflow while it comes down from 65536: a
   // short run may skip them all, and is told so.)

@@ -54,6 +54,32 @@ std::string targets_outside_classes(const sdk::DataSpec& spec, const sdk::Batch&
   }
 }
 
+void check_batch(const std::string& who, const sdk::DataSpec& spec, const sdk::Batch& batch, int64_t rows) {
+  // Every tensor's first dimension is the batch's (the Dataset contract): a short or empty batch
+  // would train and evaluate on fewer samples than the counts say, in silence.
+  for (const auto& [name, t] : batch)
+    if (!t.defined() || t.dim() == 0 || t.size(0) != rows)
+      throw Error(who + "'s get_batch of " + std::to_string(rows) + " samples gave field '" + name + "' " +
+                  (!t.defined() ? std::string("undefined") : "of shape " + c10::str(t.sizes())) + "; every field's first "
+                  "dimension is the number of samples asked for (loom plugins check tests a dataset)");
+  // ... and the fields its spec() describes, as it describes them, on the CPU: a batch that is
+  // not failed in the model, which was blamed ("model 'x': map::at", "mat1 and mat2 shapes").
+  for (const auto& [name, field] : spec.fields) {
+    const auto it = batch.find(name);
+    const at::Tensor* t = it == batch.end() ? nullptr : &it->second;
+    if (t != nullptr && t->scalar_type() == field.dtype && t->device().is_cpu() && t->sizes().slice(1).vec() == field.shape)
+      continue;
+    std::vector<int64_t> want{rows};
+    want.insert(want.end(), field.shape.begin(), field.shape.end());
+    throw Error(who + ": get_batch of " + std::to_string(rows) + " samples gave field '" + name + "' " +
+                (t == nullptr ? std::string("not at all")
+                              : "as " + std::string(c10::toString(t->scalar_type())) + " " + c10::str(t->sizes()) + " on " +
+                                    t->device().str()) +
+                "; its spec() says " + c10::toString(field.dtype) + " " + c10::str(c10::IntArrayRef(want)) +
+                " on the CPU (loom plugins check tests a dataset)");
+  }
+}
+
 DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options options)
     : dataset_(std::move(dataset)), split_(split), options_(options) {
   check_micro_batch(options_.micro_batch, options_.step_samples);
@@ -269,29 +295,7 @@ sdk::Batch DataLoader::fetch(const Job& job) {
     } catch (...) {  // (not a std::exception: it passed unnamed, and a prefetch on CUDA lost its batch)
       throw named("an exception that is no std::exception");
     }
-    // Every tensor's first dimension is the batch's (the Dataset contract): a short or empty batch
-    // would train and evaluate on fewer samples than the counts say, in silence.
-    for (const auto& [name, t] : into)
-      if (!t.defined() || t.dim() == 0 || t.size(0) != rows)
-        throw Error(who + "'s get_batch of " + std::to_string(rows) + " samples gave field '" + name + "' " +
-                    (!t.defined() ? std::string("undefined") : "of shape " + c10::str(t.sizes())) + "; every field's first "
-                    "dimension is the number of samples asked for (loom plugins check tests a dataset)");
-    // ... and the fields its spec() describes, as it describes them, on the CPU: a batch that is
-    // not failed in the model, which was blamed ("model 'x': map::at", "mat1 and mat2 shapes").
-    for (const auto& [name, field] : spec_.fields) {
-      const auto it = into.find(name);
-      const at::Tensor* t = it == into.end() ? nullptr : &it->second;
-      if (t != nullptr && t->scalar_type() == field.dtype && t->device().is_cpu() && t->sizes().slice(1).vec() == field.shape)
-        continue;
-      std::vector<int64_t> want{rows};
-      want.insert(want.end(), field.shape.begin(), field.shape.end());
-      throw Error(who + ": get_batch of " + std::to_string(rows) + " samples gave field '" + name + "' " +
-                  (t == nullptr ? std::string("not at all")
-                                : "as " + std::string(c10::toString(t->scalar_type())) + " " + c10::str(t->sizes()) + " on " +
-                                      t->device().str()) +
-                  "; its spec() says " + c10::toString(field.dtype) + " " + c10::str(c10::IntArrayRef(want)) +
-                  " on the CPU (loom plugins check tests a dataset)");
-    }
+    check_batch(who, spec_, into, rows);
     if (pin)
       for (auto& [name, t] : into)
         if (!t.is_pinned()) t = t.pin_memory();

@@ -88,7 +88,8 @@ void Trainer::report_startup() const {
             data_spec_.num_classes ? "; " + std::to_string(data_spec_.num_classes) + " classes" : std::string());
   // (the plugin describes the model it built, "random start" where it had no pretrained weights:
   // what replaced them is the core's to say)
-  const std::string model = model_->describe();
+  const std::string model = as_component([&] { return "model '" + value_of(config_, "model.name") + "' (describe)"; },
+                                         value_of(config_, "model.name"), [&] { return model_->describe(); });
   const std::string weights = resumed_at_ >= 0 ? "; weights from the checkpoint of step " + std::to_string(resumed_at_)
                               : !options_.init_from.empty() ? "; weights from trainer.init_from (" + options_.init_from + ")"
                                                             : std::string();

@@ -284,7 +284,8 @@ Created<sdk::Model> Trainer::make_model() {
   const auto who = [&] { return "model '" + name + "'" + (info.plugin ? " (" + info.plugin->file.filename().string() + ")" : ""); };
   as_component(who, name, [&] { model->setup(data_spec_); });
   if (dataset_.implements(2) && model.implements(1)) {  // Dataset 1.2 and Model 2.1: the shared tables
-    sdk::TensorMap tables = dataset_->tables();
+    sdk::TensorMap tables = as_component([&] { return "dataset '" + value_of(config_, "data.name") + "' (tables)"; },
+                                         value_of(config_, "data.name"), [&] { return dataset_->tables(); });
     if (!tables.empty()) as_component(who, name, [&] { model->use_tables(tables); });
   }
   return model;
@@ -298,7 +299,9 @@ void Trainer::build_model() {
   model_->module().to(device_);
   metric_specs_.clear();
   metric_specs_["loss"] = sdk::MetricSpec{"loss", "loss", sdk::Direction::kMinimize, false};
-  for (const auto& spec : model_->metrics()) {
+  // (its calls name it: a metrics() that threw was "set-up: a plugin threw ...", unnamed)
+  const auto declared = as_component([&] { return "model '" + name + "' (metrics)"; }, name, [&] { return model_->metrics(); });
+  for (const auto& spec : declared) {
     const bool well_formed = !spec.name.empty() && spec.name.size() <= 64 &&
                              std::all_of(spec.name.begin(), spec.name.end(), [](char ch) {
                                return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
@@ -311,7 +314,6 @@ void Trainer::build_model() {
   }
   std::string& best = options_.best_metric;
   if (best == "auto") {
-    const auto declared = model_->metrics();
     best = declared.empty() ? "loss" : declared.front().name;
   }
   if (!metric_specs_.count(best)) {
@@ -355,7 +357,10 @@ void Trainer::build_precision() {
 }
 
 void Trainer::build_throughput() {
-  flops_per_term_ = model_.implements(2) ? model_->flops_per_loss_term() : 0;  // Model 2.2
+  const std::string name = value_of(config_, "model.name");
+  flops_per_term_ = model_.implements(2) ? as_component([&] { return "model '" + name + "' (flops_per_loss_term)"; }, name,
+                                                        [&] { return model_->flops_per_loss_term(); })
+                                         : 0;  // Model 2.2
   if (!std::isfinite(flops_per_term_) || flops_per_term_ < 0) {
     log::warn("model '", value_of(config_, "model.name"), "' declares ", flops_per_term_,
               " FLOPs per loss term (Model::flops_per_loss_term); not a count of FLOPs, so the log reports no "

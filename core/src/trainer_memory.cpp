@@ -325,6 +325,9 @@ int64_t Trainer::probe_peak(int64_t b, bool train) {
       const std::string name = value_of(config_, "data.name");
       batch = as_component([&] { return "dataset '" + name + "' (get_batch of a memory probe's " + std::to_string(b) + " samples)"; },
                            name, [&] { return dataset_->get_batch(split, indices); });
+      // (as a run's batches are checked: a field left out was "model 'x': map::at", one on the
+      // meta device "Cannot copy out of meta tensor", the dataset unnamed)
+      check_batch("dataset '" + name + "'", data_spec_, batch, b);
     }
     for (auto& [name, t] : batch) t = t.to(device_);
     if (device_.is_cuda())

@@ -145,7 +145,9 @@ void Trainer::finish_metrics(std::map<std::string, double>& values, const std::s
   for (auto& [key, value] : values) {
     if (key.compare(0, prefix.size(), prefix) != 0) continue;
     const std::string name = key.substr(prefix.size());
-    if (name != "loss" && metric_specs_.count(name)) value = model_->metric_value(name, value);
+    if (name != "loss" && metric_specs_.count(name))
+      value = as_component([&] { return "model '" + model_name_ + "' (metric_value of '" + name + "')"; }, model_name_,
+                           [&] { return model_->metric_value(name, value); });
   }
 }
 
@@ -258,14 +260,17 @@ at::Tensor Trainer::queue_update(const StepWork& work) {
     notify("on_before_optimizer_step",
            [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, work.grads); });
     lr_on_device_.copy_(lr_table_.index_select(0, taken_on_device_.clamp_max(total_steps_)).reshape({}));
-    if (!divisor.defined()) {
-      optimizer_->step_on_device(lr_on_device_, found);
-    } else if (optimizer_divides_) {
-      optimizer_->step_on_device_dividing(lr_on_device_, found, divisor, work.flats);
-    } else {  // a 1.1 optimizer: one pass here instead of two
-      at::_foreach_div_(work.flats, divisor.reshape({}));  // (the foreach division takes no shape [1])
-      optimizer_->step_on_device(lr_on_device_, found);
-    }
+    // (an optimizer's error names it: "training step 4: <its message>" did not)
+    as_component([&] { return "optimizer '" + options_.optimizer + "'"; }, options_.optimizer, [&] {
+      if (!divisor.defined()) {
+        optimizer_->step_on_device(lr_on_device_, found);
+      } else if (optimizer_divides_) {
+        optimizer_->step_on_device_dividing(lr_on_device_, found, divisor, work.flats);
+      } else {  // a 1.1 optimizer: one pass here instead of two
+        at::_foreach_div_(work.flats, divisor.reshape({}));  // (the foreach division takes no shape [1])
+        optimizer_->step_on_device(lr_on_device_, found);
+      }
+    });
     precision_->update_on_device(found);
     taken_on_device_.add_(found.logical_not().to(at::kLong));
   }
@@ -317,7 +322,8 @@ bool Trainer::update_on_host(StepResult& result, const StepWork& work) {
   committed_ = true;
   if (finite) {
     notify("on_before_optimizer_step", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_before_optimizer_step(run, grads); });
-    optimizer_->step(result.lr);
+    as_component([&] { return "optimizer '" + options_.optimizer + "'"; }, options_.optimizer,
+                 [&] { optimizer_->step(result.lr); });
     if (log::enabled(LOOM_LOG_TRACE)) log::trace("peak after the update: ", memory_->stats().peak);
   }
   precision_->update(!finite);

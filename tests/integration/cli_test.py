@@ -542,6 +542,13 @@ try:
              check=False)
     expect(r.returncode == 1 and "the run learned nothing: every one of the run's 3 steps had non-finite gradients" in r.stderr,
            "a run without one update", r)
+    # A metric that is NaN at the end (the model's, every evaluation batch): said, with what it costs.
+    r = loom(exe, "train", *SMALL, "--plugin-dir", models, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=nan_metric",
+             "--set", "model.name=metric_model", "--set", "model.nan_eval_batches=100000", "--set", "trainer.max_steps=3",
+             "--set", "trainer.best_metric=correct", "--set", "memory.estimate=false", check=False)
+    expect(r.returncode == 0 and "the final evaluation's correct is NaN: model 'metric_model' reported a NaN sum or counted 0 "
+           "terms over its " in r.stderr and "(trainer.best_metric: no best weights come of it)" in r.stderr,
+           "a NaN metric at the end is said", r)
     # In fp16_amp a short run's every step may overflow while the loss scale comes down: a warning.
     r = loom(exe, "train", *SMALL, "--plugin-dir", models, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=no_update16",
              "--set", "model.name=metric_model", "--set", "model.nan_training_loss=true", "--set", "trainer.max_steps=3",
@@ -572,6 +579,13 @@ try:
         expect(r.returncode == 1 and "dataset 'one_based_labels' says its train split has 0 samples: there is nothing to "
                "train on" in r.stderr, f"{command[0]}: a dataset without training samples", r)
     expect(not os.path.exists(os.path.join(work, "empty")), "a refused run leaves no run folder", work)
+    # A batch without the field its spec declares, met by the set-up's memory probe: the dataset is
+    # named (it was "model 'metric_model': map::at").
+    r = loom(exe, "train", "--plugin-dir", models, "--plugin-dir", labels, "--set", f"trainer.work_dir={work}",
+             "--set", "trainer.name=no_target", "--set", "model.name=metric_model", "--set", "data.name=one_based_labels",
+             "--set", "data.no_target=true", "--set", "trainer.device=cpu", check=False)
+    expect(r.returncode == 1 and re.search(r"dataset 'one_based_labels': get_batch of \d+ samples gave field 'y' not at all; its "
+                                           r"spec\(\) says Long", r.stderr), "a probe's batch is checked against the spec", r)
     # A model built for fewer classes than the data has is refused as it is built, by its option.
     r = loom(exe, "train", *SMALL, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=fewer_classes",
              "--set", "data.classes=4", "--set", "model.num_classes=3", check=False)

@@ -38,6 +38,8 @@ class MetricModel final : public loom::sdk::Model {
                                                    "as an optimizer that writes NaN would"),
       loom::sdk::option_int("reshape_weights_at", "0", "the n-th training forward (0: none) first makes the weight of "
                                                        "shape [1], as an optimizer that replaces a tensor would"),
+      loom::sdk::option_enum("throws_in", "none", "none|metrics|describe|metric_value|flops",
+                             "the call that throws 42 (not an exception): its error must name the model"),
   };
 
   explicit MetricModel(const loom::sdk::Options& o)
@@ -46,7 +48,20 @@ class MetricModel final : public loom::sdk::Model {
         nan_training_loss_(o.get_bool("nan_training_loss")), nan_weights_at_(o.get_int("nan_weights_at")),
         nan_loss_from_(o.get_int("nan_training_loss_from")),
         reshape_weights_at_(o.get_int("reshape_weights_at")), zero_count_(o.get_bool("zero_count")),
-        odd_count_(o.get_string("odd_count")), odd_count_at_(o.get_int("odd_count_at")) {}
+        odd_count_(o.get_string("odd_count")), odd_count_at_(o.get_int("odd_count_at")), throws_in_(o.get_string("throws_in")) {}
+
+  std::string describe() const override {
+    if (throws_in_ == "describe") throw 42;
+    return {};
+  }
+  double metric_value(const std::string& name, double mean) const override {
+    if (throws_in_ == "metric_value") throw 42;
+    return loom::sdk::Model::metric_value(name, mean);
+  }
+  double flops_per_loss_term() const override {
+    if (throws_in_ == "flops") throw 42;
+    return 0;
+  }
 
   void setup(const loom::sdk::DataSpec& data) override {
     int64_t features = 1;
@@ -91,6 +106,7 @@ class MetricModel final : public loom::sdk::Model {
   }
 
   std::vector<loom::sdk::MetricSpec> metrics() const override {
+    if (throws_in_ == "metrics") throw 42;
     using loom::sdk::Direction;
     return {{"correct", "correct", Direction::kMaximize, true},
             {"sq_error", "squared error", Direction::kMinimize, false},
@@ -105,6 +121,7 @@ class MetricModel final : public loom::sdk::Model {
   bool zero_count_;
   std::string odd_count_;
   int64_t odd_count_at_;
+  std::string throws_in_;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};

@@ -607,6 +607,17 @@ TEST_F(TrainerTest, TheScheduleIsAskedOnlyOfTheUpdatesItDocuments) {
   }
 }
 
+TEST_F(TrainerTest, AModelsCallThatThrowsANonExceptionIsNamedWithTheModelAndTheCall) {
+  // (each was "set-up: a plugin threw a value ..." or "training step 2: ...", no component named)
+  const std::pair<std::string, std::string> calls[] = {
+      {"metrics", "metrics"}, {"describe", "describe"}, {"metric_value", "metric_value of 'correct'"}, {"flops", "flops_per_loss_term"}};
+  for (const auto& [call, said] : calls) {
+    Config c = metric_run(dir_, "throws_in_" + call);
+    c.set_assignment("model.throws_in=" + call);
+    EXPECT_CONTAINS(training_error(c), "model 'metric_model' (" + said + "): threw a value that is not an exception");
+  }
+}
+
 TEST_F(TrainerTest, AModelsCountBelowZeroOrUndefinedIsAnErrorNamingTheModel) {
   // A count of -7 divided the loss by 1 (its floor) and logged -8061 loss terms per second; a
   // metric's count of -5 gave "accuracy nan %" and no best checkpoint; both exited 0. An undefined

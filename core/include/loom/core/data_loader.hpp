@@ -174,4 +174,9 @@ class DataLoader {
   std::vector<std::thread> threads_;
 };
 
+/// Throws loom::Error, naming `who` (the dataset and its call), where `batch` is not what the
+/// dataset's spec says a batch of `rows` samples is: every tensor's first dimension `rows`, each
+/// field of the spec there, of its dtype and shape, on the CPU.
+void check_batch(const std::string& who, const sdk::DataSpec& spec, const sdk::Batch& batch, int64_t rows);
+
 }  // namespace loom::core
