@@ -87,7 +87,9 @@ class CDataset final : public sdk::Dataset, CObject {
     c.struct_size = sizeof(c);
     call("spec", [&](loom_error* e) { return t_->spec(t_->self, &c, e); });
     if (c.field_count == 0 || c.field_count > 64 || c.fields == nullptr)
-      throw sdk::Error(what_ + ": its spec has " + std::to_string(c.field_count) + " fields (1 to 64)");
+      throw sdk::Error(what_ + ": its spec " + (c.fields == nullptr && c.field_count != 0
+                                                    ? "gives no fields array (a null pointer) for " + std::to_string(c.field_count) + " fields"
+                                                    : "has " + std::to_string(c.field_count) + " fields (1 to 64)"));
     for (uint32_t i = 0; i < c.field_count; ++i) {
       const loom_c_field& f = c.fields[i];
       const std::string name = text_of(f.name, LOOM_MAX_NAME);

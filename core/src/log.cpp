@@ -42,10 +42,26 @@ void keep(uint32_t level, const std::string& line) {
   if (captured != nullptr && level >= capture_level) captured->push_back(line);
 }
 
+/// A line as the terminal shows it: each control character but the line break and the tab (C0,
+/// DEL, C1 in UTF-8) a '?'. A plugin's text (its describe(), an error's message, a log line) with
+/// an escape set the terminal's colours, or a carriage return wrote over Loom's own line.
+std::string shown(std::string text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+      text[i] = '?';
+    } else if (c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
+      text.replace(i, 2, "?");
+    }
+  }
+  return text;
+}
+
 void plugin_log(void* /*context*/, uint32_t level, const char* plugin, const char* message) {
   if (message == nullptr) return;
-  const std::string who = plugin != nullptr ? std::string(plugin, ::strnlen(plugin, LOOM_MAX_NAME)) : "plugin";
-  const std::string text(message, ::strnlen(message, 64 * 1024));
+  const std::string who = shown(plugin != nullptr ? std::string(plugin, ::strnlen(plugin, LOOM_MAX_NAME)) : "plugin");
+  const std::string text = shown(std::string(message, ::strnlen(message, 64 * 1024)));
   keep(level, "[" + who + "] " + text);
   logger()->log(to_spdlog(level), "[{}] {}", who, text);
 }
@@ -70,7 +86,7 @@ bool enabled(loom_log_level level) { return logger()->should_log(to_spdlog(level
 
 void write(loom_log_level level, const std::string& message) {
   keep(level, message);
-  logger()->log(to_spdlog(level), "{}", message);
+  logger()->log(to_spdlog(level), "{}", shown(message));
 }
 
 void flush() { logger()->flush(); }

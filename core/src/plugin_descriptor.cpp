@@ -100,8 +100,10 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
     report.fingerprint = legacy_fingerprint_fields(*d->fingerprint);
   if (d->component_count == 0 || d->component_count > LOOM_MAX_COMPONENTS || d->components == nullptr)
     refuse_now("descriptor",
-               "component table of " + std::to_string(d->component_count) +
-                   " entries (expected 1 to " + std::to_string(LOOM_MAX_COMPONENTS) + ")",
+               d->components == nullptr && d->component_count != 0
+                   ? "component table missing (a null pointer for " + std::to_string(d->component_count) + " entries)"
+                   : "component table of " + std::to_string(d->component_count) + " entries (expected 1 to " +
+                         std::to_string(LOOM_MAX_COMPONENTS) + ")",
                kRebuildHint);
   std::set<std::pair<uint32_t, std::string>> own;
   for (uint32_t i = 0; i < d->component_count; ++i) {

@@ -1,6 +1,7 @@
 // The plugin loader against real shared libraries: one good plugin and a suite of broken ones
 // in the same folder. Every broken file is refused at its own stage with its own reason, the
 // good plugin loads, and the process keeps running.
+#include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/sdk/dataset.hpp>
 
@@ -244,6 +245,19 @@ TEST(PluginLoader, ADamagedSectionHeaderIsReadWithinTheFileAndTheOtherPluginsLoa
   EXPECT_NE(short_one.refusal->reason.find("(a damaged ELF file: it is cut short: libloom_dataset_cut.so has "), std::string::npos)
       << short_one.refusal->line();
   fs::remove_all(dir);
+}
+
+TEST(PluginLoader, APluginsLogLineReachesTheTerminalWithoutItsControlCharacters) {
+  // (an escape in a plugin's line set the terminal's colours, a carriage return wrote over Loom's
+  // own line; the line's breaks and tabs are kept, and so is the text around them)
+  const loom_host_api* api = loom::core::host_api();
+  ::testing::internal::CaptureStderr();
+  api->log(nullptr, LOOM_LOG_WARN, "od\x1b" "d", "bad\x1b[31mRED\rover\x7f \xc2\x9b x\ttab\nnext");
+  loom::core::log::warn("host \x1b[2J line");
+  loom::core::log::flush();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("[od?d] bad?[31mRED?over? ? x\ttab\nnext"), std::string::npos) << err;
+  EXPECT_NE(err.find("host ?[2J line"), std::string::npos) << err;
 }
 
 TEST(PluginLoader, CreatesAComponentAndCallsItAcrossTheBoundary) {
