@@ -47,7 +47,16 @@ ModelStates Trainer::model_states() const {
     m.gradients += bytes;
     m.optimizer_states += optimizer_->state_bytes(p);
   }
-  if (model_.implements(1)) m.held = model_->held_memory();  // Model 2.1
+  if (model_.implements(1)) {  // Model 2.1
+    m.held = as_component([&] { return "model '" + model_name_ + "' (held_memory)"; }, model_name_,
+                          [&] { return model_->held_memory(); });
+    // (-2^50 bytes showed as "workspace 1.0 PiB" beside "total 976 B", in silence)
+    for (const auto& [what, bytes] : m.held)
+      if (bytes < 0 || bytes >= (int64_t{1} << 50) || what.empty() || printable(what, 64) != what)
+        throw Error("model '" + model_name_ + "' says it holds " + std::to_string(bytes) + " bytes as '" + printable(what, 64) +
+                    "' (held_memory): each is a plain name and a size in bytes, 0 or more and below 1 PiB (a bug of "
+                    "the plugin's: report it to its author)");
+  }
   // (the step on the device's table, made at the first step: a run of a million steps held 8 MB
   // more than its estimate)
   if (step_on_device_ && total_steps_ > 0 && total_steps_ < kLargestRateTable)

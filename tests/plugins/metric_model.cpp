@@ -38,6 +38,7 @@ class MetricModel final : public loom::sdk::Model {
                                                    "as an optimizer that writes NaN would"),
       loom::sdk::option_int("reshape_weights_at", "0", "the n-th training forward (0: none) first makes the weight of "
                                                        "shape [1], as an optimizer that replaces a tensor would"),
+      loom::sdk::option_int("held", "0", "bytes it says it holds as 'cache' (held_memory; 0: none)"),
       loom::sdk::option_enum("throws_in", "none", "none|metrics|describe|metric_value|flops",
                              "the call that throws 42 (not an exception): its error must name the model"),
   };
@@ -48,7 +49,12 @@ class MetricModel final : public loom::sdk::Model {
         nan_training_loss_(o.get_bool("nan_training_loss")), nan_weights_at_(o.get_int("nan_weights_at")),
         nan_loss_from_(o.get_int("nan_training_loss_from")),
         reshape_weights_at_(o.get_int("reshape_weights_at")), zero_count_(o.get_bool("zero_count")),
-        odd_count_(o.get_string("odd_count")), odd_count_at_(o.get_int("odd_count_at")), throws_in_(o.get_string("throws_in")) {}
+        odd_count_(o.get_string("odd_count")), odd_count_at_(o.get_int("odd_count_at")), throws_in_(o.get_string("throws_in")), held_(o.get_int("held")) {}
+
+  std::map<std::string, int64_t> held_memory() const override {
+    if (held_ == 0) return {};
+    return {{"cache", held_}};
+  }
 
   std::string describe() const override {
     if (throws_in_ == "describe") throw 42;
@@ -122,6 +128,7 @@ class MetricModel final : public loom::sdk::Model {
   std::string odd_count_;
   int64_t odd_count_at_;
   std::string throws_in_;
+  int64_t held_;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};

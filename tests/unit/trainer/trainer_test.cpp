@@ -618,6 +618,14 @@ TEST_F(TrainerTest, AModelsCallThatThrowsANonExceptionIsNamedWithTheModelAndTheC
   }
 }
 
+TEST_F(TrainerTest, AModelsHeldMemoryOutsideItsRangeIsRefusedNamingTheModel) {
+  // (-2^50 bytes was "workspace 1.0 PiB" beside "total 976 B" in the estimate, said by nothing)
+  Config c = metric_run(dir_, "held_negative");
+  c.set_assignment("model.held=-1125899906842624");
+  c.set_assignment("memory.estimate=true");
+  EXPECT_CONTAINS(training_error(c), "model 'metric_model' says it holds -1125899906842624 bytes as 'cache' (held_memory)");
+}
+
 TEST_F(TrainerTest, AModelsCountBelowZeroOrUndefinedIsAnErrorNamingTheModel) {
   // A count of -7 divided the loss by 1 (its floor) and logged -8061 loss terms per second; a
   // metric's count of -5 gave "accuracy nan %" and no best checkpoint; both exited 0. An undefined
