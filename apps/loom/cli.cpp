@@ -301,7 +301,7 @@ std::string message_of(const std::exception& e) {
   if (const auto* torch = dynamic_cast<const c10::Error*>(&e)) return loom::explained(*torch);
   if (const auto* file = dynamic_cast<const std::filesystem::filesystem_error*>(&e)) return loom::explained(*file);
   // (`loom profile --memory` of 1000 steps under `ulimit -v 4G` ended in "std::bad_alloc" alone)
-  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr && dynamic_cast<const std::bad_array_new_length*>(&e) == nullptr) {
     rlimit space{};
     if (::getrlimit(RLIMIT_AS, &space) == 0 && space.rlim_cur != RLIM_INFINITY)
       return "the host refused memory (" + std::string(e.what()) + ") within this process's `ulimit -v " +

@@ -191,7 +191,13 @@ int cmd_bench(const Invocation& invocation) {
           }
           const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           Row& row = rows[index];
-          row.plan = trainer.plan();
+          // (later rounds' set-up is quiet: a plan other than the first round's, where free memory
+          // differed, is said, or the median mixed two plans' rates unsaid; a review)
+          if (round > 0 && sdk::plan_text(trainer.plan()) != sdk::plan_text(row.plan))
+            core::log::warn("bench     ", row.name, ", round ", round + 1, ": planned ", sdk::plan_text(trainer.plan()),
+                            " where round 1 planned ", sdk::plan_text(row.plan), " (the memory free differed); its rate is "
+                            "of that plan, and the table shows round 1's");
+          if (round == 0) row.plan = trainer.plan();
           row.peak = std::max(row.peak, trainer.memory().stats().peak);
           row.rates.push_back(samples / seconds);
         } catch (const core::StoppedBySignal&) {

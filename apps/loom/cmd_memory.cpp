@@ -74,7 +74,8 @@ int cmd_memory(const Invocation& invocation) {
     if (*target < 4096) {
       const bool unit = target_text.find_first_not_of("0123456789. ") != std::string::npos;
       throw Error("--target " + target_text + " is " + std::to_string(*target) + " byte(s), no device's size" +
-                  (unit ? std::string("; give at least 4KiB") : "; a size takes its unit, e.g. --target " + target_text + "GiB"));
+                  (unit || *target == 0 ? std::string("; give at least 4KiB, e.g. --target 8GiB")
+                                        : "; a size takes its unit, e.g. --target " + target_text + "GiB"));
     }
   }
   int64_t devices = devices_of(invocation);

@@ -4,6 +4,7 @@
 #include <loom/core/crash_report.hpp>
 #include <loom/core/data_loader.hpp>
 #include <loom/core/kinds.hpp>
+#include <loom/core/parameters.hpp>
 #include <loom/core/text.hpp>
 #include "conformance_internal.hpp"
 
@@ -357,6 +358,13 @@ void check_model(Suite& s, const PluginRegistry& registry, const ComponentInfo& 
         if (!names.count(n)) return "group '" + g.name + "' names '" + n + "', which is not a parameter of module()";
         if (!seen.insert(n).second) return "parameter '" + n + "' is in two groups";
       }
+    }
+    // ... and what a run refuses of them (a tensor not its name's, a NaN weight decay, a trainable
+    // parameter that is not contiguous): `loom plugins check` passed models `loom train` refused
+    try {
+      (void)Parameters::of(*m);
+    } catch (const std::exception& e) {
+      return e.what();
     }
     return {};
   });

@@ -29,14 +29,6 @@ Parameters Parameters::of(sdk::Model& model) {
   for (const auto& item : model.module().named_parameters()) {
     const void* impl = item.value().unsafeGetTensorImpl();
     tensor_named.emplace(item.key(), impl);
-    // (an expanded view, stride 0, registered as a parameter: the fused optimizers wrote numel
-    // elements into its one, past its storage's end, and the heap broke at the next checkpoint;
-    // a transposed one they would update out of its gradient's order)
-    if (item.value().defined() && item.value().requires_grad() && !item.value().is_contiguous())
-      throw Error("model parameter '" + item.key() + "' is not contiguous in memory (sizes " +
-                  c10::str(item.value().sizes()) + ", strides " + c10::str(item.value().strides()) +
-                  ": an expanded or transposed view): an update writes a parameter's memory in order, as its gradient's; "
-                  "register a contiguous tensor (.contiguous() or .clone() of it), or freeze it (requires_grad false)");
     if (first_name.emplace(impl, item.key()).second) {
       unique.emplace_back(item.key(), item.value());
       out.all_.push_back(item.value());
@@ -105,7 +97,17 @@ Parameters Parameters::of(sdk::Model& model) {
   // Names and params stay aligned after the erase above: rebuild names from the module's.
   for (auto& g : out.trainable_) {
     g.names.clear();
-    for (const auto& p : g.params) g.names.push_back(first_name.at(p.unsafeGetTensorImpl()));
+    for (const auto& p : g.params) {
+      g.names.push_back(first_name.at(p.unsafeGetTensorImpl()));
+      // (an expanded view, stride 0, registered as a parameter: the fused optimizers wrote numel
+      // elements into its one, past its storage's end, and the heap broke at the next checkpoint;
+      // a transposed one they would update out of its gradient's order)
+      if (!p.is_contiguous())
+        throw Error("model parameter '" + g.names.back() + "' is not contiguous in memory (sizes " + c10::str(p.sizes()) +
+                    ", strides " + c10::str(p.strides()) + ": an expanded or transposed view): an update writes a "
+                    "parameter's memory in order, as its gradient's; register a contiguous tensor (.contiguous() or "
+                    ".clone() of it), or freeze it (a frozen parameter group, or requires_grad false)");
+    }
   }
   return out;
 }

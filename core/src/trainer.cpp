@@ -177,6 +177,12 @@ void Trainer::build_components(bool with_optimizer) {
   if (options_.threads == 0) share_cores(default_threads);  // (after build_parallel: said by rank 0 alone)
   if (with_optimizer) refuse_missing_start(*parallel_, options_.resume_from, init_first() ? options_.init_from : "");
   build_data();
+  // (0 training samples ended `loom train` and `loom memory` in a SIGFPE: the memory probes take
+  // sample i % size; an empty data folder is how a user meets it. An evaluation needs none.)
+  if (with_optimizer && dataset_->size(sdk::Split::kTrain) == 0)
+    throw Error("dataset '" + value_of(config_, "data.name") + "' says its train split has 0 samples: there is nothing to "
+                "train on; point the dataset's options at data that has samples (`loom config keys` lists them), or, "
+                "where the plugin should have found some, report it to its author");
   // (a dataset is not interrupted while it builds: a stop during it is acted on here, and named so)
   stop_if_signalled_in_setup(parallel_->world_size(), "while the data was built");
   build_memory();

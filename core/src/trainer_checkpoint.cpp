@@ -57,8 +57,7 @@ void load_callback_states(const std::vector<std::pair<std::string, std::shared_p
   }
 }
 
-// "2" and "2.0" of a float option, "yes" and "true" of a bool: one value, however it was written
-bool same_value(const OptionSpec& spec, const std::string& a, const std::string& b) {
+bool same_value(const OptionSpec& spec, const std::string& a, const std::string& b) {  // ("2" and "2.0", "yes" and "true")
   if (spec.type == LOOM_OPTION_FLOAT) return sdk::parse_float(a) == sdk::parse_float(b) && sdk::parse_float(a).has_value();
   if (spec.type == LOOM_OPTION_INT) return sdk::parse_int(a) == sdk::parse_int(b) && sdk::parse_int(a).has_value();
   if (spec.type == LOOM_OPTION_BOOL) return sdk::parse_bool(a) == sdk::parse_bool(b) && sdk::parse_bool(a).has_value();
@@ -69,6 +68,7 @@ bool same_value(const OptionSpec& spec, const std::string& a, const std::string&
 
 sdk::TensorMap Trainer::model_tensors() const {
   sdk::TensorMap out;
+  check_module_holds(model_name_, model_->module(), parameters_.all());  // (what is written is what trained)
   for (const auto& item : model_->module().named_parameters()) out["param." + item.key()] = item.value();
   for (const auto& item : model_->module().named_buffers()) out["buffer." + item.key()] = item.value();
   return out;

@@ -10,9 +10,11 @@
 #include "trainer_internal.hpp"
 
 #include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <set>
 #include <utility>
 
 namespace fs = std::filesystem;
@@ -206,12 +208,18 @@ void check_split_sizes(const std::string& name, const std::function<int64_t(sdk:
     if (again != first)
       throw Error(said + ", then " + std::to_string(again) + ": its size() must give one number for the whole run (a bug "
                   "of the plugin's: report it to its author)");
-    // (0 training samples ended `loom train` and `loom memory` in a SIGFPE: the memory probes take
-    // sample i % size; an empty data folder is how a user meets it)
-    if (split == sdk::Split::kTrain && first == 0)
-      throw Error(said + ": there is nothing to train on; point the dataset's options at data that has samples (`loom "
-                  "config keys` lists them), or, where the plugin should have found some, report it to its author");
   }
+}
+
+void check_module_holds(const std::string& model, const torch::nn::Module& module, const std::vector<at::Tensor>& trained) {
+  std::set<const void*> held;
+  for (const auto& p : module.parameters()) held.insert(p.unsafeGetTensorImpl());
+  const auto gone = std::count_if(trained.begin(), trained.end(), [&](const at::Tensor& p) { return !held.count(p.unsafeGetTensorImpl()); });
+  if (gone > 0)
+    throw Error("model '" + model + "': its module() no longer holds " + std::to_string(gone) + " of the " +
+                std::to_string(trained.size()) + " parameters it was set up with, which the run trains: module() must "
+                "return the same module for the whole run (a bug of the plugin's: report it to its author); nothing is "
+                "written from it");
 }
 
 void check_spec_keys(const std::string& name, const sdk::DataSpec& spec) {

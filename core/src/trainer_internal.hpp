@@ -25,6 +25,7 @@
 #include <limits>
 #include <map>
 #include <filesystem>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,6 +93,8 @@ auto in_phase(const std::string& phase, F&& f) -> decltype(f()) {
     return f();
   } catch (const StoppedBySignal&) {
     throw;  // not a failure of the phase: the caller ends the run
+  } catch (const std::bad_alloc&) {
+    throw;  // (the host's refusal: the command says it with the process's limit, cli::message_of)
   } catch (const c10::Error& e) {
     throw Error(phase + ": " + loom::explained(e));
   } catch (const std::filesystem::filesystem_error& e) {
@@ -126,6 +129,8 @@ auto as_component(Who&& who, const std::string& name, F&& f) -> decltype(f()) {
     throw;
   } catch (const c10::OutOfMemoryError&) {
     throw;
+  } catch (const std::bad_alloc&) {
+    throw;  // (the host's refusal, as in_phase passes it)
   } catch (const c10::Error& e) {
     if (host_refusal_is_oom && std::string(e.what_without_backtrace()).find("DefaultCPUAllocator") != std::string::npos)
       throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, loom::explained(e));
@@ -296,6 +301,11 @@ void check_split_sizes(const std::string& name, const std::function<int64_t(sdk:
 /// The spec's input_key and target_key among its fields, or an error naming dataset `name` (a
 /// model's `fields.at(input_key)` said only "map::at", blaming the model).
 void check_spec_keys(const std::string& name, const sdk::DataSpec& spec);
+
+/// Throws loom::Error where `module` (the model's module() now) no longer holds one of the
+/// parameters set up and trained, `trained`: a module() that answered another module saved none
+/// of the trained weights, and the run exited 0.
+void check_module_holds(const std::string& model, const torch::nn::Module& module, const std::vector<at::Tensor>& trained);
 
 /// A data.validation_fraction the user set, said once where the dataset's own validation split
 /// (`native` samples) makes it hold out nothing (it was ignored without a word).

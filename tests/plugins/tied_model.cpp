@@ -21,9 +21,9 @@ class TiedModel final : public loom::sdk::Model {
  public:
   // (odd: a parameter or a parameter group a model should not give, for the host's checks)
   static constexpr loom_option_spec kOptions[] = {loom::sdk::option_enum(
-      "odd", "none", "none|expanded|transposed|nan_decay|misnamed|undefined",
+      "odd", "none", "none|expanded|transposed|nan_decay|misnamed|undefined|other_module",
       "a trainable bias that is an expanded view (stride 0) or a transposed one; a group with a NaN weight decay, "
-      "its names swapped, or an undefined tensor")};
+      "its names swapped, or an undefined tensor; module() another module after the first training forward")};
   explicit TiedModel(const loom::sdk::Options& o) : odd_(o.get_string("odd")) {}
 
   void setup(const loom::sdk::DataSpec& data) override {
@@ -49,9 +49,10 @@ class TiedModel final : public loom::sdk::Model {
     return {head};
   }
 
-  torch::nn::Module& module() override { return *root_; }
+  torch::nn::Module& module() override { return odd_ == "other_module" && trained_ ? *other_ : *root_; }
 
-  loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool) override {
+  loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool train) override {
+    trained_ = trained_ || train;
     at::Tensor x = batch.at(input_key_).to(at::kFloat);
     if (x.dim() > 2) x = x.flatten(1, -2).mean(1);
     const at::Tensor h = at::linear(at::tanh(at::linear(x, weight_)), weight_);
@@ -68,6 +69,12 @@ class TiedModel final : public loom::sdk::Model {
   std::shared_ptr<torch::nn::Module> first_, second_;
   at::Tensor weight_, bias_;
   std::string odd_;
+  bool trained_ = false;
+  std::shared_ptr<torch::nn::Module> other_ = [] {
+    auto m = std::make_shared<torch::nn::Module>("Other");
+    m->register_parameter("w", at::zeros({1}));
+    return m;
+  }();
   torch::nn::Linear head_{nullptr};
 };
 
