@@ -630,25 +630,21 @@ TEST_F(TrainerTest, AModelsCountBelowZeroOrUndefinedIsAnErrorNamingTheModel) {
   // A count of -7 divided the loss by 1 (its floor) and logged -8061 loss terms per second; a
   // metric's count of -5 gave "accuracy nan %" and no best checkpoint; both exited 0. An undefined
   // count was LibTorch's "Expected a proper Tensor but got None", no model named.
-  Config negative = metric_run(dir_, "negative_count");
-  negative.set_assignment("model.odd_count=negative");
-  EXPECT_CONTAINS(training_error(negative), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) loss terms in step ");
-  // One step's -7 among others' 32, its values not read (between log steps): it hid in the
-  // window's sum of counts, and the run trained on.
-  Config once = metric_run(dir_, "negative_count_once");
-  for (const char* a : {"model.odd_count=negative", "model.odd_count_at=2", "trainer.log_every=4", "trainer.device_step=true"})
-    once.set_assignment(a);
-  EXPECT_CONTAINS(training_error(once), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) terms, of its loss or a metric, in "
-                                        "1 of the steps 1 ... 3: a count is how many terms its sum adds up");
-  // An infinite count (a float's 1e300) divided the loss to 0: "loss 0.0000", the run learned
-  // nothing, exited 0, and logged a negative rate of loss terms.
-  Config infinite = metric_run(dir_, "infinite_count");
-  infinite.set_assignment("model.odd_count=infinite");
-  EXPECT_CONTAINS(training_error(infinite), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) loss terms in step ");
-  Config infinite_once = metric_run(dir_, "infinite_count_once");
-  for (const char* a : {"model.odd_count=infinite", "model.odd_count_at=2", "trainer.log_every=4", "trainer.device_step=true"})
-    infinite_once.set_assignment(a);
-  EXPECT_CONTAINS(training_error(infinite_once), "terms, of its loss or a metric, in 1 of the steps 1 ... 3");
+  // An infinite count divided the loss to 0: "loss 0.0000", the run learned nothing, exited 0,
+  // and logged a negative rate of loss terms.
+  for (const std::string odd : {"negative", "infinite"}) {
+    Config every = metric_run(dir_, odd + "_count");
+    every.set_assignment("model.odd_count=" + odd);
+    EXPECT_CONTAINS(training_error(every), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) loss terms in step ");
+    // One step's -7 among others' 32, its values not read (between log steps): it hid in the
+    // window's sum of counts, and the run trained on.
+    Config once = metric_run(dir_, odd + "_count_once");
+    for (const std::string& a : {"model.odd_count=" + odd, std::string("model.odd_count_at=2"), std::string("trainer.log_every=4"),
+                                std::string("trainer.device_step=true")})
+      once.set_assignment(a);
+    EXPECT_CONTAINS(training_error(once), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) terms, of its loss "
+                                          "or a metric, in 1 of the steps 1 ... 3: a count is how many terms its sum adds up");
+  }
   Config metric = metric_run(dir_, "negative_metric_count");
   metric.set_assignment("model.odd_count=negative_metric");
   EXPECT_CONTAINS(training_error(metric), "model 'metric_model' counted fewer than 0 (or NaN, or more than 2^53) 'correct' terms in an evaluation");
