@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string_view>
 
 #include <fcntl.h>
@@ -55,7 +56,12 @@ SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size, const
   if (n > 100'000'000 || 8 + n > size) throw bad("header length " + std::to_string(n) + " is past the end of the file");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
+    // (no deeper than 64 levels: an entry nested 300000 deep was refused by dump(), whose
+    // recursion overflowed the stack: a SIGSEGV loading a pretrained folder or a checkpoint)
+    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n, [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > 64) throw std::length_error("nested more than 64 levels deep, which no tensor entry is");
+      return true;
+    });
   } catch (const std::exception& e) {
     throw bad(std::string("header is not JSON (") + e.what() + ")");
   }

@@ -182,6 +182,25 @@ TEST_F(CheckpointIntegrityTest, ARelabelledDtypeIsFound) {
   EXPECT_NE(warnings.find("checksum"), std::string::npos) << warnings;
 }
 
+TEST_F(CheckpointIntegrityTest, AHeaderEntryNestedDeepIsDamageNotAStackOverflow) {
+  // (an entry 300000 arrays deep: the refusal's dump() of it recursed until SIGSEGV, in eval, a
+  // resume and a pretrained folder's weights)
+  const std::string bytes = read_file(newest_ / "model.safetensors");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  std::string header = bytes.substr(8, n);
+  header.erase(header.find_last_not_of(' ') + 1);  // (the padding, then the closing brace)
+  header.pop_back();
+  header += ", \"zzz\": " + std::string(300000, '[') + std::string(300000, ']') + "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  std::ofstream(newest_ / "model.safetensors", std::ios::binary | std::ios::trunc) << length << header << bytes.substr(8 + n);
+  const auto [step, warnings] = resume();
+  EXPECT_EQ(step, 2);
+  EXPECT_NE(warnings.find("nested more than 64 levels deep"), std::string::npos) << warnings.substr(0, 2000);
+}
+
 TEST_F(CheckpointIntegrityTest, ANonFiniteWeightIsDamageEvenWithAValidChecksum) {
   auto model = load_safetensors(newest_ / "model.safetensors");
   auto& weight = model.begin()->second;
