@@ -15,7 +15,9 @@
 #include <set>
 #include <sstream>
 #include <map>
+#include <functional>
 #include <memory>
+#include <queue>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -222,30 +224,59 @@ class TokenizerImpl {
     return it == rank_.end() ? INT_MAX : it->second;
   }
 
+  // GPT-2's merge loop: the pair of lowest rank, every occurrence of it left to right, again until
+  // no pair has a rank. Its rescans of the whole piece per merge made a word of 200000 letters (an
+  // item's title) take minutes; here a heap of the neighbours' pairs, a list of the symbols, and
+  // all of one rank's occurrences merged before the pairs they form are ranked: the same result.
   std::vector<int64_t> bpe(const std::string& piece) const {
     if (auto hit = cache_.find(piece); hit != cache_.end()) return hit->second;
-    std::vector<std::string> symbols;
-    for (unsigned char byte : piece) symbols.push_back(char_of_byte_[byte]);
-    while (symbols.size() > 1) {
-      int best = INT_MAX;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-        const int r = rank_of(symbols[i], symbols[i + 1]);
-        if (r < best) best = r, at = i;
-      }
-      if (best == INT_MAX) break;
-      const std::string first = symbols[at], second = symbols[at + 1];
-      std::vector<std::string> merged;
-      for (size_t i = 0; i < symbols.size();) {
-        if (i + 1 < symbols.size() && symbols[i] == first && symbols[i + 1] == second) {
-          merged.push_back(first + second);
-          i += 2;
-        } else {
-          merged.push_back(symbols[i++]);
-        }
-      }
-      symbols = std::move(merged);
+    const size_t n = piece.size();
+    std::vector<std::string> symbol(n);
+    std::vector<size_t> next(n), prev(n), version(n, 0);
+    std::vector<bool> alive(n, true);
+    for (size_t i = 0; i < n; ++i) {
+      symbol[i] = char_of_byte_[static_cast<unsigned char>(piece[i])];
+      next[i] = i + 1;  // (n: none)
+      prev[i] = i == 0 ? n : i - 1;
     }
+    struct Pair {
+      int rank;
+      size_t left, right, left_version, right_version;
+      bool operator>(const Pair& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::priority_queue<Pair, std::vector<Pair>, std::greater<Pair>> pairs;
+    const auto offer = [&](size_t left) {
+      if (left >= n || next[left] >= n) return;
+      const size_t right = next[left];
+      if (const int r = rank_of(symbol[left], symbol[right]); r != INT_MAX) pairs.push({r, left, right, version[left], version[right]});
+    };
+    for (size_t i = 0; i + 1 < n; ++i) offer(i);
+    std::vector<size_t> merged;
+    while (!pairs.empty()) {
+      const int rank = pairs.top().rank;
+      merged.clear();
+      while (!pairs.empty() && pairs.top().rank == rank) {  // (in order of position: the heap's ties)
+        const Pair p = pairs.top();
+        pairs.pop();
+        if (!alive[p.left] || !alive[p.right] || next[p.left] != p.right || version[p.left] != p.left_version ||
+            version[p.right] != p.right_version)
+          continue;  // (a pair one of whose symbols an earlier merge changed)
+        symbol[p.left] += symbol[p.right];
+        alive[p.right] = false;
+        ++version[p.left];
+        ++version[p.right];
+        next[p.left] = next[p.right];
+        if (next[p.left] < n) prev[next[p.left]] = p.left;
+        merged.push_back(p.left);
+      }
+      for (const size_t at : merged)  // (after the rank's every occurrence, as GPT-2's pass)
+        if (alive[at]) {
+          if (prev[at] < n) offer(prev[at]);
+          offer(at);
+        }
+    }
+    std::vector<std::string> symbols;
+    for (size_t i = 0; i < n; i = next[i]) symbols.push_back(std::move(symbol[i]));
     std::vector<int64_t> ids;
     for (const auto& s : symbols) {
       auto it = id_of_.find(s);

@@ -376,6 +376,57 @@ TEST(Gpt2Tokenizer, BadTextAndBadFilesAreNamed) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Gpt2Tokenizer, MergesAreGpt2sOnOverlapsAndTiesAndALongWordIsTokenizedWhole) {
+  // GPT-2's merge loop, as its reference rescans the piece: the lowest-ranked pair, all of its
+  // occurrences left to right, until none has a rank. Loom's heap of pairs must give the same
+  // ids where occurrences overlap ("aaa") and a merge forms a pair of lower rank ("abab").
+  const auto dir = loom::testing::fresh_test_dir("loom_bpe_merges");
+  nlohmann::json vocab = loom::testing::byte_vocabulary([](int b) { return b; });
+  const std::vector<std::pair<std::string, std::string>> merges = {
+      {"a", "a"}, {"a", "b"}, {"ab", "a"}, {"aa", "a"}, {"aa", "aa"}, {"b", "a"}, {"ab", "ab"}, {"b", "b"}, {"aba", "b"}};
+  std::ofstream(dir / "merges.txt", std::ios::trunc) << "#version: 0.2\n";
+  for (size_t i = 0; i < merges.size(); ++i) {
+    vocab[merges[i].first + merges[i].second] = 256 + static_cast<int64_t>(i);
+    std::ofstream(dir / "merges.txt", std::ios::app) << merges[i].first << " " << merges[i].second << "\n";
+  }
+  std::ofstream(dir / "vocab.json", std::ios::trunc) << vocab.dump();
+  const gpt2::Tokenizer tokenizer(dir);
+  const auto reference = [&](const std::string& word) {
+    std::vector<std::string> symbols;
+    for (char c : word) symbols.emplace_back(1, c);
+    while (symbols.size() > 1) {
+      size_t best = merges.size(), at = 0;
+      for (size_t i = 0; i + 1 < symbols.size(); ++i)
+        for (size_t r = 0; r < best; ++r)
+          if (merges[r].first == symbols[i] && merges[r].second == symbols[i + 1]) best = r, at = i;
+      if (best == merges.size()) break;
+      (void)at;
+      std::vector<std::string> merged;
+      for (size_t i = 0; i < symbols.size();)
+        if (i + 1 < symbols.size() && symbols[i] == merges[best].first && symbols[i + 1] == merges[best].second) {
+          merged.push_back(symbols[i] + symbols[i + 1]);
+          i += 2;
+        } else {
+          merged.push_back(symbols[i++]);
+        }
+      symbols = std::move(merged);
+    }
+    std::vector<int64_t> ids;
+    for (const auto& s : symbols) ids.push_back(vocab.at(s).get<int64_t>());
+    return ids;
+  };
+  std::srand(7);
+  for (int t = 0; t < 2000; ++t) {
+    std::string word;
+    for (int i = 0, n = 1 + std::rand() % 24; i < n; ++i) word += "ab"[std::rand() % 2];
+    EXPECT_EQ(tokenizer.encode(word), reference(word)) << word;
+  }
+  // A word of 200000 letters (an item's title within the 1 MiB record): tokenized whole, and back.
+  std::string long_word;
+  for (int i = 0; i < 200000; ++i) long_word += "ab"[std::rand() % 2];
+  EXPECT_EQ(tokenizer.decode(tokenizer.encode(long_word)), long_word);
+}
+
 TEST(Gpt2Tokenizer, VocabularySizeIsTheLargestIdPlusOneAndBadIdsAreRefused) {
   // The vocabulary's size sizes the model's embedding: a trimmed vocab.json that keeps its ids
   // (gaps) must not give ids past it, and an id that is no whole number in range is named.
