@@ -53,8 +53,7 @@ struct ReportValues {
   std::string negative;  ///< the first of the loss ("loss") and the metrics whose count is no count (kMostTerms)
 };
 
-/// A count is 0 or more and at most 2^53 (where a double counts each term): below 0, NaN, infinity
-/// or 1e30 divided the loss to nothing, "loss 0.0000", and a run that learned nothing exited 0.
+/// A count is 0 to 2^53 (a double counts each term): NaN, infinity or 1e30 divided the loss to nothing, and the run exited 0.
 constexpr double kMostTerms = 9007199254740992.0;
 bool is_count(double c) { return c >= 0 && c <= kMostTerms; }
 
