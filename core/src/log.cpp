@@ -1,6 +1,7 @@
 // Host logging through spdlog. This translation unit includes no LibTorch header (see log.hpp),
 // so spdlog compiles against the fmt it was built with.
 #include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
 
 #include <loom/sdk/error.hpp>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <unistd.h>
 
 namespace loom::core {
@@ -42,21 +44,10 @@ void keep(uint32_t level, const std::string& line) {
   if (captured != nullptr && level >= capture_level) captured->push_back(line);
 }
 
-/// A line as the terminal shows it: each control character but the line break and the tab (C0,
-/// DEL, C1 in UTF-8) a '?'. A plugin's text (its describe(), an error's message, a log line) with
-/// an escape set the terminal's colours, or a carriage return wrote over Loom's own line.
-std::string shown(std::string text) {
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
-      text[i] = '?';
-    } else if (c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
-      text.replace(i, 2, "?");
-    }
-  }
-  return text;
-}
+/// A line as the terminal shows it: each control character but the line break and the tab a '?'
+/// (without_controls). A plugin's text (its describe(), an error's message, a log line) with an
+/// escape set the terminal's colours, or a carriage return wrote over Loom's own line.
+std::string shown(std::string text) { return without_controls(std::move(text), '?', true); }
 
 void plugin_log(void* /*context*/, uint32_t level, const char* plugin, const char* message) {
   if (message == nullptr) return;

@@ -46,20 +46,26 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
-std::string printable(std::string_view text, size_t max) {
-  std::string out(text.substr(0, max));
-  for (size_t i = 0; i < out.size(); ++i) {
-    const auto c = static_cast<unsigned char>(out[i]);
-    if (c < 0x20 || c == 0x7f) out[i] = ' ';
-    else if (c == 0xc2 && i + 1 < out.size() && static_cast<unsigned char>(out[i + 1]) >= 0x80 &&
-             static_cast<unsigned char>(out[i + 1]) <= 0x9f)
-      out.replace(i, 2, " ");
-    else if (c == 0xe2 && i + 2 < out.size()) {  // (the line and paragraph separators, U+2028-9, break a line;
+std::string without_controls(std::string text, char with, bool keep_breaks) {
+  const std::string by(1, with);
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && !(keep_breaks && (c == '\n' || c == '\t'))) || c == 0x7f)
+      text[i] = with;
+    else if (c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+             static_cast<unsigned char>(text[i + 1]) <= 0x9f)
+      text.replace(i, 2, by);
+    else if (c == 0xe2 && i + 2 < text.size()) {  // (the line and paragraph separators, U+2028-9, break a line;
       // the bidirectional overrides and isolates, U+202A-E and U+2066-9, reorder one)
-      const auto b1 = static_cast<unsigned char>(out[i + 1]), b2 = static_cast<unsigned char>(out[i + 2]);
-      if ((b1 == 0x80 && b2 >= 0xa8 && b2 <= 0xae) || (b1 == 0x81 && b2 >= 0xa6 && b2 <= 0xa9)) out.replace(i, 3, " ");
+      const auto b1 = static_cast<unsigned char>(text[i + 1]), b2 = static_cast<unsigned char>(text[i + 2]);
+      if ((b1 == 0x80 && b2 >= 0xa8 && b2 <= 0xae) || (b1 == 0x81 && b2 >= 0xa6 && b2 <= 0xa9)) text.replace(i, 3, by);
     }
   }
+  return text;
+}
+
+std::string printable(std::string_view text, size_t max) {
+  std::string out = without_controls(std::string(text.substr(0, max)), ' ', false);
   // (bytes that are no UTF-8, or a character the cut at `max` split: '?', so JSON can hold the text)
   for (size_t from = 0; const auto bad = invalid_utf8(std::string_view(out).substr(from));) {
     out[from + *bad] = '?';

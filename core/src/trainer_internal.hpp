@@ -46,6 +46,18 @@ using Clock = std::chrono::steady_clock;
 /// CPU, 4 on CUDA): a run of more checks non-finite steps on the host.
 inline constexpr int64_t kLargestRateTable = int64_t{1} << 22;
 
+/// A count is 0 to 2^53 (a double counts each term exactly up to there): a count of NaN, infinity
+/// or 1e30 divided the loss to nothing, one below 0 by 1, and the run exited 0 (a probe's plugins).
+inline constexpr double kMostTerms = 9007199254740992.0;
+inline bool is_count(double c) { return c >= 0 && c <= kMostTerms; }
+
+/// The error for a count that is no count: `terms` says whose ("loss terms", "'correct' terms"),
+/// `where` in which step(s).
+inline Error no_count(const std::string& model, const std::string& terms, const std::string& where) {
+  return Error("model '" + model + "' counted fewer than 0 (or NaN, or more than 2^53) " + terms + " in " + where +
+               ": a count is how many terms its sum adds up (ModelOutput::count, MetricValue::count), 0 or more");
+}
+
 inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 inline const std::string& value_of(const Resolved& config, const std::string& key) {

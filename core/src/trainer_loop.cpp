@@ -65,17 +65,16 @@ void Trainer::flush_window() {
   const double* v = host.data_ptr<double>();
   const int64_t n = window_.device_steps;
   window_.loss += v[0];
-  window_.terms += v[1] >= 0 && v[1] <= 9007199254740992.0 ? std::llround(v[1]) : 0;  // (refused below)
+  window_.terms += is_count(v[1]) ? std::llround(v[1]) : 0;  // (refused below)
   size_t i = 2;
   for (const auto& name : window_.device_metrics) window_.metrics[name] += v[i++];
-  const int64_t skipped = std::llround(v[i]), negative = std::llround(v[i + 1]), trailing = std::llround(v[i + 2]);
+  const int64_t skipped = std::llround(v[i]), no_counts = std::llround(v[i + 1]), trailing = std::llround(v[i + 2]);
   window_.device_sums = at::Tensor();
   window_.device_steps = 0;
-  if (negative > 0)
-    throw Error("model '" + model_name_ + "' counted fewer than 0 (or NaN, or more than 2^53) terms, of its loss or a metric, in " +
-                (n == 1 ? "step " + std::to_string(step_)
-                        : std::to_string(negative) + " of the steps " + std::to_string(step_ - n + 1) + " ... " + std::to_string(step_)) +
-                ": a count is how many terms its sum adds up (ModelOutput::count, MetricValue::count), 0 or more");
+  if (no_counts > 0)
+    throw no_count(model_name_, "terms, of its loss or a metric,",
+                   n == 1 ? "step " + std::to_string(step_)
+                          : std::to_string(no_counts) + " of the steps " + std::to_string(step_ - n + 1) + " ... " + std::to_string(step_));
   skipped_in_a_row_ = skipped == n ? skipped_in_a_row_ + n : trailing;  // (those at its end, counted on the device)
   if (skipped > 0) {
     skipped_steps_ += skipped;

@@ -50,20 +50,13 @@ struct ReportValues {
   int64_t count = 0;  ///< the loss's terms (the model's count)
   double loss = 0;
   std::map<std::string, double> metrics;  ///< sum / count; NaN where a count is 0
-  std::string negative;  ///< the first of the loss ("loss") and the metrics whose count is no count (kMostTerms)
+  std::string no_count;  ///< the first of the loss ("loss") and the metrics whose count is no count (is_count)
 };
 
-/// A count is 0 to 2^53 (a double counts each term): NaN, infinity or 1e30 divided the loss to nothing, and the run exited 0.
-constexpr double kMostTerms = 9007199254740992.0;
-bool is_count(double c) { return c >= 0 && c <= kMostTerms; }
-
-/// A count below 0 is no count: the loss divided by 1 instead of it, "accuracy nan %", and a run
-/// that exits 0 (a probe's plugin); what a model's forward counts, it counts from 0 up.
-void refuse_negative(const ReportValues& values, const std::string& model, const std::string& where) {
-  if (values.negative.empty()) return;
-  throw Error("model '" + model + "' counted fewer than 0 (or NaN, or more than 2^53) " +
-              (values.negative == "loss" ? "loss terms" : "'" + values.negative + "' terms") + " in " + where +
-              ": a count is how many terms its sum adds up (ModelOutput::count, MetricValue::count), 0 or more");
+/// A count that is no count (is_count) ends the run: what a model's forward counts, it counts from 0 up.
+void refuse_no_count(const ReportValues& values, const std::string& model, const std::string& where) {
+  if (values.no_count.empty()) return;
+  throw no_count(model, values.no_count == "loss" ? "loss terms" : "'" + values.no_count + "' terms", where);
 }
 
 /// One read of a packed report; `tail`, if given, receives the values packed after it.
@@ -75,10 +68,10 @@ ReportValues read_report(const at::Tensor& totals, const Sums& sums, std::vector
   ReportValues out;
   out.count = is_count(v[1]) ? static_cast<int64_t>(v[1]) : 0;
   out.loss = v[0] / std::max(1.0, v[1]);
-  if (!is_count(v[1])) out.negative = "loss";  // (NaN too: it was divided by 1 as well)
+  if (!is_count(v[1])) out.no_count = "loss";  // (NaN too: it was divided by 1 as well)
   size_t i = 2;
   for (const auto& [name, pair] : sums) {
-    if (!is_count(v[i + 1]) && out.negative.empty()) out.negative = name;
+    if (!is_count(v[i + 1]) && out.no_count.empty()) out.no_count = name;
     if (unreported || v[i + 1] > 0) out.metrics[name] = v[i + 1] > 0 ? v[i] / v[i + 1] : std::nan("");
     i += 2;
   }
@@ -290,7 +283,7 @@ bool Trainer::finish_on_device(StepResult& result, const at::Tensor& packed, con
   }
   std::vector<double> tail;
   ReportValues values = read_report(packed, metric_sums, &tail);
-  refuse_negative(values, model_name_, "step " + std::to_string(step_ + 1));
+  refuse_no_count(values, model_name_, "step " + std::to_string(step_ + 1));
   result.terms = values.count;
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);
@@ -308,7 +301,7 @@ bool Trainer::update_on_host(StepResult& result, const StepWork& work) {
   {
     LOOM_PHASE("report");
     ReportValues values = read_report(work.totals, work.metric_sums);
-    refuse_negative(values, model_name_, "step " + std::to_string(step_ + 1));
+    refuse_no_count(values, model_name_, "step " + std::to_string(step_ + 1));
     result.terms = values.count;
     result.loss = values.loss;
     result.metrics = std::move(values.metrics);
@@ -337,10 +330,10 @@ void Trainer::add_unread(const at::Tensor& packed, const MetricSums& metric_sums
   const at::Tensor found = packed.narrow(0, 3 + 2 * m, 1);  // after the norm
   // (and whether a count was below 0 or NaN: one step's -7 among others' 32 hid in the window's sum)
   const at::Tensor counts = at::cat({count, pairs.select(1, 1)});
-  const at::Tensor negative = (counts >= 0).logical_and(counts <= kMostTerms).logical_not().any().to(at::kFloat).reshape({1});
+  const at::Tensor no_counts = (counts >= 0).logical_and(counts <= kMostTerms).logical_not().any().to(at::kFloat).reshape({1});
   // (last: the window's steps skipped at its end, (t + 1) x found: trainer.stop_after_skipped)
   const at::Tensor values = at::cat(
-      {packed.narrow(0, 0, 1) / count.clamp_min(1), count, pairs.select(1, 0) / pairs.select(1, 1), found, negative, found});
+      {packed.narrow(0, 0, 1) / count.clamp_min(1), count, pairs.select(1, 0) / pairs.select(1, 1), found, no_counts, found});
   if (window_.device_sums.defined()) {
     const int64_t sums = values.size(0) - 1;
     window_.device_sums.narrow(0, 0, sums).add_(values.narrow(0, 0, sums));
@@ -587,7 +580,7 @@ EvalResult Trainer::evaluate_once(DataLoader& loader) {
   std::vector<at::Tensor> totals{pack_report(loss_sum, count, sums)};
   parallel_->all_reduce_sum(totals);
   ReportValues values = read_report(totals.front(), sums, nullptr, /*unreported=*/parallel_->world_size() == 1);
-  refuse_negative(values, model_name_, "an evaluation");
+  refuse_no_count(values, model_name_, "an evaluation");
   result.samples = loader.size();
   result.loss = values.loss;
   result.metrics = std::move(values.metrics);

@@ -254,10 +254,12 @@ TEST(PluginLoader, APluginsLogLineReachesTheTerminalWithoutItsControlCharacters)
   ::testing::internal::CaptureStderr();
   api->log(nullptr, LOOM_LOG_WARN, "od\x1b" "d", "bad\x1b[31mRED\rover\x7f \xc2\x9b x\ttab\nnext");
   loom::core::log::warn("host \x1b[2J line");
+  api->log(nullptr, LOOM_LOG_WARN, "od", "file \xe2\x80\xaegpj.exe\xe2\x80\xa8 end");  // (U+202E reversed the rest)
   loom::core::log::flush();
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("[od?d] bad?[31mRED?over? ? x\ttab\nnext"), std::string::npos) << err;
   EXPECT_NE(err.find("host ?[2J line"), std::string::npos) << err;
+  EXPECT_NE(err.find("[od] file ?gpj.exe? end"), std::string::npos) << err;
 }
 
 TEST(PluginLoader, CreatesAComponentAndCallsItAcrossTheBoundary) {

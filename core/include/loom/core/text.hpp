@@ -13,6 +13,11 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
 /// Levenshtein distance (insertions, deletions, substitutions, and swaps of neighbours).
 size_t edit_distance(std::string_view a, std::string_view b);
 
+/// `text` with each control character replaced by `with`: C0, DEL, C1 in UTF-8, the line and
+/// paragraph separators (U+2028-9) and the bidirectional overrides and isolates, which break or
+/// reorder a terminal's line; the line break and the tab kept where `keep_breaks`.
+std::string without_controls(std::string text, char with, bool keep_breaks);
+
 /// A plugin's text for people (a summary, an option's help, a callback's describe()): at most
 /// `max` bytes, each control character (C0, DEL, C1 in UTF-8) a space. A line break or an escape in
 /// it printed lines that looked like Loom's own, or set the terminal's colours.
