@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <ATen/ops/equal.h>
 #include <ATen/ops/isfinite.h>
 
 #include <cmath>
@@ -81,6 +82,24 @@ Config hf_config(const std::filesystem::path& dir) {
       throw sdk::Error(path.string() + ": these sizes make a GPT-2 of " + std::to_string(std::llround(parameters / 1e9)) +
                        " billion parameters (more than " + std::to_string(std::llround(kMostParameters / 1e9)) +
                        " billion); the file is damaged or is not a GPT-2's");
+    // Fields of Hugging Face's GPT2Config that build another model than this one: taken in silence,
+    // the weights loaded and the model computed something else. (reorder_and_upcast_attn computes
+    // the same attention in float32, only rounding otherwise: taken.)
+    auto refuse = [&](const char* key, const std::string& what) {
+      throw sdk::Error(path.string() + ": " + key + " is " + j.at(key).dump().substr(0, 200) + ": " + what +
+                       "; this GPT-2 is the released one (a GPT2Model or GPT2LMHeadModel of the default config)");
+    };
+    auto refuse_unless = [&](const char* key, bool wanted, const std::string& what) {
+      if (!j.contains(key) || j.at(key) == wanted) return;
+      refuse(key, j.at(key).is_boolean() ? what : "it is true or false");
+    };
+    refuse_unless("scale_attn_weights", true, "attention without the 1/sqrt(head width) scale is another model");
+    refuse_unless("scale_attn_by_inverse_layer_idx", false, "attention scaled by 1/(layer + 1) as well is another model");
+    refuse_unless("tie_word_embeddings", true, "an output head apart from wte is not built here (the head is wte, tied)");
+    refuse_unless("add_cross_attention", false, "cross-attention blocks are not built here");
+    if (j.contains("n_inner") && !j.at("n_inner").is_null() &&
+        !(j.at("n_inner").is_number_integer() && j.at("n_inner").get<int64_t>() == 4 * c.n_embd))
+      refuse("n_inner", "this GPT-2's MLP is 4 x n_embd = " + std::to_string(4 * c.n_embd) + " wide (n_inner null or that width)");
     c.layer_norm_epsilon = j.value("layer_norm_epsilon", 1e-5);
     if (!(c.layer_norm_epsilon > 0 && c.layer_norm_epsilon < 1))
       throw sdk::Error(path.string() + ": layer_norm_epsilon is " + j.at("layer_norm_epsilon").dump() +
@@ -116,11 +135,28 @@ void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
     return i > 2 && i < key.size() && key[i] == '.' ? key.substr(i + 1) : std::string();
   };
   std::map<std::string, at::Tensor> by_name;
+  std::vector<std::string> twice;  // "wte.weight" and "transformer.wte.weight": which one is the weight?
+  at::Tensor head;
   for (auto& [name, t] : tensors) {
     std::string key = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
     const std::string rest = in_block(key);
-    if (key == "lm_head.weight" || rest == "attn.bias" || rest == "attn.masked_bias") continue;  // the tied head; causal masks
-    by_name[key] = t;
+    if (key == "lm_head.weight") head = t;  // the tied head: wte's values, or the file is another model
+    if (key == "lm_head.weight" || rest == "attn.bias" || rest == "attn.masked_bias") continue;  // causal masks
+    if (!by_name.emplace(key, t).second) twice.push_back(key + " and transformer." + key);
+  }
+  if (!twice.empty()) {
+    std::string names;
+    for (size_t i = 0; i < twice.size() && i < 4; ++i) names += (i ? "; " : "") + twice[i].substr(0, 400);
+    throw sdk::Error("model.pretrained: " + file.string() + " holds " + std::to_string(twice.size()) +
+                     " weight(s) twice, with and without the prefix 'transformer.' (" + names +
+                     "); one of them is not the model's: save the model again with save_pretrained");
+  }
+  if (head.defined()) {
+    const auto wte = by_name.find("wte.weight");
+    if (wte != by_name.end() && (head.sizes() != wte->second.sizes() || head.scalar_type() != wte->second.scalar_type() ||
+                                 !at::equal(head, wte->second)))
+      throw sdk::Error("model.pretrained: " + file.string() + " holds an lm_head.weight other than wte.weight: its output "
+                       "head is not tied to the embedding, which this GPT-2's is (config.json's tie_word_embeddings)");
   }
   auto conv1d = [&](const std::string& key) {
     const std::string rest = in_block(key);

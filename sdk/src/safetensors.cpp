@@ -86,8 +86,21 @@ SafetensorsHeader parse_safetensors_header(const char* bytes, size_t size, const
       const auto type = dtype_of(e.dtype_name);
       if (!type) throw bad("tensor '" + e.name + "' has an unknown dtype " + entry.at("dtype").dump());
       e.dtype = *type;
-      e.shape = entry.at("shape").get<std::vector<int64_t>>();
-      const auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      // (each a whole number: nlohmann's get<int64_t>() read a shape of 259.7 as 259, and 1e30 as
+      // whatever its cast gives)
+      auto whole_numbers = [&](const char* field) {
+        const nlohmann::json& list = entry.at(field);
+        if (!list.is_array()) throw bad("tensor '" + e.name + "' has a " + field + " that is not a list: " + list.dump().substr(0, 200));
+        for (const auto& v : list)
+          if (!v.is_number_integer())
+            throw bad("tensor '" + e.name + "' has " + field + " " + list.dump().substr(0, 200) + ": each is a whole number");
+        return list;
+      };
+      e.shape = whole_numbers("shape").get<std::vector<int64_t>>();
+      const nlohmann::json& offset_list = whole_numbers("data_offsets");
+      for (const auto& v : offset_list)
+        if (!v.is_number_unsigned()) throw bad("tensor '" + e.name + "' has a negative data offset " + v.dump());
+      const auto offsets = offset_list.get<std::vector<uint64_t>>();
       if (offsets.size() != 2 || offsets[0] > offsets[1] || offsets[1] > data_size)
         throw bad("tensor '" + e.name + "' has data offsets outside the file (truncated?)");
       // The size the shape needs, checked against the bytes the file has: a header declaring a

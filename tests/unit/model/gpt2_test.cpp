@@ -208,6 +208,41 @@ TEST(Gpt2, AWeightOfAnotherRankOrOfIntegersIsNamedNotCopied) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Gpt2, AWeightTwiceOrAnUntiedHeadIsRefusedNotOneOfThemLoaded) {
+  // (a file with wte.weight and transformer.wte.weight loaded one of them; an lm_head.weight of
+  // other values than wte's was left out, and the model computed another output)
+  const auto dir = loom::testing::fresh_test_dir("loom_hf_twice");
+  std::ofstream(dir / "config.json")
+      << R"({"model_type": "gpt2", "vocab_size": 50, "n_positions": 16, "n_layer": 1, "n_head": 2, "n_embd": 8})";
+  gpt2::Model model(gpt2::hf_config(dir));
+  loom::sdk::TensorMap tensors;
+  for (const auto& item : model->named_parameters()) {
+    const bool conv1d = item.key().find("c_attn.weight") != std::string::npos || item.key().find("c_proj.weight") != std::string::npos ||
+                        item.key().find("c_fc.weight") != std::string::npos;
+    tensors["transformer." + item.key()] = conv1d ? item.value().detach().t().contiguous() : item.value().detach().clone();
+  }
+  tensors["lm_head.weight"] = tensors["transformer.wte.weight"].clone();  // tied: the same values
+  loom::core::save_safetensors(dir / "model.safetensors", tensors);
+  gpt2::load_hf_weights(*model, dir);
+  auto error = [&] {
+    loom::core::save_safetensors(dir / "model.safetensors", tensors);
+    try {
+      gpt2::load_hf_weights(*model, dir);
+    } catch (const loom::sdk::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  tensors["lm_head.weight"] = tensors["transformer.wte.weight"] * 2;
+  EXPECT_CONTAINS(error(), "holds an lm_head.weight other than wte.weight: its output head is not tied to the embedding");
+  tensors.erase("lm_head.weight");
+  tensors["wte.weight"] = tensors["transformer.wte.weight"] * 2;
+  tensors["ln_f.bias"] = tensors["transformer.ln_f.bias"].clone();
+  EXPECT_CONTAINS(error(), "holds 2 weight(s) twice, with and without the prefix 'transformer.' (ln_f.bias and "
+                           "transformer.ln_f.bias; wte.weight and transformer.wte.weight)");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Gpt2, AConfigWithAFractionalOrMissingSizeIsOneErrorNamingTheKey) {
   // nlohmann's get<int64_t>() takes 1.5 for 1: a damaged config.json would build another model.
   const auto dir = loom::testing::fresh_test_dir("loom_hf_sizes");
@@ -232,6 +267,17 @@ TEST(Gpt2, AConfigWithAFractionalOrMissingSizeIsOneErrorNamingTheKey) {
   EXPECT_NE(error_with("n_layer", "100000").find("n_layer is 100000; it is a whole number from 1 to 1024"),
             std::string::npos);  // it built 100000 layers for minutes
   EXPECT_EQ(error_with("n_layer", "6"), "accepted");
+  // Hugging Face's fields that build another model: refused, not loaded into this one in silence
+  EXPECT_CONTAINS(error_with("scale_attn_weights", "false"),
+                  "config.json: scale_attn_weights is false: attention without the 1/sqrt(head width) scale is another model");
+  EXPECT_CONTAINS(error_with("scale_attn_by_inverse_layer_idx", "true"), "scale_attn_by_inverse_layer_idx is true: attention");
+  EXPECT_CONTAINS(error_with("tie_word_embeddings", "false"), "tie_word_embeddings is false: an output head apart");
+  EXPECT_CONTAINS(error_with("tie_word_embeddings", "\"no\""), "tie_word_embeddings is \"no\": it is true or false");
+  EXPECT_CONTAINS(error_with("n_inner", "64"), "n_inner is 64: this GPT-2's MLP is 4 x n_embd = 3072 wide");
+  EXPECT_CONTAINS(error_with("n_inner", "3072.5"), "n_inner is 3072.5:");
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"n_inner", "null"}, {"n_inner", "3072"}, {"scale_attn_weights", "true"}, {"reorder_and_upcast_attn", "true"}})
+    EXPECT_EQ(error_with(key, value), "accepted") << key << " " << value;
   // each count in range, together impossible: refused before anything is allocated
   EXPECT_NE(error_with("n_head", "5").find("config.json: n_head 5 does not divide n_embd 768"), std::string::npos);
   EXPECT_NE(error_with("n_embd", "65532").find("billion parameters (more than 20 billion); the file is damaged"),
@@ -289,6 +335,27 @@ TEST(SafetensorsMapped, TensorsViewTheFileAndOutliveTheirMap) {
   EXPECT_TRUE(at::equal(a, written["a"]));
   a.mul_(2);
   EXPECT_TRUE(at::equal(loom::sdk::map_safetensors(file).at("a"), written["a"]));
+  // A shape or an offset that is no whole number is damage (a shape of 3.5 was read as 3).
+  for (const auto& [entry, said] : std::vector<std::pair<std::string, std::string>>{
+           {R"("shape":[3.5,4],"data_offsets":[0,48])", "tensor 'a' has shape [3.5,4]: each is a whole number"},
+           {R"("shape":[3,4],"data_offsets":[0.0,48])", "tensor 'a' has data_offsets [0.0,48]: each is a whole number"},
+           {R"("shape":12,"data_offsets":[0,48])", "tensor 'a' has a shape that is not a list: 12"},
+           {R"("shape":[3,4],"data_offsets":[-16,32])", "tensor 'a' has a negative data offset -16"}}) {
+    const auto damaged = dir / "damaged.safetensors";
+    std::ofstream out(damaged, std::ios::binary);
+    const std::string header = R"({"a":{"dtype":"F32",)" + entry + "}}";
+    const uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header;
+    out.write(static_cast<const char*>(written["a"].data_ptr()), 48);
+    out.close();
+    try {
+      loom::sdk::map_safetensors(damaged);
+      ADD_FAILURE() << "read: " << entry;
+    } catch (const loom::sdk::Error& e) {
+      EXPECT_CONTAINS(std::string(e.what()), said);
+    }
+  }
   std::filesystem::resize_file(file, 40);  // truncated inside b's data
   EXPECT_THROW(loom::sdk::map_safetensors(file), loom::sdk::Error);
   EXPECT_THROW(loom::sdk::map_safetensors(dir), loom::sdk::Error);  // a folder: named, no hang
