@@ -2,8 +2,20 @@
 // steps, side by side: micro-batch, accumulation, global batch, peak memory, samples/s and the
 // ratio to the first configuration (seed 004's comparison script, built in), over N interleaved
 // rounds. Runs in a temporary work folder that is removed afterwards.
+//
+// Each configuration's run in each round is a child process (this command line again, marked by
+// kBenchChildVariable), in a process group of its own: a plugin that crashes (SIGSEGV), exits or
+// hangs ends that child, and its row says FAILED with why, as an error does; the rows measured
+// before stand (it ended the whole command, the table lost). The child writes one line per event
+// to descriptor 100, fields separated by tabs (child_report.hpp):
+//   progress                                      set-up done, or a step taken (at most one a second)
+//   result MICRO ACCUMULATION WORLD PEAK RATE     the run's plan, peak memory (bytes) and samples/s
+//   failed MESSAGE                                its error
+// Where no child can be started, the runs are in this process, as before.
+#include "child_report.hpp"
 #include "cli.hpp"
 
+#include <loom/core/child_process.hpp>
 #include <loom/core/error.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/stop_signals.hpp>
@@ -16,15 +28,176 @@
 #include <chrono>
 #include <cstdio>
 #include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
 namespace loom::cli {
+
+namespace {
+
+/// Set in a child's environment, "INDEX:ROUND:PARENT:SCRATCH": the configuration (its index among
+/// the files) and the round it runs, the parent's pid, and the parent's scratch folder, which
+/// holds its run. Internal to `loom bench`.
+constexpr const char* kBenchChildVariable = "LOOM_INTERNAL_BENCH_CHILD";
+constexpr int kBenchChildFd = core::kReportFd;
+/// Seconds a child may take to its first word (LibTorch, the plugins, a configuration's set-up
+/// and batch search) and between two (a step).
+constexpr double kChildLimit = 1800;
+
+struct ChildSpec {
+  size_t index = 0;
+  int64_t round = 0;
+  fs::path scratch;
+};
+
+/// The child's spec from kBenchChildVariable's value; checks that it is run by `loom bench`.
+ChildSpec child_spec(const std::string& value) {
+  ChildSpec spec;
+  struct stat st {};
+  char* end = nullptr;
+  const size_t a = value.find(':'), b = a == std::string::npos ? a : value.find(':', a + 1),
+               c = b == std::string::npos ? b : value.find(':', b + 1);
+  spec.index = std::strtoul(value.c_str(), &end, 10);
+  if (c == std::string::npos || end != value.c_str() + a || ::fstat(kBenchChildFd, &st) != 0 || !S_ISFIFO(st.st_mode))
+    throw Error(std::string(kBenchChildVariable) + " is set: it is internal to loom bench; unset it");
+  spec.round = std::strtoll(value.c_str() + a + 1, nullptr, 10);
+  spec.scratch = value.substr(c + 1);
+  // A parent killed on its own (SIGKILL): this process goes too, with what a plugin started in its group.
+  if (::getppid() != std::strtol(value.c_str() + b + 1, nullptr, 10)) std::_Exit(1);
+  core::end_with_parent(static_cast<int>(::getppid()));
+  ::fcntl(kBenchChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
+  return spec;
+}
+
+/// What one run of a configuration measured.
+struct Measured {
+  sdk::BatchPlan plan;
+  int64_t peak = 0;
+  double rate = 0;  ///< samples per second over the timed steps
+};
+
+/// One run of `config` for `steps` steps: its set-up (quiet where `quiet`), a warm-up step, then
+/// the timed ones; `progress` after the set-up and each step.
+Measured run_once(const core::Config& config, core::PluginRegistry& registry, int64_t steps, bool quiet,
+                  const std::function<void()>& progress) {
+  // (the set-up of a configuration is the same in each round: its warnings and its report
+  // once, in the first, not again in every round)
+  auto silence = std::make_unique<core::log::Quiet>(quiet);
+  core::Trainer trainer(core::resolve_run(config, registry), registry);
+  trainer.setup();
+  silence.reset();
+  progress();
+  trainer.step_with_recovery();  // warm-up, not timed
+  trainer.memory().reset_peak();
+  const auto start = std::chrono::steady_clock::now();
+  int64_t samples = 0;
+  for (int64_t i = 1; i < steps; ++i) {
+    stop_if_signalled("loom bench");
+    samples += trainer.step_with_recovery().samples;
+    progress();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {trainer.plan(), trainer.memory().stats().peak, static_cast<double>(samples) / seconds};
+}
+
+/// In the child: runs `config` and tells the parent what it measured, or its error. Returns the exit status.
+int run_bench_child(const core::Config& config, core::PluginRegistry& registry, int64_t steps, int64_t round) {
+  auto last = std::chrono::steady_clock::now() - std::chrono::seconds(2);
+  const auto progress = [&] {
+    if (const auto now = std::chrono::steady_clock::now(); now - last >= std::chrono::seconds(1)) {
+      tell_parent(kBenchChildFd, "progress");
+      last = now;
+    }
+  };
+  try {
+    const Measured m = run_once(config, registry, steps, round > 0, progress);
+    char rate[64];
+    std::snprintf(rate, sizeof rate, "%.17g", m.rate);
+    tell_parent(kBenchChildFd, "result\t" + std::to_string(m.plan.micro_batch) + "\t" + std::to_string(m.plan.accumulation) +
+                                   "\t" + std::to_string(m.plan.world_size) + "\t" + std::to_string(m.peak) + "\t" + rate);
+  } catch (const core::StoppedBySignal&) {
+    throw;
+  } catch (const std::exception& e) {
+    tell_parent(kBenchChildFd, "failed\t" + escaped(message_of(e)));
+  }
+  return 0;
+}
+
+/// What a child's run came to: its figures, or why it has none; `started` false where no child
+/// could be started (nothing ran).
+struct ChildRun {
+  bool started = false;
+  std::optional<Measured> measured;
+  std::string failed;
+};
+
+/// In the parent: configuration `index`'s run of `round` in a child; a stop signal meanwhile
+/// ends the child and throws core::StoppedBySignal.
+ChildRun run_in_child(size_t index, int64_t round, const fs::path& scratch) {
+  core::ChildProcess child;
+  child.exe = "/proc/self/exe";
+  child.args = own_arguments();
+  child.environment = std::string(kBenchChildVariable) + "=" + std::to_string(index) + ":" + std::to_string(round) + ":" +
+                      std::to_string(::getpid()) + ":" + scratch.string();
+  child.report_fd = kBenchChildFd;
+  child.own_group = true;  // (a plugin's kill(0, ...) is its own; what it starts goes with it)
+  child.first_limit = child.limit = kChildLimit;
+  ChildRun out;
+  bool answered = false;
+  const core::ChildEnd end = core::run_child_process(
+      child,
+      [&](const std::string& line) {
+        const auto f = fields(line);
+        if (answered) return false;
+        if (f[0] == "progress" && f.size() == 1) return true;
+        if (f[0] == "failed" && f.size() == 2) {
+          out.failed = f[1];
+          return answered = true;
+        }
+        if (f[0] != "result" || f.size() != 6) return false;
+        Measured m;
+        char* tail = nullptr;
+        m.plan.micro_batch = std::strtoll(f[1].c_str(), nullptr, 10);
+        m.plan.accumulation = std::strtoll(f[2].c_str(), nullptr, 10);
+        m.plan.world_size = std::strtoll(f[3].c_str(), nullptr, 10);
+        m.peak = std::strtoll(f[4].c_str(), nullptr, 10);
+        m.rate = std::strtod(f[5].c_str(), &tail);
+        if (tail == f[5].c_str()) return false;
+        out.measured = m;
+        return answered = true;
+      },
+      [] { return core::stop_signal_received() != 0; });
+  if (end.spawn_error != 0) {
+    out.failed = std::strerror(end.spawn_error);
+    return out;
+  }
+  out.started = true;
+  stop_if_signalled("loom bench");
+  if (end.timed_out) {
+    out.measured.reset();
+    out.failed = "said nothing for " + std::to_string(static_cast<int>(kChildLimit)) +
+                 " s (a step or its set-up hangs?); the process running it was stopped";
+  } else if (!answered || !WIFEXITED(end.status) || WEXITSTATUS(end.status) != 0) {
+    out.measured.reset();  // (it crashed in its exit: its figures are of a run that did not end well)
+    if (out.failed.empty()) out.failed = how_it_ended(end.status);
+  }
+  return out;
+}
+
+}  // namespace
 
 int cmd_bench(const Invocation& invocation) {
   std::vector<std::string> files(invocation.args.begin(), invocation.args.end());
@@ -33,10 +206,13 @@ int cmd_bench(const Invocation& invocation) {
   const int64_t steps = invocation.options["steps"].as<int64_t>();
   if (steps < 2 || steps > 100000)
     throw Error("--steps must be in 2..100000 (the first step is a warm-up; a bench compares a few hundred steps)");
+  const char* child_variable = std::getenv(kBenchChildVariable);
+  const std::optional<ChildSpec> child = child_variable != nullptr ? std::optional(child_spec(child_variable)) : std::nullopt;
   core::PluginRegistry registry;
   scan_plugins(registry, invocation.options);
   core::install_stop_signals(core::OnStop::kScratch);  // before the scratch folder: a stop from here on removes it
-  const ScratchFolder work("loom-bench");
+  std::optional<ScratchFolder> own_scratch;  // (a child runs in its parent's)
+  const fs::path work = child ? child->scratch : own_scratch.emplace("loom-bench").path();
 
   const int64_t repeats = invocation.options["repeats"].as<int64_t>();
   if (repeats < 1 || repeats > 100) throw Error("--repeats must be between 1 and 100");
@@ -68,6 +244,8 @@ int cmd_bench(const Invocation& invocation) {
     }
   };
   std::vector<core::Config> configs;
+  // (a child reads them as its parent did, which said what there was to say about them)
+  auto quiet_reading = std::make_unique<core::log::Quiet>(child.has_value());
   // A key the configurations differ in, set over all of them (`-c debug` over two models' files):
   // each ran the same, under its own name in the table (a probe).
   std::map<std::string, std::set<std::string>> own_values;
@@ -83,10 +261,24 @@ int cmd_bench(const Invocation& invocation) {
         const core::ConfigValue& value = *user.find(key);
         config.set(key, value.value, value.origin);
       }
-      set_scratch_run(config, "loom bench", work.path(), steps);
+      set_scratch_run(config, "loom bench", work, steps);
       core::resolve_run(config, registry);
       config.forget_base_override_warnings();  // said once above, not again in every round
     });
+  }
+  quiet_reading.reset();
+  const auto run_config = [&](size_t index, int64_t round) {  // (its name: one folder per run, even when two files share a name)
+    core::Config config = configs[index];
+    std::string stem = fs::path(files[index]).stem().string();
+    for (char& ch : stem)
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+    config.set("trainer.name", std::to_string(round + 1) + "-" + std::to_string(index + 1) + "-" + stem, {"loom bench", {}, 0});
+    return config;
+  };
+  if (child) {
+    if (child->index >= configs.size() || child->round < 0 || child->round >= repeats)
+      throw Error(std::string(kBenchChildVariable) + " names no run of this bench: it is internal to loom bench; unset it");
+    return run_bench_child(run_config(child->index, child->round), registry, steps, child->round);
   }
   std::vector<std::string> overridden;
   for (const std::string& key : user.keys_in_set_order())
@@ -156,6 +348,7 @@ int cmd_bench(const Invocation& invocation) {
   // A stop (Ctrl-C) after a round finished reports the rounds that did: minutes of timing were
   // thrown away, with a message about a run's set-up.
   int64_t rounds = 0;
+  bool in_children = true;
   try {
     const auto bench_start = std::chrono::steady_clock::now();
     for (int64_t round = 0; round < repeats; ++round) {
@@ -165,41 +358,33 @@ int cmd_bench(const Invocation& invocation) {
         core::log::info("bench     ", rows[index].name, repeats > 1 ? ", round " + std::to_string(round + 1) + " of " +
                                                                           std::to_string(repeats) : std::string(),
                         ": ", steps, " steps");
-        core::Config config = configs[index];
-        // One folder per run, even when two files share a name (a run refuses a used folder).
-        std::string stem = fs::path(file).stem().string();
-        for (char& ch : stem)
-          if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
-        config.set("trainer.name", std::to_string(round + 1) + "-" + std::to_string(index + 1) + "-" + stem,
-                   {"loom bench", {}, 0});
-        // A configuration that fails while it runs (out of memory under its cap) is a row that says
-        // so: the figures of the others, measured already, were lost with it.
+        // A configuration that fails while it runs (out of memory under its cap, a plugin's crash)
+        // is a row that says so: the figures of the others, measured already, were lost with it.
         try {
-          // (the set-up of a configuration is the same in each round: its warnings and its report
-          // once, in the first, not again in every round)
-          auto quiet = std::make_unique<core::log::Quiet>(round > 0);
-          core::Trainer trainer(core::resolve_run(config, registry), registry);
-          trainer.setup();
-          quiet.reset();
-          trainer.step_with_recovery();  // warm-up, not timed
-          trainer.memory().reset_peak();
-          const auto start = std::chrono::steady_clock::now();
-          int64_t samples = 0;
-          for (int64_t i = 1; i < steps; ++i) {
-            stop_if_signalled("loom bench");
-            samples += trainer.step_with_recovery().samples;
+          std::optional<Measured> measured;
+          if (in_children) {
+            ChildRun run = run_in_child(index, round, work);
+            if (!run.started) {
+              core::log::warn("cannot start a process for a configuration's run (", run.failed, "): they run in this one, "
+                              "and one whose plugin crashes ends the bench");
+              in_children = false;
+            } else if (!run.measured) {
+              throw Error(run.failed);
+            } else {
+              measured = run.measured;
+            }
           }
-          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          if (!measured) measured = run_once(run_config(index, round), registry, steps, round > 0, [] {});
           Row& row = rows[index];
           // (later rounds' set-up is quiet: a plan other than the first round's, where free memory
           // differed, is said, or the median mixed two plans' rates unsaid; a review)
-          if (round > 0 && sdk::plan_text(trainer.plan()) != sdk::plan_text(row.plan))
-            core::log::warn("bench     ", row.name, ", round ", round + 1, ": planned ", sdk::plan_text(trainer.plan()),
+          if (round > 0 && sdk::plan_text(measured->plan) != sdk::plan_text(row.plan))
+            core::log::warn("bench     ", row.name, ", round ", round + 1, ": planned ", sdk::plan_text(measured->plan),
                             " where round 1 planned ", sdk::plan_text(row.plan), " (the memory free differed); its rate is "
                             "of that plan, and the table shows round 1's");
-          if (round == 0) row.plan = trainer.plan();
-          row.peak = std::max(row.peak, trainer.memory().stats().peak);
-          row.rates.push_back(samples / seconds);
+          if (round == 0) row.plan = measured->plan;
+          row.peak = std::max(row.peak, measured->peak);
+          row.rates.push_back(measured->rate);
         } catch (const core::StoppedBySignal&) {
           throw;
         } catch (const std::exception& e) {

@@ -11,6 +11,7 @@
 //   report                      the component's suite ended
 //   done                        every component from the first asked was checked
 #include "plugins_check_child.hpp"
+#include "child_report.hpp"
 #include "cli.hpp"
 
 #include <loom/core/child_process.hpp>
@@ -26,7 +27,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
-#include <fstream>
 #include <optional>
 #include <signal.h>
 #include <string>
@@ -41,46 +41,7 @@ namespace {
 
 constexpr int kChildFd = kCheckChildFd;
 
-std::string escaped(const std::string& s) {
-  std::string out;
-  for (const char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\n') out += "\\n";
-    else out += c;
-  }
-  return out;
-}
-
-std::string unescaped(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] != '\\' || i + 1 == s.size()) { out += s[i]; continue; }
-    const char c = s[++i];
-    out += c == 't' ? '\t' : c == 'n' ? '\n' : c;
-  }
-  return out;
-}
-
-std::vector<std::string> fields(const std::string& line) {
-  std::vector<std::string> out;
-  for (size_t start = 0;;) {
-    const size_t tab = line.find('\t', start);
-    out.push_back(unescaped(line.substr(start, tab == std::string::npos ? std::string::npos : tab - start)));
-    if (tab == std::string::npos) return out;
-    start = tab + 1;
-  }
-}
-
-void tell_parent(std::string line) {
-  line += '\n';
-  for (size_t done = 0; done < line.size();) {
-    const ssize_t n = ::write(kChildFd, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) std::_Exit(1);  // the parent is gone: nobody reads the checks
-    done += static_cast<size_t>(n);
-  }
-}
+void tell_parent(const std::string& line) { cli::tell_parent(kChildFd, line); }
 
 const char* outcome_word(core::ConformanceCheck::Outcome o) {
   return o == core::ConformanceCheck::Outcome::kPass ? "pass" : o == core::ConformanceCheck::Outcome::kFail ? "fail" : "skip";
@@ -92,14 +53,6 @@ core::ConformanceCheck::Outcome outcome_of(const std::string& word) {
                           : core::ConformanceCheck::Outcome::kSkip;
 }
 
-/// This process's arguments as it was started (/proc/self/cmdline).
-std::vector<std::string> own_arguments() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::vector<std::string> out;
-  for (std::string arg; std::getline(in, arg, '\0');) out.push_back(arg);
-  return out;
-}
-
 /// Why the child ended before it said "done".
 std::string why_it_ended(bool timed_out, double seconds, int status) {
   if (timed_out) {
@@ -108,17 +61,7 @@ std::string why_it_ended(bool timed_out, double seconds, int status) {
     return std::string("did not finish within ") + limit +
            " s (does it hang? --check-timeout SECONDS gives each check longer); the process running it was stopped";
   }
-  if (WIFSIGNALED(status)) {
-    const int sig = WTERMSIG(status);
-    const bool reported = core::is_crash_signal(sig);
-    return std::string(reported ? "crashed the process running it with " : "ended the process running it by ") +
-           core::signal_name(sig) + " (" + ::strsignal(sig) +
-           (reported ? "; its crash report is above, on stderr)" : ")");
-  }
-  if (WIFEXITED(status))
-    return "ended the process running it with exit status " + std::to_string(WEXITSTATUS(status)) +
-           " (exit() in the plugin's code?)";
-  return "ended the process running it";
+  return how_it_ended(status);
 }
 
 /// What one child reached: the component it was in, and whether it finished.

@@ -244,6 +244,27 @@ try:
            "bench --repeats says how long the rounds left take", r)
     r = loom(exe, "bench", "configs", a, "--repeats", "0", *RUN, check=False)
     expect(r.returncode != 0 and "--repeats must be between 1 and 100" in r.stderr, "bench refuses --repeats 0", r)
+    # A configuration whose plugin crashes (SIGSEGV in its third step) is a FAILED row that says so;
+    # the rows of the others stand, measured before and after it, and no scratch run is left (the
+    # crash ended the whole bench, its table lost, its scratch folder left).
+    models = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_model_metric_model.so")
+    fine, crash = os.path.join(work, "fine.ini"), os.path.join(work, "crash.ini")
+    with open(fine, "w") as f:
+        f.write("[model]\nname = metric_model\n")
+    with open(crash, "w") as f:
+        f.write("[model]\nname = metric_model\ncrash_at = 3\n")
+    crash_tmp = os.path.join(work, "crash_tmp")
+    os.makedirs(crash_tmp)
+    r = loom(exe, "bench", "configs", fine, crash, a, "--steps", "4", "--repeats", "2", "--plugin-dir", models, *RUN,
+             check=False, env=dict(os.environ, TMPDIR=crash_tmp))
+    rows = {l.split()[0]: l for l in r.stdout.splitlines() if l.startswith(("fine.ini", "crash.ini", "a.ini"))}
+    expect(r.returncode == 1 and len(rows) == 3 and re.match(r"fine\.ini\s+\d+\s+1\s+\d+ .* 1\.00x$", rows["fine.ini"])
+           and re.match(r"a\.ini\s+\d+\s+1\s+\d+ .*\d\.\d\dx$", rows["a.ini"])
+           and "crash.ini                    FAILED: crashed the process running it with SIGSEGV" in rows["crash.ini"]
+           and "2 interleaved rounds" in r.stdout and "configuration " + crash + ": crashed the process running it with "
+           "SIGSEGV (Segmentation fault; its crash report is above, on stderr) (its row says FAILED; the others run on)"
+           in r.stderr and os.listdir(crash_tmp) == [], f"bench: a configuration that crashes is a FAILED row "
+           f"(left {os.listdir(crash_tmp)})", r)
 
     # Stopped by SIGTERM, bench and profile exit 143 and leave none of their scratch runs behind.
     tmp = os.path.join(work, "tmp")

@@ -16,6 +16,7 @@
 #include <torch/nn/modules/linear.h>
 
 #include <cmath>
+#include <csignal>
 #include <limits>
 
 namespace {
@@ -38,6 +39,8 @@ class MetricModel final : public loom::sdk::Model {
                                                    "as an optimizer that writes NaN would"),
       loom::sdk::option_int("reshape_weights_at", "0", "the n-th training forward (0: none) first makes the weight of "
                                                        "shape [1], as an optimizer that replaces a tensor would"),
+      loom::sdk::option_int("crash_at", "0", "the n-th training forward (0: none) ends the process with SIGSEGV, as a "
+                                             "plugin's bad pointer would"),
       loom::sdk::option_int("held", "0", "bytes it says it holds as 'cache' (held_memory; 0: none)"),
       loom::sdk::option_enum("throws_in", "none", "none|metrics|describe|metric_value|flops",
                              "the call that throws 42 (not an exception): its error must name the model"),
@@ -49,7 +52,8 @@ class MetricModel final : public loom::sdk::Model {
         nan_training_loss_(o.get_bool("nan_training_loss")), nan_weights_at_(o.get_int("nan_weights_at")),
         nan_loss_from_(o.get_int("nan_training_loss_from")),
         reshape_weights_at_(o.get_int("reshape_weights_at")), zero_count_(o.get_bool("zero_count")),
-        odd_count_(o.get_string("odd_count")), odd_count_at_(o.get_int("odd_count_at")), throws_in_(o.get_string("throws_in")), held_(o.get_int("held")) {}
+        odd_count_(o.get_string("odd_count")), odd_count_at_(o.get_int("odd_count_at")), throws_in_(o.get_string("throws_in")), held_(o.get_int("held")),
+        crash_at_(o.get_int("crash_at")) {}
 
   std::map<std::string, int64_t> held_memory() const override {
     if (held_ == 0) return {};
@@ -83,6 +87,7 @@ class MetricModel final : public loom::sdk::Model {
     const bool nan = !train && nan_eval_batches_ > 0 && nan_eval_batches_-- > 0;
     if (train) {
       ++training_calls_;
+      if (training_calls_ == crash_at_) std::raise(SIGSEGV);
       at::NoGradGuard no_grad;
       if (training_calls_ == nan_weights_at_) linear_->weight.fill_(std::nan(""));
       if (training_calls_ == reshape_weights_at_) linear_->weight.set_(at::zeros({1}, linear_->weight.options()));
@@ -129,6 +134,7 @@ class MetricModel final : public loom::sdk::Model {
   int64_t odd_count_at_;
   std::string throws_in_;
   int64_t held_;
+  int64_t crash_at_;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};
