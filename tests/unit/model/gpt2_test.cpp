@@ -175,19 +175,31 @@ TEST(Gpt2, AFolderThatDoesNotFitIsOneErrorNamingEveryTensor) {
   }
 }
 
-TEST(Gpt2, AWeightOfAnotherRankOrOfIntegersIsNamedNotCopied) {
-  // model.safetensors as save_pretrained writes it (Conv1D weights stored [in, out]), then one
-  // weight given a third dimension (t() would throw LibTorch's error), one stored as integers, one of NaN.
-  const auto dir = loom::testing::fresh_test_dir("loom_hf_types");
+/// A fresh folder with a 1-layer GPT-2's config.json, and the model it builds.
+std::pair<std::filesystem::path, gpt2::Model> tiny_folder(const std::string& name) {
+  const auto dir = loom::testing::fresh_test_dir(name);
   std::ofstream(dir / "config.json")
       << R"({"model_type": "gpt2", "vocab_size": 50, "n_positions": 16, "n_layer": 1, "n_head": 2, "n_embd": 8})";
-  gpt2::Model model(gpt2::hf_config(dir));
+  return {dir, gpt2::Model(gpt2::hf_config(dir))};
+}
+
+/// `model`'s weights as save_pretrained writes them (Conv1D weights stored [in, out]), each name
+/// after `prefix` ("transformer." for GPT2LMHeadModel's).
+loom::sdk::TensorMap as_saved(const gpt2::Model& model, const std::string& prefix) {
   loom::sdk::TensorMap tensors;
   for (const auto& item : model->named_parameters()) {
     const bool conv1d = item.key().find("c_attn.weight") != std::string::npos || item.key().find("c_proj.weight") != std::string::npos ||
                         item.key().find("c_fc.weight") != std::string::npos;
-    tensors[item.key()] = conv1d ? item.value().detach().t().contiguous() : item.value().detach().clone();
+    tensors[prefix + item.key()] = conv1d ? item.value().detach().t().contiguous() : item.value().detach().clone();
   }
+  return tensors;
+}
+
+TEST(Gpt2, AWeightOfAnotherRankOrOfIntegersIsNamedNotCopied) {
+  // model.safetensors as save_pretrained writes it (Conv1D weights stored [in, out]), then one
+  // weight given a third dimension (t() would throw LibTorch's error), one stored as integers, one of NaN.
+  auto [dir, model] = tiny_folder("loom_hf_types");
+  loom::sdk::TensorMap tensors = as_saved(model, "");
   loom::core::save_safetensors(dir / "model.safetensors", tensors);
   gpt2::load_hf_weights(*model, dir);  // the file as written fits
   tensors["h.0.attn.c_attn.weight"] = tensors["h.0.attn.c_attn.weight"].unsqueeze(2);
@@ -211,16 +223,8 @@ TEST(Gpt2, AWeightOfAnotherRankOrOfIntegersIsNamedNotCopied) {
 TEST(Gpt2, AWeightTwiceOrAnUntiedHeadIsRefusedNotOneOfThemLoaded) {
   // (a file with wte.weight and transformer.wte.weight loaded one of them; an lm_head.weight of
   // other values than wte's was left out, and the model computed another output)
-  const auto dir = loom::testing::fresh_test_dir("loom_hf_twice");
-  std::ofstream(dir / "config.json")
-      << R"({"model_type": "gpt2", "vocab_size": 50, "n_positions": 16, "n_layer": 1, "n_head": 2, "n_embd": 8})";
-  gpt2::Model model(gpt2::hf_config(dir));
-  loom::sdk::TensorMap tensors;
-  for (const auto& item : model->named_parameters()) {
-    const bool conv1d = item.key().find("c_attn.weight") != std::string::npos || item.key().find("c_proj.weight") != std::string::npos ||
-                        item.key().find("c_fc.weight") != std::string::npos;
-    tensors["transformer." + item.key()] = conv1d ? item.value().detach().t().contiguous() : item.value().detach().clone();
-  }
+  auto [dir, model] = tiny_folder("loom_hf_twice");
+  loom::sdk::TensorMap tensors = as_saved(model, "transformer.");
   tensors["lm_head.weight"] = tensors["transformer.wte.weight"].clone();  // tied: the same values
   loom::core::save_safetensors(dir / "model.safetensors", tensors);
   gpt2::load_hf_weights(*model, dir);
