@@ -187,12 +187,38 @@ const char* file_type_name(unsigned mode) {
 }
 
 FileLock::FileLock(const fs::path& path) : path_(path) {
+  // The folder first: a lock file deleted by hand (it looks stale) let a second process make a new
+  // one and lock that, and two runs wrote one folder, each exiting 0. (Where a folder cannot be
+  // locked, NFS's emulated flock, the file's lock stands alone, as before.)
+  const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  folder_fd_ = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (folder_fd_ >= 0 && ::flock(folder_fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(folder_fd_);
+    folder_fd_ = -1;
+    if (error == EWOULDBLOCK) {
+      char buffer[64] = {0};
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+      const bool read = fd >= 0 && ::pread(fd, buffer, sizeof buffer - 1, 0) > 0;
+      if (fd >= 0) ::close(fd);
+      throw Locked(read ? "process " + std::string(buffer)
+                        : "another process (its lock file " + path.filename().string() +
+                              " was removed, by hand?; the folder itself stays locked while that process runs)");
+    }
+  }
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   // (a run folder copied with links, cp -rs: said as "Too many levels of symbolic links")
-  if (fd_ < 0 && errno == ELOOP)
+  if (fd_ < 0 && errno == ELOOP) {
+    release_folder();
     throw Error(path.string() + " is a link (a run folder copied with links, cp -rs?): a run's lock file is its own; "
                 "remove the link, and Loom makes the file");
-  if (fd_ < 0) fail("cannot open the lock file", path);
+  }
+  if (fd_ < 0) {
+    const int error = errno;
+    release_folder();
+    errno = error;
+    fail("cannot open the lock file", path);
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     std::string holder;
@@ -200,6 +226,7 @@ FileLock::FileLock(const fs::path& path) : path_(path) {
     if (::pread(fd_, buffer, sizeof buffer - 1, 0) > 0) holder = buffer;
     ::close(fd_);
     fd_ = -1;
+    release_folder();
     if (error == EWOULDBLOCK) throw Locked(holder.empty() ? "another process" : "process " + holder);
     errno = error;
     fail("cannot lock", path);
@@ -215,6 +242,12 @@ FileLock::FileLock(const fs::path& path) : path_(path) {
 
 FileLock::~FileLock() {
   if (fd_ >= 0) ::close(fd_);
+  release_folder();
+}
+
+void FileLock::release_folder() {
+  if (folder_fd_ >= 0) ::close(folder_fd_);
+  folder_fd_ = -1;
 }
 
 fs::path temp_folder() {

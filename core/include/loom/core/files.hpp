@@ -47,8 +47,9 @@ std::string crc32_hex(std::string_view bytes);
 /// "a FIFO", "a character device", ...: a st_mode's file type for messages.
 const char* file_type_name(unsigned mode);
 
-/// An exclusive advisory lock (flock) on a file, held while the object lives. The lock ends with
-/// the process, so a lock file left by a killed process is never stale.
+/// An exclusive advisory lock (flock) on a file and on the folder that holds it, held while the
+/// object lives. The lock ends with the process, so a lock file left by a killed process is never
+/// stale; one removed by hand leaves the folder locked.
 class FileLock {
  public:
   /// Another process holds the lock; what() names it ("process 4242").
@@ -62,8 +63,11 @@ class FileLock {
   FileLock& operator=(const FileLock&) = delete;
 
  private:
+  void release_folder();
+
   std::filesystem::path path_;
   int fd_ = -1;
+  int folder_fd_ = -1;  ///< the folder's lock, or -1 where the folder could not be locked
 };
 
 /// fsyncs a folder (after a rename into it).
