@@ -4,11 +4,12 @@
 // rounds. Runs in a temporary work folder that is removed afterwards.
 //
 // Each configuration's run in each round is a child process (this command line again, marked by
-// kBenchChildVariable), in a process group of its own: a plugin that crashes (SIGSEGV), exits or
-// hangs ends that child, and its row says FAILED with why, as an error does; the rows measured
-// before stand (it ended the whole command, the table lost). The child writes one line per event
-// to descriptor 100, fields separated by tabs (child_report.hpp):
-//   progress                                      set-up done, or a step taken (at most one a second)
+// kBenchChildVariable, given the run's configuration as this process read it), in a process group
+// of its own: a plugin that crashes (SIGSEGV), exits or hangs ends that child, and its row says
+// FAILED with why, as an error does; the rows measured before stand (it ended the whole command,
+// the table lost). The child writes one line per event to descriptor 100, fields separated by
+// tabs (child_report.hpp):
+//   progress                                      it lives: every 10 s of its set-up, then a step taken (one a second at most)
 //   result MICRO ACCUMULATION WORLD PEAK RATE     the run's plan, peak memory (bytes) and samples/s
 //   failed MESSAGE                                its error
 // Where no child can be started, the runs are in this process, as before.
@@ -24,20 +25,23 @@
 #include <loom/sdk/helpers.hpp>
 
 #include <algorithm>
-#include <cmath>
-#include <chrono>
-#include <cstdio>
+#include <atomic>
 #include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,38 +52,61 @@ namespace loom::cli {
 
 namespace {
 
-/// Set in a child's environment, "INDEX:ROUND:PARENT:SCRATCH": the configuration (its index among
-/// the files) and the round it runs, the parent's pid, and the parent's scratch folder, which
-/// holds its run. Internal to `loom bench`.
+/// Set in a child's environment, "ROUND:PARENT:FILE": the round it runs, the parent's pid, and
+/// the run's configuration as the parent read it (freeze), in the parent's scratch folder, which
+/// holds the run. Internal to `loom bench`.
 constexpr const char* kBenchChildVariable = "LOOM_INTERNAL_BENCH_CHILD";
 constexpr int kBenchChildFd = core::kReportFd;
-/// Seconds a child may take to its first word (LibTorch, the plugins, a configuration's set-up
-/// and batch search) and between two (a step).
+/// Seconds a child may take to its first word (LibTorch, the plugins) and between two (a step;
+/// the set-up says it lives every few seconds).
 constexpr double kChildLimit = 1800;
 
 struct ChildSpec {
-  size_t index = 0;
   int64_t round = 0;
-  fs::path scratch;
+  fs::path config;
 };
 
 /// The child's spec from kBenchChildVariable's value; checks that it is run by `loom bench`.
 ChildSpec child_spec(const std::string& value) {
-  ChildSpec spec;
   struct stat st {};
   char* end = nullptr;
-  const size_t a = value.find(':'), b = a == std::string::npos ? a : value.find(':', a + 1),
-               c = b == std::string::npos ? b : value.find(':', b + 1);
-  spec.index = std::strtoul(value.c_str(), &end, 10);
-  if (c == std::string::npos || end != value.c_str() + a || ::fstat(kBenchChildFd, &st) != 0 || !S_ISFIFO(st.st_mode))
+  const size_t a = value.find(':'), b = a == std::string::npos ? a : value.find(':', a + 1);
+  ChildSpec spec{std::strtoll(value.c_str(), &end, 10), {}};
+  if (b == std::string::npos || end != value.c_str() + a || spec.round < 0 || ::fstat(kBenchChildFd, &st) != 0 ||
+      !S_ISFIFO(st.st_mode))
     throw Error(std::string(kBenchChildVariable) + " is set: it is internal to loom bench; unset it");
-  spec.round = std::strtoll(value.c_str() + a + 1, nullptr, 10);
-  spec.scratch = value.substr(c + 1);
+  spec.config = value.substr(b + 1);
   // A parent killed on its own (SIGKILL): this process goes too, with what a plugin started in its group.
-  if (::getppid() != std::strtol(value.c_str() + b + 1, nullptr, 10)) std::_Exit(1);
+  if (::getppid() != std::strtol(value.c_str() + a + 1, nullptr, 10)) std::_Exit(1);
   core::end_with_parent(static_cast<int>(::getppid()));
   ::fcntl(kBenchChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
+  ::unsetenv(kBenchChildVariable);  // (nor the variable: a `loom bench` a plugin runs is its own)
   return spec;
+}
+
+/// `config` to `file`, one setting a line (key, value and origin, child_report's fields): what a
+/// child runs, as the parent read it. (Read again from the user's files, one edited during a long
+/// bench was another configuration in the later rounds, or failed every row.)
+void freeze(const core::Config& config, const fs::path& file) {
+  std::ofstream out(file, std::ios::trunc);
+  for (const std::string& key : config.keys_in_set_order()) {
+    const core::ConfigValue& v = *config.find(key);
+    out << escaped(key) << '\t' << escaped(v.value) << '\t' << escaped(v.origin.source) << '\t'
+        << escaped(v.origin.file.string()) << '\t' << v.origin.line << '\n';
+  }
+  if (!out.flush()) throw Error("cannot write " + file.string() + ", a run's configuration in loom bench's scratch folder");
+}
+
+core::Config thaw(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) throw Error("cannot read " + file.string() + ", this run's configuration from loom bench");
+  core::Config config;
+  for (std::string line; std::getline(in, line);) {
+    const auto f = fields(line);
+    if (f.size() != 5) throw Error(file.string() + " is no configuration loom bench wrote");
+    config.set(f[0], f[1], {f[2], f[3], static_cast<int>(std::strtol(f[4].c_str(), nullptr, 10))});
+  }
+  return config;
 }
 
 /// What one run of a configuration measured.
@@ -115,24 +142,50 @@ Measured run_once(const core::Config& config, core::PluginRegistry& registry, in
 
 /// In the child: runs `config` and tells the parent what it measured, or its error. Returns the exit status.
 int run_bench_child(const core::Config& config, core::PluginRegistry& registry, int64_t steps, int64_t round) {
+  // While the set-up runs (a batch search, a dataset's preparation: minutes), a word every 10 s:
+  // the limit is for a step that hangs, as the command had none for a set-up.
+  std::atomic<bool> set_up{false};
+  std::thread heartbeat([&] {
+    for (int tenths = 1; !set_up.load(); ++tenths) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (tenths % 100 == 0 && !set_up.load()) tell_parent(kBenchChildFd, "progress");
+    }
+  });
+  struct Heartbeat {  // (ended once the set-up is, however it ends)
+    std::atomic<bool>& set_up;
+    std::thread& thread;
+    void end() {
+      set_up.store(true);
+      if (thread.joinable()) thread.join();
+    }
+    ~Heartbeat() { end(); }
+  } beating{set_up, heartbeat};
   auto last = std::chrono::steady_clock::now() - std::chrono::seconds(2);
   const auto progress = [&] {
+    beating.end();
     if (const auto now = std::chrono::steady_clock::now(); now - last >= std::chrono::seconds(1)) {
       tell_parent(kBenchChildFd, "progress");
       last = now;
     }
   };
+  std::string failed;
   try {
     const Measured m = run_once(config, registry, steps, round > 0, progress);
     char rate[64];
     std::snprintf(rate, sizeof rate, "%.17g", m.rate);
     tell_parent(kBenchChildFd, "result\t" + std::to_string(m.plan.micro_batch) + "\t" + std::to_string(m.plan.accumulation) +
                                    "\t" + std::to_string(m.plan.world_size) + "\t" + std::to_string(m.peak) + "\t" + rate);
+    return 0;
   } catch (const core::StoppedBySignal&) {
     throw;
   } catch (const std::exception& e) {
-    tell_parent(kBenchChildFd, "failed\t" + escaped(message_of(e)));
+    failed = message_of(e);
+  } catch (...) {  // (`throw 42;` in a plugin)
+    failed = "a plugin threw a value that is not an exception (not derived from std::exception); a plugin reports a "
+             "failure by throwing loom::sdk::Error";
   }
+  beating.end();  // (no progress line after the failure)
+  tell_parent(kBenchChildFd, "failed\t" + escaped(failed));
   return 0;
 }
 
@@ -144,14 +197,15 @@ struct ChildRun {
   std::string failed;
 };
 
-/// In the parent: configuration `index`'s run of `round` in a child; a stop signal meanwhile
-/// ends the child and throws core::StoppedBySignal.
-ChildRun run_in_child(size_t index, int64_t round, const fs::path& scratch) {
+/// In the parent: the run of `config` in `round` in a child, its configuration written to
+/// `frozen` first; a stop signal meanwhile ends the child and throws core::StoppedBySignal.
+ChildRun run_in_child(const core::Config& config, int64_t round, const fs::path& frozen) {
+  freeze(config, frozen);
   core::ChildProcess child;
   child.exe = "/proc/self/exe";
   child.args = own_arguments();
-  child.environment = std::string(kBenchChildVariable) + "=" + std::to_string(index) + ":" + std::to_string(round) + ":" +
-                      std::to_string(::getpid()) + ":" + scratch.string();
+  child.environment = std::string(kBenchChildVariable) + "=" + std::to_string(round) + ":" + std::to_string(::getpid()) +
+                      ":" + frozen.string();
   child.report_fd = kBenchChildFd;
   child.own_group = true;  // (a plugin's kill(0, ...) is its own; what it starts goes with it)
   child.first_limit = child.limit = kChildLimit;
@@ -206,13 +260,27 @@ int cmd_bench(const Invocation& invocation) {
   const int64_t steps = invocation.options["steps"].as<int64_t>();
   if (steps < 2 || steps > 100000)
     throw Error("--steps must be in 2..100000 (the first step is a warm-up; a bench compares a few hundred steps)");
-  const char* child_variable = std::getenv(kBenchChildVariable);
-  const std::optional<ChildSpec> child = child_variable != nullptr ? std::optional(child_spec(child_variable)) : std::nullopt;
   core::PluginRegistry registry;
+  if (const char* variable = std::getenv(kBenchChildVariable); variable != nullptr) {
+    const ChildSpec child = child_spec(variable);
+    core::install_stop_signals(core::OnStop::kScratch);
+    try {  // (every error is its row's, told the parent: an exit status said nothing of it)
+      {
+        const core::log::Quiet quiet(true);  // (the parent said what the scan had to say)
+        scan_plugins(registry, invocation.options, false);
+      }
+      return run_bench_child(thaw(child.config), registry, steps, child.round);
+    } catch (const core::StoppedBySignal&) {
+      throw;
+    } catch (const std::exception& e) {
+      tell_parent(kBenchChildFd, "failed\t" + escaped(message_of(e)));
+      return 0;
+    }
+  }
   scan_plugins(registry, invocation.options);
   core::install_stop_signals(core::OnStop::kScratch);  // before the scratch folder: a stop from here on removes it
-  std::optional<ScratchFolder> own_scratch;  // (a child runs in its parent's)
-  const fs::path work = child ? child->scratch : own_scratch.emplace("loom-bench").path();
+  const ScratchFolder scratch("loom-bench");
+  const fs::path& work = scratch.path();
 
   const int64_t repeats = invocation.options["repeats"].as<int64_t>();
   if (repeats < 1 || repeats > 100) throw Error("--repeats must be between 1 and 100");
@@ -244,8 +312,6 @@ int cmd_bench(const Invocation& invocation) {
     }
   };
   std::vector<core::Config> configs;
-  // (a child reads them as its parent did, which said what there was to say about them)
-  auto quiet_reading = std::make_unique<core::log::Quiet>(child.has_value());
   // A key the configurations differ in, set over all of them (`-c debug` over two models' files):
   // each ran the same, under its own name in the table (a probe).
   std::map<std::string, std::set<std::string>> own_values;
@@ -266,7 +332,6 @@ int cmd_bench(const Invocation& invocation) {
       config.forget_base_override_warnings();  // said once above, not again in every round
     });
   }
-  quiet_reading.reset();
   const auto run_config = [&](size_t index, int64_t round) {  // (its name: one folder per run, even when two files share a name)
     core::Config config = configs[index];
     std::string stem = fs::path(files[index]).stem().string();
@@ -275,11 +340,6 @@ int cmd_bench(const Invocation& invocation) {
     config.set("trainer.name", std::to_string(round + 1) + "-" + std::to_string(index + 1) + "-" + stem, {"loom bench", {}, 0});
     return config;
   };
-  if (child) {
-    if (child->index >= configs.size() || child->round < 0 || child->round >= repeats)
-      throw Error(std::string(kBenchChildVariable) + " names no run of this bench: it is internal to loom bench; unset it");
-    return run_bench_child(run_config(child->index, child->round), registry, steps, child->round);
-  }
   std::vector<std::string> overridden;
   for (const std::string& key : user.keys_in_set_order())
     if (own_values[key].size() > 1)
@@ -363,7 +423,8 @@ int cmd_bench(const Invocation& invocation) {
         try {
           std::optional<Measured> measured;
           if (in_children) {
-            ChildRun run = run_in_child(index, round, work);
+            ChildRun run = run_in_child(run_config(index, round), round,
+                                        work / ("config-" + std::to_string(round + 1) + "-" + std::to_string(index + 1) + ".tsv"));
             if (!run.started) {
               core::log::warn("cannot start a process for a configuration's run (", run.failed, "): they run in this one, "
                               "and one whose plugin crashes ends the bench");

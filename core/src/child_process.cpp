@@ -1,5 +1,6 @@
 // A child process reporting on a pipe, watched with a time limit (child_process.hpp).
 #include <loom/core/child_process.hpp>
+#include <loom/core/stop_signals.hpp>
 
 #include <cerrno>
 #include <chrono>
@@ -88,12 +89,14 @@ ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(c
   // ended, the pipe is read to its end, or a little past what a pipe holds where a process it
   // started keeps it open (a daemon that writes on), then no more.
   // At the end, or on an exception from on_line or stop: the pipe closed, the child ended and reaped.
+  if (child.own_group) note_child_group(pid);
   const auto finish = [&] {
     ::close(fds[0]);
     if (child.own_group) ::kill(-pid, SIGKILL);  // what is left in its group (never another: a group's id is its first pid)
     ::kill(pid, SIGKILL);  // the child if it still runs, wherever plugin code moved it
     while (::waitpid(pid, &out.status, 0) < 0 && errno == EINTR) {
     }
+    if (child.own_group) note_child_group(0);
   };
   try {
     bool ended = false, pipe_open = true;

@@ -41,6 +41,7 @@ std::atomic<int64_t> first_at{0};           // when the first stop signal came (
 char scratch_folder[4096] = "";             // a command's scratch folder, removed on a stop at once too
 char* rm_argv[] = {const_cast<char*>("rm"), const_cast<char*>("-rf"), const_cast<char*>("--"), scratch_folder, nullptr};
 std::atomic<bool> has_scratch{false};
+std::atomic<int> child_group{0};  // note_child_group's: a child's process group, killed on a stop at once
 char at_once_saved[8192] = "", at_once_unsaved[8192] = "";  // note_stop_at_once's texts
 std::atomic<bool> has_note{false};
 std::atomic<bool> checkpoint_written{false};
@@ -58,6 +59,9 @@ void say(const char* text, size_t size) {
 // interrupted may hold (a deadlock only SIGKILL ends); a raw clone runs no atfork handler, and the
 // child only calls execve, with arguments made before any signal.
 void remove_scratch_folder() {
+  // (first the child that writes there, loom bench's run: the folder removed under a writer was
+  // left half, its owner file gone with the first files)
+  if (const int group = child_group.load(); group > 0) ::kill(-group, SIGKILL);
   if (!has_scratch.load()) return;
   if (::syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0) == 0) {
     ::execve("/bin/rm", rm_argv, environ);
@@ -176,6 +180,8 @@ void note_scratch_folder(const std::string& path) {
   std::memcpy(scratch_folder, path.c_str(), path.size() + 1);
   has_scratch.store(true);
 }
+
+void note_child_group(int group) { child_group.store(group); }
 
 StopAtOnce::StopAtOnce(const char* message, const std::string& during) {
   at_once.store(message);  // first: a signal from here on ends the process; one before it is seen below

@@ -284,29 +284,41 @@ try:
         expect(p.returncode == 143 and "stopped by SIGTERM" in err, f"{name} stops on SIGTERM", result)
         expect(os.listdir(tmp) == [], f"{name} leaves no scratch folder (found {os.listdir(tmp)})", result)
     # Stopped at once (a second SIGINT), bench removes its scratch runs too, as its first message
-    # promised (they were left in the temporary folder). Steps of a larger model, about a second
-    # each, so that the second signal comes within the step; tried again where the first signal's
-    # graceful stop won the race all the same.
+    # promised (they were left in the temporary folder), and its run's process (a group of its own,
+    # which Ctrl-C does not reach) is killed first. Steps of a larger model, about a second each.
+    # The first signal alone now ends the command within milliseconds (it kills the run's process
+    # and reports), so the second may come after it: then the graceful stop is checked the same way.
+    def processes_with(marker):
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found += [pid] if marker.encode() in f.read() else []
+            except OSError:
+                pass
+        return found
     for attempt in range(3):
+        marker = f"trainer.seed={90817 + attempt}"  # (the run's process has the command's arguments)
         p = subprocess.Popen([exe, "bench", "configs", a, "--steps", "100000", *RUN, "--set", "trainer.batch_size=900",
-                              "--set", "model.d_model=256", "--set", "model.num_layers=6", "--set", "model.num_heads=4"],
+                              "--set", "model.d_model=256", "--set", "model.num_layers=6", "--set", "model.num_heads=4",
+                              "--set", marker],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=tmp))
         deadline = time.time() + 120
-        while time.time() < deadline and not os.listdir(tmp):
+        while time.time() < deadline and len(processes_with(marker)) < 2:  # (the bench and its run's process)
             time.sleep(0.05)
         time.sleep(2)
         p.send_signal(signal.SIGINT)
-        time.sleep(0.05)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=120)
         deadline = time.time() + 20  # (removed by a child rm that outlives the process)
-        while time.time() < deadline and os.listdir(tmp):
+        while time.time() < deadline and (os.listdir(tmp) or processes_with(marker)):
             time.sleep(0.1)
+        result = subprocess.CompletedProcess(["bench"], p.returncode, out, err)
+        expect(p.returncode in (-signal.SIGINT, 130) and os.listdir(tmp) == [] and processes_with(marker) == [],
+               f"bench stopped (rc {p.returncode}) leaves no scratch folder (found {os.listdir(tmp)}) and no process "
+               f"(found {processes_with(marker)})", result)
         if p.returncode == -signal.SIGINT:
             break
-    result = subprocess.CompletedProcess(["bench"], p.returncode, out, err)
-    expect(p.returncode == -signal.SIGINT and os.listdir(tmp) == [],
-           f"bench stopped at once leaves no scratch folder (found {os.listdir(tmp)})", result)
     # vram_tiers listed after auto_batch replaces what it measured: the warning blamed auto_batch's cache.
     r = loom(exe, "train", "-c", debug, "--set", "memory.policies=auto_batch,vram_tiers", "--device-memory-limit", "600KiB",
              "--set", "memory.tiers=0:64", "--batch-size", "128", "--set", "trainer.max_steps=1", "--set",

@@ -19,6 +19,9 @@ void install_stop_signals(OnStop on_stop = OnStop::kCheckpoint);
 /// The folder a stop at once (the second signal) removes as it ends the process, as the first
 /// signal's message promised of a scratch run; "" for none.
 void note_scratch_folder(const std::string& path);
+/// The process group of a child that runs in a group of its own (core::run_child_process), which a
+/// stop at once kills before it ends this process (a Ctrl-C no longer reaches that group); 0 for none.
+void note_child_group(int group);
 /// What a stop at once (the second SIGINT or SIGTERM) prints as it ends the process: where the run
 /// stands and how to continue it, `saved` once a checkpoint of the run was written (this command's,
 /// or one it resumed from: note_checkpoint_written), `unsaved` before; "" for nothing. (Under
