@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
@@ -248,6 +249,29 @@ FileLock::~FileLock() {
 void FileLock::release_folder() {
   if (folder_fd_ >= 0) ::close(folder_fd_);
   folder_fd_ = -1;
+}
+
+void remove_orphan_temporaries(const fs::path& run_dir) {
+  char host[64] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string mark = std::string(".tmp.") + host + ".";
+  for (const fs::path& dir : {run_dir, run_dir / "checkpoints"}) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      const size_t at = name.rfind(mark);
+      if (at == std::string::npos || at == 0) continue;
+      const std::string tail = name.substr(at + mark.size());  // "<pid>.<n>"
+      const size_t dot = tail.find('.');
+      if (dot == std::string::npos || dot == 0 || dot + 1 == tail.size() || tail.find_first_not_of("0123456789.") != std::string::npos ||
+          tail.find('.', dot + 1) != std::string::npos)
+        continue;
+      const long pid = std::strtol(tail.c_str(), nullptr, 10);
+      std::error_code type;
+      if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH || !entry.is_regular_file(type)) continue;
+      fs::remove(entry.path(), ec);
+    }
+  }
 }
 
 fs::path temp_folder() {

@@ -2,7 +2,7 @@
 // config.json. Nothing one run wrote is overwritten or pruned by another:
 //   - a new run refuses a folder that already holds a run (choose another name, or resume it); a run
 //     without a name gets a fresh one, never shared with a run started in the same second;
-//   - a lock file (flock, so never stale) keeps a second process out of a folder in use;
+//   - a lock (flock of the folder and its lock file: never stale) keeps a second process out of a folder in use;
 //   - resuming from an older checkpoint of a run moves its newer step folders (and the best files and
 //     metrics of that abandoned timeline) aside, where nothing resumes or prunes them;
 //   - --resume auto resumes the newest run that has a checkpoint it can load; a named run that wrote
@@ -172,8 +172,8 @@ void Trainer::lock_run(const fs::path& dir) {
     throw RunInUse("run folder " + dir.string() + " is in use by " + e.what() +
                    "; wait for that run to end, or choose another trainer.name");
   }
-  // A save of a step again that a kill interrupted: its older folder back before a resume lists them.
-  CheckpointStore::recover(dir);
+  CheckpointStore::recover(dir);  // (a save again that a kill cut: its older step folder back before a resume lists them)
+  remove_orphan_temporaries(dir);  // (and the temporary files of writes a kill cut off)
   // A folder, a FIFO or a device where the run writes config.json: named with its fix now, before
   // a resume moves anything, not as "cannot rename into" once it has. (A dangling link is replaced.)
   const std::string there = sdk::what_is_at(dir / "config.json");

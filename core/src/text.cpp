@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
+#include <sys/statvfs.h>
 
 namespace loom::core {
 
@@ -177,6 +178,19 @@ std::string explained(const c10::Error& e) {
          "model or the batch smaller";
 }
 
+namespace {
+
+/// Whether the file system `path` is on (its nearest existing folder's) has no inode left for a new
+/// file where it has blocks: ENOSPC then is no full disk.
+bool inodes_used_up(std::filesystem::path path) {
+  std::error_code ec;
+  while (!path.empty() && !std::filesystem::exists(path, ec)) path = path.has_relative_path() ? path.parent_path() : std::filesystem::path();
+  struct statvfs fs {};
+  return !path.empty() && ::statvfs(path.c_str(), &fs) == 0 && fs.f_files > 0 && fs.f_favail == 0 && fs.f_bavail > 0;
+}
+
+}  // namespace
+
 std::string explained(const std::filesystem::filesystem_error& e) {
   // libstdc++'s text: "filesystem error: cannot create directories: Not a directory [a/b] [c]"
   std::string what = e.what();
@@ -212,6 +226,9 @@ std::string explained(const std::filesystem::filesystem_error& e) {
     text += " (choose a path this user may write, or change its permissions)";
   else if (code == ELOOP)
     text += " (a symbolic link there points back at itself)";
+  else if (code == ENOSPC && inodes_used_up(e.path1()))  // ("the disk is full" beside "3.9 MiB free there", a probe)
+    text += " (the file system has no inode left for a new file, though it has space: `df -i` shows it; remove files "
+            "there, or choose a path on another file system)";
   else if (code == ENOSPC || code == EDQUOT)
     text += code == ENOSPC ? " (the disk is full)" : " (this user's disk quota is used up)";
   else if (code == EFBIG)

@@ -12,6 +12,7 @@
 #include "run_context.hpp"
 #include "trainer_internal.hpp"
 
+#include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
 #include <nlohmann/json.hpp>
 
@@ -250,11 +251,24 @@ void Trainer::write_run_summary() {
     write_file_atomic(run_dir_ / "summary.json", summary.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
     wrote_summary_ = true;
   } catch (const std::exception& e) {  // (the checkpoints are written; the verdict is a convenience)
+    // An older summary.json left there (the validation's, a placeholder) contradicted how the run
+    // ended, beside the test figures just logged (a full disk, a probe): removed, the run has none.
+    const fs::path file = run_dir_ / "summary.json";
+    const std::string there = sdk::what_is_at(file);
+    std::error_code ec;
+    const bool removed = there.empty() && fs::remove(file, ec);  // (a regular file)
+    wrote_summary_ = false;
+    std::string why = e.what();  // (less write_file_atomic's "(... is unchanged)", where it is not)
+    if (const std::string kept = " (" + file.string() + " is unchanged)"; removed && why.find(kept) != std::string::npos)
+      why.erase(why.find(kept), kept.size());
     static std::set<std::string> said;  // (once per run: the validation's and the test's evaluations both write it)
-    if (said.insert(run_dir_.string()).second)
-      log::warn("could not write ", (run_dir_ / "summary.json").string(), " (", e.what(), "): the run's figures are in its ",
-                "log, metrics.jsonl and checkpoints (`loom eval ", run_dir_.string(), "` gives them again); move what is ",
-                "at that path out of the run folder for later runs to write it");
+    if (said.insert(run_dir_.string()).second || removed)
+      log::warn("could not write ", file.string(), " (", why, "): ",
+                removed ? "the older one there is removed, as it no longer says how the run stands; " : "",
+                "the run's figures are in its log, metrics.jsonl and checkpoints (`loom eval ", run_dir_.string(),
+                "` gives them again)",
+                there.empty() || there == "no such file" ? "" : "; move what is at that path (" + there + ") out of the run "
+                                                                "folder for later runs to write it");
   }
 }
 

@@ -126,7 +126,8 @@ void append_whole(std::ofstream& out, const std::filesystem::path& path, const s
   else if (code == EFBIG) why += ": the file-size limit of this process (`ulimit -f`)";
   throw loom::sdk::Error("cannot write " + path.string() + " (" + why + ")" +
                          (!ec && !cut ? "; it is kept as it was before this write (no half line or record)" : "") +
-                         "; free space or raise the limit, then resume the run (--resume auto)");
+                         "; free space or raise the limit, then run it again (--resume auto continues from its last checkpoint, "
+                         "where it has one: the lines below say)");
 }
 
 void EventFileWriter::purge_from(int64_t step) {

@@ -25,6 +25,8 @@
 #include <sstream>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 using namespace loom::core;
@@ -604,7 +606,7 @@ TEST_F(RunFolderTest, AMetricsFileThatIsALinkIsLeftAsItIsSaidAndASummaryThatIsAF
                           [&](const std::string& l) { return l.find("could not write " + (run / "summary.json").string()) != std::string::npos; }),
             1)
       << join(lines, "\n");
-  EXPECT_TRUE(capture.contains("move what is at that path out of the run folder for later runs to write it"));
+  EXPECT_TRUE(capture.contains("move what is at that path (a folder) out of the run folder for later runs to write it"));
 }
 
 TEST_F(RunFolderTest, ANewerStepFolderThatLostItsStateGoesAsideNotUnderTheResumedTimeline) {
@@ -629,6 +631,30 @@ TEST_F(RunFolderTest, ANewerStepFolderThatLostItsStateGoesAsideNotUnderTheResume
       kept = fs::file_size(entry.path() / step_dir_name(6) / "model.safetensors") == size;
   EXPECT_TRUE(kept) << "the old step 6's weights are kept aside";
   EXPECT_TRUE(fs::exists(step6 / "state.json")) << "the resumed timeline's own step 6";
+}
+
+TEST_F(RunFolderTest, TemporaryFilesAKilledWriterLeftAreRemovedWhenTheRunOpens) {
+  // (a run killed while it wrote config.json left config.json.tmp.<host>.<pid>.<n> for good: never
+  // read back, piling up on a disk that fills)
+  loom::testing::make_trainer(base("killed"))->train();
+  const fs::path run = dir_ / "killed";
+  char host[64] = {};
+  ::gethostname(host, sizeof host - 1);
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string of_dead = std::string(".tmp.") + host + "." + std::to_string(dead) + ".12345";
+  const std::string of_live = std::string(".tmp.") + host + "." + std::to_string(::getpid()) + ".12345";
+  for (const fs::path& left : {run / ("config.json" + of_dead), run / "checkpoints" / ("best_loss.safetensors" + of_dead),
+                               run / ("config.json" + of_live), run / ("notes" + std::string(".tmp.otherhost.1.2"))})
+    std::ofstream(left) << "half";
+  Config again = base("killed");
+  again.set_assignment("trainer.resume=auto");
+  loom::testing::make_trainer(again);
+  EXPECT_FALSE(fs::exists(run / ("config.json" + of_dead)));
+  EXPECT_FALSE(fs::exists(run / "checkpoints" / ("best_loss.safetensors" + of_dead)));
+  EXPECT_TRUE(fs::exists(run / ("config.json" + of_live))) << "a live writer's file stays";
+  EXPECT_TRUE(fs::exists(run / "notes.tmp.otherhost.1.2")) << "another host's (a shared disk) stays";
 }
 
 TEST_F(RunFolderTest, AFolderInUseIsRefused) {

@@ -73,6 +73,12 @@ class FileLock {
 /// fsyncs a folder (after a rename into it).
 void fsync_dir(const std::filesystem::path& dir);
 
+/// Removes the temporary files (sdk::write_file_durably's "<file>.tmp.<host>.<pid>.<n>") in
+/// `run_dir` and its checkpoints folder that a process of this host left when it was killed mid-
+/// write: never read back, they piled up (space a full disk needs). One of another host, or of a
+/// process that runs, is left.
+void remove_orphan_temporaries(const std::filesystem::path& run_dir);
+
 /// The folder scratch files go in: $TMPDIR, or /tmp where it is unset or empty. Throws a
 /// loom::Error naming TMPDIR where it is no folder (std::filesystem's said neither).
 std::filesystem::path temp_folder();
