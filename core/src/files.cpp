@@ -190,7 +190,8 @@ const char* file_type_name(unsigned mode) {
 FileLock::FileLock(const fs::path& path) : path_(path) {
   // The folder first: a lock file deleted by hand (it looks stale) let a second process make a new
   // one and lock that, and two runs wrote one folder, each exiting 0. (Where a folder cannot be
-  // locked, NFS's emulated flock, the file's lock stands alone, as before.)
+  // opened, the file's lock stands alone, as before. On NFS a folder's flock holds on one host
+  // only, as the file's does.)
   const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
   folder_fd_ = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (folder_fd_ >= 0 && ::flock(folder_fd_, LOCK_EX | LOCK_NB) != 0) {
@@ -204,7 +205,8 @@ FileLock::FileLock(const fs::path& path) : path_(path) {
       if (fd >= 0) ::close(fd);
       throw Locked(read ? "process " + std::string(buffer)
                         : "another process (its lock file " + path.filename().string() +
-                              " was removed, by hand?; the folder itself stays locked while that process runs)");
+                              " is empty or missing: that process is starting or ending, or the file was removed by "
+                              "hand; the folder itself stays locked while that process runs)");
     }
   }
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
@@ -256,8 +258,9 @@ void remove_orphan_temporaries(const fs::path& run_dir) {
   ::gethostname(host, sizeof host - 1);
   const std::string mark = std::string(".tmp.") + host + ".";
   for (const fs::path& dir : {run_dir, run_dir / "checkpoints"}) {
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::error_code ec;  // (best effort: a folder that cannot be read is left, the run opens)
+    for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      const fs::directory_entry& entry = *it;
       const std::string name = entry.path().filename().string();
       const size_t at = name.rfind(mark);
       if (at == std::string::npos || at == 0) continue;
@@ -266,10 +269,10 @@ void remove_orphan_temporaries(const fs::path& run_dir) {
       if (dot == std::string::npos || dot == 0 || dot + 1 == tail.size() || tail.find_first_not_of("0123456789.") != std::string::npos ||
           tail.find('.', dot + 1) != std::string::npos)
         continue;
-      const long pid = std::strtol(tail.c_str(), nullptr, 10);
-      std::error_code type;
+      const long pid = dot > 9 ? 0 : std::strtol(tail.c_str(), nullptr, 10);  // (a pid has 9 digits at most; kill(-n) is a group's)
+      std::error_code type, removed;
       if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH || !entry.is_regular_file(type)) continue;
-      fs::remove(entry.path(), ec);
+      fs::remove(entry.path(), removed);
     }
   }
 }

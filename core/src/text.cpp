@@ -183,10 +183,12 @@ namespace {
 /// Whether the file system `path` is on (its nearest existing folder's) has no inode left for a new
 /// file where it has blocks: ENOSPC then is no full disk.
 bool inodes_used_up(std::filesystem::path path) {
+  if (path.empty()) return false;  // (no path said: no file system to ask)
   std::error_code ec;
   while (!path.empty() && !std::filesystem::exists(path, ec)) path = path.has_relative_path() ? path.parent_path() : std::filesystem::path();
+  if (path.empty()) path = ".";  // (a relative path none of whose folders exists: the current folder's file system)
   struct statvfs fs {};
-  return !path.empty() && ::statvfs(path.c_str(), &fs) == 0 && fs.f_files > 0 && fs.f_favail == 0 && fs.f_bavail > 0;
+  return ::statvfs(path.c_str(), &fs) == 0 && fs.f_files > 0 && fs.f_favail == 0 && fs.f_bavail > 0;
 }
 
 }  // namespace

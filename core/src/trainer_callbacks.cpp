@@ -211,6 +211,10 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   return summary;
 }
 
+namespace {
+std::optional<json> summary_at(const fs::path& run_dir, int64_t step);
+}  // namespace
+
 void Trainer::write_run_summary() {
   // The verdict of a run at its end, in its folder: a later `--resume auto` of it (a requeued
   // job) reads it, so that a diverged run fails each time it is asked, not only once. JSON has no
@@ -251,20 +255,29 @@ void Trainer::write_run_summary() {
     write_file_atomic(run_dir_ / "summary.json", summary.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
     wrote_summary_ = true;
   } catch (const std::exception& e) {  // (the checkpoints are written; the verdict is a convenience)
-    // An older summary.json left there (the validation's, a placeholder) contradicted how the run
-    // ended, beside the test figures just logged (a full disk, a probe): removed, the run has none.
+    // One of this step left there (its validation's, the test's write failing: a full disk) stays:
+    // its test evaluation pending is what a resume runs and records. An older step's contradicted
+    // how the run ended: removed, said, and not listed among the run's files.
     const fs::path file = run_dir_ / "summary.json";
     const std::string there = sdk::what_is_at(file);
+    bool this_step = false;
+    try {
+      this_step = there.empty() && summary_at(run_dir_, step_).has_value();
+    } catch (const std::exception&) {  // (not one Loom can read: removed as well)
+    }
     std::error_code ec;
-    const bool removed = there.empty() && fs::remove(file, ec);  // (a regular file)
-    wrote_summary_ = false;
+    const bool removed = there.empty() && !this_step && fs::remove(file, ec);  // (a regular file)
+    wrote_summary_ = wrote_summary_ && this_step;
     std::string why = e.what();  // (less write_file_atomic's "(... is unchanged)", where it is not)
     if (const std::string kept = " (" + file.string() + " is unchanged)"; removed && why.find(kept) != std::string::npos)
       why.erase(why.find(kept), kept.size());
     static std::set<std::string> said;  // (once per run: the validation's and the test's evaluations both write it)
     if (said.insert(run_dir_.string()).second || removed)
       log::warn("could not write ", file.string(), " (", why, "): ",
-                removed ? "the older one there is removed, as it no longer says how the run stands; " : "",
+                removed    ? "the older one there is removed, as it no longer says how the run stands; "
+                : this_step ? "the older one of this step stays, with what it says is still to run (a resume of the "
+                              "run, --resume auto, runs that and records it); "
+                            : "",
                 "the run's figures are in its log, metrics.jsonl and checkpoints (`loom eval ", run_dir_.string(),
                 "` gives them again)",
                 there.empty() || there == "no such file" ? "" : "; move what is at that path (" + there + ") out of the run "

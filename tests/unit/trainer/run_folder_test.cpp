@@ -666,8 +666,9 @@ TEST_F(RunFolderTest, AFolderInUseIsRefused) {
   // Its lock file removed by hand (it looks stale): still refused, the folder itself locked (a
   // second process made a new lock file, locked it, and the two runs wrote one folder, both exit 0).
   fs::remove(first->run_dir() / ".lock");
-  EXPECT_CONTAINS(error_of(second), "is in use by another process (its lock file .lock was removed, by hand?; the folder "
-                                    "itself stays locked while that process runs); wait for that run to end");
+  EXPECT_CONTAINS(error_of(second), "is in use by another process (its lock file .lock is empty or missing: that process is "
+                                    "starting or ending, or the file was removed by hand; the folder itself stays locked "
+                                    "while that process runs); wait for that run to end");
   EXPECT_FALSE(fs::exists(first->run_dir() / ".lock")) << "the refused one made no lock file of its own";
   first.reset();  // the lock ends with the trainer
   EXPECT_NO_THROW(loom::testing::make_trainer(second));
