@@ -42,6 +42,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -122,8 +123,12 @@ Measured run_once(const core::Config& config, core::PluginRegistry& registry, in
                   const std::function<void()>& progress) {
   // (the set-up of a configuration is the same in each round: its warnings and its report
   // once, in the first, not again in every round)
+  core::Resolved resolved = [&] {  // (its warnings were said as the command read the configurations: not twice)
+    const core::log::Quiet said(true);
+    return core::resolve_run(config, registry);
+  }();
   auto silence = std::make_unique<core::log::Quiet>(quiet);
-  core::Trainer trainer(core::resolve_run(config, registry), registry);
+  core::Trainer trainer(std::move(resolved), registry);
   trainer.setup();
   silence.reset();
   progress();

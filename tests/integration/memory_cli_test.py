@@ -265,6 +265,9 @@ try:
            "SIGSEGV (Segmentation fault; its crash report is above, on stderr) (its row says FAILED; the others run on)"
            in r.stderr and os.listdir(crash_tmp) == [], f"bench: a configuration that crashes is a FAILED row "
            f"(left {os.listdir(crash_tmp)})", r)
+    # (a configuration's warnings, said as the command reads it, are not said again by its run)
+    expect(r.stderr.count("model.d_model is an option of model 'lightweight_transformer', which this run does not select")
+           == 2, "bench says a configuration's warnings once", r)
 
     # Stopped by SIGTERM, bench and profile exit 143 and leave none of their scratch runs behind.
     tmp = os.path.join(work, "tmp")
