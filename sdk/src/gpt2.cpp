@@ -18,7 +18,7 @@ constexpr double kMostParameters = 2e10;
 }  // namespace
 
 /// The model's sizes from `dir`/config.json; refuses a model that is not GPT-2 as built here.
-Config hf_config(const std::filesystem::path& dir) {
+Config hf_config(const std::filesystem::path& dir, Head head) {
   if (std::error_code ec; !std::filesystem::is_directory(dir, ec)) {  // ("/etc/passwd/config.json: Not a directory")
     const std::string what = sdk::what_is_at(dir);
     throw sdk::Error("model.pretrained = " + dir.string() +
@@ -95,7 +95,8 @@ Config hf_config(const std::filesystem::path& dir) {
     };
     refuse_unless("scale_attn_weights", true, "attention without the 1/sqrt(head width) scale is another model");
     refuse_unless("scale_attn_by_inverse_layer_idx", false, "attention scaled by 1/(layer + 1) as well is another model");
-    refuse_unless("tie_word_embeddings", true, "an output head apart from wte is not built here (the head is wte, tied)");
+    if (head == Head::kTied)  // (a model that reads hidden states only has no head to tie)
+      refuse_unless("tie_word_embeddings", true, "an output head apart from wte is not built here (the head is wte, tied)");
     refuse_unless("add_cross_attention", false, "cross-attention blocks are not built here");
     if (j.contains("n_inner") && !j.at("n_inner").is_null() &&
         !(j.at("n_inner").is_number_integer() && j.at("n_inner").get<int64_t>() == 4 * c.n_embd))
@@ -116,7 +117,7 @@ Config hf_config(const std::filesystem::path& dir) {
 /// Copies `dir`/model.safetensors into `model` (built with hf_config(dir)), memory-mapped. Every
 /// parameter must be in the file with its shape and nothing else may be: one error names every
 /// missing, unexpected and mis-shaped tensor.
-void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
+void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir, Head head) {
   const auto file = dir / "model.safetensors";
   if (!std::filesystem::exists(file)) {
     if (std::filesystem::exists(dir / "pytorch_model.bin"))
@@ -136,11 +137,11 @@ void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
   };
   std::map<std::string, at::Tensor> by_name;
   std::vector<std::string> twice;  // "wte.weight" and "transformer.wte.weight": which one is the weight?
-  at::Tensor head;
+  at::Tensor lm_head;
   for (auto& [name, t] : tensors) {
     std::string key = name.rfind("transformer.", 0) == 0 ? name.substr(12) : name;
     const std::string rest = in_block(key);
-    if (key == "lm_head.weight") head = t;  // the tied head: wte's values, or the file is another model
+    if (key == "lm_head.weight") lm_head = t;  // the tied head: wte's values, or the file is another model
     if (key == "lm_head.weight" || rest == "attn.bias" || rest == "attn.masked_bias") continue;  // causal masks
     if (!by_name.emplace(key, t).second) twice.push_back(key + " and transformer." + key);
   }
@@ -151,10 +152,10 @@ void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
                      " weight(s) twice, with and without the prefix 'transformer.' (" + names +
                      "); one of them is not the model's: save the model again with save_pretrained");
   }
-  if (head.defined()) {
+  if (lm_head.defined() && head == Head::kTied) {
     const auto wte = by_name.find("wte.weight");
-    if (wte != by_name.end() && (head.sizes() != wte->second.sizes() || head.scalar_type() != wte->second.scalar_type() ||
-                                 !at::equal(head, wte->second)))
+    if (wte != by_name.end() && (lm_head.sizes() != wte->second.sizes() ||
+                                 lm_head.scalar_type() != wte->second.scalar_type() || !at::equal(lm_head, wte->second)))
       throw sdk::Error("model.pretrained: " + file.string() + " holds an lm_head.weight other than wte.weight: its output "
                        "head is not tied to the embedding, which this GPT-2's is (config.json's tie_word_embeddings)");
   }
@@ -208,5 +209,9 @@ void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) {
   if (!misshaped.empty()) message += "\n  other shape, type or values: " + list(misshaped);
   throw sdk::Error(message + "\n(a GPT2Model or GPT2LMHeadModel saved with save_pretrained fits)");
 }
+
+Config hf_config(const std::filesystem::path& dir) { return hf_config(dir, Head::kTied); }
+
+void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir) { load_hf_weights(model, dir, Head::kTied); }
 
 }  // namespace loom::sdk::gpt2

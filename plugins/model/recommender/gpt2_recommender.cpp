@@ -229,7 +229,7 @@ class Gpt2Recommender final : public sdk::Model {
     if (!pretrained_.empty()) fingerprints_["pretrained.config"] = sdk::files_fingerprint({fs::path(pretrained_) / "config.json"});
     tokens_ = gpt2::tokenize(texts, tokenizer ? &*tokenizer : nullptr, text_tokens_);
 
-    gpt2::Config c = pretrained_.empty() ? gpt2::Config::of_size(size_) : gpt2::hf_config(pretrained_);
+    gpt2::Config c = pretrained_.empty() ? gpt2::Config::of_size(size_) : gpt2::hf_config(pretrained_, gpt2::Head::kUnused);
     if (vocab_size_ > 0 && vocab_size_ < tokens_.vocab_size)
       throw Error("gpt2_recommender: model.vocab_size " + std::to_string(vocab_size_) + " is below the tokenizer's ids (up to " +
                   std::to_string(tokens_.vocab_size - 1) + ")");
@@ -268,7 +268,7 @@ class Gpt2Recommender final : public sdk::Model {
       net_->item_ids.copy_(data_item_ids_);
     }
     if (!pretrained_.empty()) {
-      gpt2::load_hf_weights(*net_->gpt2, pretrained_);
+      gpt2::load_hf_weights(*net_->gpt2, pretrained_, gpt2::Head::kUnused);  // (hidden states only)
       sdk::log::info("gpt2_recommender: GPT-2 weights from ", pretrained_);
     }
     if (freeze_)

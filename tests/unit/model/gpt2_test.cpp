@@ -239,6 +239,9 @@ TEST(Gpt2, AWeightTwiceOrAnUntiedHeadIsRefusedNotOneOfThemLoaded) {
   };
   tensors["lm_head.weight"] = tensors["transformer.wte.weight"] * 2;
   EXPECT_CONTAINS(error(), "holds an lm_head.weight other than wte.weight: its output head is not tied to the embedding");
+  // A model that reads hidden states only (gpt2_recommender) loads it: the head is not its business
+  gpt2::load_hf_weights(*model, dir, gpt2::Head::kUnused);
+  EXPECT_TRUE(at::equal(model->wte->weight, tensors["transformer.wte.weight"]));
   tensors.erase("lm_head.weight");
   tensors["wte.weight"] = tensors["transformer.wte.weight"] * 2;
   tensors["ln_f.bias"] = tensors["transformer.ln_f.bias"].clone();
@@ -277,6 +280,8 @@ TEST(Gpt2, AConfigWithAFractionalOrMissingSizeIsOneErrorNamingTheKey) {
   EXPECT_CONTAINS(error_with("scale_attn_by_inverse_layer_idx", "true"), "scale_attn_by_inverse_layer_idx is true: attention");
   EXPECT_CONTAINS(error_with("tie_word_embeddings", "false"), "tie_word_embeddings is false: an output head apart");
   EXPECT_CONTAINS(error_with("tie_word_embeddings", "\"no\""), "tie_word_embeddings is \"no\": it is true or false");
+  error_with("tie_word_embeddings", "false");  // (and for a model without the head, gpt2_recommender: taken)
+  EXPECT_EQ(gpt2::hf_config(dir, gpt2::Head::kUnused).n_embd, 768);
   EXPECT_CONTAINS(error_with("n_inner", "64"), "n_inner is 64: this GPT-2's MLP is 4 x n_embd = 3072 wide");
   EXPECT_CONTAINS(error_with("n_inner", "3072.5"), "n_inner is 3072.5:");
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{

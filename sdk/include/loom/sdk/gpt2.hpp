@@ -206,13 +206,26 @@ TORCH_MODULE(Model);
 // the causal masks as h.N.attn.bias and h.N.attn.masked_bias. GPT-2's Conv1D layers store their
 // weights as [in, out], the transpose of a Linear's.
 
-/// The model's sizes from `dir`/config.json; refuses a model that is not GPT-2 as built here.
+/// What the model built on a GPT-2 folder does with GPT-2's output head (lm_head: the tied head, wte
+/// itself, in the released model).
+enum class Head {
+  kTied,    ///< it predicts tokens through wte (gpt2_lm): a folder whose head is another is refused
+  kUnused,  ///< it reads hidden states only (gpt2_recommender): the folder's head, tied or not, is not its business
+};
+
+/// The model's sizes from `dir`/config.json; refuses a model that is not GPT-2 as built here
+/// (with Head::kTied, also one whose config.json unties the head: tie_word_embeddings false).
+LOOM_SDK_API Config hf_config(const std::filesystem::path& dir, Head head);
+/// hf_config(dir, Head::kTied).
 LOOM_SDK_API Config hf_config(const std::filesystem::path& dir);
 
 /// Copies `dir`/model.safetensors into `model` (built with hf_config(dir)), memory-mapped
 /// (map_safetensors). Every parameter must be in the file with its shape and nothing else may be:
 /// one error names every missing, unexpected and mis-shaped tensor. pytorch_model.bin (a pickle)
-/// is refused with the command that converts it.
+/// is refused with the command that converts it. lm_head.weight is the head's: with Head::kTied
+/// it must equal wte.weight, with Head::kUnused it is passed over.
+LOOM_SDK_API void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir, Head head);
+/// load_hf_weights(model, dir, Head::kTied).
 LOOM_SDK_API void load_hf_weights(ModelImpl& model, const std::filesystem::path& dir);
 
 }  // namespace loom::sdk::gpt2
