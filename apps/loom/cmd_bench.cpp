@@ -200,6 +200,7 @@ struct ChildRun {
   bool started = false;
   std::optional<Measured> measured;
   std::string failed;
+  bool paused = false;  ///< stopped and continued with the bench (Ctrl-Z, fg): its rate counts the pause
 };
 
 /// In the parent: the run of `config` in `round` in a child, its configuration written to
@@ -244,6 +245,7 @@ ChildRun run_in_child(const core::Config& config, int64_t round, const fs::path&
     return out;
   }
   out.started = true;
+  out.paused = end.paused;
   stop_if_signalled("loom bench");
   if (end.timed_out) {
     out.measured.reset();
@@ -438,6 +440,10 @@ int cmd_bench(const Invocation& invocation) {
               throw Error(run.failed);
             } else {
               measured = run.measured;
+              if (run.paused)
+                core::log::warn("bench     ", rows[index].name, repeats > 1 ? ", round " + std::to_string(round + 1) : std::string(),
+                                ": paused (Ctrl-Z) while it was measured, so its rate counts the pause; run the bench "
+                                "again for a true figure");
             }
           }
           if (!measured) measured = run_once(run_config(index, round), registry, steps, round > 0, [] {});

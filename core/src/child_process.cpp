@@ -101,6 +101,7 @@ ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(c
   try {
     bool ended = false, pipe_open = true;
     auto since = std::chrono::steady_clock::now();
+    int continuations = job_continuations();
     std::string buffer;
     size_t read_after = 0;
     while (true) {
@@ -140,6 +141,11 @@ ChildEnd run_child_process(const ChildProcess& child, const std::function<bool(c
       }
       if (ended && !pipe_open) break;  // (its end of the pipe closed: everything it wrote is read)
       if (ended_before && (ready == 0 || (ready > 0 && (read_after += kChunk) > (1u << 20)))) break;
+      if (const int now = job_continuations(); now != continuations) {  // (stopped with the child: Ctrl-Z, then fg)
+        continuations = now;
+        out.paused = true;
+        since = std::chrono::steady_clock::now();
+      }
       if (stop && stop()) {
         out.stopped = true;
         break;

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <signal.h>
 #include <cstdint>
@@ -67,6 +68,22 @@ void remove_scratch_folder() {
     ::execve("/bin/rm", rm_argv, environ);
     ::_exit(127);
   }
+}
+
+std::atomic<int> continued{0};  // SIGCONTs while a child group was noted (job_continuations)
+
+void on_job_stop(int) {
+  const int saved = errno;
+  if (const int group = child_group.load(); group > 0) ::kill(-group, SIGSTOP);
+  ::kill(::getpid(), SIGSTOP);  // (this process stops here; a SIGCONT goes on from here)
+  errno = saved;
+}
+
+void on_job_continue(int) {
+  const int saved = errno;
+  if (const int group = child_group.load(); group > 0) ::kill(-group, SIGCONT);
+  continued.fetch_add(1);
+  errno = saved;
 }
 
 int64_t now_ns() {  // (clock_gettime is async-signal-safe)
@@ -181,7 +198,35 @@ void note_scratch_folder(const std::string& path) {
   has_scratch.store(true);
 }
 
-void note_child_group(int group) { child_group.store(group); }
+void note_child_group(int group) {
+  // Job control: a child in a group of its own is not in the terminal's foreground group, so Ctrl-Z
+  // stopped this process and left the child running (a benchmark's run measuring on, its GPU
+  // busy), and `fg` found it at its limit. While one lives, a stop stops its group first, and a
+  // continue continues it. (Not where SIGTSTP was ignored: a shell without job control.)
+  static struct sigaction tstp_before {}, cont_before {};
+  static bool installed = false;
+  if (group > 0 && !installed) {
+    struct sigaction inherited {};
+    if (::sigaction(SIGTSTP, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_DFL) {
+      struct sigaction action {};
+      sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESTART;
+      action.sa_handler = &on_job_stop;
+      ::sigaction(SIGTSTP, &action, &tstp_before);
+      action.sa_handler = &on_job_continue;
+      ::sigaction(SIGCONT, &action, &cont_before);
+      installed = true;
+    }
+  }
+  child_group.store(group);
+  if (group == 0 && installed) {
+    ::sigaction(SIGTSTP, &tstp_before, nullptr);
+    ::sigaction(SIGCONT, &cont_before, nullptr);
+    installed = false;
+  }
+}
+
+int job_continuations() { return continued.load(); }
 
 StopAtOnce::StopAtOnce(const char* message, const std::string& during) {
   at_once.store(message);  // first: a signal from here on ends the process; one before it is seen below

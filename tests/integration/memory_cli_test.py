@@ -322,6 +322,37 @@ try:
                f"(found {processes_with(marker)})", result)
         if p.returncode == -signal.SIGINT:
             break
+    # Ctrl-Z (SIGTSTP) stopped the bench alone: its run's process, in a group of its own, measured
+    # on, its time limit running; SIGCONT (`fg`) continues both.
+    def state(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "gone"
+    marker = "trainer.seed=90871"
+    p = subprocess.Popen([exe, "bench", "configs", a, "--steps", "100000", *RUN, "--set", marker],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, TMPDIR=tmp))
+    deadline = time.time() + 120
+    while time.time() < deadline and len(processes_with(marker)) < 2:
+        time.sleep(0.05)
+    time.sleep(2)
+    p.send_signal(signal.SIGTSTP)
+    deadline = time.time() + 20
+    while time.time() < deadline and not all(state(pid) == "T" for pid in processes_with(marker)):
+        time.sleep(0.05)
+    stopped = {pid: state(pid) for pid in processes_with(marker)}
+    p.send_signal(signal.SIGCONT)
+    deadline = time.time() + 20
+    while time.time() < deadline and any(state(pid) == "T" for pid in processes_with(marker)):
+        time.sleep(0.05)
+    continued = {pid: state(pid) for pid in processes_with(marker)}
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    result = subprocess.CompletedProcess(["bench"], p.returncode, out, err)
+    expect(len(stopped) == 2 and set(stopped.values()) == {"T"} and "T" not in continued.values()
+           and p.returncode == 143, f"Ctrl-Z stops the bench and its run's process, SIGCONT continues both "
+           f"(stopped {stopped}, continued {continued}, rc {p.returncode})", result)
     # vram_tiers listed after auto_batch replaces what it measured: the warning blamed auto_batch's cache.
     r = loom(exe, "train", "-c", debug, "--set", "memory.policies=auto_batch,vram_tiers", "--device-memory-limit", "600KiB",
              "--set", "memory.tiers=0:64", "--batch-size", "128", "--set", "trainer.max_steps=1", "--set",

@@ -31,6 +31,7 @@ struct ChildEnd {
   bool timed_out = false;  ///< it went past its limit and was killed
   bool stopped = false;    ///< stop() said so, and it was killed
   bool heard = false;      ///< it reported progress at least once (the limit was `limit`, not `first_limit`)
+  bool paused = false;     ///< it was stopped and continued with this process (Ctrl-Z, fg): its time includes the pause
   int status = 0;          ///< its wait status
 };
 

@@ -21,7 +21,12 @@ void install_stop_signals(OnStop on_stop = OnStop::kCheckpoint);
 void note_scratch_folder(const std::string& path);
 /// The process group of a child that runs in a group of its own (core::run_child_process), which a
 /// stop at once kills before it ends this process (a Ctrl-C no longer reaches that group); 0 for none.
+/// While one is noted, Ctrl-Z (SIGTSTP) stops that group before this process, and SIGCONT (`fg`)
+/// continues it.
 void note_child_group(int group);
+/// How many times this process was continued (SIGCONT) after a Ctrl-Z while a child group was
+/// noted: a child's time limit does not count the pause.
+int job_continuations();
 /// What a stop at once (the second SIGINT or SIGTERM) prints as it ends the process: where the run
 /// stands and how to continue it, `saved` once a checkpoint of the run was written (this command's,
 /// or one it resumed from: note_checkpoint_written), `unsaved` before; "" for nothing. (Under
