@@ -192,6 +192,10 @@ int cmd_train(const Invocation& invocation) {
   core::TrainSummary s;
   try {
     s = trainer.train();
+  } catch (const core::RunFolderGone& e) {  // (its message says where the checkpoints are and how to go on)
+    core::log::error(message_of(e));
+    core::log::flush();
+    return 1;
   } catch (const std::exception& e) {
     // A failure mid-run (a full disk, a lost device): the checkpoints written before it stand, and
     // the user is told which one a resume takes up and the command that does it.
@@ -202,7 +206,8 @@ int cmd_train(const Invocation& invocation) {
       // trained nothing discards nothing, and says nothing)
       if (!trainer.discard_if_nothing_trained() && trainer.step() > 0) {
         const fs::path folder = trainer.run_dir() / "checkpoints";
-        const std::string what = sdk::what_is_at(folder), is = what.empty() ? "a file" : what;
+        const std::string what = sdk::what_is_at(folder);
+        const std::string is = what.empty() ? "a file" : what == "no such file" ? "gone" : what;
         core::log::warn(!checkpoints ? "the run writes no checkpoint (trainer.callbacks has no 'checkpoint'), so it cannot be "
                                        "continued; its figures so far are in its log"
                                      : "no checkpoint of the run is in " + folder.string() +

@@ -137,7 +137,10 @@ fs::path CheckpointStore::save(int64_t step, const sdk::TensorMap& model, const 
   bool made = fs::exists(fs::symlink_status(tmp, probe));
   try {
     fs::remove_all(tmp);
-    fs::create_directories(tmp);
+    // (its checkpoints folder again where it was removed by hand, but never the run folder: one
+    // moved away mid-run was made again at its old path, a second, partial run there)
+    fs::create_directory(dir_);
+    fs::create_directory(tmp);
     made = true;
     // The safetensors files carry their own checksums (Note [Checkpoint checksums]); state.json's
     // is kept in both, so a flipped byte in any of the three is found at load, and so is a file

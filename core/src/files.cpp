@@ -248,6 +248,22 @@ FileLock::~FileLock() {
   release_folder();
 }
 
+FileLock::Whereabouts FileLock::whereabouts() const {
+  Whereabouts w;
+  struct stat held {}, there {};
+  if (folder_fd_ < 0 || ::fstat(folder_fd_, &held) != 0) return w;
+  const fs::path folder = path_.has_parent_path() ? path_.parent_path() : fs::path(".");
+  if (::stat(folder.c_str(), &there) == 0 && there.st_dev == held.st_dev && there.st_ino == held.st_ino) return w;
+  w.gone = true;
+  w.removed = held.st_nlink == 0;
+  if (w.removed) return w;
+  // (Linux names an open folder's path now; elsewhere, or where it cannot be read, none is said)
+  std::error_code ec;
+  const fs::path now = fs::read_symlink("/proc/self/fd/" + std::to_string(folder_fd_), ec);
+  if (!ec && now.is_absolute()) w.now = now;
+  return w;
+}
+
 void FileLock::release_folder() {
   if (folder_fd_ >= 0) ::close(folder_fd_);
   folder_fd_ = -1;

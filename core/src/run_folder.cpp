@@ -164,8 +164,38 @@ std::vector<std::string> detail::runs_newest_first(const fs::path& work_dir) {
   return out;
 }
 
+void Trainer::check_run_folder() const {
+  // A run folder renamed or removed while its run went on (a user tidying up): whatever wrote at
+  // its old path after it (a checkpoint, the TensorBoard folder, summary.json) made the path again,
+  // and the run trained to its end into a second, partial folder there, its config.json and its
+  // earlier checkpoints in the moved one, exiting 0. It stops instead, writing nothing more.
+  if (!run_lock_) return;
+  const FileLock::Whereabouts w = run_lock_->whereabouts();
+  if (!w.gone) return;
+  const std::string what = "run folder " + run_dir_.string() + " was " + (w.removed ? "removed" : "moved") +
+                           (w.now.empty() ? std::string() : " to " + w.now.string()) + " while the run went on: it stops " +
+                           "at step " + std::to_string(step_) + ", and writes nothing more (at its old path it would " +
+                           "have made a second, partial run folder)";
+  if (w.removed) throw RunFolderGone(what + "; its checkpoints went with it");
+  if (w.now.empty())
+    throw RunFolderGone(what + "; the checkpoints written before are where it went: put it back, and continue with "
+                        "--resume auto --set trainer.name=" + shell_word(run_dir_.filename().string()));
+  std::error_code ec;
+  const bool same_work_dir = fs::equivalent(w.now.parent_path(), run_dir_.parent_path(), ec);
+  throw RunFolderGone(what + "; the checkpoints written before are where it went: continue from its newest there with " +
+                      "--resume auto --set trainer.name=" + shell_word(w.now.filename().string()) +
+                      (same_work_dir ? std::string() : " --set trainer.work_dir=" + shell_word(w.now.parent_path().string())));
+}
+
 void Trainer::lock_run(const fs::path& dir) {
   fs::create_directories(dir);
+  std::error_code probe;
+  const bool had_lock = fs::exists(fs::symlink_status(dir / ".lock", probe));
+  const auto release = [&] {  // (a refusal below wrote nothing: nor the lock file it made, removed while held)
+    std::error_code ec;
+    if (!had_lock) fs::remove(dir / ".lock", ec);
+    run_lock_.reset();
+  };
   try {
     run_lock_ = std::make_unique<FileLock>(dir / ".lock");
   } catch (const FileLock::Locked& e) {
@@ -178,7 +208,7 @@ void Trainer::lock_run(const fs::path& dir) {
   // a resume moves anything, not as "cannot rename into" once it has. (A dangling link is replaced.)
   const std::string there = sdk::what_is_at(dir / "config.json");
   if (there == "a folder" || there == "a FIFO" || there == "a socket" || there.ends_with(" device")) {
-    run_lock_.reset();
+    release();
     throw Error((dir / "config.json").string() + " is " + there + ", not the run's configuration, which Loom writes " +
                 "there; move it out of the run folder and run the command again");
   }
@@ -188,12 +218,12 @@ void Trainer::lock_run(const fs::path& dir) {
   try {  // a link to another run's checkpoints: the resume pruned and wrote over them
     CheckpointStore::claim_link(dir);
   } catch (const Error&) {
-    run_lock_.reset();
+    release();
     throw;
   }
   if (std::error_code ec; fs::is_directory(checkpoints, ec) && ::access(checkpoints.c_str(), W_OK | X_OK) != 0) {
     const int code = errno;
-    run_lock_.reset();
+    release();
     throw Error(explained(fs::filesystem_error("cannot write in", checkpoints, std::error_code(code, std::generic_category()))) +
                 "; the run's checkpoints go there (nothing was written)");
   }
@@ -529,20 +559,25 @@ void Trainer::open_run_here() {
   bool made_here = name.empty();
   if (name.empty()) name = claim_fresh_name(work_dir);
   run_dir_ = work_dir / name;
+  bool lock_made = false;
   if (!run_lock_) {
     std::error_code ec;
     made_here = made_here || !fs::exists(run_dir_, ec);
+    lock_made = !fs::exists(fs::symlink_status(run_dir_ / ".lock", ec));
     lock_run(run_dir_);
   }
   // A folder this command made for a run it then refuses (a checkpoint of another model, say) is
-  // taken away again: a name left holding only a lock file would look taken. Anything else in it stays.
+  // taken away again: a name left holding only a lock file would look taken. Anything else in it
+  // stays; in a folder that was there, the lock file it made goes ("nothing was written").
   struct TakeAway {
     const fs::path& dir;
-    bool armed;
+    bool armed, made, lock_made;
     ~TakeAway() {
-      if (armed) remove_if_only_lock(dir);
+      std::error_code ec;
+      if (armed && made) remove_if_only_lock(dir);
+      else if (armed && lock_made) fs::remove(dir / ".lock", ec);
     }
-  } take_away{run_dir_, made_here};
+  } take_away{run_dir_, true, made_here, lock_made};
 
   if (!checkpoint.empty()) {
     const bool same_run = fs::weakly_canonical(checkpoint.parent_path().parent_path()) == fs::weakly_canonical(run_dir_);

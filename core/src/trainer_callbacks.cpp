@@ -88,6 +88,7 @@ fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap&
       throw Error("save_weights(" + printable(file_name, 200) + "): metadata '" + printable(key, 80) + "' is not UTF-8 text; "
                   "a weights file's metadata is JSON, which holds UTF-8 only");
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / file_name;  // rank 0 writes (save_checkpoint)
+  check_run_folder();
   const json state = detail::parse_json<json>(state_json());
   sdk::TextMap all = metadata;
   all.emplace("step", std::to_string(step_));  // (a resume from an earlier step sets a later one's file aside)
@@ -216,6 +217,7 @@ std::optional<json> summary_at(const fs::path& run_dir, int64_t step);
 }  // namespace
 
 void Trainer::write_run_summary() {
+  check_run_folder();  // (a summary.json alone at a moved run's old path)
   // The verdict of a run at its end, in its folder: a later `--resume auto` of it (a requeued
   // job) reads it, so that a diverged run fails each time it is asked, not only once. JSON has no
   // NaN: a figure that is not finite is written "nan", "inf" or "-inf".

@@ -202,6 +202,7 @@ fs::path Trainer::save_checkpoint() {
   // is the same sum), so the others only name the folder rank 0 writes.
   check_weights_before_saving("the checkpoint");  // (on every rank: they stop together)
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / step_dir_name(step_);
+  check_run_folder();
   // Since resuming, no update had finite gradients: this state is the resumed checkpoint's at
   // best, and perhaps damaged; writing it could let pruning delete the good checkpoints.
   if (resumed_at_ >= 0 && step_ > resumed_at_ && skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_) {

@@ -121,6 +121,7 @@ TrainSummary Trainer::train() {
     stop_reason_ = "another rank's callback stopped the run";
   double train_seconds = 0;
   while (step_ < total_steps_ && stop_reason_.empty()) {
+    check_run_folder();  // (before a step that would be written at its old path)
     notify("on_step_begin", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_step_begin(run, step_ + 1); });
     const auto start = Clock::now();
     // Only log steps read the step's values from the device, unless a callback reads every step.

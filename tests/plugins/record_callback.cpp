@@ -19,12 +19,16 @@ class RecordCallback final : public loom::sdk::Callback {
       loom::sdk::option_enum("odd_text", "none", "none|state|stop_reason|weights_name|best_name",
                              "bytes that are not UTF-8 in its state, in its stop reason at stop_at, a NUL in a weights "
                              "file's name, or the best callback's name (save_weights at stop_at)"),
+      loom::sdk::option_int("move_run_at", "0", "in on_step_end of this step, move_run the run folder, as a user might "
+                            "mid-run (0: never)"),
+      loom::sdk::option_enum("move_run", "rename", "rename|remove", "rename: to <its name>.moved; remove: delete it"),
   };
 
   explicit RecordCallback(const loom::sdk::Options& o)
       : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")), stop_main_at_(o.get_int("stop_main_at")),
         stop_main_in_(o.get_string("stop_main_in")), fail_other_at_(o.get_int("fail_other_at")),
-        save_in_(o.get_string("save_in")), odd_text_(o.get_string("odd_text")) {}
+        save_in_(o.get_string("save_in")), odd_text_(o.get_string("odd_text")),
+        move_run_at_(o.get_int("move_run_at")), move_run_(o.get_string("move_run")) {}
 
   std::string describe() const override {
     return "every hook it sees" + (stop_at_ > 0 ? ", a stop at step " + std::to_string(stop_at_) : std::string());
@@ -62,6 +66,14 @@ class RecordCallback final : public loom::sdk::Callback {
     if (stop_at_ > 0 && r.step == stop_at_)
       run.request_stop(odd_text_ == "stop_reason" ? "record \xff\xfe asked" : "record asked to stop at step " + std::to_string(r.step));
     stop_main(run, "on_step_end", r.step);
+    if (move_run_at_ > 0 && r.step == move_run_at_ && run.is_main()) {
+      std::filesystem::path moved = run.run_dir();
+      moved += ".moved";
+      if (move_run_ == "remove")
+        std::filesystem::remove_all(run.run_dir());
+      else
+        std::filesystem::rename(run.run_dir(), moved);
+    }
   }
   void on_checkpoint_saved(loom::sdk::RunContext& run, const std::filesystem::path&) override {
     hook("on_checkpoint_saved", run.step());
@@ -101,6 +113,8 @@ class RecordCallback final : public loom::sdk::Callback {
   int64_t fail_other_at_;
   std::string save_in_;
   std::string odd_text_;
+  int64_t move_run_at_;
+  std::string move_run_;
   int64_t steps_ = 0;
   double loss_sum_ = 0;
 };

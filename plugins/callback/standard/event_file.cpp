@@ -81,7 +81,9 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
 }
 
 EventFileWriter::EventFileWriter(const fs::path& dir) {
-  fs::create_directories(dir);
+  // (its folder again where it was removed, but not the folders above it: the run folder moved
+  // away mid-run was made again at its old path)
+  fs::create_directory(dir);
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
                            std::chrono::system_clock::now().time_since_epoch()).count();
   // Unique even when two writers start within the same second (a resumed run).

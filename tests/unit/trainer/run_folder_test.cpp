@@ -101,6 +101,9 @@ TEST_F(RunFolderTest, ANewRunRefusesAFolderHoldingOnlyARunsBestWeightsSummaryOrE
     const std::string m = error_of(base(name));
     EXPECT_NE(m.find("already holds a run named '" + name + "' (0 checkpoints)"), std::string::npos) << kept << ": " << m;
     EXPECT_EQ(text(file), "the run's") << kept;
+    // ("nothing was written": nor a lock file, which it made to look, and which a copy of the
+    // folder then carried)
+    EXPECT_FALSE(fs::exists(fs::symlink_status(dir_ / name / ".lock"))) << kept;
     // --resume auto starts it again, the file moved aside, not written over.
     Config again = base(name);
     again.set_assignment("trainer.resume=auto");
@@ -1219,6 +1222,42 @@ TEST_F(RunFolderTest, ResumingFromTheSameOlderCheckpointTwiceKeepsBothTimelines)
       aside.push_back(entry.path().filename().string());
     }
   EXPECT_EQ(aside.size(), 2u);
+}
+
+TEST_F(RunFolderTest, ARunFolderMovedMidRunIsNotMadeAgainAtItsOldPath) {
+  // A run folder renamed while its run went on (a user tidying up): the checkpoint store, the
+  // TensorBoard writer and summary.json made the old path again, and the run trained to its end
+  // into a second, partial folder there (checkpoints, events, a verdict; its config.json and the
+  // metrics in the moved one), exiting 0. It stops, writes nothing there, and says where to go on.
+  Config c = base("moving");
+  c.set_assignment("trainer.callbacks=record, jsonl, tensorboard, checkpoint");
+  c.set_assignment("callback.record.move_run_at=1");
+  c.set_assignment("trainer.log_every=2");
+  const std::string error = loom::testing::training_error(c);
+  const fs::path run = dir_ / "moving";
+  std::vector<std::string> there;
+  for (std::error_code ec; const auto& e : fs::recursive_directory_iterator(run, ec)) there.push_back(e.path().string());
+  EXPECT_FALSE(fs::exists(run)) << "made again, holding: " << join(there, ", ") << "; the run said: " << error;
+  EXPECT_TRUE(fs::exists(dir_ / "moving.moved" / "metrics.jsonl"));
+  EXPECT_NE(error.find("run folder " + run.string() + " was moved to " + fs::canonical(dir_).string() +
+                       "/moving.moved while the run went on: it stops at step 1"),
+            std::string::npos) << error;
+  // (in the same work_dir: its name alone)
+  EXPECT_NE(error.find("--resume auto --set trainer.name=moving.moved"), std::string::npos) << error;
+  EXPECT_EQ(error.find("trainer.work_dir"), std::string::npos) << error;
+}
+
+TEST_F(RunFolderTest, ARunFolderRemovedMidRunStopsItAndIsNotMadeAgain) {
+  Config c = base("removed");
+  c.set_assignment("trainer.callbacks=record, jsonl, checkpoint");
+  c.set_assignment("callback.record.move_run_at=1");
+  c.set_assignment("callback.record.move_run=remove");
+  const std::string error = loom::testing::training_error(c);
+  EXPECT_FALSE(fs::exists(dir_ / "removed")) << error;
+  EXPECT_NE(error.find("run folder " + (dir_ / "removed").string() + " was removed while the run went on: it stops "
+                       "at step 1"),
+            std::string::npos) << error;
+  EXPECT_NE(error.find("its checkpoints went with it"), std::string::npos) << error;
 }
 
 }  // namespace

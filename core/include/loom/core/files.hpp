@@ -62,6 +62,15 @@ class FileLock {
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
 
+  /// Whether the locked folder is no longer at its path (renamed or removed while held), and where
+  /// it went: `now` is its path now ("" where it was removed, or the system does not say).
+  struct Whereabouts {
+    bool gone = false, removed = false;
+    std::filesystem::path now;
+  };
+  /// (one stat and one fstat; never gone where the folder could not be locked)
+  Whereabouts whereabouts() const;
+
  private:
   void release_folder();
 

@@ -117,6 +117,12 @@ struct StepState {
   int64_t peak = 0;  ///< the device's peak allocation when the step began (the run's so far)
 };
 
+/// The run folder was renamed or removed while the run went on: the run stopped, writing nothing
+/// at its old path; what() says where it went and how to continue there.
+struct RunFolderGone : Error {
+  using Error::Error;
+};
+
 class Trainer {
  public:
   /// `config` is the validated configuration (validate(run_schema(...))); `registry` provides
@@ -339,6 +345,8 @@ class Trainer {
   /// A resume's position and length (Note [An epoch of whole steps]); whether an epochs-based run is at its end.
   bool on_the_steps_grid(DataLoader::Position& position);
   void lock_run(const std::filesystem::path& dir);
+  /// Throws RunFolderGone where the locked run folder is no longer at run_dir_ (rank 0; a stat).
+  void check_run_folder() const;
   void refuse_training_alone_among_ranks() const;  // RANK/WORLD_SIZE say several, the strategy trains alone
   /// Loads the newest checkpoint of a run folder that loads; false (with the reasons added to
   /// `problems`) when none does. A checkpoint that does not fit this run (ResumeRefused) throws.
