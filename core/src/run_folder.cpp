@@ -88,12 +88,6 @@ std::string claim_fresh_name(const fs::path& work_dir) {
   }
 }
 
-/// lock_run's refusal of a folder another process holds.
-class RunInUse : public Error {
- public:
-  using Error::Error;
-};
-
 /// `--resume auto` of a name no run has starts it: said, with a close run's name (a typo trained afresh unsaid).
 void say_named_run_starts(const fs::path& work_dir, const std::string& name) {
   auto others = runs_newest_first(work_dir);
@@ -162,71 +156,6 @@ std::vector<std::string> detail::runs_newest_first(const fs::path& work_dir) {
   std::vector<std::string> out;
   for (const auto& [time, name] : runs) out.push_back(name);
   return out;
-}
-
-void Trainer::check_run_folder() const {
-  // A run folder renamed or removed while its run went on (a user tidying up): whatever wrote at
-  // its old path after it (a checkpoint, the TensorBoard folder, summary.json) made the path again,
-  // and the run trained to its end into a second, partial folder there, its config.json and its
-  // earlier checkpoints in the moved one, exiting 0. It stops instead, writing nothing more.
-  if (!run_lock_) return;
-  const FileLock::Whereabouts w = run_lock_->whereabouts();
-  if (!w.gone) return;
-  const std::string what = "run folder " + run_dir_.string() + " was " + (w.removed ? "removed" : "moved") +
-                           (w.now.empty() ? std::string() : " to " + w.now.string()) + " while the run went on: it stops " +
-                           "at step " + std::to_string(step_) + ", and writes nothing more (at its old path it would " +
-                           "have made a second, partial run folder)";
-  if (w.removed) throw RunFolderGone(what + "; its checkpoints went with it");
-  if (w.now.empty())
-    throw RunFolderGone(what + "; the checkpoints written before are where it went: put it back, and continue with "
-                        "--resume auto --set trainer.name=" + shell_word(run_dir_.filename().string()));
-  std::error_code ec;
-  const bool same_work_dir = fs::equivalent(w.now.parent_path(), run_dir_.parent_path(), ec);
-  throw RunFolderGone(what + "; the checkpoints written before are where it went: continue from its newest there with " +
-                      "--resume auto --set trainer.name=" + shell_word(w.now.filename().string()) +
-                      (same_work_dir ? std::string() : " --set trainer.work_dir=" + shell_word(w.now.parent_path().string())));
-}
-
-void Trainer::lock_run(const fs::path& dir) {
-  fs::create_directories(dir);
-  std::error_code probe;
-  const bool had_lock = fs::exists(fs::symlink_status(dir / ".lock", probe));
-  const auto release = [&] {  // (a refusal below wrote nothing: nor the lock file it made, removed while held)
-    std::error_code ec;
-    if (!had_lock) fs::remove(dir / ".lock", ec);
-    run_lock_.reset();
-  };
-  try {
-    run_lock_ = std::make_unique<FileLock>(dir / ".lock");
-  } catch (const FileLock::Locked& e) {
-    throw RunInUse("run folder " + dir.string() + " is in use by " + e.what() +
-                   "; wait for that run to end, or choose another trainer.name");
-  }
-  CheckpointStore::recover(dir);  // (a save again that a kill cut: its older step folder back before a resume lists them)
-  remove_orphan_temporaries(dir);  // (and the temporary files of writes a kill cut off)
-  // A folder, a FIFO or a device where the run writes config.json: named with its fix now, before
-  // a resume moves anything, not as "cannot rename into" once it has. (A dangling link is replaced.)
-  const std::string there = sdk::what_is_at(dir / "config.json");
-  if (there == "a folder" || there == "a FIFO" || there == "a socket" || there.ends_with(" device")) {
-    release();
-    throw Error((dir / "config.json").string() + " is " + there + ", not the run's configuration, which Loom writes " +
-                "there; move it out of the run folder and run the command again");
-  }
-  // A checkpoints folder this process cannot write in (a read-only mount, its permissions): said
-  // now, not at the first save, once the steps before it were trained for nothing.
-  const fs::path checkpoints = dir / "checkpoints";
-  try {  // a link to another run's checkpoints: the resume pruned and wrote over them
-    CheckpointStore::claim_link(dir);
-  } catch (const Error&) {
-    release();
-    throw;
-  }
-  if (std::error_code ec; fs::is_directory(checkpoints, ec) && ::access(checkpoints.c_str(), W_OK | X_OK) != 0) {
-    const int code = errno;
-    release();
-    throw Error(explained(fs::filesystem_error("cannot write in", checkpoints, std::error_code(code, std::generic_category()))) +
-                "; the run's checkpoints go there (nothing was written)");
-  }
 }
 
 bool Trainer::resume_newest(const fs::path& dir, std::vector<std::string>& problems) {

@@ -88,7 +88,6 @@ fs::path Trainer::save_weights(const std::string& file_name, const sdk::TextMap&
       throw Error("save_weights(" + printable(file_name, 200) + "): metadata '" + printable(key, 80) + "' is not UTF-8 text; "
                   "a weights file's metadata is JSON, which holds UTF-8 only");
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / file_name;  // rank 0 writes (save_checkpoint)
-  check_run_folder();
   const json state = detail::parse_json<json>(state_json());
   sdk::TextMap all = metadata;
   all.emplace("step", std::to_string(step_));  // (a resume from an earlier step sets a later one's file aside)

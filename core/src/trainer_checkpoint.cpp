@@ -129,8 +129,8 @@ std::string Trainer::nonfinite_weights() const {
 }
 
 void Trainer::check_weights_before_saving(const std::string& what) const {
-  // Weights that hold NaN never recover (each step after them is skipped), and a resume refuses
-  // them as damage: written, they would only let pruning delete the good checkpoints.
+  check_run_folder();  // (never at a moved run folder's old path)
+  // NaN weights never recover, and a resume refuses them as damage: written, pruning would delete good checkpoints.
   const std::string bad = nonfinite_weights();
   if (bad.empty()) return;
   throw Error("not writing " + what + " of step " + std::to_string(step_) + ": the model's " + bad +
@@ -202,7 +202,6 @@ fs::path Trainer::save_checkpoint() {
   // is the same sum), so the others only name the folder rank 0 writes.
   check_weights_before_saving("the checkpoint");  // (on every rank: they stop together)
   if (parallel_->rank() != 0) return run_dir_ / "checkpoints" / step_dir_name(step_);
-  check_run_folder();
   // Since resuming, no update had finite gradients: this state is the resumed checkpoint's at
   // best, and perhaps damaged; writing it could let pruning delete the good checkpoints.
   if (resumed_at_ >= 0 && step_ > resumed_at_ && skipped_steps_ - skipped_at_resume_ == step_ - resumed_at_) {

@@ -40,6 +40,12 @@ class DataLoader;
 
 namespace loom::core::detail {
 
+/// lock_run's refusal of a folder another process holds (run_lock.cpp).
+class RunInUse : public Error {
+ public:
+  using Error::Error;
+};
+
 using Clock = std::chrono::steady_clock;
 
 /// The most steps the step on the device keeps its table of learning rates for (8 bytes a step on
