@@ -23,14 +23,21 @@ void Trainer::check_run_folder() const {
   if (!run_lock_) return;
   const FileLock::Whereabouts w = run_lock_->whereabouts();
   if (!w.gone) return;
+  std::error_code probe;
+  const bool another = fs::exists(run_dir_, probe);  // (a copy put in its place, say)
+  const std::string name = shell_word(run_dir_.filename().string());
   const std::string what = "run folder " + run_dir_.string() + " was " + (w.removed ? "removed" : "moved") +
-                           (w.now.empty() ? std::string() : " to " + w.now.string()) + " while the run went on: it stops " +
-                           "at step " + std::to_string(step_) + ", and writes nothing more (at its old path it would " +
-                           "have made a second, partial run folder)";
-  if (w.removed) throw RunFolderGone(what + "; its checkpoints went with it");
+                           (w.now.empty() ? std::string() : " to " + w.now.string()) + " while the run went on" +
+                           (another ? " (the folder at that path now is another)" : "") + ": the run stops at step " +
+                           std::to_string(step_) + ", and writes nothing more (at that path it would write into " +
+                           (another ? "a folder this run did not lock" : "a second, partial run folder") + ")";
+  if (w.removed)
+    throw RunFolderGone(what + "; its checkpoints went with it" +
+                        (another ? "; where the folder there is a copy of it, continue that with --resume auto "
+                                   "--set trainer.name=" + name : std::string()));
   if (w.now.empty())
     throw RunFolderGone(what + "; the checkpoints written before are where it went: put it back, and continue with "
-                        "--resume auto --set trainer.name=" + shell_word(run_dir_.filename().string()));
+                        "--resume auto --set trainer.name=" + name);
   std::error_code ec;
   const bool same_work_dir = fs::equivalent(w.now.parent_path(), run_dir_.parent_path(), ec);
   throw RunFolderGone(what + "; the checkpoints written before are where it went: continue from its newest there with " +

@@ -21,7 +21,8 @@ class RecordCallback final : public loom::sdk::Callback {
                              "file's name, or the best callback's name (save_weights at stop_at)"),
       loom::sdk::option_int("move_run_at", "0", "in on_step_end of this step, move_run the run folder, as a user might "
                             "mid-run (0: never)"),
-      loom::sdk::option_enum("move_run", "rename", "rename|remove", "rename: to <its name>.moved; remove: delete it"),
+      loom::sdk::option_enum("move_run", "rename", "rename|remove|replace",
+                             "rename: to <its name>.moved; remove: delete it; replace: by a copy of it"),
   };
 
   explicit RecordCallback(const loom::sdk::Options& o)
@@ -69,10 +70,13 @@ class RecordCallback final : public loom::sdk::Callback {
     if (move_run_at_ > 0 && r.step == move_run_at_ && run.is_main()) {
       std::filesystem::path moved = run.run_dir();
       moved += ".moved";
-      if (move_run_ == "remove")
+      if (move_run_ != "rename") {
+        if (move_run_ == "replace") std::filesystem::copy(run.run_dir(), moved, std::filesystem::copy_options::recursive);
         std::filesystem::remove_all(run.run_dir());
-      else
+        if (move_run_ == "replace") std::filesystem::rename(moved, run.run_dir());
+      } else {
         std::filesystem::rename(run.run_dir(), moved);
+      }
     }
   }
   void on_checkpoint_saved(loom::sdk::RunContext& run, const std::filesystem::path&) override {

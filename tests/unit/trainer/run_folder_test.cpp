@@ -1240,24 +1240,33 @@ TEST_F(RunFolderTest, ARunFolderMovedMidRunIsNotMadeAgainAtItsOldPath) {
   EXPECT_FALSE(fs::exists(run)) << "made again, holding: " << join(there, ", ") << "; the run said: " << error;
   EXPECT_TRUE(fs::exists(dir_ / "moving.moved" / "metrics.jsonl"));
   EXPECT_NE(error.find("run folder " + run.string() + " was moved to " + fs::canonical(dir_).string() +
-                       "/moving.moved while the run went on: it stops at step 1"),
+                       "/moving.moved while the run went on: the run stops at step 1"),
             std::string::npos) << error;
   // (in the same work_dir: its name alone)
   EXPECT_NE(error.find("--resume auto --set trainer.name=moving.moved"), std::string::npos) << error;
   EXPECT_EQ(error.find("trainer.work_dir"), std::string::npos) << error;
 }
 
-TEST_F(RunFolderTest, ARunFolderRemovedMidRunStopsItAndIsNotMadeAgain) {
-  Config c = base("removed");
-  c.set_assignment("trainer.callbacks=record, jsonl, checkpoint");
-  c.set_assignment("callback.record.move_run_at=1");
-  c.set_assignment("callback.record.move_run=remove");
-  const std::string error = loom::testing::training_error(c);
-  EXPECT_FALSE(fs::exists(dir_ / "removed")) << error;
-  EXPECT_NE(error.find("run folder " + (dir_ / "removed").string() + " was removed while the run went on: it stops "
-                       "at step 1"),
-            std::string::npos) << error;
-  EXPECT_NE(error.find("its checkpoints went with it"), std::string::npos) << error;
+TEST_F(RunFolderTest, ARunFolderRemovedOrReplacedMidRunStopsIt) {
+  // Removed, or replaced by a copy of it (cp -r, rm -r, mv): nothing is written at the path, which
+  // is no folder of the run's lock (a second process could lock the copy and write it too).
+  for (const std::string how : {"remove", "replace"}) {
+    Config c = base(how);
+    c.set_assignment("trainer.callbacks=record, jsonl, checkpoint");
+    c.set_assignment("callback.record.move_run_at=1");
+    c.set_assignment("callback.record.move_run=" + how);
+    const std::string error = loom::testing::training_error(c);
+    const fs::path run = dir_ / how;
+    EXPECT_EQ(fs::exists(run), how == "replace") << error;
+    EXPECT_FALSE(fs::exists(run / "checkpoints" / step_dir_name(2))) << error;
+    EXPECT_NE(error.find("run folder " + run.string() + " was removed while the run went on" +
+                         (how == "replace" ? " (the folder at that path now is another)" : "") +
+                         ": the run stops at step 1, and writes nothing more"),
+              std::string::npos) << error;
+    EXPECT_NE(error.find(how == "replace" ? "continue that with --resume auto --set trainer.name=replace"
+                                          : "its checkpoints went with it"),
+              std::string::npos) << error;
+  }
 }
 
 }  // namespace
