@@ -492,8 +492,7 @@ void Trainer::open_run_here() {
   if (!run_lock_) {
     std::error_code ec;
     made_here = made_here || !fs::exists(run_dir_, ec);
-    lock_made = !fs::exists(fs::symlink_status(run_dir_ / ".lock", ec));
-    lock_run(run_dir_);
+    lock_made = lock_run(run_dir_);
   }
   // A folder this command made for a run it then refuses (a checkpoint of another model, say) is
   // taken away again: a name left holding only a lock file would look taken. Anything else in it

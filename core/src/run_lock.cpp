@@ -45,7 +45,7 @@ void Trainer::check_run_folder() const {
                       (same_work_dir ? std::string() : " --set trainer.work_dir=" + shell_word(w.now.parent_path().string())));
 }
 
-void Trainer::lock_run(const fs::path& dir) {
+bool Trainer::lock_run(const fs::path& dir) {
   fs::create_directories(dir);
   std::error_code probe;
   const bool had_lock = fs::exists(fs::symlink_status(dir / ".lock", probe));
@@ -85,6 +85,7 @@ void Trainer::lock_run(const fs::path& dir) {
     throw Error(explained(fs::filesystem_error("cannot write in", checkpoints, std::error_code(code, std::generic_category()))) +
                 "; the run's checkpoints go there (nothing was written)");
   }
+  return !had_lock;
 }
 
 }  // namespace loom::core

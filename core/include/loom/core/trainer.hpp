@@ -344,7 +344,8 @@ class Trainer {
   DataLoader::Position position_for_world(int64_t epoch, int64_t offset, int64_t saved_world) const;
   /// A resume's position and length (Note [An epoch of whole steps]); whether an epochs-based run is at its end.
   bool on_the_steps_grid(DataLoader::Position& position);
-  void lock_run(const std::filesystem::path& dir);
+  /// Locks `dir` (made where missing) as this run's; whether it made the lock file (it had none).
+  bool lock_run(const std::filesystem::path& dir);
   /// Throws RunFolderGone where the locked run folder is no longer at run_dir_ (rank 0; a stat).
   void check_run_folder() const;
   void refuse_training_alone_among_ranks() const;  // RANK/WORLD_SIZE say several, the strategy trains alone
