@@ -69,7 +69,14 @@ void Trainer::notify(const char* hook, const std::function<void(sdk::Callback&, 
 fs::path Trainer::save_checkpoint_for_callback() {
   const std::string refused = save_refused_in(hook_ != nullptr ? hook_ : "");
   if (!refused.empty()) throw Error(refused);
-  return save_checkpoint();
+  try {
+    return save_checkpoint();
+  } catch (const RunFolderGone&) {  // (nothing more is written at its path)
+    throw;
+  } catch (const std::exception& e) {
+    if (parallel_->rank() == 0 && wrote_summary_) say_checkpoint_unsaved_in_summary(e.what());
+    throw;
+  }
 }
 
 sdk::Split Trainer::selection_split() const { return val_loader_ ? sdk::Split::kValidation : sdk::Split::kTest; }
@@ -300,6 +307,25 @@ std::optional<json> summary_at(const fs::path& run_dir, int64_t step) {
 }
 
 }  // namespace
+
+// The summary of this step was written before its checkpoint (the evaluation comes first), which
+// then failed (a full disk): the run exits 1, its newest checkpoint an earlier step's, while its
+// summary.json alone read as a finished run's. It says so (a resume sets it aside, writing its own).
+void Trainer::say_checkpoint_unsaved_in_summary(const std::string& why) {
+  const fs::path file = run_dir_ / "summary.json";
+  try {
+    std::optional<json> summary = summary_at(run_dir_, step_);
+    if (!summary) return;
+    (*summary)["final_checkpoint"] =
+        "not written: " + why + "; the run stopped with this error, its newest checkpoint is an earlier step's, and a " +
+        "resume of the run (--resume auto) trains from that one and writes this file anew";
+    write_file_atomic(file, summary->dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+    log::warn(file.string(), " says that the checkpoint of step ", step_, " was not written (final_checkpoint)");
+  } catch (const std::exception& e) {  // (the save's error stops the run, and is said; this one is said too)
+    log::warn(file.string(), " says the run ended at step ", step_, ", whose checkpoint was not written, and could not be ",
+              "changed to say so (", e.what(), "): the command's exit status and its error are what stands");
+  }
+}
 
 std::optional<double> Trainer::recorded_final_loss() const {
   try {

@@ -5,6 +5,8 @@
 
 #include <ATen/ops/full.h>
 
+#include <sys/resource.h>
+
 namespace {
 
 class RecordCallback final : public loom::sdk::Callback {
@@ -23,13 +25,18 @@ class RecordCallback final : public loom::sdk::Callback {
                             "mid-run (0: never)"),
       loom::sdk::option_enum("move_run", "rename", "rename|remove|replace",
                              "rename: to <its name>.moved; remove: delete it; replace: by a copy of it"),
+      loom::sdk::option_int("limit_files_at", "0", "in on_step_end of this step, lower this process's file-size limit "
+                            "(ulimit -f, soft) to limit_files_to bytes: a full disk from then on (0: never; the test "
+                            "ignores SIGXFSZ and restores the limit)"),
+      loom::sdk::option_int("limit_files_to", "4096", "the file-size limit limit_files_at sets, in bytes"),
   };
 
   explicit RecordCallback(const loom::sdk::Options& o)
       : stop_at_(o.get_int("stop_at")), fail_in_(o.get_string("fail_in")), stop_main_at_(o.get_int("stop_main_at")),
         stop_main_in_(o.get_string("stop_main_in")), fail_other_at_(o.get_int("fail_other_at")),
         save_in_(o.get_string("save_in")), odd_text_(o.get_string("odd_text")),
-        move_run_at_(o.get_int("move_run_at")), move_run_(o.get_string("move_run")) {}
+        move_run_at_(o.get_int("move_run_at")), move_run_(o.get_string("move_run")),
+        limit_files_at_(o.get_int("limit_files_at")), limit_files_to_(o.get_int("limit_files_to")) {}
 
   std::string describe() const override {
     return "every hook it sees" + (stop_at_ > 0 ? ", a stop at step " + std::to_string(stop_at_) : std::string());
@@ -78,6 +85,12 @@ class RecordCallback final : public loom::sdk::Callback {
         std::filesystem::rename(run.run_dir(), moved);
       }
     }
+    if (limit_files_at_ > 0 && r.step == limit_files_at_) {
+      struct rlimit limit {};
+      ::getrlimit(RLIMIT_FSIZE, &limit);
+      limit.rlim_cur = static_cast<rlim_t>(limit_files_to_);
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) throw loom::sdk::Error("record could not lower the file-size limit");
+    }
   }
   void on_checkpoint_saved(loom::sdk::RunContext& run, const std::filesystem::path&) override {
     hook("on_checkpoint_saved", run.step());
@@ -119,6 +132,8 @@ class RecordCallback final : public loom::sdk::Callback {
   std::string odd_text_;
   int64_t move_run_at_;
   std::string move_run_;
+  int64_t limit_files_at_;
+  int64_t limit_files_to_;
   int64_t steps_ = 0;
   double loss_sum_ = 0;
 };

@@ -1269,5 +1269,41 @@ TEST_F(RunFolderTest, ARunFolderRemovedOrReplacedMidRunStopsIt) {
   }
 }
 
+TEST_F(RunFolderTest, AFinalCheckpointThatFailsIsSaidInTheSummaryWrittenBeforeIt) {
+  // The run's verdict is written after its last evaluation, before that step's checkpoint; a save
+  // that then fails (a full disk: here a file-size limit from the last step's on_step_end on) left
+  // a summary.json of a finished run while the command exited 1 and the newest checkpoint was an
+  // older step's. It says so; the resume trains from that one and writes its own.
+  Config c = base("unsaved");
+  c.set_assignment("trainer.callbacks=record, jsonl, checkpoint");
+  c.set_assignment("callback.record.limit_files_at=4");
+  c.set_assignment("callback.record.limit_files_to=8192");
+  struct rlimit before {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  const std::string error = loom::testing::training_error(c);
+  ::setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, previous);
+  const fs::path run = dir_ / "unsaved";
+  EXPECT_NE(error.find("the checkpoint of step 4 could not be written"), std::string::npos) << error;
+  EXPECT_EQ(steps(run), std::vector<std::string>{step_dir_name(2)});
+  ASSERT_TRUE(fs::exists(run / "summary.json")) << error;
+  const std::string summary = text(run / "summary.json");
+  EXPECT_NE(summary.find("\"step\": 4"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"val/accuracy\""), std::string::npos) << "the figures stay: " << summary;
+  EXPECT_NE(summary.find("\"final_checkpoint\": \"not written: the checkpoint of step 4 could not be written"),
+            std::string::npos) << summary;
+  EXPECT_NE(summary.find("a resume of the run (--resume auto) trains from that one"), std::string::npos) << summary;
+
+  Config again = base("unsaved");
+  again.set_assignment("trainer.resume=auto");
+  auto t = loom::testing::make_trainer(again);
+  t->train();
+  EXPECT_EQ(steps(run), (std::vector<std::string>{step_dir_name(2), step_dir_name(4)}));
+  const std::string resumed = text(run / "summary.json");
+  EXPECT_NE(resumed.find("\"step\": 4"), std::string::npos) << resumed;
+  EXPECT_EQ(resumed.find("final_checkpoint"), std::string::npos) << "its own, not the failed one's: " << resumed;
+}
+
 }  // namespace
 

@@ -330,6 +330,7 @@ class Trainer {
   void open_run();
   std::filesystem::path save_checkpoint_for_callback();  // RunContext::save_checkpoint: not mid-step, not re-entrant
   void write_run_summary();  // rank 0, an evaluation at the run's end: summary.json
+  void say_checkpoint_unsaved_in_summary(const std::string& why);  // this step's summary.json, its save failing
   void open_run_here();  // rank 0 (or a single process): chooses, locks and writes the run folder
   void join_run();       // other ranks: rank 0's run folder and checkpoint, nothing written
   // Several ranks (trainer_parallel.cpp): what every rank must agree on.
