@@ -443,8 +443,9 @@ void Trainer::open_run_here() {
                     "), and this resume took its settings (its config.json); the older run " + run_dir_.string() +
                     " is next. To continue it with its own settings, name it: --set trainer.name=" + candidate +
                     "; to start the newest again, move its folder away (nothing was written)");
+      bool made_lock = false;  // (a candidate passed over keeps no lock file it had not: a copied run folder)
       try {
-        lock_run(run_dir_);  // (it also puts back a step folder whose save again a kill interrupted)
+        made_lock = lock_run(run_dir_);  // (it also puts back a step folder whose save again a kill interrupted)
       } catch (const RunInUse&) {
         if (!CheckpointStore::list_run(run_dir_).empty()) throw;  // (a run with checkpoints in use: refused, as by name)
         passed = run_dir_.string() + " is in progress in another process (no checkpoint yet)";
@@ -452,7 +453,7 @@ void Trainer::open_run_here() {
       }
       const bool saved = !CheckpointStore::list_run(run_dir_).empty();
       if (std::error_code ec; !saved && fs::exists(run_dir_ / "summary.json", ec)) {
-        run_lock_.reset();
+        unlock_run(run_dir_, made_lock);
         passed = run_dir_.string() + " finished without checkpoints";
         break;
       }
@@ -474,7 +475,7 @@ void Trainer::open_run_here() {
         break;
       }
       log::warn("resume = auto: no checkpoint of ", run_dir_.string(), " can be loaded; looking at older runs");
-      run_lock_.reset();
+      unlock_run(run_dir_, made_lock);
     }
     if (settings_from && !resumed)
       throw Error("resume = auto: no checkpoint of " + settings_from->string() + " can be loaded (" + join(problems, "; ") +

@@ -49,11 +49,7 @@ bool Trainer::lock_run(const fs::path& dir) {
   fs::create_directories(dir);
   std::error_code probe;
   const bool had_lock = fs::exists(fs::symlink_status(dir / ".lock", probe));
-  const auto release = [&] {  // (a refusal below wrote nothing: nor the lock file it made, removed while held)
-    std::error_code ec;
-    if (!had_lock) fs::remove(dir / ".lock", ec);
-    run_lock_.reset();
-  };
+  const auto release = [&] { unlock_run(dir, !had_lock); };  // (a refusal below wrote nothing: nor the lock file)
   try {
     run_lock_ = std::make_unique<FileLock>(dir / ".lock");
   } catch (const FileLock::Locked& e) {
@@ -86,6 +82,12 @@ bool Trainer::lock_run(const fs::path& dir) {
                 "; the run's checkpoints go there (nothing was written)");
   }
   return !had_lock;
+}
+
+void Trainer::unlock_run(const fs::path& dir, bool made) {
+  std::error_code ec;
+  if (made) fs::remove(dir / ".lock", ec);  // (removed while still held: no other process took it in between)
+  run_lock_.reset();
 }
 
 }  // namespace loom::core

@@ -347,11 +347,13 @@ TEST_F(RunFolderTest, ResumeAutoPassesOverARunWhoseCheckpointsAreAllDamaged) {
     std::ofstream(step / "state.json") << "{\"step\": \"four\"";  // torn and mistyped
     fs::last_write_time(step, fs::file_time_type::clock::now());  // the newest run
   }
+  fs::remove(dir_ / "damaged" / ".lock");  // (a copied run folder has none)
   Config c = base("", 8);
   c.set_assignment("trainer.resume=auto");
   auto t = loom::testing::make_trainer(c);
   EXPECT_EQ(t->run_dir(), dir_ / "good");
   EXPECT_EQ(t->step(), 4);
+  EXPECT_FALSE(fs::exists(dir_ / "damaged" / ".lock")) << "a run passed over keeps no lock file it had not";
   t.reset();
   // Named, the damaged run is not restarted over its own files.
   Config named = base("damaged", 8);

@@ -347,6 +347,8 @@ class Trainer {
   bool on_the_steps_grid(DataLoader::Position& position);
   /// Locks `dir` (made where missing) as this run's; whether it made the lock file (it had none).
   bool lock_run(const std::filesystem::path& dir);
+  /// Lets go of `dir`'s lock, and removes its lock file where lock_run made it (`made`): a folder passed over keeps none.
+  void unlock_run(const std::filesystem::path& dir, bool made);
   /// Throws RunFolderGone where the locked run folder is no longer at run_dir_ (rank 0; a stat).
   void check_run_folder() const;
   void refuse_training_alone_among_ranks() const;  // RANK/WORLD_SIZE say several, the strategy trains alone
