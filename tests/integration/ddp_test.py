@@ -533,6 +533,20 @@ try:
     assert r.returncode == 1 and "launch: rank 1 exited with status 1" in r.stderr, r.stderr[-2500:]
     assert "record fails on a rank but the main one at step 3 as asked" in r.stderr.split("launch: rank 1")[-1], r.stderr[-2500:]
     print("a rank failing of itself under loom launch: the launcher names it and its error")
+    # The run folder moved mid-run (rank 0 holds its lock and finds it gone before its next step):
+    # rank 0 stops with the message naming where it went, nothing is made at the old path, and
+    # rank 1 ends with it, not at parallel.timeout (30 s) in a collective rank 0 never joins.
+    started = time.monotonic()
+    r = launch("--nproc-per-node", "2", "--", "train", *long[:-1], "trainer.name=moved_ddp", "--plugin-dir", record,
+               "--set", "trainer.callbacks=record, checkpoint", "--set", "callback.record.move_run_at=3",
+               timeout=300, check=False)
+    took = time.monotonic() - started
+    assert r.returncode == 1 and "launch: rank 0 exited with status 1" in r.stderr, (r.returncode, r.stderr[-2500:])
+    assert f"run folder {os.path.join(work, 'moved_ddp')} was moved to " in r.stderr \
+        and "--resume auto --set trainer.name=moved_ddp.moved" in r.stderr, r.stderr[-2500:]
+    assert not os.path.exists(os.path.join(work, "moved_ddp")), os.listdir(os.path.join(work, "moved_ddp"))
+    assert took < 30, f"the ranks took {took:.0f} s to end (parallel.timeout is 30 s)"
+    print(f"the run folder moved under loom launch: rank 0 named where it went, both ranks ended in {took:.1f} s")
     # Without trainer.threads, each of a node's processes takes its share of the cores.
     r = launch("--nproc-per-node", "2", "--", "train", *args, *DDP, "--set", "trainer.threads=0",
                "--set", "trainer.max_steps=2", "--set", "trainer.name=shared_cores")
