@@ -368,7 +368,7 @@ TEST_F(TrainerTest, TheStepOnTheDeviceUpdatesAsTheHostPathDoes) {
                            "data.num_workers=0", "trainer.max_steps=12"})  // (the 12 steps below: none past the schedule's end)
       c.set_assignment(kv);
     c.set_assignment(std::string("trainer.optimizer=") + optimizer);
-    if (std::string(optimizer) == "adamw") c.set_assignment("optimizer.eps=1e-6");
+    if (std::string(optimizer) == "adamw") c.set_assignment("optimizer.eps=1e-3");
     c.set_assignment(std::string("precision.name=") + precision);
     if (std::string(precision) == "fp16_amp") c.set_assignment("precision.init_scale=1e6");
     c.set_assignment(std::string("trainer.device_step=") + (on_device ? "true" : "false"));
@@ -399,15 +399,26 @@ TEST_F(TrainerTest, TheStepOnTheDeviceUpdatesAsTheHostPathDoes) {
         EXPECT_GT(host_skips, 0) << "the test needs skipped steps: init_scale no longer overflows";
         EXPECT_LT(host_skips, 12) << "the test needs taken steps after the skipped ones";
       }
-      for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], host_losses[i], 1e-6 * std::abs(host_losses[i])) << "step " << i + 1;
       // The device path divides each gradient by count / clip factor in the update, the host's by
-      // the count and then by the factor: the same values up to rounding. SGD's update is linear
-      // in the gradient, so a wrong divisor shows at once at 1e-7. AdamW normalizes the gradient,
-      // and the attention's key bias has a gradient of zero up to rounding (softmax does not see
-      // a shift of the keys): Adam turns that noise into updates of lr x noise / (|noise| + eps),
-      // up to a whole lr where the noise passes eps, so the test's eps is 1e-6, not 1e-8: the
-      // difference is then below 1e-6 (seen: 5.8e-7), where at 1e-8 it was 1e-4 on an AVX2 CPU.
-      const double atol = std::string(optimizer) == "adamw" ? 1e-5 : 1e-7;
+      // the count and then by the factor, and it reads the rate as a float tensor where the host
+      // passes a double: the same values up to rounding, so the weights part by about an ulp after
+      // an update. In fp32 that stays an ulp: the losses agree to 1e-6 and the weights to 1e-7
+      // (SGD, linear in the gradient: a wrong divisor shows at once) or 1e-6 (AdamW). Two things
+      // amplify it. AdamW normalizes the gradient, and the attention's key bias has a gradient of
+      // zero up to rounding (softmax does not see a shift of the keys): with a small eps Adam
+      // turns that noise into updates of up to a whole lr, so the test's eps is 1e-3, where
+      // Adam's update is lr x g / eps for such gradients, linear again (and a wrong divisor
+      // shows, as with SGD). And under fp16 autocast an ulp in a weight can flip the float16
+      // rounding of activations: the losses then part by up to float16's precision, 2^-11 = 4.9e-4
+      // (seen: 6.8e-5 at eps 1e-6 on a CI machine with avx512_fp16; 5.7e-5 here with every weight
+      // of one path moved by 1e-6 of itself first), the weights by up to 3e-5. The bugs this test
+      // is for still fail it there, planted one at a time in the AdamW plugin: an update at a step
+      // to skip (weights NaN), a step count that moves at one (2.5e-3, losses past 4.9e-4), the
+      // divisor ignored (1.4e-3, and in fp32 too).
+      const bool fp16 = std::string(precision) == "fp16_amp";
+      const double loss_rtol = fp16 ? 5e-4 : 1e-6;
+      for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], host_losses[i], loss_rtol * std::abs(host_losses[i])) << "step " << i + 1;
+      const double atol = fp16 ? 1e-4 : std::string(optimizer) == "adamw" ? 1e-6 : 1e-7;
       for (const auto& [key, w] : host_weights)
         EXPECT_TRUE(at::allclose(weights.at(key), w, 1e-5, atol))
             << key << " differs after 12 steps by up to " << (weights.at(key) - w).abs().max().item<double>()
