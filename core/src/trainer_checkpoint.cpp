@@ -34,14 +34,13 @@ using namespace detail;
 namespace {
 
 /// Gives each callback of this run its state from a checkpoint. A callback the checkpoint has no
-/// state for (added on resume) starts fresh; the state of one this run does not select stays in the checkpoint.
+/// state for (added on resume) starts fresh; the state of one this run does not select stays in the
+/// checkpoint: it is returned into `unselected_text` and `unselected_tensors`, which the next
+/// checkpoints save again.
 void load_callback_states(const std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>>& callbacks,
-                          const json& saved, const sdk::TensorMap& extra, const fs::path& dir) {
-  for (const auto& [name, callback] : callbacks) {
-    if (!saved.contains(name)) {
-      log::info("callback '", name, "' has no state in ", dir.string(), "; it starts fresh");
-      continue;
-    }
+                          const json& saved, const sdk::TensorMap& extra, const fs::path& dir,
+                          std::map<std::string, sdk::TextMap>& unselected_text, sdk::TensorMap& unselected_tensors) {
+  const auto state_of = [&](const std::string& name) {
     sdk::State state;
     for (const auto& [k, v] : saved[name].items()) {
       if (!v.is_string())
@@ -52,6 +51,29 @@ void load_callback_states(const std::vector<std::pair<std::string, std::shared_p
     const std::string prefix = "callback." + name + ".";
     for (const auto& [k, t] : extra)
       if (k.rfind(prefix, 0) == 0) state.tensors[k.substr(prefix.size())] = t;
+    return state;
+  };
+  unselected_text.clear();
+  unselected_tensors.clear();
+  if (!saved.is_object())
+    throw Error((dir / "state.json").string() + ": the callbacks' states are damaged (not an object)");
+  for (const auto& [name, value] : saved.items()) {
+    const bool selected = std::any_of(callbacks.begin(), callbacks.end(), [&](const auto& c) { return c.first == name; });
+    if (selected) continue;
+    if (!value.is_object())
+      throw Error((dir / "state.json").string() + ": the state of callback '" + name + "' is damaged (not an object)");
+    sdk::State state = state_of(name);
+    unselected_text[name] = std::move(state.text);
+    for (auto& [k, t] : state.tensors) unselected_tensors["callback." + name + "." + k] = t;
+    log::debug("callback '", name, "' is not selected in this run: its state in ", dir.string(),
+               " is kept in this run's checkpoints");
+  }
+  for (const auto& [name, callback] : callbacks) {
+    if (!saved.contains(name)) {
+      log::info("callback '", name, "' has no state in ", dir.string(), "; it starts fresh");
+      continue;
+    }
+    const sdk::State state = state_of(name);
     sdk::Callback& target = *callback;  // clang 14 cannot capture a structured binding
     in_phase("restoring the state of callback '" + name + "' from " + dir.string(), [&] { target.load_state_dict(state); });
   }
@@ -187,6 +209,8 @@ std::string Trainer::state_json() const {
     const auto who = [&] { return "callback '" + name + "' (state_dict)"; };
     callbacks[name] = utf8_state("callback '" + name + "'", as_component(who, name, [&] { return callback->state_dict(); }).text);
   }
+  for (const auto& [name, text] : unselected_callback_text_)  // (not selected now: kept for a run that selects it again)
+    if (!callbacks.contains(name)) callbacks[name] = text;
   s["callbacks"] = callbacks;
   if (evaluation_cut_at_ == step_) s["evaluation_pending"] = true;
   // (its own per save: the weights files record state.json's checksum, alike in runs unlike in weights)
@@ -228,6 +252,7 @@ fs::path Trainer::save_checkpoint() {
   for (const auto& [name, callback] : callbacks_)
     add("callback '" + name + "'", "callback." + name + ".",
         as_component([&] { return "callback '" + name + "' (state_dict)"; }, name, [&] { return callback->state_dict(); }));
+  for (const auto& [key, tensor] : unselected_callback_tensors_) extra.emplace(key, tensor);
   extra["rng.cpu"] = cpu_generator().get_state();
   if (device_.is_cuda()) extra["rng.device"] = device_generator(device_).get_state();
   const fs::path dir = checkpoints_->save(step_, model_tensors(), extra, state_json(), options_.keep_last);
@@ -350,7 +375,7 @@ void Trainer::load_checkpoint(const fs::path& dir) {
     precision_->load_state_dict(precision);
   scale_descent_ = loss_scale_descent(*precision_);
   schedule_->load_state_dict(schedule);
-  load_callback_states(callbacks_, callbacks, c.extra, dir);
+  load_callback_states(callbacks_, callbacks, c.extra, dir, unselected_callback_text_, unselected_callback_tensors_);
   if (auto it = c.extra.find("rng.cpu"); it != c.extra.end()) cpu_generator().set_state(it->second);
   if (auto it = c.extra.find("rng.device"); it != c.extra.end() && device_.is_cuda()) device_generator(device_).set_state(it->second);
 

@@ -5,6 +5,7 @@
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
 #include <loom/sdk/log.hpp>
+#include <loom/sdk/safetensors.hpp>
 
 #include <charconv>
 #include <cmath>
@@ -93,10 +94,11 @@ void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
     // file, best_<that metric>.safetensors, stays), so this one starts without a best.
     if (!metric_.empty() && best_)
       sdk::log::info("best: the checkpoint's best is of ", metric_, "; trainer.best_metric is now ", metric,
-                     ", whose best starts with this evaluation");
+                     ": its best so far is that of best_", metric, ".safetensors where this run wrote one, else this evaluation's");
     if (!metric_.empty()) best_.reset();
     metric_ = metric;
   }
+  if (!best_) adopt_best_file(run, metric, spec, report.step);
   const std::optional<double> value = report.value(metric);
   // (NaN, a diverged model's, is no best: as the first it would be beaten by nothing after it)
   // (nor is an evaluation whose loss is not finite: some of its outputs overflowed, whatever its accuracy says)
@@ -108,6 +110,51 @@ void Best::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {
   run.save_weights("best_" + metric + ".safetensors",
                    {{"metric", metric}, {"value", exact(*value)}, {"step", std::to_string(report.step)},
                     {"direction", sdk::direction_name(spec.direction)}});
+}
+
+// A session of this run that did not select this callback (trainer.callbacks without best), or
+// measured another trainer.best_metric, left a checkpoint without this metric's best; its file was
+// then overwritten by the next evaluation, however much worse (probe): the best weights were lost.
+// The file is this run's: a resume sets aside the best files of steps after its checkpoint
+// (run_folder.cpp), so one still here was written at or before it. A file that does not say what
+// it holds (another metric or direction, a step after this one, metadata not Loom's) is replaced, as
+// before, with a warning that says so.
+void Best::adopt_best_file(RunContext& run, const std::string& metric, const sdk::MetricSpec& spec, int64_t step) {
+  if (looked_for_file_) return;
+  looked_for_file_ = true;
+  const auto path = run.run_dir() / "checkpoints" / ("best_" + metric + ".safetensors");
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return;
+  std::string why;
+  try {
+    sdk::TextMap metadata;
+    sdk::map_safetensors(path, &metadata);  // (mapped: the header's pages only are read)
+    const auto field = [&](const char* key) {
+      auto it = metadata.find(key);
+      return it == metadata.end() ? std::string() : it->second;
+    };
+    const std::optional<double> value = metadata.count("value") ? read_double(metadata, "value") : std::nullopt;
+    const int64_t written_at = metadata.count("step") ? read_int(metadata, "step") : -1;
+    if (field("metric") != metric)
+      why = "it holds the best of '" + field("metric") + "', not of " + metric;
+    else if (field("direction") != sdk::direction_name(spec.direction))
+      why = "its direction is '" + field("direction") + "', " + metric + "'s is " + sdk::direction_name(spec.direction);
+    else if (!value)
+      why = "its metadata has no value";
+    else if (written_at < 0 || written_at > step)
+      why = "it was written at step " + field("step") + ", not before this evaluation's (" + std::to_string(step) + ")";
+    else {
+      best_ = *value;
+      step_ = written_at;
+      sdk::log::info("best: ", path.filename().string(), " (", run.format_metric(metric, *value), " at step ", written_at,
+                     ") is this run's best so far, which the checkpoint did not carry; only a better evaluation replaces it");
+      return;
+    }
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  sdk::log::warn("best: ", path.string(), " is not this run's best of ", metric, " (", why,
+                 "): the run's next best evaluation replaces it");
 }
 
 void Best::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& dir) {

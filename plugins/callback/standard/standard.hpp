@@ -107,6 +107,11 @@ class Best final : public sdk::Callback {
   std::optional<double> best_;
   int64_t step_ = 0;
   std::string metric_;  ///< what best_ measures (empty: a checkpoint from before it was saved)
+
+  /// With no best of `metric` known, the run folder's best_<metric>.safetensors, written by an
+  /// earlier session of this run, is its best so far: its metadata's value becomes best_.
+  void adopt_best_file(RunContext& run, const std::string& metric, const sdk::MetricSpec& spec, int64_t step);
+  bool looked_for_file_ = false;  ///< adopt_best_file ran in this process (once is enough)
 };
 
 /// The end-of-run memory line: the estimator's predicted peak against the measured one.

@@ -232,6 +232,73 @@ TEST_F(CallbacksTest, AResumeWithAnotherBestMetricStartsItsBestAfresh) {
   EXPECT_TRUE(fs::exists(dir_ / "best_metric" / "checkpoints" / "best_accuracy.safetensors")) << "the other metric's best file stays";
 }
 
+TEST_F(CallbacksTest, TheBestFileIsReplacedOnlyByABetterEvaluationWhateverTheSessionsBetweenSelected) {
+  // A session without the best callback, or measuring another best metric, left checkpoints
+  // without the best accuracy; the next session with it wrote best_accuracy.safetensors at its
+  // first evaluation, however much worse (probe): the run's best weights were lost. The sessions
+  // after the first train at a learning rate of 1e-12, so that their evaluations are the last
+  // checkpoint's again, no better than the best (a tie replaces no best file either).
+  const fs::path file = dir_ / "keep_best" / "checkpoints" / "best_accuracy.safetensors";
+  const auto best_file = [&] {
+    loom::sdk::TextMap metadata;
+    load_safetensors(file, &metadata);
+    return std::make_pair(std::stod(metadata.at("value")), metadata.at("step"));
+  };
+  const auto val_accuracies = [&] {  // step -> val/accuracy, from metrics.jsonl
+    std::map<int64_t, double> out;
+    std::ifstream in(dir_ / "keep_best" / "metrics.jsonl");
+    const std::regex re(R"re(^\{"step":(\d+),.*"val/accuracy":([-0-9.eE+]+))re");
+    std::smatch m;
+    for (std::string line; std::getline(in, line);)
+      if (std::regex_search(line, m, re)) out[std::stoll(m[1])] = std::stod(m[2]);
+    return out;
+  };
+  Config c = base("keep_best");
+  c.set_assignment("trainer.callbacks=jsonl, best, checkpoint");
+  c.set_assignment("trainer.best_metric=accuracy");
+  c.set_assignment("trainer.max_steps=8");
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 8);
+  const auto first = best_file();
+
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("trainer.lr=1e-12");
+  c.set_assignment("trainer.callbacks=jsonl, checkpoint");  // (a session without it)
+  c.set_assignment("trainer.max_steps=10");
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 10);
+  const std::string state = read_file(dir_ / "keep_best" / "checkpoints" / step_dir_name(10) / "state.json");
+  EXPECT_NE(state.find("\"best\""), std::string::npos) << "the state of a callback not selected stays in the checkpoints";
+
+  c.set_assignment("trainer.callbacks=jsonl, best, checkpoint");
+  c.set_assignment("trainer.max_steps=12");
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 12);
+  ASSERT_EQ(val_accuracies().at(12), val_accuracies().at(8)) << "the sessions after the first do not change the model";
+  EXPECT_EQ(best_file(), first) << "an evaluation no better than the best replaced the best file";
+
+  // A session measuring the loss carries no best accuracy at all; the file is still the best.
+  c.set_assignment("trainer.best_metric=loss");
+  c.set_assignment("trainer.max_steps=14");
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 14);
+  c.set_assignment("trainer.best_metric=accuracy");
+  c.set_assignment("trainer.max_steps=16");
+  {
+    log::Capture capture;
+    EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 16);
+    EXPECT_TRUE(capture.contains("best: best_accuracy.safetensors (accuracy ")) << ::testing::PrintToString(capture.lines());
+  }
+  EXPECT_EQ(best_file(), first) << "an evaluation no better than the best replaced the best file";
+
+  // Training again: a better evaluation still replaces it; the file holds the run's best.
+  c.set_assignment("trainer.lr=0.002");
+  c.set_assignment("trainer.max_steps=30");
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 30);
+  const auto all = val_accuracies();
+  double best = 0;
+  for (const auto& [step, accuracy] : all) best = std::max(best, accuracy);
+  const auto [value, step] = best_file();
+  EXPECT_NEAR(value, best, 1e-12) << "the best file holds the best evaluation of the run: " << ::testing::PrintToString(all);
+  EXPECT_NEAR(all.at(std::stoll(step)), value, 1e-12);
+}
+
 TEST_F(CallbacksTest, ARunResumedFromAnotherRunsCheckpointWritesItsOwnBest) {
   // (the other run's best value came with the checkpoint, its weights did not: the new run had to
   // beat it to write best_accuracy.safetensors, and ended without one)

@@ -511,6 +511,12 @@ class Trainer {
   std::filesystem::path run_dir_;
   std::unique_ptr<CheckpointStore> checkpoints_;
   std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>> callbacks_;
+  /// The states, in the resumed checkpoint, of callbacks this run does not select (their text by
+  /// name; their tensors by "callback.<name>.<key>"): saved again with every checkpoint, so that a
+  /// later resume selecting one again continues it (the best callback's best so far, an early
+  /// stop's count), as if the runs between had not dropped it.
+  std::map<std::string, sdk::TextMap> unselected_callback_text_;
+  sdk::TensorMap unselected_callback_tensors_;
   std::unique_ptr<Context> context_;
   std::string stop_reason_;
   std::optional<EvalResult> last_eval_;
