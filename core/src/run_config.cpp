@@ -81,9 +81,9 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   o.clip_grad_norm = float_of(c, "trainer.clip_grad_norm");
   o.peak_tflops = float_of(c, "trainer.peak_tflops");
   if (const std::string bucket = value_of(c, "parallel.bucket_mb"); bucket != "auto") {
-    char* end = nullptr;
-    o.bucket_mb = std::strtod(bucket.c_str(), &end);
-    if (bucket.empty() || *end != '\0' || !(o.bucket_mb >= 0 && o.bucket_mb <= 1048576))
+    const auto parsed = sdk::parse_float(bucket);  // (a setting's number: no hexadecimal, no " 25 junk")
+    o.bucket_mb = parsed.value_or(-1);
+    if (!parsed || !(o.bucket_mb >= 0 && o.bucket_mb <= 1048576))
       throw Error("parallel.bucket_mb = '" + bucket + "': use auto, 0 (one reduction after backward) or a size in MiB "
                   "up to 1048576, e.g. 25");
   }

@@ -47,6 +47,14 @@ TEST(Options, ScalarsAndLists) {
   EXPECT_TRUE(list_has_empty_item("a, "));
   EXPECT_TRUE(list_has_empty_item(",a"));
   EXPECT_FALSE(parse_float("0x10"));
+  // Too small for a double: 0 or a subnormal from strtod, which turned clipping off
+  // (trainer.clip_grad_norm=1e-400) or gave an MFU of inf (peak_tflops=1e-320).
+  EXPECT_FALSE(parse_float("1e-400"));
+  EXPECT_FALSE(parse_float("1e-320"));
+  EXPECT_FALSE(parse_float("-4e-310"));
+  EXPECT_EQ(parse_float("0"), 0.0);
+  EXPECT_EQ(parse_float("-0.0"), 0.0);
+  EXPECT_DOUBLE_EQ(*parse_float("2.3e-308"), 2.3e-308);  // (the smallest normal double is 2.2250738585072014e-308)
   EXPECT_FALSE(parse_bytes("0x10MiB"));
   EXPECT_TRUE(is_valid_value(LOOM_OPTION_ENUM, "sgd", "adamw|sgd"));
   EXPECT_FALSE(is_valid_value(LOOM_OPTION_ENUM, "adam", "adamw|sgd"));

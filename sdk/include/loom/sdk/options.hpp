@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -101,8 +102,13 @@ inline std::optional<double> parse_float(std::string_view text) {
   if (s.empty()) return std::nullopt;
   if (s.find_first_of("xX") != std::string::npos) return std::nullopt;  // strtod's hexadecimal (0x10) is not a setting's number
   char* end = nullptr;
+  errno = 0;
   const double value = std::strtod(s.c_str(), &end);
   if (end != s.c_str() + s.size() || !std::isfinite(value)) return std::nullopt;
+  // A number too small for a double (1e-400) came back as 0 (errno ERANGE), or as a subnormal
+  // (1e-320), whose reciprocal overflows: trainer.clip_grad_norm=1e-400 turned clipping off, and
+  // trainer.peak_tflops=1e-320 gave an MFU of inf (probe). Neither is a setting's number.
+  if (errno == ERANGE || std::fpclassify(value) == FP_SUBNORMAL) return std::nullopt;
   return value;
 }
 
@@ -201,7 +207,7 @@ inline const char* describe_type(uint32_t type) {
   switch (type) {
     case LOOM_OPTION_BOOL: return "a boolean (true/false, yes/no, on/off, 1/0)";
     case LOOM_OPTION_INT: return "an integer";
-    case LOOM_OPTION_FLOAT: return "a finite number";
+    case LOOM_OPTION_FLOAT: return "a finite number, 0 or of magnitude 2.3e-308 and above";
     case LOOM_OPTION_STRING: return "text";
     case LOOM_OPTION_BYTES: return "a size such as 4096, 512MiB or 2GiB";
     case LOOM_OPTION_ENUM: return "one of the listed choices";
