@@ -67,6 +67,11 @@ class FashionMnist final : public loom::sdk::TensorDataset {
         limit_train_(options.get_int("limit_train")),
         limit_test_(options.get_int("limit_test")) {
     if (limit_train_ < 0 || limit_test_ < 0) throw loom::sdk::Error("fashion_mnist: limits must be >= 0");
+    // (an empty path read the working folder, and its error named none: "train-images-idx3-ubyte not found")
+    if (folder_.empty())
+      throw loom::sdk::Error("fashion_mnist: data.path is empty; set it to the folder with the four IDX files (its "
+                             "default, /usr/share/datasets/fashion-mnist, is where Debian's dataset-fashion-mnist puts "
+                             "them; data.path=. for the working folder)");
   }
 
   void setup() override {

@@ -43,14 +43,28 @@ class Synthetic final : public loom::sdk::TensorDataset {
       throw loom::sdk::Error("synthetic: sizes must be positive and classes at least 2");
     if (noise_ < 0) throw loom::sdk::Error("synthetic: noise must be >= 0");
     // Before generating: data.seq_len 65536 at its default sizes took 21.6 GB of a 23.5 GB host,
-    // and a refusal of a large one named the model and the batch as the fix.
+    // and a refusal of a large one named the model and the batch as the fix. The planted rule
+    // (features x classes) and the scores it gives a split (samples x classes) count too: 72
+    // samples of 65536 features in 36000 classes took 9.7 GB past the check (probe).
     const int64_t per_sample = image_size_ > 0 ? image_size_ * image_size_ : seq_len_ * features_;
-    if (constexpr double kMost = 8.0 * (int64_t{1} << 30);
-        4.0 * static_cast<double>(per_sample) * static_cast<double>(train_size_ + test_size_) > kMost)
+    const double cols = static_cast<double>(image_size_ > 0 ? image_size_ : features_);
+    const double samples = 4.0 * static_cast<double>(per_sample) * static_cast<double>(train_size_ + test_size_);
+    const double rule = 4.0 * cols * static_cast<double>(classes_);
+    const double scores = 4.0 * static_cast<double>(std::max(train_size_, test_size_)) * static_cast<double>(classes_);
+    if (constexpr double kMost = 8.0 * (int64_t{1} << 30); samples + rule + scores > kMost) {
+      const std::string sizes = image_size_ > 0 ? "data.image_size" : "data.seq_len or data.features";
+      const std::string fix =
+          samples >= rule && samples >= scores ? "lower " + sizes + ", or data.train_size and data.test_size"
+          : rule >= scores ? "lower data.classes or " + std::string(image_size_ > 0 ? "data.image_size" : "data.features")
+                           : "lower data.classes, or data.train_size and data.test_size";
       throw loom::sdk::Error("synthetic: " + std::to_string(train_size_ + test_size_) + " samples of " +
-                             std::to_string(per_sample) + " floats would take more than 8 GiB of memory; lower " +
-                             (image_size_ > 0 ? "data.image_size" : "data.seq_len or data.features") +
-                             ", or data.train_size and data.test_size");
+                             std::to_string(per_sample) + " floats in " + std::to_string(classes_) + " classes would take " +
+                             loom::sdk::format_bytes(static_cast<int64_t>(samples + rule + scores)) +
+                             " to generate, more than 8 GiB (the samples " +
+                             loom::sdk::format_bytes(static_cast<int64_t>(samples)) + ", the planted rule " +
+                             loom::sdk::format_bytes(static_cast<int64_t>(rule)) + ", its scores " +
+                             loom::sdk::format_bytes(static_cast<int64_t>(scores)) + "); " + fix);
+    }
   }
 
   void setup() override {

@@ -1162,3 +1162,29 @@ TEST_F(TrainerTest, AResumeWithAnotherBatchStepsOnItsGridAndEndsWithItsEpochs) {
   ended->train();
   EXPECT_EQ(eval_values(ended->run_dir() / "metrics.jsonl", "test/loss").count(19), 1u);
 }
+
+TEST_F(TrainerTest, TheSyntheticDataRefusesWhatWouldNotFitInMemoryBeforeMakingIt) {
+  // 72 samples of 65536 features in 36000 classes passed the check of the samples' size and took
+  // 9.7 GB: the planted rule is features x classes floats (probe). Refused at once, naming it.
+  const auto refusal = [&](const std::vector<std::string>& sets) {
+    Config c = base("synthetic_size");
+    for (const auto& kv : sets) c.set_assignment(kv);
+    try {
+      make(c);
+    } catch (const loom::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string rule = refusal({"data.features=65536", "data.classes=36000", "data.seq_len=1",
+                                    "data.train_size=64", "data.test_size=8"});
+  EXPECT_NE(rule.find("the planted rule 8.8 GiB"), std::string::npos) << rule;
+  EXPECT_NE(rule.find("lower data.classes or data.features"), std::string::npos) << rule;
+  const std::string samples = refusal({"data.features=65536", "data.seq_len=64", "data.train_size=600"});
+  EXPECT_NE(samples.find("lower data.seq_len or data.features, or data.train_size and data.test_size"), std::string::npos)
+      << samples;
+  EXPECT_EQ(refusal({"data.features=1024", "data.classes=1000", "data.train_size=64", "data.test_size=8",
+                     "trainer.max_steps=1"}),
+            "")
+      << "a size that fits is made";
+}
