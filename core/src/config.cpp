@@ -87,7 +87,11 @@ std::vector<std::pair<std::string, int>> entry_lines(const std::string& text) {
       prefix = s.substr(1, s.size() - 2);
       if (prefix.empty() || prefix.back() != '.') prefix += '.';
     } else if (auto eq = s.find('='); eq != std::string::npos) {
-      out.emplace_back(prefix + std::string(sdk::trim(s.substr(0, eq))), number);
+      // (trimmed of spaces and tabs only, as Program_options trims it: a key ending in \v or \f
+      // matched no parsed key, and its errors named line 0)
+      std::string key = s.substr(0, eq);
+      key.erase(key.find_last_not_of(" \t") + 1);
+      out.emplace_back(prefix + key, number);
     } else {
       out.emplace_back("", -number);  // a bad line; Program_options rejects it
     }
@@ -214,6 +218,12 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
   } catch (const Error& e) {
     throw Error("config file " + display(file) + named_by + ": " + e.what());
   }
+  // 250 files naming one 16 MiB base read it 250 times (minutes), and six such files in a chain of
+  // bases held 4 GB (probe): what a run's configuration reads in all is bounded too.
+  if (constexpr uint64_t kMostRead = 64 << 20; (bytes_read_ += text.size()) > kMostRead)
+    throw Error("config file " + display(file) + named_by + ": the configuration files read come to more than 64 MiB (" +
+                std::to_string(files_.size() + 1) + " files, a base read again for each file that names it); a "
+                "configuration is a few files of a few hundred settings");
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);  // a UTF-8 byte order mark, as some editors write
   // (a base's error names the file whose `base =` named it: the user may not know it is read)
   po::options_description nothing_registered;
@@ -226,6 +236,13 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       if (line < 0)
         throw Error(display(path) + ":" + std::to_string(-line) +
                     ": not a `key = value`, `[section]` or `# comment` line");
+      if (const auto bad = std::find_if(key.begin(), key.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; });
+          bad != key.end()) {
+        char byte[8];
+        std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(*bad));
+        throw Error(display(path) + ":" + std::to_string(line) + ": the key '" + printable(key, 60) +
+                    "' holds a control character (byte " + byte + "); a key is letters, digits, '_' and '.'");
+      }
       // (a 10 MB key was echoed whole in its "unknown key" error, after seconds of matching)
       if (constexpr size_t kMaxKey = 256; key.size() > kMaxKey)
         throw Error(display(path) + ":" + std::to_string(line) + ": a key of " + std::to_string(key.size()) +
@@ -248,11 +265,16 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
     int line;
   };
   std::vector<Entry> entries;
+  entries.reserve(parsed.options.size());
   for (size_t i = 0; i < parsed.options.size(); ++i) {
-    const auto& option = parsed.options[i];
+    auto& option = parsed.options[i];
     const int line = i < lines.size() && lines[i].first == option.string_key ? lines[i].second : 0;
-    entries.push_back({option.string_key, option.value.empty() ? "" : option.value.front(), line});
+    entries.push_back({std::move(option.string_key), option.value.empty() ? "" : std::move(option.value.front()), line});
   }
+  // (the file's text and its parse are not needed while its bases load: a chain of bases held each)
+  std::string().swap(text);
+  decltype(parsed.options)().swap(parsed.options);
+  std::vector<std::pair<std::string, int>>().swap(lines);
   const Entry* first_base = nullptr;  // `base =` twice: one line lists them all, in an order the reader sees
   for (const auto& e : entries) {
     if (e.key != "base") continue;
@@ -477,6 +499,10 @@ Resolved validate(const Config& config, const Schema& schema) {
     const KeySpec* spec = schema.find(key);
     if (spec == nullptr) {
       const std::string section = section_of(key);
+      if (problems.size() >= 20) {  // (only 20 are shown: a file of 200000 unknown keys took a minute to suggest for each)
+        problems.push_back(where + ": unknown key '" + key + "'");
+        continue;
+      }
       const auto shorthand_of_section = [&](const std::string& k) { return section_of(k) == section; };
       if (std::find(sections.begin(), sections.end(), section) == sections.end() &&
           std::none_of(shorthand_keys.begin(), shorthand_keys.end(), shorthand_of_section)) {  // ([optimizer]: adamw's)

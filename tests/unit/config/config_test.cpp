@@ -315,6 +315,21 @@ TEST_F(ConfigTest, BasesNamedTwiceTooDeepOrReadTooOftenAreOneError) {
   }
   write("d12.ini", "[trainer]\nlr = 1\n");
   EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(dir_ / "d0.ini"); }), "more than 512 configuration files read");
+  // Ten files naming one base of 8 MiB: within both counts, 80 MiB read (250 such files took
+  // minutes, six 16 MiB files in a chain held 4 GB): refused past 64 MiB.
+  std::string big = "[trainer]\n";
+  while (big.size() < (8u << 20)) big += "lr = 0.01\n";
+  write("big.ini", big);
+  std::string many = "base = ";
+  for (int i = 0; i < 10; ++i) {
+    write(ini("m", i), "base = big.ini\n");
+    many += (i ? ", " : "") + ini("m", i);
+  }
+  const auto top = write("many.ini", many + "\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(top); }), "the configuration files read come to more than 64 MiB");
+  Config seven;
+  seven.load_file(dir_ / "m0.ini");  // (8 MiB once is a configuration, if an odd one)
+  EXPECT_EQ(seven.find("trainer.lr")->value, "0.01");
 }
 
 TEST_F(ConfigTest, MalformedLinesAndKeysOutsideSectionsAreErrors) {
@@ -322,6 +337,11 @@ TEST_F(ConfigTest, MalformedLinesAndKeysOutsideSectionsAreErrors) {
   EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(bad); }), "bad.ini:3: not a `key = value`");
   const auto loose = write("loose.ini", "lr = 1\n[trainer]\n");
   EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(loose); }), "loose.ini:1: key 'lr' is outside any section");
+  // A key ending in a vertical tab or a form feed: its errors named line 0 (the line finder trimmed
+  // what Program_options keeps).
+  const auto control = write("control.ini", "[trainer]\nlr = 1\nmax_steps\v= 3\n");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(control); }), "control.ini:3: the key 'trainer.max_steps");
+  EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(control); }), "holds a control character (byte 0x0b)");
   Config config;
   EXPECT_CONTAINS(error_of([&] { config.set_assignment("batch_size=3"); }), "expected section.key=value");
   EXPECT_CONTAINS(error_of([&] { config.set_assignment("trainer.lr"); }), "expected section.key=value");

@@ -100,6 +100,7 @@ class Config {
   std::map<std::string, uint64_t> order_;
   uint64_t sets_ = 0;
   std::vector<std::filesystem::path> files_;
+  uint64_t bytes_read_ = 0;  ///< of every configuration file read (a base once per file that names it)
   /// Values a base set over an earlier file's (base_override_warnings).
   struct BaseOverride {
     std::string key;
