@@ -113,8 +113,6 @@ std::map<int64_t, fs::path> until_records(const fs::path& folder) {
   return out;
 }
 
-/// The record of how `folder`'s run trained up to `step`: the config.until_step_N.json of the
-/// first N at or past it (a resume from an older step), else config.json.
 /// The step whose verdict `file` (a run's summary.json) holds: -1 where there is none, a large
 /// number where it cannot be read (it goes aside with a newer timeline as if of it).
 int64_t summary_step(const fs::path& file) {
@@ -127,6 +125,8 @@ int64_t summary_step(const fs::path& file) {
   }
 }
 
+/// The record of how `folder`'s run trained up to `step`: the config.until_step_N.json of the
+/// first N at or past it (a resume from an older step), else config.json.
 fs::path record_until(const fs::path& folder, int64_t step) {
   const auto records = until_records(folder);
   const auto it = records.lower_bound(step);
@@ -253,6 +253,21 @@ void Trainer::set_aside_newer_steps(const fs::path& checkpoint) {
               join(moved, ", "), "): they are moved to ", aside.string(),
               " with that timeline's best files, metrics and config.json; nothing resumes or prunes them there",
               best_said.empty() ? std::string() : "; " + best_said);
+}
+
+// A finished run resumed to train further (trainer.max_steps raised) kept its summary.json, of the
+// end it had, until the new end wrote one: killed at step 1850 of 5000, the run read as finished at
+// 50 to a script (probe). Once a step trains past it, the summary is that step's record only, kept
+// beside config.until_step_<N>.json, as the configuration's record is.
+void Trainer::set_aside_earlier_summary() {
+  if (parallel_->rank() != 0) return;
+  const fs::path file = run_dir_ / "summary.json";
+  const int64_t at = summary_step(file);
+  if (at < 0 || at >= step_ || at == std::numeric_limits<int64_t>::max()) return;  // (none, this step's, unreadable)
+  const fs::path aside = run_dir_ / ("summary.until_step_" + std::to_string(at) + ".json");
+  rename_durable(file, aside);
+  log::info("summary.json was of step ", at, ", an end this run has trained past: it is now ", aside.filename().string(),
+            "; the run's end writes summary.json again");
 }
 
 void Trainer::set_aside_files_without_checkpoint() {

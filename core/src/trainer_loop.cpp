@@ -129,6 +129,7 @@ TrainSummary Trainer::train() {
     StepResult r = in_phase("training step " + std::to_string(step_ + 1),
                             [&] { return step_with_recovery(read_every_step_ || log_step); });
     const double dt = seconds_since(start);
+    if (!pending_record_.dir.empty()) set_aside_earlier_summary();  // (once: the first step a resume trains)
     pending_record_.commit();  // (a step trained with this configuration: config.json records it now)
     train_seconds += dt;
     window_.add(r, dt);

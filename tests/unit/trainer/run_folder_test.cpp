@@ -1307,5 +1307,34 @@ TEST_F(RunFolderTest, AFinalCheckpointThatFailsIsSaidInTheSummaryWrittenBeforeIt
   EXPECT_EQ(resumed.find("final_checkpoint"), std::string::npos) << "its own, not the failed one's: " << resumed;
 }
 
-}  // namespace
+TEST_F(RunFolderTest, ARunResumedPastItsEndKeepsItsEarlierSummaryAsThatStepsRecordOnly) {
+  // A finished run extended (trainer.max_steps raised) kept its summary.json of the old end until
+  // the new end: killed at step 1850 of 5000, it read as finished at step 50 (probe).
+  Config c = base("extended", 4);
+  loom::testing::make_trainer(c)->train();
+  const fs::path run = dir_ / "extended";
+  ASSERT_NE(text(run / "summary.json").find("\"step\": 4"), std::string::npos) << text(run / "summary.json");
 
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("trainer.max_steps=8");
+  c.set_assignment("trainer.callbacks=jsonl, checkpoint, record");
+  c.set_assignment("callback.record.stop_at=6");  // (stopped as a kill would: before its end)
+  loom::testing::make_trainer(c)->train();
+  const std::string earlier = text(run / "summary.until_step_4.json");
+  EXPECT_NE(earlier.find("\"step\": 4"), std::string::npos) << "the old end's summary is kept: " << earlier;
+  if (fs::exists(run / "summary.json"))
+    EXPECT_EQ(text(run / "summary.json").find("\"step\": 4"), std::string::npos)
+        << "summary.json is not the old end's while the run trains past it";
+
+  c.set_assignment("callback.record.stop_at=0");
+  loom::testing::make_trainer(c)->train();
+  EXPECT_NE(text(run / "summary.json").find("\"step\": 8"), std::string::npos) << text(run / "summary.json");
+  EXPECT_EQ(text(run / "summary.until_step_4.json"), earlier);
+
+  // A resume that trains nothing (the run complete) moves nothing.
+  loom::testing::make_trainer(c)->train();
+  EXPECT_NE(text(run / "summary.json").find("\"step\": 8"), std::string::npos);
+  EXPECT_FALSE(fs::exists(run / "summary.until_step_8.json"));
+}
+
+}  // namespace

@@ -365,6 +365,9 @@ class Trainer {
   void set_aside_newer_steps(const std::filesystem::path& checkpoint);
   /// --resume auto in a folder whose run wrote files but no checkpoint: they move aside.
   void set_aside_files_without_checkpoint();
+  /// Rank 0, once a step of a resumed run trained: a summary.json of an earlier step (a run resumed
+  /// past the end it summarised) goes to summary.until_step_<N>.json; the run's end writes its own.
+  void set_aside_earlier_summary();
   /// A resume, against the record of how its checkpoint was trained: keep_last left at its
   /// default takes the recorded value; other differences are said, and the record kept.
   void read_the_runs_config();
