@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace loom::core {
 
@@ -40,5 +42,22 @@ struct SavedState {
 /// most `samples_per_epoch`). Throws loom::Error naming the file and the field for anything else:
 /// the checkpoint is damaged.
 SavedState parse_state_json(const std::string& text, const std::filesystem::path& file, int64_t samples_per_epoch);
+
+}  // namespace loom::core
+
+namespace loom::sdk {
+class Callback;
+}
+
+namespace loom::core {
+
+/// Gives each callback of this run its state from a checkpoint's `saved` callbacks and `extra`
+/// tensors. A callback the checkpoint has no state for (added on resume) starts fresh; the state
+/// of one this run does not select stays in the checkpoint: it is returned into `unselected_text`
+/// and `unselected_tensors`, which the next checkpoints save again (trainer_callbacks.cpp).
+void load_callback_states(const std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>>& callbacks,
+                          const nlohmann::ordered_json& saved, const sdk::TensorMap& extra,
+                          const std::filesystem::path& dir, std::map<std::string, sdk::TextMap>& unselected_text,
+                          sdk::TensorMap& unselected_tensors);
 
 }  // namespace loom::core

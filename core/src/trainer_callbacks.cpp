@@ -15,6 +15,7 @@
 #include <loom/sdk/files.hpp>
 #include <loom/sdk/helpers.hpp>
 #include <nlohmann/json.hpp>
+#include "saved_state.hpp"
 
 #include <algorithm>
 #include <set>
@@ -25,6 +26,49 @@ using json = nlohmann::ordered_json;
 namespace loom::core {
 
 using namespace detail;
+
+// (declared in saved_state.hpp)
+void load_callback_states(const std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>>& callbacks,
+                          const json& saved, const sdk::TensorMap& extra, const fs::path& dir,
+                          std::map<std::string, sdk::TextMap>& unselected_text, sdk::TensorMap& unselected_tensors) {
+  const auto state_of = [&](const std::string& name) {
+    sdk::State state;
+    for (const auto& [k, v] : saved[name].items()) {
+      if (!v.is_string())
+        throw Error((dir / "state.json").string() + ": the state of callback '" + name + "' is damaged (key '" + k +
+                    "' is not text)");
+      state.text[k] = v.get<std::string>();
+    }
+    const std::string prefix = "callback." + name + ".";
+    for (const auto& [k, t] : extra)
+      if (k.rfind(prefix, 0) == 0) state.tensors[k.substr(prefix.size())] = t;
+    return state;
+  };
+  unselected_text.clear();
+  unselected_tensors.clear();
+  if (!saved.is_object())
+    throw Error((dir / "state.json").string() + ": the callbacks' states are damaged (not an object)");
+  for (const auto& [name, value] : saved.items()) {
+    const bool selected = std::any_of(callbacks.begin(), callbacks.end(), [&](const auto& c) { return c.first == name; });
+    if (selected) continue;
+    if (!value.is_object())
+      throw Error((dir / "state.json").string() + ": the state of callback '" + name + "' is damaged (not an object)");
+    sdk::State state = state_of(name);
+    unselected_text[name] = std::move(state.text);
+    for (auto& [k, t] : state.tensors) unselected_tensors["callback." + name + "." + k] = t;
+    log::debug("callback '", name, "' is not selected in this run: its state in ", dir.string(),
+               " is kept in this run's checkpoints");
+  }
+  for (const auto& [name, callback] : callbacks) {
+    if (!saved.contains(name)) {
+      log::info("callback '", name, "' has no state in ", dir.string(), "; it starts fresh");
+      continue;
+    }
+    const sdk::State state = state_of(name);
+    sdk::Callback& target = *callback;  // clang 14 cannot capture a structured binding
+    in_phase("restoring the state of callback '" + name + "' from " + dir.string(), [&] { target.load_state_dict(state); });
+  }
+}
 
 void Trainer::build_callbacks() {
   callbacks_.clear();

@@ -33,52 +33,6 @@ namespace loom::core {
 using namespace detail;
 namespace {
 
-/// Gives each callback of this run its state from a checkpoint. A callback the checkpoint has no
-/// state for (added on resume) starts fresh; the state of one this run does not select stays in the
-/// checkpoint: it is returned into `unselected_text` and `unselected_tensors`, which the next
-/// checkpoints save again.
-void load_callback_states(const std::vector<std::pair<std::string, std::shared_ptr<sdk::Callback>>>& callbacks,
-                          const json& saved, const sdk::TensorMap& extra, const fs::path& dir,
-                          std::map<std::string, sdk::TextMap>& unselected_text, sdk::TensorMap& unselected_tensors) {
-  const auto state_of = [&](const std::string& name) {
-    sdk::State state;
-    for (const auto& [k, v] : saved[name].items()) {
-      if (!v.is_string())
-        throw Error((dir / "state.json").string() + ": the state of callback '" + name + "' is damaged (key '" + k +
-                    "' is not text)");
-      state.text[k] = v.get<std::string>();
-    }
-    const std::string prefix = "callback." + name + ".";
-    for (const auto& [k, t] : extra)
-      if (k.rfind(prefix, 0) == 0) state.tensors[k.substr(prefix.size())] = t;
-    return state;
-  };
-  unselected_text.clear();
-  unselected_tensors.clear();
-  if (!saved.is_object())
-    throw Error((dir / "state.json").string() + ": the callbacks' states are damaged (not an object)");
-  for (const auto& [name, value] : saved.items()) {
-    const bool selected = std::any_of(callbacks.begin(), callbacks.end(), [&](const auto& c) { return c.first == name; });
-    if (selected) continue;
-    if (!value.is_object())
-      throw Error((dir / "state.json").string() + ": the state of callback '" + name + "' is damaged (not an object)");
-    sdk::State state = state_of(name);
-    unselected_text[name] = std::move(state.text);
-    for (auto& [k, t] : state.tensors) unselected_tensors["callback." + name + "." + k] = t;
-    log::debug("callback '", name, "' is not selected in this run: its state in ", dir.string(),
-               " is kept in this run's checkpoints");
-  }
-  for (const auto& [name, callback] : callbacks) {
-    if (!saved.contains(name)) {
-      log::info("callback '", name, "' has no state in ", dir.string(), "; it starts fresh");
-      continue;
-    }
-    const sdk::State state = state_of(name);
-    sdk::Callback& target = *callback;  // clang 14 cannot capture a structured binding
-    in_phase("restoring the state of callback '" + name + "' from " + dir.string(), [&] { target.load_state_dict(state); });
-  }
-}
-
 bool same_value(const OptionSpec& spec, const std::string& a, const std::string& b) {  // ("2" and "2.0", "yes" and "true")
   if (spec.type == LOOM_OPTION_FLOAT) return sdk::parse_float(a) == sdk::parse_float(b) && sdk::parse_float(a).has_value();
   if (spec.type == LOOM_OPTION_INT) return sdk::parse_int(a) == sdk::parse_int(b) && sdk::parse_int(a).has_value();
