@@ -70,34 +70,6 @@ std::string display(const fs::path& p) {
   return p.string();
 }
 
-/// The line of each `key = value` entry, in file order, as Program_options' config parser reads
-/// them ('#' starts a comment anywhere; `[section]` sets a prefix). Program_options does the
-/// parsing; this only recovers line numbers for messages.
-std::vector<std::pair<std::string, int>> entry_lines(const std::string& text) {
-  std::vector<std::pair<std::string, int>> out;
-  std::istringstream in(text);
-  std::string line, prefix;
-  int number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
-    const std::string s(sdk::trim(line));
-    if (s.empty()) continue;
-    if (s.front() == '[' && s.back() == ']') {
-      prefix = s.substr(1, s.size() - 2);
-      if (prefix.empty() || prefix.back() != '.') prefix += '.';
-    } else if (auto eq = s.find('='); eq != std::string::npos) {
-      // (trimmed of spaces and tabs only, as Program_options trims it: a key ending in \v or \f
-      // matched no parsed key, and its errors named line 0)
-      std::string key = s.substr(0, eq);
-      key.erase(key.find_last_not_of(" \t") + 1);
-      out.emplace_back(prefix + key, number);
-    } else {
-      out.emplace_back("", -number);  // a bad line; Program_options rejects it
-    }
-  }
-  return out;
-}
 
 }  // namespace
 

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace loom::core {
 
@@ -9,5 +11,10 @@ namespace loom::core {
 /// call "not a key = value line": UTF-16 text, lines ended by a carriage return alone, a '#' inside
 /// a value, a value in quotes.
 void check_config_text(const std::string& text, const std::string& shown);
+
+/// The line of each `key = value` entry, in file order, as Program_options' config parser reads
+/// them ('#' starts a comment anywhere; `[section]` sets a prefix); a line that is none of these
+/// has its number negated. Program_options does the parsing; this only recovers line numbers.
+std::vector<std::pair<std::string, int>> entry_lines(const std::string& text);
 
 }  // namespace loom::core
