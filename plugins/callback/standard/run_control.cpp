@@ -22,21 +22,25 @@ std::string exact(double v) {
   return error == std::errc() ? std::string(buffer, end) : std::to_string(v);
 }
 
-std::optional<double> read_double(const sdk::TextMap& text, const std::string& key) {
+// `what` and `whose` name the text and what holds it when it is damaged: a checkpoint's callback
+// state, or a best file's metadata.
+std::optional<double> read_double(const sdk::TextMap& text, const std::string& key, const char* what = "callback state",
+                                  const char* whose = "the checkpoint") {
   auto it = text.find(key);
   if (it == text.end()) return std::nullopt;
   double v = 0;
   const auto [end, error] = std::from_chars(it->second.data(), it->second.data() + it->second.size(), v);
   // (from_chars reads "nan" and "inf": a best of NaN would never be beaten, so neither is a value)
   if (error != std::errc() || end != it->second.data() + it->second.size() || !std::isfinite(v))
-    throw sdk::Error("callback state '" + key + "' = '" + it->second + "' is not a finite number; the checkpoint is damaged");
+    throw sdk::Error(std::string(what) + " '" + key + "' = '" + it->second + "' is not a finite number; " + whose + " is damaged");
   return v;
 }
 
-int64_t read_int(const sdk::TextMap& text, const std::string& key) {
-  const auto v = read_double(text, key);
+int64_t read_int(const sdk::TextMap& text, const std::string& key, const char* what = "callback state",
+                 const char* whose = "the checkpoint") {
+  const auto v = read_double(text, key, what, whose);
   if (v && !(*v >= 0 && *v <= 9e15 && *v == std::floor(*v)))  // a step or a count
-    throw sdk::Error("callback state '" + key + "' = '" + text.at(key) + "' is not a count; the checkpoint is damaged");
+    throw sdk::Error(std::string(what) + " '" + key + "' = '" + text.at(key) + "' is not a count; " + whose + " is damaged");
   return v ? static_cast<int64_t>(*v) : 0;
 }
 
@@ -133,8 +137,8 @@ void Best::adopt_best_file(RunContext& run, const std::string& metric, const sdk
       auto it = metadata.find(key);
       return it == metadata.end() ? std::string() : it->second;
     };
-    const std::optional<double> value = metadata.count("value") ? read_double(metadata, "value") : std::nullopt;
-    const int64_t written_at = metadata.count("step") ? read_int(metadata, "step") : -1;
+    const std::optional<double> value = metadata.count("value") ? read_double(metadata, "value", "metadata", "the file") : std::nullopt;
+    const int64_t written_at = metadata.count("step") ? read_int(metadata, "step", "metadata", "the file") : -1;
     if (field("metric") != metric)
       why = "it holds the best of '" + field("metric") + "', not of " + metric;
     else if (field("direction") != sdk::direction_name(spec.direction))

@@ -25,58 +25,82 @@ namespace loom::fashion_mnist {
 
 namespace {
 
+/// One IDX file, plain or gzip-compressed (the first two bytes say which), read through zlib's
+/// inflate rather than its gz* reader: gzread passes over bytes after the last gzip member that do
+/// not start another one, so a file with junk appended read as whole. Here the file must end where
+/// its last member ends, each member's checksum and size checked.
 struct GzFile {
-  explicit GzFile(const fs::path& path) : path(path) {
+  explicit GzFile(const fs::path& path) : path(path), buffer(kBuffer) {
     // Only a regular file is read: opening without blocking and checking the type first means a
     // FIFO or a device in the data folder is an error, not a hang or an endless read.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) throw loom::sdk::Error("cannot open " + path.string() + ": " + std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
       throw loom::sdk::Error("cannot read " + path.string() + ": not a regular file; point data.path at the Fashion-MNIST files");
     }
-    handle = gzdopen(fd, "rb");
-    if (handle == nullptr) {
+    try {
+      gzip = starts_a_member();
+    } catch (...) {
       ::close(fd);
-      throw loom::sdk::Error("cannot open " + path.string());
+      throw;
+    }
+    if (gzip && inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {  // 16: the gzip wrapper, its CRC-32 and size checked
+      ::close(fd);
+      throw loom::sdk::Error("cannot read " + path.string() + ": zlib could not start (out of memory?)");
     }
   }
   ~GzFile() {
-    if (handle != nullptr) gzclose(handle);
+    if (gzip) inflateEnd(&z);
+    ::close(fd);
   }
   GzFile(const GzFile&) = delete;
   GzFile& operator=(const GzFile&) = delete;
 
-  /// After a read: the file holds no gzip stream (zlib reads such a file as it is).
-  bool plain() const { return gzdirect(handle) == 1; }
+  /// The file holds no gzip stream (and is read as it is).
+  bool plain() const { return !gzip; }
 
-  /// Reads up to n bytes; returns how many it read. A corrupt stream is an error.
+  /// Reads up to n bytes; returns how many it read, fewer only at the data's end. A corrupt or
+  /// truncated stream, or bytes after the last gzip member, is an error.
   int64_t read(void* out, int64_t n) {
-    auto* p = static_cast<char*>(out);
+    auto* p = static_cast<unsigned char*>(out);
     int64_t done = 0;
-    while (done < n) {
-      const unsigned chunk = static_cast<unsigned>(std::min<int64_t>(n - done, 1 << 30));
-      const int got = gzread(handle, p + done, chunk);
-      if (got < 0) {
-        int code = 0;
-        std::string message = gzerror(handle, &code) ? gzerror(handle, &code) : "gzip error";
-        if (message.rfind("<fd:", 0) == 0 && message.find(": ") != std::string::npos)
-          message = message.substr(message.find(": ") + 2);  // zlib's name for a gzdopen'd file: "<fd:3>: "
-        throw loom::sdk::Error(path.string() + " is corrupt: " + message +
+    while (done < n && !ended) {
+      if (z.avail_in == 0 && fill() == 0) {
+        if (!gzip) break;
+        throw loom::sdk::Error(path.string() + " is truncated: its gzip stream ends before its end (and its checksum); "
+                               "reinstall dataset-fashion-mnist or download the file again");
+      }
+      if (!gzip) {
+        const auto take = static_cast<uInt>(std::min<int64_t>(n - done, z.avail_in));
+        std::memcpy(p + done, z.next_in, take);
+        z.next_in += take;
+        z.avail_in -= take;
+        done += take;
+        continue;
+      }
+      z.next_out = p + done;
+      z.avail_out = static_cast<uInt>(std::min<int64_t>(n - done, 1 << 30));
+      const uInt room = z.avail_out;
+      const int code = inflate(&z, Z_NO_FLUSH);
+      done += room - z.avail_out;
+      if (code == Z_STREAM_END) {
+        // Another member may follow (gzip's own concatenation); anything else is not gzip data.
+        if (!starts_a_member()) {
+          if (z.avail_in == 0) {
+            ended = true;
+          } else {
+            throw loom::sdk::Error(path.string() + " has bytes after its gzip stream: the file is damaged or "
+                                   "something was appended to it; download it again");
+          }
+        } else if (inflateReset(&z) != Z_OK) {
+          throw loom::sdk::Error(path.string() + " is corrupt: zlib could not read its next gzip member");
+        }
+      } else if (code != Z_OK && code != Z_BUF_ERROR) {
+        throw loom::sdk::Error(path.string() + " is corrupt: " + (z.msg != nullptr ? z.msg : "gzip error " + std::to_string(code)) +
                                "; reinstall dataset-fashion-mnist or download the file again");
       }
-      if (got == 0) {
-        // (zlib's end of a stream cut short, in its data or its trailer of checksum and size, is a
-        // soft error, Z_BUF_ERROR, beside a read of 0: the file was taken, its checksum unchecked)
-        int code = Z_OK;
-        (void)gzerror(handle, &code);
-        if (code == Z_BUF_ERROR)
-          throw loom::sdk::Error(path.string() + " is truncated: its gzip stream ends before its end (and its checksum); "
-                                 "reinstall dataset-fashion-mnist or download the file again");
-        break;
-      }
-      done += got;
     }
     return done;
   }
@@ -111,8 +135,34 @@ struct GzFile {
                              "file of the size its header says; download it again");
   }
 
+  /// Whether the unread input starts with gzip's magic bytes (reading more of the file to see).
+  bool starts_a_member() {
+    if (z.avail_in < 2) fill();
+    if (z.avail_in < 2) fill();  // a read may stop short once
+    return z.avail_in >= 2 && z.next_in[0] == 0x1f && z.next_in[1] == 0x8b;
+  }
+
+  /// Moves the unread input to the buffer's start and reads more of the file behind it; returns
+  /// the bytes read, 0 at the file's end.
+  size_t fill() {
+    if (z.avail_in > 0 && z.next_in != buffer.data()) std::memmove(buffer.data(), z.next_in, z.avail_in);
+    z.next_in = buffer.data();
+    for (;;) {
+      const ssize_t got = ::read(fd, buffer.data() + z.avail_in, buffer.size() - z.avail_in);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw loom::sdk::Error("cannot read " + path.string() + ": " + std::strerror(errno));
+      z.avail_in += static_cast<uInt>(got);
+      return static_cast<size_t>(got);
+    }
+  }
+
+  static constexpr size_t kBuffer = 1 << 16;
   fs::path path;
-  gzFile handle = nullptr;
+  std::vector<unsigned char> buffer;
+  z_stream z{};  // its next_in and avail_in are the unread input, in either kind of file
+  int fd = -1;
+  bool gzip = false;
+  bool ended = false;  // the last gzip member's end, at the file's end
 };
 
 /// "X is not an IDX image file: magic number M, expected E" with what the file is instead.

@@ -187,6 +187,35 @@ TEST_F(FashionMnistFiles, TrailingBytes) {
   EXPECT_CONTAINS(error(), "train-labels-idx1-ubyte has unexpected bytes after its data");
 }
 
+TEST_F(FashionMnistFiles, BytesAfterTheLastGzipMemberAreRefusedAndAnotherMemberIsRead) {
+  // zlib's gzread passes over junk after a gzip stream that does not start another member: a file
+  // with something appended read as whole (a probe). gzip's own concatenation is still one file.
+  const fs::path gz = dir_ / "t10k-labels-idx1-ubyte.gz";
+  const auto member = [&](const std::string& bytes) {
+    write_gz("member.gz", bytes);
+    std::ifstream in(dir_ / "member.gz", std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string whole = member(labels(10, 4, 6));
+  for (const std::string& junk : {std::string("garbage\n"), std::string(1, '\0'), std::string("\x1f"), std::string(4096, 'x')}) {
+    std::ofstream(gz, std::ios::binary | std::ios::trunc) << whole + junk;
+    EXPECT_CONTAINS(error(), gz.string() + " has bytes after its gzip stream: the file is damaged or something was appended to it");
+  }
+  // a second member after the first: read as the rest of the data, its own checksum checked
+  const std::string data = labels(10, 4, 6);
+  std::ofstream(gz, std::ios::binary | std::ios::trunc) << member(data.substr(0, 11)) + member(data.substr(11));
+  EXPECT_EQ(open()->get_batch(loom::sdk::Split::kTest, {4}).at("label")[0].item<int64_t>(), 6) << "two members, one file";
+  std::string second = member(data.substr(11));
+  second[second.size() - 6] = static_cast<char>(second[second.size() - 6] ^ 0x5a);
+  std::ofstream(gz, std::ios::binary | std::ios::trunc) << member(data.substr(0, 11)) + second;
+  EXPECT_CONTAINS(error(), gz.string() + " is corrupt: incorrect data check");
+  // a second member that holds more than the header says: the data's own check
+  std::ofstream(gz, std::ios::binary | std::ios::trunc) << whole + member("x");
+  EXPECT_CONTAINS(error(), "t10k-labels-idx1-ubyte.gz has unexpected bytes after its data");
+  std::ofstream(gz, std::ios::binary | std::ios::trunc) << whole;
+  EXPECT_EQ(open()->size(loom::sdk::Split::kTest), 10) << "the file as written";
+}
+
 TEST_F(FashionMnistFiles, LabelOutOfRange) {
   write("train-labels-idx1-ubyte", labels(20, 3, 12));
   EXPECT_CONTAINS(error(), "label 12 of image 3 is not a class");

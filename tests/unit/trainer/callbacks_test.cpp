@@ -299,6 +299,29 @@ TEST_F(CallbacksTest, TheBestFileIsReplacedOnlyByABetterEvaluationWhateverTheSes
   EXPECT_NEAR(all.at(std::stoll(step)), value, 1e-12);
 }
 
+TEST_F(CallbacksTest, ABestFileWithDamagedMetadataIsReplacedWithAWarningThatSaysTheFileIsDamaged) {
+  // (the warning said "the checkpoint is damaged", of a file that is no checkpoint)
+  Config c = base("damaged_best");
+  c.set_assignment("trainer.callbacks=checkpoint");
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 4);
+  const fs::path file = dir_ / "damaged_best" / "checkpoints" / "best_accuracy.safetensors";
+  save_safetensors(file, load_safetensors(dir_ / "damaged_best" / "checkpoints" / step_dir_name(4) / "model.safetensors"),
+                   {{"metric", "accuracy"}, {"direction", "max"}, {"value", "nan"}, {"step", "2"}});
+  c.set_assignment("trainer.resume=auto");
+  c.set_assignment("trainer.callbacks=best, checkpoint");
+  c.set_assignment("trainer.best_metric=accuracy");
+  c.set_assignment("trainer.max_steps=6");
+  log::Capture capture;
+  EXPECT_EQ(loom::testing::make_trainer(c)->train().steps, 6);
+  EXPECT_TRUE(capture.contains("is not this run's best of accuracy (metadata 'value' = 'nan' is not a finite number; the file "
+                               "is damaged): the run's next best evaluation replaces it"))
+      << ::testing::PrintToString(capture.lines());
+  loom::sdk::TextMap metadata;
+  load_safetensors(file, &metadata);
+  EXPECT_TRUE(std::isfinite(std::stod(metadata.at("value")))) << metadata.at("value");
+  EXPECT_EQ(metadata.at("step"), "6");
+}
+
 TEST_F(CallbacksTest, ARunResumedFromAnotherRunsCheckpointWritesItsOwnBest) {
   // (the other run's best value came with the checkpoint, its weights did not: the new run had to
   // beat it to write best_accuracy.safetensors, and ended without one)

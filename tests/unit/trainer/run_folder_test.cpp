@@ -1322,9 +1322,10 @@ TEST_F(RunFolderTest, ARunResumedPastItsEndKeepsItsEarlierSummaryAsThatStepsReco
   loom::testing::make_trainer(c)->train();
   const std::string earlier = text(run / "summary.until_step_4.json");
   EXPECT_NE(earlier.find("\"step\": 4"), std::string::npos) << "the old end's summary is kept: " << earlier;
-  if (fs::exists(run / "summary.json"))
+  if (fs::exists(run / "summary.json")) {
     EXPECT_EQ(text(run / "summary.json").find("\"step\": 4"), std::string::npos)
         << "summary.json is not the old end's while the run trains past it";
+  }
 
   c.set_assignment("callback.record.stop_at=0");
   loom::testing::make_trainer(c)->train();
