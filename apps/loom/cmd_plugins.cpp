@@ -129,7 +129,7 @@ int inspect(const Invocation& invocation) {
   core::PluginRegistry registry;
   registry.set_log_refusals(false);
   const auto report = registry.load(file);
-  std::cout << "file:      " << report.file.string() << "\n";
+  std::cout << "file:      " << core::printable(report.file.string(), 4096) << "\n";
   if (!report.plugin_name.empty())
     std::cout << "plugin:    " << report.plugin_name << " " << report.plugin_version << "\n";
   for (const auto& [field, value] : report.fingerprint)
@@ -139,12 +139,12 @@ int inspect(const Invocation& invocation) {
             << (!report.accepted ? "refused" : clashing.clashes.empty() ? "accepted" : "accepted alone; clashes with another plugin on the search path (below)")
             << "\n";
   if (report.refusal) {
-    std::cout << "  stage:   " << report.refusal->stage << "\n  reason:  " << report.refusal->reason
+    std::cout << "  stage:   " << report.refusal->stage << "\n  reason:  " << core::printable(report.refusal->reason, 1 << 16)
               << "\n";
-    if (!report.refusal->hint.empty()) std::cout << "  hint:    " << report.refusal->hint << "\n";
+    if (!report.refusal->hint.empty()) std::cout << "  hint:    " << core::printable(report.refusal->hint, 1 << 16) << "\n";
   }
-  for (const auto& line : clashing.clashes) std::cout << "  clash:   " << line << "\n";
-  for (const auto& line : clashing.copies) std::cout << "  note:    " << line << "\n";
+  for (const auto& line : clashing.clashes) std::cout << "  clash:   " << core::printable(line, 1 << 16) << "\n";
+  for (const auto& line : clashing.copies) std::cout << "  note:    " << core::printable(line, 1 << 16) << "\n";
   for (const auto& c : report.components) {
     std::cout << "\n" << core::kind_name(c.kind) << " '" << c.name << (c.c_tier() ? "' (C interface " : "' (interface ")
               << c.interface_major << "." << c.interface_minor << "): " << c.summary << "\n";
@@ -174,8 +174,9 @@ int check(const Invocation& invocation) {
   registry.set_log_refusals(false);
   const auto loaded = registry.load(file);
   if (!loaded.accepted) {
-    std::cout << file.string() << ": refused at stage " << loaded.refusal->stage << ": " << loaded.refusal->reason << "\n";
-    if (!loaded.refusal->hint.empty()) std::cout << "  hint: " << loaded.refusal->hint << "\n";
+    std::cout << core::printable(file.string(), 4096) << ": refused at stage " << loaded.refusal->stage << ": "
+              << core::printable(loaded.refusal->reason, 1 << 16) << "\n";
+    if (!loaded.refusal->hint.empty()) std::cout << "  hint: " << core::printable(loaded.refusal->hint, 1 << 16) << "\n";
     return 1;
   }
   scan_plugins(registry, invocation.options, /*log_refusals=*/false);  // the datasets a model is checked with
@@ -236,12 +237,12 @@ int check(const Invocation& invocation) {
   if (child != nullptr) return run_check_child(registry, file, options, child);
   // (with the user's scan cache)
   const Clashes clashing = clashes(invocation, file, loaded.components);
-  std::cout << "plugin " << loaded.plugin_name << " " << loaded.plugin_version << " (" << file.string() << ")\n" << std::flush;
+  std::cout << "plugin " << loaded.plugin_name << " " << loaded.plugin_version << " (" << core::printable(file.string(), 4096) << ")\n" << std::flush;
   int passed = 0, failed = 0, skipped = 0;
   if (!clashing.clashes.empty() || !clashing.copies.empty()) {
     std::cout << "\nthe plugin's names\n";
-    for (const auto& line : clashing.clashes) std::cout << "  FAIL  unique name: " << line << "\n";
-    for (const auto& line : clashing.copies) std::cout << "  note  " << line << "\n";
+    for (const auto& line : clashing.clashes) std::cout << "  FAIL  unique name: " << core::printable(line, 1 << 16) << "\n";
+    for (const auto& line : clashing.copies) std::cout << "  note  " << core::printable(line, 1 << 16) << "\n";
     failed += static_cast<int>(clashing.clashes.size());
   }
   // Each component's checks as its suite ends (a later one that hangs or crashes loses none).
@@ -299,7 +300,7 @@ int cmd_plugins(const Invocation& invocation) {
   });
   for (const auto* c : sorted)
     rows.push_back({core::kind_name(c->kind), c->name, c->plugin->version,
-                    c->plugin->file.filename().string(), c->summary});
+                    core::printable(c->plugin->file.filename().string(), 256), c->summary});
   print_table(rows);
   std::cout << "\n" << sorted.size() << " component(s) from " << registry.plugins().size()
             << " plugin file(s).";
@@ -312,8 +313,8 @@ int cmd_plugins(const Invocation& invocation) {
   if (!registry.refusals().empty()) {
     std::cout << "\nRefused (" << registry.refusals().size() << "):\n";
     for (const auto& r : registry.refusals()) {
-      std::cout << "  " << shorten(r.file) << "\n    [" << r.stage << "] " << r.reason << "\n";
-      if (!r.hint.empty()) std::cout << "    hint: " << r.hint << "\n";
+      std::cout << "  " << core::printable(shorten(r.file), 4096) << "\n    [" << r.stage << "] " << core::printable(r.reason, 1 << 16) << "\n";
+      if (!r.hint.empty()) std::cout << "    hint: " << core::printable(r.hint, 1 << 16) << "\n";
     }
   }
   return 0;

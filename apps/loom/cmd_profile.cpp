@@ -13,6 +13,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -170,6 +171,11 @@ int cmd_profile(const Invocation& invocation) {
     return 1;
   }
   std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", fs::absolute(report.trace).string().c_str());
+  // A stop asked for while the trace was written (seconds, for 1000 steps): the profile was done,
+  // and is kept, but the command says it was stopped (it ended 0 after "stopping", a probe).
+  if (const int sig = core::stop_signal_received(); sig != 0 && sig != SIGPIPE)
+    throw core::StoppedBySignal(sig, "loom profile: stopped by " + core::signal_name(sig) +
+                                         " as its trace was written, which it finished: the report above and the trace are whole");
   return 0;
 }
 

@@ -13,6 +13,12 @@
 #include <loom/sdk/dataset.hpp>
 #include <loom/sdk/options.hpp>
 
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/logical_not.h>
+#include <ATen/ops/masked_select.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/min.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/topk.h>
 
@@ -131,6 +137,14 @@ int cmd_recommend(const Invocation& invocation) {
     throw Error("model '" + config.get("model.name").value_or("?") + "' does not predict one score per item ({\"scores\": [1, " +
                 std::to_string(item_ids.size()) + "]})");
   at::Tensor scores = scores_it->second[0].to(at::kFloat).clone();
+  // A model whose scores are not finite ranks nothing: its top items were printed as "inf" or
+  // "-nan", exit 0 (probe), where `loom eval` of the same file refuses it.
+  const int64_t not_finite = scores.isfinite().logical_not().sum().item<int64_t>();
+  if (not_finite > 0)
+    throw Error("the model of " + checkpoint.string() + " gives " + std::to_string(not_finite) + " of its " +
+                std::to_string(scores.numel()) + " scores for user " + core::printable(user_id, 256) +
+                " as NaN or infinite, so it ranks nothing: its training diverged or its weights are damaged; "
+                "`loom eval` on it says more, and an earlier checkpoint of the run may be sound");
   for (int64_t item : known) scores[item].fill_(-std::numeric_limits<float>::infinity());
   const int64_t n = std::min<int64_t>(top, static_cast<int64_t>(item_ids.size() - known.size()));
   if (n < 1) {
@@ -138,6 +152,14 @@ int cmd_recommend(const Invocation& invocation) {
     return 0;
   }
   const auto [values, indices] = at::topk(scores, n);
+  {
+    // Every item the user does not know scored alike: the order printed is the sort's, not the model's.
+    const at::Tensor candidates = scores.masked_select(scores.isfinite());
+    if (candidates.numel() > 1 && candidates.max().item<float>() == candidates.min().item<float>())
+      core::log::warn("every item user ", core::printable(user_id, 256), " does not know scores ", candidates.max().item<float>(),
+                ": the ranking below is arbitrary (the model has collapsed to one output); evaluate the checkpoint, or "
+                "use an earlier one");
+  }
   const bool rating = attributes.count("task") && attributes.at("task") == "rating";
   std::cout << "top " << n << " for user " << user_id << " (" << known.size() << " items they know left out) from "
             << checkpoint.string() << ":\n";

@@ -15,6 +15,7 @@
 #include <loom/core/data_loader.hpp>
 #include <loom/core/device_memory.hpp>
 #include <loom/core/log.hpp>
+#include <loom/core/text.hpp>
 
 #include <system_error>
 
@@ -80,6 +81,17 @@ void check_batch(const std::string& who, const sdk::DataSpec& spec, const sdk::B
   }
 }
 
+void check_order_memory(const std::string& name, sdk::Split split, int64_t samples) {
+  constexpr int64_t kBytesPerSample = 32;
+  const int64_t available = available_memory();
+  if (available <= 0 || samples <= available / kBytesPerSample) return;
+  throw Error((name.empty() ? std::string("the dataset") : "dataset '" + name + "'") + " says its " + sdk::split_name(split) +
+              " split has " + std::to_string(samples) + " samples: Loom's loader keeps each epoch's order of them in host "
+              "memory, about " + std::to_string(kBytesPerSample) + " bytes a sample (" + format_bytes(samples * kBytesPerSample) +
+              "), more than the " + format_bytes(available) + " available; if that size is right, the split needs a machine "
+              "with more memory or to be cut into parts; if not, its size() is wrong (a bug of the plugin's: report it to its author)");
+}
+
 DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, Options options)
     : dataset_(std::move(dataset)), split_(split), options_(options) {
   check_micro_batch(options_.micro_batch, options_.step_samples);
@@ -95,6 +107,7 @@ DataLoader::DataLoader(std::shared_ptr<sdk::Dataset> dataset, sdk::Split split, 
   if (constexpr int64_t kMaxSamples = int64_t{1} << 40; size_ < 0 || size_ > kMaxSamples)
     throw Error((options_.name.empty() ? std::string("the dataset") : "dataset '" + options_.name + "'") + " says its " + sdk::split_name(split_) + " split has " + std::to_string(size_) +
                 " samples, outside [0, 2^40]: its size() is wrong (a bug of the plugin's: report it to its author)");
+  check_order_memory(options_.name, split_, size_);
   // (Evaluation: a rank past a split smaller than the world has no sample and adds zeros to the sums.)
   if (options_.drop_last ? size_ / options_.world_size < options_.micro_batch : size_ < 1)
     throw Error(std::string("the ") + sdk::split_name(split_) + " split has " + std::to_string(size_) +

@@ -329,9 +329,19 @@ std::pair<std::string, std::string> why_not_loaded(const std::filesystem::path& 
     const size_t end = why.rfind("): ");
     why = why.substr(at + marker.size(), end != std::string::npos && end > at ? end - at - marker.size() : std::string::npos);
   }
-  if (why.find("undefined symbol") != std::string::npos)
-    return {why, "an undefined symbol usually means the plugin was built against another LibTorch: " +
-                     std::string(kRebuildHint)};
+  if (const size_t at = why.find("undefined symbol: "); at != std::string::npos) {
+    // LibTorch's C++ symbols (mangled, naming c10, at or torch) differ between its versions; any
+    // other (a C-tier plugin's, which links no LibTorch) is one no library the plugin links defines.
+    const std::string symbol = why.substr(at + 18, why.find_first_of(" \t,(", at + 18) - (at + 18));
+    const bool torch = symbol.rfind("_Z", 0) == 0 && (symbol.find("c10") != std::string::npos ||
+                                                      symbol.find("torch") != std::string::npos ||
+                                                      symbol.find("N2at") != std::string::npos);
+    if (torch)
+      return {why, "an undefined symbol of LibTorch's means the plugin was built against another LibTorch: " +
+                       std::string(kRebuildHint)};
+    return {why, "no library the plugin links defines " + symbol + ": link the one that does, or define it (`nm -D "
+                 "--undefined-only " + file.string() + "` lists what the plugin expects others to define)"};
+  }
   if (why.find("position-independent executable") != std::string::npos)
     return {why, "it is a program, not a plugin: give a plugin's .so (built with loom_add_plugin())"};
   return {why, "`ldd " + file.string() + "` shows whether a library it needs is missing"};

@@ -105,7 +105,8 @@ void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::pa
     auto entries = read_cache(path);  // merge: other processes may have added theirs
     for (const auto& [file, v] : verdicts) {
       const auto& key = keys.at(file);
-      if (key.empty()) continue;
+      // (a tab or a line break in a file's name split its line of the cache in two: never cached)
+      if (key.empty() || file.string().find_first_of("\t\n\r") != std::string::npos) continue;
       // The file's entries of before (written again, replaced, of another Loom): one each time it
       // changed, and the cache grew without end.
       const std::string prefix = file.string() + "|";

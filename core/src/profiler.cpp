@@ -1,6 +1,7 @@
 // The profiler. See profiler.hpp.
 #include <loom/core/error.hpp>
 #include <loom/core/profiler.hpp>
+#include <loom/core/stop_signals.hpp>
 #include <loom/core/text.hpp>
 
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -16,6 +17,7 @@
 #include <map>
 #include <set>
 #include <unordered_map>
+#include <sys/resource.h>
 #include <unistd.h>
 
 namespace loom::core {
@@ -126,19 +128,26 @@ ProfileReport Profiler::stop(const std::filesystem::path& given, bool next_free)
   namespace fs = std::filesystem;
   fs::path trace = given;
   const fs::path own = trace.string() + ".loom-" + std::to_string(::getpid()) + ".json";
+  note_scratch_file(own.string());  // (a stop at once while it is written removes it and its .tmp: 96 MB were left)
   result->save(own.string());
   std::error_code ec;
   // (link, then unlink: a trace made at that path since the command checked it is not replaced;
   // a name Loom chose moves on to the next free one: two profiles started in one second)
   bool placed = fs::is_regular_file(own, ec) && ::link(own.c_str(), trace.c_str()) == 0;
   int error = placed ? 0 : errno;
-  for (int n = 2; !placed && error == EEXIST && next_free && n < 1000; ++n) {
+  // (a name given that was taken while the profile ran, by a file left as it is: the trace is not
+  // thrown away, it takes the next free name, and the command still says it could not be placed)
+  for (int n = 2; !placed && error == EEXIST && n < 1000; ++n) {
     trace = given.parent_path() / (given.stem().string() + "-" + std::to_string(n) + given.extension().string());
     placed = ::link(own.c_str(), trace.c_str()) == 0;
     error = placed ? 0 : errno;
   }
   if (placed) fs::remove(own, ec);
+  note_scratch_file("");
   std::string trace_error;
+  if (placed && !next_free && trace != given)
+    trace_error = "the profiler could not write its trace to " + given.string() + ": a file of that name appeared while it ran; "
+                  "it is left as it is, and the trace is " + trace.string() + " instead";
   if (!placed) {
     // (the partial file's size says what the trace needed at least, on a full disk)
     std::uintmax_t partial = 0;
@@ -147,8 +156,15 @@ ProfileReport Profiler::stop(const std::filesystem::path& given, bool next_free)
     fs::remove(own, ec);
     fs::remove(own.string() + ".tmp", ec);
     const fs::space_info space = fs::space(trace.has_parent_path() ? trace.parent_path() : fs::path("."), ec);
+    // (under `ulimit -f` the file-size limit stopped it, not the disk: "73.6 GiB free there", a probe)
+    rlimit size_limit{};
+    const bool limited = ::getrlimit(RLIMIT_FSIZE, &size_limit) == 0 && size_limit.rlim_cur != RLIM_INFINITY &&
+                         partial + 65536 >= size_limit.rlim_cur;
     trace_error = "the profiler could not write its trace to " + trace.string() +
                   (error == EEXIST ? std::string(": a file of that name appeared while it ran; it is left as it is")
+                   : limited       ? " (it reached the file-size limit of this process, `ulimit -f`, " +
+                                   format_bytes(static_cast<int64_t>(size_limit.rlim_cur)) +
+                                   ": raise it, or lift it with `ulimit -f unlimited`)"
                    : ec           ? std::string()
                                   : " (" + format_bytes(static_cast<int64_t>(space.available)) + " free there" +
                                         (partial > 0

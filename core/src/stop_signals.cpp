@@ -40,8 +40,24 @@ std::atomic<int> promise{0};  // install_stop_signals' argument (an OnStop): wha
 std::atomic<const char*> at_once{nullptr};  // a StopAtOnce's message while one lives
 std::atomic<int64_t> first_at{0};           // when the first stop signal came (CLOCK_MONOTONIC, ns)
 char scratch_folder[4096] = "";             // a command's scratch folder, removed on a stop at once too
-char* rm_argv[] = {const_cast<char*>("rm"), const_cast<char*>("-rf"), const_cast<char*>("--"), scratch_folder, nullptr};
+char scratch_file[4096] = "", scratch_file_tmp[4104] = "";  // note_scratch_file's file and its .tmp
+// rm's arguments: the folder and the files noted, in that order, each only where noted (made by the
+// note functions, outside the handler)
+char* rm_argv[] = {const_cast<char*>("rm"), const_cast<char*>("-rf"), const_cast<char*>("--"), nullptr, nullptr, nullptr, nullptr};
 std::atomic<bool> has_scratch{false};
+std::atomic<bool> has_folder{false}, has_file{false};
+
+void make_rm_argv() {
+  has_scratch.store(false);
+  int at = 3;
+  if (has_folder.load()) rm_argv[at++] = scratch_folder;
+  if (has_file.load()) {
+    rm_argv[at++] = scratch_file;
+    rm_argv[at++] = scratch_file_tmp;
+  }
+  rm_argv[at] = nullptr;
+  has_scratch.store(at > 3);
+}
 std::atomic<int> child_group{0};  // note_child_group's: a child's process group, killed on a stop at once
 char at_once_saved[8192] = "", at_once_unsaved[8192] = "";  // note_stop_at_once's texts
 std::atomic<bool> has_note{false};
@@ -130,8 +146,7 @@ void on_signal(int sig) {
       "\nloom: stopping after the current step; this run writes no checkpoint (trainer.callbacks has no 'checkpoint'), "
       "so it cannot be continued; send SIGINT or SIGTERM again to stop at once\n";
   static const char scratch[] =
-      "\nloom: stopping after the current step; the scratch runs are removed (what finished is reported); send SIGINT "
-      "or SIGTERM again to stop at once\n";
+      "\nloom: stopping after the current step; the scratch runs are removed; send SIGINT or SIGTERM again to stop at once\n";
   const int on_stop = promise.load();
   const bool saves = on_stop == static_cast<int>(OnStop::kCheckpoint), unsaving = on_stop == static_cast<int>(OnStop::kNoCheckpoint);
   const bool in_setup = setting_up_now.load() && on_stop != static_cast<int>(OnStop::kScratch);
@@ -192,10 +207,23 @@ PluginsSeeStops::~PluginsSeeStops() {
 }
 
 void note_scratch_folder(const std::string& path) {
-  has_scratch.store(false);
+  has_folder.store(false);
+  make_rm_argv();
   if (path.empty() || path.size() >= sizeof scratch_folder) return;
   std::memcpy(scratch_folder, path.c_str(), path.size() + 1);
-  has_scratch.store(true);
+  has_folder.store(true);
+  make_rm_argv();
+}
+
+void note_scratch_file(const std::string& path) {
+  has_file.store(false);
+  make_rm_argv();
+  if (path.empty() || path.size() >= sizeof scratch_file) return;
+  std::memcpy(scratch_file, path.c_str(), path.size() + 1);
+  std::memcpy(scratch_file_tmp, path.c_str(), path.size());
+  std::memcpy(scratch_file_tmp + path.size(), ".tmp", 5);
+  has_file.store(true);
+  make_rm_argv();
 }
 
 void note_child_group(int group) {

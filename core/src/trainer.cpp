@@ -177,8 +177,7 @@ void Trainer::build_components(bool with_optimizer) {
   if (options_.threads == 0) share_cores(default_threads);  // (after build_parallel: said by rank 0 alone)
   if (with_optimizer) refuse_missing_start(*parallel_, options_.resume_from, init_first() ? options_.init_from : "");
   build_data();
-  // (0 training samples ended `loom train` and `loom memory` in a SIGFPE: the memory probes take
-  // sample i % size; an empty data folder is how a user meets it. An evaluation needs none.)
+  // (0 training samples: a SIGFPE in the memory probes, sample i % size; an evaluation needs none)
   if (with_optimizer && dataset_->size(sdk::Split::kTrain) == 0)
     throw Error("dataset '" + value_of(config_, "data.name") + "' says its train split has 0 samples: there is nothing to "
                 "train on; point the dataset's options at data that has samples (`loom config keys` lists them), or, "
@@ -195,11 +194,12 @@ void Trainer::build_components(bool with_optimizer) {
       build_schedule();
     }
   } catch (const c10::OutOfMemoryError& e) {
-    const auto stats = memory_->stats();
-    throw Error("out of memory while building the model" + std::string(with_optimizer ? " and its optimizer" : "") +
-                " on " + device_.str() + ": " + e.what_without_backtrace() + "; the run may use " +
-                format_bytes(stats.limit > 0 ? stats.limit : stats.total) +
-                " (a cap from --memory-fraction or --device-memory-limit?). Use a smaller model or more memory");
+    const auto stats = memory_->stats();  // (a cap only where one is below the device's memory: one was said where none was)
+    const bool capped = stats.limit > 0 && stats.total > 0 && static_cast<double>(stats.limit) < 0.999 * static_cast<double>(stats.total);
+    throw Error("out of memory while building the model" + std::string(with_optimizer ? " and its optimizer" : "") + " on " + device_.str() +
+                ": " + e.what_without_backtrace() + (capped ? "; the run may use " + format_bytes(stats.limit) + " of the " + format_bytes(stats.total) +
+                " there, the cap memory.fraction or --device-memory-limit sets: raise it, or use a smaller model"
+                : "; it has " + format_bytes(stats.total > 0 ? stats.total : stats.limit) + " in all: use a smaller model, or more memory"));
   }
 }
 
@@ -553,6 +553,7 @@ void Trainer::build_loaders(bool training) {
     log::warn("the training split has ", train_size, train_size == 1 ? " sample" : " samples", ": none is held out for "
               "validation (data.validation_fraction), so the run has no validation split");
   } else if (options_.validation_fraction > 0) {
+    check_order_memory(train.name, sdk::Split::kTrain, train_size);
     held_out_ = train_size - training_samples();
     HostMemoryScope host;  // bookkeeping in host memory, not the device's budget
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(options_.seed) * 7919ULL + 17ULL);

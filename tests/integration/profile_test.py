@@ -185,9 +185,43 @@ for line in p.stderr:
         break
 out, err = p.communicate(timeout=600)
 err = "".join(said) + err
-expect(p.returncode == 1 and "a file of that name appeared while it ran; it is left as it is" in err
-       and "loom::step" in out and "by self time" in out and open(late).read() == "mine",
-       f"a trace that cannot be written keeps the tables and the file (rc {p.returncode}): {out[-400:]} {err[-600:]}")
+expect(p.returncode == 1 and "a file of that name appeared while it ran; it is left as it is, and the trace is "
+       + os.path.join(work, "late-2.json") + " instead" in err
+       and "loom::step" in out and "by self time" in out and open(late).read() == "mine"
+       and json.load(open(os.path.join(work, "late-2.json")))["traceEvents"],
+       f"a trace whose name was taken keeps the tables, the file and the trace, under the next name (rc {p.returncode}): "
+       f"{out[-400:]} {err[-600:]}")
+
+
+def stop_while_the_trace_is_written(name, signals):
+    """Stops a profile with `signals` SIGINTs once its trace's own file (<trace>.loom-<pid>.json, or
+    its .tmp) is being written; returns (rc, stdout, stderr, the folder's files)."""
+    folder = os.path.join(work, name)
+    os.makedirs(folder)
+    p = subprocess.Popen([exe, "profile", *RUN, "--steps", "300", "--warmup", "1", "--memory", "--trace",
+                          os.path.join(folder, "t.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None and not [f for f in os.listdir(folder) if ".loom-" in f]:
+        time.sleep(0.005)
+    for _ in range(signals):
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+    out, err = p.communicate(timeout=600)
+    settled = time.time() + 10  # (a stop at once removes them by an rm it starts as it ends)
+    while time.time() < settled and [f for f in os.listdir(folder) if ".loom-" in f]:
+        time.sleep(0.05)
+    return p.returncode, out, err, sorted(os.listdir(folder))
+
+
+# Stopped at once while its trace was written: the partial trace (96 MB) was left behind.
+rc, out, err, files = stop_while_the_trace_is_written("at_once", 2)
+expect(rc in (130, -signal.SIGINT) and not [f for f in files if ".loom-" in f],
+       f"a stop at once in the trace's writing leaves no part of it (rc {rc}): {files} {err[-600:]}")
+# One SIGINT then: the trace was finished and the command ended 0 after saying it was stopping.
+rc, out, err, files = stop_while_the_trace_is_written("once", 1)
+expect(rc == 130 and "loom profile: stopped by SIGINT as its trace was written, which it finished: the report above and the "
+       "trace are whole" in err and files == ["t.json"] and "by self time" in out,
+       f"a stop in the trace's writing keeps the profile and says it stopped (rc {rc}): {files} {err[-600:]}")
 r = loom(exe, "profile", *RUN, "--trace", "/proc/nope.json", check=False)  # a folder no file can be made in
 expect(r.returncode != 0 and "--trace /proc/nope.json cannot be written (" in r.stderr and "profiled" not in r.stderr,
        "an unwritable trace path is refused before training", r)

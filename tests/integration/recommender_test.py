@@ -71,6 +71,45 @@ r7 = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "07", "--top",
 assert "for user 7 (given as 07)" in r7.stdout, r7.stdout
 assert [line.split()[1] for line in r7.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s", line)] == listed, r7.stdout
 
+
+
+def with_tensor_set(src, dst, name, value):
+    """A copy of the safetensors file `src` with every value of float32 tensor `name` set to `value`,
+    its loom_crc32 made again (as core/src/safetensors.cpp computes it): a file Loom reads as sound."""
+    import json
+    import struct
+    import zlib
+    b = bytearray(open(src, "rb").read())
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    begin, end = header[name]["data_offsets"]
+    assert header[name]["dtype"] == "F32", header[name]
+    b[8 + n + begin:8 + n + end] = struct.pack("<f", value) * ((end - begin) // 4)
+    crc = 0
+    for key in sorted(k for k in header if k != "__metadata__"):
+        x = header[key]
+        line = f"{key}|{x['dtype']}|{''.join(str(d) + ',' for d in x['shape'])}|{x['data_offsets'][0]}|{x['data_offsets'][1]}\n"
+        crc = zlib.crc32(line.encode(), crc)
+    crc = zlib.crc32(bytes(b[8 + n:]), crc)
+    old = header["__metadata__"]["loom_crc32"]
+    text = bytes(b[8:8 + n]).replace(f'"loom_crc32":"{old}"'.encode(), f'"loom_crc32":"{crc:08x}"'.encode())
+    assert len(text) == n
+    b[8:8 + n] = text
+    open(dst, "wb").write(b)
+
+
+# A model whose scores overflow (finite weights, 3e38 each): its "top items" were printed as inf,
+# exit 0, where `loom eval` refuses the file.
+overflowing = os.path.join(work, "overflowing.safetensors")
+with_tensor_set(checkpoint, overflowing, "param.mlp_out.weight", 3e38)
+r = loom(exe, "recommend", "--checkpoint", overflowing, "--user", "7", "--top", "3", check=False)
+assert r.returncode == 1 and re.search(r"the model of .*overflowing\.safetensors gives \d+ of its 240 scores for user 7 as NaN "
+                                       r"or infinite, so it ranks nothing", r.stderr) and "inf" not in r.stdout, (r.stdout, r.stderr)
+# A model that gives every item one score: said, the order being the sort's.
+flat = os.path.join(work, "flat.safetensors")
+with_tensor_set(checkpoint, flat, "param.mlp_out.weight", 0.0)
+r = loom(exe, "recommend", "--checkpoint", flat, "--user", "7", "--top", "3")
+assert "the ranking below is arbitrary (the model has collapsed to one output)" in r.stderr, r.stderr
 r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "9999", check=False)
 assert r.returncode != 0 and re.search(r"user 9999 is not in the data \(\d+ users, ids \d+ to \d+; ", r.stderr), r.stderr
 # A 100 KB id was echoed whole in its error; an escape in one reached the terminal.

@@ -286,6 +286,9 @@ float number(std::string_view text, const char* field, const Rows& rows) {
   const std::string t = trimmed(text);
   double value = 0;
   const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), value);
+  // A number past a double's range (1e309, 1e-400: "is not a number", a probe) is 0 here, outside
+  // every rating scale, which rating() says with the text as written.
+  if (!t.empty() && ec == std::errc::result_out_of_range && end == t.data() + t.size()) return 0.0f;
   if (t.empty() || ec != std::errc() || end != t.data() + t.size() || !std::isfinite(value))
     throw rows.error(std::string(field) + " '" + shown(t) + "' is not a number");
   return static_cast<float>(value);

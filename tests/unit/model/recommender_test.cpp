@@ -287,9 +287,15 @@ TEST_F(RecommenderData, AMalformedRowIsOneErrorNamingFileLineAndField) {
   // A field of 10 MB is shown by its start and its size (the error's line was the whole field).
   write(dir_ / "ratings.dat", "1::1::5::1\n1::2::" + std::string(10'000'000, '2') + "::2\n");
   message = error_of([&] { open(); });
-  EXPECT_NE(message.find("ratings.dat:2: Rating '" + std::string(40, '2') + "... (10000000 bytes)' is not a number"),
+  EXPECT_NE(message.find("ratings.dat:2: Rating " + std::string(40, '2') + "... (10000000 bytes) is outside MovieLens's scale"),
             std::string::npos) << message.substr(0, 300);
   EXPECT_LT(message.size(), 1000u);
+  for (const std::string big : {"1e309", "-1e309", "1e-400"}) {  // (past a double's range: "is not a number")
+    write(dir_ / "ratings.dat", "1::1::5::1\n1::2::" + big + "::2\n");
+    message = error_of([&] { open(); });
+    EXPECT_NE(message.find("ratings.dat:2: Rating " + big + " is outside MovieLens's scale (0.5 to 5 stars)"), std::string::npos)
+        << message;
+  }
   write(dir_ / "ratings.dat", "1::1::5::1\n99999999999999999999::2::4::2\n");
   message = error_of([&] { open(); });
   EXPECT_NE(message.find("ratings.dat:2: UserID 99999999999999999999 is outside the 64-bit integers"), std::string::npos)

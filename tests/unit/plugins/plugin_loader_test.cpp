@@ -383,6 +383,24 @@ TEST(PluginLoader, AProgramIsRefusedAsAProgramNotInBoostsWords) {
   EXPECT_NE(report.refusal->hint.find("it is a program, not a plugin"), std::string::npos) << report.refusal->line();
 }
 
+TEST(PluginLoader, AnUndefinedSymbolIsBlamedOnLibTorchOnlyWhereItIsLibTorchs) {
+  // A C-tier plugin links no LibTorch, and its undefined C function was said to mean "built
+  // against another LibTorch" (probe).
+  const auto dl = [](const std::string& symbol) {
+    return "boost::dll::shared_library::load() failed (dlerror system message: /p/libx.so: undefined symbol: " + symbol +
+           "): Bad file descriptor";
+  };
+  const auto [why, hint] = loom::core::why_not_loaded("/p/libx.so", dl("no_such_fn"));
+  EXPECT_EQ(why, "/p/libx.so: undefined symbol: no_such_fn");
+  EXPECT_EQ(hint.find("LibTorch"), std::string::npos) << hint;
+  EXPECT_NE(hint.find("no library the plugin links defines no_such_fn: link the one that does, or define it (`nm -D "
+                      "--undefined-only /p/libx.so`"),
+            std::string::npos) << hint;
+  const auto torch = loom::core::why_not_loaded("/p/libx.so", dl("_ZN3c1019UndefinedTensorImpl10_singletonE")).second;
+  EXPECT_NE(torch.find("an undefined symbol of LibTorch's means the plugin was built against another LibTorch"), std::string::npos)
+      << torch;
+}
+
 TEST(PluginLoader, APathThatIsNoPluginFileIsRefusedByName) {
   // A missing path says so (not "not a shared library (iostream error)"); a folder or a FIFO is
   // refused before anything opens it, so reading it cannot hang.

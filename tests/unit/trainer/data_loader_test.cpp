@@ -1,6 +1,7 @@
 // The data loader: a seed fixes the order, a position resumes it exactly (also across a change
 // of micro-batch), ranks get disjoint shares, worker threads change nothing but speed.
 #include <loom/core/data_loader.hpp>
+#include <loom/core/device_memory.hpp>
 
 #include <loom/sdk/tensor_dataset.hpp>
 
@@ -356,6 +357,26 @@ TEST(DataLoader, TooFewSamplesForOneBatchIsAClearError) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("too few for one micro-batch of 16"), std::string::npos) << e.what();
   }
+}
+
+TEST(DataLoader, ASplitWhoseOrderWouldNotFitInMemoryIsRefusedBeforeAnyIsMade) {
+  // A dataset that said 3e9 samples (within 2^40) ran set-up out of memory: the kernel killed it
+  // after minutes, its stop signal unheard (probe). The order of an epoch is ~32 bytes a sample.
+  const int64_t too_many = std::min<int64_t>(int64_t{1} << 40, available_memory() / 32 * 2 + 1000);
+  auto data = std::make_shared<Numbers>(too_many);
+  auto o = options(16, 0);
+  o.name = "numbers";
+  try {
+    DataLoader l(data, loom::sdk::Split::kTrain, o);
+    FAIL() << "a split of " << too_many << " samples was taken";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("dataset 'numbers' says its train split has " + std::to_string(too_many) +
+                        " samples: Loom's loader keeps each epoch's order of them in host memory, about 32 bytes a sample ("),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("its size() is wrong"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(check_order_memory("numbers", loom::sdk::Split::kTrain, 1000000));
 }
 
 }  // namespace

@@ -48,6 +48,13 @@ namespace loom::core {
 /// assert, gives "").
 std::string targets_outside_classes(const sdk::DataSpec& spec, const sdk::Batch& batch);
 
+/// Refuses a split whose sample indices would not fit in the host's available memory: the loader
+/// holds each epoch's order of them (a permutation, this rank's share, the next epoch's), about
+/// 32 bytes a sample. A dataset that said 3e9 samples ran the machine out of memory in set-up,
+/// where the kernel killed it after minutes, its stop signal unheard (probe). `name`: the dataset's
+/// component name.
+void check_order_memory(const std::string& name, sdk::Split split, int64_t samples);
+
 class DataLoader {
  public:
   struct Options {

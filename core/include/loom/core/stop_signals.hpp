@@ -19,6 +19,9 @@ void install_stop_signals(OnStop on_stop = OnStop::kCheckpoint);
 /// The folder a stop at once (the second signal) removes as it ends the process, as the first
 /// signal's message promised of a scratch run; "" for none.
 void note_scratch_folder(const std::string& path);
+/// A file a stop at once removes too, with its name + ".tmp" (loom profile's trace while it is
+/// written, under a name of its own: a stop then left 96 MB behind); "" for none.
+void note_scratch_file(const std::string& path);
 /// The process group of a child that runs in a group of its own (core::run_child_process), which a
 /// stop at once kills before it ends this process (a Ctrl-C no longer reaches that group); 0 for none.
 /// While one is noted, Ctrl-Z (SIGTSTP) stops that group before this process, and SIGCONT (`fg`)
