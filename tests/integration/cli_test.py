@@ -350,6 +350,18 @@ try:
     r = loom(exe, "plugins", "--plugin-dir", work)
     expect(f"Searched: " in r.stdout and f", {work} (--plugin-dir)\n" in r.stdout,
            "loom plugins names the --plugin-dir folders it searched", r)
+    # A plugin file's name with an escape and a line break: shown as text, the terminal's screen not
+    # cleared, the table's row not split (they were printed raw), and the scan cache not split either.
+    odd = os.path.join(work, "odd_names")
+    os.makedirs(odd)
+    built = os.path.join(os.path.dirname(exe), "..", "lib", "loom", "plugins", "libloom_schedule_constant.so")
+    shutil.copy(built, os.path.join(odd, "lib\x1b[2Jodd\n.so"))
+    r = loom(exe, "plugins", "--plugin-dir", odd, env=dict(os.environ, LOOM_CACHE=os.path.join(work, "odd_cache")))
+    expect("\x1b" not in r.stdout and "lib [2Jodd .so" in r.stdout and "\n.so" not in r.stdout,
+           "a plugin file's name is printed without its control characters", r)
+    scan_cache = os.path.join(work, "odd_cache", "plugin-scan.tsv")
+    expect(not os.path.exists(scan_cache) or all(line.startswith("/") for line in open(scan_cache, encoding="utf-8", errors="replace")),
+           "the scan cache keeps one line per file")
     r = loom(exe, "plugins", env=dict(os.environ, LOOM_PLUGIN_PATH=f"/dev/zero:{work}/no_such_folder"))
     expect("LOOM_PLUGIN_PATH's /dev/zero is a character device, not a folder or a plugin file" in r.stderr
            and f"LOOM_PLUGIN_PATH's {work}/no_such_folder: no such folder or file" in r.stderr,

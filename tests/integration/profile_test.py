@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -212,6 +213,13 @@ def stop_while_the_trace_is_written(name, signals):
         time.sleep(0.05)
     return p.returncode, out, err, sorted(os.listdir(folder))
 
+
+# Under a file-size limit the trace is cut: the limit is named, not the disk ("73.6 GiB free there").
+r = subprocess.run([exe, "profile", *RUN, "--steps", "20", "--warmup", "0", "--trace", os.path.join(work, "limited.json")],
+                   capture_output=True, text=True,
+                   preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200 * 1024, resource.RLIM_INFINITY)))
+expect(r.returncode == 1 and "(it reached the file-size limit of this process, `ulimit -f`, 200.0 KiB: raise it" in r.stderr
+       and not [f for f in os.listdir(work) if f.startswith("limited")], "a trace cut by `ulimit -f` names the limit", r)
 
 # Stopped at once while its trace was written: the partial trace (96 MB) was left behind.
 rc, out, err, files = stop_while_the_trace_is_written("at_once", 2)
