@@ -388,9 +388,24 @@ fs::path checkpoint_path(const Invocation& invocation) {
     // listed again.
     for (int listed = 1;; ++listed) {
       const auto all = core::CheckpointStore::list_run(checkpoint);
-      if (all.empty())
-        throw Error(checkpoint.string() + " is a run folder without step checkpoints; pass one of its best_*.safetensors "
-                    "files, or a run that wrote a checkpoint");
+      if (all.empty()) {
+        // (what it does hold, named: "pass one of its best_*.safetensors files" of a run with none)
+        std::vector<std::string> best, abandoned;
+        std::error_code ec;
+        for (const auto& entry : fs::directory_iterator(checkpoint / "checkpoints", ec)) {
+          const std::string file = entry.path().filename().string();
+          if (file.rfind("best_", 0) == 0 && entry.path().extension() == ".safetensors") best.push_back(entry.path().string());
+          if (file.rfind("abandoned-", 0) == 0 && entry.is_directory(ec)) abandoned.push_back(entry.path().string());
+        }
+        std::sort(best.begin(), best.end());
+        std::sort(abandoned.begin(), abandoned.end());
+        throw Error(checkpoint.string() + " is a run folder without step checkpoints; " +
+                    (!best.empty() ? "pass one of its best files (" + core::join(best, ", ") + ")"
+                     : !abandoned.empty()
+                         ? "it has no best file either; " + core::join(abandoned, ", ") + " hold steps a resume set aside "
+                           "(a timeline given up): pass one of their step folders to evaluate that"
+                         : std::string("it has no best file either: pass a run that wrote a checkpoint")));
+      }
       std::error_code ec;
       if (listed == 1)
         for (const auto& entry : fs::directory_iterator(checkpoint / "checkpoints", ec))

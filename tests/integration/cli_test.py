@@ -321,6 +321,18 @@ try:
            and re.search(r"step_00000006 cannot be evaluated \(.*\): taking the step before it", r.stderr)
            and "step_00000004" in r.stderr and "accuracy" in r.stderr,
            "eval of a run folder passes over step folders that are not whole or damaged", r)
+    # A run folder without step checkpoints: what it holds is named ("pass one of its best_*.safetensors
+    # files" was said of a run with none, whose steps a resume had set aside).
+    bare = os.path.join(work, "bare_run")
+    os.makedirs(os.path.join(bare, "checkpoints", "abandoned-1", "step_00000010"))
+    r = loom(exe, "eval", bare, check=False)
+    expect(r.returncode == 1 and "is a run folder without step checkpoints; it has no best file either; "
+           + os.path.join(bare, "checkpoints", "abandoned-1") + " hold steps a resume set aside" in r.stderr,
+           "eval of a run folder with set-aside steps only says where they are", r)
+    shutil.copy(best, os.path.join(bare, "checkpoints", "best_accuracy.safetensors"))
+    r = loom(exe, "eval", bare, check=False)
+    expect(r.returncode == 1 and "pass one of its best files (" + os.path.join(bare, "checkpoints", "best_accuracy.safetensors")
+           in r.stderr, "eval of a run folder with a best file only names it", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "data.test_size=256")
     expect("accuracy" in r.stderr and "on 256 test samples" in r.stderr, "eval of the best checkpoint", r)
     # A path's ~ after '=' is not the shell's to expand: it is the home folder to Loom too.
