@@ -135,4 +135,16 @@ err = "".join(said) + err
 assert p.returncode == 130 and "stopped by SIGINT during set-up (gpt2_recommender: stopped while encoding the items' text" in err \
     and time.time() - sent < 60 and not os.path.exists(os.path.join(work, "encoding")), (p.returncode, err[-2000:])
 print(f"SIGINT while encoding: stopped {time.time() - sent:.1f} s after it")
+# Ctrl-C while synthetic_interactions generates a large catalogue's interactions (a probe waited
+# 37 s in silence for 5 million items): acted on within a user, not when every user is done.
+p = subprocess.Popen([exe, "train", "-c", config, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=generating",
+                      "--set", "trainer.device=cpu", "--set", "data.items=5000000", "--set", "trainer.max_steps=2"],
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+time.sleep(5)
+p.send_signal(signal.SIGINT)
+sent = time.time()
+_, err = p.communicate(timeout=600)
+assert p.returncode == 130 and "stopped while generating the users' interactions, " in err and time.time() - sent < 30 \
+    and not os.path.exists(os.path.join(work, "generating")), (p.returncode, time.time() - sent, err[-2000:])
+print(f"SIGINT while generating: stopped {time.time() - sent:.1f} s after it")
 print("ok")
