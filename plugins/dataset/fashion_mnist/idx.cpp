@@ -67,12 +67,9 @@ struct GzFile {
     auto* p = static_cast<unsigned char*>(out);
     int64_t done = 0;
     while (done < n && !ended) {
-      if (z.avail_in == 0 && fill() == 0) {
-        if (!gzip) break;
-        throw loom::sdk::Error(path.string() + " is truncated: its gzip stream ends before its end (and its checksum); "
-                               "reinstall dataset-fashion-mnist or download the file again");
-      }
+      const bool more = z.avail_in > 0 || fill() > 0;  // (false: the file's end)
       if (!gzip) {
+        if (!more) break;
         const auto take = static_cast<uInt>(std::min<int64_t>(n - done, z.avail_in));
         std::memcpy(p + done, z.next_in, take);
         z.next_in += take;
@@ -83,8 +80,14 @@ struct GzFile {
       z.next_out = p + done;
       z.avail_out = static_cast<uInt>(std::min<int64_t>(n - done, 1 << 30));
       const uInt room = z.avail_out;
+      // (at the file's end inflate may still have output from what it holds: a stream is cut short
+      // only where it can make no progress without more input)
       const int code = inflate(&z, Z_NO_FLUSH);
-      done += room - z.avail_out;
+      const uInt produced = room - z.avail_out;
+      done += produced;
+      if (!more && code != Z_STREAM_END && produced == 0 && (code == Z_OK || code == Z_BUF_ERROR))
+        throw loom::sdk::Error(path.string() + " is truncated: its gzip stream ends before its end (and its checksum); "
+                               "reinstall dataset-fashion-mnist or download the file again");
       if (code == Z_STREAM_END) {
         // Another member may follow (gzip's own concatenation); anything else is not gzip data.
         if (!starts_a_member()) {
