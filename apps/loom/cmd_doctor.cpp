@@ -123,6 +123,10 @@ int cmd_doctor(const Invocation& invocation) {
                  : !std::filesystem::is_directory(cache, ec) ? cache.string() + ": " + (there.empty() ? std::string("a file") : there) + ", not a folder; point LOOM_CACHE at a folder"
                  : ::access(cache.c_str(), W_OK) != 0 ? cache.string() + ": not writable; point LOOM_CACHE at a folder you can write"
                                                       : cache.string() + (given && *given ? " ($LOOM_CACHE)" : ""));
+    // (a relative LOOM_CACHE is a cache per working folder: `loom doctor` showed "relative ($LOOM_CACHE)")
+    if (cache.is_relative() && !cache.empty())
+      row("", "relative: taken from the folder a command runs in (here " + std::filesystem::absolute(cache, ec).string() +
+                  "), so each folder has its own; set LOOM_CACHE to an absolute path to share one");
   }
 
   std::cout << "\nData\n";

@@ -473,6 +473,9 @@ try:
            and "damaged" not in r.stderr, "eval of a run's config.json: not a checkpoint, not damaged", r)
     r = loom(exe, "doctor", "gpu", check=False)
     expect(r.returncode == 1 and "takes no arguments" in r.stderr, "doctor refuses an argument it would ignore", r)
+    r = loom(exe, "doctor", cwd=work, env=dict(os.environ, LOOM_CACHE="relative_cache"))
+    expect("relative: taken from the folder a command runs in (here " + os.path.join(work, "relative_cache") in r.stdout,
+           "doctor says a relative LOOM_CACHE is a cache per folder", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "model.flavour=standard", check=False)
     expect(r.returncode == 1 and "its weights do not fit this model (tensor '" in r.stderr
            and "This command changes the configuration the checkpoint was trained with: model.flavour = standard "
