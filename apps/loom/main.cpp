@@ -117,6 +117,15 @@ int run_loom(int argc, char** argv) {
           hint = "\nPut -- before the command each process runs: loom launch [launch options] -- " + args[i] + " ...";
     if (const auto* unknown = dynamic_cast<const po::unknown_option*>(&e); unknown != nullptr && hint.empty())
       hint = unknown_flag_hint(unknown->get_option_name(), described);
+    // (`--top 9223372036854775808`: "is invalid", without why; a whole number past int64's range)
+    if (const std::string what = e.what(); hint.empty() && dynamic_cast<const po::invalid_option_value*>(&e) != nullptr) {
+      const size_t from = what.find("('"), to = what.find("')");
+      const std::string value = from != std::string::npos && to != std::string::npos && to > from ? what.substr(from + 2, to - from - 2) : "";
+      const size_t digits = value.find_first_not_of("+-") == std::string::npos ? 0 : value.find_first_not_of("+-");
+      if (!value.empty() && digits <= 1 && value.size() > digits &&
+          value.find_first_not_of("0123456789", digits) == std::string::npos && value.size() - digits > 18)
+        hint = "\n" + value + " is past the 64-bit integers (-9223372036854775808 to 9223372036854775807)";
+    }
     std::cerr << "loom " << command->name << ": " << e.what() << hint << "\nRun `loom " << command->name
               << " --help` for its options.\n";
     return 2;

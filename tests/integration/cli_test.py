@@ -473,6 +473,9 @@ try:
            and "damaged" not in r.stderr, "eval of a run's config.json: not a checkpoint, not damaged", r)
     r = loom(exe, "doctor", "gpu", check=False)
     expect(r.returncode == 1 and "takes no arguments" in r.stderr, "doctor refuses an argument it would ignore", r)
+    r = loom(exe, "recommend", "x", "--user", "1", "--top", "9223372036854775808", check=False)
+    expect(r.returncode == 2 and "9223372036854775808 is past the 64-bit integers (-9223372036854775808 to "
+           "9223372036854775807)" in r.stderr, "a whole number past int64 given to an option says so", r)
     r = loom(exe, "doctor", cwd=work, env=dict(os.environ, LOOM_CACHE="relative_cache"))
     expect("relative: taken from the folder a command runs in (here " + os.path.join(work, "relative_cache") in r.stdout,
            "doctor says a relative LOOM_CACHE is a cache per folder", r)
