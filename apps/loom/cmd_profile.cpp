@@ -166,17 +166,17 @@ int cmd_profile(const Invocation& invocation) {
                 "%lld x accumulation %lld)\n",
                 static_cast<long long>(replayed), static_cast<long long>(trainer.plan().micro_batch),
                 static_cast<long long>(trainer.plan().accumulation));
-  if (!report.trace_error.empty()) {  // (the tables above were lost with it)
+  if (!report.trace_error.empty())  // (the tables above were lost with it)
     core::log::error(report.trace_error);
-    return 1;
-  }
-  std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", fs::absolute(report.trace).string().c_str());
+  else
+    std::printf("trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", fs::absolute(report.trace).string().c_str());
   // A stop asked for while the trace was written (seconds, for 1000 steps): the profile was done,
   // and is kept, but the command says it was stopped (it ended 0 after "stopping", a probe).
   if (const int sig = core::stop_signal_received(); sig != 0 && sig != SIGPIPE)
-    throw core::StoppedBySignal(sig, "loom profile: stopped by " + core::signal_name(sig) +
-                                         " as its trace was written, which it finished: the report above and the trace are whole");
-  return 0;
+    throw core::StoppedBySignal(sig, "loom profile: stopped by " + core::signal_name(sig) + " as its trace was written, which it " +
+                                         (report.trace_error.empty() ? "finished: the report above and the trace are whole"
+                                                                     : "could not place (said above): the report above is whole"));
+  return report.trace_error.empty() ? 0 : 1;
 }
 
 }  // namespace loom::cli

@@ -85,9 +85,11 @@ void check_order_memory(const std::string& name, sdk::Split split, int64_t sampl
   constexpr int64_t kBytesPerSample = 32;
   const int64_t available = available_memory();
   if (available <= 0 || samples <= available / kBytesPerSample) return;
+  const double bytes = static_cast<double>(samples) * kBytesPerSample;  // (a size() of 2^62: no int64 overflow)
   throw Error((name.empty() ? std::string("the dataset") : "dataset '" + name + "'") + " says its " + sdk::split_name(split) +
               " split has " + std::to_string(samples) + " samples: Loom's loader keeps each epoch's order of them in host "
-              "memory, about " + std::to_string(kBytesPerSample) + " bytes a sample (" + format_bytes(samples * kBytesPerSample) +
+              "memory, about " + std::to_string(kBytesPerSample) + " bytes a sample (" +
+              (bytes < 9e18 ? format_bytes(static_cast<int64_t>(bytes)) : std::string("more than 8 EiB")) +
               "), more than the " + format_bytes(available) + " available; if that size is right, the split needs a machine "
               "with more memory or to be cut into parts; if not, its size() is wrong (a bug of the plugin's: report it to its author)");
 }

@@ -7,9 +7,12 @@
 #include <libelf.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <cstdlib>
+#include <cxxabi.h>
 #include <limits>
 #include <memory>
 #include <set>
@@ -333,9 +336,15 @@ std::pair<std::string, std::string> why_not_loaded(const std::filesystem::path& 
     // LibTorch's C++ symbols (mangled, naming c10, at or torch) differ between its versions; any
     // other (a C-tier plugin's, which links no LibTorch) is one no library the plugin links defines.
     const std::string symbol = why.substr(at + 18, why.find_first_of(" \t,(", at + 18) - (at + 18));
-    const bool torch = symbol.rfind("_Z", 0) == 0 && (symbol.find("c10") != std::string::npos ||
-                                                      symbol.find("torch") != std::string::npos ||
-                                                      symbol.find("N2at") != std::string::npos);
+    // (demangled: "c10" inside another name's mangling, _ZN3foo4Spec10initializeEv, is no LibTorch;
+    // a const member, _ZNK2at..., is)
+    int status = -1;
+    std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(symbol.c_str(), nullptr, nullptr, &status), std::free);
+    const std::string name = status == 0 && demangled ? demangled.get() : "";
+    bool torch = false;
+    for (const std::string space : {"at::", "c10::", "torch::", "caffe2::"})  // (whole names: not format::)
+      for (size_t i = name.find(space); !torch && i != std::string::npos; i = name.find(space, i + 1))
+        torch = i == 0 || !(std::isalnum(static_cast<unsigned char>(name[i - 1])) || name[i - 1] == '_');
     if (torch)
       return {why, "an undefined symbol of LibTorch's means the plugin was built against another LibTorch: " +
                        std::string(kRebuildHint)};

@@ -133,8 +133,9 @@ ProfileReport Profiler::stop(const std::filesystem::path& given, bool next_free)
   std::error_code ec;
   // (link, then unlink: a trace made at that path since the command checked it is not replaced;
   // a name Loom chose moves on to the next free one: two profiles started in one second)
-  bool placed = fs::is_regular_file(own, ec) && ::link(own.c_str(), trace.c_str()) == 0;
-  int error = placed ? 0 : errno;
+  const bool written = fs::is_regular_file(own, ec);
+  bool placed = written && ::link(own.c_str(), trace.c_str()) == 0;
+  int error = placed ? 0 : written ? errno : EIO;  // (not written: no link ran, errno is another call's)
   // (a name given that was taken while the profile ran, by a file left as it is: the trace is not
   // thrown away, it takes the next free name, and the command still says it could not be placed)
   for (int n = 2; !placed && error == EEXIST && n < 1000; ++n) {
@@ -143,6 +144,7 @@ ProfileReport Profiler::stop(const std::filesystem::path& given, bool next_free)
     error = placed ? 0 : errno;
   }
   if (placed) fs::remove(own, ec);
+  if (!placed) trace = given;  // (the error names the path asked for, not the last name tried)
   note_scratch_file("");
   std::string trace_error;
   if (placed && !next_free && trace != given)
@@ -159,7 +161,7 @@ ProfileReport Profiler::stop(const std::filesystem::path& given, bool next_free)
     // (under `ulimit -f` the file-size limit stopped it, not the disk: "73.6 GiB free there", a probe)
     rlimit size_limit{};
     const bool limited = ::getrlimit(RLIMIT_FSIZE, &size_limit) == 0 && size_limit.rlim_cur != RLIM_INFINITY &&
-                         partial + 65536 >= size_limit.rlim_cur;
+                         partial > 0 && partial + 65536 >= size_limit.rlim_cur;
     trace_error = "the profiler could not write its trace to " + trace.string() +
                   (error == EEXIST ? std::string(": a file of that name appeared while it ran; it is left as it is")
                    : limited       ? " (it reached the file-size limit of this process, `ulimit -f`, " +

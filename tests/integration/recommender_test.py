@@ -140,10 +140,17 @@ print(f"SIGINT while encoding: stopped {time.time() - sent:.1f} s after it")
 p = subprocess.Popen([exe, "train", "-c", config, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=generating",
                       "--set", "trainer.device=cpu", "--set", "data.items=5000000", "--set", "trainer.max_steps=2"],
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-time.sleep(5)
-p.send_signal(signal.SIGINT)
-sent = time.time()
+said = []
+sent = None
+for line in p.stderr:
+    said.append(line)
+    if "synthetic_interactions: generating the users' interactions:" in line:  # (said after 15 s of it)
+        p.send_signal(signal.SIGINT)
+        sent = time.time()
+        break
+assert sent is not None, "".join(said)[-2000:]
 _, err = p.communicate(timeout=600)
+err = "".join(said) + err
 assert p.returncode == 130 and "stopped while generating the users' interactions, " in err and time.time() - sent < 30 \
     and not os.path.exists(os.path.join(work, "generating")), (p.returncode, time.time() - sent, err[-2000:])
 print(f"SIGINT while generating: stopped {time.time() - sent:.1f} s after it")

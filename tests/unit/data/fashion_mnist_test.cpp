@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -220,6 +221,34 @@ TEST_F(FashionMnistFiles, BytesAfterTheLastGzipMemberAreRefusedAndAnotherMemberI
   EXPECT_CONTAINS(error(), "t10k-labels-idx1-ubyte.gz has unexpected bytes after its data");
   std::ofstream(gz, std::ios::binary | std::ios::trunc) << whole;
   EXPECT_EQ(open()->size(loom::sdk::Split::kTest), 10) << "the file as written";
+}
+
+TEST_F(FashionMnistFiles, AFileLargerThanTheReadersBufferIsReadWholeAcrossMembersAndRefills) {
+  // 100 images of pixels that do not compress: the stream crosses the reader's 64 KiB buffer, and
+  // its first member ends near the buffer's edge (the refill, the move of what is left, a member's
+  // start found with one byte of it in the buffer).
+  std::string raw = be32(0x803) + be32(100) + be32(28) + be32(28);
+  uint32_t x = 12345;
+  for (int i = 0; i < 100 * 784; ++i) raw.push_back(static_cast<char>((x = x * 1664525u + 1013904223u) >> 24));
+  const auto member = [&](const std::string& bytes) {
+    write_gz("member.gz", bytes);
+    std::ifstream in(dir_ / "member.gz", std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  write_gz("t10k-labels-idx1-ubyte.gz", labels(100));
+  const fs::path gz = dir_ / "t10k-images-idx3-ubyte.gz";
+  for (const size_t split : {size_t{65400}, size_t{65500}, size_t{65530}}) {  // (each member's 18 bytes of framing around it)
+    const std::string first = member(raw.substr(0, split));
+    std::ofstream(gz, std::ios::binary | std::ios::trunc) << first + member(raw.substr(split));
+    const auto batch = open()->get_batch(loom::sdk::Split::kTest, {0, 83, 99});
+    const at::Tensor pixels = batch.at("image").contiguous();
+    const auto* p = pixels.data_ptr<uint8_t>();
+    for (const auto& [row, image] : {std::pair{0, 0}, std::pair{1, 83}, std::pair{2, 99}})
+      EXPECT_EQ(std::memcmp(p + row * 784, raw.data() + 16 + image * 784, 784), 0) << "image " << image << ", split " << split
+                                                                                  << ", first member " << first.size() << " bytes";
+    std::ofstream(gz, std::ios::binary | std::ios::app) << "x";
+    EXPECT_NE(error().find("has bytes after its gzip stream"), std::string::npos) << split;
+  }
 }
 
 TEST_F(FashionMnistFiles, LabelOutOfRange) {

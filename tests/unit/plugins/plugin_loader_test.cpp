@@ -396,9 +396,17 @@ TEST(PluginLoader, AnUndefinedSymbolIsBlamedOnLibTorchOnlyWhereItIsLibTorchs) {
   EXPECT_NE(hint.find("no library the plugin links defines no_such_fn: link the one that does, or define it (`nm -D "
                       "--undefined-only /p/libx.so`"),
             std::string::npos) << hint;
-  const auto torch = loom::core::why_not_loaded("/p/libx.so", dl("_ZN3c1019UndefinedTensorImpl10_singletonE")).second;
-  EXPECT_NE(torch.find("an undefined symbol of LibTorch's means the plugin was built against another LibTorch"), std::string::npos)
-      << torch;
+  for (const std::string symbol : {"_ZN3c1019UndefinedTensorImpl10_singletonE", "_ZNK2at10TensorBase8toStringB5cxx11Ev",
+                                   "_ZN5torch8autograd12VariableInfoC1Ev"}) {
+    const auto torch = loom::core::why_not_loaded("/p/libx.so", dl(symbol)).second;
+    EXPECT_NE(torch.find("an undefined symbol of LibTorch's means the plugin was built against another LibTorch"), std::string::npos)
+        << symbol << ": " << torch;
+  }
+  // (a name of the plugin's own whose mangling holds "c10": no LibTorch's)
+  for (const std::string symbol : {"_ZN3foo4Spec10initializeEv", "_ZN3fmt6format3runEv"}) {  // (foo::Spec::initialize(), fmt::format::run())
+    const auto own = loom::core::why_not_loaded("/p/libx.so", dl(symbol)).second;
+    EXPECT_NE(own.find("no library the plugin links defines " + symbol), std::string::npos) << own;
+  }
 }
 
 TEST(PluginLoader, APathThatIsNoPluginFileIsRefusedByName) {
