@@ -118,40 +118,36 @@ assert r.returncode == 1 and "...' (100000 bytes) is no user id: ids are at most
 r = loom(exe, "recommend", "--checkpoint", checkpoint, "--user", "7\x1b]0;x\x07", check=False)
 assert r.returncode == 1 and "--user '7?]0;x?' is no user id" in r.stderr and "\x1b" not in r.stderr, r.stderr
 
+def stopped_in_setup(name, said_after, *sets):
+    """Trains run `name` with `sets`, sends SIGINT once stderr has a line holding `said_after` (a
+    progress line, said after 15 s of the work); returns (return code, stderr, seconds to the end)."""
+    args = [exe, "train", "-c", config, "--set", f"trainer.work_dir={work}", "--set", f"trainer.name={name}",
+            "--set", "trainer.device=cpu", "--set", "trainer.max_steps=2"]
+    for s in sets:
+        args += ["--set", s]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said, sent = [], None
+    for line in p.stderr:
+        said.append(line)
+        if said_after in line:
+            p.send_signal(signal.SIGINT)
+            sent = time.time()
+            break
+    assert sent is not None, "".join(said)[-2000:]
+    _, err = p.communicate(timeout=600)
+    return p.returncode, "".join(said) + err, time.time() - sent
+
+
 # Ctrl-C while set-up encodes the catalogue's text through GPT-2 (minutes on a CPU for MovieLens
 # 1M): the stop is acted on within a chunk of items, not when the whole catalogue is done.
-p = subprocess.Popen([exe, "train", "-c", config, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=encoding",
-                      "--set", "trainer.device=cpu", "--set", "model.size=gpt2", "--set", "data.items=20000",
-                      "--set", "trainer.max_steps=2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-said = []
-for line in p.stderr:
-    said.append(line)
-    if "encoding the items' text through GPT-2:" in line:  # (said after 15 s of it)
-        p.send_signal(signal.SIGINT)
-        sent = time.time()
-        break
-_, err = p.communicate(timeout=600)
-err = "".join(said) + err
-assert p.returncode == 130 and "stopped by SIGINT during set-up (gpt2_recommender: stopped while encoding the items' text" in err \
-    and time.time() - sent < 60 and not os.path.exists(os.path.join(work, "encoding")), (p.returncode, err[-2000:])
-print(f"SIGINT while encoding: stopped {time.time() - sent:.1f} s after it")
+rc, err, took = stopped_in_setup("encoding", "encoding the items' text through GPT-2:", "model.size=gpt2", "data.items=20000")
+assert rc == 130 and "stopped by SIGINT during set-up (gpt2_recommender: stopped while encoding the items' text" in err \
+    and took < 60 and not os.path.exists(os.path.join(work, "encoding")), (rc, err[-2000:])
+print(f"SIGINT while encoding: stopped {took:.1f} s after it")
 # Ctrl-C while synthetic_interactions generates a large catalogue's interactions (a probe waited
 # 37 s in silence for 5 million items): acted on within a user, not when every user is done.
-p = subprocess.Popen([exe, "train", "-c", config, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=generating",
-                      "--set", "trainer.device=cpu", "--set", "data.items=5000000", "--set", "trainer.max_steps=2"],
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-said = []
-sent = None
-for line in p.stderr:
-    said.append(line)
-    if "synthetic_interactions: generating the users' interactions:" in line:  # (said after 15 s of it)
-        p.send_signal(signal.SIGINT)
-        sent = time.time()
-        break
-assert sent is not None, "".join(said)[-2000:]
-_, err = p.communicate(timeout=600)
-err = "".join(said) + err
-assert p.returncode == 130 and "stopped while generating the users' interactions, " in err and time.time() - sent < 30 \
-    and not os.path.exists(os.path.join(work, "generating")), (p.returncode, time.time() - sent, err[-2000:])
-print(f"SIGINT while generating: stopped {time.time() - sent:.1f} s after it")
+rc, err, took = stopped_in_setup("generating", "synthetic_interactions: generating the users' interactions:", "data.items=5000000")
+assert rc == 130 and "stopped while generating the users' interactions, " in err and took < 30 \
+    and not os.path.exists(os.path.join(work, "generating")), (rc, took, err[-2000:])
+print(f"SIGINT while generating: stopped {took:.1f} s after it")
 print("ok")
