@@ -47,6 +47,21 @@ bool is_printable(const std::string& s) {
 
 std::string printable(const char* s, size_t max) { return s == nullptr ? std::string() : core::printable(std::string_view(s, ::strnlen(s, max)), max); }
 
+/// Both bounds of a range "lo..hi" (either may be absent) are 64-bit integers' values.
+bool within_int64(const std::string& range) {
+  const auto r = sdk::parse_range(range);
+  const auto in = [](const std::optional<double>& v) { return !v || (*v >= -9223372036854775808.0 && *v <= 9223372036854775808.0); };
+  return r && in(r->lo) && in(r->hi);
+}
+
+/// A summary or help: a longer one was cut where it stood, though abi.h says it is refused.
+std::string text_of(const char* s, const std::string& what) {
+  if (s != nullptr && ::strnlen(s, LOOM_MAX_TEXT + 1) > LOOM_MAX_TEXT)
+    throw PluginRefused{"descriptor", what + " is longer than " + std::to_string(LOOM_MAX_TEXT) + " bytes (LOOM_MAX_TEXT)",
+                        "shorten it to one line in the plugin's source and rebuild the plugin"};
+  return printable(s, LOOM_MAX_TEXT);
+}
+
 [[noreturn]] void refuse_now(std::string stage, std::string reason, std::string hint = {}) {
   throw PluginRefused{std::move(stage), std::move(reason), std::move(hint)};
 }
@@ -126,7 +141,7 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
     ComponentInfo info;
     info.kind = c.kind;
     info.name = *cname;
-    info.summary = printable(c.summary, LOOM_MAX_TEXT);
+    info.summary = text_of(c.summary, kind_name(c.kind) + " '" + *cname + "': its summary");
     info.interface_major = c.interface_major;
     info.interface_minor = c.interface_minor;
     info.raw = &c;
@@ -158,7 +173,7 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
       spec.default_value = default_value.value_or("");
       if (!is_printable(spec.default_value) || (o.choices != nullptr && !is_printable(bounded(o.choices, LOOM_MAX_TEXT).value_or(""))))
         refuse_now("descriptor", owhere + " '" + *key + "': its default or choices hold control characters", kOptionsHint);
-      spec.help = printable(o.help, LOOM_MAX_TEXT);
+      spec.help = text_of(o.help, owhere + " '" + *key + "': its help");
       if (o.type == LOOM_OPTION_ENUM) {
         const auto choices = bounded(o.choices, LOOM_MAX_TEXT);
         if (!choices || sdk::enum_choices(choices->c_str()).empty())
@@ -175,7 +190,10 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
         spec.choices = range.value_or("");
         if (!range || !set_range_from_choices(spec))
           refuse_now("descriptor", owhere + " '" + *key + "': range '" + spec.choices + "' is not 'lo..hi'" +
-                                       (sdk::parse_range(spec.choices) ? " with a whole number within" : ""), kOptionsHint);
+                                       (!sdk::parse_range(spec.choices) ? ""
+                                        : o.type == LOOM_OPTION_INT && !within_int64(spec.choices) ? " within the 64-bit integers"
+                                                                                                        : " with a whole number within"),
+                     kOptionsHint);
       }
       // A list default with a stray comma, ",,a b,", is its items, "a b" (`loom config show` wrote it as
       // it was, which a configuration file may not say: a file made from the output was refused).

@@ -271,6 +271,11 @@ bool set_range_from_choices(OptionSpec& spec) {
   if (!range) return false;
   spec.min = range->lo;
   spec.max = range->hi;
+  // An int's bound past the 64-bit integers, "0..1e30", bounds nothing a value can be (and a
+  // fractional range with one, "0.5..1e30", was rounded into a bound of -2^63).
+  // (2^63 is allowed: it is the double "9223372036854775807" reads as)
+  const auto int64 = [](const std::optional<double>& v) { return !v || (*v >= -9223372036854775808.0 && *v <= 9223372036854775808.0); };
+  if (spec.type == LOOM_OPTION_INT && (!int64(spec.min) || !int64(spec.max))) return false;
   // An int's bounds in fractions, "0.5..2.5", are the whole numbers within them, "1..2", written so
   // (it was shown as [0, 2] in one place and 0.5..2.5 in another, and 0 refused as outside [0, 2]).
   const auto whole = [](const std::optional<double>& v) { return !v || !std::isfinite(*v) || *v == std::floor(*v); };
@@ -278,7 +283,9 @@ bool set_range_from_choices(OptionSpec& spec) {
     if (spec.min) spec.min = std::ceil(*spec.min);
     if (spec.max) spec.max = std::floor(*spec.max);
     if (spec.min && spec.max && *spec.min > *spec.max) return false;  // (no whole number within)
-    const auto text = [](const std::optional<double>& v) { return v ? std::to_string(std::llround(*v)) : std::string(); };
+    const auto text = [](const std::optional<double>& v) {
+      return !v ? std::string() : *v >= 9223372036854775808.0 ? std::string("9223372036854775807") : std::to_string(std::llround(*v));
+    };
     spec.choices = text(spec.min) + ".." + text(spec.max);
   }
   return true;

@@ -84,6 +84,9 @@ class Dummy final : public loom::sdk::Dataset {
     return text;
   }();
   static constexpr loom_option_spec kOptions[] = {loom::sdk::option_string("path", kLong.data(), "a path")};
+#elif defined(BROKEN_INT64_RANGE)
+  // An int's range past the 64-bit integers: taken, and with a fraction, shown as "1..-9223372036854775808".
+  static constexpr loom_option_spec kOptions[] = {loom::sdk::option_int("count", "3", "a count", "0.5..1e30")};
 #elif defined(BROKEN_PRINTED_TEXT)
   // Text `loom plugins` prints, with a line break, a carriage return and terminal escapes in it.
   static constexpr loom_option_spec kOptions[] = {loom::sdk::option_int("size", "3", "a size\n[12:00:00 E] forged\r\x1b[2K")};
@@ -108,9 +111,20 @@ constexpr const char* kComponentName = "exploding";
 constexpr const char* kComponentName = BROKEN_NAME;
 #endif
 
+#if defined(BROKEN_LONG_SUMMARY)
+constexpr auto kLongText = [] {
+  std::array<char, 1101> text{};
+  for (size_t i = 0; i < 1100; ++i) text[i] = 's';
+  return text;
+}();
+#endif
+
 constexpr loom_component make_component() {
 #if defined(BROKEN_PRINTED_TEXT)
   loom_component c = loom::sdk::component<Dummy>(kComponentName, "ok\n[12:00:00 E] loom: forged\x1b[31m red\xc2\x9b");
+#elif defined(BROKEN_LONG_SUMMARY)
+  // A summary past LOOM_MAX_TEXT (1024 bytes): it was cut at 1024, though abi.h says such a string is refused.
+  loom_component c = loom::sdk::component<Dummy>(kComponentName, kLongText.data());
 #else
   loom_component c = loom::sdk::component<Dummy>(kComponentName, "a test component");
 #endif

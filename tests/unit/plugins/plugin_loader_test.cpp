@@ -94,7 +94,11 @@ INSTANTIATE_TEST_SUITE_P(
                    "option #0 'rate': default 2 is outside its range 0..1"},
         BrokenCase{"libloom_dataset_broken_long_default.so", "descriptor",
                    "option #0 'path': its default is longer than 1024 bytes (LOOM_MAX_TEXT)"},
-        BrokenCase{"libloom_dataset_broken_control_version.so", "descriptor", "the plugin version has control characters"}),
+        BrokenCase{"libloom_dataset_broken_control_version.so", "descriptor", "the plugin version has control characters"},
+        BrokenCase{"libloom_dataset_broken_long_summary.so", "descriptor",
+                   "dataset 'broken_long_summary': its summary is longer than 1024 bytes (LOOM_MAX_TEXT)"},
+        BrokenCase{"libloom_dataset_broken_int64_range.so", "descriptor",
+                   "option #0 'count': range '0.5..1e30' is not 'lo..hi' within the 64-bit integers"}),
     [](const testing::TestParamInfo<BrokenCase>& info) {
       std::string name = info.param.file;
       name = name.substr(std::string("libloom_dataset_broken_").size());
@@ -103,7 +107,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(PluginLoader, RefusesExactlyTheBrokenFilesAndLoadsTheRest) {
   auto& registry = shared_registry();
-  EXPECT_EQ(registry.refusals().size(), 19u);
+  EXPECT_EQ(registry.refusals().size(), 21u);
   std::vector<std::string> loaded;
   for (const auto& p : registry.plugins()) loaded.push_back(p->name);
   std::sort(loaded.begin(), loaded.end());
@@ -128,6 +132,22 @@ TEST(PluginLoader, AnOptionTableIsReadAsItsValuesWillBe) {
   EXPECT_EQ(every.max, 2.0);
   EXPECT_EQ(option("broken_stray_comma").default_value, "a b");
   EXPECT_EQ(option("broken_repeated_choice").choices, "a|b");
+}
+
+TEST(PluginLoader, AnIntsRangeIsWithinTheSixtyFourBitIntegers) {
+  // "0.5..1e30" was taken, and shown as "1..-9223372036854775808"; the whole int64 range stays valid.
+  const auto range = [](const char* choices) {
+    loom::core::OptionSpec spec;
+    spec.type = LOOM_OPTION_INT;
+    spec.choices = choices;
+    return loom::core::set_range_from_choices(spec) ? spec.choices : std::string("refused");
+  };
+  EXPECT_EQ(range("0..1e30"), "refused");
+  EXPECT_EQ(range("-1e19.."), "refused");
+  EXPECT_EQ(range("0.5..1e30"), "refused");
+  EXPECT_EQ(range("..9223372036854775807"), "..9223372036854775807");
+  EXPECT_EQ(range("-0.5..9223372036854775807"), "0..9223372036854775807");
+  EXPECT_EQ(range("-9223372036854775808..-0.5"), "-9223372036854775808..-1");
 }
 
 TEST(PluginLoader, APluginsTextIsPrintedWithoutItsControlCharactersAndABadOptionTableNamesTheSourceAsTheFix) {
