@@ -12,6 +12,7 @@
 #include <loom/sdk/version.hpp>
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <torch/cuda.h>
 #if LOOM_TORCH_CUDA
 #include <ATen/DeviceAccelerator.h>
@@ -101,7 +102,14 @@ int cmd_doctor(const Invocation& invocation) {
 #endif
   for (const char* var : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "LOOM_FUSED_KERNELS"}) {
     const char* v = std::getenv(var);
-    row(var, v ? v : "(unset)");
+    std::string shown = v ? core::printable(v, 300) : "(unset)";
+    // A name LOOM_FUSED_KERNELS does not know stops a run on a GPU at its first step: said here first.
+    if (v != nullptr && std::string_view(var) == "LOOM_FUSED_KERNELS") try {
+        (void)sdk::nn::fused_cross_entropy_unavailable(at::empty({0}));
+      } catch (const std::exception& e) {
+        shown = core::printable(e.what(), 400);
+      }
+    row(var, shown);
   }
 
   std::cout << "\nPlugins\n";

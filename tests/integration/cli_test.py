@@ -479,6 +479,9 @@ try:
     r = loom(exe, "doctor", cwd=work, env=dict(os.environ, LOOM_CACHE="relative_cache"))
     expect("relative: taken from the folder a command runs in (here " + os.path.join(work, "relative_cache") in r.stdout,
            "doctor says a relative LOOM_CACHE is a cache per folder", r)
+    r = loom(exe, "doctor", env=dict(os.environ, LOOM_FUSED_KERNELS="layernorm,linear\x1b[2J"))
+    expect("LOOM_FUSED_KERNELS=layernorm,linear [2J: no fused operation 'layernorm' (there are cross_entropy, " in r.stdout
+           and "\x1b" not in r.stdout, "doctor names a fused operation LOOM_FUSED_KERNELS does not know, printed safely", r)
     r = loom(exe, "eval", "--checkpoint", best, "--set", "model.flavour=standard", check=False)
     expect(r.returncode == 1 and "its weights do not fit this model (tensor '" in r.stderr
            and "This command changes the configuration the checkpoint was trained with: model.flavour = standard "
