@@ -18,6 +18,9 @@ namespace {
 using loom::sdk::Error;
 namespace gpt2 = loom::sdk::gpt2;
 
+/// A target that is no token's (padding): PyTorch's and cross_entropy_sum's ignore_index.
+constexpr int64_t kIgnoreIndex = -100;
+
 class Gpt2Lm final : public loom::sdk::Model {
  public:
   static constexpr loom_option_spec kOptions[] = {
@@ -125,8 +128,10 @@ class Gpt2Lm final : public loom::sdk::Model {
       else loom::sdk::log::warn("gpt2_lm: the loss through ATen, slower: the fused cross-entropy kernel is unavailable: ", why);
     }
     const auto sums = loom::sdk::nn::cross_entropy_sum(flat_logits, flat_target);
-    return {sums.loss_sum, at::scalar_tensor(static_cast<double>(flat_target.numel()), logits.options().dtype(at::kFloat)),
-            {{"accuracy", {sums.correct, {}}}}};
+    // The loss terms are the tokens with a target: an ignored one (-100, padding) adds nothing to the
+    // sums and is not counted (it was: the loss, the accuracy and the gradient came out smaller by
+    // the padding's share, where PyTorch's mean leaves it out). Counted on the device: no wait.
+    return {sums.loss_sum, flat_target.ne(kIgnoreIndex).sum().to(at::kFloat), {{"accuracy", {sums.correct, {}}}}};
   }
 
   std::vector<loom::sdk::MetricSpec> metrics() const override {

@@ -592,6 +592,31 @@ TEST_F(Gpt2LmTest, LearnsThePlantedNextTokenRule) {
   EXPECT_GT(windows, 0);
 }
 
+TEST_F(Gpt2LmTest, AnIgnoredTargetIsLeftOutOfTheLossTheAccuracyAndTheCount) {
+  // Padding (-100) counted as a loss term made the loss and the accuracy smaller by its share, and
+  // the gradient with them, where PyTorch's mean over the tokens leaves it out (a probe: half of
+  // the targets padding gave 2.10 for a fresh model's ln 64 = 4.16).
+  auto t = make_trainer(config_of({"model.name=gpt2_lm", "model.size=debug", "data.name=synthetic_tokens",
+                                   "data.vocab_size=64", "data.seq_len=16", "data.train_size=64", "data.test_size=8",
+                                   "data.num_workers=0", "trainer.batch_size=4"},
+                                  dir_, "ignored"));
+  at::manual_seed(3);
+  const at::Tensor input = at::randint(64, {4, 16}, at::kLong);
+  const at::Tensor target = at::randint(64, {4, 16}, at::kLong);
+  const at::Tensor padded = target.clone();
+  padded.narrow(1, 8, 8).fill_(-100);
+  auto& model = t->model();
+  at::NoGradGuard no_grad;
+  const auto whole = model.forward({{"input", input}, {"target", target}}, false);
+  const auto half = model.forward({{"input", input}, {"target", padded}}, false);
+  EXPECT_EQ(whole.count.item<double>(), 64.0);
+  EXPECT_EQ(half.count.item<double>(), 32.0) << "the 32 padded targets are no loss terms";
+  // The mean over the real tokens is PyTorch's cross_entropy with ignore_index's, about ln 64.
+  const double mean = half.loss_sum.item<double>() / half.count.item<double>();
+  EXPECT_NEAR(mean, std::log(64.0), 0.5);
+  EXPECT_LE(half.metrics.at("accuracy").sum.item<double>(), 32.0);
+}
+
 TEST_F(Gpt2LmTest, PretrainedWeightsArePaddedToTheVocabularyAsked) {
   // model.pretrained: config.json's sizes and the file's weights; model.vocab_size = 128 pads the
   // 97 stored token embeddings, whose rows stay the file's.
