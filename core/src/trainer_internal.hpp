@@ -196,6 +196,19 @@ inline at::Tensor scaled_for_backward(sdk::PrecisionStrategy& precision, const s
   });
 }
 
+// Note [The loss scaled as a mean]
+// Sent into backward as a sum, the loss made every gradient a mean's times the terms summed: under
+// fp16_amp a scale meant for a mean (GradScaler's 2^16, mmcv's 512) overflowed that much sooner (a
+// probe: 512 at batch 1024 skipped every step). It goes in divided by the terms of a rank's step
+// (samples x the target's elements: an LM's tokens) rounded down to a power of two, which changes
+// no rounding (fp32 trains bit for bit as before), and the division by the count is that much less.
+inline double loss_divisor(const sdk::BatchPlan& plan, const sdk::DataSpec& spec) {
+  double terms = static_cast<double>(plan.micro_batch) * static_cast<double>(plan.accumulation);
+  if (const auto target = spec.fields.find(spec.target_key); target != spec.fields.end())
+    for (const int64_t extent : target->second.shape) terms *= static_cast<double>(std::max<int64_t>(extent, 1));
+  return std::exp2(std::min(std::floor(std::log2(std::max(terms, 1.0))), 60.0));
+}
+
 /// Every value a run records in its config.json (JSON: UTF-8 only) is UTF-8, or one error names
 /// it, before anything is loaded or made: a work_dir in a folder named in Latin-1 failed as
 /// "opening the run folder: [json.exception.type_error.316] ...". (`loom eval` records nothing.)

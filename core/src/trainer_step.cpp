@@ -158,7 +158,7 @@ sdk::ModelOutput Trainer::run_micro_batch(const sdk::Batch& batch, bool train) {
   }
   if (train) {
     LOOM_PHASE("backward");
-    scaled_for_backward(*precision_, precision_name_, out.loss_sum).backward();
+    scaled_for_backward(*precision_, precision_name_, out.loss_sum.mul(1.0 / loss_divisor(plan_, data_spec_))).backward();
   }
   return out;
 }
@@ -178,7 +178,8 @@ sdk::ModelOutput Trainer::run_spread(const sdk::Batch& batch, bool train) {
   }
   if (train) {
     LOOM_PHASE("backward");
-    scaled_for_backward(*precision_, precision_name_, out.loss_sum).backward();  // to every replica (Note [Replicas in one process])
+    scaled_for_backward(*precision_, precision_name_, out.loss_sum.mul(1.0 / loss_divisor(plan_, data_spec_)))
+        .backward();  // to every replica (Note [Replicas in one process])
   }
   return out;
 }
@@ -243,7 +244,8 @@ at::Tensor Trainer::queue_update(const StepWork& work) {
     if (work.divided) {
       norm = clip_grad_norm(work.flats, options_.clip_grad_norm).to(at::kFloat).reshape({1});
     } else {
-      const at::Tensor count = work.totals[1].clamp_min(1).to(work.flats.front().device(), at::kFloat).reshape({1});
+      const at::Tensor count =
+          work.totals[1].clamp_min(1).div(loss_divisor(plan_, data_spec_)).to(work.flats.front().device(), at::kFloat).reshape({1});
       norm = gradient_norm(work.flats).to(at::kFloat).reshape({1}).div(count);
       divisor = options_.clip_grad_norm > 0 ? count.div(clip_coefficient(norm, options_.clip_grad_norm)) : count;
     }
@@ -402,7 +404,8 @@ Trainer::StepWork Trainer::forward_backward(const std::function<sdk::Batch(int64
     work.totals = reduced.back();
     at::NoGradGuard no_grad;
     work.divided = work.flats.empty() || !divides_in_update();
-    if (work.divided && !work.flats.empty()) at::_foreach_mul_(work.flats, work.totals[1].clamp_min(1).reciprocal());
+    if (work.divided && !work.flats.empty())  // (Note [The loss scaled as a mean]: the gradients are sums / divisor)
+      at::_foreach_mul_(work.flats, work.totals[1].clamp_min(1).reciprocal().mul(loss_divisor(plan_, data_spec_)));
   }
   if (gradient_hook_) gradient_hook_(work.grads);
   notify("on_after_backward", [&](sdk::Callback& c, sdk::RunContext& run) { c.on_after_backward(run, work.grads); });

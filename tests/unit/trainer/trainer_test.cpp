@@ -359,8 +359,9 @@ TEST_F(TrainerTest, TheStepOnTheDeviceUpdatesAsTheHostPathDoes) {
   // Note [The step on the device]: with trainer.device_step the skip of a non-finite step is
   // decided on the device (fused optimizer with found-inf, the scaler updated from it); without,
   // on the host. Both must train the same model: the same losses, the same steps skipped, the
-  // same weights. fp16_amp starts at a scale of 1e6, which overflows float16 gradients in the
-  // first steps, so both paths skip some steps and take the rest.
+  // same weights. fp16_amp starts at a scale of 3.2e7, which overflows float16 gradients in the
+  // first steps, so both paths skip some steps and take the rest. (3.2e7 = 1e6 x the batch's 32: a
+  // mean's scale, Note [The loss scaled as a mean]; these steps are those of 1e6 on the sum before.)
   auto run = [&](const std::string& name, const char* optimizer, const char* precision, bool on_device) {
     Config c = base(name);
     for (const auto& kv : {"model.flavour=standard", "model.num_layers=1", "model.d_model=32", "model.num_heads=2",
@@ -370,7 +371,7 @@ TEST_F(TrainerTest, TheStepOnTheDeviceUpdatesAsTheHostPathDoes) {
     c.set_assignment(std::string("trainer.optimizer=") + optimizer);
     if (std::string(optimizer) == "adamw") c.set_assignment("optimizer.eps=1e-3");
     c.set_assignment(std::string("precision.name=") + precision);
-    if (std::string(precision) == "fp16_amp") c.set_assignment("precision.init_scale=1e6");
+    if (std::string(precision) == "fp16_amp") c.set_assignment("precision.init_scale=3.2e7");
     c.set_assignment(std::string("trainer.device_step=") + (on_device ? "true" : "false"));
     auto t = make(c);
     // the built-in callbacks do not read the gradients: the update divides them (Note [One pass
@@ -445,12 +446,12 @@ TEST_F(TrainerTest, StepsBetweenLogStepsKeepTheirValuesOnTheDeviceAndLogTheSameM
   // With the built-in callbacks (none reads every step's values, Callback 1.1) and the update on
   // the device, only log steps read their values; the steps between add theirs to the window on
   // the device. The logged means, the skipped steps and the weights must be those of the host
-  // path, which reads every step. fp16_amp at a scale of 1e6 skips its first steps.
+  // path, which reads every step. fp16_amp at a scale of 3.2e7 (1e6 x the batch) skips its first steps.
   auto run = [&](const std::string& name, bool on_device) {
     Config c = base(name);
     for (const auto& kv : {"model.flavour=standard", "model.num_layers=1", "model.d_model=32", "model.num_heads=2",
                            "model.patch_size=7", "model.stem_channels=4", "model.dropout=0", "data.image_size=28",
-                           "data.num_workers=0", "precision.name=fp16_amp", "precision.init_scale=1e6",
+                           "data.num_workers=0", "precision.name=fp16_amp", "precision.init_scale=3.2e7",
                            "trainer.max_steps=12", "trainer.log_every=4"})
       c.set_assignment(kv);
     c.set_assignment(std::string("trainer.device_step=") + (on_device ? "true" : "false"));
@@ -577,15 +578,15 @@ TEST_F(TrainerTest, StepsSkippedInARowStopTheRunRatherThanTrainOnWithoutLearning
   // while it does (from init_scale 1e30 by x0.75, 240 skipped steps stopped a sound run at 100).
   Config scaled = metric_run(dir_, "nan_fp16");
   for (const char* a : {"trainer.max_steps=200", "trainer.log_every=4", "trainer.eval_every=100", "precision.name=fp16_amp",
-                        "precision.init_scale=1e6", "model.nan_training_loss_from=7", "trainer.stop_after_skipped=10"})
+                        "precision.init_scale=3.2e7", "model.nan_training_loss_from=7", "trainer.stop_after_skipped=10"})
     scaled.set_assignment(a);
   auto descending = make(scaled);
-  // (a scale of 1e6 overflows the first steps' float16 gradients too: every step skipped, counted
-  // where it was read)
+  // (a scale of 3.2e7, 1e6 x the batch, overflows the first steps' float16 gradients too: every step
+  // skipped, counted where it was read)
   const std::string error = training_error_of(*descending);
   const std::string n = std::to_string(descending->step());
   EXPECT_CONTAINS(error, "steps 1 ... " + n + " (" + n + " in a row) had non-finite gradients");
-  EXPECT_GT(descending->step(), 16) << "stopped while the loss scale came down from 1e6 (20 halvings)";
+  EXPECT_GT(descending->step(), 16) << "stopped while the loss scale came down from 3.2e7 (25 halvings)";
   EXPECT_LT(descending->step(), 7 + 40);
   // 0: the run trains to its end, every step since the 7th skipped.
   Config never = metric_run(dir_, "nan_never");
@@ -989,13 +990,30 @@ TEST_F(TrainerTest, RowsLabelledMinus100CountInNeitherTheLossNorTheAccuracy) {
   EXPECT_EQ(mixed.metrics.at("accuracy").sum.item<double>(), alone.metrics.at("accuracy").sum.item<double>());
 }
 
+TEST_F(TrainerTest, Fp16AmpsLossScaleIsOneForAMeanAsInPyTorch) {
+  // Note [The loss scaled as a mean]: the loss went into backward as its sum over the batch, so a
+  // scale meant for a mean was the batch's size too large. mmcv's static 512 at batch 1024 skipped
+  // every step (a probe: PyTorch's mean x 512 has finite gradients on the same weights and batch).
+  Config c = base("mean_scale");
+  for (const char* kv : {"trainer.batch_size=1024", "data.train_size=2048", "trainer.max_steps=2", "trainer.eval_every=0",
+                         "trainer.checkpoint_every=0", "model.dropout=0", "data.num_workers=0", "precision.name=fp16_amp",
+                         "precision.loss_scale=512"})
+    c.set_assignment(kv);
+  auto t = make(c);
+  for (int step = 1; step <= 2; ++step) {
+    const auto result = t->train_step();
+    EXPECT_FALSE(result.skipped) << "step " << step << " overflowed at a static scale of 512";
+    EXPECT_TRUE(std::isfinite(result.grad_norm)) << "step " << step;
+  }
+}
+
 TEST_F(TrainerTest, AResumeFromFp16AmpsFirstStepsIsNotCalledDamagedWhileTheLossScaleComesDown) {
   // fp16_amp's dynamic loss scale halves at each overflowing step: a checkpoint from the first
   // steps carries a scale still too high, and the steps after resuming skip until it is down.
   // That was taken for a damaged checkpoint after 5 of them ("probably damaged"), for good.
   Config c = base("fp16_early");
   c.set_assignment("precision.name=fp16_amp");
-  c.set_assignment("precision.init_scale=1e12");  // (about 24 halvings to come down: every step here skips)
+  c.set_assignment("precision.init_scale=3.2e13");  // (about 29 halvings to come down: every step here skips)
   c.set_assignment("trainer.max_steps=12");
   {
     auto t = make(c);
