@@ -197,13 +197,18 @@ inline at::Tensor scaled_for_backward(sdk::PrecisionStrategy& precision, const s
 }
 
 // Note [The loss scaled as a mean]
-// Sent into backward as a sum, the loss made every gradient a mean's times the terms summed: under
-// fp16_amp a scale meant for a mean (GradScaler's 2^16, mmcv's 512) overflowed that much sooner (a
-// probe: 512 at batch 1024 skipped every step). It goes in divided by the terms of a rank's step
-// (samples x the target's elements: an LM's tokens) rounded down to a power of two, which changes
-// no rounding (fp32 trains bit for bit as before), and the division by the count is that much less.
-inline double loss_divisor(const sdk::BatchPlan& plan, const sdk::DataSpec& spec) {
-  double terms = static_cast<double>(plan.micro_batch) * static_cast<double>(plan.accumulation);
+// A precision with a loss scale (fp16_amp) sets it for a mean, as PyTorch's GradScaler (2^16) and
+// mmcv's static 512 do; sent into backward as the sum, the loss was the batch's size too large for
+// it and overflowed float16 that much sooner (a probe: 512 at batch 1024 skipped every step; a
+// dynamic scale skipped log2(batch) more steps than PyTorch's). There the loss goes in divided by
+// the terms a rank's step sums (micro-batches x accumulation x the devices of a data_parallel rank x
+// the target's elements per sample: an LM's tokens), rounded down to a power of two, and the
+// division by the count is that much less. Without a loss scale nothing changes (1).
+inline double loss_divisor(sdk::PrecisionStrategy& precision, const sdk::BatchPlan& plan, const sdk::DataSpec& spec,
+                           int64_t local_devices) {
+  const auto manifest = precision.manifest();
+  if (const auto scale = manifest.find("loss_scale"); scale == manifest.end() || scale->second == "none") return 1.0;
+  double terms = static_cast<double>(plan.micro_batch) * static_cast<double>(plan.accumulation) * static_cast<double>(local_devices);
   if (const auto target = spec.fields.find(spec.target_key); target != spec.fields.end())
     for (const int64_t extent : target->second.shape) terms *= static_cast<double>(std::max<int64_t>(extent, 1));
   return std::exp2(std::min(std::floor(std::log2(std::max(terms, 1.0))), 60.0));

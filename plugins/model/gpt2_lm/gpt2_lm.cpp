@@ -127,7 +127,7 @@ class Gpt2Lm final : public loom::sdk::Model {
       else if (why.rfind("LOOM_FUSED_KERNELS", 0) == 0) loom::sdk::log::info("gpt2_lm: the loss through ATen (", why, ")");
       else loom::sdk::log::warn("gpt2_lm: the loss through ATen, slower: the fused cross-entropy kernel is unavailable: ", why);
     }
-    const auto sums = loom::sdk::nn::cross_entropy_sum(flat_logits, flat_target);
+    const auto sums = loom::sdk::nn::cross_entropy_sum(flat_logits, flat_target, kIgnoreIndex);
     // The loss terms are the tokens with a target: an ignored one (-100, padding) adds nothing to the
     // sums and is not counted (it was: the loss, the accuracy and the gradient came out smaller by
     // the padding's share, where PyTorch's mean leaves it out). Counted on the device: no wait.

@@ -990,7 +990,7 @@ TEST_F(TrainerTest, RowsLabelledMinus100CountInNeitherTheLossNorTheAccuracy) {
   EXPECT_EQ(mixed.metrics.at("accuracy").sum.item<double>(), alone.metrics.at("accuracy").sum.item<double>());
 }
 
-TEST_F(TrainerTest, Fp16AmpsLossScaleIsOneForAMeanAsInPyTorch) {
+TEST_F(TrainerTest, Fp16AmpsLossScaleMultipliesAMeanAsInPyTorch) {
   // Note [The loss scaled as a mean]: the loss went into backward as its sum over the batch, so a
   // scale meant for a mean was the batch's size too large. mmcv's static 512 at batch 1024 skipped
   // every step (a probe: PyTorch's mean x 512 has finite gradients on the same weights and batch).
