@@ -461,11 +461,23 @@ int cmd_launch(const Invocation& invocation) {
     const int64_t accumulation = std::stoll(resolved.at("trainer.gradient_accumulation_steps").value);
     const int64_t per_step = accumulation * nproc * nnodes;
     if (resolved.at("parallel.name").value == "ddp" && batch.origin.source != "default" &&
-        std::stoll(batch.value) % per_step != 0)
+        std::stoll(batch.value) % per_step != 0) {
+      // A resume keeps its run's batch: the fix is the number of ranks (a batch of 30 was offered for
+      // the run's 32 on 3 ranks, which changes the run).
+      const int64_t global = std::stoll(batch.value);
+      std::string ranks;
+      for (int64_t n = 1, found = 0; n <= 64 && found < 4; ++n)
+        if (global % (accumulation * n * nnodes) == 0) ranks += (found++ > 0 ? ", " : "") + std::to_string(n);
+      const std::string batch_fix = std::to_string(std::max<int64_t>(per_step, global / per_step * per_step));
       throw Error("loom launch: trainer.batch_size " + batch.value + " (" + batch.origin.describe() + ") is not divisible by " +
                   "trainer.gradient_accumulation_steps " + std::to_string(accumulation) + " x world size " +
-                  std::to_string(nproc * nnodes) + "; the global batch must split evenly into micro-batches, e.g. " +
-                  std::to_string(std::max<int64_t>(per_step, std::stoll(batch.value) / per_step * per_step)));
+                  std::to_string(nproc * nnodes) + "; the global batch must split evenly into micro-batches" +
+                  (batch.origin.source == "the run's config.json" && !ranks.empty()
+                       ? ": this resume keeps the run's batch, so launch it with --nproc-per-node " + ranks +
+                             (nnodes > 1 ? " on each node" : "") + " (or give --set trainer.batch_size=" + batch_fix +
+                             " to change the run's batch)"
+                       : ", e.g. " + batch_fix));
+    }
   }
   // (the port last: the checks before take time in which another program could take it)
   if (port == 0) {

@@ -202,6 +202,18 @@ int cmd_train(const Invocation& invocation) {
     const auto saved = core::CheckpointStore::list_run(trainer.run_dir());
     if (saved.empty()) {
       core::log::error(message_of(e));
+      // Rank 0 writes the checkpoints: another rank that failed while rank 0 wrote the first said
+      // "no checkpoint ... so it cannot be continued" beside rank 0's "intact" (a probe).
+      bool other_rank = false;
+      try {
+        const auto launched = sdk::launch_environment();
+        other_rank = launched && launched->rank != 0;
+      } catch (const std::exception&) {  // (variables a launcher set wrong were refused at the start)
+      }
+      if (other_rank) {
+        core::log::flush();
+        return 1;
+      }
       // (steps trained, none saved: nothing to continue from; a rank but the first of a run that
       // trained nothing discards nothing, and says nothing)
       if (!trainer.discard_if_nothing_trained() && trainer.step() > 0) {

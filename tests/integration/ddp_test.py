@@ -309,6 +309,11 @@ try:
     r = launch("--nproc-per-node", "3", "--", "train", *args, *DDP, "--set", "trainer.name=uneven", check=False)
     assert r.returncode == 1 and r.stderr.count("is not divisible by trainer.gradient_accumulation_steps 1 x world size 3") == 1 \
         and " rank 0]" not in r.stderr, r.stderr[-2000:]  # (said once, by the launcher, before any rank starts)
+    # A resume keeps its run's batch: the fix offered is the number of ranks (it offered a batch of 30).
+    r = launch("--nproc-per-node", "3", "--", "train", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=ddp",
+               *DDP, "--resume", "auto", check=False)
+    assert r.returncode == 1 and "(the run's config.json) is not divisible" in r.stderr \
+        and "this resume keeps the run's batch, so launch it with --nproc-per-node 1, 2, 4, 8" in r.stderr, r.stderr[-2000:]
     # A strategy of one process under loom launch: refused once, by the launcher, before any rank starts.
     r = launch("--nproc-per-node", "2", "--", "train", *args, "--set", "trainer.name=alone", check=False)
     assert r.returncode == 1 and r.stderr.count("loom launch: parallel.name = single (default) trains in one process: "

@@ -112,7 +112,8 @@ class Ddp final : public loom::sdk::ParallelStrategy {
       throw Error(
           "parallel = ddp runs one process per device, started by a launcher: `loom launch --nproc-per-node N -- "
           "train ...`, `torchrun --no-python --nproc-per-node N loom train ...`, srun or mpirun (none of RANK, "
-          "SLURM_PROCID, OMPI_COMM_WORLD_RANK is set). For one process use parallel = single");
+          "SLURM_PROCID, OMPI_COMM_WORLD_RANK is set). For one process use parallel = single: `loom eval`, "
+          "`bench` and `profile` run in one, and `loom launch` starts only `train`");
     env_ = *env;
     choose_device(device);
     if (backend_ == "auto") backend_ = device_.is_cuda() && kHasNccl ? "nccl" : "gloo";
@@ -458,7 +459,10 @@ class Ddp final : public loom::sdk::ParallelStrategy {
                         said.find("EOF") != std::string::npos;
     return Error("ddp: " + std::string(what) + " on rank " + std::to_string(env_.rank) + " of " +
                  std::to_string(env_.world_size) + " failed: " + who +
-                 (timed_out ? " did not answer within " + seconds()
+                 (timed_out ? " did not answer within " + seconds() +
+                                  (env_.rank != 0 ? "; if rank 0 was writing a checkpoint then (a large model's takes a while), "
+                                                    "raise parallel.timeout above that time"
+                                                  : "")
                   : closed  ? std::string(" stopped (its connection closed)")
                             : " stopped or did not answer within " + seconds()) +
                  " (" + said + ")");
