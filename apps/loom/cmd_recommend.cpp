@@ -160,7 +160,9 @@ int cmd_recommend(const Invocation& invocation) {
                 ": the ranking below is arbitrary (the model has collapsed to one output); evaluate the checkpoint, or "
                 "use an earlier one");
   }
-  const bool rating = attributes.count("task") && attributes.at("task") == "rating";
+  // (the model's task where the run set it: rating data ranked by --set model.task=ranking printed raw scores as "rating")
+  const std::string model_task = config.get("model.task").value_or("auto");
+  const bool rating = model_task != "auto" ? model_task == "rating" : attributes.count("task") && attributes.at("task") == "rating";
   std::cout << "top " << n << " for user " << user_id << " (" << known.size() << " items they know left out) from "
             << checkpoint.string() << ":\n";
   std::printf("  %4s  %-10s  %10s  %s\n", "rank", "item", rating ? "rating" : "score", "title");

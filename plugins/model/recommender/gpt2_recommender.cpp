@@ -393,21 +393,22 @@ class Gpt2Recommender final : public sdk::Model {
   }
 
  private:
-  /// Evaluation ranks a user's test item among the items they do not know (the known ones are
-  /// masked): a top K that holds all of them is a hit whatever the model. For every user: one
-  /// error (HR@K would be 1); for some: a warning with how many. (Setup's check counts the whole
-  /// catalogue; a user without a test item of a random split is counted too.)
+  /// Evaluation ranks a user's held-out item among the items they do not know (the known ones, every
+  /// split's, are masked, all but the item ranked): a top K that holds all of them is a hit whatever
+  /// the model. For every user: one error (HR@K would be 1); for some: a warning with how many.
+  /// (Setup's check counts the whole catalogue; a user without a test item of a random split is
+  /// counted too.)
   void check_top_k() const {
     const at::Tensor known = seen_indptr_.narrow(0, 1, users_) - seen_indptr_.narrow(0, 0, users_);
-    const at::Tensor candidates = items_ - known;  // (the test item among them)
+    const at::Tensor candidates = items_ - known + 1;  // (the item ranked among them: it is unmasked)
     const int64_t fewest = candidates.min().item<int64_t>(), most = candidates.max().item<int64_t>();
     const int64_t held = candidates.le(top_k_).sum().item<int64_t>();
     if (held == 0) return;
     const std::string k = std::to_string(top_k_);
     const std::string lower = fewest > 1 ? "lower model.top_k below " + std::to_string(fewest)
-                                         : "a user knows all but " + std::to_string(fewest) + " of the " + std::to_string(items_) +
-                                               " items, which leaves nothing to rank for them: give the data more items, or "
-                                               "fewer per user";
+                                         : "a user knows all " + std::to_string(items_) +
+                                               " items, which leaves nothing to rank a held-out one against: give the data more "
+                                               "items, or fewer per user";
     if (held == users_)
       throw Error("gpt2_recommender: model.top_k " + k + " holds every item each user does not know (" + std::to_string(most) +
                   " at most, of " + std::to_string(items_) + "; the known ones are masked), so HR@" + k +

@@ -55,8 +55,8 @@ struct SplitOptions {
 class InteractionDataset : public sdk::TensorDataset {
  public:
   sdk::DataSpec spec() const override { return spec_; }
-  /// "seen.indptr" [users + 1] and "seen.items" [n] (int64): each user's training and validation
-  /// items, sorted and unique (compressed rows: user u's are items[indptr[u]:indptr[u+1]]).
+  /// "seen.indptr" [users + 1] and "seen.items" [n] (int64): each user's items of every split (the
+  /// mask of full-catalogue ranking, which unmasks the item ranked), sorted and unique (compressed rows: user u's are items[indptr[u]:indptr[u+1]]).
   sdk::TensorMap tables() const override { return tables_; }
 
  protected:

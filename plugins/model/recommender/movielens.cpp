@@ -391,8 +391,10 @@ RawData read_ml100k(const fs::path& root) {
   Reader reader;
   std::vector<std::string> genres(std::begin(kMl100kGenres), std::end(kMl100kGenres));
   std::string_view line;
+  bool genre_file = false;  // (u.genre sets the flags' count: an empty one was blamed on u.item's lines)
   // (symlink_status: a link to nothing is read, and named, not skipped in silence)
   if (std::error_code ec; fs::exists(fs::symlink_status(root / "u.genre", ec))) {
+    genre_file = true;
     genres.clear();
     Rows rows(root / "u.genre");
     while (rows.next(line)) {
@@ -409,7 +411,8 @@ RawData read_ml100k(const fs::path& root) {
       const auto f = split_on(line, "|");
       if (f.size() != 5 + genres.size())
         throw rows.error(std::to_string(f.size()) + " fields, expected " + std::to_string(5 + genres.size()) +
-                         " (movie id|title|release date|video release date|IMDb URL|one flag per genre)");
+                         " (movie id|title|release date|video release date|IMDb URL|one flag per genre" +
+                         (genre_file ? ": u.genre names " + std::to_string(genres.size()) + ", is it whole?" : std::string()) + ")");
       Item item;
       item.id = std::to_string(integer(f[0], "movie id", rows));
       item.title = std::string(f[1]);
@@ -545,7 +548,8 @@ void Interactions::setup() {
                      (what.rfind("cannot", 0) == 0 ? " " + what
                       : what == "no such file"     ? " does not exist"
                                                    : " is " + (what.empty() ? std::string("a file") : what) + ", not a folder") +
-                     "; point it at a MovieLens folder");
+                     "; point it at a MovieLens folder (a run's `loom eval` or `loom recommend` after its data moved "
+                     "takes --set data.root=NEW_FOLDER)");
   }
   std::string format = format_;
   if (format == "auto") {

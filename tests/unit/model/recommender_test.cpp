@@ -28,6 +28,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <regex>
 #include <string>
 #include <sys/stat.h>
@@ -110,10 +111,12 @@ TEST_F(RecommenderData, MovieLens100kIsReadWithLatin1TitlesGenreFlagsAndAChronol
   EXPECT_EQ(pairs(*d, Split::kTest), (P{{"7", "4"}, {"9", "3"}}));
   EXPECT_EQ(pairs(*d, Split::kValidation), (P{{"7", "1"}, {"9", "2"}}));
   EXPECT_EQ(pairs(*d, Split::kTrain), (P{{"7", "2"}, {"7", "3"}, {"9", "1"}}));
-  // Each user's training and validation items, sorted: the mask of full-catalogue ranking.
+  // Each user's items of every split, sorted: the mask of full-catalogue ranking (which unmasks the
+  // item ranked). Without the test items, a random split's other test items competed with the one
+  // ranked while its other validation items were masked: validation and test measured otherwise.
   const auto tables = d->tables();
-  EXPECT_TRUE(at::equal(tables.at("seen.indptr"), at::tensor(std::vector<int64_t>{0, 3, 5})));
-  EXPECT_TRUE(at::equal(tables.at("seen.items"), at::tensor(std::vector<int64_t>{0, 1, 2, 0, 1})));
+  EXPECT_TRUE(at::equal(tables.at("seen.indptr"), at::tensor(std::vector<int64_t>{0, 4, 7})));
+  EXPECT_TRUE(at::equal(tables.at("seen.items"), at::tensor(std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2})));
   // Ranking: every interaction is a positive.
   EXPECT_TRUE(at::equal(d->get_batch(Split::kTrain, {0, 1, 2}).at("rating"), at::ones({3})));
   // A random split whose share holds out no interaction of the 7 is refused, not run with empty
@@ -126,6 +129,11 @@ TEST_F(RecommenderData, MovieLens100kIsReadWithLatin1TitlesGenreFlagsAndAChronol
   const std::string other = error_of([&] { open({{"format", "ml-1m"}}); });
   EXPECT_NE(other.find("data.format = ml-1m reads " + (dir_ / "ratings.dat").string() + ", which is not there; set "
                        "data.format to the folder's format, or auto to find it"), std::string::npos) << other;
+  // An empty u.genre (it sets how many flags a line of u.item has): named, not u.item's lines alone.
+  write(dir_ / "u.genre", "");
+  const std::string genres = error_of([&] { open(); });
+  EXPECT_NE(genres.find("u.item:1: 24 fields, expected 5 (movie id|title|release date|video release date|IMDb URL|one flag "
+                        "per genre: u.genre names 0, is it whole?)"), std::string::npos) << genres;
 }
 
 TEST_F(RecommenderData, WhichInteractionsAreHeldOutDoesNotDependOnTheOrderOfTheLines) {
@@ -706,6 +714,53 @@ TEST_F(Gpt2RecommenderTest, AnItemsTextEditedInPlaceIsSaidAtAnEvaluationAndAResu
   }));
 }
 
+TEST_F(Gpt2RecommenderTest, RatingsChangedInPlaceAreSaidAtAnEvaluationAndAResume) {
+  // The same users, items and held-out pairs, other ratings (a probe set every rating to 5): the
+  // rating task's predictions add the training split's mean, and the RMSE is of other values, but
+  // neither loom eval, loom recommend nor a resume said so (only the pairs were fingerprinted).
+  const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
+  const auto rating = [&](const std::string& name, const char* steps) {
+    auto c = movielens_config(ml, name, steps);
+    c.set_assignment("model.task=rating");
+    c.set_assignment("data.task=rating");
+    c.set_assignment("trainer.best_metric=rmse");
+    return c;
+  };
+  make_trainer(rating("rated", "2"))->train();
+  const fs::path step = dir_ / "rated" / "checkpoints" / "step_00000002";
+  const auto said = [&](const std::function<void()>& what) {
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    what();
+    return capture.contains("its ratings changed since (fingerprint ");
+  };
+  const auto evaluate = [&] {
+    loom::core::Trainer t(loom::core::resolve_run(rating("rated_eval", "2"), loom::testing::registry()), loom::testing::registry());
+    t.setup_for_evaluation();
+    t.load_weights(step);
+    t.warn_if_data_sizes_differ(step);
+  };
+  EXPECT_FALSE(said(evaluate));
+  // (the lines in another order: the same ratings, nothing said)
+  std::string ratings = loom::core::read_file(ml / "ratings.dat");
+  std::vector<std::string> lines;
+  for (size_t at = 0, end; (end = ratings.find('\n', at)) != std::string::npos; at = end + 1) lines.push_back(ratings.substr(at, end - at + 1));
+  write(ml / "ratings.dat", std::accumulate(lines.rbegin(), lines.rend(), std::string()));
+  EXPECT_FALSE(said(evaluate));
+  std::string fives;  // (user::item::rating::time, every rating 5)
+  for (const std::string& line : lines) {
+    const size_t rating_at = line.find("::", line.find("::") + 2) + 2;
+    fives += line.substr(0, rating_at) + "5" + line.substr(line.find("::", rating_at));
+  }
+  ASSERT_NE(fives, ratings);
+  write(ml / "ratings.dat", fives);
+  EXPECT_TRUE(said(evaluate));
+  EXPECT_TRUE(said([&] {
+    auto c = rating("rated", "4");
+    c.set_assignment("trainer.resume=auto");
+    make_trainer(c);
+  }));
+}
+
 TEST_F(Gpt2RecommenderTest, ATokenizerReplacedInPlaceIsSaidAtAnEvaluationAndAResume) {
   // The same weights read other token ids where the tokenizer's files changed (two ids swapped,
   // the file the same size): the model records its files' fingerprints (Model 2.3).
@@ -913,8 +968,8 @@ TEST_F(Gpt2RecommenderTest, ATopKOfTheWholeCatalogueIsRefused) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("model.top_k 48 is not below the 48 items"), std::string::npos) << e.what();
   }
-  // Nor one that holds every item each user does not know: each knows 11 (12 less the test item,
-  // the validation one counted), masked in evaluation, so a test item is ranked among 37.
+  // Nor one that holds every item each user does not know: each knows 12, masked in evaluation but
+  // the one ranked, so a held-out item is ranked among 37.
   try {
     make_trainer(config("top_k_masked", {"model.top_k=37"}));
     FAIL() << "expected an error";
@@ -928,14 +983,27 @@ TEST_F(Gpt2RecommenderTest, ATopKOfTheWholeCatalogueIsRefused) {
     EXPECT_NO_THROW(make_trainer(config("top_k_36", {"model.top_k=36"})));
     EXPECT_FALSE(capture.contains("whatever the model")) << "no user has 36 or fewer candidates";
   }
-  // A random split: users know 12 less their test items, so some have 37 candidates or fewer and
-  // others more: a warning with how many, and the run goes on.
+  // A random split: each user's held-out items are known too, so it is refused alike (its test
+  // items competed with the one ranked, a validation item's did not: two measures).
+  EXPECT_THROW(make_trainer(config("top_k_random", {"model.top_k=37", "data.split=random"})), loom::sdk::Error);
+  // Users who know more items than others (12 films: user 1 knows 4, user 2 knows 8, so 9 and 5
+  // candidates): a warning with how many at K = 5, and the run goes on.
+  const fs::path ml = dir_ / "uneven";
+  fs::create_directories(ml);
+  std::string movies, ratings;
+  for (int item = 1; item <= 12; ++item) movies += std::to_string(item) + "::Film " + std::to_string(item) + " (1995)::Drama\n";
+  for (int user = 1, time = 978300000; user <= 2; ++user)
+    for (int item = 1; item <= 4 * user; ++item) ratings += std::to_string(user) + "::" + std::to_string(item) + "::4::" + std::to_string(time++) + "\n";
+  write(ml / "movies.dat", movies);
+  write(ml / "ratings.dat", ratings);
+  auto uneven = movielens_config(ml, "top_k_some", "2");
+  uneven.set_assignment("model.top_k=5");
   loom::core::log::Capture capture(LOOM_LOG_WARN);
-  EXPECT_NO_THROW(make_trainer(config("top_k_some", {"model.top_k=37", "data.split=random"})));
+  EXPECT_NO_THROW(make_trainer(uneven));
   std::string said;
   for (const auto& line : capture.lines()) said += line + "\n";
-  EXPECT_NE(said.find(" of the 40 users do not know (their known ones are masked): their HR@37 is 1 whatever the model; "
-                      "lower model.top_k below "), std::string::npos) << said;
+  EXPECT_NE(said.find("model.top_k 5 holds every item 1 of the 2 users do not know (their known ones are masked): their HR@5 is 1 "
+                      "whatever the model; lower model.top_k below 5"), std::string::npos) << said;
 }
 
 TEST_F(Gpt2RecommenderTest, ATokenizerWhoseIdsLeaveAWideGapWarnsOfTheEmbeddingItSizes) {
