@@ -161,15 +161,23 @@ void Best::adopt_best_file(RunContext& run, const std::string& metric, const sdk
                  "): the run's next best evaluation replaces it");
 }
 
+namespace {
+
+/// The checkpoint `dir` (<run>/checkpoints/step_*) is another run's: --resume-from into a new name.
+bool another_runs(RunContext& run, const std::filesystem::path& dir) {
+  std::error_code ec;
+  const auto run_dir = std::filesystem::weakly_canonical(run.run_dir(), ec);
+  const auto from = std::filesystem::weakly_canonical(dir, ec).parent_path().parent_path();
+  return !ec && from != run_dir;
+}
+
+}  // namespace
+
 void Best::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& dir) {
   // A checkpoint of another run (--resume-from into a new name) brings its best value, not its
   // weights: beating it would be the only way to a best file, and the run could end without one.
   if (!best_ || metric_.empty()) return;
-  std::error_code ec;
-  const auto run_dir = std::filesystem::weakly_canonical(run.run_dir(), ec);
-  const auto from = std::filesystem::weakly_canonical(dir, ec).parent_path().parent_path();  // <run>/checkpoints/step_*
-  if (ec) return;
-  if (from != run_dir) {
+  if (another_runs(run, dir)) {
     sdk::log::info("best: ", dir.string(), " is another run's checkpoint, whose best ", metric_, " (",
                    run.format_metric(metric_, *best_), " at step ", step_, ") is not this run's: its best starts afresh");
     best_.reset();
@@ -180,6 +188,7 @@ void Best::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& di
   // best weights were nowhere). The best of the checkpoint's own step is the weights just loaded:
   // written again now. One of an earlier step went with the later best: the best starts afresh.
   const std::string file = "best_" + metric_ + ".safetensors";
+  std::error_code ec;
   // (another trainer.best_metric now: its best starts with the first evaluation, in on_evaluation_end)
   if (metric_ != run.best_metric() || std::filesystem::exists(run.run_dir() / "checkpoints" / file, ec)) return;
   if (step_ == run.step()) {
@@ -271,6 +280,20 @@ void EarlyStopping::on_run_begin(RunContext& run) {
   run.request_stop(stopped_ + "; resumed with patience " + std::to_string(patience_) +
                    ": to train on, resume with callback.early_stopping.patience above " + std::to_string(bad_evaluations_) +
                    " or without the early_stopping callback");
+}
+
+void EarlyStopping::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& dir) {
+  // Another run's checkpoint (--resume-from into a new name): its count, its best and its stop are
+  // that run's, as `best` says of its best (README); kept, the new run stopped at its first
+  // evaluation, naming the other run's best step, or at once, training nothing.
+  if (!another_runs(run, dir) || (!best_ && bad_evaluations_ == 0 && stopped_.empty())) return;
+  sdk::log::info("early_stopping: ", dir.string(), " is another run's checkpoint: its count of evaluations without improvement (",
+                 bad_evaluations_, ")", best_ ? ", its best" : "", stopped_.empty() ? "" : " and its stop",
+                 " are not this run's: they start afresh");
+  best_.reset();
+  best_step_ = 0;
+  bad_evaluations_ = 0;
+  stopped_.clear();
 }
 
 void EarlyStopping::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {

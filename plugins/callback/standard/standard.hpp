@@ -138,6 +138,7 @@ class EarlyStopping final : public sdk::Callback {
   };
   explicit EarlyStopping(const sdk::Options& options);
   void on_run_begin(RunContext& run) override;
+  void on_checkpoint_loaded(RunContext& run, const std::filesystem::path& dir) override;
   void on_evaluation_end(RunContext& run, const sdk::EvalReport& report) override;
   sdk::State state_dict() const override;
   void load_state_dict(const sdk::State& state) override;

@@ -179,6 +179,27 @@ TEST_F(CallbacksTest, EarlyStoppingStopsTheRunAndAResumedRunStaysStopped) {
   const auto saved = CheckpointStore(dir_ / "early").list();
   ASSERT_FALSE(saved.empty());
   EXPECT_EQ(saved.back().filename(), step_dir_name(3));  // the step it stopped at is saved
+  {
+    // Another run resumed from this one's stopped checkpoint (--resume-from into a new name): its
+    // count, best and stop are the other run's (it stopped at once, training nothing, or at its
+    // first evaluation naming the other run's best step); they start afresh, as best's does.
+    Config next = base("early_next");
+    next.set_assignment("trainer.max_steps=40");
+    next.set_assignment("trainer.eval_every=1");
+    next.set_assignment("trainer.callbacks=checkpoint, early_stopping");
+    next.set_assignment("callback.early_stopping.metric=loss");
+    next.set_assignment("callback.early_stopping.min_delta=100");
+    next.set_assignment("callback.early_stopping.patience=2");
+    next.set_assignment("trainer.resume_from=" + (dir_ / "early" / "checkpoints" / step_dir_name(3)).string());
+    log::Capture capture;
+    const TrainSummary s = loom::testing::make_trainer(next)->train();
+    EXPECT_EQ(s.steps, 3 + 3);  // a best at step 4, then 2 evaluations without improvement
+    EXPECT_NE(s.stop_reason.find("for 2 evaluations (best loss "), std::string::npos) << s.stop_reason;
+    EXPECT_NE(s.stop_reason.find("at step 4)"), std::string::npos) << s.stop_reason;
+    EXPECT_TRUE(capture.contains("is another run's checkpoint: its count of evaluations without improvement (2), its best and "
+                                 "its stop are not this run's: they start afresh"))
+        << ::testing::PrintToString(capture.lines());
+  }
 
   c.set_assignment("trainer.resume=auto");
   {
