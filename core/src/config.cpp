@@ -569,11 +569,25 @@ std::string format_resolved(const Resolved& resolved, const Schema& schema) {
       out << "[" << section << "]\n";
       current = section;
     }
-    const bool unreadable = value.value.find('#') != std::string::npos;  // (read back, it was cut in silence)
-    if (unreadable) log::warn(key, " = ", value.value, ": a file cuts it at '#'; its line is written commented out (use --set)");
-    std::string line = (unreadable ? "# " : "") + key.substr(section.size() + 1) + " = " + value.value;
+    // (read back, a '#' cut it in silence; a quote at its start is refused, config_text.cpp)
+    const bool hash = value.value.find('#') != std::string::npos;
+    const bool quoted = !value.value.empty() && (value.value.front() == '"' || value.value.front() == '\'');
+    const bool unreadable = hash || quoted;
+    if (unreadable)
+      log::warn(key, " = ", value.value, hash ? ": a file cuts it at '#'" : ": a file refuses a value that starts with a quote",
+                "; its line is written commented out (use --set)");
+    // A choice Loom made for `auto` (precision, schedule) is written as auto, the choice beside it: the
+    // file, read on a GPU, trained in the CPU's fp32, and ignored --set trainer.use_scheduler=false.
+    const bool automatic = value.origin.source.rfind("auto (", 0) == 0 && (key == "precision.name" || key == "trainer.schedule");
+    // (--resume says which run this command continues, no setting of a run: a file saved from
+    // `config show --resume auto`, "for a new run like it", continued the old run in place)
+    const bool which_run = (key == "trainer.resume" || key == "trainer.resume_from") &&
+                           (value.origin.source == "--resume" || value.origin.source == "--resume-from");
+    std::string line = (unreadable || which_run ? "# " : "") + key.substr(section.size() + 1) + " = " + (automatic ? "auto" : value.value);
     out << line << std::string(width + 2 - std::min(width + 1, line.size()), ' ') << "# "
-        << value.origin.describe() << (unreadable ? ", a value with '#': give it with --set" : "");
+        << (automatic ? value.value + " here: " : "") << value.origin.describe()
+        << (hash ? ", a value with '#': give it with --set" : quoted ? ", a value that starts with a quote: give it with --set" : "")
+        << (which_run ? ": which run this command continues, left out of a file (give it on the command line)" : "");
     if (const KeySpec* spec = schema.find(key); spec && spec->owner.find('\'') != std::string::npos)
       out << " (" << spec->owner << ")";
     out << "\n";

@@ -45,7 +45,7 @@ void check_config_text(const std::string& text, const std::string& shown) {
                 (text.find("\"origin\"") != std::string::npos
                      ? ": a run's record of its configuration. Continue that run with: loom train --resume auto" + which +
                            "; or save its settings as INI, for a new run like it: loom config show --resume auto" + which +
-                           " > run.ini"
+                           " > run.ini, then loom train -c run.ini --set trainer.name=NEW_NAME"
                      : "; -c takes INI files of `key = value` lines under [section]s"));
   }
   std::istringstream scan(text);

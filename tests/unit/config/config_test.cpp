@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 namespace fs = std::filesystem;
 using namespace loom::core;
@@ -380,7 +381,10 @@ TEST_F(ConfigTest, AHashRightAfterAValueAndCarriageReturnOnlyLinesAreRefusedNotR
   std::ofstream(record) << "{\n  \"trainer.lr\": {\"value\": \"0.1\", \"origin\": \"--set\"}\n}\n";
   EXPECT_CONTAINS(error_of([&] { Config r; r.load_file(record); }),
                   "config.json is JSON, not INI: a run's record of its configuration. Continue that run with: loom train "
-                  "--resume auto --set trainer.work_dir=" + (dir_ / "runs").string() + " --set trainer.name=r1");
+                  "--resume auto --set trainer.work_dir=" + (dir_ / "runs").string() + " --set trainer.name=r1; or save its "
+                  "settings as INI, for a new run like it: loom config show --resume auto --set trainer.work_dir=" +
+                      (dir_ / "runs").string() + " --set trainer.name=r1 > run.ini, then loom train -c run.ini --set "
+                                                 "trainer.name=NEW_NAME");
   // In a base, the error names the file whose `base =` read it (the user ran -c run.ini).
   const auto run = write("run.ini", "# mine\nbase = quoted.ini\n");
   EXPECT_CONTAINS(error_of([&] { Config r; r.load_file(run); }),
@@ -570,6 +574,25 @@ TEST_F(ConfigTest, ResolvedConfigurationHasEveryKeyWithItsOrigin) {
   const std::string hashed = format_resolved(validate(config, schema), schema);
   EXPECT_CONTAINS(hashed, "# work_dir = my runs #2");
   EXPECT_CONTAINS(hashed, "# --set, a value with '#': give it with --set");
+  // One that starts with a quote is refused read back ("quotes and all"): commented out alike.
+  config.set("trainer.work_dir", "\"q\"", Origin{"--set", {}, 0});
+  const std::string quoted = format_resolved(validate(config, schema), schema);
+  EXPECT_CONTAINS(quoted, "# work_dir = \"q\"");
+  EXPECT_CONTAINS(quoted, "# --set, a value that starts with a quote: give it with --set");
+  // A choice Loom made for auto is written as auto, the choice beside it (read back on a GPU, the
+  // file trained in the CPU's fp32); --resume, which run to continue, is no setting of a run.
+  config.set("trainer.work_dir", "runs", Origin{"--set", {}, 0});
+  config.set("trainer.schedule", "warmup_cosine", Origin{"auto (trainer.use_scheduler = true)", {}, 0});
+  config.set("trainer.resume", "auto", Origin{"--resume", {}, 0});
+  const std::string chosen = format_resolved(validate(config, schema), schema);
+  EXPECT_TRUE(std::regex_search(chosen, std::regex("\nschedule = auto +# warmup_cosine here: auto \\(trainer.use_scheduler = true\\)\n")))
+      << chosen;
+  EXPECT_TRUE(std::regex_search(chosen, std::regex("\n# resume = auto +# --resume: which run this command continues, left out of a file")))
+      << chosen;
+  Config back;
+  back.load_file(write("shown.ini", chosen));
+  EXPECT_EQ(back.get("trainer.schedule"), "auto");
+  EXPECT_FALSE(back.get("trainer.resume").has_value());
 }
 
 TEST_F(ConfigTest, ComponentKeysComeFromThePluginsSchema) {
