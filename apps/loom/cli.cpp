@@ -322,6 +322,9 @@ void stop_if_signalled(const std::string& command) {
 void set_scratch_run(core::Config& config, const std::string& command, const std::filesystem::path& work, int64_t steps) {
   const std::pair<const char*, std::string> settings[] = {{"trainer.work_dir", work.string()},
                                                           {"trainer.max_steps", std::to_string(steps)},
+                                                          // (an epochs given was said unused "... set trainer.max_steps = 0 to
+                                                          // train by epochs", which a scratch run cannot)
+                                                          {"trainer.epochs", "0"},
                                                           {"trainer.resume", "none"},
                                                           {"trainer.resume_from", ""},
                                                           {"trainer.callbacks", ""},

@@ -122,8 +122,8 @@ void remember(const std::map<fs::path, std::string>& keys, const std::map<fs::pa
   } catch (const std::exception& e) {
     // Each command would scan every plugin again (20 s for one that hangs), unsaid.
     static bool said = false;
-    if (!said) log::warn("cannot write the plugin scan cache (", e.what(), "): every command scans the plugins again; ",
-                         "make it a writable file, or point LOOM_CACHE at a writable folder");
+    if (!said) log::warn("cannot write the plugin scan cache ", path.string(), " (", e.what(), "): every command scans the plugins again; ",
+                         "point LOOM_CACHE at a folder you can write");
     said = true;
   }
 }

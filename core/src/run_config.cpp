@@ -123,7 +123,7 @@ TrainerOptions TrainerOptions::from(const Resolved& c) {
   if (o.max_steps == 0 && o.epochs == 0) throw Error("set trainer.max_steps or trainer.epochs (both are 0)");
   // An epochs given on the command line that max_steps overrides would be ignored in silence.
   if (const auto epochs = c.find("trainer.epochs"), steps = c.find("trainer.max_steps");
-      o.max_steps > 0 && epochs != c.end() && steps != c.end() && epochs->second.origin.source != "file" &&
+      o.max_steps > 0 && o.epochs > 0 && epochs != c.end() && steps != c.end() && epochs->second.origin.source != "file" &&
       epochs->second.origin.source != "default" && epochs->second.origin.source != "checkpoint" &&
       epochs->second.origin.source != detail::kRunRecordOrigin) {  // (the run had it so: said when it started)
     static std::set<std::string> said;  // (once per process: a command reads its options more than once)

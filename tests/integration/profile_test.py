@@ -122,6 +122,13 @@ r = loom(exe, "profile", *RUN, "--steps", "2", "--trace", trace, check=False)
 expect(r.returncode != 0 and "already exists" in r.stderr, "an existing trace path is refused", r)
 expect(hashlib.sha256(open(trace, "rb").read()).hexdigest() == digest, "the existing trace is unchanged")
 
+# A run by epochs given to profile: its --steps set the length, said once; it was also told "set
+# trainer.max_steps = 0 to train by epochs", which it had.
+r = loom(exe, "profile", *RUN, "--set", "trainer.max_steps=0", "--set", "trainer.epochs=1", "--steps", "2", "--warmup", "1",
+         "--trace", os.path.join(work, "by_epochs.json"))
+expect("loom profile sets trainer.epochs: the value given, '1' (--set), is not used" in r.stderr
+       and "to train by epochs" not in r.stderr, "a run by epochs under profile is told once that --steps sets its length", r)
+
 # Without --trace, in a folder that holds a trace of the same second (two profiles in a script's
 # loop): the next free name, -2 (the second was refused for a --trace it was never given).
 here = os.path.join(work, "default_name")
