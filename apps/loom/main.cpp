@@ -16,8 +16,10 @@
 #include <cstdio>
 #include <cerrno>
 #include <cstdlib>
+#include <exception>
 #include <fcntl.h>
 #include <iostream>
+#include <string>
 #include <unistd.h>
 
 namespace po = boost::program_options;
@@ -56,7 +58,43 @@ std::string unknown_flag_hint(const std::string& given, const po::options_descri
 
 namespace {
 
+// Note [A library that fails as it loads]
+// A shared library whose start-up throws ends the process before main: PyTorch's allocator reads
+// PYTORCH_CUDA_ALLOC_CONF as libc10_cuda loads, and a malformed value ("garbage", "a:b,c") fails
+// an internal assert there, so every command, `loom doctor` and `--help` included, ended in
+// std::terminate's "terminate called after throwing an instance of 'c10::Error'" and a stack
+// trace (a probe; `python -c "import torch"` ends the same way). The executable's .preinit_array
+// runs before any shared library's initializers: from there a terminate handler says what failed
+// and names the settings read at that moment. main puts the previous handler back.
+std::terminate_handler previous_terminate = nullptr;
+
+[[noreturn]] void library_failed_to_start() {
+  std::string what = "an exception that is not a std::exception";
+  try {
+    if (const std::exception_ptr thrown = std::current_exception()) std::rethrow_exception(thrown);
+    what = "std::terminate without an exception";
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  what = what.substr(0, std::min<size_t>(what.find('\n'), 400));  // (its first line: c10's messages carry a backtrace)
+  std::fprintf(stderr, "loom: could not start: a library it loads failed as it started, before loom ran: %s\n", what.c_str());
+  for (const char* variable : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"})
+    if (const char* value = std::getenv(variable); value != nullptr)
+      std::fprintf(stderr,
+                   "  %s = '%.200s': PyTorch's allocator reads it as it loads, as key:value pairs separated by commas "
+                   "(expandable_segments:True,max_split_size_mb:128); correct it, or unset it\n",
+                   variable, value);
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
+void before_the_libraries(int, char**, char**) { previous_terminate = std::set_terminate(library_failed_to_start); }
+
+__attribute__((section(".preinit_array"), used)) void (*const loom_preinit)(int, char**, char**) = before_the_libraries;
+
 int run_loom(int argc, char** argv) {
+  std::set_terminate(previous_terminate);  // Note [A library that fails as it loads]
   loom::core::install_crash_report("loom");
   loom::core::report_exit_calls();
   // A file-size limit (`ulimit -f`) ends a process at its first write past it (SIGXFSZ), without a

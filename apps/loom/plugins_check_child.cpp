@@ -183,8 +183,11 @@ int run_check_child(const core::PluginRegistry& registry, const std::filesystem:
   // processes a plugin started in its group (they lived on, a plugin's workers or servers).
   if (::getppid() != parent) std::_Exit(1);  // (it went already; cmd_plugins.cpp's check() started core::end_with_parent)
   ::fcntl(kChildFd, F_SETFD, FD_CLOEXEC);  // (not inherited by the processes a plugin starts)
-  // Components that cache answers (auto_batch) write to the parent's scratch folder, not the user's cache.
+  // Components that cache answers (auto_batch) write to the parent's scratch folder, not the user's cache;
+  // and the checks' own scratch goes there too, which the parent removes however this process ends (a
+  // callback's check folder, loom_check_NAME_PID, was left in /tmp by each check that crashed).
   ::setenv("LOOM_CACHE", value.c_str() + second + 1, 1);
+  ::setenv("TMPDIR", value.c_str() + second + 1, 1);
   options.on_report = nullptr;
   options.on_check_begin = [](const core::ConformanceReport& r, const std::string& check) {
     tell_parent("begin\t" + escaped(check) + "\t" + escaped(r.context));

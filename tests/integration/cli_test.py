@@ -59,7 +59,8 @@ if 4 * cores < 1024:
 # job as --batch-size, --resume became --resume-from on `loom memory`), and an unknown flag says
 # what to write instead.
 r = loom(exe, "config", "show", "-c", "debug", "--batch_size", "24", "--no_amp")
-expect("batch_size = 24" in r.stdout and "name = fp32" in r.stdout, "--batch_size and --no_amp are --batch-size, --no-amp", r)
+expect("batch_size = 24" in r.stdout and re.search(r"\nname = auto +# fp32 here: auto \(CPU, precision.amp = false \(--no-amp\)\)", r.stdout),
+       "--batch_size and --no_amp are --batch-size, --no-amp (precision auto, its choice beside it)", r)
 for given, says in (("--batch-siz", "Did you mean --batch-size?"), ("--gpu-ids", "--set trainer.device=cuda:1"),
                     ("--options", "--set section.key=value"), ("--d_modle", "Did you mean --d-model?")):
     r = loom(exe, "train", "-c", "debug", given, "8", check=False)
@@ -699,6 +700,9 @@ try:
              "--set", "trainer.max_steps=12")
     expect(re.search(r"max_steps = 12 +# --set\n", r.stdout) and re.search(r"flavour = debug +# the run's config.json \(model 'lightweight_transformer'\)\n", r.stdout)
            and re.search(r"name = ev +# --set\n", r.stdout), "config show --resume auto: the run's settings, and the command's", r)
+    # ... and --resume commented out: a file saved from it, "for a new run like it", continued the old run in place.
+    expect(re.search(r"\n# resume = auto +# --resume: which run this command continues, left out of a file", r.stdout)
+           and not re.search(r"\nresume = ", r.stdout), "config show --resume auto: the resume line is commented out", r)
     # A rate a resume gave after the checkpoint (its steps killed before the next one: its config.json
     # says 0.05, the record of the steps up to the checkpoint 0.002): a bare --resume auto takes 0.05
     # from config.json, and "leave these out of the command" would be false: the command gave none.
@@ -847,6 +851,13 @@ try:
                  "--set", "trainer.max_steps=2", "--set", f"trainer.work_dir={work}", "--set", "trainer.name=beside",
                  "--set", "trainer.device=cpu", env=env)
         expect("done" in r.stderr, "a run beside crashing plugins trains", r)
+    # A malformed PyTorch allocator setting fails an assert in libc10_cuda's start-up, before main:
+    # every command, --help included, ended in "terminate called after throwing" and a backtrace.
+    r = loom(exe, "doctor", env=dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="garbage"), check=False)
+    expect("terminate called" not in r.stderr and r.returncode in (0, 1)
+           and (r.returncode == 0 or "loom: could not start: a library it loads failed as it started, before loom ran: " in r.stderr
+                and "PYTORCH_CUDA_ALLOC_CONF = 'garbage': PyTorch's allocator reads it as it loads" in r.stderr),
+           "a malformed PYTORCH_CUDA_ALLOC_CONF is one clear error (or, where PyTorch reads it later, none)", r)
     # A report that cannot be written (a closed stdout; a full disk) is a failure, said: it ended
     # with status 0 and nothing on stderr.
     r = subprocess.run([exe, "doctor"], capture_output=False, stdout=None, stderr=subprocess.PIPE, text=True,
@@ -875,7 +886,10 @@ try:
            "a crash in a callback's hook names the callback and the hook", r)
     # Each check in a child process: the abort(), the exit(0) and the hang each fail their check,
     # named, and the components after them are still checked.
-    r = loom(exe, "plugins", "check", ending, "--check-timeout", "5", env=env, check=False)
+    check_tmp = os.path.join(work, "check_tmp")
+    os.makedirs(check_tmp)
+    r = loom(exe, "plugins", "check", ending, "--check-timeout", "5", env=dict(env, TMPDIR=check_tmp), check=False)
+    expect(os.listdir(check_tmp) == [], f"plugins check leaves nothing in TMPDIR after a check crashed: {os.listdir(check_tmp)}")
     expect(r.returncode == 1 and "callback 'fine'\n  pass  create" in r.stdout
            and "callback 'aborts_at_run_begin'\n  pass  create\n" in r.stdout
            and "crashed the process running it with SIGABRT (Aborted; its crash report is above, on stderr); its other "
