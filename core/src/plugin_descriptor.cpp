@@ -48,10 +48,9 @@ bool is_printable(const std::string& s) {
 std::string printable(const char* s, size_t max) { return s == nullptr ? std::string() : core::printable(std::string_view(s, ::strnlen(s, max)), max); }
 
 /// Both bounds of a range "lo..hi" (either may be absent) are 64-bit integers' values.
-bool within_int64(const std::string& range) {
+bool range_within_int64(const std::string& range) {
   const auto r = sdk::parse_range(range);
-  const auto in = [](const std::optional<double>& v) { return !v || (*v >= -9223372036854775808.0 && *v <= 9223372036854775808.0); };
-  return r && in(r->lo) && in(r->hi);
+  return r && within_int64(r->lo) && within_int64(r->hi);
 }
 
 /// A summary or help: a longer one was cut where it stood, though abi.h says it is refused.
@@ -191,7 +190,7 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
         if (!range || !set_range_from_choices(spec))
           refuse_now("descriptor", owhere + " '" + *key + "': range '" + spec.choices + "' is not 'lo..hi'" +
                                        (!sdk::parse_range(spec.choices) ? ""
-                                        : o.type == LOOM_OPTION_INT && !within_int64(spec.choices) ? " within the 64-bit integers"
+                                        : o.type == LOOM_OPTION_INT && !range_within_int64(spec.choices) ? " within the 64-bit integers"
                                                                                                         : " with a whole number within"),
                      kOptionsHint);
       }

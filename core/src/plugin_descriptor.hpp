@@ -5,6 +5,7 @@
 #include <loom/core/plugin_registry.hpp>
 #include <loom/sdk/abi.h>
 
+#include <optional>
 #include <string>
 
 namespace loom::core {
@@ -19,5 +20,11 @@ struct PluginRefused {
 /// fingerprint fields and components. Throws PluginRefused (stage "descriptor") for anything a
 /// loader must not trust; reads no string beyond its bound and no table beyond its count.
 void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report);
+
+/// A bound of an int option's range ("lo..hi", either absent) that a 64-bit integer can be: one past it,
+/// "0..1e30", bounds nothing a value can be. 2^63 is allowed: it is the double "9223372036854775807" reads as.
+inline bool within_int64(const std::optional<double>& bound) {
+  return !bound || (*bound >= -9223372036854775808.0 && *bound <= 9223372036854775808.0);
+}
 
 }  // namespace loom::core

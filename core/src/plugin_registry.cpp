@@ -273,9 +273,7 @@ bool set_range_from_choices(OptionSpec& spec) {
   spec.max = range->hi;
   // An int's bound past the 64-bit integers, "0..1e30", bounds nothing a value can be (and a
   // fractional range with one, "0.5..1e30", was rounded into a bound of -2^63).
-  // (2^63 is allowed: it is the double "9223372036854775807" reads as)
-  const auto int64 = [](const std::optional<double>& v) { return !v || (*v >= -9223372036854775808.0 && *v <= 9223372036854775808.0); };
-  if (spec.type == LOOM_OPTION_INT && (!int64(spec.min) || !int64(spec.max))) return false;
+  if (spec.type == LOOM_OPTION_INT && (!within_int64(spec.min) || !within_int64(spec.max))) return false;
   // An int's bounds in fractions, "0.5..2.5", are the whole numbers within them, "1..2", written so
   // (it was shown as [0, 2] in one place and 0.5..2.5 in another, and 0 refused as outside [0, 2]).
   const auto whole = [](const std::optional<double>& v) { return !v || !std::isfinite(*v) || *v == std::floor(*v); };

@@ -83,7 +83,8 @@ class LOOM_SDK_API Optimizer {
   virtual std::string describe() const { return {}; }
 
   /// 1.2: step_on_device() on gradients that are still to be divided by `divisor` (a float
-  /// tensor of one element on the parameters' device): the global count times the inverse of
+  /// tensor of one element on the parameters' device): the global count (under a loss scale,
+  /// the count over the power of two the loss went into backward divided by) times the inverse of
   /// the clipping factor, which the host no longer applies itself, so that the update reads the
   /// gradients once (the fused kernels' grad_scale) instead of after two passes that scale them.
   /// The host calls this instead of step_on_device() only when no callback reads the gradients
