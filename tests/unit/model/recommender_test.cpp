@@ -479,7 +479,8 @@ class Gpt2RecommenderTest : public ::testing::Test {
     return ml;
   }
 
-  loom::core::Config movielens_config(const fs::path& ml, const std::string& name, const char* steps) {
+  loom::core::Config movielens_config(const fs::path& ml, const std::string& name, const char* steps,
+                                      std::initializer_list<std::string> more = {}) {
     loom::core::Config c = loom::testing::config_of(
         {"model.name=gpt2_recommender", "model.size=debug", "model.text_tokens=8", "model.embedding_dim=8",
          "model.hidden=16", "model.top_k=2", "model.negatives=2", "data.name=interactions", "data.min_interactions=3",
@@ -488,7 +489,24 @@ class Gpt2RecommenderTest : public ::testing::Test {
         dir_, name);
     c.set_assignment("data.root=" + ml.string());
     c.set_assignment(std::string("trainer.max_steps=") + steps);
+    for (const std::string& assignment : more) c.set_assignment(assignment);
     return c;
+  }
+
+  /// Whether `what` logs a warning holding `words`.
+  static bool warns(const std::function<void()>& what, const std::string& words) {
+    loom::core::log::Capture capture(LOOM_LOG_WARN);
+    what();
+    return capture.contains(words);
+  }
+
+  /// What loom eval says of `checkpoint` against `config`'s data (a trainer as loom eval builds it:
+  /// no run folder).
+  static void evaluate_data(const loom::core::Config& config, const fs::path& checkpoint) {
+    loom::core::Trainer t(loom::core::resolve_run(config, loom::testing::registry()), loom::testing::registry());
+    t.setup_for_evaluation();
+    t.load_weights(checkpoint);
+    t.warn_if_data_sizes_differ(checkpoint);
   }
 
   static std::map<std::string, at::Tensor> gpt2_parameters(loom::core::Trainer& t) {
@@ -625,13 +643,8 @@ TEST_F(Gpt2RecommenderTest, EvaluatingOnRatingsChangedInPlaceIsSaid) {
   make_trainer(movielens_config(ml, "sized", "2"))->train();
   const fs::path step = dir_ / "sized" / "checkpoints" / "step_00000002";
   const auto evaluate = [&](const fs::path& checkpoint) {
-    loom::core::Trainer t(loom::core::resolve_run(movielens_config(ml, "sized_eval", "2"), loom::testing::registry()),
-                          loom::testing::registry());  // (as loom eval builds it: no run folder)
-    t.setup_for_evaluation();
-    t.load_weights(checkpoint);
-    loom::core::log::Capture capture(LOOM_LOG_WARN);
-    t.warn_if_data_sizes_differ(checkpoint);
-    return capture.contains("this data is not the data " + checkpoint.string() + " was trained on: the train split holds ");
+    return warns([&] { evaluate_data(movielens_config(ml, "sized_eval", "2"), checkpoint); },
+                 "this data is not the data " + checkpoint.string() + " was trained on: the train split holds ");
   };
   EXPECT_FALSE(evaluate(step));
   std::ofstream(ml / "ratings.dat", std::ios::app) << "1::7::4::978300900\n";  // (item 7: user 2 rated it)
@@ -646,14 +659,9 @@ TEST_F(Gpt2RecommenderTest, EvaluatingOnOtherHeldOutInteractionsOfTheSameCountsI
   const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
   make_trainer(movielens_config(ml, "held", "2"))->train();
   const auto evaluate = [&](const fs::path& checkpoint) {
-    loom::core::Trainer t(loom::core::resolve_run(movielens_config(ml, "held_eval", "2"), loom::testing::registry()),
-                          loom::testing::registry());
-    t.setup_for_evaluation();
-    t.load_weights(checkpoint);
-    loom::core::log::Capture capture(LOOM_LOG_WARN);
-    t.warn_if_data_sizes_differ(checkpoint);
-    return capture.contains("this data is not the data " + checkpoint.string() + " was trained on: its validation and test "
-                            "samples are others than the run's (the same counts; fingerprint ");
+    return warns([&] { evaluate_data(movielens_config(ml, "held_eval", "2"), checkpoint); },
+                 "this data is not the data " + checkpoint.string() + " was trained on: its validation and test "
+                 "samples are others than the run's (the same counts; fingerprint ");
   };
   const fs::path step = dir_ / "held" / "checkpoints" / "step_00000002";
   EXPECT_FALSE(evaluate(step));
@@ -690,18 +698,8 @@ TEST_F(Gpt2RecommenderTest, AnItemsTextEditedInPlaceIsSaidAtAnEvaluationAndAResu
   const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
   make_trainer(movielens_config(ml, "text", "2"))->train();
   const fs::path step = dir_ / "text" / "checkpoints" / "step_00000002";
-  const auto said = [&](const std::function<void()>& what) {
-    loom::core::log::Capture capture(LOOM_LOG_WARN);
-    what();
-    return capture.contains("its items.text changed since (fingerprint ");
-  };
-  const auto evaluate = [&] {
-    loom::core::Trainer t(loom::core::resolve_run(movielens_config(ml, "text_eval", "2"), loom::testing::registry()),
-                          loom::testing::registry());
-    t.setup_for_evaluation();
-    t.load_weights(step);
-    t.warn_if_data_sizes_differ(step);
-  };
+  const auto said = [&](const std::function<void()>& what) { return warns(what, "its items.text changed since (fingerprint "); };
+  const auto evaluate = [&] { evaluate_data(movielens_config(ml, "text_eval", "2"), step); };
   EXPECT_FALSE(said(evaluate));
   std::string movies = loom::core::read_file(ml / "movies.dat");
   movies.replace(movies.find("Film 3 "), 7, "Flim 3 ");
@@ -720,25 +718,12 @@ TEST_F(Gpt2RecommenderTest, RatingsChangedInPlaceAreSaidAtAnEvaluationAndAResume
   // neither loom eval, loom recommend nor a resume said so (only the pairs were fingerprinted).
   const fs::path ml = write_movielens({1, 2, 3, 4, 5, 6});
   const auto rating = [&](const std::string& name, const char* steps) {
-    auto c = movielens_config(ml, name, steps);
-    c.set_assignment("model.task=rating");
-    c.set_assignment("data.task=rating");
-    c.set_assignment("trainer.best_metric=rmse");
-    return c;
+    return movielens_config(ml, name, steps, {"model.task=rating", "data.task=rating", "trainer.best_metric=rmse"});
   };
   make_trainer(rating("rated", "2"))->train();
   const fs::path step = dir_ / "rated" / "checkpoints" / "step_00000002";
-  const auto said = [&](const std::function<void()>& what) {
-    loom::core::log::Capture capture(LOOM_LOG_WARN);
-    what();
-    return capture.contains("its ratings changed since (fingerprint ");
-  };
-  const auto evaluate = [&] {
-    loom::core::Trainer t(loom::core::resolve_run(rating("rated_eval", "2"), loom::testing::registry()), loom::testing::registry());
-    t.setup_for_evaluation();
-    t.load_weights(step);
-    t.warn_if_data_sizes_differ(step);
-  };
+  const auto said = [&](const std::function<void()>& what) { return warns(what, "its ratings changed since (fingerprint "); };
+  const auto evaluate = [&] { evaluate_data(rating("rated_eval", "2"), step); };
   EXPECT_FALSE(said(evaluate));
   // (the lines in another order: the same ratings, nothing said)
   std::string ratings = loom::core::read_file(ml / "ratings.dat");
@@ -769,24 +754,12 @@ TEST_F(Gpt2RecommenderTest, ATokenizerReplacedInPlaceIsSaidAtAnEvaluationAndARes
   fs::create_directories(tokenizer);
   loom::testing::write_tokenizer(tokenizer, loom::testing::byte_vocabulary([](int b) { return b; }));
   const auto with_tokenizer = [&](const std::string& name, const char* steps) {
-    auto c = movielens_config(ml, name, steps);
-    c.set_assignment("model.tokenizer=" + tokenizer.string());
-    return c;
+    return movielens_config(ml, name, steps, {"model.tokenizer=" + tokenizer.string()});
   };
   make_trainer(with_tokenizer("tok", "2"))->train();
   const fs::path step = dir_ / "tok" / "checkpoints" / "step_00000002";
-  const auto said = [&](const std::function<void()>& what) {
-    loom::core::log::Capture capture(LOOM_LOG_WARN);
-    what();
-    return capture.contains("the model's tokenizer files changed since (fingerprint ");
-  };
-  const auto evaluate = [&] {
-    loom::core::Trainer t(loom::core::resolve_run(with_tokenizer("tok_eval", "2"), loom::testing::registry()),
-                          loom::testing::registry());
-    t.setup_for_evaluation();
-    t.load_weights(step);
-    t.warn_if_data_sizes_differ(step);
-  };
+  const auto said = [&](const std::function<void()>& what) { return warns(what, "the model's tokenizer files changed since (fingerprint "); };
+  const auto evaluate = [&] { evaluate_data(with_tokenizer("tok_eval", "2"), step); };
   EXPECT_FALSE(said(evaluate));
   loom::testing::write_tokenizer(tokenizer, loom::testing::byte_vocabulary([](int b) { return b == 'F' ? 'l' : b == 'l' ? 'F' : b; }));
   EXPECT_TRUE(said(evaluate));
