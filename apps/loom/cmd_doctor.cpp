@@ -125,14 +125,13 @@ int cmd_doctor(const Invocation& invocation) {
                                         : home           ? std::filesystem::path(home) / ".cache" / "loom"
                                                          : std::filesystem::path();
     std::error_code ec;
+    // (missing, it is made now, as a first use would: the row said "(made at first use)" of /proc/x,
+    // below the scan's warning that it cannot be)
+    std::error_code made;
+    if (!cache.empty() && sdk::what_is_at(cache) == "no such file") std::filesystem::create_directories(cache, made);
     const std::string there = cache.empty() ? "" : sdk::what_is_at(cache);
-    // (the scan above writes its verdicts there, making the folder: still missing, it could not be made,
-    // and the row said "(made at first use)" below the warning that it cannot be)
-    const bool scanned = !registry.plugins().empty() || !registry.refusals().empty();
     row("cache", cache.empty() ? "none: neither LOOM_CACHE nor HOME is set (plugin scans and auto_batch answers are not kept)"
-                 : there == "no such file" && scanned ? cache.string() + ": cannot be made (the warning above says why); point "
-                                                                         "LOOM_CACHE at a folder you can write"
-                 : there == "no such file" ? cache.string() + " (made at first use)"
+                 : made ? cache.string() + ": cannot be made (" + made.message() + "); point LOOM_CACHE at a folder you can write"
                  : !std::filesystem::is_directory(cache, ec) ? cache.string() + ": " + (there.empty() ? std::string("a file") : there) + ", not a folder; point LOOM_CACHE at a folder"
                  : ::access(cache.c_str(), W_OK) != 0 ? cache.string() + ": not writable; point LOOM_CACHE at a folder you can write"
                                                       : cache.string() + (given && *given ? " ($LOOM_CACHE)" : ""));

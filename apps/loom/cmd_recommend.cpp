@@ -34,7 +34,9 @@ namespace loom::cli {
 
 namespace {
 
-/// The items of `user` in the test split's rows (the seen table holds training and validation).
+/// The items of `user` in the test split's rows: the interactions datasets' seen table holds every
+/// split's, but a dataset's table of training and validation items alone (Dataset 1.2) is left
+/// with the user's test items recommended.
 void add_test_items(sdk::Dataset& data, int64_t user, std::set<int64_t>& known) {
   const int64_t n = data.size(sdk::Split::kTest);
   for (int64_t start = 0; start < n; start += 4096) {

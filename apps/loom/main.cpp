@@ -78,7 +78,8 @@ std::terminate_handler previous_terminate = nullptr;
   } catch (...) {
   }
   what = what.substr(0, std::min<size_t>(what.find('\n'), 400));  // (its first line: c10's messages carry a backtrace)
-  std::fprintf(stderr, "loom: could not start: a library it loads failed as it started, before loom ran: %s\n", what.c_str());
+  std::fprintf(stderr, "loom: could not start: its start-up failed before loom ran (in a library it loads, as a rule): %s\n",
+               what.c_str());
   for (const char* variable : {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF"})
     if (const char* value = std::getenv(variable); value != nullptr)
       std::fprintf(stderr,
@@ -94,7 +95,7 @@ void before_the_libraries(int, char**, char**) { previous_terminate = std::set_t
 __attribute__((section(".preinit_array"), used)) void (*const loom_preinit)(int, char**, char**) = before_the_libraries;
 
 int run_loom(int argc, char** argv) {
-  std::set_terminate(previous_terminate);  // Note [A library that fails as it loads]
+  std::set_terminate(previous_terminate);  // See Note [A library that fails as it loads]
   loom::core::install_crash_report("loom");
   loom::core::report_exit_calls();
   // A file-size limit (`ulimit -f`) ends a process at its first write past it (SIGXFSZ), without a

@@ -91,23 +91,25 @@ std::optional<ActivationFit> Trainer::activation_fit(int64_t micro) {
     // step's, an evaluation that did not fit under a cap (the recommender ranks the whole
     // catalogue) halved the training probes too, and the step's peak, extrapolated from micro-batches
     // 8 and 16, came out 14 % under the run's (a probe; evaluation 7x over).
+    // (an evaluation that fits at no micro-batch: nothing fits, as before)
+    int64_t failed_at = 0;
     for (int64_t eval_large = large; eval_large >= 2 && !fit->has_eval; eval_large /= 2) try {
         const ActivationFit e =
             fit_activations([this](int64_t b) { return probe_peak(b, /*train=*/false); }, std::max<int64_t>(1, eval_large / 2), eval_large);
         fit->has_eval = true;
         fit->eval_per_sample = e.per_sample;
         fit->eval_fixed = e.fixed;
-        if (eval_large < large)
-          log::warn("memory estimate: an evaluation ran out of memory under the cap at micro-batch ", eval_large * 2,
-                    ", so its figure is extrapolated from micro-batches ", e.probe_small, " and ", e.probe_large,
-                    " (off by much where it levels off, as a catalogue scored in chunks does); drop the cap to measure it");
+        if (failed_at > 0)
+          log::warn("memory estimate: an evaluation ran out of memory at micro-batch ", failed_at,
+                    memory_->stats().limit > 0 ? " under the cap" : "", ", so its figure is extrapolated from micro-batches ",
+                    e.probe_small, " and ", e.probe_large, " (off by much where it levels off, as a catalogue scored in chunks does)",
+                    memory_->stats().limit > 0 ? "; drop the cap to measure it" : "");
       } catch (const c10::OutOfMemoryError&) {
         memory_->empty_cache();
+        failed_at = eval_large;
         log::debug("memory estimate: the evaluation probe at ", eval_large, " ran out of memory; probing smaller");
       }
-    if (!fit->has_eval)
-      log::warn("memory estimate: an evaluation ran out of memory under the cap at every micro-batch probed (down to 2); "
-                "the estimate leaves it out, and the run's evaluations will need oom_recovery or a larger cap");
+    if (!fit->has_eval) return std::nullopt;
     // The evaluation at the micro-batch itself (a forward, no gradients): no line need hold it.
     // (within half of what is free: the probes above stayed at half of the micro-batch)
     if (micro > large) try {

@@ -378,7 +378,7 @@ try:
         return float(re.search(r"\n  total +([0-9.]+) MiB", r.stdout).group(1)), r
     free, _ = step_total()
     capped, r = step_total("--device-memory-limit", "25MiB")
-    expect(abs(capped - free) <= 0.02 * free and "memory estimate: an evaluation ran out of memory under the cap at micro-batch "
+    expect(abs(capped - free) <= 0.02 * free and "memory estimate: an evaluation ran out of memory at micro-batch "
            in r.stderr and "the probes ran at micro-batch 8 and 16" not in r.stderr,
            f"an evaluation that does not fit under a cap leaves the step's estimate as measured ({capped} MiB, {free} without a cap)", r)
 finally:

@@ -163,12 +163,14 @@ void Best::adopt_best_file(RunContext& run, const std::string& metric, const sdk
 
 namespace {
 
-/// The checkpoint `dir` (<run>/checkpoints/step_*) is another run's: --resume-from into a new name.
-bool another_runs(RunContext& run, const std::filesystem::path& dir) {
-  std::error_code ec;
-  const auto run_dir = std::filesystem::weakly_canonical(run.run_dir(), ec);
-  const auto from = std::filesystem::weakly_canonical(dir, ec).parent_path().parent_path();
-  return !ec && from != run_dir;
+/// Whether the checkpoint `dir` (<run>/checkpoints/step_*) is another run's (--resume-from into a
+/// new name); nothing where either path cannot be resolved (neither is then changed).
+std::optional<bool> another_runs(RunContext& run, const std::filesystem::path& dir) {
+  std::error_code run_ec, dir_ec;
+  const auto run_dir = std::filesystem::weakly_canonical(run.run_dir(), run_ec);
+  const auto from = std::filesystem::weakly_canonical(dir, dir_ec).parent_path().parent_path();
+  if (run_ec || dir_ec) return std::nullopt;
+  return from != run_dir;
 }
 
 }  // namespace
@@ -177,7 +179,9 @@ void Best::on_checkpoint_loaded(RunContext& run, const std::filesystem::path& di
   // A checkpoint of another run (--resume-from into a new name) brings its best value, not its
   // weights: beating it would be the only way to a best file, and the run could end without one.
   if (!best_ || metric_.empty()) return;
-  if (another_runs(run, dir)) {
+  const std::optional<bool> another = another_runs(run, dir);
+  if (!another) return;
+  if (*another) {
     sdk::log::info("best: ", dir.string(), " is another run's checkpoint, whose best ", metric_, " (",
                    run.format_metric(metric_, *best_), " at step ", step_, ") is not this run's: its best starts afresh");
     best_.reset();
@@ -286,7 +290,7 @@ void EarlyStopping::on_checkpoint_loaded(RunContext& run, const std::filesystem:
   // Another run's checkpoint (--resume-from into a new name): its count, its best and its stop are
   // that run's, as `best` says of its best (README); kept, the new run stopped at its first
   // evaluation, naming the other run's best step, or at once, training nothing.
-  if (!another_runs(run, dir) || (!best_ && bad_evaluations_ == 0 && stopped_.empty())) return;
+  if (another_runs(run, dir) != std::optional<bool>(true) || (!best_ && bad_evaluations_ == 0 && stopped_.empty())) return;
   sdk::log::info("early_stopping: ", dir.string(), " is another run's checkpoint: its count of evaluations without improvement (",
                  bad_evaluations_, ")", best_ ? ", its best" : "", stopped_.empty() ? "" : " and its stop",
                  " are not this run's: they start afresh");
@@ -294,6 +298,8 @@ void EarlyStopping::on_checkpoint_loaded(RunContext& run, const std::filesystem:
   best_step_ = 0;
   bad_evaluations_ = 0;
   stopped_.clear();
+  saved_metric_.clear();  // (on_run_begin would say "start afresh" again where the metric differs)
+  saved_direction_.clear();
 }
 
 void EarlyStopping::on_evaluation_end(RunContext& run, const sdk::EvalReport& report) {

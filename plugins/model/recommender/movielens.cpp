@@ -412,7 +412,10 @@ RawData read_ml100k(const fs::path& root) {
       if (f.size() != 5 + genres.size())
         throw rows.error(std::to_string(f.size()) + " fields, expected " + std::to_string(5 + genres.size()) +
                          " (movie id|title|release date|video release date|IMDb URL|one flag per genre" +
-                         (genre_file ? ": u.genre names " + std::to_string(genres.size()) + ", is it whole?" : std::string()) + ")");
+                         (genre_file && genres.size() != std::size(kMl100kGenres)
+                              ? ": u.genre names " + std::to_string(genres.size()) + ", not MovieLens's 19; is it whole?"
+                              : std::string()) +
+                         ")");
       Item item;
       item.id = std::to_string(integer(f[0], "movie id", rows));
       item.title = std::string(f[1]);

@@ -584,6 +584,7 @@ TEST_F(ConfigTest, ResolvedConfigurationHasEveryKeyWithItsOrigin) {
   config.set("trainer.work_dir", "runs", Origin{"--set", {}, 0});
   config.set("trainer.schedule", "warmup_cosine", Origin{"auto (trainer.use_scheduler = true)", {}, 0});
   config.set("trainer.resume", "auto", Origin{"--resume", {}, 0});
+  config.set("memory.policies", "fraction_cap", Origin{"auto (memory.fraction is set)", {}, 0});  // (set again when read)
   const std::string chosen = format_resolved(validate(config, schema), schema);
   EXPECT_TRUE(std::regex_search(chosen, std::regex("\nschedule = auto +# warmup_cosine here: auto \\(trainer.use_scheduler = true\\)\n")))
       << chosen;
@@ -593,6 +594,7 @@ TEST_F(ConfigTest, ResolvedConfigurationHasEveryKeyWithItsOrigin) {
   back.load_file(write("shown.ini", chosen));
   EXPECT_EQ(back.get("trainer.schedule"), "auto");
   EXPECT_FALSE(back.get("trainer.resume").has_value());
+  EXPECT_FALSE(back.get("memory.policies").has_value()) << chosen;
 }
 
 TEST_F(ConfigTest, ComponentKeysComeFromThePluginsSchema) {

@@ -133,7 +133,7 @@ TEST_F(RecommenderData, MovieLens100kIsReadWithLatin1TitlesGenreFlagsAndAChronol
   write(dir_ / "u.genre", "");
   const std::string genres = error_of([&] { open(); });
   EXPECT_NE(genres.find("u.item:1: 24 fields, expected 5 (movie id|title|release date|video release date|IMDb URL|one flag "
-                        "per genre: u.genre names 0, is it whole?)"), std::string::npos) << genres;
+                        "per genre: u.genre names 0, not MovieLens's 19; is it whole?)"), std::string::npos) << genres;
 }
 
 TEST_F(RecommenderData, WhichInteractionsAreHeldOutDoesNotDependOnTheOrderOfTheLines) {
@@ -880,7 +880,7 @@ TEST_F(Gpt2RecommenderTest, TheCacheIsRebuiltWhenACheckpointIsLoaded) {
 
 TEST_F(Gpt2RecommenderTest, RankingMetricsAreThoseOfTheFullCatalogueWithKnownItemsMasked) {
   // A reference computed here from predict(): each test user's rank of its item among all items
-  // but its training and validation items, as HR@10, NDCG@10 and MRR.
+  // but its other known items (the seen table), as HR@10, NDCG@10 and MRR.
   auto t = make_trainer(config("ranks"));
   for (int i = 0; i < 4; ++i) t->train_step();
   const auto e = t->evaluate(Split::kTest);
@@ -914,7 +914,7 @@ TEST_F(Gpt2RecommenderTest, RankingMetricsAreThoseOfTheFullCatalogueWithKnownIte
 
 TEST_F(Gpt2RecommenderTest, AModelThatScoresEveryItemAlikeRanksEachTargetLastNotFirst) {
   // A diverged model (all scores equal, or NaN) had HR@10 1.0: the target won every tie. Ties and
-  // NaN now count against it: a constant scorer misses every user (48 items, at most 11 seen, so
+  // NaN now count against it: a constant scorer misses every user (48 items, at most 12 seen, so
   // each target shares its score with more than 10 others).
   auto t = make_trainer(config("alike"));
   {
