@@ -569,30 +569,8 @@ std::string format_resolved(const Resolved& resolved, const Schema& schema) {
       out << "[" << section << "]\n";
       current = section;
     }
-    // (read back, a '#' cut it in silence; a quote at its start is refused, config_text.cpp)
-    const bool hash = value.value.find('#') != std::string::npos;
-    const bool quoted = !value.value.empty() && (value.value.front() == '"' || value.value.front() == '\'');
-    const bool unreadable = hash || quoted;
-    if (unreadable)
-      log::warn(key, " = ", value.value, hash ? ": a file cuts it at '#'" : ": a file refuses a value that starts with a quote",
-                "; its line is written commented out (use --set)");
-    // A choice Loom made for `auto` (precision, schedule) is written as auto, the choice beside it: the
-    // file, read on a GPU, trained in the CPU's fp32, and ignored --set trainer.use_scheduler=false.
-    // Another value auto set (precision.tf32 for --allow-tf32, fraction_cap in the policies for
-    // memory.fraction) is set again from the settings written beside it: commented out.
-    const bool by_auto = value.origin.source.rfind("auto (", 0) == 0;
-    const bool automatic = by_auto && (key == "precision.name" || key == "trainer.schedule");
-    const bool derived = by_auto && !automatic;
-    // (--resume says which run this command continues, no setting of a run: a file saved from
-    // `config show --resume auto`, "for a new run like it", continued the old run in place)
-    const bool which_run = (key == "trainer.resume" || key == "trainer.resume_from") &&
-                           (value.origin.source == "--resume" || value.origin.source == "--resume-from" || value.origin.source == "--set");
-    std::string line = (unreadable || which_run || derived ? "# " : "") + key.substr(section.size() + 1) + " = " + (automatic ? "auto" : value.value);
-    out << line << std::string(width + 2 - std::min(width + 1, line.size()), ' ') << "# "
-        << (automatic ? value.value + " here: " : "") << value.origin.describe()
-        << (hash ? ", a value with '#': give it with --set" : quoted ? ", a value that starts with a quote: give it with --set" : "")
-        << (which_run ? ": which run this command continues, left out of a file (give it on the command line)" : "")
-        << (derived ? ": set again from the other settings when read" : "");
+    const ShownLine shown = shown_line(key, key.substr(section.size() + 1), value.value, value.origin);
+    out << shown.line << std::string(width + 2 - std::min(width + 1, shown.line.size()), ' ') << "# " << shown.comment;
     if (const KeySpec* spec = schema.find(key); spec && spec->owner.find('\'') != std::string::npos)
       out << " (" << spec->owner << ")";
     out << "\n";

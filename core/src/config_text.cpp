@@ -3,6 +3,7 @@
 #include "config_text.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/sdk/options.hpp>
 
@@ -73,6 +74,35 @@ void check_config_text(const std::string& text, const std::string& shown) {
                               value.substr(1, value.size() - 2)
                         : std::string("a value that starts with a quote goes on the command line (--set KEY=VALUE)")));
   }
+}
+
+ShownLine shown_line(const std::string& key, const std::string& name, const std::string& value, const Origin& origin) {
+  // (read back, a '#' cut it in silence; a quote at its start is refused, check_config_text)
+  const bool hash = value.find('#') != std::string::npos;
+  const bool quoted = !value.empty() && (value.front() == '"' || value.front() == '\'');
+  if (hash || quoted)
+    log::warn(key, " = ", value, hash ? ": a file cuts it at '#'" : ": a file refuses a value that starts with a quote",
+              "; its line is written commented out (use --set)");
+  // A choice Loom made for `auto` (precision, schedule) is written as auto, the choice beside it: the
+  // file, read on a GPU, trained in the CPU's fp32, and ignored --set trainer.use_scheduler=false.
+  // Another value auto set (precision.tf32 for --allow-tf32, fraction_cap in the policies for
+  // memory.fraction) is set again from the settings written beside it: commented out.
+  const bool by_auto = origin.source.rfind("auto (", 0) == 0;
+  const bool automatic = by_auto && (key == "precision.name" || key == "trainer.schedule");
+  const bool derived = by_auto && !automatic;
+  // (--resume says which run this command continues, no setting of a run: a file saved from
+  // `config show --resume auto`, "for a new run like it", continued the old run in place)
+  const bool which_run = (key == "trainer.resume" || key == "trainer.resume_from") &&
+                         (origin.source == "--resume" || origin.source == "--resume-from" || origin.source == "--set");
+  ShownLine out;
+  out.line = (hash || quoted || which_run || derived ? "# " : "") + name + " = " + (automatic ? "auto" : value);
+  out.comment = (automatic ? value + " here: " : "") + origin.describe() +
+                (hash     ? ", a value with '#': give it with --set"
+                 : quoted ? ", a value that starts with a quote: give it with --set"
+                          : "") +
+                (which_run ? ": which run this command continues, left out of a file (give it on the command line)" : "") +
+                (derived ? ": set again from the other settings when read" : "");
+  return out;
 }
 
 // (declared in config_text.hpp)

@@ -15,7 +15,8 @@ class RecordCallback final : public loom::sdk::Callback {
       loom::sdk::option_int("stop_at", "0", "ask to stop in on_step_end of this step (0: never)"),
       loom::sdk::option_string("fail_in", "", "throw in this hook (e.g. on_log)"),
       loom::sdk::option_int("stop_main_at", "0", "on the main rank only, ask to stop in this step (0: never)"),
-      loom::sdk::option_enum("stop_main_in", "on_step_begin", "on_step_begin|on_log|on_step_end", "the hook stop_main_at stops in"),
+      loom::sdk::option_enum("stop_main_in", "on_step_begin", "on_step_begin|on_log|on_step_end|on_run_begin",
+                             "the hook stop_main_at stops in (on_run_begin: where the run's next step is stop_main_at)"),
       loom::sdk::option_int("fail_other_at", "0", "on ranks but the main one, throw in on_step_begin of this step (0: never)"),
       loom::sdk::option_string("save_in", "", "call save_checkpoint() in this hook (e.g. on_checkpoint_saved)"),
       loom::sdk::option_enum("odd_text", "none", "none|state|stop_reason|weights_name|best_name",
@@ -41,7 +42,10 @@ class RecordCallback final : public loom::sdk::Callback {
   std::string describe() const override {
     return "every hook it sees" + (stop_at_ > 0 ? ", a stop at step " + std::to_string(stop_at_) : std::string());
   }
-  void on_run_begin(loom::sdk::RunContext& run) override { hook("on_run_begin", run.step()); }
+  void on_run_begin(loom::sdk::RunContext& run) override {
+    hook("on_run_begin", run.step());
+    stop_main(run, "on_run_begin", run.step() + 1);
+  }
   void on_step_begin(loom::sdk::RunContext& run, int64_t step) override {
     hook("on_step_begin", step);
     stop_main(run, "on_step_begin", step);

@@ -1107,12 +1107,16 @@ TEST_F(RunFolderTest, AResumeThatAnEarlyStopEndsBeforeItsFirstStepLeavesTheRecor
   EXPECT_EQ(second.steps, first.steps);
   EXPECT_EQ(read_file(dir_ / "stopped" / "config.json"), before);
   EXPECT_FALSE(fs::exists(dir_ / "stopped" / ("config.until_step_" + std::to_string(first.steps) + ".json")));
-  // --resume-from into a folder of the user's, which the stop leaves untrained: what the command
-  // wrote there goes, the user's file stays (its config.json made the same command "a run" there).
+  // --resume-from into a folder of the user's, where a callback stops the run before its first step
+  // (another run's early stop no longer holds in a new run, which starts it afresh): what the
+  // command wrote there goes, the user's file stays (its config.json made the same command "a run" there).
   fs::create_directories(dir_ / "mine");
   std::ofstream(dir_ / "mine" / "notes.txt") << "precious";
   Config into = c;
   into.set_assignment("trainer.name=mine");
+  into.set_assignment("trainer.callbacks=jsonl, checkpoint, record");
+  into.set_assignment("callback.record.stop_main_at=" + std::to_string(first.steps + 1));
+  into.set_assignment("callback.record.stop_main_in=on_run_begin");
   into.set_assignment("trainer.resume_from=" + (dir_ / "stopped" / "checkpoints" / step_dir_name(first.steps)).string());
   auto trainer = loom::testing::make_trainer(into);
   trainer->train();
