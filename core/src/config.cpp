@@ -270,12 +270,14 @@ void Config::load_file(const fs::path& file, std::vector<fs::path>& chain,
       if (base.find("://") != std::string::npos)
         throw Error(display(path) + ":" + std::to_string(e.line) + ": base = " + base + " is a URL; a base is a file " +
                     "(a path relative to this file, or one of Loom's configurations by name): download it first");
-      const fs::path named = home_expanded(base);  // (base = ~/common.ini)
+      const fs::path named = home_expanded(base, /*alone_too=*/true);  // (base = ~/common.ini)
       fs::path base_path = named.is_absolute() ? named : path.parent_path() / named;
       // A bare name that is not beside this file is one of Loom's configurations, as for -c
       // (`base = debug`, or a copy of debug.ini whose `base = fashion_mnist.ini` stayed behind).
       std::error_code ec;
-      if (base.find('/') == std::string::npos && !fs::exists(fs::symlink_status(base_path, ec))) {
+      // (a folder beside it with that name, `base = self2` beside self2/ and self2.ini, is no file meant)
+      if (base.find('/') == std::string::npos &&
+          (!fs::exists(fs::symlink_status(base_path, ec)) || fs::is_directory(base_path, ec))) {
         // `base = debug` beside a debug.ini of the user's own: that one, unless it is this file (a
         // debug.ini that extends Loom's debug: the name cannot mean the file itself).
         if (const fs::path beside = base_path.string() + ".ini";

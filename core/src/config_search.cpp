@@ -60,7 +60,9 @@ fs::path find_config(const std::string& name) {
   std::error_code ec;
   // A file here, or a path (load_file reports what is wrong with it); `cfg/named` is cfg/named.ini
   // where only that is there, as `base = named` finds it beside a file.
+  // (a folder named so, `-c exp` beside exp/ and exp.ini, is no configuration: the .ini is meant)
   if (fs::is_regular_file(name, ec)) return name;
+  if (fs::is_directory(name, ec) && fs::is_regular_file(name + ".ini", ec)) return name + ".ini";
   if (name.find('/') != std::string::npos)
     return !fs::exists(fs::symlink_status(name, ec)) && fs::is_regular_file(name + ".ini", ec) ? name + ".ini" : name;
   if (auto shipped = shipped_config(name)) {

@@ -150,6 +150,17 @@ TEST_F(ConfigTest, MissingBaseNamesTheLineThatAskedForIt) {
   EXPECT_EQ(own.get("trainer.lr"), "1");
   ASSERT_EQ(own.files().size(), 2u);  // the file, then its base: the one beside it, not Loom's (with its own base)
   EXPECT_EQ(own.files()[1], shipped.parent_path() / "debug.ini");
+  // A folder beside it with the bare name (a run's outputs, say) is not the file meant: the .ini is,
+  // and with none, Loom's own (it was "cannot read .../debug: not a regular file (a folder)").
+  fs::create_directories(dir_ / "debug");
+  Config beside_folder;
+  beside_folder.load_file(shipped);
+  EXPECT_EQ(beside_folder.files().at(1), shipped.parent_path() / "debug.ini");
+  fs::remove(dir_ / "debug.ini");
+  Config folder_only;
+  folder_only.load_file(shipped);
+  EXPECT_NE(folder_only.files().at(1).parent_path(), dir_);
+  EXPECT_EQ(folder_only.get("data.name"), "synthetic");
   const auto url = write("url.ini", "base = https://example.com/x.ini\n");
   EXPECT_CONTAINS(error_of([&] { Config c; c.load_file(url); }), "url.ini:1: base = https://example.com/x.ini is a URL");
   // An empty base is a line left half-written, not "no base": named, not passed over.
@@ -775,6 +786,8 @@ TEST_F(ConfigTest, AConfigurationIsFoundByNameFromAnyFolder) {
   // only the .ini is there is that file (as `base = named` finds it; it was a bare "not found").
   EXPECT_EQ(find_config("configs/debug.ini"), fs::path("configs/debug.ini"));
   write("named.ini", "[trainer]\nmax_steps = 3\n");
+  EXPECT_EQ(find_config((dir_ / "named").string()), dir_ / "named.ini");
+  fs::create_directories(dir_ / "named");  // a folder of that name beside it is no configuration
   EXPECT_EQ(find_config((dir_ / "named").string()), dir_ / "named.ini");
   // A debug.ini in the current folder is not what `-c debug` names: said.
   write("debug.ini", "[trainer]\nmax_steps = 3\n");
