@@ -236,8 +236,11 @@ TrainSummary Trainer::finish_run(int64_t first_step, double train_seconds) {
   summary.predicted_peak = predicted_peak_;
   summary.oom_recoveries = oom_recoveries_;
   summary.recovery_seconds = recovery_seconds_;
-  // A stop asked for at the last step is no early stop.
-  if (step_ >= total_steps_ && stop_signal() == 0) stop_reason_.clear();
+  // A stop asked for at the last step is no early stop (said: a resume with more steps meets it).
+  if (step_ >= total_steps_ && stop_signal() == 0 && !stop_reason_.empty()) {
+    log::info("stop asked at the last step (", step_, "), which ends nothing early: ", stop_reason_);
+    stop_reason_.clear();
+  }
   summary.stop_reason = stop_reason_;
   summary.signal = stop_signal();
   if (!stop_reason_.empty()) log::info("stopped   early at step ", step_, " of ", total_steps_, ": ", stop_reason_);
@@ -274,6 +277,8 @@ void Trainer::write_run_summary() {
   const auto number = [](double v) { return std::isfinite(v) ? json(v) : json(std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf"); };
   json summary{{"step", step_}, {"total_steps", total_steps_}, {"skipped_steps", skipped_steps_}};
   if (step_ < total_steps_) summary["stopped_early"] = stop_reason_;
+  // (a callback's stop at the last step ends nothing early, but a resume with more steps meets it)
+  else if (!stop_reason_.empty() && stop_signal() == 0) summary["stop_asked_at_last_step"] = stop_reason_;
   if (!last_eval_ || last_eval_->step != step_) {  // a stop in the final evaluation: no verdict yet
     const std::string why = stop_reason_.empty() ? signal_name(stop_signal()) + " received" : stop_reason_;
     const bool saves = writes_checkpoints();

@@ -201,6 +201,25 @@ TEST_F(CallbacksTest, EarlyStoppingStopsTheRunAndAResumedRunStaysStopped) {
         << ::testing::PrintToString(capture.lines());
   }
 
+  {
+    // The same stop at the run's last step ends nothing early; summary.json still names it, as a
+    // resume with more steps meets it at once.
+    Config last = base("early_last");
+    for (const char* a : {"trainer.max_steps=3", "trainer.eval_every=1", "trainer.callbacks=checkpoint, early_stopping",
+                          "callback.early_stopping.metric=loss", "callback.early_stopping.min_delta=100",
+                          "callback.early_stopping.patience=2"})
+      last.set_assignment(a);
+    const TrainSummary s = loom::testing::make_trainer(last)->train();
+    EXPECT_EQ(s.steps, 3);
+    EXPECT_EQ(s.stop_reason, "");
+    std::ifstream in(dir_ / "early_last" / "summary.json");
+    const std::string summary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(summary.find("stopped_early"), std::string::npos) << summary;
+    EXPECT_NE(summary.find("\"stop_asked_at_last_step\": \"early_stopping: validation loss has not improved"),
+              std::string::npos)
+        << summary;
+  }
+
   c.set_assignment("trainer.resume=auto");
   {
     auto again = loom::testing::make_trainer(c);
