@@ -84,15 +84,20 @@ class VramTiers final : public loom::sdk::MemoryPolicy {
                              gb_text(tiers_.back().min_bytes) + "); add a tier for it, e.g. 0:" +
                              std::to_string(tiers_.back().micro_batch) + " for every smaller device");
     const int64_t world = context.plan.world_size;
+    std::string bound;
     if (context.global_batch_given) {
       context.plan = loom::sdk::split_global_batch(context.global_batch, world, tier_batch);
       loom::memory::warn_uneven_split(context.plan, context.global_batch, tier_batch, "its memory tier allows {}");
     } else {
       // (the accumulation the run asked for stays: the global batch is tier_batch x it x world)
-      context.plan = loom::sdk::BatchPlan{tier_batch, context.plan.accumulation, world};
+      // A tier's batch past what the data holds (128 of 18 samples) left no step in an epoch, blamed
+      // on trainer.batch_size, which the user never set: the data bounds it, as auto_batch's search.
+      const bool bounded = context.max_micro_batch > 0 && tier_batch > context.max_micro_batch;
+      context.plan = loom::sdk::BatchPlan{bounded ? context.max_micro_batch : tier_batch, context.plan.accumulation, world};
+      if (bounded) bound = " (its tier's " + std::to_string(tier_batch) + ", bounded by the training split's samples)";
     }
     description_ = "vram_tiers: device memory " + gb_text(memory) + " (tier " + gb_text(tier_bytes) + ") -> " +
-                   loom::sdk::plan_text(context.plan);  // the host logs it with the plan
+                   loom::sdk::plan_text(context.plan) + bound;  // the host logs it with the plan
   }
 
   std::string describe() const override { return description_.empty() ? "vram_tiers" : description_; }

@@ -247,6 +247,18 @@ TEST_F(MemoryTest, VramTiersPicksTheSeedsBatchForEachTier) {
   given.global_batch_given = true;
   tiers->plan(given);
   EXPECT_EQ(given.plan, (loom::sdk::BatchPlan{32, 8, 1}));
+  // A batch it chooses is bounded by the samples a micro-batch may take (18 left its 128 no step
+  // in an epoch, blamed on trainer.batch_size, which the user never gave); a given one is not its.
+  FakeDevice large(24'000'000'000);
+  loom::sdk::PlanContext few;
+  few.memory = &large;
+  few.plan = {128, 2, 1};
+  few.global_batch = 256;
+  few.max_micro_batch = 9;
+  tiers->plan(few);
+  EXPECT_EQ(few.plan, (loom::sdk::BatchPlan{9, 2, 1}));
+  EXPECT_CONTAINS(tiers->describe(), "-> micro-batch 9 x accumulation 2 = 18 (its tier's 128, bounded by the training "
+                                     "split's samples)");
   // The micro-batch `tiers` plan on a device of `bytes`, and the policy's line.
   const auto plan_on = [](const std::string& tiers, int64_t bytes) {
     auto policy = registry().create<loom::sdk::MemoryPolicy>("vram_tiers", {{"tiers", tiers}});
