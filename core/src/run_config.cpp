@@ -285,7 +285,7 @@ Config with_run_settings(Config config, const PluginRegistry& registry) {
   const fs::path work_dir = home_expanded(get("trainer.work_dir"), /*alone_too=*/true);  // (as validate() expands it for the trainer)
   std::string name = get("trainer.name");
   if (name.empty()) {
-    const std::vector<std::string> runs = detail::runs_newest_first(work_dir);
+    const std::vector<std::string> runs = detail::runs_newest_first(work_dir, /*strict=*/true);
     if (runs.empty()) return config;
     name = runs.front();
   }

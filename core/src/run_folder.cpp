@@ -57,16 +57,6 @@ fs::path claim_aside(const fs::path& parent, const std::string& stem) {
   }
 }
 
-/// Whether a folder holds what a run writes (a best file, summary or events alone too).
-bool holds_a_run(const fs::path& dir) {
-  std::error_code ec;
-  for (const char* name : {"config.json", "metrics.jsonl", "summary.json", "tensorboard"})
-    if (fs::exists(fs::symlink_status(dir / name, ec))) return true;
-  for (const auto& entry : fs::directory_iterator(dir / "checkpoints", ec))
-    if (entry.path().filename().string().rfind("best_", 0) == 0) return true;
-  return !CheckpointStore::list_run(dir).empty();
-}
-
 /// Removes `dir` if it holds nothing but its lock file.
 void remove_if_only_lock(const fs::path& dir) {  // (and the empty checkpoints/ the store made)
   std::error_code ec;
@@ -134,29 +124,6 @@ fs::path record_until(const fs::path& folder, int64_t step) {
 }
 
 }  // namespace
-
-/// Runs in `work_dir`, the one last active first: by the later of its newest checkpoint and its
-/// config.json (written when it starts, and again when it resumes). A run stopped before its first
-/// checkpoint counts too: --resume auto must not pass over it to an older run and change that.
-std::vector<std::string> detail::runs_newest_first(const fs::path& work_dir) {
-  std::vector<std::pair<fs::file_time_type, std::string>> runs;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(work_dir, ec)) {
-    if (!entry.is_directory(ec) || !holds_a_run(entry.path())) continue;
-    const auto all = CheckpointStore::list_run(entry.path());
-    // (without a checkpoint, only a folder a Loom run opened, its lock file there: an exported
-    // folder with a config.json of its own is no run to start again in)
-    if (all.empty() && !fs::exists(fs::symlink_status(entry.path() / ".lock", ec))) continue;
-    auto last = fs::file_time_type::min();
-    if (!all.empty()) last = std::max(last, fs::last_write_time(all.back(), ec));
-    if (const auto config = fs::last_write_time(entry.path() / "config.json", ec); !ec) last = std::max(last, config);
-    runs.emplace_back(last, entry.path().filename().string());
-  }
-  std::sort(runs.rbegin(), runs.rend());
-  std::vector<std::string> out;
-  for (const auto& [time, name] : runs) out.push_back(name);
-  return out;
-}
 
 bool Trainer::resume_newest(const fs::path& dir, std::vector<std::string>& problems) {
   const auto all = CheckpointStore::list_run(dir);
@@ -275,17 +242,25 @@ void Trainer::set_aside_files_without_checkpoint() {
   std::vector<fs::path> files;
   for (const char* name : {"config.json", "metrics.jsonl", "tensorboard", "summary.json"})
     if (fs::exists(fs::symlink_status(run_dir_ / name, ec))) files.push_back(run_dir_ / name);
+  // A step folder that is no whole checkpoint (its state.json lost) goes too: the new timeline saved
+  // its step over it, the weights in it gone (probe).
+  bool incomplete = false;
   for (const auto& entry : fs::directory_iterator(run_dir_ / "checkpoints", ec))
-    if (entry.path().filename().string().rfind("best_", 0) == 0) files.push_back(entry.path());
+    if (const std::string name = entry.path().filename().string(); name.rfind("best_", 0) == 0) {
+      files.push_back(entry.path());
+    } else if (step_of(entry.path()) >= 0 && entry.is_directory(ec)) {
+      files.push_back(entry.path());
+      incomplete = true;
+    }
   if (files.empty()) return;
   const fs::path aside = claim_aside(run_dir_ / "checkpoints", "abandoned-" + timestamp() + "-without-checkpoint");
   std::vector<std::string> moved;
   for (const auto& file : files) {
     rename_durable(file, aside / file.filename());
-    moved.push_back(file.filename().string());
+    moved.push_back(file.filename().string() + (step_of(file) >= 0 ? " (no whole checkpoint: its state.json is missing)" : ""));
   }
-  log::warn("resume = auto: ", run_dir_.string(), " holds files of a run that wrote no checkpoint (", join(moved, ", "),
-            "): they are moved to ", aside.string(), ", and the run starts from step 0");
+  log::warn("resume = auto: ", run_dir_.string(), " holds files of a run that wrote no ", incomplete ? "whole " : "",
+            "checkpoint (", join(moved, ", "), "): they are moved to ", aside.string(), ", and the run starts from step 0");
 }
 
 namespace {
@@ -436,7 +411,7 @@ void Trainer::open_run_here() {
   std::vector<std::string> problems;
   bool resumed = false;
   if (options_.resume == "auto" && name.empty()) {
-    const std::vector<std::string> runs = runs_newest_first(work_dir);
+    const std::vector<std::string> runs = runs_newest_first(work_dir, /*strict=*/true);
     // The newest run is the one to continue; an older one is taken only past a newest whose
     // checkpoints are all damaged. A newest in progress elsewhere, or finished without checkpoints,
     // is no run to continue: a new one starts (never an older run changed in its place).
@@ -458,6 +433,7 @@ void Trainer::open_run_here() {
                     "), and this resume took its settings (its config.json); the older run " + run_dir_.string() +
                     " is next. To continue it with its own settings, name it: --set trainer.name=" + candidate +
                     "; to start the newest again, move its folder away (nothing was written)");
+      refuse_unreadable_checkpoints(run_dir_);  // (before its lock: a folder it cannot read gets none)
       bool made_lock = false;  // (a candidate passed over keeps no lock file it had not: a copied run folder)
       try {
         made_lock = lock_run(run_dir_);  // (it also puts back a step folder whose save again a kill interrupted)
@@ -543,6 +519,7 @@ void Trainer::open_run_here() {
     }
     if (same_run) set_aside_newer_steps(checkpoint);
   } else if (options_.resume == "auto" && !resumed) {
+    refuse_unreadable_checkpoints(run_dir_);
     if (!CheckpointStore::list_run(run_dir_).empty() && !resume_newest(run_dir_, problems))
       throw Error("resume = auto: none of the checkpoints of " + run_dir_.string() + " can be loaded (" +
                   join(problems, "; ") + "); move the folder away to start again, or choose another trainer.name");

@@ -372,7 +372,12 @@ inline void refuse_missing_start(sdk::ParallelStrategy& parallel, const std::str
   if (problem) throw Error(*problem);
 }
 
-/// The runs in `work_dir`, the one last active first (run_folder.cpp).
-std::vector<std::string> runs_newest_first(const std::filesystem::path& work_dir);
+/// The runs in `work_dir`, the one last active first (run_scan.cpp); `strict`: refused where a
+/// folder this process cannot read changed after the newest of them.
+std::vector<std::string> runs_newest_first(const std::filesystem::path& work_dir, bool strict = false);
+/// Whether a folder holds what a run writes (a best file, summary or events alone too).
+bool holds_a_run(const std::filesystem::path& dir);
+/// Refuses a run folder whose checkpoints folder or a step folder this process cannot read.
+void refuse_unreadable_checkpoints(const std::filesystem::path& run_dir);
 
 }  // namespace loom::core::detail

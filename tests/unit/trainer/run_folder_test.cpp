@@ -638,6 +638,30 @@ TEST_F(RunFolderTest, ANewerStepFolderThatLostItsStateGoesAsideNotUnderTheResume
   EXPECT_TRUE(fs::exists(step6 / "state.json")) << "the resumed timeline's own step 6";
 }
 
+TEST_F(RunFolderTest, TheOnlyStepFolderThatLostItsStateGoesAsideWithTheRunsFiles) {
+  // The run's one step folder without its state.json: "no checkpoint", the run's files set aside
+  // ("a run that wrote no checkpoint"), but the step folder stayed, and the new timeline saved its
+  // own step 2 over it (probe: the weights in it gone).
+  loom::testing::make_trainer(base("only_lost", 2))->train();
+  const fs::path step2 = dir_ / "only_lost" / "checkpoints" / step_dir_name(2);
+  fs::remove(step2 / "state.json");
+  const auto size = fs::file_size(step2 / "model.safetensors");
+  Config c = base("only_lost", 4);
+  c.set_assignment("trainer.resume=auto");
+  log::Capture capture(LOOM_LOG_WARN);
+  auto t = loom::testing::make_trainer(c);
+  EXPECT_EQ(t->step(), 0);
+  EXPECT_TRUE(capture.contains("holds files of a run that wrote no whole checkpoint (")) << join(capture.lines(), "\n");
+  EXPECT_TRUE(capture.contains("step_00000002 (no whole checkpoint: its state.json is missing)")) << join(capture.lines(), "\n");
+  t->train();
+  bool kept = false;
+  for (const auto& entry : fs::directory_iterator(dir_ / "only_lost" / "checkpoints"))
+    if (entry.path().filename().string().rfind("abandoned-", 0) == 0 && fs::exists(entry.path() / step_dir_name(2) / "model.safetensors"))
+      kept = fs::file_size(entry.path() / step_dir_name(2) / "model.safetensors") == size;
+  EXPECT_TRUE(kept) << "the old step 2's weights are kept aside";
+  EXPECT_TRUE(fs::exists(step2 / "state.json")) << "the new timeline's own step 2";
+}
+
 TEST_F(RunFolderTest, TemporaryFilesAKilledWriterLeftAreRemovedWhenTheRunOpens) {
   // (a run killed while it wrote config.json left config.json.tmp.<host>.<pid>.<n> for good: never
   // read back, piling up on a disk that fills)
