@@ -426,7 +426,9 @@ fs::path checkpoint_path(const Invocation& invocation) {
       bool pruned = false;
       for (auto it = all.rbegin(); it != all.rend() && !pruned; ++it) {
         try {
-          (void)core::CheckpointStore::load(*it);  // (every file there, its checksums: what a resume checks)
+          // (what an evaluation needs, checked as `loom eval STEP` does: a step kept without its
+          // optimizer.safetensors, to save space, was refused here and evaluated there)
+          (void)core::CheckpointStore::load_weights(*it);
           return *it;
         } catch (const std::exception& e) {
           pruned = listed < 20 && !fs::exists(*it, ec);
@@ -436,7 +438,8 @@ fs::path checkpoint_path(const Invocation& invocation) {
         }
       }
       if (!pruned)
-        throw Error(checkpoint.string() + ": none of its step checkpoints is whole; pass one of its best_*.safetensors files");
+        throw Error(checkpoint.string() + ": none of its step checkpoints can be evaluated (why is said above); pass one of its " +
+                    "best_*.safetensors files, where it has one");
     }
   }
   const std::string name = checkpoint.filename().string();

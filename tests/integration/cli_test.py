@@ -322,6 +322,12 @@ try:
            and re.search(r"step_00000006 cannot be evaluated \(.*\): taking the step before it", r.stderr)
            and "step_00000004" in r.stderr and "accuracy" in r.stderr,
            "eval of a run folder passes over step folders that are not whole or damaged", r)
+    # A step kept without its optimizer.safetensors (to save space) is evaluated, as `loom eval STEP`
+    # evaluates it (the run folder's form took the step before it, or refused a run of one step).
+    os.remove(os.path.join(copy, "checkpoints", "step_00000004", "optimizer.safetensors"))
+    r = loom(exe, "eval", copy)
+    expect("step_00000004 cannot be evaluated" not in r.stderr and "step_00000004 has no optimizer.safetensors" in r.stderr
+           and "accuracy" in r.stderr, "eval of a run folder whose newest whole step has no optimizer state", r)
     # A run folder without step checkpoints: what it holds is named ("pass one of its best_*.safetensors
     # files" was said of a run with none, whose steps a resume had set aside).
     bare = os.path.join(work, "bare_run")
