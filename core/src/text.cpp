@@ -225,7 +225,10 @@ std::string explained(const std::filesystem::filesystem_error& e) {
     else
       text += " (a part of that path is a file, not a folder: choose another path, or move the file away)";
   } else if (code == EACCES || code == EPERM)
-    text += " (choose a path this user may write, or change its permissions)";
+    // (said of reads too, a status or a folder's listing: "may write" misled there, probe)
+    text += operation.find("status") != std::string::npos || operation.find("directory iterator") != std::string::npos
+                ? " (this user may not read there: change its permissions, or run as its owner)"
+                : " (choose a path this user may write, or change its permissions)";
   else if (code == ELOOP)
     text += " (a symbolic link there points back at itself)";
   else if (code == ENOSPC && inodes_used_up(e.path1()))  // ("the disk is full" beside "3.9 MiB free there", a probe)

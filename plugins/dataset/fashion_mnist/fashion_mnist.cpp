@@ -135,8 +135,11 @@ class FashionMnist final : public loom::sdk::TensorDataset {
       throw loom::sdk::Error("fashion_mnist: both " + found[0].string() + " and " + found[1].filename().string() +
                              " are there, and either may be the current one; remove the other");
     if (found.size() == 1) return found[0];
-    throw loom::sdk::Error("fashion_mnist: " + (folder_ / stem).string() + "[.gz] not found; install Debian's "
-                           "dataset-fashion-mnist package (scripts/setup.sh does) or set data.path to a "
+    std::error_code ec;
+    const bool folder = fs::is_directory(folder_, ec);  // (the folder itself missing was said as one file)
+    throw loom::sdk::Error("fashion_mnist: " + (folder_ / stem).string() + "[.gz] not found" +
+                           (folder ? std::string() : " (there is no folder " + folder_.string() + ")") +
+                           "; install Debian's dataset-fashion-mnist package (scripts/setup.sh does) or set data.path to a "
                            "folder with the four IDX files");
   }
 

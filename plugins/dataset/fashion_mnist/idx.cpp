@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -170,8 +171,18 @@ struct GzFile {
 
 /// "X is not an IDX image file: magic number M, expected E" with what the file is instead.
 loom::sdk::Error not_idx(const GzFile& file, const fs::path& path, const char* what, uint32_t magic, uint32_t expected) {
-  std::string text = path.string() + " is not an IDX " + what + " file: magic number " + std::to_string(magic) +
-                     ", expected " + std::to_string(expected);
+  // (in hex, as IDX writes it: 0x00000D03 against 0x00000803 shows the type byte is what differs)
+  const auto hex = [](uint32_t v) {
+    char text[16];
+    std::snprintf(text, sizeof text, "0x%08X", v);
+    return std::string(text);
+  };
+  std::string text = path.string() + " is not an IDX " + what + " file: magic number " + hex(magic) + ", expected " +
+                     hex(expected);
+  // (the other file of the pair in its place: the four files' names mixed up)
+  if (magic == kImageMagic || magic == kLabelMagic)
+    text += std::string(" (the magic number of an IDX ") + (magic == kImageMagic ? "image" : "label") +
+            " file: the files' names are swapped?)";
   if (path.extension() == ".gz" && file.plain()) text += " (and it holds no gzip data, though its name ends in .gz)";
   return loom::sdk::Error(text + "; download the Fashion-MNIST files again (scripts/setup.sh installs them)");
 }

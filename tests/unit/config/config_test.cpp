@@ -1,5 +1,6 @@
 // Configuration: INI inheritance, precedence, cycles, unknown-key suggestions, type errors.
 #include <loom/core/config.hpp>
+#include <loom/core/error.hpp>
 #include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
@@ -820,4 +821,13 @@ TEST_F(ConfigTest, AConfigurationIsFoundByNameFromAnyFolder) {
   EXPECT_CONTAINS(m, "config file 'debg' not found");
   EXPECT_CONTAINS(m, "(debug, fashion_mnist, gpt2_recommender, gpt2_recommender_debug)");
   EXPECT_CONTAINS(m, "Did you mean 'debug'?");
+}
+
+TEST(FileSystemErrors, APermissionRefusedIsSaidAsTheReadOrWriteItWas) {
+  // (a read refused was said as "choose a path this user may write", probe)
+  const auto denied = std::make_error_code(std::errc::permission_denied);
+  const std::string read = loom::explained(fs::filesystem_error("status", fs::path("/r/checkpoints"), denied));
+  EXPECT_NE(read.find("status /r/checkpoints: Permission denied (this user may not read there"), std::string::npos) << read;
+  const std::string write = loom::explained(fs::filesystem_error("cannot create directories", fs::path("/r/x"), denied));
+  EXPECT_NE(write.find("(choose a path this user may write"), std::string::npos) << write;
 }

@@ -174,7 +174,11 @@ TEST_F(FashionMnistFiles, BothAPlainAndAGzipFileOfOneNameAreAnErrorNotAGuess) {
 
 TEST_F(FashionMnistFiles, WrongMagicNumber) {
   write("train-images-idx3-ubyte", images(0x801, 20, 20));
-  EXPECT_CONTAINS(error(), "train-images-idx3-ubyte is not an IDX image file: magic number 2049, expected 2051");
+  // In hex, as IDX writes it; the other file of the pair's number is named as such.
+  EXPECT_CONTAINS(error(), "train-images-idx3-ubyte is not an IDX image file: magic number 0x00000801, expected 0x00000803 "
+                           "(the magic number of an IDX label file: the files' names are swapped?)");
+  write("train-images-idx3-ubyte", images(0xD03, 20, 20));  // (another type byte)
+  EXPECT_CONTAINS(error(), "magic number 0x00000D03, expected 0x00000803; download");
 }
 
 TEST_F(FashionMnistFiles, AGzFileThatHoldsNoGzipDataIsSaidToBeSo) {
@@ -259,8 +263,11 @@ TEST_F(FashionMnistFiles, LabelOutOfRange) {
 TEST_F(FashionMnistFiles, MissingFile) {
   fs::remove(dir_ / "t10k-labels-idx1-ubyte.gz");
   const std::string e = error();
-  EXPECT_CONTAINS(e, "t10k-labels-idx1-ubyte[.gz] not found");
+  EXPECT_CONTAINS(e, "t10k-labels-idx1-ubyte[.gz] not found; install");
   EXPECT_CONTAINS(e, "data.path");
+  // A folder that is not there is said as such (it was one file "not found").
+  fs::remove_all(dir_);
+  EXPECT_CONTAINS(error(), "[.gz] not found (there is no folder " + dir_.string() + "); install");
 }
 
 TEST_F(FashionMnistFiles, SomethingNotAFileOfTheNameIsNamedAsWhatItIs) {
