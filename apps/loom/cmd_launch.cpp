@@ -370,7 +370,20 @@ int cmd_launch(const Invocation& invocation) {
     else if (error != 0)
       throw Error("loom launch: --master-addr " + master + " does not resolve (" + ::gai_strerror(error) +
                   "); give rank 0's host name or address, one every node resolves (127.0.0.1 on one machine)");
+    // Node 0 holds rank 0, which listens there: an address of no interface of this machine (a
+    // typo) had every rank, rank 0 too, wait parallel.timeout (30 minutes) to reach it (probe).
+    bool here = found == nullptr;
+    for (const addrinfo* a = found; a != nullptr && !here; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) continue;
+      here = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0 || errno != EADDRNOTAVAIL;  // (port 0: any free one)
+      ::close(fd);
+    }
     if (found != nullptr) ::freeaddrinfo(found);
+    if (node_rank == 0 && !here)
+      throw Error("loom launch: --master-addr " + master + " is no address of this machine, which is node 0 (--node-rank 0): "
+                  "rank 0 listens there, and every rank would wait parallel.timeout to reach it; give this machine's "
+                  "address or host name (`hostname -I` lists them; 127.0.0.1 on one machine)");
   }
   // Ranks on other nodes reach rank 0 at --master-addr: 127.0.0.1 there is each node itself (said,
   // not refused: "nodes" that are one machine, a test of a multi-node job, do reach it).

@@ -8,6 +8,7 @@
 
 #include <loom/sdk/files.hpp>
 #include "config_text.hpp"
+#include "plugin_descriptor.hpp"
 #include <loom/sdk/options.hpp>
 
 #include <boost/program_options/options_description.hpp>
@@ -402,7 +403,9 @@ std::optional<std::string> out_of_range(const OptionSpec& o, const std::string& 
   if (!o.min && !o.max) return std::nullopt;
   std::optional<double> v;
   if (o.type == LOOM_OPTION_INT) {
-    if (auto i = sdk::parse_int(text)) v = static_cast<double>(*i);
+    if (auto i = sdk::parse_int(text))
+      return int_outside_range(o.choices, o.min, o.max, *i) ? std::optional("is outside its range " + range_text(o))
+                                                             : std::nullopt;
   } else if (o.type == LOOM_OPTION_FLOAT) {
     v = sdk::parse_float(text);
   }

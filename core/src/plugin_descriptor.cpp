@@ -128,8 +128,13 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
                                    std::to_string(LOOM_MIN_SIZE(loom_component, minor)) + ", its size in ABI 1." +
                                    std::to_string(minor), kRebuildHint);
     const auto cname = bounded(c.name, LOOM_MAX_NAME);
+    // (each reason apart, with the fix for it: a name is the source's to change, not a rebuild's)
+    if (c.name == nullptr) refuse_now("descriptor", where + ": no name (a null pointer)", kRebuildHint);
     if (!cname || !is_identifier(*cname))
-      refuse_now("descriptor", where + ": name missing, too long or not lower_snake_case", kRebuildHint);
+      refuse_now("descriptor",
+                 where + (!cname ? ": its name is longer than " + std::to_string(LOOM_MAX_NAME) + " bytes"
+                                 : ": name '" + printable(*cname, 64) + "' is not lower_snake_case"),
+                 "name it with a-z, 0-9 and '_', starting with a letter, in the plugin's source, and rebuild it");
     if (!find_kind(c.kind))
       refuse_now("descriptor", "component '" + *cname + "': unknown kind " + std::to_string(c.kind), kRebuildHint);
     if (!own.insert({c.kind, *cname}).second)
@@ -149,15 +154,28 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
       refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "': unknown flags " + std::to_string(info.flags),
                  "upgrade Loom, or " + std::string(kRebuildHint));
     if (c.option_count > LOOM_MAX_OPTIONS || (c.option_count > 0 && c.options == nullptr))
-      refuse_now("descriptor", kind_name(c.kind) + " '" + *cname + "': bad options table", kRebuildHint);
+      refuse_now("descriptor",
+                 kind_name(c.kind) + " '" + *cname + "': " +
+                     (c.option_count > LOOM_MAX_OPTIONS
+                          ? std::to_string(c.option_count) + " options, more than " + std::to_string(LOOM_MAX_OPTIONS)
+                          : "its options table is a null pointer for " + std::to_string(c.option_count) + " options"),
+                 c.option_count > LOOM_MAX_OPTIONS ? kOptionsHint : kRebuildHint);
     std::set<std::string> keys;
     for (uint32_t k = 0; k < c.option_count; ++k) {
       const loom_option_spec& o = c.options[k];
       OptionSpec spec;
       const auto key = bounded(o.key, LOOM_MAX_NAME);
       const std::string owhere = kind_name(c.kind) + " '" + *cname + "' option #" + std::to_string(k);
-      if (o.struct_size < LOOM_MIN_SIZE(loom_option_spec, minor) || !key || !is_identifier(*key))
-        refuse_now("descriptor", owhere + ": struct_size too small, or key missing or not lower_snake_case", kRebuildHint);
+      if (o.struct_size < LOOM_MIN_SIZE(loom_option_spec, minor))
+        refuse_now("descriptor", owhere + ": struct_size " + std::to_string(o.struct_size) + " is smaller than " +
+                                     std::to_string(LOOM_MIN_SIZE(loom_option_spec, minor)) + ", its size in ABI 1." +
+                                     std::to_string(minor), kRebuildHint);
+      if (!key || !is_identifier(*key))
+        refuse_now("descriptor",
+                   owhere + (o.key == nullptr ? ": no key (a null pointer)"
+                             : !key           ? ": its key is longer than " + std::to_string(LOOM_MAX_NAME) + " bytes"
+                                              : ": key '" + printable(*key, 64) + "' is not lower_snake_case"),
+                   kOptionsHint);
       if (!keys.insert(*key).second)
         refuse_now("descriptor", owhere + ": key '" + *key + "' appears twice", kOptionsHint);
       if (o.type < LOOM_OPTION_BOOL || o.type > LOOM_OPTION_LIST)
@@ -206,7 +224,8 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
                    kOptionsHint);
       if (!spec.default_value.empty() && spec.min.has_value() + spec.max.has_value() > 0) {
         const auto v = sdk::parse_float(spec.default_value);
-        if (v && ((spec.min && *v < *spec.min) || (spec.max && *v > *spec.max)))
+        const auto i = o.type == LOOM_OPTION_INT ? sdk::parse_int(spec.default_value) : std::nullopt;
+        if (i ? int_outside_range(spec.choices, spec.min, spec.max, *i) : v && ((spec.min && *v < *spec.min) || (spec.max && *v > *spec.max)))
         refuse_now("descriptor", owhere + " '" + *key + "': default " + spec.default_value + " is outside its range " +
                                      spec.choices, kOptionsHint);
       }

@@ -39,6 +39,7 @@ std::atomic<int> received{0};
 std::atomic<int> promise{0};  // install_stop_signals' argument (an OnStop): what the first signal's message promises
 std::atomic<const char*> at_once{nullptr};  // a StopAtOnce's message while one lives
 std::atomic<int64_t> first_at{0};           // when the first stop signal came (CLOCK_MONOTONIC, ns)
+std::atomic<int> first_from{-1};            // its sender's pid (0: the kernel, a terminal's Ctrl-C)
 char scratch_folder[4096] = "";             // a command's scratch folder, removed on a stop at once too
 char scratch_file[4096] = "", scratch_file_tmp[4104] = "";  // note_scratch_file's file and its .tmp
 // rm's arguments: the folder and the files noted, in that order, each only where noted (made by the
@@ -108,7 +109,9 @@ int64_t now_ns() {  // (clock_gettime is async-signal-safe)
   return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
 }
 
-void on_signal(int sig) {
+void on_signal(int sig, siginfo_t* info, void*) {
+  // (kill() and raise() give their sender; a terminal's Ctrl-C comes from the kernel: 0)
+  const int from = info != nullptr && info->si_code <= 0 ? static_cast<int>(info->si_pid) : 0;
   const int before = received.load();
   if (sig == SIGPIPE) {  // no message: standard error may be the pipe that closed
     if (before == 0) received.store(SIGPIPE);
@@ -126,6 +129,10 @@ void on_signal(int sig) {
     // A scheduler's SIGTERM to every process of a job reaches a rank twice, directly and passed on
     // by `loom launch`, a moment apart: the same stop, not the second that would lose the checkpoint.
     if (sig == SIGTERM && before == SIGTERM && now_ns() - first_at.load() < 2000000000) return;
+    // So is a SIGINT sent to every process at once (`pkill -INT loom`, `scancel -s INT`), the
+    // launcher's copy a moment after (probe: a rank stopped at once, losing the stop's checkpoint).
+    // Twice from one sender (a user's two Ctrl-C, passed on by the launcher) is the second.
+    if (sig == SIGINT && before == SIGINT && from != first_from.load() && now_ns() - first_at.load() < 2000000000) return;
     if (has_note.load()) {
       const char* note = checkpoint_written.load() ? at_once_saved : at_once_unsaved;
       say(note, ::strlen(note));
@@ -136,6 +143,7 @@ void on_signal(int sig) {
     return;
   }
   first_at.store(now_ns());  // (before `received`: a second SIGTERM seeing the first sees its time)
+  first_from.store(from);
   received.store(sig);
   static const char message[] =
       "\nloom: stopping after the current step, with a checkpoint; send SIGINT or SIGTERM again to stop at once\n";
@@ -164,9 +172,9 @@ void install_stop_signals(OnStop on_stop) {
   const char* rank = std::getenv("LOCAL_RANK");
   quiet.store(rank != nullptr && *rank != '\0' && std::string_view(rank) != "0" && std::getenv("LOOM_LAUNCH_CHECKED") != nullptr);
   struct sigaction action {};
-  action.sa_handler = &on_signal;
+  action.sa_sigaction = &on_signal;
   sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
+  action.sa_flags = SA_RESTART | SA_SIGINFO;
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
   for (const int sig : {SIGHUP, SIGPIPE}) {

@@ -20,7 +20,7 @@ class MlpClassifier final : public loom::sdk::Model {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_int("hidden", "256", "units of each hidden layer", "1..65536"),
-      loom::sdk::option_int("layers", "2", "hidden layers", "0..64"),
+      loom::sdk::option_int("layers", "2", "hidden layers", "1..64"),
       loom::sdk::option_float("dropout", "0.1", "dropout after each hidden layer", "0..0.99"),
   };
 

@@ -70,7 +70,7 @@ class MlpRegressor final : public loom::sdk::Model {
  public:
   static constexpr loom_option_spec kOptions[] = {
       loom::sdk::option_int("hidden", "64", "units of each hidden layer", "1..65536"),
-      loom::sdk::option_int("layers", "2", "hidden layers", "0..64"),
+      loom::sdk::option_int("layers", "2", "hidden layers", "1..64"),
   };
 
   explicit MlpRegressor(const loom::sdk::Options& o) : hidden_(o.get_int("hidden")), layers_(o.get_int("layers")) {

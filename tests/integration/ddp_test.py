@@ -576,6 +576,15 @@ try:
     assert r.returncode == 1 and "--master-addr no.such.host.invalid does not resolve" in r.stderr, r.stderr[-2500:]
     assert not os.path.exists(os.path.join(work, "unresolved")), "a rank started"
     print(f"an unresolvable --master-addr: refused in {time.monotonic() - started:.1f} s, no rank started")
+    # One that resolves but is no address of this machine, node 0's (a typo): rank 0 listens there,
+    # and every rank waited parallel.timeout (30 minutes) to reach it. (198.51.100.1: TEST-NET-2.)
+    started = time.monotonic()
+    r = launch("--nproc-per-node", "2", "--master-addr", "198.51.100.1", "--", "train", *args, *DDP,
+               "--set", "trainer.name=not_here", timeout=120, check=False)
+    assert r.returncode == 1 and "--master-addr 198.51.100.1 is no address of this machine, which is node 0" in r.stderr, \
+        r.stderr[-2500:]
+    assert not os.path.exists(os.path.join(work, "not_here")), "a rank started"
+    print(f"a --master-addr of another machine on node 0: refused in {time.monotonic() - started:.1f} s")
 
     # 5c''. A test split smaller than the world: rank 1 has no sample of it and adds nothing; the
     # figures are the one sample's, as a single process gives them.

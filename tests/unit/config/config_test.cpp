@@ -831,3 +831,18 @@ TEST(FileSystemErrors, APermissionRefusedIsSaidAsTheReadOrWriteItWas) {
   const std::string write = loom::explained(fs::filesystem_error("cannot create directories", fs::path("/r/x"), denied));
   EXPECT_NE(write.find("(choose a path this user may write"), std::string::npos) << write;
 }
+
+TEST(OptionRanges, AnIntegerIsComparedWithItsRangeAsAnInteger) {
+  // Through a double, 2^53 + 1 passed a range ending at 2^53 (probe: a plugin's default and --set).
+  OptionSpec o{"n", LOOM_OPTION_INT, "0", "", "..9007199254740992", std::nullopt, 9007199254740992.0};
+  EXPECT_FALSE(out_of_range(o, "9007199254740992").has_value());
+  EXPECT_TRUE(out_of_range(o, "9007199254740993").has_value());
+  // The core's keys give min and max alone; a plugin's fractional bounds are the whole numbers within.
+  OptionSpec core{"k", LOOM_OPTION_INT, "1", "", "", 1.0, 9223372036854775807.0};
+  EXPECT_TRUE(out_of_range(core, "0").has_value());
+  EXPECT_FALSE(out_of_range(core, "9223372036854775807").has_value());
+  OptionSpec fractional{"f", LOOM_OPTION_INT, "1", "", "0.5..2.5", 1.0, 2.0};
+  EXPECT_TRUE(out_of_range(fractional, "0").has_value());
+  EXPECT_FALSE(out_of_range(fractional, "2").has_value());
+  EXPECT_TRUE(out_of_range(fractional, "3").has_value());
+}

@@ -8,6 +8,9 @@
 
 #include <csignal>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 namespace {
 
 using loom::core::install_stop_signals;
@@ -28,6 +31,26 @@ TEST(StopSignals, TheSecondSignalEndsTheProcessSayingWhereTheRunStands) {
               "stopping after the current step, with a checkpoint; send SIGINT or SIGTERM again to stop at once\n+"
               "loom: nothing of it can be continued");
   EXPECT_EXIT(twice(true), testing::KilledBySignal(SIGINT), "loom: continue with: loom train --resume auto");
+}
+
+TEST(StopSignals, ASigintFromAnotherSenderAMomentAfterIsTheSameStop) {
+  // `pkill -INT loom` reaches a rank directly and through loom launch, a moment apart: the same
+  // stop (the rank stopped at once, its checkpoint lost, probe). Twice from one sender (a user's
+  // two Ctrl-C) is still the second (above).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        install_stop_signals();
+        std::raise(SIGINT);  // from this process
+        if (const pid_t child = ::fork(); child == 0) {
+          ::kill(::getppid(), SIGINT);  // from another
+          ::_exit(0);
+        } else {
+          ::waitpid(child, nullptr, 0);
+        }
+        std::_Exit(0);
+      },
+      testing::ExitedWithCode(0), "stopping after the current step");
 }
 
 TEST(StopSignals, RanksButTheFirstOfLoomLaunchSayNothing) {
