@@ -12,6 +12,7 @@
 #include <loom/sdk/version.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <algorithm>
 #include <optional>
 #include <csignal>
@@ -177,6 +178,19 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
   // once the scanner has gone on to the next file, or ended well after it: plugin code in the
   // scanner that wrote one on the report descriptor, then crashed or hung, is that file's failure.
   int next = 0, unconfirmed = -1;
+  // A file that takes seconds to load is named while it does: three plugins that hung as they
+  // loaded held a command silent for a minute, their refusals said only at the end (probe).
+  auto began = std::chrono::steady_clock::now();
+  int said_for = -1;
+  const auto say_waiting = [&] {
+    if (current < 0 || said_for == current) return false;
+    const double after = std::min(5.0, limit / 2);
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() < after) return false;
+    said_for = current;
+    log::info("plugin scan: waiting for ", files[static_cast<size_t>(current)].string(), " to load (",
+              static_cast<int>(after), " s so far; refused at ", static_cast<int>(limit), " s, LOOM_PLUGIN_SCAN_TIMEOUT)");
+    return false;  // (never stops the scan: the limit does)
+  };
   const ChildEnd end = run_child_process(child, [&](const std::string& line) {
     const size_t space = line.find(' ');
     const std::string word = line.substr(0, space);
@@ -189,6 +203,7 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
       if (unconfirmed >= 0) out[files[static_cast<size_t>(unconfirmed)]] = {true, {}, reports[unconfirmed]};
       unconfirmed = -1;
       current = index;
+      began = std::chrono::steady_clock::now();
       return true;
     }
     if (word == "report" && !ends && line[digits] == ' ' && index == current) {
@@ -202,7 +217,7 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
       return true;
     }
     return false;
-  });
+  }, say_waiting);
   if (end.spawn_error != 0) {  // (no verdict: none is cached, and the next command tries again)
     why_none = std::string("it could not be started: ") + std::strerror(end.spawn_error);
     return {};

@@ -531,7 +531,7 @@ void Trainer::open_run_here() {
   } else if (options_.resume != "auto" && !options_.name.empty() && holds_a_run(run_dir_)) {
     const size_t saved = CheckpointStore::list_run(run_dir_).size();
     throw Error("run folder " + run_dir_.string() + " already holds a run named '" + name + "' (" + std::to_string(saved) +
-                " checkpoints); " +
+                (saved == 1 ? " checkpoint); " : " checkpoints); ") +
                 (saved > 0 ? "continue it with --resume auto"
                            : "it has no checkpoint to continue from: --resume auto starts it again, with its files moved "
                              "aside") +

@@ -20,6 +20,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <functional>
@@ -178,10 +179,19 @@ void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& con
     const ConfigValue& v = config.at(key);
     return key + " = " + v.value + " (" + v.origin.describe() + ")";
   });
+  // (a resume whose rank found no run to take the settings from: a node without the run folder,
+  // where rank 0's settings are the run's and this rank's the defaults, said as a 1 KB diff, probe)
+  std::string unshared;
+  const auto resume = config.find("trainer.resume");
+  if (resume != config.end() && resume->second.value == "auto" && value_of(config, "trainer.resume_from").empty() &&
+      std::none_of(config.begin(), config.end(), [](const auto& kv) { return kv.second.origin.source == kRunRecordOrigin; }))
+    unshared = "; this rank's --resume auto found no run to take its settings from in trainer.work_dir = " +
+               value_of(config, "trainer.work_dir") + " (on its node): every rank must see the run folder (a file "
+               "system the nodes share), or give the run's settings on the command line";
   stop_where_ranks_differ(parallel, differ, "configuration",
                           ". Every rank must train one configuration: start all with the same command and configuration "
                           "files (only threads, the data loader's workers, the device, memory.device_memory_limit and paths "
-                          "may differ per node)");
+                          "may differ per node)" + unshared);
 }
 
 std::vector<std::string> differences_from_rank0(sdk::ParallelStrategy& parallel, const std::map<std::string, std::string>& mine,

@@ -175,6 +175,21 @@ try:
         "micro-batch on this device and configuration before" in outs[0][1], outs[0][1]
     assert "after running out of memory" not in outs[0][1] + outs[1][1], outs
     print("resumed: rank 0 starts at the checkpoint's re-plan, rank 1 agrees, no out-of-memory again")
+    # ... resumed by a rank whose node lacks the run folder (another work_dir): its settings are the
+    # defaults, rank 0's the run's; the error says why (it was a 1 KB list of differing keys).
+    env = dict(env, MASTER_PORT=str(free_port()))
+    elsewhere = os.path.join(work, "elsewhere")
+    os.makedirs(elsewhere)
+    ranks = [subprocess.Popen([exe, "train", "--set", f"trainer.work_dir={work if r == 0 else elsewhere}", *DDP,
+                               "--set", "trainer.name=ddp_oom", "--set", "trainer.max_steps=30", "--resume", "auto"],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in ranks]
+    assert all(p.returncode == 1 for p in ranks), outs
+    assert f"this rank's --resume auto found no run to take its settings from in trainer.work_dir = {elsewhere}" \
+        in outs[1][1], outs[1][1][-3000:]
+    assert not os.listdir(elsewhere) and "step_00000030" not in os.listdir(os.path.join(work, "ddp_oom", "checkpoints")), outs
+    print("a rank without the run folder: said so, nothing written")
 
     # 2. With accumulation: 8 x 2 micro-batches on each of 2 ranks, against 16 x 2 in one process.
     acc = ["--set", "trainer.gradient_accumulation_steps=2"]

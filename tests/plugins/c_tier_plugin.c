@@ -172,7 +172,8 @@ static void* stop_create(const loom_create_args* args, loom_error* error) {
   s->table.on_log = stop_on_log;
   s->table.on_evaluation_end = stop_on_evaluation_end;
   s->table.save_state = stop_save_state;
-  s->table.load_state = stop_load_state;
+  const char* no_load = loom_c_option(args, "no_load_state");
+  s->table.load_state = no_load != NULL && is_true(no_load) ? NULL : stop_load_state;
   s->table.describe = stop_describe;
   return &s->table;
 }
@@ -279,6 +280,8 @@ static const loom_option_spec halve_options[] = {
 };
 static const loom_option_spec stop_options[] = {
     {sizeof(loom_option_spec), LOOM_OPTION_INT, "step", "3", "the step after which the run stops", "1.."},
+    {sizeof(loom_option_spec), LOOM_OPTION_BOOL, "no_load_state", "false",
+     "leave load_state out of the table (tests: a state saved that no resume gives back)", NULL},
 };
 
 static const loom_option_spec faulty_options[] = {
@@ -289,7 +292,7 @@ static const loom_option_spec faulty_options[] = {
 static const loom_component components[] = {
     LOOM_C_MEMORY_POLICY("c_halve", "halves the micro-batch until it fits a maximum (C tier)", halve_options, 2,
                          halve_create, destroy),
-    LOOM_C_CALLBACK("c_stop_at", "stops the run after a given step (C tier)", stop_options, 1, stop_create, destroy),
+    LOOM_C_CALLBACK("c_stop_at", "stops the run after a given step (C tier)", stop_options, 2, stop_create, destroy),
     LOOM_C_DATASET("c_faulty", "a dataset that breaks the C tier's contract on purpose (tests)", faulty_options, 1,
                    faulty_create, destroy),
 };

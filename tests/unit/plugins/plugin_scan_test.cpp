@@ -1,5 +1,6 @@
 // Plugins that crash, abort, exit or hang while loading are refused by name, through the scanner's
 // child process, and the other plugins still load; the verdicts are cached by file.
+#include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
 #include <loom/sdk/precision.hpp>
 
@@ -66,7 +67,17 @@ class PluginScan : public testing::Test {
 TEST_F(PluginScan, CrashingExitingAndHangingPluginsAreRefusedByNameAndTheOthersLoad) {
   loom::core::PluginRegistry registry;
   const auto start = std::chrono::steady_clock::now();
-  const auto refused = scan(registry);
+  std::map<std::string, loom::core::PluginRefusal> refused;
+  {
+    // A file that takes seconds to load is named while it does (three that hung held a command
+    // silent for a minute, probe): at half the limit here.
+    const loom::core::log::Capture capture(LOOM_LOG_INFO);
+    refused = scan(registry);
+    EXPECT_TRUE(capture.contains("plugin scan: waiting for " +
+                                 (fs::path(LOOM_BINARY_DIR) / "tests" / "crashing" / "libloom_dataset_crashing_init_hang.so").string() +
+                                 " to load (1 s so far; refused at 3 s, LOOM_PLUGIN_SCAN_TIMEOUT)"))
+        << ::testing::PrintToString(capture.lines());
+  }
   const std::map<std::string, std::string> expected = {
 #if defined(__SANITIZE_ADDRESS__)
       // Under AddressSanitizer the scanner's SEGV handler reports the crash and exits with 1.

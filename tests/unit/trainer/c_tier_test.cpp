@@ -153,6 +153,17 @@ TEST_F(CTierTest, TensorsThatBreakTheContractAreOneClearErrorEach) {
       EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << fault << ": " << e.what();
     }
   }
+  // A callback that saves a state no resume gives back: refused as it is made (the check said
+  // only "its text state differs after load_state_dict(state_dict())", the C++ tier's words).
+  try {
+    loom::testing::registry().create<loom::sdk::Callback>("c_stop_at", {{"step", "3"}, {"no_load_state", "true"}});
+    ADD_FAILURE() << "save_state without load_state was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("callback 'c_stop_at': its table has save_state without load_state: a resumed run "
+                                         "would not get its state back; give both, or neither"),
+              std::string::npos)
+        << e.what();
+  }
   // The well-behaved case, for contrast.
   auto fine = loom::testing::registry().create<loom::sdk::Dataset>("c_faulty", {{"fault", "none"}});
   fine->setup();
