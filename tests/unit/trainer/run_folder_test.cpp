@@ -49,6 +49,15 @@ class RunFolderTest : public testing::Test {
     return c;
   }
 
+  /// Whether an abandoned-* folder of `run` holds step `step`'s model.safetensors of `size` bytes.
+  static bool kept_aside(const fs::path& run, int64_t step, uintmax_t size) {
+    for (const auto& entry : fs::directory_iterator(run / "checkpoints"))
+      if (const fs::path model = entry.path() / loom::core::step_dir_name(step) / "model.safetensors";
+          entry.path().filename().string().rfind("abandoned-", 0) == 0 && fs::exists(model) && fs::file_size(model) == size)
+        return true;
+    return false;
+  }
+
   static std::string text(const fs::path& p) {
     std::ostringstream out;
     out << std::ifstream(p).rdbuf();
@@ -629,12 +638,7 @@ TEST_F(RunFolderTest, ANewerStepFolderThatLostItsStateGoesAsideNotUnderTheResume
   EXPECT_TRUE(capture.contains("step_00000006 (no whole checkpoint: its state.json is missing or damaged)"))
       << join(capture.lines(), "\n");
   t->train();
-  bool kept = false;
-  for (const auto& entry : fs::directory_iterator(dir_ / "lost_state" / "checkpoints"))
-    if (entry.path().filename().string().rfind("abandoned-", 0) == 0 &&
-        fs::exists(entry.path() / step_dir_name(6) / "model.safetensors"))
-      kept = fs::file_size(entry.path() / step_dir_name(6) / "model.safetensors") == size;
-  EXPECT_TRUE(kept) << "the old step 6's weights are kept aside";
+  EXPECT_TRUE(kept_aside(dir_ / "lost_state", 6, size)) << "the old step 6's weights are kept aside";
   EXPECT_TRUE(fs::exists(step6 / "state.json")) << "the resumed timeline's own step 6";
 }
 
@@ -654,11 +658,7 @@ TEST_F(RunFolderTest, TheOnlyStepFolderThatLostItsStateGoesAsideWithTheRunsFiles
   EXPECT_TRUE(capture.contains("holds files of a run that wrote no whole checkpoint (")) << join(capture.lines(), "\n");
   EXPECT_TRUE(capture.contains("step_00000002 (no whole checkpoint: its state.json is missing)")) << join(capture.lines(), "\n");
   t->train();
-  bool kept = false;
-  for (const auto& entry : fs::directory_iterator(dir_ / "only_lost" / "checkpoints"))
-    if (entry.path().filename().string().rfind("abandoned-", 0) == 0 && fs::exists(entry.path() / step_dir_name(2) / "model.safetensors"))
-      kept = fs::file_size(entry.path() / step_dir_name(2) / "model.safetensors") == size;
-  EXPECT_TRUE(kept) << "the old step 2's weights are kept aside";
+  EXPECT_TRUE(kept_aside(dir_ / "only_lost", 2, size)) << "the old step 2's weights are kept aside";
   EXPECT_TRUE(fs::exists(step2 / "state.json")) << "the new timeline's own step 2";
 }
 
