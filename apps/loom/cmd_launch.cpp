@@ -370,8 +370,10 @@ int cmd_launch(const Invocation& invocation) {
     else if (error != 0)
       throw Error("loom launch: --master-addr " + master + " does not resolve (" + ::gai_strerror(error) +
                   "); give rank 0's host name or address, one every node resolves (127.0.0.1 on one machine)");
-    // Node 0 holds rank 0, which listens there: an address of no interface of this machine (a
-    // typo) had every rank, rank 0 too, wait parallel.timeout (30 minutes) to reach it (probe).
+    // Node 0 holds rank 0, whose store every rank, rank 0 too, reaches at that address: one of no
+    // interface of this machine (a typo) had them wait parallel.timeout (30 minutes) for it (probe).
+    // On one machine that is refused; across nodes it may be this one's by a NAT or a container's
+    // port mapping (a public address, a service's), and is said.
     bool here = found == nullptr;
     for (const addrinfo* a = found; a != nullptr && !here; a = a->ai_next) {
       const int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -380,10 +382,14 @@ int cmd_launch(const Invocation& invocation) {
       ::close(fd);
     }
     if (found != nullptr) ::freeaddrinfo(found);
+    const std::string not_here = "--master-addr " + master + " is no address of this machine, which is node 0 (--node-rank 0) "
+                                 "and holds rank 0, whose store the ranks reach there";
+    if (node_rank == 0 && !here && nnodes == 1)
+      throw Error("loom launch: " + not_here + ": every rank would wait parallel.timeout for it; give 127.0.0.1, or this "
+                  "machine's address or host name (`hostname -I` lists them)");
     if (node_rank == 0 && !here)
-      throw Error("loom launch: --master-addr " + master + " is no address of this machine, which is node 0 (--node-rank 0): "
-                  "rank 0 listens there, and every rank would wait parallel.timeout to reach it; give this machine's "
-                  "address or host name (`hostname -I` lists them; 127.0.0.1 on one machine)");
+      core::log::warn("loom launch: ", not_here, "; unless it reaches this machine (a NAT, a container's port mapping), "
+                      "every rank waits parallel.timeout for it: give this machine's address (`hostname -I` lists them)");
   }
   // Ranks on other nodes reach rank 0 at --master-addr: 127.0.0.1 there is each node itself (said,
   // not refused: "nodes" that are one machine, a test of a multi-node job, do reach it).

@@ -348,9 +348,9 @@ class CCallback final : public sdk::Callback, CObject {
     require_size(t_->struct_size, sizeof(loom_c_callback));
     // A state saved in every checkpoint that no resume gives back: the check found it only as
     // "its text state differs after load_state_dict(state_dict())", words of the C++ tier.
-    if ((t_->save_state == nullptr) != (t_->load_state == nullptr))
-      throw ContractBroken(what_ + ": its table has " + (t_->save_state ? "save_state without load_state" : "load_state without save_state") +
-                           ": a resumed run would not get its state back; give both, or neither");
+    if (t_->save_state != nullptr && t_->load_state == nullptr)
+      throw ContractBroken(what_ + ": its table has save_state without load_state: a resumed run would not get its state "
+                           "back; give both, or neither");
   }
 
   void on_run_begin(sdk::RunContext& run) override {

@@ -60,11 +60,12 @@ fs::path find_config(const std::string& name) {
   std::error_code ec;
   // A file here, or a path (load_file reports what is wrong with it); `cfg/named` is cfg/named.ini
   // where only that is there, as `base = named` finds it beside a file.
-  // (a folder named so, `-c exp` beside exp/ and exp.ini, is no configuration: the .ini is meant)
+  // (a folder named so, `-c cfg/exp` beside cfg/exp/ and cfg/exp.ini, is no configuration: the .ini is meant)
   if (fs::is_regular_file(name, ec)) return name;
-  if (fs::is_directory(name, ec) && fs::is_regular_file(name + ".ini", ec)) return name + ".ini";
   if (name.find('/') != std::string::npos)
-    return !fs::exists(fs::symlink_status(name, ec)) && fs::is_regular_file(name + ".ini", ec) ? name + ".ini" : name;
+    return (!fs::exists(fs::symlink_status(name, ec)) || fs::is_directory(name, ec)) && fs::is_regular_file(name + ".ini", ec)
+               ? name + ".ini"
+               : name;
   if (auto shipped = shipped_config(name)) {
     // (a `base = debug` beside a debug.ini takes that file: here the name is Loom's, so say which)
     if (const fs::path here = name + ".ini"; fs::is_regular_file(here, ec) && !fs::equivalent(here, *shipped, ec))
@@ -78,8 +79,9 @@ fs::path find_config(const std::string& name) {
     for (const auto& entry : fs::directory_iterator(dir, ec))
       if (entry.path().extension() == ".ini") available.push_back(entry.path().stem().string());
   }
-  // Something here that is not a regular file (a FIFO, a folder): load_file says what it is.
-  if (fs::exists(fs::symlink_status(name, ec))) return name;
+  // Something here that is not a regular file (a FIFO; a folder, where no name.ini is beside it): load_file says what it is.
+  if (fs::exists(fs::symlink_status(name, ec)) && !(fs::is_directory(name, ec) && fs::is_regular_file(name + ".ini", ec)))
+    return name;
   std::sort(available.begin(), available.end());
   std::string message = "config file '" + name + "' not found: not a file here, and not one of Loom's configurations";
   if (!available.empty()) message += " (" + join(available, ", ") + ")";

@@ -129,7 +129,7 @@ void read_descriptor(const loom_plugin_descriptor* d, LoadReport& report) {
                                    std::to_string(minor), kRebuildHint);
     const auto cname = bounded(c.name, LOOM_MAX_NAME);
     // (each reason apart, with the fix for it: a name is the source's to change, not a rebuild's)
-    if (c.name == nullptr) refuse_now("descriptor", where + ": no name (a null pointer)", kRebuildHint);
+    if (c.name == nullptr) refuse_now("descriptor", where + ": no name (a null pointer)", "give it a name in the plugin's source, and rebuild it");
     if (!cname || !is_identifier(*cname))
       refuse_now("descriptor",
                  where + (!cname ? ": its name is longer than " + std::to_string(LOOM_MAX_NAME) + " bytes"

@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <algorithm>
 #include <optional>
 #include <csignal>
@@ -187,8 +188,10 @@ std::map<fs::path, ScanVerdict> run_scanner(const fs::path& exe, const std::vect
     const double after = std::min(5.0, limit / 2);
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count() < after) return false;
     said_for = current;
-    log::info("plugin scan: waiting for ", files[static_cast<size_t>(current)].string(), " to load (",
-              static_cast<int>(after), " s so far; refused at ", static_cast<int>(limit), " s, LOOM_PLUGIN_SCAN_TIMEOUT)");
+    char so_far[32];
+    std::snprintf(so_far, sizeof so_far, "%g", after);
+    log::info("plugin scan: waiting for ", files[static_cast<size_t>(current)].string(), " to load (", so_far,
+              " s so far; refused at ", static_cast<int>(limit), " s, LOOM_PLUGIN_SCAN_TIMEOUT)");
     return false;  // (never stops the scan: the limit does)
   };
   const ChildEnd end = run_child_process(child, [&](const std::string& line) {

@@ -481,6 +481,8 @@ void Trainer::open_run_here() {
   if (name.empty()) name = claim_fresh_name(work_dir);
   run_dir_ = work_dir / name;
   bool lock_made = false;
+  // (before its lock, whose recovery of a killed save's folders writes: "nothing was written")
+  if (options_.resume == "auto" && checkpoint.empty()) refuse_unreadable_checkpoints(run_dir_);
   if (!run_lock_) {
     std::error_code ec;
     made_here = made_here || !fs::exists(run_dir_, ec);
@@ -519,7 +521,6 @@ void Trainer::open_run_here() {
     }
     if (same_run) set_aside_newer_steps(checkpoint);
   } else if (options_.resume == "auto" && !resumed) {
-    refuse_unreadable_checkpoints(run_dir_);
     if (!CheckpointStore::list_run(run_dir_).empty() && !resume_newest(run_dir_, problems))
       throw Error("resume = auto: none of the checkpoints of " + run_dir_.string() + " can be loaded (" +
                   join(problems, "; ") + "); move the folder away to start again, or choose another trainer.name");

@@ -7,6 +7,9 @@
 
 #include <algorithm>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 namespace fs = std::filesystem;
 
 namespace loom::core {
@@ -20,6 +23,17 @@ std::string unreadable(const fs::path& dir) {
   if (!ec) (void)fs::symlink_status(dir / ".", ec);  // (search permission: a step's files cannot be looked at)
   if (!ec || ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory) return "";
   return ec.message();
+}
+
+/// The first folder of `run_dir`'s checkpoints this process cannot read (its checkpoints folder, a
+/// step folder), with why, or "".
+std::string unreadable_checkpoints(const fs::path& run_dir) {
+  if (const std::string why = unreadable(run_dir / "checkpoints"); !why.empty()) return (run_dir / "checkpoints").string() + " (" + why + ")";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints", ec))
+    if (step_of(entry.path()) >= 0 && entry.is_directory(ec))
+      if (const std::string why = unreadable(entry.path()); !why.empty()) return entry.path().string() + " (" + why + ")";
+  return "";
 }
 
 /// When the run in `dir` was last active: the later of its newest checkpoint and its config.json
@@ -51,10 +65,15 @@ std::vector<std::string> detail::runs_newest_first(const fs::path& work_dir, boo
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(work_dir, ec)) {
     if (!entry.is_directory(ec)) continue;
-    if (const std::string why = unreadable(entry.path()); !why.empty()) {
-      // (a file system's lost+found, root's own, is no run)
-      if (entry.path().filename() != "lost+found")
-        unread.emplace_back(fs::last_write_time(entry.path(), ec), entry.path().string() + " (" + why + ")");
+    // A folder, or a run's checkpoints, this user cannot read: a run of its own (another user's
+    // folder in a shared work folder, a file system's lost+found, is none of its runs).
+    struct stat owner {};
+    const bool own = ::stat(entry.path().c_str(), &owner) == 0 && owner.st_uid == ::geteuid();
+    std::string why = unreadable(entry.path());
+    if (!why.empty()) why = entry.path().string() + " (" + why + ")";
+    else why = unreadable_checkpoints(entry.path());
+    if (!why.empty()) {
+      if (own) unread.emplace_back(fs::last_write_time(entry.path(), ec), why);
       continue;
     }
     if (!holds_a_run(entry.path())) continue;
@@ -66,33 +85,24 @@ std::vector<std::string> detail::runs_newest_first(const fs::path& work_dir, boo
   }
   std::sort(runs.rbegin(), runs.rend());
   std::sort(unread.rbegin(), unread.rend());
-  if (strict && !unread.empty() && (runs.empty() || unread.front().first > runs.front().first))
-    throw Error("resume = auto: " + unread.front().second + " cannot be read, and it changed after " +
-                (runs.empty() ? std::string("every run this process can read (none)") : "the newest run it can read, " +
-                                                                                            runs.front().second) +
-                ": it may be the newest run, which this resume would pass over (an older one changed in its place). "
-                "Give this user access to it (chmod -R u+rwX, or run as its owner), move it out of " + work_dir.string() +
-                ", or name the run to resume: --set trainer.name=NAME (nothing was written)");
+  // (with no run it can read, none would be changed in its place: a new run starts)
+  if (strict && !unread.empty() && !runs.empty() && unread.front().first > runs.front().first)
+    throw Error("resume = auto: " + unread.front().second + " cannot be read, and it changed after the newest run this "
+                "process can read, " + runs.front().second + ": it may be the newest run, which this resume would pass "
+                "over (an older one changed in its place). Give this user access to it (chmod -R u+rwX, or run as its "
+                "owner), move it out of " + work_dir.string() + ", or name the run to resume: --set trainer.name=NAME "
+                "(nothing was written)");
   std::vector<std::string> out;
   for (const auto& [time, name] : runs) out.push_back(name);
   return out;
 }
 
 void detail::refuse_unreadable_checkpoints(const fs::path& run_dir) {
-  std::vector<std::string> unread;
-  for (const fs::path& dir : {run_dir, run_dir / "checkpoints"})
-    if (const std::string why = unreadable(dir); !why.empty()) {
-      unread.push_back(dir.string() + " (" + why + ")");
-      break;
-    }
-  std::error_code ec;
-  if (unread.empty())
-    for (const auto& entry : fs::directory_iterator(run_dir / "checkpoints", ec))
-      if (step_of(entry.path()) >= 0 && entry.is_directory(ec))
-        if (const std::string why = unreadable(entry.path()); !why.empty()) unread.push_back(entry.path().string() + " (" + why + ")");
-  if (unread.empty()) return;
-  throw Error("resume = auto: " + join(unread, ", ") + " cannot be read: a checkpoint there would be taken for none, and a new timeline written over it. Give this user "
-              "access (chmod -R u+rwX, or run as its owner), or move " + (unread.size() == 1 ? "it" : "them") + " out of " +
+  std::string why = unreadable(run_dir);
+  why = why.empty() ? unreadable_checkpoints(run_dir) : run_dir.string() + " (" + why + ")";
+  if (why.empty()) return;
+  throw Error("resume = auto: " + why + " cannot be read: a checkpoint there would be taken for none, and a new timeline "
+              "written over it. Give this user access (chmod -R u+rwX, or run as its owner), or move it out of " +
               run_dir.string() + " (nothing was written)");
 }
 

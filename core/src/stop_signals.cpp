@@ -132,7 +132,12 @@ void on_signal(int sig, siginfo_t* info, void*) {
     // So is a SIGINT sent to every process at once (`pkill -INT loom`, `scancel -s INT`), the
     // launcher's copy a moment after (probe: a rank stopped at once, losing the stop's checkpoint).
     // Twice from one sender (a user's two Ctrl-C, passed on by the launcher) is the second.
-    if (sig == SIGINT && before == SIGINT && from != first_from.load() && now_ns() - first_at.load() < 2000000000) return;
+    if (sig == SIGINT && before == SIGINT && from != first_from.load() && now_ns() - first_at.load() < 2000000000) {
+      static const char same[] = "\nloom: a SIGINT from another process a moment after the first is taken as the same stop; "
+                                 "send one again to stop at once\n";
+      say(same, sizeof same - 1);
+      return;
+    }
     if (has_note.load()) {
       const char* note = checkpoint_written.load() ? at_once_saved : at_once_unsaved;
       say(note, ::strlen(note));

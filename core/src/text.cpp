@@ -226,7 +226,8 @@ std::string explained(const std::filesystem::filesystem_error& e) {
       text += " (a part of that path is a file, not a folder: choose another path, or move the file away)";
   } else if (code == EACCES || code == EPERM)
     // (said of reads too, a status or a folder's listing: "may write" misled there, probe)
-    text += operation.find("status") != std::string::npos || operation.find("directory iterator") != std::string::npos
+    text += operation.find("status") != std::string::npos || operation.find("directory iterator") != std::string::npos ||
+                    operation.find("cannot get") != std::string::npos  // (a file's size or time)
                 ? " (this user may not read there: change its permissions, or run as its owner)"
                 : " (choose a path this user may write, or change its permissions)";
   else if (code == ELOOP)

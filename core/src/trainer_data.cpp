@@ -164,10 +164,10 @@ void Trainer::warn_if_data_sizes_differ(const fs::path& checkpoint) const {
     const json data = fs::is_directory(checkpoint)
                           ? detail::parse_json<json>(read_file(checkpoint / "state.json", int64_t{64} << 20)).at("data")
                           : detail::parse_json<json>(load_safetensors_metadata(checkpoint).at("data"));
-    // (the dataset's own folder key: fashion_mnist's data.path was named data.root, movielens')
+    // (the dataset's own folder key, data.<name>.path or .root: fashion_mnist's was named data.root, movielens')
     std::string folder;
-    for (const char* key : {"data.path", "data.root"})
-      if (config_.count(key)) folder = std::string(key) + ", ";
+    for (const auto& [key, value] : config_)
+      if (key.rfind("data.", 0) == 0 && (key.ends_with(".path") || key.ends_with(".root"))) folder += key + ", ";
     if (const auto differ = sizes_differ(data.value("sizes", json()), dataset_, data_spec_, model_); !differ.empty())
       log::warn("this data is not the data ", checkpoint.string(), " was trained on: ", join(differ, "; "),
                 "; its figures are of these inputs (point ", folder, "the data's settings and the model's files at what it "

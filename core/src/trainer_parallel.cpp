@@ -175,19 +175,23 @@ void agree_on_configuration(sdk::ParallelStrategy& parallel, const Resolved& con
   std::map<std::string, std::string> mine;
   for (const auto& [key, v] : config)
     if (!local(key)) mine[key] = v.value;
-  const auto differ = differences_from_rank0(parallel, mine, [&](const std::string& key) {
+  // Whether --resume auto took the run's settings: a rank whose node lacks the run folder took the
+  // defaults where rank 0 took the run's, said as a 1 KB list of keys without the cause (probe).
+  const std::string took = "(whether --resume auto found the run's settings)";
+  const auto resume = config.find("trainer.resume");
+  if (resume != config.end() && resume->second.value == "auto" && value_of(config, "trainer.resume_from").empty())
+    mine[took] = std::any_of(config.begin(), config.end(), [](const auto& kv) { return kv.second.origin.source == kRunRecordOrigin; })
+                     ? "yes" : "no";
+  auto differ = differences_from_rank0(parallel, mine, [&](const std::string& key) {
+    if (key == took) return key + " " + mine.at(key);
     const ConfigValue& v = config.at(key);
     return key + " = " + v.value + " (" + v.origin.describe() + ")";
   });
-  // (a resume whose rank found no run to take the settings from: a node without the run folder,
-  // where rank 0's settings are the run's and this rank's the defaults, said as a 1 KB diff, probe)
   std::string unshared;
-  const auto resume = config.find("trainer.resume");
-  if (resume != config.end() && resume->second.value == "auto" && value_of(config, "trainer.resume_from").empty() &&
-      std::none_of(config.begin(), config.end(), [](const auto& kv) { return kv.second.origin.source == kRunRecordOrigin; }))
+  if (std::erase_if(differ, [&](const std::string& d) { return d.rfind(took, 0) == 0; }) > 0 && mine[took] == "no")
     unshared = "; this rank's --resume auto found no run to take its settings from in trainer.work_dir = " +
-               value_of(config, "trainer.work_dir") + " (on its node): every rank must see the run folder (a file "
-               "system the nodes share), or give the run's settings on the command line";
+               value_of(config, "trainer.work_dir") + " (on its node), where rank 0 found the run's: every rank must see "
+               "the run folder (a file system the nodes share), or give the run's settings on the command line";
   stop_where_ranks_differ(parallel, differ, "configuration",
                           ". Every rank must train one configuration: start all with the same command and configuration "
                           "files (only threads, the data loader's workers, the device, memory.device_memory_limit and paths "

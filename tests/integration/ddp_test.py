@@ -596,7 +596,8 @@ try:
     started = time.monotonic()
     r = launch("--nproc-per-node", "2", "--master-addr", "198.51.100.1", "--", "train", *args, *DDP,
                "--set", "trainer.name=not_here", timeout=120, check=False)
-    assert r.returncode == 1 and "--master-addr 198.51.100.1 is no address of this machine, which is node 0" in r.stderr, \
+    assert r.returncode == 1 and "--master-addr 198.51.100.1 is no address of this machine, which is node 0 (--node-rank 0) " \
+        "and holds rank 0" in r.stderr, \
         r.stderr[-2500:]
     assert not os.path.exists(os.path.join(work, "not_here")), "a rank started"
     print(f"a --master-addr of another machine on node 0: refused in {time.monotonic() - started:.1f} s")

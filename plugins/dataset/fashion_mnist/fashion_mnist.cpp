@@ -135,10 +135,13 @@ class FashionMnist final : public loom::sdk::TensorDataset {
       throw loom::sdk::Error("fashion_mnist: both " + found[0].string() + " and " + found[1].filename().string() +
                              " are there, and either may be the current one; remove the other");
     if (found.size() == 1) return found[0];
-    std::error_code ec;
-    const bool folder = fs::is_directory(folder_, ec);  // (the folder itself missing was said as one file)
-    throw loom::sdk::Error("fashion_mnist: " + (folder_ / stem).string() + "[.gz] not found" +
-                           (folder ? std::string() : " (there is no folder " + folder_.string() + ")") +
+    std::error_code ec;  // (the folder itself missing was said as one file)
+    const fs::file_status status = fs::status(folder_, ec);
+    const std::string folder = ec == std::errc::no_such_file_or_directory ? " (there is no folder " + folder_.string() + ")"
+                               : ec                        ? " (" + folder_.string() + ": " + ec.message() + ")"
+                               : !fs::is_directory(status) ? " (" + folder_.string() + " is not a folder)"
+                                                           : std::string();
+    throw loom::sdk::Error("fashion_mnist: " + (folder_ / stem).string() + "[.gz] not found" + folder +
                            "; install Debian's dataset-fashion-mnist package (scripts/setup.sh does) or set data.path to a "
                            "folder with the four IDX files");
   }

@@ -649,6 +649,9 @@ TEST_F(Gpt2RecommenderTest, EvaluatingOnRatingsChangedInPlaceIsSaid) {
   EXPECT_FALSE(evaluate(step));
   std::ofstream(ml / "ratings.dat", std::ios::app) << "1::7::4::978300900\n";  // (item 7: user 2 rated it)
   EXPECT_TRUE(evaluate(step));
+  // The hint names the dataset's own folder key (it named data.root to every dataset, then none).
+  EXPECT_TRUE(warns([&] { evaluate_data(movielens_config(ml, "sized_eval", "2"), step); },
+                    "(point data.interactions.root, the data's settings"));
   EXPECT_TRUE(evaluate(dir_ / "sized" / "checkpoints" / "best_hr_at_2.safetensors"));
 }
 

@@ -75,7 +75,7 @@ TEST_F(PluginScan, CrashingExitingAndHangingPluginsAreRefusedByNameAndTheOthersL
     refused = scan(registry);
     EXPECT_TRUE(capture.contains("plugin scan: waiting for " +
                                  (fs::path(LOOM_BINARY_DIR) / "tests" / "crashing" / "libloom_dataset_crashing_init_hang.so").string() +
-                                 " to load (1 s so far; refused at 3 s, LOOM_PLUGIN_SCAN_TIMEOUT)"))
+                                 " to load (1.5 s so far; refused at 3 s, LOOM_PLUGIN_SCAN_TIMEOUT)"))
         << ::testing::PrintToString(capture.lines());
   }
   const std::map<std::string, std::string> expected = {
