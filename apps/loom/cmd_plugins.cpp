@@ -89,8 +89,8 @@ std::filesystem::path inspected_file(const Invocation& invocation) {
 }
 
 /// The components of `file` that another plugin on the search path (or --plugin-dir) also
-/// provides: the file loads alone, but a run that finds both refuses the one it loads second.
-/// Whichever of the two the scan of the search path took, the other is in its refusals. Another
+/// provides: the file loads alone, but a run that finds both uses one only. Whichever of the two
+/// the scan of the search path took, the other is in its refusals or passed over. Another
 /// copy of the same file (an older build installed, a newer one here) is a note, not a clash.
 struct Clashes {
   std::vector<std::string> clashes, copies;
@@ -107,17 +107,20 @@ Clashes clashes(const Invocation& invocation, const std::filesystem::path& file,
     if (std::filesystem::weakly_canonical(other, ec) == self) return;
     if (other.filename() == file.filename())
       out.copies.push_back(core::kind_name(c.kind) + " '" + c.name + "': another copy of this plugin is at " +
-                           other.string() + "; a run loads the first it finds and refuses the other");
+                           other.string() + "; a run takes each component from the file it finds first (--plugin-dir, LOOM_PLUGIN_PATH, then "
+                           "Loom's own plugin folder)");
     else
       out.clashes.push_back(core::kind_name(c.kind) + " '" + c.name + "' is also provided by " + other.string() +
-                            ": a run that finds both refuses the one it loads second; rename the component");
+                            ": a run takes it from the file it finds first (in one folder, it refuses the second); rename the "
+                            "component to have both");
   };
   for (const auto& c : components) {
     if (const core::ComponentInfo* other = others.find(c.kind, c.name)) add(c, other->plugin->file);
-    for (const auto& r : others.refusals())
-      if (r.stage == "register" &&
-          std::find(r.components.begin(), r.components.end(), std::make_pair(c.kind, c.name)) != r.components.end())
-        add(c, r.file);
+    for (const auto* list : {&others.refusals(), &others.passed_over()})
+      for (const auto& r : *list)
+        if ((r.stage == "register" || r.stage == "shadowed") &&
+            std::find(r.components.begin(), r.components.end(), std::make_pair(c.kind, c.name)) != r.components.end())
+          add(c, r.file);
   }
   return out;
 }
@@ -304,12 +307,17 @@ int cmd_plugins(const Invocation& invocation) {
   print_table(rows);
   std::cout << "\n" << sorted.size() << " component(s) from " << registry.plugins().size()
             << " plugin file(s).";
-  std::vector<std::string> folders;
-  for (const auto& dir : core::PluginRegistry::search_path({})) folders.push_back(shorten(dir));
+  std::vector<std::string> folders;  // (in the order searched: the first file found of a component is used)
   if (invocation.options.count("plugin-dir"))
     for (const auto& dir : invocation.options["plugin-dir"].as<std::vector<std::string>>())
       folders.push_back(shorten(dir) + " (--plugin-dir)");
+  for (const auto& dir : core::PluginRegistry::search_path({})) folders.push_back(shorten(dir));
   std::cout << " Searched: " << core::join(folders, ", ") << "\n";
+  if (!registry.passed_over().empty()) {
+    std::cout << "\nPassed over (" << registry.passed_over().size() << "):\n";
+    for (const auto& r : registry.passed_over())
+      std::cout << "  " << core::printable(shorten(r.file), 4096) << "\n    " << core::printable(r.reason, 1 << 16) << "\n";
+  }
   if (!registry.refusals().empty()) {
     std::cout << "\nRefused (" << registry.refusals().size() << "):\n";
     for (const auto& r : registry.refusals()) {

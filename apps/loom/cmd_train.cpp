@@ -233,8 +233,10 @@ int cmd_train(const Invocation& invocation) {
     core::log::error(message_of(e));
     if (core::step_of(saved.back()) >= trainer.total_steps()) {  // (in the final evaluation, say)
       core::log::warn("the training is complete: its last checkpoint ", saved.back().string(), " is written; ",
-                      trainer.test_evaluation_left_pending()
-                          ? "once the cause is fixed, a resume runs its test evaluation alone: " +
+                      trainer.test_evaluation_left_pending() || trainer.evaluation_pending()
+                          ? std::string("once the cause is fixed, a resume runs ") +
+                                (trainer.evaluation_pending() ? "the evaluation that failed (and what follows it)"
+                                                              : "its test evaluation alone") + ": " +
                                 continue_hint(invocation, trainer, trainer.run_dir().filename().string())
                           : "evaluate it with: loom eval " + trainer.run_dir().string());
       core::log::flush();

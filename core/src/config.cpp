@@ -538,8 +538,7 @@ Resolved validate(const Config& config, const Schema& schema) {
       resolved[key] = *v;  // (a path's leading ~ is the home folder, as the shell would have made it: no folder "~")
       if (spec.option.type == LOOM_OPTION_STRING) resolved[key].value = home_expanded(v->value, key == "trainer.work_dir");
     } else {
-      if (spec.option.default_value.empty() && spec.option.type != LOOM_OPTION_STRING &&
-          spec.option.type != LOOM_OPTION_LIST)
+      if (spec.option.required())
         problems.push_back("key '" + key + "' (" + spec.owner + ") needs a value: " + spec.option.help);
       resolved[key] = ConfigValue{spec.option.default_value, Origin{"default", {}, 0}};
     }

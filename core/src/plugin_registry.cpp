@@ -25,6 +25,7 @@
 #include <elf.h>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -99,15 +100,16 @@ std::string PluginRefusal::line() const {
 }
 
 std::vector<fs::path> PluginRegistry::search_path(const std::vector<fs::path>& extra) {
-  std::vector<fs::path> dirs;
-  if (auto exe = executable_dir()) dirs.push_back((*exe / ".." / "lib" / "loom" / "plugins").lexically_normal());
+  // The folder named for this command first, Loom's own last: a plugin built in --plugin-dir is the
+  // one used, not its installed copy (which loaded first, and refused the new build, before).
+  std::vector<fs::path> dirs(extra.begin(), extra.end());
   if (const char* env = std::getenv("LOOM_PLUGIN_PATH")) {
     std::stringstream ss(env);
     std::string item;
     while (std::getline(ss, item, ':'))
       if (!item.empty()) dirs.emplace_back(item);
   }
-  dirs.insert(dirs.end(), extra.begin(), extra.end());
+  if (auto exe = executable_dir()) dirs.push_back((*exe / ".." / "lib" / "loom" / "plugins").lexically_normal());
   return dirs;
 }
 
@@ -116,8 +118,10 @@ void PluginRegistry::scan(const std::vector<fs::path>& folders) {
   for (const fs::path& folder : folders) {
     std::error_code ec;
     searched_.push_back(folder);
+    const size_t place = searched_.size();
     if (fs::is_regular_file(folder, ec)) {
       files.push_back(folder);
+      folder_of_.emplace(fs::weakly_canonical(folder, ec), place);
       continue;
     }
     if (!fs::is_directory(folder, ec)) {
@@ -131,6 +135,7 @@ void PluginRegistry::scan(const std::vector<fs::path>& folders) {
       if (entry.path().extension() == ".so") here.push_back(entry.path());
     }
     std::sort(here.begin(), here.end());
+    for (const auto& file : here) folder_of_.emplace(fs::weakly_canonical(file, ec), place);  // (load()'s name; the first folder)
     files.insert(files.end(), here.begin(), here.end());
   }
   prescan(files);  // one scanner process for all of them, not one per file
@@ -366,13 +371,44 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
       library = load_in_process(file, report);
     }
 
-    // Stage 6: register; a (kind, name) another plugin already provides is refused.
-    for (const auto& c : report.components) {
-      if (const ComponentInfo* other = find(c.kind, c.name))
+    // Stage 6: register. A component a file of an earlier folder of the search already provides
+    // is passed over here (the copy found first is the one used: a new build in --plugin-dir
+    // before its installed copy, a user's `progress` callback before Loom's), the file's other
+    // components are registered; a file all of whose components are provided so is passed over
+    // whole. One a file of the same folder (or a file loaded by name) provides is refused.
+    std::vector<std::string> shadowed;
+    std::set<std::string> by;
+    std::vector<bool> used(report.components.size(), true);
+    for (size_t i = 0; i < report.components.size(); ++i) {
+      const ComponentInfo& c = report.components[i];
+      const ComponentInfo* other = find(c.kind, c.name);
+      if (other == nullptr) continue;
+      const auto mine = folder_of_.find(file), theirs = folder_of_.find(other->plugin->file);
+      if (mine == folder_of_.end() || theirs == folder_of_.end() || theirs->second >= mine->second)
         refuse_now("register",
-                   kind_name(c.kind) + " '" + c.name + "' is already provided by " +
-                       other->plugin->file.string(),
+                   kind_name(c.kind) + " '" + c.name + "' is already provided by " + other->plugin->file.string(),
                    "remove one of the two files from the plugin folders, or rename the component");
+      shadowed.push_back(kind_name(c.kind) + " '" + c.name + "'");
+      by.insert(other->plugin->file.string());
+      used[i] = false;
+    }
+    const bool whole = shadowed.size() == report.components.size();
+    if (!shadowed.empty()) {
+      PluginRefusal passed{file, "shadowed",
+                           join(shadowed, ", ") + " come" + (shadowed.size() == 1 ? "s" : "") + " from " +
+                               join(std::vector<std::string>(by.begin(), by.end()), ", ") +
+                               ", found earlier in the search order (--plugin-dir, LOOM_PLUGIN_PATH, then Loom's own "
+                               "plugin folder)" + (whole ? "" : "; the file's other components are used"),
+                           whole ? "the copy found first is the one used; remove this one to use the other everywhere"
+                                 : "the copy found first is the one used; rename one of the two to have both",
+                           {}};
+      for (size_t i = 0; i < report.components.size(); ++i)
+        if (!used[i]) passed.components.emplace_back(report.components[i].kind, report.components[i].name);
+      if (log_refusals_) log::info("plugin ", file.string(), " passed over: ", passed.reason);
+      else log::debug("plugin ", file.string(), " passed over: ", passed.reason);
+      if (whole) report.refusal = passed;
+      passed_over_.push_back(std::move(passed));
+      if (whole) return report;
     }
     auto plugin = std::make_shared<LoadedPlugin>();
     plugin->file = file;
@@ -381,9 +417,9 @@ LoadReport PluginRegistry::load(const fs::path& file_in) {
     plugin->sdk_version = report.fingerprint.count("sdk") ? report.fingerprint["sdk"] : "";
     plugin->library = library;  // null until materialize() when registered from the scan
     plugins_.push_back(plugin);
-    for (auto& c : report.components) {
-      c.plugin = plugin;
-      components_.push_back(c);
+    for (size_t i = 0; i < report.components.size(); ++i) {
+      report.components[i].plugin = plugin;
+      if (used[i]) components_.push_back(report.components[i]);
     }
     report.accepted = true;
     log::debug("plugin ", plugin->name, " ", plugin->version, library ? " loaded from " : " registered from the scan of ",

@@ -165,6 +165,33 @@ bool Trainer::evaluate_and_report(sdk::Split split) {
     // (the run's end reached, its verdict cut: summary.json says so, or a script saw no summary at all)
     if (split == selection_split() && step_ >= total_steps_ && parallel_->rank() == 0) write_run_summary();
     return false;
+  } catch (const StoppedBySignal&) {
+    throw;  // (a stop during set-up work: the caller ends the run)
+  } catch (const std::exception&) {
+    // The step trained and updated on every rank; only its evaluation failed (another rank gone
+    // in it, a model's error, memory): rank 0 keeps the step, its evaluation pending as a stop's
+    // would be, where the steps since the last checkpoint were lost with it. The error stops the
+    // run after. (Not a step already saved: the pending evaluation a resume runs again.)
+    std::error_code ec;
+    if (split == selection_split() && parallel_->rank() == 0 && writes_checkpoints() &&
+        !fs::exists(run_dir_ / "checkpoints" / step_dir_name(step_), ec)) {
+      evaluation_cut_at_ = step_;
+      // (pruning none: an evaluation that fails again at each resume must not cost the older steps)
+      const int64_t keep_last = options_.keep_last;
+      options_.keep_last = 0;
+      try {
+        const fs::path dir = save_checkpoint();
+        options_.keep_last = keep_last;
+        log::warn(what, " evaluation at step ", step_, " failed (below); the step's checkpoint is saved, its evaluation "
+                  "pending (a resume runs it first; the older checkpoints are kept, none pruned): ", dir.string());
+      } catch (const RunFolderGone&) {
+        throw;  // (where the run went, and how to go on, is the message that matters)
+      } catch (const std::exception& e) {
+        options_.keep_last = keep_last;
+        log::warn(what, " evaluation at step ", step_, " failed, and the step's checkpoint could not be saved: ", e.what());
+      }
+    }
+    throw;
   }
   e.step = step_;
   last_eval_ = e;

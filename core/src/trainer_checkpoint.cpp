@@ -434,11 +434,11 @@ void Trainer::check_model_config(const std::string& saved_name, const std::map<s
     // with the default too). A run that sets it otherwise would resume another model.
     for (const auto& [key, mine] : mine_all) {
       const OptionSpec* spec = key == "name" || saved.count(key) ? nullptr : spec_of(key);
-      if (spec && spec->default_value.empty())  // a required option cannot have come later
+      if (spec && spec->required())  // a required option cannot have come later
         differences.push_back("model." + key + ": not in the checkpoint, this run " + mine);
       else if (spec && !same_value(*spec, mine, spec->default_value))
         differences.push_back("model." + key + ": not in the checkpoint (written before the option existed, so " +
-                              "trained as its default " + spec->default_value + "), this run " + mine);
+                              "trained as its default " + (spec->default_value.empty() ? "''" : spec->default_value) + "), this run " + mine);
     }
   }
   if (!differences.empty())

@@ -109,7 +109,7 @@ TrainSummary Trainer::train() {
   const bool ran_pending = evaluation_pending_;
   if (evaluation_pending_) {  // the checkpoint's step was to be evaluated when a stop cut it short
     evaluation_pending_ = false;
-    log::info("the evaluation of step ", step_, " that a stop cut short runs first");
+    log::info("the evaluation of step ", step_, " that a stop or a failure cut short runs first");
     evaluate_and_report(selection_split());
   }
   const bool test_only = test_pending_;  // (a run at its end whose test evaluation a stop cut short)

@@ -264,7 +264,7 @@ void stop_where_ranks_differ(sdk::ParallelStrategy& parallel, const std::vector<
 // The ranks' models and data, compared before the run folder is opened: a plugin of another
 // version on one node (a layer more) met rank 0's in the weights' broadcast, and both ranks waited
 // parallel.timeout (30 minutes), each blaming the other as gone; data of another size at a path
-// that may differ per node sharded with overlaps, unsaid.
+// that may differ per node sharded with overlaps, unsaid (and of the same size, other samples).
 void agree_on_model_and_data(sdk::ParallelStrategy& parallel, const sdk::TensorMap& tensors, const PluginRegistry& registry,
                              const Resolved& config, sdk::Dataset& dataset) {
   if (parallel.world_size() <= 1) return;
@@ -275,6 +275,10 @@ void agree_on_model_and_data(sdk::ParallelStrategy& parallel, const sdk::TensorM
       mine[kind_name(kind) + " '" + value_of(config, key) + "''s plugin version"] = plugin->version;
   for (const sdk::Split split : {sdk::Split::kTrain, sdk::Split::kValidation, sdk::Split::kTest})
     mine[std::string("samples in the dataset's ") + sdk::split_name(split) + " split"] = std::to_string(dataset.size(split));
+  // ... and what the data holds, where the dataset gives a fingerprint of it (Fashion-MNIST's splits,
+  // the recommender's held-out samples and items): one label changed on one node's copy trained unsaid.
+  for (const auto& [name, value] : dataset.spec().attributes)
+    if (name.ends_with(".fingerprint")) mine["the dataset's " + name] = value;
   stop_where_ranks_differ(
       parallel, differences_from_rank0(parallel, mine, [&](const std::string& key) { return key + " " + mine.at(key); }),
       "model or data", ". Every rank needs the same plugins (the same version of each, built alike) and the same data: "

@@ -290,6 +290,28 @@ try:
            "split 600 on rank 1" in outs[0][1], outs[0][1][-2000:]
     assert time.time() - started < 120, "refused at the start, not after parallel.timeout"
     print("nodes with other data at a path: refused at the start, the split's sizes named")
+    # ... and of the same size, one label changed on node 1's copy: the split's fingerprint differs.
+    relabelled = os.path.join(work, "fm_relabelled")
+    os.makedirs(relabelled)
+    with gzip.open(os.path.join(fm, "train-labels-idx1-ubyte.gz")) as f:
+        labels = bytearray(f.read())
+    labels[8] = (labels[8] + 1) % 10
+    with open(os.path.join(relabelled, "train-labels-idx1-ubyte"), "wb") as f:
+        f.write(labels)
+    for name in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        os.symlink(os.path.join(fm, name), os.path.join(relabelled, name))
+    port = str(free_port())
+    nodes = [subprocess.Popen([exe, "launch", "--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "1",
+                               "--master-port", port, "--", "train", *BASE, *DDP, "--set", "data.name=fashion_mnist",
+                               "--set", f"trainer.work_dir={work}", "--set", "trainer.name=labels_differ",
+                               *(["--set", f"data.path={relabelled}"] if n else [])],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in nodes]
+    assert [p.returncode for p in nodes] == [1, 1], [o[1][-2000:] for o in outs]
+    assert re.search(r"rank 1's model or data differs from rank 0's: the dataset's train split\.fingerprint \S+ on rank 1, "
+                     r"\S+ on rank 0", outs[1][1]), outs[1][1][-2000:]
+    assert not os.path.exists(os.path.join(work, "labels_differ", "checkpoints")), "refused before the run folder"
+    print("nodes with one label changed in a copy of the same size: refused at the start, the split's fingerprint named")
     # Nodes started for different worlds (--nnodes 2 and 3 by mistake): rank 0 waited in Gloo's
     # connection of every pair, with no deadline; each now says at once how its world differs.
     # Either way round: node 0 counting more ranks than come waited for them in the store.
@@ -397,6 +419,30 @@ try:
     # the rank's crash line, not the last of the stack after it ("loom(+0x87f71)[0x5556...]")
     assert re.search(r"Its error: \S*loom: killed by SIGSEGV, which process \d+ sent \(kill\): no fault of its own", err), err[-2000:]
     print("loom launch: rank 1 crashed -> the job stopped, the launcher named rank 1 and quoted its crash")
+    # ... in a validation: the step trained on both ranks, only its evaluation is lost; rank 0
+    # keeps the step (its evaluation pending, which the resume runs first), where the steps since
+    # the last checkpoint were lost with the job.
+    metric = os.path.join(os.path.dirname(exe), "..", "tests", "models", "libloom_model_metric_model.so")
+    assert os.path.exists(metric), f"{metric} is built with the tests (tests/plugins)"
+    killed_eval = ["--set", "model.name=metric_model", "--set", "data.name=synthetic", "--set", "data.train_size=512",
+                   "--set", "data.test_size=64", "--set", "trainer.batch_size=32", "--set", "trainer.device=cpu",
+                   "--set", "precision.name=fp32", "--set", "trainer.threads=1", "--set", "parallel.timeout=30",
+                   "--set", "memory.estimate=false", *DDP,
+                   "--set", f"trainer.work_dir={work}", "--set", "trainer.name=killed_in_eval", "--set", "trainer.max_steps=12",
+                   "--set", "trainer.eval_every=3", "--set", "trainer.checkpoint_every=100"]
+    r = launch("--plugin-dir", metric, "--nproc-per-node", "2", "--", "train", *killed_eval, timeout=300, check=False,
+               env=dict(os.environ, LOOM_TEST_EVAL_KILL_RANK="1"))
+    saved = os.path.join(work, "killed_in_eval", "checkpoints", "step_00000003")
+    assert r.returncode != 0 and "launch: rank 1 was killed by signal 9" in r.stderr, r.stderr[-2500:]
+    assert "evaluation at step 3 failed (below); the step's checkpoint is saved, its evaluation pending" in r.stderr, \
+        r.stderr[-2500:]
+    assert '"evaluation_pending": true' in open(os.path.join(saved, "state.json")).read(), os.listdir(saved)
+    r = launch("--plugin-dir", metric, "--nproc-per-node", "2", "--", "train", *killed_eval, "--set", "trainer.resume=auto",
+               timeout=300)
+    assert "the evaluation of step 3 that a stop or a failure cut short runs first" in r.stderr, r.stderr[-2500:]
+    assert "done" in r.stderr and os.path.isdir(os.path.join(work, "killed_in_eval", "checkpoints", "step_00000012")), \
+        r.stderr[-2500:]
+    print("rank 1 killed in step 3's validation: rank 0 kept step 3, its evaluation pending; the resume ran it first")
 
     # 5b. Ctrl-C of a launched job: passed on to every rank, which stop after the same step,
     # rank 0 writing its checkpoint, however long that takes (--grace, the deadline after a rank

@@ -223,7 +223,7 @@ try:
     assert "validation evaluation stopped by SIGINT after" in err and "(a resume runs it first)" in err, err
     assert not any("val/loss" in m for m in metrics(run)), "no figures from a cut evaluation"
     r = loom(exe, "train", *cut, "--resume", "auto")
-    assert "the evaluation of step 3 that a stop cut short runs first" in r.stderr, r.stderr
+    assert "the evaluation of step 3 that a stop or a failure cut short runs first" in r.stderr, r.stderr
     rows = [(m["step"], "val" if "val/loss" in m else "train" if "train/loss" in m else "test") for m in metrics(run)]
     assert rows == [(1, "train"), (2, "train"), (3, "train"), (3, "val"), (4, "train"), (4, "val"), (4, "test")], rows
     print("SIGINT in a validation evaluation: exit 130, the resume evaluates step 3 first")
@@ -248,7 +248,7 @@ try:
     # The resume runs the validation first; a stop in the test's evaluation after it: the next
     # resume runs the test's alone (it ran the validation again, a second row of it).
     code, err = interrupt_after_line(["train", *last, "--resume", "auto"], "validation step 3:", 0.3)
-    assert code == 130 and "the evaluation of step 3 that a stop cut short runs first" in err \
+    assert code == 130 and "the evaluation of step 3 that a stop or a failure cut short runs first" in err \
         and "its test evaluation did not run, and a resume runs it alone" in err, err[-3000:]
     r = loom(exe, "train", *last, "--resume", "auto")
     assert "is complete" not in r.stderr and "cut short runs first" not in r.stderr \

@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <limits>
 
 namespace {
@@ -41,6 +42,8 @@ class MetricModel final : public loom::sdk::Model {
                                                        "shape [1], as an optimizer that replaces a tensor would"),
       loom::sdk::option_int("crash_at", "0", "the n-th training forward (0: none) ends the process with SIGSEGV, as a "
                                              "plugin's bad pointer would"),
+      loom::sdk::option_int("eval_error_at", "0", "the n-th evaluation forward (0: none) throws a loom::sdk::Error, as a "
+                                                  "model's bug or a collective whose rank is gone would"),
       loom::sdk::option_int("held", "0", "bytes it says it holds as 'cache' (held_memory; 0: none)"),
       loom::sdk::option_enum("throws_in", "none", "none|metrics|describe|metric_value|flops",
                              "the call that throws 42 (not an exception): its error must name the model"),
@@ -53,7 +56,7 @@ class MetricModel final : public loom::sdk::Model {
         nan_loss_from_(o.get_int("nan_training_loss_from")),
         reshape_weights_at_(o.get_int("reshape_weights_at")), zero_count_(o.get_bool("zero_count")),
         odd_count_(o.get_string("odd_count")), odd_count_at_(o.get_int("odd_count_at")), throws_in_(o.get_string("throws_in")), held_(o.get_int("held")),
-        crash_at_(o.get_int("crash_at")) {}
+        crash_at_(o.get_int("crash_at")), eval_error_at_(o.get_int("eval_error_at")) {}
 
   std::map<std::string, int64_t> held_memory() const override {
     if (held_ == 0) return {};
@@ -85,6 +88,12 @@ class MetricModel final : public loom::sdk::Model {
 
   loom::sdk::ModelOutput forward(const loom::sdk::Batch& batch, bool train) override {
     const bool nan = !train && nan_eval_batches_ > 0 && nan_eval_batches_-- > 0;
+    // (a node lost mid-validation: the rank LOOM_TEST_EVAL_KILL_RANK names ends with SIGKILL in its
+    // first evaluation forward after a training one, not set-up's memory probe; a variable, not an option, so that the resume is the same model)
+    const char* kill_rank = std::getenv("LOOM_TEST_EVAL_KILL_RANK");
+    if (!train && training_calls_ > 0 && kill_rank != nullptr && std::getenv("RANK") != nullptr && std::string(kill_rank) == std::getenv("RANK"))
+      std::raise(SIGKILL);
+    if (!train && ++evaluation_calls_ == eval_error_at_) throw loom::sdk::Error("evaluation forward " + std::to_string(evaluation_calls_) + " failed on purpose");
     if (train) {
       ++training_calls_;
       if (training_calls_ == crash_at_) std::raise(SIGSEGV);
@@ -134,7 +143,7 @@ class MetricModel final : public loom::sdk::Model {
   int64_t odd_count_at_;
   std::string throws_in_;
   int64_t held_;
-  int64_t crash_at_;
+  int64_t crash_at_, eval_error_at_, evaluation_calls_ = 0;
   std::string input_key_, target_key_;
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("MetricModel");
   torch::nn::Linear linear_{nullptr};

@@ -8,6 +8,7 @@
 #include "trainer_testing.hpp"
 
 #include <loom/core/error.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/safetensors.hpp>
 #include <loom/sdk/safetensors.hpp>
 
@@ -686,6 +687,39 @@ TEST_F(Gpt2LmTest, APretrainedThatIsNoFolderIsNamedAsWhatItIs) {
       EXPECT_NE(std::string(e.what()).find("model.pretrained = " + pretrained + said), std::string::npos) << e.what();
     }
   }
+}
+
+TEST_F(Gpt2LmTest, AStringOptionYoungerThanTheCheckpointResumesAtItsEmptyDefault) {
+  // A checkpoint written before the plugin had `model.pretrained` does not name it. Its empty
+  // default is the empty text, not "required": a resume that leaves it unset is the same model
+  // (it was refused: "model.pretrained: not in the checkpoint, this run ").
+  const auto config = [&] {
+    return config_of({"model.name=gpt2_lm", "model.size=debug", "data.name=synthetic_tokens", "data.vocab_size=64",
+                      "data.seq_len=16", "data.train_size=64", "data.test_size=8", "data.num_workers=0",
+                      "trainer.batch_size=8", "trainer.checkpoint_every=2", "trainer.eval_every=100"},
+                     dir_, "younger");
+  };
+  auto trained = config();
+  trained.set_assignment("trainer.max_steps=2");
+  make_trainer(trained)->train();
+  const auto step = dir_ / "younger" / "checkpoints" / "step_00000002";
+  ASSERT_TRUE(std::filesystem::exists(step / "state.json")) << step;
+  // state.json as that older checkpoint had it, with the checksum its weight files record of it
+  nlohmann::json json = nlohmann::json::parse(std::ifstream(step / "state.json"));
+  ASSERT_EQ(json["model"]["config"].erase("pretrained"), 1u);
+  const std::string text = json.dump(2);
+  std::ofstream(step / "state.json", std::ios::trunc) << text;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    loom::sdk::TextMap metadata;
+    const auto tensors = loom::core::load_safetensors(step / file, &metadata);
+    metadata.erase("loom_crc32");
+    metadata["state_json_crc32"] = loom::core::crc32_hex(text);
+    loom::core::save_safetensors(step / file, tensors, metadata);
+  }
+  auto resumed = config();
+  resumed.set_assignment("trainer.max_steps=4");
+  resumed.set_assignment("trainer.resume=auto");
+  EXPECT_EQ(make_trainer(resumed)->step(), 2);
 }
 
 }  // namespace

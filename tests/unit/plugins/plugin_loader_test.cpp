@@ -3,6 +3,7 @@
 // good plugin loads, and the process keeps running.
 #include <loom/core/log.hpp>
 #include <loom/core/plugin_registry.hpp>
+#include <loom/sdk/callback.hpp>
 #include <loom/sdk/dataset.hpp>
 
 #include "plugin_fingerprint.hpp"
@@ -377,16 +378,82 @@ TEST(PluginLoader, LoadingAFileTwiceIsHarmless) {
   EXPECT_TRUE(registry.refusals().empty());
 }
 
-TEST(PluginLoader, SearchPathHasThePluginFolderBesideTheExecutableThenTheEnvironment) {
+TEST(PluginLoader, SearchPathHasTheNamedFoldersFirstThenTheEnvironmentThenTheFolderBesideTheExecutable) {
   ::setenv("LOOM_PLUGIN_PATH", "/tmp/a:/tmp/b", 1);
   const auto dirs = PluginRegistry::search_path({"/tmp/c"});
   ::unsetenv("LOOM_PLUGIN_PATH");
   ASSERT_EQ(dirs.size(), 4u);
-  EXPECT_EQ(dirs[0].filename(), "plugins");
+  EXPECT_EQ(dirs[0], "/tmp/c");
   EXPECT_EQ(dirs[1], "/tmp/a");
   EXPECT_EQ(dirs[2], "/tmp/b");
-  EXPECT_EQ(dirs[3], "/tmp/c");
+  EXPECT_EQ(dirs[3].filename(), "plugins");
   for (const auto& d : dirs) EXPECT_NE(d, fs::current_path());
+}
+
+TEST(PluginLoader, ThePluginInAnEarlierFolderIsUsedAndItsCopyLaterIsPassedOverNotRefused) {
+  // A new build in --plugin-dir of a plugin also installed: the installed copy loaded first and
+  // refused the new build, with a warning at every command, so the run used the old code.
+  const fs::path dir = fs::temp_directory_path() / ("loom_shadowed_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "new");
+  fs::create_directories(dir / "installed");
+  for (const char* folder : {"new", "installed"})
+    fs::copy_file(kDir / "libloom_dataset_basic_counting.so", dir / folder / "libloom_dataset_basic_counting.so",
+                  fs::copy_options::overwrite_existing);
+  {
+    PluginRegistry registry;
+    loom::core::log::Capture capture;
+    registry.scan(PluginRegistry::search_path({dir / "new", dir / "installed"}));
+    const auto* used = registry.find(LOOM_KIND_DATASET, "counting");
+    ASSERT_NE(used, nullptr);
+    EXPECT_EQ(used->plugin->file, fs::weakly_canonical(dir / "new" / "libloom_dataset_basic_counting.so"));
+    for (const auto& r : registry.refusals()) ADD_FAILURE() << "refused: " << r.line();
+    ASSERT_EQ(registry.passed_over().size(), 1u);
+    const auto& passed = registry.passed_over().front();
+    EXPECT_EQ(passed.file, fs::weakly_canonical(dir / "installed" / "libloom_dataset_basic_counting.so"));
+    EXPECT_NE(passed.reason.find("dataset 'counting' comes from " + used->plugin->file.string() +
+                                 ", found earlier in the search order"),
+              std::string::npos)
+        << passed.reason;
+    EXPECT_TRUE(capture.contains("passed over: dataset 'counting' comes from"));
+  }
+  {
+    // A user's `progress` callback found before Loom's standard callbacks: it is the one used, and
+    // the standard plugin's other callbacks still load (refused whole, it took checkpoint, best and
+    // the rest with it: every run with the default callbacks failed).
+    const fs::path overriding = fs::path(LOOM_BINARY_DIR) / "tests" / "overriding";
+    const fs::path standard = fs::path(LOOM_BINARY_DIR) / "lib" / "loom" / "plugins" / "libloom_callback_standard.so";
+    ASSERT_TRUE(fs::exists(standard)) << standard;
+    PluginRegistry registry;
+    registry.scan({overriding, standard});
+    for (const auto& r : registry.refusals()) ADD_FAILURE() << "refused: " << r.line();
+    const auto* progress = registry.find(LOOM_KIND_CALLBACK, "progress");
+    ASSERT_NE(progress, nullptr);
+    EXPECT_EQ(progress->plugin->file.filename(), "libloom_callback_overriding_progress.so");
+    for (const char* name : {"checkpoint", "best", "jsonl"}) {
+      const auto* c = registry.find(LOOM_KIND_CALLBACK, name);
+      ASSERT_NE(c, nullptr) << name;
+      EXPECT_EQ(c->plugin->file, fs::weakly_canonical(standard)) << name;
+    }
+    ASSERT_EQ(registry.passed_over().size(), 1u);
+    EXPECT_EQ(registry.passed_over().front().components,
+              (std::vector<std::pair<uint32_t, std::string>>{{LOOM_KIND_CALLBACK, "progress"}}));
+    EXPECT_NE(registry.passed_over().front().reason.find("callback 'progress' comes from "), std::string::npos);
+    EXPECT_NE(registry.passed_over().front().reason.find("; the file's other components are used"), std::string::npos);
+    EXPECT_NE(registry.create<loom::sdk::Callback>("checkpoint"), nullptr);  // (loads the standard file for what it still provides)
+    EXPECT_NE(registry.create<loom::sdk::Callback>("progress"), nullptr);
+  }
+  {
+    // Two files of one folder that provide one name are still a mistake to fix: the second is refused.
+    fs::copy_file(kDir / "libloom_dataset_basic_counting.so", dir / "new" / "libloom_dataset_counting_copy.so",
+                  fs::copy_options::overwrite_existing);
+    PluginRegistry registry;
+    registry.set_log_refusals(false);
+    registry.scan({dir / "new"});
+    ASSERT_EQ(registry.refusals().size(), 1u);
+    EXPECT_EQ(registry.refusals().front().stage, "register");
+    EXPECT_TRUE(registry.passed_over().empty());
+  }
+  fs::remove_all(dir);
 }
 
 TEST(PluginLoader, AProgramIsRefusedAsAProgramNotInBoostsWords) {

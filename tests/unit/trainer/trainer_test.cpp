@@ -3,6 +3,7 @@
 // checkpoints are refused, damaged ones are named.
 #include <loom/core/checkpoint.hpp>
 #include <loom/core/config.hpp>
+#include <loom/core/files.hpp>
 #include <loom/core/log.hpp>
 #include <loom/core/text.hpp>
 #include <loom/core/plugin_registry.hpp>
@@ -547,6 +548,36 @@ std::string training_error_of(loom::core::Trainer& t) {
     return e.what();
   }
   return {};
+}
+
+TEST_F(TrainerTest, AFailedEvaluationKeepsItsTrainedStepWithTheEvaluationPending) {
+  // A step trained and updated, then its evaluation failed (a ddp rank gone in it, a model's
+  // error): the steps since the last checkpoint were lost with the run. The step is kept, its
+  // evaluation pending as a stop's; the resume runs that evaluation first (failing here again,
+  // it writes the step no second time).
+  Config c = metric_run(dir_, "eval_fails");
+  for (const char* a : {"trainer.max_steps=12", "trainer.eval_every=3", "trainer.checkpoint_every=100", "model.eval_error_at=1"})
+    c.set_assignment(a);
+  {
+    const loom::core::log::Capture capture(LOOM_LOG_WARN);
+    EXPECT_CONTAINS(training_error_of(*make(c)), "evaluation forward 1 failed on purpose");
+    EXPECT_TRUE(capture.contains("evaluation at step 3 failed (below); the step's checkpoint is saved, its evaluation pending"))
+        << ::testing::PrintToString(capture.lines());
+  }
+  const fs::path saved = dir_ / "eval_fails" / "checkpoints" / step_dir_name(3);
+  ASSERT_TRUE(fs::exists(saved / "model.safetensors")) << saved;
+  EXPECT_NE(read_file(saved / "state.json").find("\"evaluation_pending\": true"), std::string::npos);
+  const auto modified = fs::last_write_time(saved / "state.json");
+  c.set_assignment("trainer.resume=auto");
+  auto resumed = make(c);
+  EXPECT_EQ(resumed->step(), 3);
+  EXPECT_CONTAINS(training_error_of(*resumed), "evaluation forward 1 failed on purpose");
+  EXPECT_EQ(fs::last_write_time(saved / "state.json"), modified);
+  // A run that writes no checkpoints writes none for it either.
+  Config unsaved = metric_run(dir_, "eval_fails_unsaved");
+  for (const char* a : {"trainer.eval_every=3", "model.eval_error_at=1", "trainer.callbacks=progress"}) unsaved.set_assignment(a);
+  EXPECT_CONTAINS(training_error_of(*make(unsaved)), "failed on purpose");
+  EXPECT_FALSE(fs::exists(dir_ / "eval_fails_unsaved" / "checkpoints" / step_dir_name(3)));
 }
 
 TEST_F(TrainerTest, StepsSkippedInARowStopTheRunRatherThanTrainOnWithoutLearning) {

@@ -47,6 +47,10 @@ struct OptionSpec {
   /// int and float: the valid range, inclusive (the core's keys; a plugin's options get theirs
   /// when the ABI's option table can grow, and check them in their constructors until then).
   std::optional<double> min, max;
+  /// No default: a run must give it. A string's or a list's empty default is the empty value.
+  bool required() const {
+    return default_value.empty() && type != LOOM_OPTION_STRING && type != LOOM_OPTION_LIST;
+  }
 };
 
 /// A loaded, accepted plugin library.
@@ -135,15 +139,17 @@ class PluginRegistry {
   PluginRegistry(const PluginRegistry&) = delete;
   PluginRegistry& operator=(const PluginRegistry&) = delete;
 
-  /// The folders searched, in order: the plugin folder beside the executable
-  /// (<exe>/../lib/loom/plugins: the build tree and the install prefix have the same layout),
-  /// each folder of LOOM_PLUGIN_PATH (':'-separated), then `extra` (from --plugin-dir). Never
-  /// the current directory unless named.
+  /// The folders searched, in order, the one the user named for this command first: `extra`
+  /// (from --plugin-dir), each folder of LOOM_PLUGIN_PATH (':'-separated), then the plugin
+  /// folder beside the executable (<exe>/../lib/loom/plugins: the build tree and the install
+  /// prefix have the same layout). Never the current directory unless named.
   static std::vector<std::filesystem::path> search_path(
       const std::vector<std::filesystem::path>& extra = {});
 
   /// Loads every *.so in each folder (a file named directly is loaded too), in name order. A
-  /// folder that does not exist is skipped (and logged at debug level).
+  /// folder that does not exist is skipped (and logged at debug level). A file whose every
+  /// component a file of an earlier folder provides is passed over (passed_over()): a new build
+  /// in --plugin-dir is used before the installed copy of the same plugin.
   void scan(const std::vector<std::filesystem::path>& folders);
 
   /// Loads one file through all stages. Returns what it found; a refusal is also logged once
@@ -159,6 +165,9 @@ class PluginRegistry {
 
   const std::vector<ComponentInfo>& components() const { return components_; }
   const std::vector<PluginRefusal>& refusals() const { return refusals_; }
+  /// Files scan() passed over, stage "shadowed": each component they declare comes from a file
+  /// found earlier in the search order (the reason names it). Not refusals: nothing is broken.
+  const std::vector<PluginRefusal>& passed_over() const { return passed_over_; }
   const std::vector<std::shared_ptr<LoadedPlugin>>& plugins() const { return plugins_; }
 
   /// The component (kind, name), or nullptr.
@@ -208,6 +217,8 @@ class PluginRegistry {
   std::vector<std::filesystem::path> searched_;
   std::vector<ComponentInfo> components_;
   std::vector<PluginRefusal> refusals_;
+  std::vector<PluginRefusal> passed_over_;
+  std::map<std::filesystem::path, size_t> folder_of_;  ///< file -> its folder's place in scan()'s order
   std::vector<std::shared_ptr<LoadedPlugin>> plugins_;
   std::vector<std::filesystem::path> seen_files_;
   bool isolation_ = true;

@@ -75,7 +75,8 @@ extern "C" {
 #define LOOM_MAX_OPTIONS 128
 #define LOOM_ERROR_CAPACITY 1024
 
-/* Component kinds. A kind unknown to the host makes it refuse that component only. */
+/* Component kinds. A kind unknown to the host refuses the whole plugin (a plugin of a newer ABI
+ * minor, the only one that could know more kinds, is refused before its components are read). */
 typedef enum loom_kind {
   LOOM_KIND_MODEL = 1,
   LOOM_KIND_DATASET = 2,
@@ -121,7 +122,8 @@ typedef struct loom_option_spec {
   uint32_t struct_size;
   uint32_t type;             /* loom_option_type */
   const char* key;           /* lower_snake_case, unique within the component */
-  const char* default_value; /* text valid for `type`; "" means no default (required) */
+  const char* default_value; /* text valid for `type`; "" (or NULL): no default, the key is required,
+                                but for STRING and LIST, where "" is the default: the empty text or list */
   const char* help;          /* one line, shown by `loom plugins inspect` and in errors about the option */
   const char* choices;       /* LOOM_OPTION_ENUM: "a|b|c". Since ABI 1.3, LOOM_OPTION_INT and
                                 LOOM_OPTION_FLOAT: NULL, or the valid range "lo..hi", inclusive

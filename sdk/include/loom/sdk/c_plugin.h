@@ -199,7 +199,8 @@ typedef struct loom_c_values {
   const double* values;
 } loom_c_values;
 
-/* A callback, interface 1.0. Every hook may be NULL. */
+/* A callback, interface 1.0. Every hook may be NULL, but save_state needs load_state: a table with
+ * save_state alone is refused as it is made (a resumed run would not get its state back). */
 typedef struct loom_c_callback {
   uint32_t struct_size;
   uint32_t reserved0;
