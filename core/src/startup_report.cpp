@@ -97,7 +97,9 @@ void Trainer::report_startup() const {
             " parameters (", format_count(trainable), " trainable, ", format_bytes(bytes), ")", weights);
   log::info("plan      batch ", plan_.global(), " = ", plan_.micro_batch, " x ", plan_.accumulation, " x ",
             plan_.world_size, " (micro-batch x accumulation x devices); ", per_epoch, " steps/epoch, ", total_steps_,
-            " steps", options_.max_steps == 0 ? " (" + std::to_string(options_.epochs) + " epochs)" : std::string());
+            total_steps_ == 1 ? " step" : " steps",
+            options_.max_steps == 0 ? " (" + std::to_string(options_.epochs) + (options_.epochs == 1 ? " epoch)" : " epochs)")
+                                    : std::string());
   std::string groups;
   for (const auto& g : parameters_.trainable())
     groups += (groups.empty() ? "" : ", ") + g.name + " " + std::to_string(g.params.size()) +

@@ -819,6 +819,13 @@ try:
     assert re.search(r"ddp: rank 1 still waits to reach rank 0 at 127\.0\.0\.1:\d+, up to 11 s \(parallel\.timeout\): is rank 0 "
                      r"started, and is that its address and port\? \(10 s so far\)", r.stderr), r.stderr[-3000:]
     print("a rank whose rank 0 never comes: what it waits for said at 10 s, then one error, no C++ stack")
+    # ... at an IPv6 address: written in brackets, as a URL does ("::1:29500" read as one address).
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="::1", MASTER_PORT=str(free_port()))
+    r = subprocess.run([exe, "train", *BASE, *DDP, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=alone6",
+                        "--set", "parallel.timeout=2"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 1 and re.search(r"ddp: rank 1 of 2 could not meet the others at \[::1\]:\d+ within 2 s", r.stderr), \
+        r.stderr[-3000:]
+    print("a rank 0 at an IPv6 address is named [::1]:PORT")
     # ... and rank 0 whose other ranks never come.
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     r = subprocess.run([exe, "train", *BASE, *DDP, "--set", f"trainer.work_dir={work}", "--set", "trainer.name=alone0",

@@ -245,7 +245,7 @@ class Ddp final : public loom::sdk::ParallelStrategy {
     // of the store logged c10d's whole C++ stack before the rank's own one-line error)
     std::optional<QuietC10dLog> quiet;
     quiet.emplace();
-    const std::string where = env_.master_addr + ":" + std::to_string(env_.port);
+    const std::string where = endpoint();
     try {
       const WaitNotice notice("ddp: rank " + std::to_string(env_.rank) + " still waits to reach rank 0 at " + where +
                               ", up to " + seconds() + ": is rank 0 started, and is that its address and port?");
@@ -254,11 +254,11 @@ class Ddp final : public loom::sdk::ParallelStrategy {
       const std::string why = first_line(e.what());
       // A port another process holds: no wait helps; another port does.
       if (options.isServer && (why.find("EADDRINUSE") != std::string::npos || why.find("ddress already in use") != std::string::npos))
-        throw Error("ddp: rank 0 cannot listen on " + env_.master_addr + ":" + std::to_string(env_.port) +
+        throw Error("ddp: rank 0 cannot listen on " + where +
                     ": another process holds the port (" + why + "). Choose another one (loom launch --master-port N, "
                     "or 0 for a free one; MASTER_PORT under torchrun)");
       throw Error("ddp: rank " + std::to_string(env_.rank) + " of " + std::to_string(env_.world_size) +
-                  " could not meet the others at " + env_.master_addr + ":" + std::to_string(env_.port) + " within " +
+                  " could not meet the others at " + where + " within " +
                   seconds() + " (" + why +
                   "). Are all ranks started, MASTER_ADDR reachable and the port free? parallel.timeout waits longer");
     }
@@ -323,9 +323,8 @@ class Ddp final : public loom::sdk::ParallelStrategy {
       // (one world, two processes of one rank: nodes that split it another way, 2 x 2 and 4 x 1)
       else if (store_->add("loom/ddp/rank/" + std::to_string(env_.rank), 1) > 1)
         why = "rank " + std::to_string(env_.rank) + " of " + theirs + " was started twice (by two nodes that split the "
-              "world differently, or with the same --node-rank; or the rank 0 at " + env_.master_addr + ":" +
-              std::to_string(env_.port) + " is another job's, still running there: give each job a --master-port of "
-              "its own)";
+              "world differently, or with the same --node-rank; or the rank 0 at " + endpoint() +
+              " is another job's, still running there: give each job a --master-port of its own)";
       if (!why.empty()) {
         store_->set(refused_key, bytes(why));
         throw Error("ddp: " + why + fix);
@@ -469,6 +468,12 @@ class Ddp final : public loom::sdk::ParallelStrategy {
   }
 
   std::string seconds() const { return std::to_string(timeout_.count() / 1000) + " s (parallel.timeout)"; }
+  // Rank 0's store, ADDRESS:PORT, an IPv6 address in brackets as a URL writes it ("::1:29500" read
+  // as one address).
+  std::string endpoint() const {
+    const bool v6 = env_.master_addr.find(':') != std::string::npos;
+    return (v6 ? "[" + env_.master_addr + "]" : env_.master_addr) + ":" + std::to_string(env_.port);
+  }
 
   static std::string first_line(const std::string& text) {
     std::string line = text.substr(0, text.find('\n'));
