@@ -138,7 +138,7 @@ po::options_description global_options() {
       ("log-level", po::value<std::string>()->default_value("info"),
        "trace, debug, info, warn, error or off")
       ("plugin-dir", po::value<std::vector<std::string>>()->composing(),
-       "another folder (or file) of plugins; repeatable");
+       "another folder (or file) of plugins, searched before LOOM_PLUGIN_PATH and Loom's own; repeatable");
   return global;
 }
 

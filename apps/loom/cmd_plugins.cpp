@@ -90,8 +90,9 @@ std::filesystem::path inspected_file(const Invocation& invocation) {
 
 /// The components of `file` that another plugin on the search path (or --plugin-dir) also
 /// provides: the file loads alone, but a run that finds both uses one only. Whichever of the two
-/// the scan of the search path took, the other is in its refusals or passed over. Another
-/// copy of the same file (an older build installed, a newer one here) is a note, not a clash.
+/// the scan of the search path took, the other is in its refusals or passed over. A clash is a
+/// file of the same folder (a run refuses one); another copy of the same file (an older build
+/// installed, a newer one here) or a file of another folder (one replaces the other) is a note.
 struct Clashes {
   std::vector<std::string> clashes, copies;
 };
@@ -105,14 +106,19 @@ Clashes clashes(const Invocation& invocation, const std::filesystem::path& file,
   Clashes out;
   auto add = [&](const core::ComponentInfo& c, const std::filesystem::path& other) {
     if (std::filesystem::weakly_canonical(other, ec) == self) return;
+    const std::string what = core::kind_name(c.kind) + " '" + c.name + "'";
+    const char* order = "a run takes each component from the file it finds first (--plugin-dir, LOOM_PLUGIN_PATH, then "
+                        "Loom's own plugin folder)";
     if (other.filename() == file.filename())
-      out.copies.push_back(core::kind_name(c.kind) + " '" + c.name + "': another copy of this plugin is at " +
-                           other.string() + "; a run takes each component from the file it finds first (--plugin-dir, LOOM_PLUGIN_PATH, then "
-                           "Loom's own plugin folder)");
+      out.copies.push_back(what + ": another copy of this plugin is at " + other.string() + "; " + order);
+    // Two files of one folder: a run refuses the second, a defect to fix. In two folders, the one
+    // searched first replaces the other (a user's own `progress`): said, for a name taken by mistake.
+    else if (std::filesystem::weakly_canonical(other, ec).parent_path() == self.parent_path())
+      out.clashes.push_back(what + " is also provided by " + other.string() +
+                            ", in the same folder: a run refuses the second of the two it finds; rename the component");
     else
-      out.clashes.push_back(core::kind_name(c.kind) + " '" + c.name + "' is also provided by " + other.string() +
-                            ": a run takes it from the file it finds first (in one folder, it refuses the second); rename the "
-                            "component to have both");
+      out.copies.push_back(what + " is also provided by " + other.string() + "; " + order +
+                           ", so one replaces the other: rename the component unless that is what you mean");
   };
   for (const auto& c : components) {
     if (const core::ComponentInfo* other = others.find(c.kind, c.name)) add(c, other->plugin->file);

@@ -114,7 +114,7 @@ TrainSummary Trainer::train() {
   }
   const bool test_only = test_pending_;  // (a run at its end whose test evaluation a stop cut short)
   test_pending_ = false;
-  if (test_only) log::info("the test evaluation of step ", step_, " that a stop cut short runs now");
+  if (test_only) log::info("the test evaluation of step ", step_, " that a stop or a failure cut short runs now");
   // A stop a callback asked for on one rank alone before the first step (on_run_begin, the pending
   // evaluation's hooks): every rank's, or that one would skip the loop the others enter.
   if (parallel_->world_size() > 1 && stop_signal() == 0 && another_rank_stopped_ && stop_reason_.empty())
@@ -201,14 +201,15 @@ TrainSummary Trainer::train() {
     // probe M), unless this step's checkpoint holds them, which its resume logs (not twice).
     if (!stop_reason_.empty() && !log_now && !logged_late && window_saved_at_ != step_) log_window();
   }
+  // The pending evaluation ran at the checkpoint's step and no step followed: the checkpoint is
+  // written again without its mark, or every later resume would run it again; before the test
+  // split's evaluation, which a stop or a failure may cut (a failure had kept the mark: each
+  // resume ran the validation again, its figures logged once more, and said "its test alone").
+  if (ran_pending && step_ == first_step && evaluation_cut_at_ != step_) save_checkpoint();
   // The test split, once, at the end (when validation chose the best checkpoint); also after a
   // resume at the last step whose cut validation just ran (the stop had skipped both).
   if (selection_split() == sdk::Split::kValidation && (step_ > first_step || ran_pending || test_only) && stop_signal() == 0)
     evaluate_and_report(sdk::Split::kTest);
-  // The pending evaluation ran at the checkpoint's step and no step followed: the checkpoint is
-  // written again without its mark, or every later resume would run it again.
-  // (a stop in the test's evaluation after it too: that resume would repeat the validation)
-  if (ran_pending && step_ == first_step && evaluation_cut_at_ != step_) save_checkpoint();
   check_replicas();
   // (a stop a callback asked for before the first step trains nothing: the record goes back too)
   if (step_ > first_step || ran_pending) pending_record_.commit();

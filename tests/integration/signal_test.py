@@ -252,7 +252,7 @@ try:
         and "its test evaluation did not run, and a resume runs it alone" in err, err[-3000:]
     r = loom(exe, "train", *last, "--resume", "auto")
     assert "is complete" not in r.stderr and "cut short runs first" not in r.stderr \
-        and "the test evaluation of step 3 that a stop cut short runs now" in r.stderr, r.stderr[-3000:]
+        and "the test evaluation of step 3 that a stop or a failure cut short runs now" in r.stderr, r.stderr[-3000:]
     summary = json.load(open(os.path.join(run, "summary.json")))
     assert summary["diverged"] is False and "test/loss" in summary["final_evaluation"], summary
     rows = [(m["step"], "val" if "val/loss" in m else "train" if "train/loss" in m else "test") for m in metrics(run)]
@@ -297,12 +297,12 @@ try:
     # The resume runs the test evaluation alone (no step) and records it; the next resume finds the run complete.
     rows = len(metrics(run))
     # (a stop in that resume's test evaluation: the same again)
-    code, err = interrupt_after_line(["train", *cut_test, "--resume", "auto"], "that a stop cut short runs now", 0.5)
+    code, err = interrupt_after_line(["train", *cut_test, "--resume", "auto"], "that a stop or a failure cut short runs now", 0.5)
     assert code == 130 and "its test evaluation did not run, and a resume runs it alone" in err \
         and len(metrics(run)) == rows, err[-3000:]
     r = loom(exe, "train", *cut_test, "--resume", "auto")
     summary = json.load(open(os.path.join(run, "summary.json")))
-    assert r.returncode == 0 and "the test evaluation of step 3 that a stop cut short runs now" in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 0 and "the test evaluation of step 3 that a stop or a failure cut short runs now" in r.stderr, r.stderr[-3000:]
     assert "test/loss" in summary["final_evaluation"] and "test_evaluation" not in summary \
         and summary["diverged"] is False, summary
     assert [(m["step"], "test/loss" in m) for m in metrics(run)[rows:]] == [(3, True)], metrics(run)[rows:]

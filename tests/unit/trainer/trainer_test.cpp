@@ -573,6 +573,28 @@ TEST_F(TrainerTest, AFailedEvaluationKeepsItsTrainedStepWithTheEvaluationPending
   EXPECT_EQ(resumed->step(), 3);
   EXPECT_CONTAINS(training_error_of(*resumed), "evaluation forward 1 failed on purpose");
   EXPECT_EQ(fs::last_write_time(saved / "state.json"), modified);
+  // The resume's validation passes and its test evaluation then fails (forward 3 of the resumed
+  // process: the one validation batch, then the test's two): the step is written again without its
+  // mark before the test runs; it kept it, and each resume ran the validation again, logged again.
+  Config last = metric_run(dir_, "test_fails");
+  for (const char* a : {"data.train_size=128", "data.test_size=32", "trainer.batch_size=16", "trainer.max_steps=6",
+                        "trainer.eval_every=2", "trainer.checkpoint_every=100", "model.eval_error_at=3"})
+    last.set_assignment(a);
+  EXPECT_CONTAINS(training_error_of(*make(last)), "evaluation forward 3 failed on purpose");  // (step 6's validation)
+  const fs::path six = dir_ / "test_fails" / "checkpoints" / step_dir_name(6);
+  ASSERT_NE(read_file(six / "state.json").find("\"evaluation_pending\": true"), std::string::npos);
+  last.set_assignment("trainer.resume=auto");
+  {
+    const loom::core::log::Capture capture;
+    EXPECT_CONTAINS(training_error_of(*make(last)), "test evaluation at step 6: model 'metric_model': evaluation forward 3 failed on purpose");
+    EXPECT_TRUE(capture.contains("validation step 6: ")) << ::testing::PrintToString(capture.lines());
+  }
+  EXPECT_EQ(read_file(six / "state.json").find("evaluation_pending"), std::string::npos);
+  const loom::core::log::Capture again;
+  EXPECT_EQ(training_error_of(*make(last)), "");  // (the test alone: its two forwards, none a third)
+  EXPECT_FALSE(again.contains("validation step 6: ")) << ::testing::PrintToString(again.lines());
+  EXPECT_TRUE(again.contains("the test evaluation of step 6 that a stop or a failure cut short runs now"))
+      << ::testing::PrintToString(again.lines());
   // A run that writes no checkpoints writes none for it either.
   Config unsaved = metric_run(dir_, "eval_fails_unsaved");
   for (const char* a : {"trainer.eval_every=3", "model.eval_error_at=1", "trainer.callbacks=progress"}) unsaved.set_assignment(a);
